@@ -1,0 +1,32 @@
+// Small helpers shared by the tests: where the test data lives, temp folders.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace llm::test {
+
+// ../shared (models, tokenizers), fixed at configure time.
+std::filesystem::path SharedDir();
+// The repository root and the build folder.
+std::filesystem::path SourceDir();
+std::filesystem::path BuildDir();
+// Where the SentencePiece oracle fixture writes its JSON files.
+std::filesystem::path OracleDir();
+// A fresh empty folder under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+// Reads a whole file; writes a whole file.
+std::string ReadFile(const std::filesystem::path& path);
+void WriteFile(const std::filesystem::path& path, const std::string& bytes);
+
+}  // namespace llm::test
