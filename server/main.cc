@@ -1,1 +1,26 @@
-int main() { return 0; }
+// `llm`: the command-line entry point (CLI11 subcommands). The server, the engine and the
+// kernels live in their own libraries; this file only dispatches.
+#include <cstdio>
+#include <exception>
+
+#include "engine/error.h"
+#include "server/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"llm: a Llama-family inference server built around tiled flash attention"};
+  app.require_subcommand(1);
+  llm::cli::Command generate = llm::cli::AddGenerate(app);
+  llm::cli::Command make_model = llm::cli::AddMakeModel(app);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (app.got_subcommand("generate")) return generate();
+    if (app.got_subcommand("make-model")) return make_model();
+  } catch (const llm::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    return 2;
+  }
+  return 1;
+}

@@ -1,0 +1,36 @@
+// y = x · Wᵀ on the CPU, the linear layer of every projection (fp32 activations, weights in
+// f32, bf16 or f16 converted to fp32 in registers: bf16 weights halve the bytes streamed,
+// which is what batch-1 decode is bound by).
+//
+//   x: [num_tokens, cols] fp32 row-major
+//   W: [rows, cols] row-major (the Hugging Face nn.Linear layout: out_features × in_features)
+//   y: [num_tokens, rows] fp32
+//
+// Multi-threaded over row blocks (OpenMP); each thread streams its rows once per block of
+// tokens, so decode (num_tokens = 1) reads every weight byte exactly once.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace llm::cpu {
+
+struct WeightMatrix {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;  // output features
+  int64_t cols = 0;  // input features
+
+  int64_t num_bytes() const { return rows * cols * static_cast<int64_t>(DTypeSize(dtype)); }
+};
+
+void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens);
+
+// Reference: the same product in double precision, one element at a time (for tests).
+void LinearReference(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens);
+
+// Converts one row of W to fp32 (embedding lookup, tests).
+void LoadRow(const WeightMatrix& w, int64_t row, float* out);
+
+}  // namespace llm::cpu

@@ -1,0 +1,19 @@
+// Subcommands of the `llm` binary. Each registers its flags on the CLI11 app and returns
+// the callback that runs it (exit status).
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace llm::cli {
+
+using Command = std::function<int()>;
+
+Command AddGenerate(CLI::App& app);
+Command AddMakeModel(CLI::App& app);
+
+// The demo model's folder in this build (made by the `demo_model` target).
+std::string DefaultModelDir();
+
+}  // namespace llm::cli
