@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages the build and the tests need (idempotent: apt-get runs only
+# when something is missing). Run as root on a fresh machine.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev
+  libgtest-dev libgmock-dev
+  python3 python3-sentencepiece sentencepiece   # tokenizer oracle + spm_train (demo vocab)
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[deps] installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

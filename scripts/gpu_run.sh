@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (../shared/DEVICE.md): unpack the carried Debian packages into
+# /opt/deps, build, run the GPU tests (ctest -L gpu) and whatever the arguments name.
+#   OUT=/some/dir scripts/gpu_run.sh [ninja targets...]
+# Needs: .debs/ (apt-get download ... ; see DEVICE.md) and .shared/ (a copy of ../shared's
+# models, since ../shared does not travel), both git-ignored and carried.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /opt/deps
+for f in .debs/*.deb; do dpkg -x "$f" /opt/deps; done
+export PATH=/opt/deps/usr/bin:$PATH
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
+export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
+shared=$(pwd)/.shared
+[ -d "$shared" ] || shared=$(cd .. && pwd)/shared
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  cmake --version | head -1; nvcc --version | tail -1
+} 2>&1 | tee "$OUT/env.txt"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt/deps/usr \
+  -DProtobuf_PROTOC_EXECUTABLE=/opt/deps/usr/bin/protoc -DLLM_SHARED_DIR="$shared" \
+  > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build -- "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' -A5 "$OUT/build.log" | head -60; exit 1; }
+(cd build && ctest -L gpu --output-on-failure) 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
