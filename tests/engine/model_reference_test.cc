@@ -1,0 +1,179 @@
+// The CPU model against Hugging Face transformers on the real stories260K checkpoint:
+// logits of every position (relative error <= 1e-4) and the 64-token greedy continuation.
+// Reference data: tests/data/stories260k_reference.json, made by
+// tests/tools/make_hf_reference.py on the GPU machine (transformers fp32).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/generator.h"
+#include "engine/llama_model.h"
+#include "engine/tokenizer.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+using nlohmann::json;
+
+std::string ModelDir() { return (test::SharedDir() / "models" / "stories260K").string(); }
+
+const json& Reference() {
+  static const json ref = json::parse(
+      test::ReadFile(test::SourceDir() / "tests" / "data" / "stories260k_reference.json"));
+  return ref;
+}
+
+// max |a - b| / max |b| over one row of logits.
+double RelativeError(std::span<const float> got, const std::vector<float>& want) {
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_FALSE(std::isnan(got[i]));
+    max_diff = std::max(max_diff, std::fabs(double(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(double(want[i])));
+  }
+  return max_diff / max_ref;
+}
+
+class Stories260K : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = LlamaModel::Load(ModelDir()).release();
+    tokenizer_ = Tokenizer::Load(ModelDir()).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tokenizer_;
+  }
+  static LlamaModel* model_;
+  static Tokenizer* tokenizer_;
+};
+LlamaModel* Stories260K::model_ = nullptr;
+Tokenizer* Stories260K::tokenizer_ = nullptr;
+
+TEST_F(Stories260K, PromptTokenizesLikeSentencePiece) {
+  for (const json& c : Reference()["cases"]) {
+    EXPECT_EQ(tokenizer_->EncodePrompt(c["prompt"].get<std::string>()),
+              c["prompt_ids"].get<std::vector<int>>());
+  }
+}
+
+// One forward over prompt + continuation: every position's logits.
+TEST_F(Stories260K, AllPositionLogitsMatchTransformers) {
+  for (const json& c : Reference()["cases"]) {
+    std::vector<int> ids = c["prompt_ids"].get<std::vector<int>>();
+    for (int id : c["greedy_ids"]) ids.push_back(id);
+    const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
+    ASSERT_EQ(ref.size(), ids.size());
+    KvCache cache = model_->NewCache(static_cast<int64_t>(ids.size()));
+    const std::vector<float> logits = model_->Forward(ids, cache, /*all_logits=*/true);
+    const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+    double worst = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      worst = std::max(worst, RelativeError({logits.data() + t * vocab, vocab}, ref[t]));
+    }
+    EXPECT_LE(worst, 1e-4) << c["prompt"];
+    std::printf("[ref] '%s': %zu positions, max relative logit error %.2e\n",
+                c["prompt"].get<std::string>().c_str(), ids.size(), worst);
+  }
+}
+
+// Prefill then one token at a time (the decode path), greedy: HF's 64 tokens exactly, with
+// the logits of every step checked too.
+TEST_F(Stories260K, GreedyDecodeMatchesTransformers) {
+  for (const json& c : Reference()["cases"]) {
+    const std::vector<int> prompt = c["prompt_ids"].get<std::vector<int>>();
+    const std::vector<int> want = c["greedy_ids"].get<std::vector<int>>();
+    const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
+    KvCache cache = model_->NewCache(static_cast<int64_t>(prompt.size() + want.size()));
+    std::vector<float> logits = model_->Forward(prompt, cache);
+    std::vector<int> got;
+    for (size_t step = 0; step < want.size(); ++step) {
+      EXPECT_LE(RelativeError(logits, ref[prompt.size() - 1 + step]), 1e-4) << "step " << step;
+      got.push_back(Argmax(logits));
+      const int next[1] = {got.back()};
+      if (step + 1 < want.size()) logits = model_->Forward(next, cache);
+    }
+    EXPECT_EQ(got, want) << c["prompt"];
+  }
+}
+
+// The user path: Generate() with greedy sampling streams the same tokens and text.
+TEST_F(Stories260K, GenerateStreamsTheGreedyText) {
+  const json& c = Reference()["cases"][0];
+  GenerateOptions options;
+  options.max_tokens = 64;
+  options.sampling.temperature = 0;
+  options.ignore_eos = true;
+  std::string streamed;
+  GenerateResult r = Generate(*model_, *tokenizer_, c["prompt"].get<std::string>(), options,
+                              [&](std::string_view d) { streamed += d; });
+  EXPECT_EQ(r.output_ids, c["greedy_ids"].get<std::vector<int>>());
+  EXPECT_EQ(streamed, r.text);
+  EXPECT_EQ(r.text, c["greedy_text"].get<std::string>());
+  EXPECT_EQ(r.finish_reason, "length");
+}
+
+// bf16 weights (half the bytes): same greedy start, logits within bf16 tolerance.
+TEST(Stories260KBf16, LogitsCloseAndGreedyPrefixEqual) {
+  LoadOptions options;
+  options.weight_dtype = DType::kBF16;
+  auto model = LlamaModel::Load(ModelDir(), options);
+  const json& c = Reference()["cases"][0];
+  std::vector<int> ids = c["prompt_ids"].get<std::vector<int>>();
+  KvCache cache = model->NewCache(64);
+  std::vector<float> logits = model->Forward(ids, cache);
+  const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
+  EXPECT_LE(RelativeError(logits, ref[ids.size() - 1]), 3e-2);
+  const std::vector<int> want = c["greedy_ids"].get<std::vector<int>>();
+  std::vector<int> got;
+  for (int step = 0; step < 8; ++step) {
+    got.push_back(Argmax(logits));
+    const int next[1] = {got.back()};
+    logits = model->Forward(next, cache);
+  }
+  EXPECT_EQ(got, std::vector<int>(want.begin(), want.begin() + 8));
+}
+
+TEST(ModelLoad, MissingFolderIsAClearError) {
+  try {
+    LlamaModel::Load("/nonexistent/model");
+    FAIL() << "expected llm::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/model"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelLoad, WrongShapeNamesTheTensor) {
+  test::TempDir dir;
+  // stories260K with a config that claims a bigger MLP: every mlp tensor mismatches.
+  json config = json::parse(test::ReadFile(std::filesystem::path(ModelDir()) / "config.json"));
+  config["intermediate_size"] = 173;
+  test::WriteFile(dir.path() / "config.json", config.dump());
+  std::filesystem::copy_file(std::filesystem::path(ModelDir()) / "model.safetensors",
+                             dir.path() / "model.safetensors");
+  try {
+    LlamaModel::Load(dir.path().string());
+    FAIL() << "expected llm::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("mlp"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(Stories260K, ContextOverflowIsAnError) {
+  KvCache cache = model_->NewCache(4);
+  const std::vector<int> ids = {1, 2, 3, 4, 5};
+  EXPECT_THROW(model_->Forward(ids, cache), Error);
+  const std::vector<int> bad = {1, 100000};
+  KvCache cache2 = model_->NewCache(4);
+  EXPECT_THROW(model_->Forward(bad, cache2), Error);
+}
+
+}  // namespace
+}  // namespace llm
