@@ -152,7 +152,7 @@ TEST(SafetensorsTest, OpensStories260K) {
 
 // ---- one crafted bad file per validation rule -----------------------------------------
 
-class BadFileTest : public ::testing::Test {
+class SafetensorsBadFileTest : public ::testing::Test {
  protected:
   std::string Write(const std::string& bytes) {
     WriteFile(path_, bytes);
@@ -171,17 +171,17 @@ class BadFileTest : public ::testing::Test {
   std::string path_ = (dir_.path() / "bad.safetensors").string();
 };
 
-TEST_F(BadFileTest, MissingFile) { ExpectError([&] { SafetensorsFile::Open(path_); }, {path_}); }
+TEST_F(SafetensorsBadFileTest, MissingFile) { ExpectError([&] { SafetensorsFile::Open(path_); }, {path_}); }
 
-TEST_F(BadFileTest, TruncatedFile) { Expect("abc", {"truncated"}); }
+TEST_F(SafetensorsBadFileTest, TruncatedFile) { Expect("abc", {"truncated"}); }
 
-TEST_F(BadFileTest, HeaderLengthBeyondFile) {
+TEST_F(SafetensorsBadFileTest, HeaderLengthBeyondFile) {
   std::string raw = RawFile(json{{"w", Entry("F32", {1}, {0, 4})}}, 4);
   raw[7] = '\x7f';  // length ~ 9e18
   Expect(raw, {"header length"});
 }
 
-TEST_F(BadFileTest, HeaderLengthAbove100MB) {
+TEST_F(SafetensorsBadFileTest, HeaderLengthAbove100MB) {
   // A sparse 120 MB file whose header claims 110 MB: within the file, above the limit.
   std::string raw = RawFile(std::string("{}"), 0);
   uint64_t n = 110'000'000;
@@ -191,53 +191,53 @@ TEST_F(BadFileTest, HeaderLengthAbove100MB) {
   ExpectError([&] { SafetensorsFile::Open(path_); }, {path_, "100 MB"});
 }
 
-TEST_F(BadFileTest, HeaderNotJson) { Expect(RawFile(std::string("{\"w\": [1,"), 8), {"JSON"}); }
+TEST_F(SafetensorsBadFileTest, HeaderNotJson) { Expect(RawFile(std::string("{\"w\": [1,"), 8), {"JSON"}); }
 
-TEST_F(BadFileTest, HeaderJsonArray) { Expect(RawFile(json::array({1, 2}), 8), {"not a JSON object"}); }
+TEST_F(SafetensorsBadFileTest, HeaderJsonArray) { Expect(RawFile(json::array({1, 2}), 8), {"not a JSON object"}); }
 
-TEST_F(BadFileTest, UnknownDtypeI64) {
+TEST_F(SafetensorsBadFileTest, UnknownDtypeI64) {
   Expect(RawFile(json{{"ids", Entry("I64", {2}, {0, 16})}}, 16), {"'ids'", "I64"});
 }
 
-TEST_F(BadFileTest, UnknownDtypeF8) {
+TEST_F(SafetensorsBadFileTest, UnknownDtypeF8) {
   Expect(RawFile(json{{"q", Entry("F8_E4M3", {2}, {0, 2})}}, 2), {"'q'", "F8_E4M3"});
 }
 
-TEST_F(BadFileTest, NegativeShape) {
+TEST_F(SafetensorsBadFileTest, NegativeShape) {
   Expect(RawFile(json{{"w", Entry("F32", {2, -1}, {0, 8})}}, 8), {"'w'", "negative"});
 }
 
-TEST_F(BadFileTest, ShapeOverflow) {
+TEST_F(SafetensorsBadFileTest, ShapeOverflow) {
   json shape = {uint64_t{1} << 32, uint64_t{1} << 32};  // 2^64 elements
   Expect(RawFile(json{{"w", Entry("F32", shape, {0, 8})}}, 8), {"'w'", "overflow"});
 }
 
-TEST_F(BadFileTest, ShapeNotIntegers) {
+TEST_F(SafetensorsBadFileTest, ShapeNotIntegers) {
   Expect(RawFile(json{{"w", Entry("F32", {1.5}, {0, 4})}}, 4), {"'w'", "shape"});
 }
 
-TEST_F(BadFileTest, OffsetsBeyondEnd) {
+TEST_F(SafetensorsBadFileTest, OffsetsBeyondEnd) {
   Expect(RawFile(json{{"w", Entry("F32", {4}, {0, 16})}}, 12), {"'w'", "beyond"});
 }
 
-TEST_F(BadFileTest, OffsetsReversed) {
+TEST_F(SafetensorsBadFileTest, OffsetsReversed) {
   Expect(RawFile(json{{"w", Entry("F32", {0}, {8, 4})}}, 12), {"'w'", "data_offsets"});
 }
 
-TEST_F(BadFileTest, OverlappingTensors) {
+TEST_F(SafetensorsBadFileTest, OverlappingTensors) {
   json h = {{"a", Entry("F32", {4}, {0, 16})}, {"b", Entry("F32", {2}, {8, 16})}};
   Expect(RawFile(h, 16), {"'a'", "'b'", "overlap"});
 }
 
-TEST_F(BadFileTest, ByteLengthMismatch) {
+TEST_F(SafetensorsBadFileTest, ByteLengthMismatch) {
   Expect(RawFile(json{{"w", Entry("BF16", {3}, {0, 8})}}, 8), {"'w'", "8 bytes", "needs 6"});
 }
 
-TEST_F(BadFileTest, MetadataNotStrings) {
+TEST_F(SafetensorsBadFileTest, MetadataNotStrings) {
   Expect(RawFile(json{{"__metadata__", {{"n", 1}}}}, 0), {"__metadata__", "'n'"});
 }
 
-TEST_F(BadFileTest, EntryNotObject) { Expect(RawFile(json{{"w", 3}}, 0), {"'w'"}); }
+TEST_F(SafetensorsBadFileTest, EntryNotObject) { Expect(RawFile(json{{"w", 3}}, 0), {"'w'"}); }
 
 // ---- Checkpoint: single file and sharded ------------------------------------------------
 
