@@ -2,10 +2,9 @@
 // named by `model.safetensors.index.json`.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/error.h"
 #include "engine/safetensors.h"
@@ -101,8 +100,8 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& model_dir) {
   } else if (fs::exists(single_path, ec)) {
     checkpoint->AddFile(SafetensorsFile::Open(single_path));
   } else {
-    throw Error(model_dir + ": no checkpoint found (neither " + kSingleFile + " nor " +
-                kIndexFile + " exists)");
+    throw Error(model_dir + ": no checkpoint found (neither " + kSingleFile + " nor " + kIndexFile +
+                " exists)");
   }
   return checkpoint;
 }

@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "engine/error.h"
+#include "engine/safetensors_util.h"
 
 namespace llm {
 namespace {
@@ -67,7 +67,8 @@ class Fields {
   double PositiveDouble(const std::string& field, std::optional<double> fallback) const {
     std::optional<double> v = Double(field);
     if (!v && !fallback) Fail(field, "is required but missing");
-    if (v && !(*v > 0 && std::isfinite(*v))) Fail(field, "must be positive, got " + Text(*Get(field)));
+    if (v && !(*v > 0 && std::isfinite(*v)))
+      Fail(field, "must be positive, got " + Text(*Get(field)));
     return v ? *v : *fallback;
   }
 
@@ -104,10 +105,7 @@ class Fields {
     return ids;
   }
 
-  static std::string Text(const json& v) {
-    std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-    return s.size() > 64 ? s.substr(0, 61) + "..." : s;
-  }
+  static std::string Text(const json& v) { return JsonSnippet(v); }
 
  private:
   int CheckTokenId(const json& v, const std::string& name) const {
@@ -133,8 +131,7 @@ std::string ParseArchitecture(const Fields& f) {
     }
     arch = (*archs)[0].get<std::string>();
     if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM") {
-      f.Fail("architectures",
-             "is '" + arch + "', supported: LlamaForCausalLM, MistralForCausalLM");
+      f.Fail("architectures", "is '" + arch + "', supported: LlamaForCausalLM, MistralForCausalLM");
     }
   }
   std::optional<std::string> model_type = f.String("model_type");
@@ -170,7 +167,8 @@ RopeScaling ParseRopeScaling(const Fields& f, const std::string& source) {
   rs.factor = r.PositiveDouble("factor", std::nullopt);
   rs.low_freq_factor = r.PositiveDouble("low_freq_factor", std::nullopt);
   rs.high_freq_factor = r.PositiveDouble("high_freq_factor", std::nullopt);
-  rs.original_max_position_embeddings = r.Positive("original_max_position_embeddings", std::nullopt);
+  rs.original_max_position_embeddings =
+      r.Positive("original_max_position_embeddings", std::nullopt);
   // The llama3 formula divides by (high - low).
   if (rs.high_freq_factor <= rs.low_freq_factor) {
     f.Fail("rope_scaling", "needs high_freq_factor > low_freq_factor");
@@ -224,7 +222,8 @@ GenerationDefaults ParseGeneration(const json& j, const std::string& source) {
   g.do_sample = f.Bool("do_sample");
   g.repetition_penalty = f.Double("repetition_penalty");
   if (auto n = f.Int("max_new_tokens")) {
-    if (*n <= 0 || *n > std::numeric_limits<int>::max()) f.Fail("max_new_tokens", "is out of range");
+    if (*n <= 0 || *n > std::numeric_limits<int>::max())
+      f.Fail("max_new_tokens", "is out of range");
     g.max_new_tokens = static_cast<int>(*n);
   }
   g.eos_token_ids = f.TokenIds("eos_token_id");

@@ -13,10 +13,9 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/error.h"
 #include "engine/safetensors_util.h"
@@ -54,16 +53,10 @@ std::optional<uint64_t> AsUnsigned(const json& v) {
   return std::nullopt;
 }
 
-std::string ValueText(const json& v) {
-  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > 64) text = text.substr(0, 61) + "...";
-  return text;
-}
-
 DType ParseDType(const std::string& path, const std::string& name, const json& entry) {
   auto it = entry.find("dtype");
   if (it == entry.end()) FailTensor(path, name, "has no \"dtype\"");
-  if (!it->is_string()) FailTensor(path, name, "\"dtype\" is not a string: " + ValueText(*it));
+  if (!it->is_string()) FailTensor(path, name, "\"dtype\" is not a string: " + JsonSnippet(*it));
   std::optional<DType> dtype = DTypeFromName(it->get<std::string>());
   if (!dtype) {
     FailTensor(path, name,
@@ -74,22 +67,22 @@ DType ParseDType(const std::string& path, const std::string& name, const json& e
 
 // Shape [d0, d1, ...] of non-negative dims whose product, times the element size, fits in
 // uint64 (so that the byte-length comparison below cannot overflow).
-std::vector<int64_t> ParseShape(const std::string& path, const std::string& name,
-                                const json& entry, DType dtype, uint64_t* num_bytes) {
+std::vector<int64_t> ParseShape(const std::string& path, const std::string& name, const json& entry,
+                                DType dtype, uint64_t* num_bytes) {
   auto it = entry.find("shape");
   if (it == entry.end()) FailTensor(path, name, "has no \"shape\"");
-  if (!it->is_array()) FailTensor(path, name, "\"shape\" is not a list: " + ValueText(*it));
+  if (!it->is_array()) FailTensor(path, name, "\"shape\" is not a list: " + JsonSnippet(*it));
   std::vector<int64_t> shape;
   uint64_t bytes = DTypeSize(dtype);
   for (const json& dim : *it) {
     if (dim.is_number_integer() && !dim.is_number_unsigned()) {
-      FailTensor(path, name, "negative dimension in shape " + ValueText(*it));
+      FailTensor(path, name, "negative dimension in shape " + JsonSnippet(*it));
     }
     std::optional<uint64_t> d = AsUnsigned(dim);
-    if (!d) FailTensor(path, name, "shape " + ValueText(*it) + " is not a list of integers");
+    if (!d) FailTensor(path, name, "shape " + JsonSnippet(*it) + " is not a list of integers");
     if (*d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
         __builtin_mul_overflow(bytes, *d, &bytes)) {
-      FailTensor(path, name, "shape " + ValueText(*it) + " overflows 64 bits");
+      FailTensor(path, name, "shape " + JsonSnippet(*it) + " overflows 64 bits");
     }
     shape.push_back(static_cast<int64_t>(*d));
   }
@@ -108,12 +101,14 @@ std::pair<uint64_t, uint64_t> ParseOffsets(const std::string& path, const std::s
     end = AsUnsigned((*it)[1]);
   }
   if (!begin || !end) {
-    FailTensor(path, name, "\"data_offsets\" is not [begin, end]: " + ValueText(*it));
+    FailTensor(path, name, "\"data_offsets\" is not [begin, end]: " + JsonSnippet(*it));
   }
-  if (*begin > *end) FailTensor(path, name, "data_offsets " + ValueText(*it) + " end before begin");
+  if (*begin > *end)
+    FailTensor(path, name, "data_offsets " + JsonSnippet(*it) + " end before begin");
   if (*end > data_size) {
-    FailTensor(path, name, "data_offsets " + ValueText(*it) + " extend beyond the data section (" +
-                               std::to_string(data_size) + " bytes)");
+    FailTensor(path, name,
+               "data_offsets " + JsonSnippet(*it) + " extend beyond the data section (" +
+                   std::to_string(data_size) + " bytes)");
   }
   return {*begin, *end};
 }
@@ -144,7 +139,7 @@ std::map<std::string, std::string> ParseMetadata(const std::string& path, const 
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : meta.items()) {
     if (!value.is_string()) {
-      Fail(path, "\"__metadata__\" value of '" + key + "' is not a string: " + ValueText(value));
+      Fail(path, "\"__metadata__\" value of '" + key + "' is not a string: " + JsonSnippet(value));
     }
     out[key] = value.get<std::string>();
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +28,19 @@ inline std::string ShapeString(const std::vector<int64_t>& shape) {
     s += std::to_string(shape[i]);
   }
   return s + "]";
+}
+
+// A short rendering of a JSON value for error messages. Never recurses more than one level:
+// dump() is recursive, and an attacker-controlled header may nest a million levels deep.
+inline std::string JsonSnippet(const nlohmann::json& v) {
+  std::string text;
+  if (v.is_structured()) {
+    bool flat = true;
+    for (const auto& item : v) flat = flat && !item.is_structured();
+    if (!flat) return v.is_array() ? "[...]" : "{...}";
+  }
+  text = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() > 64 ? text.substr(0, 61) + "..." : text;
 }
 
 }  // namespace llm

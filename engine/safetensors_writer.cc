@@ -5,9 +5,8 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "engine/error.h"
 #include "engine/safetensors.h"
@@ -40,7 +39,8 @@ uint64_t EntryBytes(const std::string& path, const SafetensorsWriter::Entry& e) 
 
 // The JSON header, padded with spaces to a multiple of 8 bytes as the reference
 // implementation does (so the data section starts 8-aligned). Fills `sizes`.
-std::string BuildHeader(const std::string& path, const std::vector<SafetensorsWriter::Entry>& entries,
+std::string BuildHeader(const std::string& path,
+                        const std::vector<SafetensorsWriter::Entry>& entries,
                         const std::map<std::string, std::string>& metadata,
                         std::vector<uint64_t>* sizes) {
   json header = json::object();
@@ -116,7 +116,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Entry>
   impl_->buffer.resize(kWriteBuffer);
   std::setvbuf(impl_->file, impl_->buffer.data(), _IOFBF, impl_->buffer.size());
   unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t{header.size()} >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<unsigned char>(uint64_t{header.size()} >> (8 * i));
   impl_->WriteRaw(len, sizeof(len));
   impl_->WriteRaw(header.data(), header.size());
 }
@@ -131,8 +132,7 @@ void SafetensorsWriter::Write(const std::string& name, const void* bytes, size_t
   }
   const Entry& e = s.entries[s.next];
   if (name != e.name) {
-    throw Error(s.path + ": tensor '" + name + "' written out of order, expected '" + e.name +
-                "'");
+    throw Error(s.path + ": tensor '" + name + "' written out of order, expected '" + e.name + "'");
   }
   if (num_bytes != s.sizes[s.next]) {
     throw Error(s.path + ": tensor '" + name + "' got " + std::to_string(num_bytes) +

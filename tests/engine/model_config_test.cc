@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/checkpoint_check.h"
@@ -39,9 +38,12 @@ void ExpectError(const std::function<void()>& fn, const std::vector<std::string>
 
 // A minimal valid Llama config; tests mutate one field at a time.
 json Minimal() {
-  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-          {"hidden_size", 64},  {"intermediate_size", 172},
-          {"num_hidden_layers", 2}, {"num_attention_heads", 8},
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", 64},
+          {"intermediate_size", 172},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 8},
           {"vocab_size", 512}};
 }
 
@@ -106,8 +108,11 @@ TEST(ModelConfigTest, ExplicitHeadDimMistralAndEosList) {
 
 TEST(ModelConfigTest, RopeScalingLlama3AndLinear) {
   json j = Minimal();
-  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
   ModelConfig c = ModelConfig::FromJson(j, kSource);
   EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLlama3);
   EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
@@ -126,8 +131,11 @@ TEST(ModelConfigTest, RopeScalingLlama3AndLinear) {
 
 TEST(ModelConfigTest, ToJsonRoundTrips) {
   json j = Minimal();
-  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
   j["eos_token_id"] = {5, 6};
   j["num_key_value_heads"] = 2;
   j["tie_word_embeddings"] = true;
@@ -219,9 +227,14 @@ TEST(ModelConfigTest, LoadErrorsNameTheFile) {
   const std::string gen = (dir.path() / "generation_config.json").string();
   WriteFile(gen, json{{"temperature", "hot"}}.dump());
   ExpectError([&] { ModelConfig::Load(dir.path().string()); }, {gen, "temperature"});
-  WriteFile(gen, json{{"temperature", 0.7}, {"top_p", 0.9}, {"top_k", 40}, {"do_sample", true},
-                      {"repetition_penalty", 1.1}, {"max_new_tokens", 64},
-                      {"eos_token_id", {7, 8}}}.dump());
+  WriteFile(gen, json{{"temperature", 0.7},
+                      {"top_p", 0.9},
+                      {"top_k", 40},
+                      {"do_sample", true},
+                      {"repetition_penalty", 1.1},
+                      {"max_new_tokens", 64},
+                      {"eos_token_id", {7, 8}}}
+                     .dump());
   ModelConfig c = ModelConfig::Load(dir.path().string());
   EXPECT_DOUBLE_EQ(*c.generation.temperature, 0.7);
   EXPECT_DOUBLE_EQ(*c.generation.top_p, 0.9);
@@ -290,8 +303,9 @@ TEST(ValidateCheckpointTest, WrongShapeMissingTensorAndTiedLmHead) {
     }
   });
   ExpectError([&] { ValidateCheckpoint(c, *Checkpoint::Open(d)); },
-              {file, "tensor 'model.layers.0.mlp.up_proj.weight' has shape [172, 65], "
-                     "expected [172, 64]"});
+              {file,
+               "tensor 'model.layers.0.mlp.up_proj.weight' has shape [172, 65], "
+               "expected [172, 64]"});
 
   WriteModel(c, d, [](std::vector<TensorData>* t) { t->pop_back(); });  // drop lm_head.weight
   ExpectError([&] { ValidateCheckpoint(c, *Checkpoint::Open(d)); }, {d, "'lm_head.weight'"});

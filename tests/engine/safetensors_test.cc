@@ -7,9 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "engine/error.h"
 #include "tests/test_util.h"
@@ -92,7 +91,8 @@ TEST(SafetensorsTest, RoundTripAllDtypes) {
 TEST(SafetensorsTest, HeaderPaddedWithSpacesAndTensorsSortedByName) {
   TempDir dir;
   const std::string path = (dir.path() / "t.safetensors").string();
-  WriteSafetensors(path, {{"b", DType::kF32, {1}, Bytes(4, 1)}, {"a", DType::kF16, {1}, Bytes(2, 2)}});
+  WriteSafetensors(path,
+                   {{"b", DType::kF32, {1}, Bytes(4, 1)}, {"a", DType::kF16, {1}, Bytes(2, 2)}});
   std::string raw = ReadFile(path);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(raw[i]);
@@ -133,8 +133,11 @@ TEST(SafetensorsTest, UnfinishedWriterRemovesItsFile) {
   const std::string path = (dir.path() / "s.safetensors").string();
   { SafetensorsWriter w(path, {{"z", DType::kF32, {2}}}); }
   EXPECT_FALSE(fs::exists(path));
-  ExpectError([&] { SafetensorsWriter w(path, {{"z", DType::kF32, {2}}, {"z", DType::kF32, {1}}}); },
-              {path, "'z'"});
+  ExpectError(
+      [&] {
+        SafetensorsWriter w(path, {{"z", DType::kF32, {2}}, {"z", DType::kF32, {1}}});
+      },
+      {path, "'z'"});
   ExpectError([&] { SafetensorsWriter w(path, {{"n", DType::kF32, {-1}}}); }, {path, "'n'"});
 }
 
@@ -171,7 +174,9 @@ class SafetensorsBadFileTest : public ::testing::Test {
   std::string path_ = (dir_.path() / "bad.safetensors").string();
 };
 
-TEST_F(SafetensorsBadFileTest, MissingFile) { ExpectError([&] { SafetensorsFile::Open(path_); }, {path_}); }
+TEST_F(SafetensorsBadFileTest, MissingFile) {
+  ExpectError([&] { SafetensorsFile::Open(path_); }, {path_});
+}
 
 TEST_F(SafetensorsBadFileTest, TruncatedFile) { Expect("abc", {"truncated"}); }
 
@@ -191,9 +196,13 @@ TEST_F(SafetensorsBadFileTest, HeaderLengthAbove100MB) {
   ExpectError([&] { SafetensorsFile::Open(path_); }, {path_, "100 MB"});
 }
 
-TEST_F(SafetensorsBadFileTest, HeaderNotJson) { Expect(RawFile(std::string("{\"w\": [1,"), 8), {"JSON"}); }
+TEST_F(SafetensorsBadFileTest, HeaderNotJson) {
+  Expect(RawFile(std::string("{\"w\": [1,"), 8), {"JSON"});
+}
 
-TEST_F(SafetensorsBadFileTest, HeaderJsonArray) { Expect(RawFile(json::array({1, 2}), 8), {"not a JSON object"}); }
+TEST_F(SafetensorsBadFileTest, HeaderJsonArray) {
+  Expect(RawFile(json::array({1, 2}), 8), {"not a JSON object"});
+}
 
 TEST_F(SafetensorsBadFileTest, UnknownDtypeI64) {
   Expect(RawFile(json{{"ids", Entry("I64", {2}, {0, 16})}}, 16), {"'ids'", "I64"});
@@ -237,6 +246,14 @@ TEST_F(SafetensorsBadFileTest, MetadataNotStrings) {
   Expect(RawFile(json{{"__metadata__", {{"n", 1}}}}, 0), {"__metadata__", "'n'"});
 }
 
+TEST_F(SafetensorsBadFileTest, DeeplyNestedShape) {
+  // A million nested lists must not recurse the stack away (parsing or error message).
+  const size_t depth = 1'000'000;
+  std::string header = "{\"w\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4], \"shape\": ";
+  header += std::string(depth, '[') + std::string(depth, ']') + "}}";
+  Expect(RawFile(header, 4), {"'w'", "shape"});
+}
+
 TEST_F(SafetensorsBadFileTest, EntryNotObject) { Expect(RawFile(json{{"w", 3}}, 0), {"'w'"}); }
 
 // ---- Checkpoint: single file and sharded ------------------------------------------------
@@ -245,8 +262,9 @@ class CheckpointTest : public ::testing::Test {
  protected:
   // Two shards: a, b in shard 1; c in shard 2; an index listing them.
   void WriteSharded(const json& weight_map) {
-    WriteSafetensors(Path("model-00001-of-00002.safetensors"),
-                     {{"a", DType::kF32, {2, 2}, Bytes(16, 1)}, {"b", DType::kF16, {3}, Bytes(6, 2)}});
+    WriteSafetensors(
+        Path("model-00001-of-00002.safetensors"),
+        {{"a", DType::kF32, {2, 2}, Bytes(16, 1)}, {"b", DType::kF16, {3}, Bytes(6, 2)}});
     WriteSafetensors(Path("model-00002-of-00002.safetensors"),
                      {{"c", DType::kBF16, {172, 64}, Bytes(172 * 64 * 2, 3)}});
     WriteFile(Path("model.safetensors.index.json"),
@@ -278,9 +296,12 @@ TEST_F(CheckpointTest, ShardedWithIndex) {
   EXPECT_EQ(ckpt->Get("c").file, Path("model-00002-of-00002.safetensors"));
   EXPECT_EQ(ckpt->GetWithShape("c", {172, 64}).dtype, DType::kBF16);
   EXPECT_EQ(std::memcmp(ckpt->Get("b").data, Bytes(6, 2).data(), 6), 0);
-  ExpectError([&] { ckpt->GetWithShape("c", {172, 65}); },
-              {Path("model-00002-of-00002.safetensors"),
-               "tensor 'c' has shape [172, 64], expected [172, 65]"});
+  ExpectError(
+      [&] {
+        ckpt->GetWithShape("c", {172, 65});
+      },
+      {Path("model-00002-of-00002.safetensors"),
+       "tensor 'c' has shape [172, 64], expected [172, 65]"});
   ExpectError([&] { ckpt->GetWithShape("d", {1}); }, {Dir(), "'d'"});
 }
 
@@ -292,7 +313,8 @@ TEST_F(CheckpointTest, MissingShard) {
   json map = GoodMap();
   map["d"] = "model-00003-of-00002.safetensors";
   WriteSharded(map);
-  ExpectError([&] { Checkpoint::Open(Dir()); }, {"model-00003-of-00002.safetensors", "does not exist"});
+  ExpectError([&] { Checkpoint::Open(Dir()); },
+              {"model-00003-of-00002.safetensors", "does not exist"});
 }
 
 TEST_F(CheckpointTest, TensorListedButAbsentFromShard) {
@@ -312,16 +334,17 @@ TEST_F(CheckpointTest, TensorInWrongShard) {
 
 TEST_F(CheckpointTest, DuplicateTensorAcrossShards) {
   WriteSharded(GoodMap());
-  WriteSafetensors(Path("model-00002-of-00002.safetensors"),
-                   {{"a", DType::kF32, {2, 2}, Bytes(16, 1)}, {"c", DType::kBF16, {1}, Bytes(2, 3)}});
-  ExpectError([&] { Checkpoint::Open(Dir()); },
-              {"'a'", Path("model-00001-of-00002.safetensors"),
-               Path("model-00002-of-00002.safetensors")});
+  WriteSafetensors(
+      Path("model-00002-of-00002.safetensors"),
+      {{"a", DType::kF32, {2, 2}, Bytes(16, 1)}, {"c", DType::kBF16, {1}, Bytes(2, 3)}});
+  ExpectError([&] { Checkpoint::Open(Dir()); }, {"'a'", Path("model-00001-of-00002.safetensors"),
+                                                 Path("model-00002-of-00002.safetensors")});
 }
 
 TEST_F(CheckpointTest, BadIndex) {
   WriteFile(Path("model.safetensors.index.json"), "{\"weight_map\": [1]}");
-  ExpectError([&] { Checkpoint::Open(Dir()); }, {Path("model.safetensors.index.json"), "weight_map"});
+  ExpectError([&] { Checkpoint::Open(Dir()); },
+              {Path("model.safetensors.index.json"), "weight_map"});
   WriteFile(Path("model.safetensors.index.json"), "{\"weight_map\": {\"a\": \"../x\"}}");
   ExpectError([&] { Checkpoint::Open(Dir()); }, {"'a'", "../x"});
   WriteFile(Path("model.safetensors.index.json"), "not json");
@@ -346,10 +369,18 @@ TEST(SafetensorsFuzzTest, RandomMutationsNeverCrash) {
     for (int e = 0; e < edits; ++e) {
       size_t pos = rng() % bytes.size();
       switch (rng() % 4) {
-        case 0: bytes[pos] = static_cast<char>(rng()); break;               // random byte
-        case 1: bytes[pos] = "0123456789-[]{},:\" e."[rng() % 21]; break;   // JSON-ish byte
-        case 2: bytes.resize(pos); break;                                   // truncate
-        default: bytes[pos] ^= static_cast<char>(1 << (rng() % 8)); break;  // bit flip
+        case 0:
+          bytes[pos] = static_cast<char>(rng());
+          break;  // random byte
+        case 1:
+          bytes[pos] = "0123456789-[]{},:\" e."[rng() % 21];
+          break;  // JSON-ish byte
+        case 2:
+          bytes.resize(pos);
+          break;  // truncate
+        default:
+          bytes[pos] ^= static_cast<char>(1 << (rng() % 8));
+          break;  // bit flip
       }
       if (bytes.empty()) bytes.push_back(0x01);
     }
