@@ -95,10 +95,11 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& model_dir) {
   const std::string index_path = (fs::path(model_dir) / kIndexFile).string();
   const std::string single_path = (fs::path(model_dir) / kSingleFile).string();
   std::error_code ec;
-  if (fs::exists(index_path, ec)) {
-    checkpoint->OpenSharded(index_path);
-  } else if (fs::exists(single_path, ec)) {
+  // Like transformers' from_pretrained, a single model.safetensors wins over an index.
+  if (fs::exists(single_path, ec)) {
     checkpoint->AddFile(SafetensorsFile::Open(single_path));
+  } else if (fs::exists(index_path, ec)) {
+    checkpoint->OpenSharded(index_path);
   } else {
     throw Error(model_dir + ": no checkpoint found (neither " + kSingleFile + " nor " + kIndexFile +
                 " exists)");

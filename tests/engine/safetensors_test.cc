@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -151,6 +152,33 @@ TEST(SafetensorsTest, OpensStories260K) {
   EXPECT_EQ(emb->dtype, DType::kF32);
   EXPECT_EQ(emb->num_bytes, 512u * 64 * 4);
   EXPECT_EQ(file->metadata().at("format"), "pt");
+}
+
+// Offsets past 4 GiB (a 16 GB checkpoint): a sparse file, so no real disk is used.
+TEST(SafetensorsTest, SixtyFourBitOffsets) {
+  TempDir dir;
+  const std::string path = (dir.path() / "big.safetensors").string();
+  const uint64_t big = uint64_t{5} << 30;  // 5 Gi BF16 elements = 10 GiB
+  json h = {
+      {"big",
+       {{"dtype", "BF16"}, {"shape", {5, uint64_t{1} << 30}}, {"data_offsets", {0, 2 * big}}}},
+      {"tail", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {2 * big, 2 * big + 4}}}}};
+  std::string raw = RawFile(h, 0);
+  const uint64_t header_end = raw.size();
+  WriteFile(path, raw);
+  fs::resize_file(path, header_end + 2 * big + 4);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(header_end + 2 * big));
+    f.write("\x01\x02\x03\x04", 4);
+  }
+  auto file = SafetensorsFile::Open(path);
+  EXPECT_EQ(file->Find("big")->num_bytes, 2 * big);
+  EXPECT_EQ(file->Find("big")->num_elements(), static_cast<int64_t>(big));
+  const TensorView* tail = file->Find("tail");
+  ASSERT_NE(tail, nullptr);
+  EXPECT_EQ(tail->data - file->Find("big")->data, static_cast<ptrdiff_t>(2 * big));
+  EXPECT_EQ(std::to_integer<int>(tail->data[3]), 4);
 }
 
 // ---- one crafted bad file per validation rule -----------------------------------------
@@ -303,6 +331,12 @@ TEST_F(CheckpointTest, ShardedWithIndex) {
       {Path("model-00002-of-00002.safetensors"),
        "tensor 'c' has shape [172, 64], expected [172, 65]"});
   ExpectError([&] { ckpt->GetWithShape("d", {1}); }, {Dir(), "'d'"});
+}
+
+TEST_F(CheckpointTest, SingleFileWinsOverIndex) {
+  WriteSharded(GoodMap());
+  WriteSafetensors(Path("model.safetensors"), {{"x", DType::kF32, {1}, Bytes(4, 1)}});
+  EXPECT_EQ(Checkpoint::Open(Dir())->names(), std::vector<std::string>{"x"});
 }
 
 TEST_F(CheckpointTest, NoCheckpointFiles) {
