@@ -50,6 +50,7 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  void ParseHeader();  // validates the mapped header and fills tensors_ / metadata_
   std::string path_;
   void* mapping_ = nullptr;
   size_t mapping_size_ = 0;
@@ -76,6 +77,9 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
+
+  void AddFile(std::unique_ptr<SafetensorsFile> file);  // indexes it; duplicates throw
+  void OpenSharded(const std::string& index_path);
 };
 
 // A tensor to write: raw little-endian bytes of dtype x shape.
