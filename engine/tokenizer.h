@@ -16,6 +16,8 @@
 
 namespace llm {
 
+struct DecodeState;  // engine/tokenizer_impl.h
+
 class Tokenizer {
  public:
   // <dir>/tokenizer.model plus, when present, <dir>/tokenizer_config.json
@@ -47,6 +49,7 @@ class Tokenizer {
   struct Impl;
 
  private:
+  friend class IncrementalDecoder;  // runs Impl's per-id decoding state machine
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
@@ -57,18 +60,22 @@ class Tokenizer {
 // yields " there"; at the very start of a text the dummy-prefix space is dropped).
 // Never emits a partial UTF-8 character: bytes of an unfinished sequence are held back
 // until it completes (or become U+FFFD exactly where Decode would put one).
+// O(1) work per id: it keeps Decode's state (not the ids), so long generations stay cheap.
+// (A context ending inside an unfinished byte sequence keeps those bytes pending: they join
+// the first pushed bytes, as in Decode(context + pushed).)
 class IncrementalDecoder {
  public:
   IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int> context_ids = {});
+  ~IncrementalDecoder();
+  IncrementalDecoder(IncrementalDecoder&&) = default;
+  // The text that `id` makes final (often "", e.g. for the first bytes of an emoji).
   std::string Push(int id);
+  // Everything still held back (unfinished bytes become U+FFFD, as in Decode).
   std::string Flush();
 
  private:
   const Tokenizer& tokenizer_;
-  std::vector<int> ids_;
-  size_t prefix_offset_ = 0;  // first id of the window decoded for context
-  size_t read_offset_ = 0;    // ids before this have had their text emitted
-  std::string emitted_tail_;  // unused by some implementations
+  std::unique_ptr<DecodeState> state_;
 };
 
 }  // namespace llm
