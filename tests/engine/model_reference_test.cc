@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/error.h"
 #include "engine/generator.h"
 #include "engine/llama_model.h"
 #include "engine/tokenizer.h"
