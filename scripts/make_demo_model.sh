@@ -13,11 +13,12 @@ mkdir -p "$out"
 # The corpus: the repository's prose and code, in a fixed order.
 (cd "$root" && ls *.md engine/*.h engine/*.cc kernels/cpu/*.h kernels/cpu/*.cc server/*.cc \
    2>/dev/null | LC_ALL=C sort | xargs cat) > "$tmp/corpus.txt"
-spm_train --input="$tmp/corpus.txt" --model_prefix="$tmp/tok" --vocab_size=1000 \
+# Relative paths: spm_train records them in the model, which must not depend on $tmp.
+(cd "$tmp" && spm_train --input=corpus.txt --model_prefix=tok --vocab_size=1000 \
   --model_type=bpe --byte_fallback=true --character_coverage=1.0 --split_digits=true \
   --normalization_rule_name=identity --remove_extra_whitespaces=false \
   --allow_whitespace_only_pieces=true --num_threads=1 --shuffle_input_sentence=false \
-  --input_sentence_size=0 --max_sentence_length=100000 --minloglevel=2 >"$tmp/spm.log" 2>&1 \
+  --input_sentence_size=0 --max_sentence_length=100000 --minloglevel=2 >spm.log 2>&1) \
   || { cat "$tmp/spm.log"; exit 1; }
 "$llm" make-model --config "$root/engine/configs/demo.json" --out "$out" --seed 0 \
   --dtype f32 --tokenizer "$tmp/tok.model" 2>/dev/null
