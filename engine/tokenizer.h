@@ -61,8 +61,8 @@ class Tokenizer {
 // Never emits a partial UTF-8 character: bytes of an unfinished sequence are held back
 // until it completes (or become U+FFFD exactly where Decode would put one).
 // O(1) work per id: it keeps Decode's state (not the ids), so long generations stay cheap.
-// (A context ending inside an unfinished byte sequence keeps those bytes pending: they join
-// the first pushed bytes, as in Decode(context + pushed).)
+// (A context that ends inside an unfinished byte sequence is taken as Decode(context)
+// renders it, U+FFFD per byte; pushed bytes never complete the context's character.)
 class IncrementalDecoder {
  public:
   IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int> context_ids = {});

@@ -116,10 +116,12 @@ std::string Tokenizer::Decode(std::span<const int> ids) const {
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int> context_ids)
     : tokenizer_(tokenizer), state_(std::make_unique<DecodeState>()) {
   // Run the context through the same state machine and drop its text: what remains is
-  // whether a leading "▁" may still be dropped. Bytes of an unfinished character at the
-  // end of the context stay pending and may complete with the first pushed ids.
+  // whether a leading "▁" may still be dropped. Bytes of a character the context leaves
+  // unfinished are settled now as Decode(context) settles them (U+FFFD each), since that
+  // text counts as the context's.
   std::string discarded;
   for (int id : context_ids) tokenizer_.impl_->DecodeId(*state_, id, &discarded);
+  tokenizer_.impl_->FlushBytes(*state_, &discarded);
 }
 
 IncrementalDecoder::~IncrementalDecoder() = default;

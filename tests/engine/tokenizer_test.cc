@@ -1,0 +1,157 @@
+// Unit tests of llm::Tokenizer and llm::IncrementalDecoder on the shared tokenizers:
+// load errors, known encodings (stories260K, Mistral's encodings.json), piece/id lookups,
+// encoding speed, and the streaming decoder's invariants at every split point.
+#include "engine/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+std::filesystem::path MistralModel() {
+  return test::SharedDir() / "models/tokenizers/mistral-7b-v0.1/tokenizer.model";
+}
+std::filesystem::path StoriesDir() { return test::SharedDir() / "models/stories260K"; }
+
+// The llm::Error message of `load`, or "" when it does not throw llm::Error.
+template <typename Load>
+std::string LoadError(Load load) {
+  try {
+    load();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+
+TEST(TokenizerLoadTest, MissingFileNamesThePath) {
+  const std::string path = "/nonexistent/dir/tokenizer.model";
+  EXPECT_NE(LoadError([&] { Tokenizer::FromFile(path); }).find(path), std::string::npos);
+  test::TempDir dir;
+  EXPECT_NE(LoadError([&] { Tokenizer::Load(dir.path().string()); }).find("tokenizer.model"),
+            std::string::npos);
+}
+
+TEST(TokenizerLoadTest, GarbageTruncatedAndEmptyFilesAreErrors) {
+  test::TempDir dir;
+  const std::string model = test::ReadFile(MistralModel());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"garbage.model", std::string("\xff\xfe\x00garbage bytes \x01\x02\x03", 20)},
+      {"text.model", "this is not a protobuf at all, just text\n"},
+      {"truncated.model", model.substr(0, model.size() / 2)},
+      {"truncated_tiny.model", model.substr(0, 7)},
+      {"empty.model", ""},
+  };
+  for (const auto& [name, bytes] : cases) {
+    const std::string path = (dir.path() / name).string();
+    test::WriteFile(path, bytes);
+    const std::string message = LoadError([&] { Tokenizer::FromFile(path); });
+    EXPECT_NE(message.find(path), std::string::npos) << name << ": \"" << message << "\"";
+  }
+}
+
+TEST(TokenizerLoadTest, BadTokenizerConfigIsAnError) {
+  test::TempDir dir;
+  test::WriteFile(dir.path() / "tokenizer.model", test::ReadFile(StoriesDir() / "tokenizer.model"));
+  const auto config = dir.path() / "tokenizer_config.json";
+  for (const std::string bad : {"{not json", "[1, 2]", R"({"add_bos_token": "yes"})"}) {
+    test::WriteFile(config, bad);
+    const std::string message = LoadError([&] { Tokenizer::Load(dir.path().string()); });
+    EXPECT_NE(message.find(config.string()), std::string::npos) << bad << ": " << message;
+  }
+  test::WriteFile(config, R"({"add_bos_token": false, "add_eos_token": true})");
+  const auto tokenizer = Tokenizer::Load(dir.path().string());
+  EXPECT_FALSE(tokenizer->add_bos_token());
+  EXPECT_TRUE(tokenizer->add_eos_token());
+  EXPECT_EQ(tokenizer->EncodePrompt("Once upon a time"), (std::vector<int>{403, 407, 261, 378, 2}));
+}
+
+TEST(TokenizerTest, Stories260K) {
+  const auto tokenizer = Tokenizer::Load(StoriesDir().string());
+  EXPECT_EQ(tokenizer->vocab_size(), 512);
+  EXPECT_EQ(tokenizer->Encode("Once upon a time"), (std::vector<int>{403, 407, 261, 378}));
+  EXPECT_EQ(tokenizer->EncodePrompt("Once upon a time"),
+            (std::vector<int>{1, 403, 407, 261, 378}));
+  EXPECT_TRUE(tokenizer->add_bos_token());
+  EXPECT_FALSE(tokenizer->add_eos_token());
+  EXPECT_EQ(tokenizer->Decode(std::vector<int>{1, 403, 407, 261, 378, 2}), "Once upon a time");
+  EXPECT_EQ(tokenizer->bos_id(), 1);
+  EXPECT_EQ(tokenizer->eos_id(), 2);
+  EXPECT_EQ(tokenizer->unk_id(), 0);
+  EXPECT_EQ(tokenizer->pad_id(), -1);
+}
+
+TEST(TokenizerTest, MistralPiecesAndIds) {
+  const auto tokenizer = Tokenizer::FromFile(MistralModel().string());
+  EXPECT_EQ(tokenizer->vocab_size(), 32000);
+  EXPECT_EQ(tokenizer->IdToPiece(0), "<unk>");
+  EXPECT_EQ(tokenizer->IdToPiece(1), "<s>");
+  EXPECT_EQ(tokenizer->IdToPiece(2), "</s>");
+  EXPECT_EQ(tokenizer->IdToPiece(3), "<0x00>");
+  EXPECT_EQ(tokenizer->IdToPiece(258), "<0xFF>");
+  EXPECT_EQ(tokenizer->IdToPiece(259), "\xE2\x96\x81\xE2\x96\x81");  // "▁▁"
+  EXPECT_EQ(tokenizer->IdToPiece(-1), "");
+  EXPECT_EQ(tokenizer->IdToPiece(32000), "");
+  EXPECT_EQ(tokenizer->PieceToId("<0x0A>"), 13);
+  EXPECT_EQ(tokenizer->PieceToId("</s>"), 2);
+  EXPECT_EQ(tokenizer->PieceToId("no such piece"), 0);
+  EXPECT_TRUE(tokenizer->IsControl(1));
+  EXPECT_TRUE(tokenizer->IsControl(2));
+  EXPECT_FALSE(tokenizer->IsControl(0));
+  EXPECT_TRUE(tokenizer->IsByte(3));
+  EXPECT_FALSE(tokenizer->IsByte(259));
+  EXPECT_EQ(tokenizer->unk_id(), 0);
+  EXPECT_EQ(tokenizer->pad_id(), -1);
+  // Out-of-range ids decode to nothing (the library would refuse the call).
+  EXPECT_EQ(tokenizer->Decode(std::vector<int>{-5, 32000, 1}), "");
+}
+
+TEST(TokenizerTest, MistralReferenceEncodings) {
+  const auto tokenizer = Tokenizer::FromFile(MistralModel().string());
+  const auto refs = nlohmann::json::parse(test::ReadFile(
+      test::SharedDir() / "models/tokenizers/mistral-7b-v0.1/encodings.json"));
+  ASSERT_EQ(refs["cases"].size(), 41u);
+  for (const auto& item : refs["cases"]) {
+    const std::string name = item["name"].get<std::string>();
+    const auto ids = item["ids"].get<std::vector<int>>();
+    EXPECT_EQ(tokenizer->Encode(item["text"].get<std::string>()), ids) << name;
+    EXPECT_EQ(tokenizer->Decode(ids), item["decoded"].get<std::string>()) << name;
+    std::vector<int> pieces_ids;
+    for (const auto& piece : item["pieces"]) {
+      pieces_ids.push_back(tokenizer->PieceToId(piece.get<std::string>()));
+    }
+    EXPECT_EQ(pieces_ids, ids) << name;
+  }
+}
+
+TEST(TokenizerTest, EncodesLongParagraphFast) {
+  const auto tokenizer = Tokenizer::FromFile(MistralModel().string());
+  std::string paragraph;
+  while (paragraph.size() < 5000) {
+    paragraph += "The quick brown fox jumps over the lazy dog, café naïve 東京 42. ";
+  }
+  paragraph.resize(5000);
+  double best_ms = 1e9;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto ids = tokenizer->Encode(paragraph);
+    const std::chrono::duration<double, std::milli> elapsed =
+        std::chrono::steady_clock::now() - start;
+    best_ms = std::min(best_ms, elapsed.count());
+    ASSERT_GT(ids.size(), 1000u);
+  }
+  std::cout << "[perf] 5000-character paragraph: " << best_ms << " ms\n";
+  EXPECT_LT(best_ms, 10.0);
+}
+
+}  // namespace
+}  // namespace llm
