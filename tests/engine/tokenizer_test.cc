@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "engine/error.h"
+#include "sentencepiece_model.pb.h"
 #include "tests/test_util.h"
 
 namespace llm {
@@ -57,6 +60,62 @@ TEST(TokenizerLoadTest, GarbageTruncatedAndEmptyFilesAreErrors) {
     const std::string message = LoadError([&] { Tokenizer::FromFile(path); });
     EXPECT_NE(message.find(path), std::string::npos) << name << ": \"" << message << "\"";
   }
+}
+
+// Models that parse but that we must refuse, each with the words its error should contain.
+TEST(TokenizerLoadTest, UnsupportedModelsAreErrors) {
+  test::TempDir dir;
+  sentencepiece::ModelProto base;
+  ASSERT_TRUE(base.ParseFromString(test::ReadFile(StoriesDir() / "tokenizer.model")));
+  using Edit = std::function<void(sentencepiece::ModelProto&)>;
+  const std::vector<std::pair<std::string, Edit>> cases = {
+      {"normalizer",
+       [](auto& m) { m.mutable_normalizer_spec()->set_precompiled_charsmap("\x01\x02\x03"); }},
+      {"model type",
+       [](auto& m) { m.mutable_trainer_spec()->set_model_type(sentencepiece::TrainerSpec::WORD); }},
+      {"defined twice", [](auto& m) { m.mutable_pieces(300)->set_piece(m.pieces(301).piece()); }},
+      {"unknown piece",
+       [](auto& m) { m.mutable_pieces(0)->set_type(sentencepiece::ModelProto::SentencePiece::NORMAL); }},
+      {"byte piece", [](auto& m) { m.mutable_trainer_spec()->set_byte_fallback(false); }},
+      {"empty", [](auto& m) { m.mutable_pieces(400)->set_piece(""); }},
+  };
+  for (const auto& [words, edit] : cases) {
+    sentencepiece::ModelProto model = base;
+    edit(model);
+    const std::string path = (dir.path() / "edited.model").string();
+    test::WriteFile(path, model.SerializeAsString());
+    const std::string message = LoadError([&] { Tokenizer::FromFile(path); });
+    EXPECT_NE(message.find(path), std::string::npos) << words << ": " << message;
+    EXPECT_NE(message.find(words), std::string::npos) << words << ": " << message;
+  }
+}
+
+// Randomly damaged models either load or throw llm::Error; whatever loads encodes and
+// decodes without crashing.
+TEST(TokenizerLoadTest, DamagedModelsNeverCrash) {
+  test::TempDir dir;
+  const std::string model = test::ReadFile(StoriesDir() / "tokenizer.model");
+  const std::string path = (dir.path() / "damaged.model").string();
+  std::mt19937 rng(7);
+  int num_loaded = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string bytes = model;
+    for (int flips = 1 + trial % 8; flips > 0; --flips) bytes[rng() % bytes.size()] = rng();
+    test::WriteFile(path, bytes);
+    std::unique_ptr<Tokenizer> tokenizer;
+    try {
+      tokenizer = Tokenizer::FromFile(path);
+    } catch (const Error&) {
+      continue;
+    }
+    ++num_loaded;
+    const auto ids = tokenizer->Encode(" Once upon a time, \xF0\x9F\xA6\x99 \xff <s>  ");
+    std::vector<int> all_ids(tokenizer->vocab_size());
+    for (int i = 0; i < tokenizer->vocab_size(); ++i) all_ids[i] = i;
+    tokenizer->Decode(ids);
+    tokenizer->Decode(all_ids);
+  }
+  std::cout << "[damaged] " << num_loaded << " of 300 damaged models loaded\n";
 }
 
 TEST(TokenizerLoadTest, BadTokenizerConfigIsAnError) {
