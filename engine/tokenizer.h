@@ -27,11 +27,13 @@ class Tokenizer {
   static std::unique_ptr<Tokenizer> FromFile(const std::string& tokenizer_model_path);
   ~Tokenizer();
 
-  // What SentencePieceProcessor::Encode(text) returns: no BOS/EOS.
+  // What SentencePieceProcessor::Encode(text) returns: no BOS/EOS. `text` may hold any
+  // bytes: each byte of malformed UTF-8 is read as U+FFFD, as the library does.
   std::vector<int> Encode(std::string_view text) const;
   // Encode plus BOS/EOS as tokenizer_config.json says: the model's input for a prompt.
   std::vector<int> EncodePrompt(std::string_view text) const;
   // What SentencePieceProcessor::Decode(ids) returns (control tokens decode to "").
+  // Ids outside [0, vocab_size()) decode to "" (the library refuses the whole call).
   std::string Decode(std::span<const int> ids) const;
 
   int vocab_size() const;

@@ -81,7 +81,8 @@ void Tokenizer::Impl::DecodeId(DecodeState& state, int id, std::string* out) con
   if (id < 0 || id >= static_cast<int>(pieces.size())) return;
   const Piece& piece = pieces[id];
   if (piece.type == PieceType::kByte) {
-    state.pending_bytes.push_back(static_cast<char>(std::stoi(piece.text.substr(3, 2), nullptr, 16)));
+    state.pending_bytes.push_back(
+        static_cast<char>(std::stoi(piece.text.substr(3, 2), nullptr, 16)));
     ReleaseBytes(state, /*at_end=*/false, out);
     return;
   }

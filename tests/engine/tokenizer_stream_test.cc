@@ -23,8 +23,11 @@ bool IsValidUtf8(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     const auto c = static_cast<unsigned char>(text[i]);
-    const size_t length =
-        c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    const size_t length = c < 0x80         ? 1
+                          : (c >> 5) == 6  ? 2
+                          : (c >> 4) == 14 ? 3
+                          : (c >> 3) == 30 ? 4
+                                           : 0;
     if (length == 0 || i + length > text.size()) return false;
     uint32_t cp = length == 1 ? c : c & (0x7F >> length);
     for (size_t k = 1; k < length; ++k) {
@@ -119,11 +122,14 @@ TEST(IncrementalDecoderTest, CutAndInvalidBytesBecomeReplacementCharacters) {
   IncrementalDecoder decoder(*tokenizer);
   EXPECT_EQ(decoder.Push(f0), "");
   EXPECT_EQ(decoder.Push(x9f), "");
-  EXPECT_EQ(decoder.Push(a), "\xEF\xBF\xBD\xEF\xBF\xBD" "A");  // F0 9F cannot take 'A'
+  EXPECT_EQ(decoder.Push(a),
+            "\xEF\xBF\xBD\xEF\xBF\xBD"
+            "A");  // F0 9F cannot take 'A'
   EXPECT_EQ(decoder.Push(f0), "");
   EXPECT_EQ(decoder.Flush(), "\xEF\xBF\xBD");
   EXPECT_EQ(tokenizer->Decode(std::vector<int>{f0, x9f, a, f0}),
-            "\xEF\xBF\xBD\xEF\xBF\xBD" "A\xEF\xBF\xBD");
+            "\xEF\xBF\xBD\xEF\xBF\xBD"
+            "A\xEF\xBF\xBD");
 }
 
 TEST(IncrementalDecoderTest, ContinuationKeepsItsLeadingSpace) {
@@ -142,7 +148,8 @@ TEST(IncrementalDecoderTest, ContinuationKeepsItsLeadingSpace) {
 TEST(IncrementalDecoderTest, EverySplitPointOfEncodedText) {
   const auto tokenizer = Mistral();
   const std::vector<std::string> texts = {
-      "Hello world", "  two leading spaces", "emoji \xF0\x9F\x98\x80 and family "
+      "Hello world", "  two leading spaces",
+      "emoji \xF0\x9F\x98\x80 and family "
       "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7!",
       "flag \xF0\x9F\x87\xAB\xF0\x9F\x87\xB7 tab\tnewline\n\r\nend ",
       "\xE6\x9D\xB1\xE4\xBA\xAC caf\xC3\xA9 \xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4 \x01\x7f"};

@@ -7,8 +7,8 @@
 
 #include <chrono>
 #include <functional>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -34,7 +34,6 @@ std::string LoadError(Load load) {
   }
   return "";
 }
-
 
 TEST(TokenizerLoadTest, MissingFileNamesThePath) {
   const std::string path = "/nonexistent/dir/tokenizer.model";
@@ -75,7 +74,9 @@ TEST(TokenizerLoadTest, UnsupportedModelsAreErrors) {
        [](auto& m) { m.mutable_trainer_spec()->set_model_type(sentencepiece::TrainerSpec::WORD); }},
       {"defined twice", [](auto& m) { m.mutable_pieces(300)->set_piece(m.pieces(301).piece()); }},
       {"unknown piece",
-       [](auto& m) { m.mutable_pieces(0)->set_type(sentencepiece::ModelProto::SentencePiece::NORMAL); }},
+       [](auto& m) {
+         m.mutable_pieces(0)->set_type(sentencepiece::ModelProto::SentencePiece::NORMAL);
+       }},
       {"byte piece", [](auto& m) { m.mutable_trainer_spec()->set_byte_fallback(false); }},
       {"empty", [](auto& m) { m.mutable_pieces(400)->set_piece(""); }},
   };
@@ -138,8 +139,7 @@ TEST(TokenizerTest, Stories260K) {
   const auto tokenizer = Tokenizer::Load(StoriesDir().string());
   EXPECT_EQ(tokenizer->vocab_size(), 512);
   EXPECT_EQ(tokenizer->Encode("Once upon a time"), (std::vector<int>{403, 407, 261, 378}));
-  EXPECT_EQ(tokenizer->EncodePrompt("Once upon a time"),
-            (std::vector<int>{1, 403, 407, 261, 378}));
+  EXPECT_EQ(tokenizer->EncodePrompt("Once upon a time"), (std::vector<int>{1, 403, 407, 261, 378}));
   EXPECT_TRUE(tokenizer->add_bos_token());
   EXPECT_FALSE(tokenizer->add_eos_token());
   EXPECT_EQ(tokenizer->Decode(std::vector<int>{1, 403, 407, 261, 378, 2}), "Once upon a time");
@@ -176,8 +176,8 @@ TEST(TokenizerTest, MistralPiecesAndIds) {
 
 TEST(TokenizerTest, MistralReferenceEncodings) {
   const auto tokenizer = Tokenizer::FromFile(MistralModel().string());
-  const auto refs = nlohmann::json::parse(test::ReadFile(
-      test::SharedDir() / "models/tokenizers/mistral-7b-v0.1/encodings.json"));
+  const auto refs = nlohmann::json::parse(
+      test::ReadFile(test::SharedDir() / "models/tokenizers/mistral-7b-v0.1/encodings.json"));
   ASSERT_EQ(refs["cases"].size(), 41u);
   for (const auto& item : refs["cases"]) {
     const std::string name = item["name"].get<std::string>();
