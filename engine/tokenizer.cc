@@ -7,9 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/error.h"
 #include "engine/tokenizer_impl.h"
@@ -79,8 +78,7 @@ void InitPieces(const ModelProto& proto, Tokenizer::Impl& impl) {
       if (impl.unk_id >= 0) throw Error(path + ": more than one unknown piece");
       impl.unk_id = i;
     }
-    if (piece.type == PieceType::kByte &&
-        (!impl.byte_fallback || PieceToByte(piece.text) < 0)) {
+    if (piece.type == PieceType::kByte && (!impl.byte_fallback || PieceToByte(piece.text) < 0)) {
       throw Error(path + ": unexpected byte piece '" + piece.text + "'");
     }
   }

@@ -27,11 +27,13 @@ class Tokenizer {
   static std::unique_ptr<Tokenizer> FromFile(const std::string& tokenizer_model_path);
   ~Tokenizer();
 
-  // What SentencePieceProcessor::Encode(text) returns: no BOS/EOS.
+  // What SentencePieceProcessor::Encode(text) returns: no BOS/EOS. `text` may hold any
+  // bytes: each byte of malformed UTF-8 is read as U+FFFD, as the library does.
   std::vector<int> Encode(std::string_view text) const;
   // Encode plus BOS/EOS as tokenizer_config.json says: the model's input for a prompt.
   std::vector<int> EncodePrompt(std::string_view text) const;
   // What SentencePieceProcessor::Decode(ids) returns (control tokens decode to "").
+  // Ids outside [0, vocab_size()) decode to "" (the library refuses the whole call).
   std::string Decode(std::span<const int> ids) const;
 
   int vocab_size() const;
@@ -61,8 +63,8 @@ class Tokenizer {
 // Never emits a partial UTF-8 character: bytes of an unfinished sequence are held back
 // until it completes (or become U+FFFD exactly where Decode would put one).
 // O(1) work per id: it keeps Decode's state (not the ids), so long generations stay cheap.
-// (A context ending inside an unfinished byte sequence keeps those bytes pending: they join
-// the first pushed bytes, as in Decode(context + pushed).)
+// (A context that ends inside an unfinished byte sequence is taken as Decode(context)
+// renders it, U+FFFD per byte; pushed bytes never complete the context's character.)
 class IncrementalDecoder {
  public:
   IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int> context_ids = {});

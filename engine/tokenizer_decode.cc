@@ -81,7 +81,8 @@ void Tokenizer::Impl::DecodeId(DecodeState& state, int id, std::string* out) con
   if (id < 0 || id >= static_cast<int>(pieces.size())) return;
   const Piece& piece = pieces[id];
   if (piece.type == PieceType::kByte) {
-    state.pending_bytes.push_back(static_cast<char>(std::stoi(piece.text.substr(3, 2), nullptr, 16)));
+    state.pending_bytes.push_back(
+        static_cast<char>(std::stoi(piece.text.substr(3, 2), nullptr, 16)));
     ReleaseBytes(state, /*at_end=*/false, out);
     return;
   }
@@ -116,10 +117,12 @@ std::string Tokenizer::Decode(std::span<const int> ids) const {
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int> context_ids)
     : tokenizer_(tokenizer), state_(std::make_unique<DecodeState>()) {
   // Run the context through the same state machine and drop its text: what remains is
-  // whether a leading "▁" may still be dropped. Bytes of an unfinished character at the
-  // end of the context stay pending and may complete with the first pushed ids.
+  // whether a leading "▁" may still be dropped. Bytes of a character the context leaves
+  // unfinished are settled now as Decode(context) settles them (U+FFFD each), since that
+  // text counts as the context's.
   std::string discarded;
   for (int id : context_ids) tokenizer_.impl_->DecodeId(*state_, id, &discarded);
+  tokenizer_.impl_->FlushBytes(*state_, &discarded);
 }
 
 IncrementalDecoder::~IncrementalDecoder() = default;

@@ -158,8 +158,8 @@ size_t ValidUtf8CharLength(std::string_view text) {
     return IsTrailByte(b[1]) && IsTrailByte(b[2]) && cp >= 0x800 && IsValidCodepoint(cp) ? 3 : 0;
   }
   if (n >= 4 && (b[0] & 0xF8) == 0xF0) {
-    const uint32_t cp = ((b[0] & 0x07) << 18) | ((b[1] & 0x3F) << 12) | ((b[2] & 0x3F) << 6) |
-                        (b[3] & 0x3F);
+    const uint32_t cp =
+        ((b[0] & 0x07) << 18) | ((b[1] & 0x3F) << 12) | ((b[2] & 0x3F) << 6) | (b[3] & 0x3F);
     return IsTrailByte(b[1]) && IsTrailByte(b[2]) && IsTrailByte(b[3]) && cp >= 0x10000 &&
                    IsValidCodepoint(cp)
                ? 4

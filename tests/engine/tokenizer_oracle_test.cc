@@ -1,8 +1,8 @@
 // Differential test: our Tokenizer against the real SentencePiece library. The ctest fixture
 // `spm_oracle` (tests/tools/spm_oracle.py) writes one JSON file per tokenizer into
 // OracleDir() with the library's encode(text) ids, decode(ids) texts and decodes of random
-// id lists; every one of them must match exactly, and the IncrementalDecoder must stream
-// the same texts.
+// id lists (and spm_encode ids of malformed UTF-8 byte strings); every one must match exactly, and
+// the IncrementalDecoder must stream the same texts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,6 +54,7 @@ std::string StreamDecode(const Tokenizer& tokenizer, const std::vector<int>& ids
 struct Report {
   int num_strings = 0;
   int num_decodes = 0;
+  int num_raw_strings = 0;
   int num_mismatches = 0;
   std::vector<std::string> details;
 
@@ -80,8 +81,8 @@ void CheckStrings(const Tokenizer& tokenizer, const nlohmann::json& strings, Rep
     }
     const std::string streamed = StreamDecode(tokenizer, expected_ids);
     if (streamed != expected_text) {
-      report->Mismatch("stream " + Join(expected_ids) + "\n      ours:    \"" +
-                       Escape(streamed) + "\"\n      library: \"" + Escape(expected_text) + "\"");
+      report->Mismatch("stream " + Join(expected_ids) + "\n      ours:    \"" + Escape(streamed) +
+                       "\"\n      library: \"" + Escape(expected_text) + "\"");
     }
   }
 }
@@ -97,6 +98,28 @@ void CheckDecodes(const Tokenizer& tokenizer, const nlohmann::json& decodes, Rep
       report->Mismatch("decode " + Join(ids) + "\n      ours:    \"" + Escape(decoded) +
                        "\"\n      streamed: \"" + Escape(streamed) + "\"\n      library: \"" +
                        Escape(expected) + "\"");
+    }
+  }
+}
+
+std::string FromHex(std::string_view hex) {
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
+  }
+  return bytes;
+}
+
+// Byte strings with malformed UTF-8 (encoded by spm_encode): each bad byte is U+FFFD.
+void CheckRawStrings(const Tokenizer& tokenizer, const nlohmann::json& raws, Report* report) {
+  for (const auto& item : raws) {
+    const std::string text = FromHex(item["hex"].get<std::string>());
+    const auto expected_ids = item["ids"].get<std::vector<int>>();
+    ++report->num_raw_strings;
+    const std::vector<int> ids = tokenizer.Encode(text);
+    if (ids != expected_ids) {
+      report->Mismatch("encode bytes \"" + Escape(text) + "\"\n      ours:    " + Join(ids) +
+                       "\n      library: " + Join(expected_ids));
     }
   }
 }
@@ -117,6 +140,7 @@ TEST(TokenizerOracleTest, MatchesSentencePieceExactly) {
                               << " (the spm_oracle fixture writes them)";
   int total_strings = 0;
   int total_decodes = 0;
+  int total_raw_strings = 0;
   int total_mismatches = 0;
   for (const fs::path& file : files) {
     const auto oracle = nlohmann::json::parse(test::ReadFile(file));
@@ -126,17 +150,19 @@ TEST(TokenizerOracleTest, MatchesSentencePieceExactly) {
     Report report;
     CheckStrings(*tokenizer, oracle["strings"], &report);
     CheckDecodes(*tokenizer, oracle["decodes"], &report);
+    CheckRawStrings(*tokenizer, oracle["raw_strings"], &report);
     std::cout << "[oracle] " << oracle["name"].get<std::string>() << ": " << report.num_strings
-              << " strings, " << report.num_decodes << " id lists, " << report.num_mismatches
-              << " differences\n";
+              << " strings, " << report.num_decodes << " id lists, " << report.num_raw_strings
+              << " malformed byte strings, " << report.num_mismatches << " differences\n";
     for (const auto& detail : report.details) std::cout << "    " << detail << "\n";
     total_strings += report.num_strings;
     total_decodes += report.num_decodes;
+    total_raw_strings += report.num_raw_strings;
     total_mismatches += report.num_mismatches;
   }
   std::cout << "[oracle] total: " << files.size() << " tokenizers, " << total_strings
-            << " strings, " << total_decodes << " id lists, " << total_mismatches
-            << " differences\n";
+            << " strings, " << total_decodes << " id lists, " << total_raw_strings
+            << " malformed byte strings, " << total_mismatches << " differences\n";
   EXPECT_GE(total_strings, 10000);
   EXPECT_EQ(total_mismatches, 0);
 }

@@ -7,7 +7,8 @@ our C++ tokenizer against:
 
   {"name": str, "model": absolute path of tokenizer.model,
    "strings": [{"text": str, "ids": [int], "decoded": str}],   # encode(text), decode(ids)
-   "decodes": [{"ids": [int], "text": str}]}                  # decode of random id lists
+   "decodes": [{"ids": [int], "text": str}],                  # decode of random id lists
+   "raw_strings": [{"hex": str, "ids": [int]}]}               # malformed UTF-8, spm_encode
 
 Tokenizers: Mistral-7B-v0.1 (32k BPE, byte fallback; plus the 41 cases of its
 encodings.json), stories260K (512 BPE, byte fallback), and small models this script trains
@@ -23,6 +24,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
 
 try:
@@ -33,6 +36,7 @@ except ImportError as error:  # the fixture must fail loudly, not silently skip
 
 NUM_RANDOM_STRINGS = 10000
 NUM_RANDOM_DECODES = 1500
+NUM_RAW_STRINGS = 500  # byte strings with malformed UTF-8, encoded by spm_encode
 SEED = 20240417
 
 WORDS = ("the a of and to in is was for on that with as by at from it he she they we you "
@@ -264,17 +268,52 @@ def random_id_lists(sp, rng, count):
     return lists
 
 
+def random_raw_strings(rng, count):
+    """Byte strings mixing text with malformed UTF-8 (stray continuation bytes, cut
+    characters, overlongs, surrogates, > U+10FFFF); no NUL, CR or LF (spm_encode reads lines)."""
+    bad = [b"\xff", b"\xfe", b"\x80", b"\xbf", b"\xc3", b"\xe4\xb8", b"\xf0\x9f\x98",
+           b"\xc0\xaf", b"\xe0\x80\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80"]
+    raws = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 8)):
+            if rng.random() < 0.4:
+                parts.append(rng.choice(bad))
+            else:
+                parts.append(fragment(rng).encode("utf-8"))
+        raw = b"".join(parts)
+        raws.append(bytes(b for b in raw if b not in (0, 10, 13)))
+    return raws
+
+
+def spm_encode_raw(model_path, raws):
+    """Ids of each byte string from Debian's spm_encode (the Python API only takes str)."""
+    tool = shutil.which("spm_encode") or "/usr/bin/spm_encode"
+    if not os.path.exists(tool):
+        sys.exit("spm_oracle.py: spm_encode not found (Debian package sentencepiece)")
+    result = subprocess.run([tool, "--model=" + model_path, "--output_format=id"],
+                            input=b"\n".join(raws) + b"\n", capture_output=True, check=True)
+    lines = result.stdout.decode("ascii").split("\n")[:len(raws)]
+    if len(lines) != len(raws):
+        sys.exit("spm_oracle.py: spm_encode returned %d lines for %d inputs"
+                 % (len(lines), len(raws)))
+    return [[int(x) for x in line.split()] for line in lines]
+
+
 def oracle_for(name, model_path, strings, rng):
     sp = spm.SentencePieceProcessor(model_file=model_path)
     ids = sp.encode(strings)
     decoded = sp.decode(ids)
     id_lists = random_id_lists(sp, rng, NUM_RANDOM_DECODES)
     texts = sp.decode(id_lists)
+    raws = random_raw_strings(rng, NUM_RAW_STRINGS)
+    raw_ids = spm_encode_raw(model_path, raws)
     return {
         "name": name,
         "model": os.path.abspath(model_path),
         "strings": [{"text": t, "ids": i, "decoded": d} for t, i, d in zip(strings, ids, decoded)],
         "decodes": [{"ids": i, "text": t} for i, t in zip(id_lists, texts)],
+        "raw_strings": [{"hex": r.hex(), "ids": i} for r, i in zip(raws, raw_ids)],
     }
 
 
@@ -303,8 +342,8 @@ def main():
         with open(os.path.join(args.out, name + ".json"), "w", encoding="ascii") as f:
             json.dump(oracle, f, ensure_ascii=True)
         total += len(oracle["strings"])
-        print("%s: %d strings, %d id lists" % (name, len(oracle["strings"]),
-                                               len(oracle["decodes"])))
+        print("%s: %d strings, %d id lists, %d malformed byte strings"
+              % (name, len(oracle["strings"]), len(oracle["decodes"]), len(oracle["raw_strings"])))
     print("spm_oracle: sentencepiece %s, %d models, %d strings in all"
           % (spm.__version__, len(models), total))
 
