@@ -5,6 +5,8 @@
 // Tested by tests/kernels/matmul_test.cc against LinearReference.
 #include "kernels/cpu/matmul.h"
 
+// GCC 12 reports its own AVX-512 intrinsics (_mm512_undefined_*) as maybe-uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -53,12 +55,43 @@ inline float HorizontalSum(__m256 v) {
 // so consecutive calls form a single sequential stream that the hardware prefetcher follows
 // (interleaving several rows instead splits it into short streams and halves bandwidth).
 // Four accumulators hide the FMA latency.
+#if defined(__AVX512F__)
+// 16 consecutive weights as fp32 (AVX-512: half the instructions per weight of the AVX2
+// path, which matters once bf16 halves the bytes and the conversion becomes the cost).
+template <DType kType>
+inline __m512 Load16(const void* base, int64_t index) {
+  if constexpr (kType == DType::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(base) + index);
+  } else if constexpr (kType == DType::kBF16) {
+    __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + index));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + index));
+    return _mm512_cvtph_ps(h);
+  }
+}
+#endif
+
 template <DType kType>
 inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
   const int64_t cols = w.cols, base = r * cols;
+  int64_t k = 0;
+  float sum = 0.f;
+#if defined(__AVX512F__)
+  const int64_t vec64 = cols & ~int64_t{63};
+  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+  for (; k < vec64; k += 64) {
+    b0 = _mm512_fmadd_ps(Load16<kType>(w.data, base + k), _mm512_loadu_ps(x + k), b0);
+    b1 = _mm512_fmadd_ps(Load16<kType>(w.data, base + k + 16), _mm512_loadu_ps(x + k + 16), b1);
+    b2 = _mm512_fmadd_ps(Load16<kType>(w.data, base + k + 32), _mm512_loadu_ps(x + k + 32), b2);
+    b3 = _mm512_fmadd_ps(Load16<kType>(w.data, base + k + 48), _mm512_loadu_ps(x + k + 48), b3);
+  }
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+#endif
   const int64_t vec32 = cols & ~int64_t{31}, vec8 = cols & ~int64_t{7};
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t k = 0;
   for (; k < vec32; k += 32) {
     a0 = _mm256_fmadd_ps(Load8<kType>(w.data, base + k), _mm256_loadu_ps(x + k), a0);
     a1 = _mm256_fmadd_ps(Load8<kType>(w.data, base + k + 8), _mm256_loadu_ps(x + k + 8), a1);
@@ -68,7 +101,7 @@ inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
   for (; k < vec8; k += 8) {
     a0 = _mm256_fmadd_ps(Load8<kType>(w.data, base + k), _mm256_loadu_ps(x + k), a0);
   }
-  float sum = HorizontalSum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  sum += HorizontalSum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; k < cols; ++k) sum += LoadScalar<kType>(w.data, base + k) * x[k];
   return sum;
 }
