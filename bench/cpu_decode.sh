@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens=128
 [ "${1:-}" = "--tokens" ] && tokens=$2
-scripts/build.sh llm demo_model bench_membw >/dev/null
+scripts/build.sh llm demo_model bench_membw bench_matvec >/dev/null
 models=build/bench-models
 mkdir -p "$models" bench/results
 for shape in llama2c-110m tinyllama-1.1b; do
@@ -38,10 +38,14 @@ for shape in llama2c-110m tinyllama-1.1b; do
   run $shape-f32 $models/$shape-f32 ""
   run $shape-bf16 $models/$shape-bf16 ""
 done
+# Same-run peer baseline: llama2.c's matmul vs ours over whole-model weight sets.
+peer_110m=$(build/bench_matvec 110m 10 | tr -d '\n')
+peer_tiny=$(build/bench_matvec tinyllama 5 | tr -d '\n')
 json=$(printf '%s,' "${results[@]}")
-python3 - "$read_gbs" "[${json%,}]" "$tokens" <<'PY'
+python3 - "$read_gbs" "[${json%,}]" "$tokens" "[$peer_110m, $peer_tiny]" <<'PY'
 import json, sys, platform, subprocess, datetime
 read_gbs, rows, tokens = float(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+peers = json.loads(sys.argv[4])
 cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")]
 out = {"date": datetime.date.today().isoformat(), "cpu": cpu[0] if cpu else "?",
        "threads": len(cpu), "read_bandwidth_gb_per_s": read_gbs, "decode_tokens": tokens,
@@ -56,5 +60,10 @@ for r in rows:
     out["rows"].append(r)
     print(f"{r['model']:22} {r['mb_per_token']:9.1f} {r['tokens_per_s']:8.2f} {gbs:7.1f} "
           f"{r['ratio_to_roofline']:9.2f}")
+out["matvec_vs_llama2c"] = peers
+print("matvec over a whole model's weights, same run (tok/s):")
+for p in peers:
+    print(f"  {p['model']:10} llama2.c matmul f32 {p['llama2c_matmul_f32']['tokens_per_s']:7.2f}"
+          f"   ours f32 {p['ours_f32']['tokens_per_s']:7.2f}   ours bf16 {p['ours_bf16']['tokens_per_s']:7.2f}")
 json.dump(out, open("bench/results/cpu-decode.json", "w"), indent=2)
 PY

@@ -80,7 +80,8 @@ inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
   int64_t k = 0;
   float sum = 0.f;
 #if defined(__AVX512F__)
-  const int64_t vec64 = cols & ~int64_t{63};
+  // fp32 weights stay on the 256-bit path below: measured faster for pure streaming.
+  const int64_t vec64 = kType == DType::kF32 ? 0 : cols & ~int64_t{63};
   __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
   for (; k < vec64; k += 64) {
     b0 = _mm512_fmadd_ps(Load16<kType>(w.data, base + k), _mm512_loadu_ps(x + k), b0);
