@@ -43,8 +43,8 @@ double BestSeconds(int repeats, Fn fn) {
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                              .count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   const double gb32 = total * 4 / 1e9, gb16 = total * 2 / 1e9;
   std::printf(
       "{\"model\": \"%s\", \"threads\": %d, \"weights_gb_f32\": %.3f,\n"
-      " \"llama2c_matmul_f32\": {\"ms_per_token\": %.2f, \"tokens_per_s\": %.2f, \"gb_per_s\": %.1f},\n"
+      " \"llama2c_matmul_f32\": {\"ms_per_token\": %.2f, \"tokens_per_s\": %.2f, \"gb_per_s\": "
+      "%.1f},\n"
       " \"ours_f32\": {\"ms_per_token\": %.2f, \"tokens_per_s\": %.2f, \"gb_per_s\": %.1f},\n"
       " \"ours_bf16\": {\"ms_per_token\": %.2f, \"tokens_per_s\": %.2f, \"gb_per_s\": %.1f}}\n",
       model.c_str(), omp_get_max_threads(), gb32, naive * 1e3, 1 / naive, gb32 / naive,

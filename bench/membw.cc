@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
       _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
       for (float v : lanes) total += v;
     }
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best_read = std::max(best_read, n * sizeof(float) / s / 1e9);
     sink += total;
   }

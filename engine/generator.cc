@@ -43,7 +43,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
   Sampler sampler(options.sampling);
   IncrementalDecoder decoder(tokenizer, prompt_ids);
   const auto& eos = config.generation.eos_token_ids.empty() ? config.eos_token_ids
-                                                           : config.generation.eos_token_ids;
+                                                            : config.generation.eos_token_ids;
   auto emit = [&](const std::string& delta) {
     if (delta.empty()) return;
     result.text += delta;

@@ -140,9 +140,8 @@ KvCache LlamaModel::NewCache(int64_t capacity) const {
   return cache;
 }
 
-void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float* normed,
-                           float* out, int64_t num_tokens, KvCache& cache,
-                           const int32_t* positions) const {
+void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+                           int64_t num_tokens, KvCache& cache, const int32_t* positions) const {
   const ModelConfig& c = config_;
   const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
   std::vector<float> q(static_cast<size_t>(num_tokens * q_dim));

@@ -33,8 +33,8 @@ struct LoadOptions {
 
 // One sequence's keys and values, per layer [capacity, num_kv_heads, head_dim] fp32.
 struct KvCache {
-  int64_t capacity = 0;    // tokens
-  int64_t num_tokens = 0;  // tokens already in the cache (= next position)
+  int64_t capacity = 0;                  // tokens
+  int64_t num_tokens = 0;                // tokens already in the cache (= next position)
   std::vector<std::vector<float>> k, v;  // [num_layers]
 };
 

@@ -5,9 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "engine/error.h"
 #include "engine/model_config.h"
@@ -50,8 +49,8 @@ void WriteJson(const fs::path& path, const json& j) {
 
 // Fills `out` (count elements of dtype) with uniform values of standard deviation `std`,
 // or with `constant` when std == 0. Chunked with per-chunk generators: deterministic.
-void FillRandom(std::vector<std::byte>& out, int64_t count, DType dtype, uint64_t seed,
-                double std, float constant) {
+void FillRandom(std::vector<std::byte>& out, int64_t count, DType dtype, uint64_t seed, double std,
+                float constant) {
   constexpr int64_t kChunk = 1 << 16;
   const float half_width = static_cast<float>(std * std::sqrt(3.0));
   const int64_t num_chunks = (count + kChunk - 1) / kChunk;
@@ -94,25 +93,27 @@ void MakeRandomModel(const MakeModelOptions& options) {
   fs::create_directories(out);
   WriteJson(out / "config.json", config_json);
   json gen = {{"bos_token_id", config.bos_token_id}, {"do_sample", false}};
-  gen["eos_token_id"] = config.eos_token_ids.size() == 1 ? json(config.eos_token_ids[0])
-                                                         : json(config.eos_token_ids);
+  gen["eos_token_id"] =
+      config.eos_token_ids.size() == 1 ? json(config.eos_token_ids[0]) : json(config.eos_token_ids);
   WriteJson(out / "generation_config.json", gen);
   if (!options.tokenizer_path.empty()) {
     fs::copy_file(options.tokenizer_path, out / "tokenizer.model",
                   fs::copy_options::overwrite_existing);
-    WriteJson(out / "tokenizer_config.json",
-              {{"tokenizer_class", "LlamaTokenizer"}, {"add_bos_token", true},
-               {"add_eos_token", false}, {"bos_token", "<s>"}, {"eos_token", "</s>"},
-               {"unk_token", "<unk>"}});
+    WriteJson(out / "tokenizer_config.json", {{"tokenizer_class", "LlamaTokenizer"},
+                                              {"add_bos_token", true},
+                                              {"add_eos_token", false},
+                                              {"bos_token", "<s>"},
+                                              {"eos_token", "</s>"},
+                                              {"unk_token", "<unk>"}});
   }
 
   const std::vector<TensorSpec> specs = ExpectedTensors(config);
   std::vector<SafetensorsWriter::Entry> entries;
   for (const TensorSpec& s : specs) entries.push_back({s.name, options.dtype, s.shape});
   const double init_std = config_json.value("initializer_range", 0.02);
-  SafetensorsWriter writer((out / "model.safetensors").string(), entries,
-                           {{"generator", "llm make-model"},
-                            {"seed", std::to_string(options.seed)}});
+  SafetensorsWriter writer(
+      (out / "model.safetensors").string(), entries,
+      {{"generator", "llm make-model"}, {"seed", std::to_string(options.seed)}});
   std::vector<std::byte> buffer;
   for (const TensorSpec& s : specs) {
     int64_t count = 1;

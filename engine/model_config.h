@@ -2,11 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace llm {
 
@@ -35,10 +34,10 @@ struct ModelConfig {
   std::string architecture;  // "LlamaForCausalLM" or "MistralForCausalLM"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
-  int64_t num_layers = 0;     // num_hidden_layers
-  int64_t num_heads = 0;      // num_attention_heads
-  int64_t num_kv_heads = 0;   // num_key_value_heads (default num_heads)
-  int64_t head_dim = 0;       // default hidden_size / num_heads
+  int64_t num_layers = 0;    // num_hidden_layers
+  int64_t num_heads = 0;     // num_attention_heads
+  int64_t num_kv_heads = 0;  // num_key_value_heads (default num_heads)
+  int64_t head_dim = 0;      // default hidden_size / num_heads
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
@@ -47,7 +46,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   std::optional<int64_t> sliding_window;  // Mistral; null or absent = full attention
   int bos_token_id = 1;
-  std::vector<int> eos_token_ids = {2};   // eos_token_id may be an int or a list
+  std::vector<int> eos_token_ids = {2};  // eos_token_id may be an int or a list
   std::string torch_dtype = "float32";
   GenerationDefaults generation;
 

@@ -15,9 +15,12 @@ constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 // The names safetensors uses ("F32", "F16", "BF16").
 constexpr std::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }

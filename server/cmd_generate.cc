@@ -86,8 +86,8 @@ int RunGenerate(const GenerateFlags& f) {
   std::fprintf(stderr,
                "[llm] prompt %zu tokens in %.3f s (%.1f tok/s); generated %zu tokens, "
                "decode %.2f tok/s; finish_reason=%s\n",
-               r.prompt_ids.size(), r.prefill_seconds, r.prompt_ids.size() / r.prefill_seconds,
-               n, decode_tps, r.finish_reason.c_str());
+               r.prompt_ids.size(), r.prefill_seconds, r.prompt_ids.size() / r.prefill_seconds, n,
+               decode_tps, r.finish_reason.c_str());
   return 0;
 }
 
@@ -99,13 +99,15 @@ Command AddGenerate(CLI::App& app) {
   cmd->add_option("--model", f->model_dir, "Hugging Face model folder")->capture_default_str();
   cmd->add_option("--prompt", f->prompt, "prompt text")->required();
   cmd->add_option("--max-tokens", f->max_tokens, "tokens to generate at most")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--temperature", f->temperature, "0 = greedy (default: generation_config)");
   cmd->add_option("--top-k", f->top_k, "sample from the k most likely tokens (0 = all)");
   cmd->add_option("--top-p", f->top_p, "nucleus sampling mass in (0, 1]");
   cmd->add_option("--seed", f->seed, "random seed (same seed, same output)");
   cmd->add_option("--dtype", f->dtype, "weight dtype in memory (auto = as stored)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
+      ->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-sequence");
   return [f] { return RunGenerate(*f); };

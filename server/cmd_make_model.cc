@@ -20,7 +20,8 @@ Command AddMakeModel(CLI::App& app) {
       {"bf16", DType::kBF16}, {"f16", DType::kF16}, {"f32", DType::kF32}};
   opts->tokenizer_path = DefaultModelDir() + "/tokenizer.model";
   cmd->add_option("--config", opts->config_path, "config.json to instantiate")
-      ->required()->check(CLI::ExistingFile);
+      ->required()
+      ->check(CLI::ExistingFile);
   cmd->add_option("--out", opts->out_dir, "output folder")->required();
   cmd->add_option("--seed", opts->seed, "random seed")->capture_default_str();
   cmd->add_option("--dtype", *dtype, "weight dtype")

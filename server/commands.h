@@ -2,9 +2,8 @@
 // the callback that runs it (exit status).
 #pragma once
 
-#include <functional>
-
 #include <CLI/CLI.hpp>
+#include <functional>
 
 namespace llm::cli {
 

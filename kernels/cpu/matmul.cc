@@ -173,9 +173,12 @@ void LinearTyped(const float* x, const WeightMatrix& w, float* y, int64_t num_to
 
 void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens) {
   switch (w.dtype) {
-    case DType::kF32: return LinearTyped<DType::kF32>(x, w, y, num_tokens);
-    case DType::kBF16: return LinearTyped<DType::kBF16>(x, w, y, num_tokens);
-    case DType::kF16: return LinearTyped<DType::kF16>(x, w, y, num_tokens);
+    case DType::kF32:
+      return LinearTyped<DType::kF32>(x, w, y, num_tokens);
+    case DType::kBF16:
+      return LinearTyped<DType::kBF16>(x, w, y, num_tokens);
+    case DType::kF16:
+      return LinearTyped<DType::kF16>(x, w, y, num_tokens);
   }
 }
 
@@ -183,9 +186,15 @@ void LoadRow(const WeightMatrix& w, int64_t row, float* out) {
   for (int64_t k = 0; k < w.cols; ++k) {
     const int64_t i = row * w.cols + k;
     switch (w.dtype) {
-      case DType::kF32: out[k] = LoadScalar<DType::kF32>(w.data, i); break;
-      case DType::kBF16: out[k] = LoadScalar<DType::kBF16>(w.data, i); break;
-      case DType::kF16: out[k] = LoadScalar<DType::kF16>(w.data, i); break;
+      case DType::kF32:
+        out[k] = LoadScalar<DType::kF32>(w.data, i);
+        break;
+      case DType::kBF16:
+        out[k] = LoadScalar<DType::kBF16>(w.data, i);
+        break;
+      case DType::kF16:
+        out[k] = LoadScalar<DType::kF16>(w.data, i);
+        break;
     }
   }
 }

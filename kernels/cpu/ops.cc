@@ -9,8 +9,8 @@
 
 namespace llm::cpu {
 
-void RmsNorm(const float* x, const float* weight, float* out, int64_t num_tokens,
-             int64_t hidden, float eps) {
+void RmsNorm(const float* x, const float* weight, float* out, int64_t num_tokens, int64_t hidden,
+             float eps) {
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* row = x + t * hidden;
     float sum_sq = 0.f;
@@ -67,9 +67,8 @@ void Softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void AttentionPlain(const float* q, const float* k, const float* v, float* out,
-                    int64_t num_tokens, int64_t start_pos, int64_t num_heads,
-                    int64_t num_kv_heads, int64_t head_dim) {
+void AttentionPlain(const float* q, const float* k, const float* v, float* out, int64_t num_tokens,
+                    int64_t start_pos, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
   const int64_t group = num_heads / num_kv_heads;
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const int64_t num_keys_max = start_pos + num_tokens;

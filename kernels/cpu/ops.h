@@ -9,8 +9,8 @@ namespace llm::cpu {
 
 // out[t] = x[t] / sqrt(mean(x[t]²) + eps) * weight        x, out: [num_tokens, hidden]
 // (out may alias x)
-void RmsNorm(const float* x, const float* weight, float* out, int64_t num_tokens,
-             int64_t hidden, float eps);
+void RmsNorm(const float* x, const float* weight, float* out, int64_t num_tokens, int64_t hidden,
+             float eps);
 
 // x += y, elementwise over n values.
 void AddInPlace(float* x, const float* y, int64_t n);
@@ -21,7 +21,8 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t n);
 // Rotary position embedding, Hugging Face "rotate half" convention:
 //   x: [num_tokens, num_heads, head_dim], positions: [num_tokens]
 //   inv_freq: [head_dim / 2] (already scaled for linear / llama3 rope scaling)
-//   x[i] , x[i + d/2]  ->  x[i] cos - x[i+d/2] sin , x[i+d/2] cos + x[i] sin,  angle = pos·inv_freq[i]
+//   x[i] , x[i + d/2]  ->  x[i] cos - x[i+d/2] sin , x[i+d/2] cos + x[i] sin,  angle =
+//   pos·inv_freq[i]
 void ApplyRope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
                const int32_t* positions, const float* inv_freq);
 
@@ -30,9 +31,8 @@ void ApplyRope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim
 //   q:   [num_tokens, num_heads, head_dim]  for positions start_pos .. start_pos+num_tokens-1
 //   k,v: [>= start_pos + num_tokens, num_kv_heads, head_dim]  the sequence's whole cache
 //   out: [num_tokens, num_heads, head_dim]
-void AttentionPlain(const float* q, const float* k, const float* v, float* out,
-                    int64_t num_tokens, int64_t start_pos, int64_t num_heads,
-                    int64_t num_kv_heads, int64_t head_dim);
+void AttentionPlain(const float* q, const float* k, const float* v, float* out, int64_t num_tokens,
+                    int64_t start_pos, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 
 // In-place numerically stable softmax over n values.
 void Softmax(float* x, int64_t n);

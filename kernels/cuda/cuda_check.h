@@ -10,11 +10,10 @@ namespace llm::cuda {
 
 [[noreturn]] void ThrowCudaError(cudaError_t err, const char* expr, const char* file, int line);
 
-#define LLM_CUDA_CHECK(expr)                                                  \
-  do {                                                                        \
-    cudaError_t llm_err_ = (expr);                                            \
-    if (llm_err_ != cudaSuccess)                                              \
-      ::llm::cuda::ThrowCudaError(llm_err_, #expr, __FILE__, __LINE__);       \
+#define LLM_CUDA_CHECK(expr)                                                                       \
+  do {                                                                                             \
+    cudaError_t llm_err_ = (expr);                                                                 \
+    if (llm_err_ != cudaSuccess) ::llm::cuda::ThrowCudaError(llm_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // True when a CUDA device can be used; otherwise `why_not` says why (no driver, no device).

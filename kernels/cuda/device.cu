@@ -1,6 +1,5 @@
 #include "kernels/cuda/cuda_check.h"
 
-
 namespace llm::cuda {
 
 void ThrowCudaError(cudaError_t err, const char* expr, const char* file, int line) {
@@ -13,9 +12,9 @@ bool DeviceAvailable(std::string* why_not) {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     if (why_not) {
-      *why_not = err != cudaSuccess ? std::string("no usable CUDA driver/device: ") +
-                                          cudaGetErrorString(err)
-                                    : "no CUDA device present";
+      *why_not = err != cudaSuccess
+                     ? std::string("no usable CUDA driver/device: ") + cudaGetErrorString(err)
+                     : "no CUDA device present";
     }
     cudaGetLastError();  // clear the sticky error for later callers
     return false;
@@ -27,8 +26,7 @@ std::string DeviceDescription(int device) {
   cudaDeviceProp prop{};
   LLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return std::string(prop.name) + ", sm_" + std::to_string(prop.major) +
-         std::to_string(prop.minor) + ", " +
-         std::to_string(prop.totalGlobalMem >> 30) + " GiB";
+         std::to_string(prop.minor) + ", " + std::to_string(prop.totalGlobalMem >> 30) + " GiB";
 }
 
 }  // namespace llm::cuda

@@ -49,18 +49,18 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const float* __restrict__
 }
 
 template <typename T>
-void Launch(const T* x, const float* weight, T* out, int64_t num_tokens, int64_t hidden,
-            float eps, cudaStream_t stream) {
+void Launch(const T* x, const float* weight, T* out, int64_t num_tokens, int64_t hidden, float eps,
+            cudaStream_t stream) {
   if (num_tokens == 0) return;
-  RmsNormKernel<T><<<static_cast<unsigned>(num_tokens), kThreads, 0, stream>>>(x, weight, out,
-                                                                              hidden, eps);
+  RmsNormKernel<T>
+      <<<static_cast<unsigned>(num_tokens), kThreads, 0, stream>>>(x, weight, out, hidden, eps);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void RmsNormF32(const float* x, const float* weight, float* out, int64_t num_tokens,
-                int64_t hidden, float eps, cudaStream_t stream) {
+void RmsNormF32(const float* x, const float* weight, float* out, int64_t num_tokens, int64_t hidden,
+                float eps, cudaStream_t stream) {
   Launch(x, weight, out, num_tokens, hidden, eps, stream);
 }
 

@@ -19,8 +19,8 @@ struct RunResult {
 RunResult RunLlm(const std::string& args) {
   test::TempDir tmp;
   const auto err_path = tmp.path() / "stderr";
-  const std::string cmd = (test::BuildDir() / "llm").string() + " " + args + " 2>" +
-                          err_path.string();
+  const std::string cmd =
+      (test::BuildDir() / "llm").string() + " " + args + " 2>" + err_path.string();
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -69,8 +69,7 @@ TEST(GenerateCli, BadModelFolderIsAClearError) {
 
 TEST(GenerateCli, BadFlagsAreRejected) {
   EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --top-p 0").exit_code, 0);
-  EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --max-tokens -3").exit_code,
-            0);
+  EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --max-tokens -3").exit_code, 0);
   EXPECT_NE(RunLlm("nonsense").exit_code, 0);
 }
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"

@@ -1,13 +1,13 @@
 // cpu::Linear against the double-precision reference for every weight dtype and awkward
 // shapes (rows not a multiple of the 4-row tile, cols not a multiple of 8, 1..70 tokens).
+#include "kernels/cpu/matmul.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <tuple>
 #include <vector>
-
-#include "kernels/cpu/matmul.h"
 
 namespace llm::cpu {
 namespace {
@@ -32,8 +32,8 @@ TEST_P(LinearTest, MatchesReference) {
     w32[i] = v;
     w16[i] = c.dtype == DType::kBF16 ? F32ToBf16(v) : F32ToF16(v);
   }
-  WeightMatrix w{c.dtype, c.dtype == DType::kF32 ? (const void*)w32.data() : w16.data(),
-                 c.rows, c.cols};
+  WeightMatrix w{c.dtype, c.dtype == DType::kF32 ? (const void*)w32.data() : w16.data(), c.rows,
+                 c.cols};
   std::vector<float> got(static_cast<size_t>(c.num_tokens * c.rows), std::nanf(""));
   std::vector<float> want(got.size());
   Linear(x.data(), w, got.data(), c.num_tokens);
@@ -49,8 +49,12 @@ TEST_P(LinearTest, MatchesReference) {
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {17, 64}, {64, 172},
-                              {250, 1003}, {96, 2048}}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1},
+                              {5, 7},
+                              {17, 64},
+                              {64, 172},
+                              {250, 1003},
+                              {96, 2048}}) {
       for (int64_t tokens : {1, 2, 3, 33, 70}) cases.push_back({t, rows, cols, tokens});
     }
   }
@@ -78,7 +82,7 @@ TEST(DType, RoundTripsAndRounding) {
   EXPECT_EQ(F32ToBf16(1.0f), 0x3f80);
   EXPECT_EQ(F32ToF16(1.0f), 0x3c00);
   EXPECT_EQ(F32ToF16(65504.f), 0x7bff);
-  EXPECT_EQ(F32ToF16(1e6f), 0x7c00);  // overflow to inf
+  EXPECT_EQ(F32ToF16(1e6f), 0x7c00);                 // overflow to inf
   EXPECT_FLOAT_EQ(F16ToF32(0x0001), 5.9604645e-8f);  // smallest subnormal
   EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(std::nanf("")))));
   for (float v : {0.1f, -3.7f, 1234.5f, 6.1e-5f}) {

@@ -1,11 +1,11 @@
 // CPU ops against direct float64 formulas.
+#include "kernels/cpu/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include "kernels/cpu/ops.h"
 
 namespace llm::cpu {
 namespace {
