@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/json_file.h"
 #include "engine/safetensors.h"
 #include "engine/safetensors_util.h"
 
@@ -18,18 +19,6 @@ using nlohmann::json;
 
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
-
-json ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw Error(path + ": not well-formed JSON: " + e.what());
-  }
-}
 
 // weight_map {"tensor": "shard file"} grouped as shard -> tensors it must hold. Shard names
 // must be plain file names inside the model folder (no path components).

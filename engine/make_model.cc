@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/json_file.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 
@@ -29,16 +30,6 @@ uint64_t HashName(const std::string& s) {  // FNV-1a
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
-}
-
-json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
 }
 
 void WriteJson(const fs::path& path, const json& j) {
@@ -83,7 +74,7 @@ const char* TorchDtype(DType d) {
 }  // namespace
 
 void MakeRandomModel(const MakeModelOptions& options) {
-  json config_json = ReadJson(options.config_path);
+  json config_json = ReadJsonFile(options.config_path);
   config_json["torch_dtype"] = TorchDtype(options.dtype);
   const ModelConfig config = ModelConfig::FromJson(config_json, options.config_path);
   if (!options.tokenizer_path.empty() && !fs::exists(options.tokenizer_path)) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/json_file.h"
 #include "engine/safetensors_util.h"
 
 namespace llm {
@@ -230,18 +231,6 @@ GenerationDefaults ParseGeneration(const json& j, const std::string& source) {
   return g;
 }
 
-json ReadJson(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw Error(path + ": not well-formed JSON: " + e.what());
-  }
-}
-
 }  // namespace
 
 ModelConfig ModelConfig::FromJson(const json& j, const std::string& source) {
@@ -268,10 +257,10 @@ ModelConfig ModelConfig::FromJson(const json& j, const std::string& source) {
 ModelConfig ModelConfig::Load(const std::string& model_dir) {
   namespace fs = std::filesystem;
   const std::string config_path = (fs::path(model_dir) / "config.json").string();
-  ModelConfig c = FromJson(ReadJson(config_path), config_path);
+  ModelConfig c = FromJson(ReadJsonFile(config_path), config_path);
   const std::string gen_path = (fs::path(model_dir) / "generation_config.json").string();
   std::error_code ec;
-  if (fs::exists(gen_path, ec)) c.generation = ParseGeneration(ReadJson(gen_path), gen_path);
+  if (fs::exists(gen_path, ec)) c.generation = ParseGeneration(ReadJsonFile(gen_path), gen_path);
   return c;
 }
 

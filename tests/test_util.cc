@@ -1,9 +1,13 @@
 #include "tests/test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+
+#include "engine/error.h"
 
 namespace llm::test {
 
@@ -42,6 +46,22 @@ void WriteFile(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void ExpectError(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    for (const std::string& p : parts) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << p << "'";
+    }
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-llm::Error: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "did not throw";
 }
 
 }  // namespace llm::test

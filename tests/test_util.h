@@ -2,7 +2,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace llm::test {
 
@@ -28,5 +30,9 @@ class TempDir {
 // Reads a whole file; writes a whole file.
 std::string ReadFile(const std::filesystem::path& path);
 void WriteFile(const std::filesystem::path& path, const std::string& bytes);
+
+// Runs `fn`, which must throw llm::Error whose message contains every one of `parts`
+// (a GoogleTest failure otherwise).
+void ExpectError(const std::function<void()>& fn, const std::vector<std::string>& parts);
 
 }  // namespace llm::test

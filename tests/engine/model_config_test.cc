@@ -20,21 +20,7 @@ using test::WriteFile;
 
 const std::string kSource = "/models/x/config.json";
 
-void ExpectError(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-    }
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-llm::Error: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "did not throw";
-}
+using test::ExpectError;
 
 // A minimal valid Llama config; tests mutate one field at a time.
 json Minimal() {

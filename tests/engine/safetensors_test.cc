@@ -23,22 +23,7 @@ using test::ReadFile;
 using test::TempDir;
 using test::WriteFile;
 
-// Runs `fn`, which must throw llm::Error whose message contains every one of `parts`.
-void ExpectError(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-    }
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-llm::Error: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "did not throw";
-}
+using test::ExpectError;
 
 // u64 little-endian length + header text + `data_bytes` zero bytes.
 std::string RawFile(const std::string& header, size_t data_bytes) {
