@@ -1,0 +1,42 @@
+// FlashAttention on the CPU over the paged KV cache: exact attention computed tile by tile
+// with an online softmax (kernels/online_softmax.h), never materialising the score matrix.
+// These are the references the CUDA kernels are tested against.
+//
+//   q:   [num_tokens, num_heads, head_dim] fp32 (num_tokens = cu_seqlens_q[num_seqs])
+//   out: [num_tokens, num_heads, head_dim] fp32
+//   kv:  one layer's paged pools (kernels/paged_kv.h)
+//   grouped-query attention: query head h reads KV head h / (num_heads / num_kv_heads)
+//   scale: softmax scale, normally 1/sqrt(head_dim); causal mask always on
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/paged_kv.h"
+
+namespace llm::cpu {
+
+// Scratch the kernels used, for tests that bound it (attention memory must be O(tile)).
+struct AttentionStats {
+  size_t scratch_bytes_per_thread = 0;
+  int64_t num_splits = 0;  // decode: KV splits used per sequence (max)
+};
+
+// Ragged prefill (each sequence may already have cached context: chunked prefill).
+void PagedPrefillAttention(const float* q, PagedKvView<const float> kv,
+                           const AttentionBatch& batch, int64_t num_heads, float scale,
+                           float* out, AttentionStats* stats = nullptr);
+
+// Decode: exactly one query per sequence (cu_seqlens_q[i] = i), attending over
+// context_lens[i] + 1 keys. num_splits = 0 picks the split-KV factor automatically from the
+// context lengths and the thread count (flash-decoding); 1 disables splitting.
+void PagedDecodeAttention(const float* q, PagedKvView<const float> kv,
+                          const AttentionBatch& batch, int64_t num_heads, float scale,
+                          float* out, int64_t num_splits = 0, AttentionStats* stats = nullptr);
+
+// Writes new keys and values: k, v [num_tokens, num_kv_heads, head_dim] go to flat slots
+// slot_mapping[t] (= block * block_size + offset); a negative slot skips the token.
+void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
+              PagedKvView<float> kv);
+
+}  // namespace llm::cpu
