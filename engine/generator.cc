@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "engine/error.h"
+#include "engine/sequence_runner.h"
 
 namespace llm {
 namespace {
@@ -39,7 +40,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
   const int64_t max_new = std::min<int64_t>(options.max_tokens, context - num_prompt);
   if (max_new == 0) return result;
 
-  KvCache cache = model.NewCache(num_prompt + max_new);
+  SequenceRunner runner(model, num_prompt + max_new);
   Sampler sampler(options.sampling);
   IncrementalDecoder decoder(tokenizer, prompt_ids);
   const auto& eos = config.generation.eos_token_ids.empty() ? config.eos_token_ids
@@ -51,7 +52,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
   };
 
   auto start = std::chrono::steady_clock::now();
-  std::vector<float> logits = model.Forward(prompt_ids, cache);
+  std::vector<float> logits = runner.Feed(prompt_ids);
   result.prefill_seconds = SecondsSince(start);
   start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < max_new; ++step) {
@@ -64,7 +65,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
     emit(decoder.Push(id));
     if (step + 1 == max_new) break;
     const int next[1] = {id};
-    logits = model.Forward(next, cache);
+    logits = runner.Feed(next);
   }
   emit(decoder.Flush());
   result.decode_seconds = SecondsSince(start);

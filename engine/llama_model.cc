@@ -1,11 +1,14 @@
 #include "engine/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
 #include "engine/checkpoint_check.h"
 #include "engine/error.h"
 #include "engine/safetensors.h"
+#include "engine/kv_cache.h"
+#include "kernels/cpu/flash_attention.h"
 #include "kernels/cpu/ops.h"
 
 namespace llm {
@@ -131,32 +134,71 @@ int64_t LlamaModel::weight_bytes_per_token() const {
   return bytes;
 }
 
-KvCache LlamaModel::NewCache(int64_t capacity) const {
-  KvCache cache;
-  cache.capacity = capacity;
-  const size_t per_layer = static_cast<size_t>(capacity * config_.num_kv_heads * config_.head_dim);
-  cache.k.assign(static_cast<size_t>(config_.num_layers), std::vector<float>(per_layer));
-  cache.v.assign(static_cast<size_t>(config_.num_layers), std::vector<float>(per_layer));
-  return cache;
+void ForwardBatch::AddSequence(std::span<const int> tokens, int64_t context_len,
+                               std::span<const int32_t> block_table,
+                               std::span<const int64_t> slots, bool wants_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 1 && context_len > 0 && num_decode_seqs == num_seqs()) ++num_decode_seqs;
+  if (cu_seqlens_q.empty()) cu_seqlens_q.push_back(0);
+  for (int64_t i = 0; i < n; ++i) {
+    token_ids.push_back(tokens[static_cast<size_t>(i)]);
+    positions.push_back(static_cast<int32_t>(context_len + i));
+    slot_mapping.push_back(slots[static_cast<size_t>(i)]);
+  }
+  if (wants_logits) logits_indices.push_back(static_cast<int32_t>(token_ids.size() - 1));
+  cu_seqlens_q.push_back(static_cast<int32_t>(token_ids.size()));
+  context_lens.push_back(static_cast<int32_t>(context_len));
+  // Re-pad every table to the widest one seen so far.
+  const int64_t width = std::max<int64_t>(max_blocks_per_seq, std::ssize(block_table));
+  if (width != max_blocks_per_seq) {
+    std::vector<int32_t> wider(static_cast<size_t>((num_seqs() - 1) * width), -1);
+    for (int64_t s = 0; s + 1 < num_seqs(); ++s) {
+      std::copy_n(block_tables.begin() + s * max_blocks_per_seq, max_blocks_per_seq,
+                  wider.begin() + s * width);
+    }
+    block_tables = std::move(wider);
+    max_blocks_per_seq = width;
+  }
+  block_tables.insert(block_tables.end(), block_table.begin(), block_table.end());
+  block_tables.resize(static_cast<size_t>(num_seqs() * max_blocks_per_seq), -1);
 }
 
-void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
-                           int64_t num_tokens, KvCache& cache, const int32_t* positions) const {
+void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float* normed,
+                           float* out, const ForwardBatch& batch, KvCachePool& kv) const {
   const ModelConfig& c = config_;
+  const int64_t n = batch.num_tokens();
   const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-  std::vector<float> q(static_cast<size_t>(num_tokens * q_dim));
-  float* k_dst = cache.k[static_cast<size_t>(layer_index)].data() + cache.num_tokens * kv_dim;
-  float* v_dst = cache.v[static_cast<size_t>(layer_index)].data() + cache.num_tokens * kv_dim;
-  cpu::Linear(normed, layer.q, q.data(), num_tokens);
-  cpu::Linear(normed, layer.k, k_dst, num_tokens);  // appended straight into the cache
-  cpu::Linear(normed, layer.v, v_dst, num_tokens);
-  cpu::ApplyRope(q.data(), num_tokens, c.num_heads, c.head_dim, positions, inv_freq_.data());
-  cpu::ApplyRope(k_dst, num_tokens, c.num_kv_heads, c.head_dim, positions, inv_freq_.data());
-  std::vector<float> attn(static_cast<size_t>(num_tokens * q_dim));
-  cpu::AttentionPlain(q.data(), cache.k[static_cast<size_t>(layer_index)].data(),
-                      cache.v[static_cast<size_t>(layer_index)].data(), attn.data(), num_tokens,
-                      cache.num_tokens, c.num_heads, c.num_kv_heads, c.head_dim);
-  cpu::Linear(attn.data(), layer.o, out, num_tokens);
+  std::vector<float> q(static_cast<size_t>(n * q_dim)), k(static_cast<size_t>(n * kv_dim)),
+      v(static_cast<size_t>(n * kv_dim)), attn(static_cast<size_t>(n * q_dim));
+  cpu::Linear(normed, layer.q, q.data(), n);
+  cpu::Linear(normed, layer.k, k.data(), n);
+  cpu::Linear(normed, layer.v, v.data(), n);
+  cpu::ApplyRope(q.data(), n, c.num_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
+  cpu::ApplyRope(k.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(),
+                 inv_freq_.data());
+  PagedKvView<float> layer_kv = kv.Layer(layer_index);
+  cpu::AppendKv(k.data(), v.data(), batch.slot_mapping.data(), n, layer_kv);
+
+  const PagedKvView<const float> read_kv{layer_kv.k, layer_kv.v, layer_kv.layout};
+  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  const int64_t num_decode = batch.num_decode_seqs;
+  if (num_decode > 0) {
+    AttentionBatch decode{num_decode, batch.cu_seqlens_q.data(), batch.context_lens.data(),
+                          batch.block_tables.data(), batch.max_blocks_per_seq};
+    cpu::PagedDecodeAttention(q.data(), read_kv, decode, c.num_heads, scale, attn.data());
+  }
+  if (batch.num_seqs() > num_decode) {
+    // The prefill chunks follow the decode tokens: rebase their query offsets to 0.
+    std::vector<int32_t> cu(batch.cu_seqlens_q.begin() + num_decode, batch.cu_seqlens_q.end());
+    for (int32_t& x : cu) x -= static_cast<int32_t>(num_decode);
+    AttentionBatch prefill{batch.num_seqs() - num_decode, cu.data(),
+                           batch.context_lens.data() + num_decode,
+                           batch.block_tables.data() + num_decode * batch.max_blocks_per_seq,
+                           batch.max_blocks_per_seq};
+    cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv, prefill, c.num_heads,
+                               scale, attn.data() + num_decode * q_dim);
+  }
+  cpu::Linear(attn.data(), layer.o, out, n);
 }
 
 void LlamaModel::Mlp(const Layer& layer, const float* normed, float* out,
@@ -170,44 +212,40 @@ void LlamaModel::Mlp(const Layer& layer, const float* normed, float* out,
   cpu::Linear(gate.data(), layer.down, out, num_tokens);
 }
 
-std::vector<float> LlamaModel::Forward(std::span<const int> tokens, KvCache& cache,
-                                       bool all_logits) const {
+std::vector<float> LlamaModel::Forward(const ForwardBatch& batch, KvCachePool& kv) const {
   const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(tokens.size()), hidden = c.hidden_size;
+  const int64_t n = batch.num_tokens(), hidden = c.hidden_size;
   if (n == 0) throw Error("Forward: no tokens");
-  if (cache.num_tokens + n > cache.capacity) {
-    throw Error("sequence of " + std::to_string(cache.num_tokens + n) +
-                " tokens exceeds the KV cache capacity of " + std::to_string(cache.capacity));
-  }
   std::vector<float> x(static_cast<size_t>(n * hidden));
-  std::vector<int32_t> positions(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) {
-    const int id = tokens[static_cast<size_t>(t)];
+    const int id = batch.token_ids[static_cast<size_t>(t)];
     if (id < 0 || id >= c.vocab_size) {
       throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                   std::to_string(c.vocab_size) + ")");
     }
     cpu::LoadRow(embed_, id, x.data() + t * hidden);
-    positions[static_cast<size_t>(t)] = static_cast<int32_t>(cache.num_tokens + t);
   }
   std::vector<float> normed(x.size()), delta(x.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const Layer& layer = layers_[static_cast<size_t>(i)];
-    const float eps = static_cast<float>(c.rms_norm_eps);
     cpu::RmsNorm(x.data(), layer.input_norm.data(), normed.data(), n, hidden, eps);
-    Attention(layer, i, normed.data(), delta.data(), n, cache, positions.data());
+    Attention(layer, i, normed.data(), delta.data(), batch, kv);
     cpu::AddInPlace(x.data(), delta.data(), n * hidden);
     cpu::RmsNorm(x.data(), layer.post_attention_norm.data(), normed.data(), n, hidden, eps);
     Mlp(layer, normed.data(), delta.data(), n);
     cpu::AddInPlace(x.data(), delta.data(), n * hidden);
   }
-  cache.num_tokens += n;
-  const int64_t num_out = all_logits ? n : 1;
-  const float* last = x.data() + (n - num_out) * hidden;
-  cpu::RmsNorm(last, final_norm_.data(), normed.data(), num_out, hidden,
-               static_cast<float>(c.rms_norm_eps));
+  // Final norm and lm_head only for the rows that need logits.
+  const int64_t num_out = static_cast<int64_t>(batch.logits_indices.size());
+  std::vector<float> rows(static_cast<size_t>(num_out * hidden));
+  for (int64_t r = 0; r < num_out; ++r) {
+    const float* src = x.data() + batch.logits_indices[static_cast<size_t>(r)] * hidden;
+    std::copy(src, src + hidden, rows.data() + r * hidden);
+  }
+  cpu::RmsNorm(rows.data(), final_norm_.data(), rows.data(), num_out, hidden, eps);
   std::vector<float> logits(static_cast<size_t>(num_out * c.vocab_size));
-  cpu::Linear(normed.data(), lm_head_, logits.data(), num_out);
+  cpu::Linear(rows.data(), lm_head_, logits.data(), num_out);
   return logits;
 }
 

@@ -6,8 +6,9 @@
 //                   └─────────────────────────────────────────────────────┘
 //                   ─ RMSNorm ─ lm_head (tied to embed_tokens when the config says so) ─ logits
 //
-// The attention here is the plain one over a contiguous per-sequence cache (KvCache);
-// the paged flash-attention path replaces it in the paged-KV work.
+// Attention is FlashAttention over the paged KV cache (kernels/cpu/flash_attention.h): the
+// new tokens' keys and values are appended into their slots, then decode sequences use the
+// split-KV decode kernel and prefill chunks the tiled prefill kernel.
 #pragma once
 
 #include <cstdint>
@@ -31,12 +32,29 @@ struct LoadOptions {
   std::optional<DType> weight_dtype;
 };
 
-// One sequence's keys and values, per layer [capacity, num_kv_heads, head_dim] fp32.
-struct KvCache {
-  int64_t capacity = 0;                  // tokens
-  int64_t num_tokens = 0;                // tokens already in the cache (= next position)
-  std::vector<std::vector<float>> k, v;  // [num_layers]
+// One step's tokens for the model, sequences laid out decodes first (one token each), then
+// prefill chunks: the order the attention kernels take them in. Built by the caller from the
+// block manager's tables (see kernels/paged_kv.h for the meaning of each field).
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> positions;     // [num_tokens]
+  std::vector<int64_t> slot_mapping;  // [num_tokens] flat KV slot of each token
+  int64_t num_decode_seqs = 0;        // sequences [0, num_decode_seqs) have exactly 1 token
+  std::vector<int32_t> cu_seqlens_q;  // [num_seqs + 1]
+  std::vector<int32_t> context_lens;  // [num_seqs] tokens already cached before this step
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], -1 padded
+  int64_t max_blocks_per_seq = 0;
+  std::vector<int32_t> logits_indices;  // token rows whose logits Forward returns
+
+  int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  // Appends one sequence's chunk. Decode chunks (1 token, context > 0) must come first.
+  void AddSequence(std::span<const int> tokens, int64_t context_len,
+                   std::span<const int32_t> block_table, std::span<const int64_t> slots,
+                   bool wants_logits);
 };
+
+class KvCachePool;
 
 class LlamaModel {
  public:
@@ -51,13 +69,10 @@ class LlamaModel {
   // Bytes of weight matrices streamed per decoded token (all linear layers + lm_head).
   int64_t weight_bytes_per_token() const;
 
-  KvCache NewCache(int64_t capacity) const;
-
-  // Runs `tokens` at positions [cache.num_tokens, cache.num_tokens + n), appending their
-  // keys and values to the cache. Returns logits [n, vocab] when all_logits, else [1, vocab]
-  // for the last token. Throws llm::Error when the cache or the model's context is full.
-  std::vector<float> Forward(std::span<const int> tokens, KvCache& cache,
-                             bool all_logits = false) const;
+  // Runs one step: appends the batch's keys/values into `kv` and returns the logits of
+  // the rows in batch.logits_indices, [logits_indices.size(), vocab]. Throws llm::Error for
+  // a token id outside the vocabulary.
+  std::vector<float> Forward(const ForwardBatch& batch, KvCachePool& kv) const;
 
  private:
   struct Layer {
@@ -68,7 +83,7 @@ class LlamaModel {
   cpu::WeightMatrix Matrix(const std::string& name, std::vector<int64_t> shape);
   std::vector<float> Vector(const std::string& name, int64_t size);
   void Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
-                 int64_t num_tokens, KvCache& cache, const int32_t* positions) const;
+                 const ForwardBatch& batch, KvCachePool& kv) const;
   void Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const;
 
   ModelConfig config_;

@@ -12,6 +12,7 @@
 #include "engine/error.h"
 #include "engine/generator.h"
 #include "engine/llama_model.h"
+#include "engine/sequence_runner.h"
 #include "engine/tokenizer.h"
 #include "tests/test_util.h"
 
@@ -69,8 +70,8 @@ TEST_F(Stories260K, AllPositionLogitsMatchTransformers) {
     for (int id : c["greedy_ids"]) ids.push_back(id);
     const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
     ASSERT_EQ(ref.size(), ids.size());
-    KvCache cache = model_->NewCache(static_cast<int64_t>(ids.size()));
-    const std::vector<float> logits = model_->Forward(ids, cache, /*all_logits=*/true);
+    SequenceRunner runner(*model_, static_cast<int64_t>(ids.size()));
+    const std::vector<float> logits = runner.Feed(ids, /*all_logits=*/true);
     const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
     double worst = 0;
     for (size_t t = 0; t < ids.size(); ++t) {
@@ -89,16 +90,44 @@ TEST_F(Stories260K, GreedyDecodeMatchesTransformers) {
     const std::vector<int> prompt = c["prompt_ids"].get<std::vector<int>>();
     const std::vector<int> want = c["greedy_ids"].get<std::vector<int>>();
     const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
-    KvCache cache = model_->NewCache(static_cast<int64_t>(prompt.size() + want.size()));
-    std::vector<float> logits = model_->Forward(prompt, cache);
+    SequenceRunner runner(*model_, static_cast<int64_t>(prompt.size() + want.size()));
+    std::vector<float> logits = runner.Feed(prompt);
     std::vector<int> got;
     for (size_t step = 0; step < want.size(); ++step) {
       EXPECT_LE(RelativeError(logits, ref[prompt.size() - 1 + step]), 1e-4) << "step " << step;
       got.push_back(Argmax(logits));
       const int next[1] = {got.back()};
-      if (step + 1 < want.size()) logits = model_->Forward(next, cache);
+      if (step + 1 < want.size()) logits = runner.Feed(next);
     }
     EXPECT_EQ(got, want) << c["prompt"];
+  }
+}
+
+// Chunked prefill over the paged cache: the same sequence fed in uneven chunks (each chunk
+// attends over the cached context plus itself) with several block sizes gives the same
+// logits as transformers at every position.
+TEST_F(Stories260K, ChunkedPrefillAcrossBlockSizesMatchesTransformers) {
+  const json& c = Reference()["cases"][1];
+  std::vector<int> ids = c["prompt_ids"].get<std::vector<int>>();
+  for (int id : c["greedy_ids"]) ids.push_back(id);
+  const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  for (int64_t block_size : {1, 8, 16, 32}) {
+    SequenceRunner runner(*model_, static_cast<int64_t>(ids.size()), block_size);
+    size_t pos = 0;
+    double worst = 0;
+    for (size_t chunk : {7u, 1u, 20u, 3u, 1000u}) {
+      const size_t n = std::min(chunk, ids.size() - pos);
+      if (n == 0) break;
+      const std::vector<float> logits =
+          runner.Feed(std::span<const int>(ids).subspan(pos, n), /*all_logits=*/true);
+      for (size_t t = 0; t < n; ++t) {
+        worst = std::max(worst, RelativeError({logits.data() + t * vocab, vocab}, ref[pos + t]));
+      }
+      pos += n;
+    }
+    EXPECT_EQ(pos, ids.size());
+    EXPECT_LE(worst, 1e-4) << "block size " << block_size;
   }
 }
 
@@ -125,8 +154,8 @@ TEST(Stories260KBf16, LogitsCloseAndGreedyPrefixEqual) {
   auto model = LlamaModel::Load(ModelDir(), options);
   const json& c = Reference()["cases"][0];
   std::vector<int> ids = c["prompt_ids"].get<std::vector<int>>();
-  KvCache cache = model->NewCache(64);
-  std::vector<float> logits = model->Forward(ids, cache);
+  SequenceRunner runner(*model, 64);
+  std::vector<float> logits = runner.Feed(ids);
   const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
   EXPECT_LE(RelativeError(logits, ref[ids.size() - 1]), 3e-2);
   const std::vector<int> want = c["greedy_ids"].get<std::vector<int>>();
@@ -134,7 +163,7 @@ TEST(Stories260KBf16, LogitsCloseAndGreedyPrefixEqual) {
   for (int step = 0; step < 8; ++step) {
     got.push_back(Argmax(logits));
     const int next[1] = {got.back()};
-    logits = model->Forward(next, cache);
+    logits = runner.Feed(next);
   }
   EXPECT_EQ(got, std::vector<int>(want.begin(), want.begin() + 8));
 }
@@ -167,12 +196,12 @@ TEST(ModelLoad, WrongShapeNamesTheTensor) {
 }
 
 TEST_F(Stories260K, ContextOverflowIsAnError) {
-  KvCache cache = model_->NewCache(4);
+  SequenceRunner runner(*model_, 4, /*block_size=*/2);
   const std::vector<int> ids = {1, 2, 3, 4, 5};
-  EXPECT_THROW(model_->Forward(ids, cache), Error);
+  EXPECT_THROW(runner.Feed(ids), Error);
   const std::vector<int> bad = {1, 100000};
-  KvCache cache2 = model_->NewCache(4);
-  EXPECT_THROW(model_->Forward(bad, cache2), Error);
+  SequenceRunner runner2(*model_, 4);
+  EXPECT_THROW(runner2.Feed(bad), Error);
 }
 
 }  // namespace
