@@ -1,7 +1,8 @@
-// CPU linear layer. Algorithm: register-blocked dot products, 4 weight rows × 2 tokens per
-// micro-tile (8 AVX accumulators), weights widened to fp32 as they are loaded. Rows are
-// split across threads; tokens are processed in blocks so a block of weight rows stays in
-// L1/L2 while the tokens stream past it (prefill), and decode reads each weight once.
+// CPU linear layer. Algorithm: one vectorised dot product per output element (RowDot), the
+// weights widened to fp32 as they are loaded. Rows are split across threads in chunks; for
+// several tokens a chunk stays in cache while the tokens stream past it, and decode reads
+// each weight exactly once, in memory order. (A register-tiled 4-row × 2-token micro-kernel
+// was tried first: it split the prefetcher's stream and made results depend on the batch.)
 // Tested by tests/kernels/matmul_test.cc against LinearReference.
 #include "kernels/cpu/matmul.h"
 
@@ -107,53 +108,17 @@ inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
   return sum;
 }
 
-// y[t][r] for rows [r0, r0 + kRows) and tokens [t0, t0 + kTokens).
-template <DType kType, int kRows, int kTokens>
-inline void MicroTile(const float* x, const WeightMatrix& w, float* y, int64_t r0, int64_t t0) {
-  const int64_t cols = w.cols;
-  const int64_t vec_cols = cols & ~int64_t{7};
-  __m256 acc[kRows][kTokens];
-  for (int r = 0; r < kRows; ++r)
-    for (int t = 0; t < kTokens; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < vec_cols; k += 8) {
-    __m256 xv[kTokens];
-    for (int t = 0; t < kTokens; ++t) xv[t] = _mm256_loadu_ps(x + (t0 + t) * cols + k);
-    for (int r = 0; r < kRows; ++r) {
-      __m256 wv = Load8<kType>(w.data, (r0 + r) * cols + k);
-      for (int t = 0; t < kTokens; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int t = 0; t < kTokens; ++t) {
-      float sum = HorizontalSum(acc[r][t]);
-      for (int64_t k = vec_cols; k < cols; ++k) {
-        sum += LoadScalar<kType>(w.data, (r0 + r) * cols + k) * x[(t0 + t) * cols + k];
-      }
-      y[(t0 + t) * w.rows + r0 + r] = sum;
-    }
-  }
-}
-
-// Rows [row_begin, row_end) for all tokens.
+// Rows [row_begin, row_end) for all tokens. Every output element is one RowDot, computed
+// the same way whatever the number of tokens: a token's result does not depend on the rest
+// of the batch (batch invariance, which the engine's tests demand bit for bit on the CPU).
+// The row chunk stays in L1/L2 while the tokens stream past it.
 template <DType kType>
 void LinearRows(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens,
                 int64_t row_begin, int64_t row_end) {
-  constexpr int64_t kTokenBlock = 32;
-  for (int64_t tb = 0; tb < num_tokens; tb += kTokenBlock) {
-    const int64_t te = std::min(num_tokens, tb + kTokenBlock);
-    int64_t r = row_begin;
-    if (te - tb == 1) {  // decode: one sequential stream through W (see RowDot)
-      for (; r < row_end; ++r) y[tb * w.rows + r] = RowDot<kType>(x + tb * w.cols, w, r);
-      continue;
-    }
-    for (; r + 4 <= row_end; r += 4) {
-      int64_t t = tb;
-      for (; t + 2 <= te; t += 2) MicroTile<kType, 4, 2>(x, w, y, r, t);
-      for (; t < te; ++t) MicroTile<kType, 4, 1>(x, w, y, r, t);
-    }
-    for (; r < row_end; ++r) {
-      for (int64_t t = tb; t < te; ++t) MicroTile<kType, 1, 1>(x, w, y, r, t);
-    }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* xt = x + t * w.cols;
+    float* yt = y + t * w.rows;
+    for (int64_t r = row_begin; r < row_end; ++r) yt[r] = RowDot<kType>(xt, w, r);
   }
 }
 

@@ -63,6 +63,31 @@ std::vector<Case> Cases() {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest, ::testing::ValuesIn(Cases()));
 
+// Batch invariance: a token's outputs are bit-identical whether it is computed alone or
+// among others (the engine's same-tokens-alone-or-batched guarantee rests on this).
+TEST(Linear, BitIdenticalAloneOrBatched) {
+  const int64_t rows = 67, cols = 300, tokens = 9;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(tokens * cols)), w(static_cast<size_t>(rows * cols));
+  for (float& v : x) v = dist(rng);
+  for (float& v : w) v = dist(rng);
+  std::vector<uint16_t> wb(w.size());
+  for (size_t i = 0; i < w.size(); ++i) wb[i] = F32ToBf16(w[i]);
+  for (const WeightMatrix m : {WeightMatrix{DType::kF32, w.data(), rows, cols},
+                               WeightMatrix{DType::kBF16, wb.data(), rows, cols}}) {
+    std::vector<float> batched(static_cast<size_t>(tokens * rows));
+    Linear(x.data(), m, batched.data(), tokens);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<float> alone(static_cast<size_t>(rows));
+      Linear(x.data() + t * cols, m, alone.data(), 1);
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(alone[r], batched[t * rows + r]) << "token " << t << " row " << r;
+      }
+    }
+  }
+}
+
 TEST(LoadRow, ConvertsEachDtype) {
   const std::vector<float> f = {1.5f, -2.25f, 0.f, 1e-3f};
   std::vector<uint16_t> b, h;
