@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 
 #include "engine/checkpoint_check.h"
 #include "engine/error.h"
@@ -136,9 +137,16 @@ int64_t LlamaModel::weight_bytes_per_token() const {
 
 void ForwardBatch::AddSequence(std::span<const int> tokens, int64_t context_len,
                                std::span<const int32_t> block_table,
-                               std::span<const int64_t> slots, bool wants_logits) {
+                               std::span<const int64_t> slots, bool wants_logits,
+                               bool is_decode) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 1 && context_len > 0 && num_decode_seqs == num_seqs()) ++num_decode_seqs;
+  if (is_decode) {
+    if (n != 1 || context_len == 0 || num_decode_seqs != num_seqs()) {
+      throw std::logic_error("ForwardBatch: a decode chunk is one token after a context, "
+                             "placed before every prefill chunk");
+    }
+    ++num_decode_seqs;
+  }
   if (cu_seqlens_q.empty()) cu_seqlens_q.push_back(0);
   for (int64_t i = 0; i < n; ++i) {
     token_ids.push_back(tokens[static_cast<size_t>(i)]);

@@ -48,10 +48,11 @@ struct ForwardBatch {
 
   int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
-  // Appends one sequence's chunk. Decode chunks (1 token, context > 0) must come first.
+  // Appends one sequence's chunk. Decode chunks (is_decode: exactly 1 token after a
+  // cached context, run by the decode kernel) must all come before prefill chunks.
   void AddSequence(std::span<const int> tokens, int64_t context_len,
                    std::span<const int32_t> block_table, std::span<const int64_t> slots,
-                   bool wants_logits);
+                   bool wants_logits, bool is_decode);
 };
 
 class KvCachePool;

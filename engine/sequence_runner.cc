@@ -34,7 +34,10 @@ std::vector<float> SequenceRunner::Feed(std::span<const int> tokens, bool all_lo
   std::vector<int64_t> slots(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = blocks_.Slot(kSeq, num_tokens_ + i);
   ForwardBatch batch;
-  batch.AddSequence(tokens, num_tokens_, blocks_.BlockTable(kSeq), slots, /*wants_logits=*/true);
+  // One token after a context is a decode step (the decode kernel), as in the engine.
+  const bool is_decode = n == 1 && num_tokens_ > 0;
+  batch.AddSequence(tokens, num_tokens_, blocks_.BlockTable(kSeq), slots, /*wants_logits=*/true,
+                    is_decode);
   if (all_logits) {
     batch.logits_indices.clear();
     for (int32_t i = 0; i < n; ++i) batch.logits_indices.push_back(i);

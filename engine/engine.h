@@ -1,0 +1,105 @@
+// The engine: one thread owns the scheduler, the KV cache and the model. Every step it
+// schedules, builds one batch (decodes and prefill chunks mixed), runs the model, samples,
+// and streams each request's new tokens and text to its channel.
+//
+// Any thread may call AddRequest, Cancel and Stats; only the engine thread (the one running
+// Step(), usually started by Start()) touches sequences, blocks and the model.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/kv_cache.h"
+#include "engine/llama_model.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "engine/tokenizer.h"
+
+namespace llm {
+
+struct EngineConfig {
+  int64_t block_size = 16;
+  int64_t num_kv_blocks = 0;       // 0: from kv_cache_bytes
+  int64_t kv_cache_bytes = 1 << 30;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_num_seqs = 64;
+  int max_n = 16;  // largest n (completions per request) accepted
+  bool enable_prefix_caching = true;
+};
+
+// A consistent snapshot for metrics and tests.
+struct EngineStats {
+  int64_t num_running = 0, num_waiting = 0;
+  int64_t num_kv_blocks = 0, num_free_kv_blocks = 0, num_cached_kv_blocks = 0;
+  int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int64_t num_preemptions = 0, num_steps = 0;
+  int64_t num_prompt_tokens_computed = 0, num_generated_tokens = 0;
+  int64_t num_finished_requests = 0;
+};
+
+class Engine {
+ public:
+  Engine(const LlamaModel& model, const Tokenizer& tokenizer, const EngineConfig& config);
+  ~Engine();  // stops the thread; unfinished requests get finish reason "abort"
+
+  // Validates and queues a request. Returns its channel; a request that is invalid or can
+  // never fit (prompt + max_tokens beyond the model's context or the KV pool) throws
+  // llm::Error with a message for the user, before anything is queued.
+  std::shared_ptr<OutputChannel> AddRequest(Request request);
+  // Aborts a request at the next step (finish reason "abort"); unknown ids are ignored.
+  void Cancel(const std::string& request_id);
+
+  void Start();  // runs Step() on an engine thread until Stop()
+  void Stop();
+  // One iteration (engine thread only). Returns false when there was nothing to do.
+  bool Step();
+  // Runs Step() until every request has finished (tests, offline use; no engine thread).
+  void RunUntilIdle();
+
+  EngineStats Stats() const;
+  const EngineConfig& config() const { return config_; }
+  int64_t kv_capacity_tokens() const { return num_blocks_ * config_.block_size; }
+
+ private:
+  struct Inbox;
+  void DrainInbox();
+  void ExpireDeadlines();
+  ForwardBatch BuildBatch(const SchedulerOutput& sched) const;
+  void SampleAndEmit(const SchedulerOutput& sched, const std::vector<float>& logits);
+  void AppendToken(Sequence* seq, const SampleResult& sample, RequestOutput* out);
+  void ForkChildren(RequestState* req, Sequence* parent);
+  void FinishSequence(Sequence* seq, FinishReason reason, RequestOutput* out);
+  void FinishRequest(RequestState* req, FinishReason reason, const std::string& error = "");
+  void EmitLastIfDone(RequestState* req, RequestOutput* out);
+  Sequence* NewSequence(RequestState* req, int index, std::vector<int> tokens);
+  void PublishStats();
+
+  const LlamaModel& model_;
+  const Tokenizer& tokenizer_;
+  EngineConfig config_;
+  int64_t num_blocks_ = 0;
+  BlockManager blocks_;
+  KvCachePool kv_;
+  Scheduler scheduler_;
+  std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
+  std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
+  SeqId next_seq_id_ = 0;
+  EngineStats counters_;  // engine thread's running totals
+
+  std::unique_ptr<Inbox> inbox_;
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace llm

@@ -1,0 +1,47 @@
+#include "engine/request.h"
+
+namespace llm {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kTimeout: return "timeout";
+    case FinishReason::kError: return "error";
+  }
+  return "";
+}
+
+void OutputChannel::Push(RequestOutput output) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (output.is_last) closed_ = true;
+    queue_.push_back(std::move(output));
+  }
+  cv_.notify_all();
+}
+
+bool OutputChannel::Pop(RequestOutput* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !queue_.empty(); })) return false;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+bool OutputChannel::TryPop(RequestOutput* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.empty()) return false;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+bool OutputChannel::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+}  // namespace llm

@@ -1,0 +1,76 @@
+// What crosses threads between the front ends and the engine: plain data only. A front end
+// builds a Request, hands it to Engine::AddRequest and reads RequestOutputs from the
+// returned channel; it never sees sequences, blocks or the model.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace llm {
+
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+  std::string request_id;
+  std::vector<int> prompt_ids;  // the text path tokenizes before it
+  SamplingParams sampling;      // includes max_tokens, n, stop, logprobs, ...
+  std::optional<Clock::time_point> deadline;  // finish reason "timeout" once passed
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kTimeout, kError };
+const char* FinishReasonName(FinishReason reason);  // "stop", "length", ... ("" for kNone)
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;      // summed over the n completions
+  int64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
+};
+
+struct TokenLogprob {
+  int token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int, float>> top;  // the top-N alternatives (token, logprob)
+};
+
+// One event on a request's channel: new tokens of completion `index` (and their text), or
+// the end of that completion (finish_reason != kNone). A request with n completions gets n
+// finishing events; the last one of them also carries the request's usage (is_last).
+struct RequestOutput {
+  int index = 0;
+  std::vector<int> token_ids;
+  std::string text;  // UTF-8-safe delta; stop strings excluded
+  std::vector<TokenLogprob> logprobs;  // one per token when logprobs were requested
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;  // for kError
+  bool is_last = false;  // no further events for this request
+  Usage usage;           // set when is_last
+  // Timings (set when is_last): seconds from arrival.
+  double queue_seconds = 0, first_token_seconds = 0, total_seconds = 0;
+};
+
+// A thread-safe queue of outputs, written by the engine thread, read by one reader.
+class OutputChannel {
+ public:
+  void Push(RequestOutput output);
+  // Blocks until an output is available (true) or the timeout passes (false).
+  bool Pop(RequestOutput* out, std::chrono::milliseconds timeout = std::chrono::hours(24));
+  bool TryPop(RequestOutput* out);
+  bool closed() const;  // the last output has been pushed
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RequestOutput> queue_;
+  bool closed_ = false;
+};
+
+}  // namespace llm

@@ -1,0 +1,290 @@
+// The continuous-batching engine end to end on the CPU backend with the real stories260K
+// model: batch invariance (alone vs together, under chunked prefill and preemption),
+// prefix caching, n > 1, cancellation, deadlines, validation, and a soak of 1,000 requests.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "engine/error.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+std::string ModelDir() { return (test::SharedDir() / "models" / "stories260K").string(); }
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = LlamaModel::Load(ModelDir()).release();
+    tokenizer_ = Tokenizer::Load(ModelDir()).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tokenizer_;
+  }
+  static LlamaModel* model_;
+  static Tokenizer* tokenizer_;
+};
+LlamaModel* EngineTest::model_ = nullptr;
+Tokenizer* EngineTest::tokenizer_ = nullptr;
+
+struct Collected {
+  std::vector<std::vector<int>> tokens;  // per completion index
+  std::vector<std::string> text;
+  std::vector<FinishReason> finish;
+  int num_last = 0;
+  Usage usage;
+};
+
+// Reads a channel to its end.
+Collected Drain(OutputChannel& channel, int n = 1) {
+  Collected c;
+  c.tokens.resize(n);
+  c.text.resize(n);
+  c.finish.assign(n, FinishReason::kNone);
+  RequestOutput out;
+  while (channel.Pop(&out, std::chrono::seconds(60))) {
+    auto& toks = c.tokens[static_cast<size_t>(out.index)];
+    toks.insert(toks.end(), out.token_ids.begin(), out.token_ids.end());
+    c.text[static_cast<size_t>(out.index)] += out.text;
+    if (out.finish_reason != FinishReason::kNone) c.finish[static_cast<size_t>(out.index)] = out.finish_reason;
+    if (out.is_last) {
+      ++c.num_last;
+      c.usage = out.usage;
+      break;
+    }
+  }
+  return c;
+}
+
+Request Greedy(std::vector<int> prompt, int max_tokens) {
+  Request r;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+// 64 prompts of mixed lengths: story openings plus random token ids from the vocabulary.
+std::vector<Request> MixedRequests(const Tokenizer& tok, int count) {
+  std::mt19937 rng(11);
+  std::vector<Request> out;
+  const char* openings[] = {"Once upon a time", "The little dog", "Lily and Ben went to the",
+                            "One day, a big red ball", "Tom had a"};
+  for (int i = 0; i < count; ++i) {
+    std::vector<int> ids = tok.EncodePrompt(openings[i % 5]);
+    const int extra = std::uniform_int_distribution<int>(0, i % 3 == 0 ? 150 : 20)(rng);
+    for (int k = 0; k < extra; ++k) ids.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
+    out.push_back(Greedy(ids, std::uniform_int_distribution<int>(5, 60)(rng)));
+  }
+  return out;
+}
+
+TEST_F(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
+  const std::vector<Request> requests = MixedRequests(*tokenizer_, 64);
+  // Alone: one request at a time on a roomy engine.
+  std::vector<std::vector<int>> alone;
+  {
+    Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 512});
+    for (const Request& r : requests) {
+      auto ch = engine.AddRequest(r);
+      engine.RunUntilIdle();
+      alone.push_back(Drain(*ch).tokens[0]);
+    }
+  }
+  // Together: a pool too small for all (preemption) and a small token budget (chunking).
+  EngineConfig tight{.num_kv_blocks = 48, .max_num_batched_tokens = 96, .max_num_seqs = 32};
+  Engine engine(*model_, *tokenizer_, tight);
+  std::vector<std::shared_ptr<OutputChannel>> channels;
+  for (const Request& r : requests) channels.push_back(engine.AddRequest(r));
+  engine.RunUntilIdle();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(Drain(*channels[i]).tokens[0], alone[i]) << "request " << i;
+  }
+  const EngineStats s = engine.Stats();
+  EXPECT_GT(s.num_preemptions, 0) << "the pool was meant to force preemption";
+  EXPECT_EQ(s.num_free_kv_blocks, s.num_kv_blocks);
+  std::printf("[engine] 64 requests together: %lld steps, %lld preemptions\n",
+              (long long)s.num_steps, (long long)s.num_preemptions);
+}
+
+TEST_F(EngineTest, PrefixCacheHitGivesSameOutput) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 256});
+  std::vector<int> prompt = tokenizer_->EncodePrompt(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends and her big red ball.");
+  auto first = engine.AddRequest(Greedy(prompt, 20));
+  engine.RunUntilIdle();
+  const Collected a = Drain(*first);
+  auto second = engine.AddRequest(Greedy(prompt, 20));
+  engine.RunUntilIdle();
+  const Collected b = Drain(*second);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(b.usage.cached_prompt_tokens, (std::ssize(prompt) - 1) / 16 * 16);
+  EXPECT_GT(b.usage.cached_prompt_tokens, 0);
+}
+
+TEST_F(EngineTest, StreamedTextMatchesDecodedTokens) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128});
+  Request r = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 40);
+  r.sampling.ignore_eos = false;
+  auto ch = engine.AddRequest(r);
+  engine.RunUntilIdle();
+  const Collected c = Drain(*ch);
+  const std::vector<int> all = [&] {
+    std::vector<int> v = r.prompt_ids;
+    v.insert(v.end(), c.tokens[0].begin(), c.tokens[0].end());
+    return v;
+  }();
+  EXPECT_EQ(c.text[0], tokenizer_->Decode(all).substr(tokenizer_->Decode(r.prompt_ids).size()));
+  EXPECT_EQ(c.text[0].rfind(", there was a little girl named Lily.", 0), 0u) << c.text[0];
+  EXPECT_EQ(c.usage.prompt_tokens, 5);
+  EXPECT_EQ(c.usage.completion_tokens, std::ssize(c.tokens[0]));
+}
+
+TEST_F(EngineTest, StopStringEndsTextAndIsExcluded) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128});
+  Request r = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 60);
+  r.sampling.stop = {"Lily"};
+  auto ch = engine.AddRequest(r);
+  engine.RunUntilIdle();
+  const Collected c = Drain(*ch);
+  EXPECT_EQ(c.text[0], ", there was a little girl named ");
+  EXPECT_EQ(c.finish[0], FinishReason::kStop);
+}
+
+TEST_F(EngineTest, NCompletionsShareThePromptAndFinishOnce) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128});
+  Request r = Greedy(tokenizer_->EncodePrompt("The little dog"), 12);
+  r.sampling.n = 3;
+  r.sampling.temperature = 1.0;
+  r.sampling.seed = 5;
+  auto ch = engine.AddRequest(r);
+  engine.RunUntilIdle();
+  const Collected c = Drain(*ch, 3);
+  EXPECT_EQ(c.num_last, 1);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::ssize(c.tokens[i]), 12) << i;
+    EXPECT_EQ(c.finish[i], FinishReason::kLength) << i;
+  }
+  EXPECT_EQ(c.usage.completion_tokens, 36);
+  EXPECT_EQ(engine.Stats().num_free_kv_blocks, engine.Stats().num_kv_blocks);
+}
+
+TEST_F(EngineTest, SeedGivesSameTokensAloneOrBatched) {
+  Request r = Greedy(tokenizer_->EncodePrompt("Tom had a"), 30);
+  r.sampling.temperature = 0.9;
+  r.sampling.top_p = 0.95;
+  r.sampling.seed = 1234;
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 256});
+  auto alone = engine.AddRequest(r);
+  engine.RunUntilIdle();
+  const Collected a = Drain(*alone);
+  std::vector<std::shared_ptr<OutputChannel>> noise;
+  for (const Request& other : MixedRequests(*tokenizer_, 8)) noise.push_back(engine.AddRequest(other));
+  auto batched = engine.AddRequest(r);
+  engine.RunUntilIdle();
+  EXPECT_EQ(Drain(*batched).tokens, a.tokens);
+}
+
+TEST_F(EngineTest, CancelAndDeadlineFreeBlocksAtOnce) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128});
+  Request slow = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 400);
+  slow.request_id = "cancel-me";
+  auto cancelled = engine.AddRequest(slow);
+  engine.Step();
+  engine.Step();
+  engine.Cancel("cancel-me");
+  engine.Step();
+  Collected c = Drain(*cancelled);
+  EXPECT_EQ(c.finish[0], FinishReason::kAbort);
+  EXPECT_EQ(engine.Stats().num_free_kv_blocks, engine.Stats().num_kv_blocks);
+
+  Request timed = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 400);
+  timed.deadline = Clock::now() + std::chrono::milliseconds(1);
+  auto ch = engine.AddRequest(timed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  engine.RunUntilIdle();
+  EXPECT_EQ(Drain(*ch).finish[0], FinishReason::kTimeout);
+  EXPECT_EQ(engine.Stats().num_free_kv_blocks, engine.Stats().num_kv_blocks);
+}
+
+TEST_F(EngineTest, InvalidRequestsAreRejectedWithClearErrors) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 8});
+  test::ExpectError([&] { engine.AddRequest(Greedy({}, 5)); }, {"empty"});
+  test::ExpectError([&] { engine.AddRequest(Greedy({1, 9999}, 5)); }, {"9999", "vocabulary"});
+  test::ExpectError([&] { engine.AddRequest(Greedy({1, 2, 3}, 600)); }, {"context", "512"});
+  test::ExpectError([&] { engine.AddRequest(Greedy(std::vector<int>(100, 5), 100)); },
+                    {"KV cache"});
+  Request bad = Greedy({1, 5}, 5);
+  bad.sampling.top_p = 1.5;
+  test::ExpectError([&] { engine.AddRequest(bad); }, {"top_p"});
+  bad = Greedy({1, 5}, 5);
+  bad.sampling.n = 100;
+  test::ExpectError([&] { engine.AddRequest(bad); }, {"n must be"});
+}
+
+// 1,000 requests with random parameters, cancellations and deadlines, fed from two threads
+// into a running engine thread: every channel gets exactly one final event, and afterwards
+// every KV block is free.
+TEST_F(EngineTest, SoakThousandRandomRequests) {
+  Engine engine(*model_, *tokenizer_,
+                {.num_kv_blocks = 96, .max_num_batched_tokens = 128, .max_num_seqs = 24});
+  engine.Start();
+  std::vector<std::shared_ptr<OutputChannel>> channels(1000);
+  auto producer = [&](int begin, int end, uint32_t seed) {
+    std::mt19937 rng(seed);
+    auto uni = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+    for (int i = begin; i < end; ++i) {
+      Request r;
+      r.request_id = "soak-" + std::to_string(i);
+      for (int k = uni(1, 40); k > 0; --k) r.prompt_ids.push_back(uni(1, 511));
+      r.sampling.max_tokens = uni(1, 40);
+      r.sampling.temperature = uni(0, 3) * 0.4;
+      r.sampling.top_p = uni(5, 10) / 10.0;
+      r.sampling.top_k = uni(0, 20);
+      r.sampling.n = uni(1, 10) == 1 ? 2 : 1;
+      if (uni(0, 1)) r.sampling.seed = static_cast<uint64_t>(i);
+      if (uni(1, 5) == 1) r.sampling.stop = {"the"};
+      if (uni(1, 4) == 1) r.sampling.logprobs = uni(0, 3);
+      if (uni(1, 10) == 1) r.deadline = Clock::now() + std::chrono::milliseconds(uni(0, 30));
+      channels[static_cast<size_t>(i)] = engine.AddRequest(r);
+      if (uni(1, 10) == 1) engine.Cancel(r.request_id);
+    }
+  };
+  std::thread a(producer, 0, 500, 1), b(producer, 500, 1000, 2);
+  a.join();
+  b.join();
+  int num_last = 0;
+  for (auto& ch : channels) {
+    RequestOutput out;
+    int lasts = 0;
+    while (ch->Pop(&out, std::chrono::seconds(120))) {
+      if (out.is_last) {
+        ++lasts;
+        break;
+      }
+    }
+    EXPECT_EQ(lasts, 1);
+    RequestOutput extra;
+    EXPECT_FALSE(ch->TryPop(&extra)) << "an event after the last one";
+    num_last += lasts;
+  }
+  engine.Stop();
+  EXPECT_EQ(num_last, 1000);
+  const EngineStats s = engine.Stats();
+  EXPECT_EQ(s.num_free_kv_blocks, s.num_kv_blocks);
+  EXPECT_EQ(s.num_running + s.num_waiting, 0);
+  std::printf("[soak] 1000 requests: %lld steps, %lld preemptions, %lld generated tokens\n",
+              (long long)s.num_steps, (long long)s.num_preemptions,
+              (long long)s.num_generated_tokens);
+}
+
+}  // namespace
+}  // namespace llm
