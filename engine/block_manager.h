@@ -71,7 +71,8 @@ class BlockManager {
   // be null only when no copy is needed). The runner performs the copies (whole blocks)
   // before writing the new tokens' KV. A copy arises only when the last block is partial
   // and shared (after Fork); full shared blocks are never written, so new tokens beyond
-  // them go to new blocks.
+  // them go to new blocks. (C++20's std::span takes no braced list: pass a vector, an array
+  // or std::span(&token_id, 1).)
   void Append(SeqId seq, std::span<const int> token_ids, std::vector<BlockCopy>* copies);
 
   // The first `num_computed_tokens` tokens of `seq` now have their KV written: full blocks
