@@ -10,7 +10,9 @@
 // reported as a BlockCopy for the model runner to perform.
 //
 // Check/act pairs: callers ask CanAllocate / CanAppend before Allocate / Append; the acting
-// calls assert the check holds (an engine invariant, not a user error).
+// calls assert the check holds (an engine invariant, not a user error). Every violated
+// engine invariant (unknown or duplicate sequence id, acting without the check, a position
+// or block out of range) throws std::logic_error; llm::Error is for user errors.
 #pragma once
 
 #include <cstdint>
@@ -31,9 +33,10 @@ struct BlockCopy {
 
 struct BlockManagerCounters {
   int64_t num_blocks = 0;
-  int64_t num_free_blocks = 0;    // ref count 0 (includes cached-free blocks)
-  int64_t num_cached_blocks = 0;  // blocks holding a prefix hash (in use or free)
-  int64_t prefix_query_tokens = 0;  // prompt tokens looked up by Allocate
+  int64_t num_free_blocks = 0;      // ref count 0 (includes cached-free blocks)
+  int64_t num_cached_blocks = 0;    // blocks holding a prefix hash (in use or free)
+  int64_t prefix_query_tokens = 0;  // prompt tokens looked up by Allocate (every Allocate
+                                    // counts its whole prompt, caching on or off)
   int64_t prefix_hit_tokens = 0;    // of those, found cached
 };
 
@@ -45,24 +48,41 @@ class BlockManager {
   int64_t num_free_blocks() const;
 
   // Can a new sequence with this prompt get blocks for all its tokens now (counting the
-  // blocks its cached prefix would reuse)?
+  // blocks its cached prefix would reuse)? Exactly: ceil(len / block_size) minus the cached
+  // hits whose blocks are in use by other sequences must be <= num_free_blocks(). A hit on a
+  // cached-free block saves computing but still takes that block out of the free count.
+  // An empty prompt is never allocatable.
   bool CanAllocate(std::span<const int> prompt_ids) const;
   // Creates sequence `seq` holding the prompt's tokens. Returns how many leading tokens
   // already have their KV cached (a multiple of block_size, and always < prompt length so
   // at least one token is computed and produces logits).
+  // Rule: only full blocks that lie entirely before the last prompt token are looked up,
+  // i.e. at most floor((len - 1) / block_size) blocks. The block holding the last token is
+  // always a fresh private block and is recomputed whole, even when an equal block is
+  // cached (a 32-token prompt with block_size 16 fully cached returns 16 and recomputes
+  // tokens 16..31 into a new block): no shared block is ever written. The first `result`
+  // tokens count as computed.
   int64_t Allocate(SeqId seq, std::span<const int> prompt_ids);
 
   // Can `seq` grow by `num_new_tokens` (a new block when crossing a boundary, a private copy
   // of a shared partial last block)?
   bool CanAppend(SeqId seq, int64_t num_new_tokens = 1) const;
-  // Adds tokens to `seq`; copies needed before writing are appended to `copies`.
+  // Adds tokens to `seq`; copies needed before writing are appended to `copies` (which may
+  // be null only when no copy is needed). The runner performs the copies (whole blocks)
+  // before writing the new tokens' KV. A copy arises only when the last block is partial
+  // and shared (after Fork); full shared blocks are never written, so new tokens beyond
+  // them go to new blocks. (C++20's std::span takes no braced list: pass a vector, an array
+  // or std::span(&token_id, 1).)
   void Append(SeqId seq, std::span<const int> token_ids, std::vector<BlockCopy>* copies);
 
   // The first `num_computed_tokens` tokens of `seq` now have their KV written: full blocks
-  // among them become cacheable (hashed) for other sequences.
+  // among them become cacheable (hashed) for other sequences. Never decreases the count;
+  // past NumTokens(seq) is an invariant violation.
   void MarkComputed(SeqId seq, int64_t num_computed_tokens);
 
-  // n > 1 completions: `child` shares all of `parent`'s blocks (ref counts +1).
+  // n > 1 completions: `child` shares all of `parent`'s blocks (ref counts +1). All of the
+  // parent's tokens must be computed (MarkComputed(parent, NumTokens(parent)) first), since
+  // shared blocks are only read from then on; fork, then Append each child's own token.
   void Fork(SeqId parent, SeqId child);
   // Releases the sequence's blocks (cached ones stay reusable until evicted).
   void Free(SeqId seq);
