@@ -11,6 +11,14 @@
 namespace llm {
 namespace {
 
+// Candidate order: logit descending, ties by id ascending (a strict total order).
+struct ByLogit {
+  std::span<const float> logits;
+  bool operator()(int a, int b) const {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  }
+};
+
 std::string Num(double v) {
   std::ostringstream out;
   out << v;
@@ -89,19 +97,23 @@ std::string SamplingParams::Validate() const {
   return ValidateTokensAndStops(*this, 0);
 }
 
+// Two passes: a max that vectorizes (the ternary is exactly maxps), then the first index
+// holding it. One pass that tracks the index runs ~8x slower over a 128k vocabulary.
 int Argmax(std::span<const float> logits) {
-  int best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int>(i);
+  float max_logit = logits[0];
+  for (float l : logits) max_logit = l > max_logit ? l : max_logit;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] == max_logit) return static_cast<int>(i);
   }
-  return best;
+  return 0;  // all NaN
 }
 
 double LogSumExp(std::span<const float> logits) {
   const double max_logit = logits[static_cast<size_t>(Argmax(logits))];
   if (!std::isfinite(max_logit)) return max_logit;
   double sum = 0;
-  for (float l : logits) sum += std::exp(l - max_logit);
+  // exp in float (a few times faster than double over a 128k vocabulary), summed in double.
+  for (float l : logits) sum += std::exp(static_cast<float>(l - max_logit));
   return max_logit + std::log(sum);
 }
 
@@ -189,9 +201,8 @@ SampleResult Sampler::Sample(std::span<const float> logits) {
   if (num_top == 0) return result;
   ids_.resize(logits.size());
   std::iota(ids_.begin(), ids_.end(), 0);
-  std::partial_sort(
-      ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(num_top), ids_.end(),
-      [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::partial_sort(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(num_top), ids_.end(),
+                    ByLogit{logits});
   for (size_t i = 0; i < num_top; ++i) {
     const int id = ids_[i];
     result.top_logprobs.push_back({id, static_cast<float>(logits[static_cast<size_t>(id)] - lse)});
@@ -199,39 +210,45 @@ SampleResult Sampler::Sample(std::span<const float> logits) {
   return result;
 }
 
-// ids_[0, k) := the k highest logits, sorted descending, ties by id ascending.
-void Sampler::SelectTopK(std::span<const float> logits, size_t k) {
-  std::partial_sort(
-      ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(k), ids_.end(),
-      [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-}
-
-// Keeps the smallest prefix (in probability order) of ids_[0, num_candidates) whose mass
-// reaches top_p, and returns its length. The prefix is sorted lazily in growing chunks, so a
-// peaked distribution over 128k tokens sorts only a few hundred of them.
-size_t Sampler::ApplyTopP(std::span<const float> logits, double max_logit, size_t num_candidates) {
-  const double inv_t = 1.0 / params_.temperature;
-  auto weight = [&](int id) { return std::exp((logits[id] - max_logit) * inv_t); };
+// Keeps the smallest set of highest-ranked candidates in ids_[0, num_candidates) whose mass
+// reaches top_p, moves it to the front and returns its size. First a sorted head of 256
+// (enough for peaked distributions), then quickselect on the mass instead of a full sort:
+// O(vocab) expected, also for flat distributions whose nucleus is most of a 128k vocabulary.
+// Quickselect invariant: ids_[0, lo) are the lo highest-ranked candidates, with mass `mass`,
+// and the answer lies in [lo, hi].
+size_t Sampler::ApplyTopP(std::span<const float> logits, size_t num_candidates) {
+  const ByLogit by_logit{logits};
   double total = 0;
-  for (size_t i = 0; i < num_candidates; ++i) total += weight(ids_[i]);
+  for (size_t i = 0; i < num_candidates; ++i) total += weights_[ids_[i]];
   const double target = params_.top_p * total;
-  auto by_logit = [&](int a, int b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  // With top-k on, ids_[0, num_candidates) is already sorted.
-  size_t sorted_end = params_.top_k > 0 ? num_candidates : 0;
+  auto at = [&](size_t i) { return ids_.begin() + static_cast<ptrdiff_t>(i); };
+  // Peaked distributions (the usual case): the nucleus lies in the top few hundred.
+  const size_t head = std::min<size_t>(num_candidates, 256);
+  std::partial_sort(at(0), at(head), at(num_candidates), by_logit);
   double mass = 0;
-  for (size_t i = 0; i < num_candidates; ++i) {
-    if (i == sorted_end) {
-      sorted_end = std::min(num_candidates, std::max<size_t>(256, 4 * sorted_end));
-      std::partial_sort(ids_.begin() + static_cast<ptrdiff_t>(i),
-                        ids_.begin() + static_cast<ptrdiff_t>(sorted_end),
-                        ids_.begin() + static_cast<ptrdiff_t>(num_candidates), by_logit);
-    }
-    mass += weight(ids_[i]);
+  for (size_t i = 0; i < head; ++i) {
+    mass += weights_[ids_[i]];
     if (mass >= target) return i + 1;
   }
-  return num_candidates;
+  size_t lo = head, hi = num_candidates;
+  while (hi - lo > 64) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(at(lo), at(mid), at(hi), by_logit);  // [lo, mid) rank above [mid, hi)
+    double upper = 0;
+    for (size_t i = lo; i < mid; ++i) upper += weights_[ids_[i]];
+    if (mass + upper >= target) {
+      hi = mid;
+    } else {
+      mass += upper;
+      lo = mid;
+    }
+  }
+  std::sort(at(lo), at(hi), by_logit);
+  for (size_t i = lo; i < hi; ++i) {
+    mass += weights_[ids_[i]];
+    if (mass >= target) return i + 1;
+  }
+  return hi;
 }
 
 // Steps 5-9 on the processed logits [vocab].
@@ -242,29 +259,39 @@ int Sampler::SampleProcessed(std::span<const float> logits) {
   size_t num = vocab;
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) {
     num = static_cast<size_t>(params_.top_k);
-    SelectTopK(logits, num);
+    // A heap beats quickselect for small k (one comparison for most tokens).
+    if (num * 16 <= vocab) {
+      std::partial_sort(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(num), ids_.end(),
+                        ByLogit{logits});
+    } else {
+      std::nth_element(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(num), ids_.end(),
+                       ByLogit{logits});
+    }
   }
-  // The maximum is always a candidate: top-k and top-p keep a prefix of the sorted order.
+  // The maximum stays a candidate through top-k and top-p; its weight is 1.
   const double max_logit = logits[static_cast<size_t>(Argmax(logits))];
   if (!std::isfinite(max_logit)) return Argmax(logits);
-  if (params_.top_p < 1.0) num = ApplyTopP(logits, max_logit, num);
-  // Weights are probabilities times a constant; the maximum's weight is 1, so min-p keeps
-  // weight >= min_p. Compaction keeps the order (and the maximum).
   const double inv_t = 1.0 / params_.temperature;
-  weights_.resize(num);
+  weights_.resize(vocab);
+  for (size_t i = 0; i < num; ++i) {
+    const int id = ids_[i];
+    weights_[id] = std::exp(static_cast<float>((logits[id] - max_logit) * inv_t));
+  }
+  if (params_.top_p < 1.0) num = ApplyTopP(logits, num);
+  // min-p: prob >= min_p * max prob, i.e. weight >= min_p. The walk order below is the
+  // candidate order, which is deterministic for given logits.
   size_t kept = 0;
   double total = 0;
   for (size_t i = 0; i < num; ++i) {
-    const double w = std::exp((logits[ids_[i]] - max_logit) * inv_t);
-    if (w < params_.min_p) continue;
-    ids_[kept] = ids_[i];
-    weights_[kept++] = w;
-    total += w;
+    const int id = ids_[i];
+    if (weights_[id] < params_.min_p) continue;
+    ids_[kept++] = id;
+    total += weights_[id];
   }
   const double u = std::uniform_real_distribution<double>(0.0, total)(rng_);
   double acc = 0;
   for (size_t i = 0; i < kept; ++i) {
-    acc += weights_[i];
+    acc += weights_[ids_[i]];
     if (u < acc) return ids_[i];
   }
   return ids_[kept - 1];

@@ -104,17 +104,16 @@ class Sampler {
  private:
   void ApplyBiasAndPenalties(std::span<float> logits) const;
   int SampleProcessed(std::span<const float> logits);
-  void SelectTopK(std::span<const float> logits, size_t k);
-  size_t ApplyTopP(std::span<const float> logits, double max_logit, size_t num_candidates);
+  size_t ApplyTopP(std::span<const float> logits, size_t num_candidates);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_set<int> seen_;                // prompt and output tokens
   std::unordered_map<int, int> output_counts_;  // output token -> count
-  // Scratch buffers reused across steps (vocab-sized).
-  std::vector<float> work_;
-  std::vector<int> ids_;
-  std::vector<double> weights_;
+  // Scratch buffers reused across steps, each [vocab].
+  std::vector<float> work_;      // processed logits
+  std::vector<int> ids_;         // candidate ids; [0, num_candidates) are the live ones
+  std::vector<double> weights_;  // by id: exp((logit - max) / T), set for candidates only
 };
 
 // argmax with ties to the lowest index.

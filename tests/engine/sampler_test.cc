@@ -231,8 +231,8 @@ TEST(Sampler, MinPCutsRelativeToTheMaximum) {
   EXPECT_NEAR(counts[3] / double(n), 0.2 / 1.7, 0.01);
 }
 
-// 1000 equal logits, top_p 0.5: the nucleus is ids 0..499 (ties by id); the lazy sort has
-// to grow past its first chunk of 256.
+// 1000 equal logits, top_p 0.5: the nucleus is ids 0..499 (ties by id), found past the
+// sorted head of 256 by the quickselect.
 TEST(Sampler, TopPOverManyEqualTokens) {
   SamplingParams p;
   p.seed = 31;
