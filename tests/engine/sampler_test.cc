@@ -248,6 +248,54 @@ TEST(Sampler, TopPOverManyEqualTokens) {
   EXPECT_GT(seen.size(), 490u);
 }
 
+// A flat distribution over 2000 tokens: the nucleus (about 1000 tokens) is found by the
+// quickselect; it must equal the prefix of a full sort.
+TEST(Sampler, TopPMatchesAFullSortReference) {
+  std::mt19937 gen(4);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> logits(2000);
+  for (float& l : logits) l = normal(gen);
+  std::vector<int> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  double total = 0;
+  for (float l : logits) total += std::exp(double(l));
+  std::set<int> nucleus;
+  double mass = 0;
+  for (int id : order) {
+    nucleus.insert(id);
+    mass += std::exp(double(logits[id]));
+    if (mass >= 0.5 * total) break;
+  }
+  ASSERT_GT(nucleus.size(), 600u);
+  SamplingParams p;
+  p.seed = 12;
+  p.top_p = 0.5;
+  Sampler s(p);
+  std::set<int> seen;
+  for (int i = 0; i < 30000; ++i) {
+    const int id = s.Sample(logits).token;
+    ASSERT_TRUE(nucleus.count(id)) << id;
+    seen.insert(id);
+  }
+  EXPECT_GT(seen.size(), nucleus.size() * 9 / 10);
+}
+
+// Top-p before min-p. Relative probabilities 1, 0.5, 0.3: top_p 0.6 keeps {0, 1}, then
+// min_p 0.4 keeps both. (min-p first would keep {0, 1}, renormalize, and top-p would keep {0}.)
+TEST(Sampler, TopPBeforeMinP) {
+  SamplingParams p;
+  p.seed = 13;
+  p.top_p = 0.6;
+  p.min_p = 0.4;
+  const std::vector<float> logits = {0.0f, std::log(0.5f), std::log(0.3f)};
+  Sampler s(p);
+  std::map<int, int> counts;
+  for (int i = 0; i < 3000; ++i) counts[s.Sample(logits).token]++;
+  EXPECT_EQ(counts[2], 0);
+  EXPECT_NEAR(counts[1] / 3000.0, 1.0 / 3.0, 0.04);
+}
+
 // ---- logprobs -----------------------------------------------------------------------
 
 TEST(Sampler, LogprobsAreRawLogSoftmax) {
