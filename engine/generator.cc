@@ -41,7 +41,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
   if (max_new == 0) return result;
 
   SequenceRunner runner(model, num_prompt + max_new);
-  Sampler sampler(options.sampling);
+  Sampler sampler(options.sampling, prompt_ids);
   IncrementalDecoder decoder(tokenizer, prompt_ids);
   const auto& eos = config.generation.eos_token_ids.empty() ? config.eos_token_ids
                                                             : config.generation.eos_token_ids;
@@ -56,7 +56,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
   result.prefill_seconds = SecondsSince(start);
   start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < max_new; ++step) {
-    const int id = sampler.Sample(logits);
+    const int id = sampler.Sample(logits).token;
     if (!options.ignore_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) {
       result.finish_reason = "stop";
       break;
