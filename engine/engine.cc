@@ -83,6 +83,11 @@ std::shared_ptr<OutputChannel> Engine::AddRequest(Request request) {
   return channel;
 }
 
+void Engine::ReleaseId(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  inbox_->live_ids.erase(request_id);
+}
+
 void Engine::Cancel(const std::string& request_id) {
   {
     std::lock_guard<std::mutex> lock(inbox_->mu);

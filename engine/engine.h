@@ -72,6 +72,7 @@ class Engine {
  private:
   struct Inbox;
   void DrainInbox();
+  void ReleaseId(const std::string& request_id);  // a finished request's id may be reused
   void ExpireDeadlines();
   ForwardBatch BuildBatch(const SchedulerOutput& sched) const;
   void SampleAndEmit(const SchedulerOutput& sched, const std::vector<float>& logits);

@@ -86,7 +86,9 @@ void Engine::AppendToken(Sequence* seq, const SampleResult& sample, RequestOutpu
     return;
   }
   out->token_ids.push_back(token);
-  if (sp.logprobs) out->logprobs.push_back({token, sample.logprob, sample.top_logprobs});
+  if (sp.logprobs) {
+    out->logprobs.push_back({token, sample.logprob.value_or(0.f), sample.top_logprobs});
+  }
   const StopStringMatcher::Result text = seq->stop->Push(seq->decoder->Push(token));
   out->text += text.text;
   if (text.stopped) {
@@ -135,8 +137,7 @@ void Engine::EmitLastIfDone(RequestState* req, RequestOutput* out) {
   ++counters_.num_finished_requests;
   for (const Sequence* s : req->seqs) seqs_.erase(s->id);
   requests_.erase(id);  // req is gone from here on
-  std::lock_guard<std::mutex> lock(inbox_->mu);
-  inbox_->live_ids.erase(id);
+  ReleaseId(id);
 }
 
 // Abort, timeout or error: every unfinished completion of the request ends with `reason`.

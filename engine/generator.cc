@@ -2,18 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "engine/error.h"
-#include "engine/sequence_runner.h"
+#include "engine/engine.h"
 
 namespace llm {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 GenerateResult Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                         std::string_view prompt, const GenerateOptions& options,
@@ -40,35 +34,41 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
   const int64_t max_new = std::min<int64_t>(options.max_tokens, context - num_prompt);
   if (max_new == 0) return result;
 
-  SequenceRunner runner(model, num_prompt + max_new);
-  Sampler sampler(options.sampling, prompt_ids);
-  IncrementalDecoder decoder(tokenizer, prompt_ids);
-  const auto& eos = config.generation.eos_token_ids.empty() ? config.eos_token_ids
-                                                            : config.generation.eos_token_ids;
-  auto emit = [&](const std::string& delta) {
-    if (delta.empty()) return;
-    result.text += delta;
-    if (on_text) on_text(delta);
-  };
+  // One request through the continuous-batching engine (no engine thread: this thread
+  // steps it and streams the request's channel as tokens arrive).
+  EngineConfig engine_config;
+  engine_config.num_kv_blocks = (num_prompt + max_new) / engine_config.block_size + 2;
+  engine_config.enable_prefix_caching = false;
+  Engine engine(model, tokenizer, engine_config);
+  Request request;
+  request.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
+  request.sampling = options.sampling;
+  request.sampling.max_tokens = static_cast<int>(max_new);
+  request.sampling.ignore_eos = options.ignore_eos;
+  std::shared_ptr<OutputChannel> channel = engine.AddRequest(std::move(request));
 
-  auto start = std::chrono::steady_clock::now();
-  std::vector<float> logits = runner.Feed(prompt_ids);
-  result.prefill_seconds = SecondsSince(start);
-  start = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < max_new; ++step) {
-    const int id = sampler.Sample(logits).token;
-    if (!options.ignore_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) {
-      result.finish_reason = "stop";
-      break;
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> first_token;
+  bool done = false;
+  while (!done) {
+    engine.Step();
+    RequestOutput out;
+    while (!done && channel->TryPop(&out)) {
+      if (!first_token && !out.token_ids.empty()) first_token = std::chrono::steady_clock::now();
+      result.output_ids.insert(result.output_ids.end(), out.token_ids.begin(),
+                               out.token_ids.end());
+      result.text += out.text;
+      if (on_text && !out.text.empty()) on_text(out.text);
+      if (out.finish_reason != FinishReason::kNone) {
+        result.finish_reason = FinishReasonName(out.finish_reason);
+      }
+      done = out.is_last;
     }
-    result.output_ids.push_back(id);
-    emit(decoder.Push(id));
-    if (step + 1 == max_new) break;
-    const int next[1] = {id};
-    logits = runner.Feed(next);
   }
-  emit(decoder.Flush());
-  result.decode_seconds = SecondsSince(start);
+  const auto end = std::chrono::steady_clock::now();
+  const auto prefill_end = first_token.value_or(end);
+  result.prefill_seconds = std::chrono::duration<double>(prefill_end - start).count();
+  result.decode_seconds = std::chrono::duration<double>(end - prefill_end).count();
   return result;
 }
 

@@ -35,10 +35,12 @@ struct Usage {
   int64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
 };
 
-struct TokenLogprob {
+// A generated token's logprob under the model's raw distribution, with the top-N
+// alternatives when requested.
+struct OutputLogprob {
   int token = 0;
   float logprob = 0;
-  std::vector<std::pair<int, float>> top;  // the top-N alternatives (token, logprob)
+  std::vector<TokenLogprob> top;
 };
 
 // One event on a request's channel: new tokens of completion `index` (and their text), or
@@ -48,7 +50,7 @@ struct RequestOutput {
   int index = 0;
   std::vector<int> token_ids;
   std::string text;  // UTF-8-safe delta; stop strings excluded
-  std::vector<TokenLogprob> logprobs;  // one per token when logprobs were requested
+  std::vector<OutputLogprob> logprobs;  // one per token when logprobs were requested
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // for kError
   bool is_last = false;  // no further events for this request
