@@ -45,7 +45,8 @@ Engine::~Engine() { Stop(); }
 std::shared_ptr<OutputChannel> Engine::AddRequest(Request request) {
   const ModelConfig& mc = model_.config();
   const SamplingParams& sp = request.sampling;
-  if (const std::string problem = sp.Validate(mc.vocab_size); !problem.empty()) throw Error(problem);
+  if (const std::string problem = sp.Validate(mc.vocab_size); !problem.empty())
+    throw Error(problem);
   if (sp.n > config_.max_n) {
     throw Error("n must be between 1 and " + std::to_string(config_.max_n));
   }

@@ -28,7 +28,7 @@ namespace llm {
 
 struct EngineConfig {
   int64_t block_size = 16;
-  int64_t num_kv_blocks = 0;       // 0: from kv_cache_bytes
+  int64_t num_kv_blocks = 0;  // 0: from kv_cache_bytes
   int64_t kv_cache_bytes = 1 << 30;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;

@@ -52,7 +52,8 @@ void Engine::SampleAndEmit(const SchedulerOutput& sched, const std::vector<float
       RequestOutput out;
       out.index = s->index;
       AppendToken(s, s->sampler->Sample(row_logits), &out);
-      if (out.finish_reason == FinishReason::kNone && (!out.token_ids.empty() || !out.text.empty())) {
+      if (out.finish_reason == FinishReason::kNone &&
+          (!out.token_ids.empty() || !out.text.empty())) {
         req->channel->Push(std::move(out));
       } else if (out.finish_reason != FinishReason::kNone) {
         EmitLastIfDone(req, &out);

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <optional>
 
-#include "engine/error.h"
 #include "engine/engine.h"
+#include "engine/error.h"
 
 namespace llm {
 
@@ -55,8 +55,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
     RequestOutput out;
     while (!done && channel->TryPop(&out)) {
       if (!first_token && !out.token_ids.empty()) first_token = std::chrono::steady_clock::now();
-      result.output_ids.insert(result.output_ids.end(), out.token_ids.begin(),
-                               out.token_ids.end());
+      result.output_ids.insert(result.output_ids.end(), out.token_ids.begin(), out.token_ids.end());
       result.text += out.text;
       if (on_text && !out.text.empty()) on_text(out.text);
       if (out.finish_reason != FinishReason::kNone) {

@@ -7,8 +7,8 @@
 
 #include "engine/checkpoint_check.h"
 #include "engine/error.h"
-#include "engine/safetensors.h"
 #include "engine/kv_cache.h"
+#include "engine/safetensors.h"
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cpu/ops.h"
 
@@ -136,14 +136,14 @@ int64_t LlamaModel::weight_bytes_per_token() const {
 }
 
 void ForwardBatch::AddSequence(std::span<const int> tokens, int64_t context_len,
-                               std::span<const int32_t> block_table,
-                               std::span<const int64_t> slots, bool wants_logits,
-                               bool is_decode) {
+                               std::span<const int32_t> block_table, std::span<const int64_t> slots,
+                               bool wants_logits, bool is_decode) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (is_decode) {
     if (n != 1 || context_len == 0 || num_decode_seqs != num_seqs()) {
-      throw std::logic_error("ForwardBatch: a decode chunk is one token after a context, "
-                             "placed before every prefill chunk");
+      throw std::logic_error(
+          "ForwardBatch: a decode chunk is one token after a context, "
+          "placed before every prefill chunk");
     }
     ++num_decode_seqs;
   }
@@ -171,8 +171,8 @@ void ForwardBatch::AddSequence(std::span<const int> tokens, int64_t context_len,
   block_tables.resize(static_cast<size_t>(num_seqs() * max_blocks_per_seq), -1);
 }
 
-void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float* normed,
-                           float* out, const ForwardBatch& batch, KvCachePool& kv) const {
+void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+                           const ForwardBatch& batch, KvCachePool& kv) const {
   const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens();
   const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
@@ -182,8 +182,7 @@ void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float*
   cpu::Linear(normed, layer.k, k.data(), n);
   cpu::Linear(normed, layer.v, v.data(), n);
   cpu::ApplyRope(q.data(), n, c.num_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
-  cpu::ApplyRope(k.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(),
-                 inv_freq_.data());
+  cpu::ApplyRope(k.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
   PagedKvView<float> layer_kv = kv.Layer(layer_index);
   cpu::AppendKv(k.data(), v.data(), batch.slot_mapping.data(), n, layer_kv);
 
@@ -203,8 +202,8 @@ void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float*
                            batch.context_lens.data() + num_decode,
                            batch.block_tables.data() + num_decode * batch.max_blocks_per_seq,
                            batch.max_blocks_per_seq};
-    cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv, prefill, c.num_heads,
-                               scale, attn.data() + num_decode * q_dim);
+    cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv, prefill, c.num_heads, scale,
+                               attn.data() + num_decode * q_dim);
   }
   cpu::Linear(attn.data(), layer.o, out, n);
 }

@@ -21,8 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Request {
   std::string request_id;
-  std::vector<int> prompt_ids;  // the text path tokenizes before it
-  SamplingParams sampling;      // includes max_tokens, n, stop, logprobs, ...
+  std::vector<int> prompt_ids;                // the text path tokenizes before it
+  SamplingParams sampling;                    // includes max_tokens, n, stop, logprobs, ...
   std::optional<Clock::time_point> deadline;  // finish reason "timeout" once passed
 };
 
@@ -31,8 +31,8 @@ const char* FinishReasonName(FinishReason reason);  // "stop", "length", ... (""
 
 struct Usage {
   int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;      // summed over the n completions
-  int64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
+  int64_t completion_tokens = 0;     // summed over the n completions
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
 };
 
 // A generated token's logprob under the model's raw distribution, with the top-N
@@ -49,10 +49,10 @@ struct OutputLogprob {
 struct RequestOutput {
   int index = 0;
   std::vector<int> token_ids;
-  std::string text;  // UTF-8-safe delta; stop strings excluded
+  std::string text;                     // UTF-8-safe delta; stop strings excluded
   std::vector<OutputLogprob> logprobs;  // one per token when logprobs were requested
   FinishReason finish_reason = FinishReason::kNone;
-  std::string error;  // for kError
+  std::string error;     // for kError
   bool is_last = false;  // no further events for this request
   Usage usage;           // set when is_last
   // Timings (set when is_last): seconds from arrival.

@@ -34,7 +34,7 @@ struct ScheduledChunk {
   Sequence* seq = nullptr;
   int64_t num_tokens = 0;  // tokens computed this step, from seq->num_computed_tokens
   bool is_decode = false;
-  bool samples = false;    // after this chunk every token is computed: sample the next one
+  bool samples = false;  // after this chunk every token is computed: sample the next one
 };
 
 struct SchedulerOutput {

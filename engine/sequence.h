@@ -22,7 +22,7 @@ enum class SeqStatus { kWaiting, kRunning, kFinished };
 struct Sequence {
   SeqId id = 0;
   RequestState* request = nullptr;
-  int index = 0;  // completion index within the request (n > 1)
+  int index = 0;               // completion index within the request (n > 1)
   std::vector<int> token_ids;  // prompt + generated
   int64_t num_prompt_tokens = 0;
   int64_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
@@ -39,7 +39,9 @@ struct Sequence {
   // Tokens still to compute before the next token can be sampled.
   int64_t num_uncomputed() const { return num_tokens() - num_computed_tokens; }
   // A decode step: exactly the last sampled token is pending and its context is cached.
-  bool is_decode() const { return num_computed_tokens > 0 && num_uncomputed() == 1 && has_output(); }
+  bool is_decode() const {
+    return num_computed_tokens > 0 && num_uncomputed() == 1 && has_output();
+  }
   // Where a prefill stops: a fresh prompt runs to its end (and samples); a sequence
   // recomputed after preemption stops one short, so its pending token goes through the
   // decode path exactly as it would have without preemption (batch invariance).

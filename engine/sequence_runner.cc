@@ -32,7 +32,8 @@ std::vector<float> SequenceRunner::Feed(std::span<const int> tokens, bool all_lo
     kv_.CopyBlocks(copies);
   }
   std::vector<int64_t> slots(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = blocks_.Slot(kSeq, num_tokens_ + i);
+  for (int64_t i = 0; i < n; ++i)
+    slots[static_cast<size_t>(i)] = blocks_.Slot(kSeq, num_tokens_ + i);
   ForwardBatch batch;
   // One token after a context is a decode step (the decode kernel), as in the engine.
   const bool is_decode = n == 1 && num_tokens_ > 0;

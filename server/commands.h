@@ -11,6 +11,7 @@ using Command = std::function<int()>;
 
 Command AddGenerate(CLI::App& app);
 Command AddMakeModel(CLI::App& app);
+Command AddBench(CLI::App& app);
 
 // The demo model's folder in this build (made by the `demo_model` target).
 std::string DefaultModelDir();

@@ -51,7 +51,8 @@ Collected Drain(OutputChannel& channel, int n = 1) {
     auto& toks = c.tokens[static_cast<size_t>(out.index)];
     toks.insert(toks.end(), out.token_ids.begin(), out.token_ids.end());
     c.text[static_cast<size_t>(out.index)] += out.text;
-    if (out.finish_reason != FinishReason::kNone) c.finish[static_cast<size_t>(out.index)] = out.finish_reason;
+    if (out.finish_reason != FinishReason::kNone)
+      c.finish[static_cast<size_t>(out.index)] = out.finish_reason;
     if (out.is_last) {
       ++c.num_last;
       c.usage = out.usage;
@@ -187,7 +188,8 @@ TEST_F(EngineTest, SeedGivesSameTokensAloneOrBatched) {
   engine.RunUntilIdle();
   const Collected a = Drain(*alone);
   std::vector<std::shared_ptr<OutputChannel>> noise;
-  for (const Request& other : MixedRequests(*tokenizer_, 8)) noise.push_back(engine.AddRequest(other));
+  for (const Request& other : MixedRequests(*tokenizer_, 8))
+    noise.push_back(engine.AddRequest(other));
   auto batched = engine.AddRequest(r);
   engine.RunUntilIdle();
   EXPECT_EQ(Drain(*batched).tokens, a.tokens);
