@@ -26,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/online_softmax.h"
 
 namespace llm::cpu {
@@ -121,8 +122,8 @@ void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n,
   }
 }
 
-// S[r][0..kKeys) = q_r · Kᵀ through a transposed copy of the tile: the inner loop runs over
-// kKeys contiguous keys (whole vectors), keys >= n are zero columns.
+// S[r][0..kKeys) = q_r · Kᵀ through a transposed copy of the tile, so that the inner loop
+// runs over kKeys contiguous keys (whole vectors); keys >= n are zero columns.
 void ScoresTransposed(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
   float* __restrict kt = sc.kt.data();
   for (int64_t j = 0; j < kKeys; ++j) {
@@ -133,30 +134,13 @@ void ScoresTransposed(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
       for (int64_t d = 0; d < hd; ++d) kt[d * kKeys + j] = 0.f;
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict qr = sc.q.data() + r * hd;
-    float srow[kKeys] = {};
-    for (int64_t d = 0; d < hd; ++d) {
-      const float qd = qr[d];
-      const float* __restrict ktd = kt + d * kKeys;
-      for (int64_t j = 0; j < kKeys; ++j) srow[j] += qd * ktd[j];
-    }
-    std::memcpy(sc.s.data() + r * kKeys, srow, sizeof(srow));
-  }
+  tiles::ScoresFromTransposed<kKeys>(sc.q.data(), rows, hd, kt, sc.s.data());
 }
 
-// S[r][j] = q_r · k_j by dot products (few rows: decode), each key row read once.
+// S[r][j] = q_r · k_j by dot products straight from the pool (few rows, e.g. decode: a
+// transposed copy would cost more than the product).
 void ScoresDot(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float* __restrict k = sc.k_rows[j];
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* __restrict qr = sc.q.data() + r * hd;
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < hd; ++d) dot += qr[d] * k[d];
-      sc.s[r * kKeys + j] = dot;
-    }
-  }
+  tiles::ScoresFromRows(sc.q.data(), rows, hd, sc.k_rows, n, sc.s.data(), kKeys);
 }
 
 // Sets S[r][j] = -inf where key key0 + j lies right of row r's causal limit or j >= n.
@@ -168,22 +152,17 @@ void MaskScores(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Sc
   }
 }
 
-// Per row: online-softmax update of the score row into P, then acc = alpha·acc + P·V.
+// Per row: online-softmax update of the score row into P and acc *= alpha; then
+// acc += P·V for all rows (masked keys have p = 0).
 void SoftmaxTimesV(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* __restrict p = sc.s.data() + r * kKeys;
-    const float alpha = sc.state[r].Update(p, kKeys);
-    float* __restrict acc = sc.acc.data() + r * hd;
+    const float alpha = sc.state[r].Update(sc.s.data() + r * kKeys, kKeys);
     if (alpha != 1.f) {
+      float* __restrict acc = sc.acc.data() + r * hd;
       for (int64_t d = 0; d < hd; ++d) acc[d] *= alpha;
     }
-    for (int64_t j = 0; j < n; ++j) {
-      const float pj = p[j];
-      if (pj == 0.f) continue;  // masked (or underflowed) key
-      const float* __restrict v = sc.v_rows[j];
-      for (int64_t d = 0; d < hd; ++d) acc[d] += pj * v[d];
-    }
   }
+  tiles::AccumulatePV(sc.s.data(), kKeys, rows, sc.v_rows, n, sc.acc.data(), hd);
 }
 
 // Runs one work item: leaves acc and state[] for its rows in the scratch.
