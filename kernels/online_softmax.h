@@ -62,6 +62,11 @@ LLM_HOST_DEVICE float Exp2(float x) {
 #endif
 }
 
+// max(a, b) as a compare-select (vmaxps on the CPU; std::fmax is a libm call there unless
+// -ffinite-math-only). A NaN score is dropped from the max but still reaches exp2 and l, so it
+// still poisons the output.
+LLM_HOST_DEVICE float Max(float a, float b) { return a > b ? a : b; }
+
 struct OnlineSoftmax {
   float m = -INFINITY;  // running max of the log2-domain scores seen
   float l = 0.f;        // running sum of 2^(s - m)
@@ -74,7 +79,7 @@ struct OnlineSoftmax {
   // alpha = 2^(m_old - m_new), by which the caller multiplies its accumulator (1 while the
   // max stays -inf; 0 when the first finite max arrives, acc and l being 0 then anyway).
   LLM_HOST_DEVICE float Rescale(float tile_max) {
-    const float m_new = fmaxf(m, tile_max);
+    const float m_new = Max(m, tile_max);
     const float alpha = m_new == -INFINITY ? 1.f : Exp2(m - m_new);
     m = m_new;
     l *= alpha;
@@ -87,7 +92,7 @@ struct OnlineSoftmax {
   LLM_HOST_DEVICE float Update(float* s, int64_t n) {
     float tile_max = -INFINITY;
     LLM_SIMD_REDUCE(max, tile_max)
-    for (int64_t j = 0; j < n; ++j) tile_max = fmaxf(tile_max, s[j]);
+    for (int64_t j = 0; j < n; ++j) tile_max = Max(tile_max, s[j]);
     const float alpha = Rescale(tile_max);
     const float offset = Offset();
     float sum = 0.f;
@@ -105,7 +110,7 @@ struct OnlineSoftmax {
   // an empty state changes nothing.
   LLM_HOST_DEVICE void Merge(float* acc, const OnlineSoftmax& other, const float* other_acc,
                              int64_t head_dim) {
-    const float m_new = fmaxf(m, other.m);
+    const float m_new = Max(m, other.m);
     if (m_new == -INFINITY) return;  // both empty
     const float self_scale = Exp2(m - m_new);
     const float other_scale = Exp2(other.m - m_new);

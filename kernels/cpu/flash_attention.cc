@@ -34,11 +34,11 @@ namespace {
 
 // Compile-time tile choices.
 struct TileTraits {
-  static constexpr int64_t kTileRows = 64;          // query rows (tokens × group heads) per tile
-  static constexpr int64_t kTileKeys = 64;          // keys per tile (4 blocks of 16)
-  static constexpr int64_t kMinTransposedRows = 8;  // fewer rows: dot products, no Kᵀ copy
-  static constexpr int64_t kMinSplitKeys = 256;     // decode: smallest automatic split
-  static constexpr int64_t kMaxSplits = 64;         // decode: most automatic splits
+  static constexpr int64_t kTileRows = 64;           // query rows (tokens × group heads) per tile
+  static constexpr int64_t kTileKeys = 64;           // keys per tile (4 blocks of 16)
+  static constexpr int64_t kMinTransposedRows = 16;  // fewer rows: dot products, no Kᵀ copy
+  static constexpr int64_t kMinSplitKeys = 256;      // decode: smallest automatic split
+  static constexpr int64_t kMaxSplits = 64;          // decode: most automatic splits
 };
 static_assert(TileTraits::kTileKeys % 16 == 0, "key tiles are whole vectors of 16 floats");
 static_assert(TileTraits::kTileRows >= 1);
@@ -122,6 +122,25 @@ void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n,
   }
 }
 
+// Asks for the K and V rows of keys key0 .. key0 + n - 1 ahead of use: a key tile spans
+// several blocks scattered over the pool, which the hardware prefetcher cannot follow.
+void PrefetchKeys(const Problem& p, const TileWork& w, int64_t key0, int64_t n) {
+  const PagedKvLayout& layout = p.kv.layout;
+  const int32_t* table = p.batch->block_tables + w.seq * p.batch->max_blocks_per_seq;
+  const int64_t row_bytes = layout.head_dim * static_cast<int64_t>(sizeof(float));
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t key = key0 + j;
+    const int64_t offset =
+        layout.Offset(table[key / layout.block_size], w.kv_head, key % layout.block_size);
+    const char* k = reinterpret_cast<const char*>(p.kv.k + offset);
+    const char* v = reinterpret_cast<const char*>(p.kv.v + offset);
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(k + b);
+      __builtin_prefetch(v + b);
+    }
+  }
+}
+
 // S[r][0..kKeys) = q_r · Kᵀ through a transposed copy of the tile, so that the inner loop
 // runs over kKeys contiguous keys (whole vectors); keys >= n are zero columns.
 void ScoresTransposed(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
@@ -174,6 +193,9 @@ void AttendTile(const Problem& p, const TileWork& w, Scratch& sc) {
   for (int64_t key0 = w.key_begin; key0 < key_limit; key0 += kKeys) {
     const int64_t n = std::min(kKeys, key_limit - key0);
     GatherKeyRows(p, w, key0, n, sc);
+    if (key0 + kKeys < key_limit) {
+      PrefetchKeys(p, w, key0 + kKeys, std::min(kKeys, key_limit - key0 - kKeys));
+    }
     if (rows >= TileTraits::kMinTransposedRows) {
       ScoresTransposed(rows, n, p.head_dim, sc);
     } else {
