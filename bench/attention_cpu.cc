@@ -1,7 +1,8 @@
 // CPU attention micro-benchmark: naive (cpu::AttentionPlain, full-row softmax over a
 // contiguous cache) against the tiled paged kernels (kernels/cpu/flash_attention.h).
 // Every variant is validated against the naive one on the same inputs before it is timed.
-// Prefill reports tokens/s and GFLOP/s (4·L²·head_dim·num_heads / 2, causal); decode
+// Prefill reports tokens/s and GFLOP/s (4·L²·head_dim·num_heads / 2 causal, plus the
+// context's pairs in chunked prefill); decode
 // reports tokens/s and GB/s of K+V read (2 · context · num_kv_heads · head_dim · 4 bytes per
 // sequence). Prints a table and one JSON line per measurement.
 //   ninja -C build bench_attention_cpu && ./build/bench_attention_cpu [repeats=5] [prefill|decode]
@@ -108,10 +109,13 @@ void Report(const char* kind, const char* variant, const Shape& s, Timing t, dou
             int64_t splits) {
   const double tokens = double(s.num_seqs * s.q_len);
   const bool is_prefill = std::string(kind) == "prefill";
-  const double work = is_prefill
-                          ? 4.0 * s.q_len * s.q_len * s.head_dim * s.num_heads / 2 * s.num_seqs
-                          : 2.0 * (s.context + 1) * s.num_kv_heads * s.head_dim * 4 * s.num_seqs;
-  const double rate = work / t.best / 1e9;  // GFLOP/s or GB/s
+  // Prefill: 4·head_dim·num_heads FLOPs per visible (query, key) pair; query r of a sequence
+  // sees context + r + 1 keys, so with no context this is 4·L²·head_dim·num_heads / 2.
+  const double num_pairs = double(s.q_len) * s.context + double(s.q_len) * (s.q_len + 1) / 2;
+  const double work = is_prefill ? 4.0 * num_pairs * s.head_dim * s.num_heads * s.num_seqs
+                                 : 2.0 * (s.context + 1) * s.num_kv_heads * s.head_dim * 4 *
+                                       s.num_seqs;  // bytes of K and V read
+  const double rate = work / t.best / 1e9;          // GFLOP/s or GB/s
   char shape[96];
   std::snprintf(shape, sizeof(shape), "%lldx%lld ctx %lld h %lld/%lld hd %lld",
                 (long long)s.num_seqs, (long long)s.q_len, (long long)s.context,
