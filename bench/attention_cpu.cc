@@ -204,5 +204,7 @@ int main(int argc, char** argv) {
   Bench("decode", {8, 1, 4096, 8, 2, 64, 16}, repeats * 10, only);
   Bench("decode", {1, 1, 4096, 32, 4, 64, 16}, repeats * 10, only);
   Bench("decode", {8, 1, 4096, 32, 8, 128, 16}, repeats * 4, only);
+  // One KV head, one sequence: without splits only one thread has work.
+  Bench("decode", {1, 1, 16384, 8, 1, 64, 16}, repeats * 10, only);
   return 0;
 }

@@ -190,12 +190,14 @@ void AttendTile(const Problem& p, const TileWork& w, Scratch& sc) {
   const int64_t rows = RowsOf(p, w);
   const int64_t last_pos = w.pos_begin + w.num_tokens - 1;
   const int64_t key_limit = std::min(w.key_end, last_pos + 1);  // causal: nothing beyond
+  if (w.key_begin + kKeys < key_limit) {  // the loop prefetches two tiles ahead
+    PrefetchKeys(p, w, w.key_begin + kKeys, std::min(kKeys, key_limit - w.key_begin - kKeys));
+  }
   for (int64_t key0 = w.key_begin; key0 < key_limit; key0 += kKeys) {
     const int64_t n = std::min(kKeys, key_limit - key0);
     GatherKeyRows(p, w, key0, n, sc);
-    if (key0 + kKeys < key_limit) {
-      PrefetchKeys(p, w, key0 + kKeys, std::min(kKeys, key_limit - key0 - kKeys));
-    }
+    const int64_t ahead = key0 + 2 * kKeys;  // two tiles ahead
+    if (ahead < key_limit) PrefetchKeys(p, w, ahead, std::min(kKeys, key_limit - ahead));
     if (rows >= TileTraits::kMinTransposedRows) {
       ScoresTransposed(rows, n, p.head_dim, sc);
     } else {
