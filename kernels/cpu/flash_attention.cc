@@ -40,8 +40,8 @@ struct TileTraits {
   static constexpr int64_t kMinSplitKeys = 256;      // decode: smallest automatic split
   static constexpr int64_t kMaxSplits = 64;          // decode: most automatic splits
 };
-static_assert(TileTraits::kTileKeys % 16 == 0, "key tiles are whole vectors of 16 floats");
-static_assert(TileTraits::kTileRows >= 1);
+static_assert(TileTraits::kTileKeys % 8 == 0, "score rows are whole vectors of 8 keys");
+static_assert(TileTraits::kTileRows % 4 == 0, "full tiles are whole 4-row P·V blocks");
 
 constexpr int64_t kRows = TileTraits::kTileRows;
 constexpr int64_t kKeys = TileTraits::kTileKeys;
@@ -222,8 +222,8 @@ Problem MakeProblem(const float* q, PagedKvView<const float> kv, const Attention
   return p;
 }
 
-// Prefill work list: every (sequence, kv head, query tile), the costliest (latest) tiles
-// of each sequence first so that the dynamic schedule ends with short items.
+// Prefill work list: every (sequence, kv head, query tile), sorted by cost (keys visited)
+// descending so that the dynamic schedule ends with short items.
 std::vector<TileWork> PrefillWork(const Problem& p) {
   const AttentionBatch& b = *p.batch;
   const int64_t tile_tokens = std::max<int64_t>(1, kRows / p.group);
@@ -246,6 +246,9 @@ std::vector<TileWork> PrefillWork(const Problem& p) {
       }
     }
   }
+  std::stable_sort(work.begin(), work.end(), [](const TileWork& a, const TileWork& b) {
+    return a.pos_begin + a.num_tokens > b.pos_begin + b.num_tokens;
+  });
   return work;
 }
 
