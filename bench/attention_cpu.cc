@@ -7,6 +7,7 @@
 // sequence). Prints a table and one JSON line per measurement.
 //   ninja -C build bench_attention_cpu && ./build/bench_attention_cpu [repeats=5] [prefill|decode]
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -27,6 +29,23 @@ namespace {
 using llm::AttentionBatch;
 using llm::PagedKvLayout;
 
+// A pool buffer on 2 MiB-aligned memory, advised as huge pages when kHugePages (the pools
+// are scattered 4-8 KiB tiles: with 4 KiB pages nearly every block is a TLB miss).
+bool g_huge_pages = false;
+struct Pool {
+  explicit Pool(size_t n) : size(n) {
+    const size_t bytes = (n * sizeof(float) + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    data = static_cast<float*>(std::aligned_alloc(2u << 20, bytes));
+    if (g_huge_pages) madvise(data, bytes, MADV_HUGEPAGE);
+  }
+  ~Pool() { std::free(data); }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  float& operator[](size_t i) { return data[i]; }
+  float* data;
+  size_t size;
+};
+
 struct Shape {
   int64_t num_seqs, q_len, context, num_heads, num_kv_heads, head_dim, block_size;
 };
@@ -35,7 +54,8 @@ struct Shape {
 // same values in a paged pool with shuffled block tables for the tiled kernels.
 struct Inputs {
   std::vector<std::vector<float>> k_seq, v_seq;
-  std::vector<float> q, k_pool, v_pool;
+  std::vector<float> q;
+  std::unique_ptr<Pool> k_pool, v_pool;
   std::vector<int32_t> cu_seqlens_q, context_lens, block_tables;
   PagedKvLayout layout;
   AttentionBatch batch;
@@ -47,8 +67,8 @@ Inputs MakeInputs(const Shape& s, std::mt19937& rng) {
   const int64_t keys = s.context + s.q_len, kv_dim = s.num_kv_heads * s.head_dim;
   const int64_t blocks_per_seq = (keys + s.block_size - 1) / s.block_size;
   in.layout = {s.num_seqs * blocks_per_seq, s.block_size, s.num_kv_heads, s.head_dim};
-  in.k_pool.resize(in.layout.pool_elements());
-  in.v_pool.resize(in.layout.pool_elements());
+  in.k_pool = std::make_unique<Pool>(in.layout.pool_elements());
+  in.v_pool = std::make_unique<Pool>(in.layout.pool_elements());
   std::vector<int32_t> ids(in.layout.num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
@@ -61,8 +81,8 @@ Inputs MakeInputs(const Shape& s, std::mt19937& rng) {
     for (int64_t p = 0; p < keys; ++p) {
       for (int64_t h = 0; h < s.num_kv_heads; ++h) {
         const int64_t at = in.layout.Offset(table[p / s.block_size], h, p % s.block_size);
-        std::copy_n(&k[(p * s.num_kv_heads + h) * s.head_dim], s.head_dim, &in.k_pool[at]);
-        std::copy_n(&v[(p * s.num_kv_heads + h) * s.head_dim], s.head_dim, &in.v_pool[at]);
+        std::copy_n(&k[(p * s.num_kv_heads + h) * s.head_dim], s.head_dim, &(*in.k_pool)[at]);
+        std::copy_n(&v[(p * s.num_kv_heads + h) * s.head_dim], s.head_dim, &(*in.v_pool)[at]);
       }
     }
     in.k_seq.push_back(std::move(k));
@@ -149,7 +169,7 @@ void Bench(const char* kind, const Shape& s, int repeats, const std::string& onl
   if (!only.empty() && only != kind) return;
   std::mt19937 rng(42);
   const Inputs in = MakeInputs(s, rng);
-  const llm::PagedKvView<const float> kv{in.k_pool.data(), in.v_pool.data(), in.layout};
+  const llm::PagedKvView<const float> kv{in.k_pool->data, in.v_pool->data, in.layout};
   const float scale = 1.f / std::sqrt(float(s.head_dim));
   std::vector<float> ref(in.q.size()), out(in.q.size());
   RunNaive(s, in, ref);
@@ -190,7 +210,8 @@ void Bench(const char* kind, const Shape& s, int repeats, const std::string& onl
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 5;
-  const std::string only = argc > 2 ? argv[2] : "";  // "prefill" or "decode": only those
+  const std::string only = argc > 2 ? argv[2] : "";
+  g_huge_pages = std::getenv("BENCH_HUGE_PAGES") != nullptr;  // "prefill" or "decode": only those
   std::printf("threads: %d; rates from the best of the repeats (see TimeIt)\n",
               omp_get_max_threads());
   std::printf("%-8s %-17s %-32s %9s %9s %10s %8s %-7s %3s  %s\n", "kind", "variant", "shape",

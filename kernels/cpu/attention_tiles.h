@@ -12,6 +12,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace llm::cpu::tiles {
 
 typedef float V8 __attribute__((vector_size(32)));
@@ -27,6 +31,20 @@ inline float Sum(V8 v) {
   float s = 0.f;
   for (int i = 0; i < 8; ++i) s += v[i];
   return s;
+}
+
+// out[c] = sum of the lanes of v[c], c = 0..3 (three horizontal adds on AVX: the lanes of
+// four accumulators are reduced together instead of one by one through memory).
+inline void Sum4(const V8* v, float* out) {
+#if defined(__AVX__)
+  const __m256 ab = _mm256_hadd_ps(__m256(v[0]), __m256(v[1]));
+  const __m256 cd = _mm256_hadd_ps(__m256(v[2]), __m256(v[3]));
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // [a b c d](lanes 0-3) | [a b c d](lanes 4-7)
+  const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+  _mm_storeu_ps(out, sum);
+#else
+  for (int c = 0; c < 4; ++c) out[c] = Sum(v[c]);
+#endif
 }
 
 // R rows of S (row stride kKeys) from R query rows (stride hd) and Kt [hd, kKeys].
@@ -71,10 +89,15 @@ inline void DotBlock(const float* __restrict q, int64_t hd, const float* const* 
     }
   }
   for (int r = 0; r < R; ++r) {
+    float dots[K];
+    if constexpr (K == 4) {
+      Sum4(acc[r], dots);
+    } else {
+      for (int c = 0; c < K; ++c) dots[c] = Sum(acc[r][c]);
+    }
     for (int c = 0; c < K; ++c) {
-      float dot = Sum(acc[r][c]);
-      for (int64_t e = d; e < hd; ++e) dot += q[r * hd + e] * k_rows[c][e];
-      s[r * s_stride + c] = dot;
+      for (int64_t e = d; e < hd; ++e) dots[c] += q[r * hd + e] * k_rows[c][e];
+      s[r * s_stride + c] = dots[c];
     }
   }
 }

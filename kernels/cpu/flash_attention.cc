@@ -109,36 +109,44 @@ void LoadQueries(const Problem& p, const TileWork& w, Scratch& sc) {
   }
 }
 
-// Points k_rows / v_rows at keys key0 .. key0 + n - 1 of the work item's sequence.
-void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Scratch& sc) {
+// Calls fn(j, offset) with the pool offset of key key0 + j of the work item's sequence and
+// KV head, j = 0 .. n - 1, walking the block table: one division per call, not per key.
+template <typename Fn>
+void ForEachKey(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Fn&& fn) {
   const PagedKvLayout& layout = p.kv.layout;
   const int32_t* table = p.batch->block_tables + w.seq * p.batch->max_blocks_per_seq;
+  int64_t block = key0 / layout.block_size;
+  int64_t slot = key0 % layout.block_size;
+  int64_t base = layout.Offset(table[block], w.kv_head, 0);
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t key = key0 + j;
-    const int64_t offset =
-        layout.Offset(table[key / layout.block_size], w.kv_head, key % layout.block_size);
+    fn(j, base + slot * layout.head_dim);
+    if (++slot == layout.block_size && j + 1 < n) {
+      slot = 0;
+      base = layout.Offset(table[++block], w.kv_head, 0);
+    }
+  }
+}
+
+// Points k_rows / v_rows at keys key0 .. key0 + n - 1.
+void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Scratch& sc) {
+  ForEachKey(p, w, key0, n, [&](int64_t j, int64_t offset) {
     sc.k_rows[j] = p.kv.k + offset;
     sc.v_rows[j] = p.kv.v + offset;
-  }
+  });
 }
 
 // Asks for the K and V rows of keys key0 .. key0 + n - 1 ahead of use: a key tile spans
 // several blocks scattered over the pool, which the hardware prefetcher cannot follow.
 void PrefetchKeys(const Problem& p, const TileWork& w, int64_t key0, int64_t n) {
-  const PagedKvLayout& layout = p.kv.layout;
-  const int32_t* table = p.batch->block_tables + w.seq * p.batch->max_blocks_per_seq;
-  const int64_t row_bytes = layout.head_dim * static_cast<int64_t>(sizeof(float));
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t key = key0 + j;
-    const int64_t offset =
-        layout.Offset(table[key / layout.block_size], w.kv_head, key % layout.block_size);
+  const int64_t row_bytes = p.head_dim * static_cast<int64_t>(sizeof(float));
+  ForEachKey(p, w, key0, n, [&](int64_t, int64_t offset) {
     const char* k = reinterpret_cast<const char*>(p.kv.k + offset);
     const char* v = reinterpret_cast<const char*>(p.kv.v + offset);
     for (int64_t b = 0; b < row_bytes; b += 64) {
       __builtin_prefetch(k + b);
       __builtin_prefetch(v + b);
     }
-  }
+  });
 }
 
 // S[r][0..kKeys) = q_r · Kᵀ through a transposed copy of the tile, so that the inner loop
