@@ -15,6 +15,9 @@
 // Rescale() returns 1 while the max stays -inf, and Merge() skips two empty states.
 // Finalize() of such a state yields zeros (the empty sum convention: no visible key
 // contributes nothing), never NaN.
+//
+// Tested by tests/kernels/flash_attention_test.cc (OnlineSoftmaxTest.*):
+//   ninja -C build flash_attention_test && (cd build && ctest -R flash_attention)
 #pragma once
 
 #include <cmath>
