@@ -23,6 +23,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <vector>
 
@@ -219,6 +220,7 @@ void AttendTile(const Problem& p, const TileWork& w, Scratch& sc) {
 
 Problem MakeProblem(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
                     int64_t num_heads, float scale) {
+  assert(kv.layout.num_kv_heads > 0 && num_heads % kv.layout.num_kv_heads == 0);
   Problem p;
   p.q = q;
   p.kv = kv;
