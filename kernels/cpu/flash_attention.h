@@ -23,16 +23,16 @@ struct AttentionStats {
 };
 
 // Ragged prefill (each sequence may already have cached context: chunked prefill).
-void PagedPrefillAttention(const float* q, PagedKvView<const float> kv,
-                           const AttentionBatch& batch, int64_t num_heads, float scale,
-                           float* out, AttentionStats* stats = nullptr);
+void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
+                           int64_t num_heads, float scale, float* out,
+                           AttentionStats* stats = nullptr);
 
 // Decode: exactly one query per sequence (cu_seqlens_q[i] = i), attending over
 // context_lens[i] + 1 keys. num_splits = 0 picks the split-KV factor automatically from the
 // context lengths and the thread count (flash-decoding); 1 disables splitting.
-void PagedDecodeAttention(const float* q, PagedKvView<const float> kv,
-                          const AttentionBatch& batch, int64_t num_heads, float scale,
-                          float* out, int64_t num_splits = 0, AttentionStats* stats = nullptr);
+void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
+                          int64_t num_heads, float scale, float* out, int64_t num_splits = 0,
+                          AttentionStats* stats = nullptr);
 
 // Writes new keys and values: k, v [num_tokens, num_kv_heads, head_dim] go to flat slots
 // slot_mapping[t] (= block * block_size + offset); a negative slot skips the token.

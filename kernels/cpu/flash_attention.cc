@@ -1,0 +1,426 @@
+// FlashAttention on the CPU over the paged KV cache (fp32): ragged prefill with cached
+// context (chunked prefill), split-KV decode (flash-decoding) and KV append. These are the
+// references the CUDA kernels are tested against, and the CPU model's attention.
+//
+// Algorithm (FlashAttention-2 in the log2 domain, kernels/online_softmax.h): a work item is
+// one query tile — up to kTileRows rows = tokens × the query heads of ONE KV group, so each
+// K/V tile is read once per group — against a range of keys. Q is copied once, pre-scaled by
+// scale·log2(e). For each key tile of kTileKeys keys (gathered through the block table with
+// PagedKvLayout, crossing block boundaries freely):
+//     S = Q·Kᵀ (log2 domain),  masked to -inf right of the causal diagonal (only the
+//     diagonal tiles need it; tiles wholly right of the last query row are never visited),
+//     per row: alpha = online-softmax update of S into P, acc = alpha·acc + P·V.
+// Prefill finalizes acc / l per row. Decode splits each sequence's keys into chunks
+// processed in parallel, each leaving a partial (m, l, acc), merged with OnlineSoftmax::Merge.
+// Work items (sequence, kv head, query tile or split) form a flat list run by OpenMP with a
+// dynamic schedule; per-thread scratch is a fixed O(tile) set of buffers.
+//
+// Test and benchmark:
+//   ninja -C build flash_attention_test bench_attention_cpu &&
+//   (cd build && ctest -R flash_attention --output-on-failure) && ./build/bench_attention_cpu
+#include "kernels/cpu/flash_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/attention_tiles.h"
+#include "kernels/online_softmax.h"
+
+namespace llm::cpu {
+namespace {
+
+// Compile-time tile choices.
+struct TileTraits {
+  static constexpr int64_t kTileRows = 64;           // query rows (tokens × group heads) per tile
+  static constexpr int64_t kTileKeys = 64;           // keys per tile (4 blocks of 16)
+  static constexpr int64_t kMinTransposedRows = 16;  // fewer rows: dot products, no Kᵀ copy
+  static constexpr int64_t kMinSplitKeys = 256;      // decode: smallest automatic split
+  static constexpr int64_t kMaxSplits = 64;          // decode: most automatic splits
+};
+static_assert(TileTraits::kTileKeys % 8 == 0, "score rows are whole vectors of 8 keys");
+static_assert(TileTraits::kTileRows % 4 == 0, "full tiles are whole 4-row P·V blocks");
+
+constexpr int64_t kRows = TileTraits::kTileRows;
+constexpr int64_t kKeys = TileTraits::kTileKeys;
+
+// What every work item of one call shares.
+struct Problem {
+  const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
+  PagedKvView<const float> kv;
+  const AttentionBatch* batch = nullptr;
+  int64_t num_heads = 0;
+  int64_t group = 0;  // query heads per KV head
+  int64_t head_dim = 0;
+  float qk_scale = 0;  // scale · log2(e)
+};
+
+// A query tile of one sequence and KV head against keys [key_begin, key_end).
+struct TileWork {
+  int64_t seq = 0;
+  int64_t kv_head = 0;
+  int64_t token_begin = 0;  // first query token (row of q)
+  int64_t num_tokens = 0;
+  int64_t pos_begin = 0;  // absolute position of the first query token
+  int64_t key_begin = 0;
+  int64_t key_end = 0;
+};
+
+// Per-thread buffers, sized by head_dim and the KV group only (never by sequence length):
+// rows = max(kTileRows, group), since one tile holds at least one token's whole group.
+struct Scratch {
+  Scratch(int64_t head_dim, int64_t group)
+      : rows(std::max(kRows, group)),
+        q(rows * head_dim),
+        acc(rows * head_dim),
+        kt(head_dim * kKeys),
+        s(rows * kKeys),
+        state(rows) {}
+  size_t Bytes() const {
+    return (q.size() + acc.size() + kt.size() + s.size()) * sizeof(float) +
+           state.size() * sizeof(OnlineSoftmax) + sizeof(k_rows) + sizeof(v_rows);
+  }
+  int64_t rows;
+  std::vector<float> q;              // [rows, head_dim]  pre-scaled queries
+  std::vector<float> acc;            // [rows, head_dim]  unnormalised output
+  std::vector<float> kt;             // [head_dim, kKeys] the key tile transposed
+  std::vector<float> s;              // [rows, kKeys]     scores, then probabilities
+  std::vector<OnlineSoftmax> state;  // [rows]
+  const float* k_rows[kKeys];        // the key tile's rows in the paged pool
+  const float* v_rows[kKeys];
+};
+
+int64_t RowsOf(const Problem& p, const TileWork& w) { return w.num_tokens * p.group; }
+
+// Copies the tile's queries (row r = token r / group, head kv_head·group + r % group),
+// scaled into the log2 domain, and resets acc and the softmax states.
+void LoadQueries(const Problem& p, const TileWork& w, Scratch& sc) {
+  const int64_t hd = p.head_dim;
+  for (int64_t r = 0; r < RowsOf(p, w); ++r) {
+    const int64_t token = w.token_begin + r / p.group;
+    const int64_t head = w.kv_head * p.group + r % p.group;
+    const float* __restrict src = p.q + (token * p.num_heads + head) * hd;
+    float* __restrict dst = sc.q.data() + r * hd;
+    for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * p.qk_scale;
+    std::fill_n(sc.acc.data() + r * hd, hd, 0.f);
+    sc.state[r] = OnlineSoftmax{};
+  }
+}
+
+// Calls fn(j, offset) with the pool offset of key key0 + j of the work item's sequence and
+// KV head, j = 0 .. n - 1, walking the block table: one division per call, not per key.
+template <typename Fn>
+void ForEachKey(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Fn&& fn) {
+  const PagedKvLayout& layout = p.kv.layout;
+  const int32_t* table = p.batch->block_tables + w.seq * p.batch->max_blocks_per_seq;
+  int64_t block = key0 / layout.block_size;
+  int64_t slot = key0 % layout.block_size;
+  int64_t base = layout.Offset(table[block], w.kv_head, 0);
+  for (int64_t j = 0; j < n; ++j) {
+    fn(j, base + slot * layout.head_dim);
+    if (++slot == layout.block_size && j + 1 < n) {
+      slot = 0;
+      base = layout.Offset(table[++block], w.kv_head, 0);
+    }
+  }
+}
+
+// Points k_rows / v_rows at keys key0 .. key0 + n - 1.
+void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Scratch& sc) {
+  ForEachKey(p, w, key0, n, [&](int64_t j, int64_t offset) {
+    sc.k_rows[j] = p.kv.k + offset;
+    sc.v_rows[j] = p.kv.v + offset;
+  });
+}
+
+// Asks for the K and V rows of keys key0 .. key0 + n - 1 ahead of use: a key tile spans
+// several blocks scattered over the pool, which the hardware prefetcher cannot follow.
+void PrefetchKeys(const Problem& p, const TileWork& w, int64_t key0, int64_t n) {
+  const int64_t row_bytes = p.head_dim * static_cast<int64_t>(sizeof(float));
+  ForEachKey(p, w, key0, n, [&](int64_t, int64_t offset) {
+    const char* k = reinterpret_cast<const char*>(p.kv.k + offset);
+    const char* v = reinterpret_cast<const char*>(p.kv.v + offset);
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(k + b);
+      __builtin_prefetch(v + b);
+    }
+  });
+}
+
+// S[r][0..kKeys) = q_r · Kᵀ through a transposed copy of the tile, so that the inner loop
+// runs over kKeys contiguous keys (whole vectors); keys >= n are zero columns.
+void ScoresTransposed(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
+  float* __restrict kt = sc.kt.data();
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (j < n) {
+      const float* __restrict k = sc.k_rows[j];
+      for (int64_t d = 0; d < hd; ++d) kt[d * kKeys + j] = k[d];
+    } else {
+      for (int64_t d = 0; d < hd; ++d) kt[d * kKeys + j] = 0.f;
+    }
+  }
+  tiles::ScoresFromTransposed<kKeys>(sc.q.data(), rows, hd, kt, sc.s.data());
+}
+
+// S[r][j] = q_r · k_j by dot products straight from the pool (few rows, e.g. decode: a
+// transposed copy would cost more than the product).
+void ScoresDot(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
+  tiles::ScoresFromRows(sc.q.data(), rows, hd, sc.k_rows, n, sc.s.data(), kKeys);
+}
+
+// Sets S[r][j] = -inf where key key0 + j lies right of row r's causal limit or j >= n.
+void MaskScores(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Scratch& sc) {
+  for (int64_t r = 0; r < RowsOf(p, w); ++r) {
+    const int64_t pos = w.pos_begin + r / p.group;
+    const int64_t num_visible = std::clamp<int64_t>(pos + 1 - key0, 0, n);
+    std::fill(sc.s.data() + r * kKeys + num_visible, sc.s.data() + (r + 1) * kKeys, -INFINITY);
+  }
+}
+
+// Per row: online-softmax update of the score row into P and acc *= alpha; then
+// acc += P·V for all rows (masked keys have p = 0).
+void SoftmaxTimesV(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float alpha = sc.state[r].Update(sc.s.data() + r * kKeys, kKeys);
+    if (alpha != 1.f) {
+      float* __restrict acc = sc.acc.data() + r * hd;
+      for (int64_t d = 0; d < hd; ++d) acc[d] *= alpha;
+    }
+  }
+  tiles::AccumulatePV(sc.s.data(), kKeys, rows, sc.v_rows, n, sc.acc.data(), hd);
+}
+
+// Runs one work item: leaves acc and state[] for its rows in the scratch.
+void AttendTile(const Problem& p, const TileWork& w, Scratch& sc) {
+  LoadQueries(p, w, sc);
+  const int64_t rows = RowsOf(p, w);
+  const int64_t last_pos = w.pos_begin + w.num_tokens - 1;
+  const int64_t key_limit = std::min(w.key_end, last_pos + 1);  // causal: nothing beyond
+  if (w.key_begin + kKeys < key_limit) {  // the loop prefetches two tiles ahead
+    PrefetchKeys(p, w, w.key_begin + kKeys, std::min(kKeys, key_limit - w.key_begin - kKeys));
+  }
+  for (int64_t key0 = w.key_begin; key0 < key_limit; key0 += kKeys) {
+    const int64_t n = std::min(kKeys, key_limit - key0);
+    GatherKeyRows(p, w, key0, n, sc);
+    const int64_t ahead = key0 + 2 * kKeys;  // two tiles ahead
+    if (ahead < key_limit) PrefetchKeys(p, w, ahead, std::min(kKeys, key_limit - ahead));
+    if (rows >= TileTraits::kMinTransposedRows) {
+      ScoresTransposed(rows, n, p.head_dim, sc);
+    } else {
+      ScoresDot(rows, n, p.head_dim, sc);
+    }
+    const bool is_diagonal = key0 + kKeys - 1 > w.pos_begin;  // some row may not see a key
+    if (is_diagonal || n < kKeys) MaskScores(p, w, key0, n, sc);
+    SoftmaxTimesV(rows, n, p.head_dim, sc);
+  }
+}
+
+Problem MakeProblem(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
+                    int64_t num_heads, float scale) {
+  assert(kv.layout.num_kv_heads > 0 && num_heads % kv.layout.num_kv_heads == 0);
+  Problem p;
+  p.q = q;
+  p.kv = kv;
+  p.batch = &batch;
+  p.num_heads = num_heads;
+  p.group = num_heads / kv.layout.num_kv_heads;
+  p.head_dim = kv.layout.head_dim;
+  p.qk_scale = scale * kLog2e;
+  return p;
+}
+
+// Prefill work list: every (sequence, kv head, query tile), sorted by cost (keys visited)
+// descending so that the dynamic schedule ends with short items.
+std::vector<TileWork> PrefillWork(const Problem& p) {
+  const AttentionBatch& b = *p.batch;
+  const int64_t tile_tokens = std::max<int64_t>(1, kRows / p.group);
+  std::vector<TileWork> work;
+  for (int64_t seq = 0; seq < b.num_seqs; ++seq) {
+    const int64_t q_begin = b.cu_seqlens_q[seq];
+    const int64_t q_len = b.cu_seqlens_q[seq + 1] - q_begin;
+    const int64_t num_tiles = (q_len + tile_tokens - 1) / tile_tokens;
+    for (int64_t tile = num_tiles - 1; tile >= 0; --tile) {
+      for (int64_t kv_head = 0; kv_head < p.kv.layout.num_kv_heads; ++kv_head) {
+        TileWork w;
+        w.seq = seq;
+        w.kv_head = kv_head;
+        w.token_begin = q_begin + tile * tile_tokens;
+        w.num_tokens = std::min(tile_tokens, q_len - tile * tile_tokens);
+        w.pos_begin = b.context_lens[seq] + tile * tile_tokens;
+        w.key_begin = 0;
+        w.key_end = b.context_lens[seq] + q_len;
+        work.push_back(w);
+      }
+    }
+  }
+  std::stable_sort(work.begin(), work.end(), [](const TileWork& a, const TileWork& b) {
+    return a.pos_begin + a.num_tokens > b.pos_begin + b.num_tokens;
+  });
+  return work;
+}
+
+// Writes acc / l of the tile's rows to out [num_tokens, num_heads, head_dim].
+void StoreRows(const Problem& p, const TileWork& w, const Scratch& sc, float* out) {
+  const int64_t hd = p.head_dim;
+  for (int64_t r = 0; r < RowsOf(p, w); ++r) {
+    const int64_t token = w.token_begin + r / p.group;
+    const int64_t head = w.kv_head * p.group + r % p.group;
+    sc.state[r].Finalize(sc.acc.data() + r * hd, out + (token * p.num_heads + head) * hd, hd);
+  }
+}
+
+// Decode plan: one work item per (sequence, kv head, split); items of one (sequence, kv
+// head) are consecutive, starting at first_item[seq · num_kv_heads + kv_head].
+struct DecodePlan {
+  std::vector<TileWork> work;
+  std::vector<int64_t> first_item;  // [num_seqs · num_kv_heads + 1]
+  int64_t max_splits = 1;
+};
+
+// The split-KV factor: `requested` when > 0; otherwise enough items for the threads
+// (num_seqs · num_kv_heads · splits >= 2 · threads) with every split >= kMinSplitKeys keys.
+int64_t ChooseSplits(const Problem& p, int64_t requested) {
+  if (requested > 0) return requested;
+  const AttentionBatch& b = *p.batch;
+  int64_t max_keys = 1;
+  for (int64_t seq = 0; seq < b.num_seqs; ++seq) {
+    max_keys = std::max<int64_t>(max_keys, b.context_lens[seq] + 1);
+  }
+  const int64_t items = std::max<int64_t>(1, b.num_seqs * p.kv.layout.num_kv_heads);
+  const int64_t wanted = (2 * omp_get_max_threads() + items - 1) / items;
+  const int64_t affordable = std::max<int64_t>(1, max_keys / TileTraits::kMinSplitKeys);
+  return std::clamp<int64_t>(std::min(wanted, affordable), 1, TileTraits::kMaxSplits);
+}
+
+DecodePlan PlanDecode(const Problem& p, int64_t requested_splits) {
+  const AttentionBatch& b = *p.batch;
+  const bool is_auto = requested_splits <= 0;
+  const int64_t splits = ChooseSplits(p, requested_splits);
+  DecodePlan plan;
+  for (int64_t seq = 0; seq < b.num_seqs; ++seq) {
+    const int64_t num_keys = b.context_lens[seq] + 1;
+    int64_t chunk = (num_keys + splits - 1) / splits;
+    if (is_auto) {  // whole key tiles, at least kMinSplitKeys keys each
+      chunk = std::max(chunk, TileTraits::kMinSplitKeys);
+      chunk = (chunk + kKeys - 1) / kKeys * kKeys;
+    }
+    const int64_t num_chunks = (num_keys + chunk - 1) / chunk;
+    plan.max_splits = std::max(plan.max_splits, num_chunks);
+    for (int64_t kv_head = 0; kv_head < p.kv.layout.num_kv_heads; ++kv_head) {
+      plan.first_item.push_back(static_cast<int64_t>(plan.work.size()));
+      for (int64_t c = 0; c < num_chunks; ++c) {
+        TileWork w;
+        w.seq = seq;
+        w.kv_head = kv_head;
+        w.token_begin = b.cu_seqlens_q[seq];
+        w.num_tokens = 1;
+        w.pos_begin = num_keys - 1;
+        w.key_begin = c * chunk;
+        w.key_end = std::min(num_keys, (c + 1) * chunk);
+        plan.work.push_back(w);
+      }
+    }
+  }
+  plan.first_item.push_back(static_cast<int64_t>(plan.work.size()));
+  return plan;
+}
+
+// Merges the split partials of one (sequence, kv head) and writes the group's rows of out.
+void MergeSplits(const Problem& p, const DecodePlan& plan, int64_t seq_head,
+                 std::vector<float>& partial_acc, std::vector<OnlineSoftmax>& partial_state,
+                 float* out) {
+  const int64_t hd = p.head_dim;
+  const int64_t first = plan.first_item[seq_head];
+  const int64_t end = plan.first_item[seq_head + 1];
+  const TileWork& w = plan.work[first];
+  for (int64_t g = 0; g < p.group; ++g) {
+    OnlineSoftmax state = partial_state[first * p.group + g];
+    float* acc = partial_acc.data() + (first * p.group + g) * hd;
+    for (int64_t item = first + 1; item < end; ++item) {
+      const int64_t row = item * p.group + g;
+      state.Merge(acc, partial_state[row], partial_acc.data() + row * hd, hd);
+    }
+    const int64_t head = w.kv_head * p.group + g;
+    state.Finalize(acc, out + (w.token_begin * p.num_heads + head) * hd, hd);
+  }
+}
+
+}  // namespace
+
+void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
+                           int64_t num_heads, float scale, float* out, AttentionStats* stats) {
+  const Problem p = MakeProblem(q, kv, batch, num_heads, scale);
+  const std::vector<TileWork> work = PrefillWork(p);
+  size_t scratch_bytes = 0;
+#pragma omp parallel
+  {
+    Scratch sc(p.head_dim, p.group);
+#pragma omp single nowait
+    scratch_bytes = sc.Bytes();
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < work.size(); ++i) {
+      AttendTile(p, work[i], sc);
+      StoreRows(p, work[i], sc, out);
+    }
+  }
+  if (stats != nullptr) {
+    stats->scratch_bytes_per_thread = scratch_bytes;
+    stats->num_splits = 0;
+  }
+}
+
+void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
+                          int64_t num_heads, float scale, float* out, int64_t num_splits,
+                          AttentionStats* stats) {
+  const Problem p = MakeProblem(q, kv, batch, num_heads, scale);
+  const DecodePlan plan = PlanDecode(p, num_splits);
+  const int64_t num_items = static_cast<int64_t>(plan.work.size());
+  const int64_t hd = p.head_dim;
+  // Partials: O(num_seqs · num_kv_heads · splits · group · head_dim), not per thread.
+  std::vector<float> partial_acc(num_items * p.group * hd);
+  std::vector<OnlineSoftmax> partial_state(num_items * p.group);
+  const int64_t num_seq_heads = batch.num_seqs * kv.layout.num_kv_heads;
+  size_t scratch_bytes = 0;
+#pragma omp parallel
+  {
+    Scratch sc(hd, p.group);
+#pragma omp single nowait
+    scratch_bytes = sc.Bytes();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_items; ++i) {
+      AttendTile(p, plan.work[i], sc);
+      std::copy_n(sc.acc.data(), p.group * hd, partial_acc.data() + i * p.group * hd);
+      std::copy_n(sc.state.data(), p.group, partial_state.data() + i * p.group);
+    }
+#pragma omp for schedule(static)
+    for (int64_t sh = 0; sh < num_seq_heads; ++sh) {
+      MergeSplits(p, plan, sh, partial_acc, partial_state, out);
+    }
+  }
+  if (stats != nullptr) {
+    stats->scratch_bytes_per_thread = scratch_bytes;
+    stats->num_splits = plan.max_splits;
+  }
+}
+
+void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
+              PagedKvView<float> kv) {
+  const PagedKvLayout& layout = kv.layout;
+  const int64_t hd = layout.head_dim;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;  // padding / skipped token
+    for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
+      const int64_t src = (t * layout.num_kv_heads + h) * hd;
+      const int64_t dst = layout.SlotOffset(slot, h);
+      std::memcpy(kv.k + dst, k + src, hd * sizeof(float));
+      std::memcpy(kv.v + dst, v + src, hd * sizeof(float));
+    }
+  }
+}
+
+}  // namespace llm::cpu
