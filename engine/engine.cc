@@ -165,6 +165,7 @@ bool Engine::Step() {
 
 ForwardBatch Engine::BuildBatch(const SchedulerOutput& sched) const {
   ForwardBatch batch;
+  batch.is_batch_invariant = config_.batch_invariant;
   for (const ScheduledChunk& c : sched.chunks) {
     const Sequence& seq = *c.seq;
     const int64_t start = seq.num_computed_tokens;

@@ -34,6 +34,10 @@ struct EngineConfig {
   int64_t max_num_seqs = 64;
   int max_n = 16;  // largest n (completions per request) accepted
   bool enable_prefix_caching = true;
+  // Every token's logits bit-identical whatever the batch, chunking or preemption (decode
+  // tokens take the prefill kernel's path; no split-KV). The CPU backend's default: exactness
+  // is the promise, and split-KV buys little on a few cores.
+  bool batch_invariant = true;
 };
 
 // A consistent snapshot for metrics and tests.

@@ -188,7 +188,11 @@ void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float*
 
   const PagedKvView<const float> read_kv{layer_kv.k, layer_kv.v, layer_kv.layout};
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-  const int64_t num_decode = batch.num_decode_seqs;
+  // Batch-invariant mode runs decode tokens through the prefill kernel too: one code path
+  // per query row, so a token's logits are bit-identical alone, batched, chunked or
+  // recomputed after preemption (the split-KV decode kernel merges partial softmax states
+  // in a different order than a straight pass).
+  const int64_t num_decode = batch.is_batch_invariant ? 0 : batch.num_decode_seqs;
   if (num_decode > 0) {
     AttentionBatch decode{num_decode, batch.cu_seqlens_q.data(), batch.context_lens.data(),
                           batch.block_tables.data(), batch.max_blocks_per_seq};

@@ -45,6 +45,7 @@ struct ForwardBatch {
   std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], -1 padded
   int64_t max_blocks_per_seq = 0;
   std::vector<int32_t> logits_indices;  // token rows whose logits Forward returns
+  bool is_batch_invariant = false;      // see LlamaModel::Attention
 
   int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }

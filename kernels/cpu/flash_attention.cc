@@ -37,8 +37,7 @@ namespace {
 struct TileTraits {
   static constexpr int64_t kTileRows = 64;           // query rows (tokens × group heads) per tile
   static constexpr int64_t kTileKeys = 64;           // keys per tile (4 blocks of 16)
-  static constexpr int64_t kMinTransposedRows = 16;  // fewer rows: dot products, no Kᵀ copy
-  static constexpr int64_t kMinSplitKeys = 256;      // decode: smallest automatic split
+  static constexpr int64_t kSplitKeys = 512;         // decode: automatic split size (keys)
   static constexpr int64_t kMaxSplits = 64;          // decode: most automatic splits
 };
 static_assert(TileTraits::kTileKeys % 8 == 0, "score rows are whole vectors of 8 keys");
@@ -56,6 +55,7 @@ struct Problem {
   int64_t group = 0;  // query heads per KV head
   int64_t head_dim = 0;
   float qk_scale = 0;  // scale · log2(e)
+  bool is_decode = false;
 };
 
 // A query tile of one sequence and KV head against keys [key_begin, key_end).
@@ -207,10 +207,12 @@ void AttendTile(const Problem& p, const TileWork& w, Scratch& sc) {
     GatherKeyRows(p, w, key0, n, sc);
     const int64_t ahead = key0 + 2 * kKeys;  // two tiles ahead
     if (ahead < key_limit) PrefetchKeys(p, w, ahead, std::min(kKeys, key_limit - ahead));
-    if (rows >= TileTraits::kMinTransposedRows) {
-      ScoresTransposed(rows, n, p.head_dim, sc);
-    } else {
+    // One score path per kernel, whatever the number of rows: a query row's result must not
+    // depend on how its sequence was chunked or what else is in the batch (batch invariance).
+    if (p.is_decode) {
       ScoresDot(rows, n, p.head_dim, sc);
+    } else {
+      ScoresTransposed(rows, n, p.head_dim, sc);
     }
     const bool is_diagonal = key0 + kKeys - 1 > w.pos_begin;  // some row may not see a key
     if (is_diagonal || n < kKeys) MaskScores(p, w, key0, n, sc);
@@ -280,33 +282,26 @@ struct DecodePlan {
   int64_t max_splits = 1;
 };
 
-// The split-KV factor: `requested` when > 0; otherwise enough items for the threads
-// (num_seqs · num_kv_heads · splits >= 2 · threads) with every split >= kMinSplitKeys keys.
-int64_t ChooseSplits(const Problem& p, int64_t requested) {
-  if (requested > 0) return requested;
-  const AttentionBatch& b = *p.batch;
-  int64_t max_keys = 1;
-  for (int64_t seq = 0; seq < b.num_seqs; ++seq) {
-    max_keys = std::max<int64_t>(max_keys, b.context_lens[seq] + 1);
+// Keys per split for one sequence. Automatic (requested <= 0): splits of kSplitKeys keys
+// (at most kMaxSplits), a function of the sequence's own length only, so its result is the
+// same whatever else is in the batch and however many threads run (batch invariance).
+// requested > 0: that many equal splits.
+int64_t SplitChunk(int64_t num_keys, int64_t requested) {
+  if (requested > 0) return (num_keys + requested - 1) / requested;
+  int64_t chunk = TileTraits::kSplitKeys;
+  if ((num_keys + chunk - 1) / chunk > TileTraits::kMaxSplits) {
+    chunk = (num_keys + TileTraits::kMaxSplits - 1) / TileTraits::kMaxSplits;
+    chunk = (chunk + kKeys - 1) / kKeys * kKeys;  // whole key tiles
   }
-  const int64_t items = std::max<int64_t>(1, b.num_seqs * p.kv.layout.num_kv_heads);
-  const int64_t wanted = (2 * omp_get_max_threads() + items - 1) / items;
-  const int64_t affordable = std::max<int64_t>(1, max_keys / TileTraits::kMinSplitKeys);
-  return std::clamp<int64_t>(std::min(wanted, affordable), 1, TileTraits::kMaxSplits);
+  return chunk;
 }
 
 DecodePlan PlanDecode(const Problem& p, int64_t requested_splits) {
   const AttentionBatch& b = *p.batch;
-  const bool is_auto = requested_splits <= 0;
-  const int64_t splits = ChooseSplits(p, requested_splits);
   DecodePlan plan;
   for (int64_t seq = 0; seq < b.num_seqs; ++seq) {
     const int64_t num_keys = b.context_lens[seq] + 1;
-    int64_t chunk = (num_keys + splits - 1) / splits;
-    if (is_auto) {  // whole key tiles, at least kMinSplitKeys keys each
-      chunk = std::max(chunk, TileTraits::kMinSplitKeys);
-      chunk = (chunk + kKeys - 1) / kKeys * kKeys;
-    }
+    const int64_t chunk = SplitChunk(num_keys, requested_splits);
     const int64_t num_chunks = (num_keys + chunk - 1) / chunk;
     plan.max_splits = std::max(plan.max_splits, num_chunks);
     for (int64_t kv_head = 0; kv_head < p.kv.layout.num_kv_heads; ++kv_head) {
@@ -375,7 +370,8 @@ void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const At
 void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
                           int64_t num_heads, float scale, float* out, int64_t num_splits,
                           AttentionStats* stats) {
-  const Problem p = MakeProblem(q, kv, batch, num_heads, scale);
+  Problem p = MakeProblem(q, kv, batch, num_heads, scale);
+  p.is_decode = true;
   const DecodePlan plan = PlanDecode(p, num_splits);
   const int64_t num_items = static_cast<int64_t>(plan.work.size());
   const int64_t hd = p.head_dim;

@@ -34,6 +34,7 @@ Tokenizer* EngineTest::tokenizer_ = nullptr;
 
 struct Collected {
   std::vector<std::vector<int>> tokens;  // per completion index
+  std::vector<float> logprobs;           // index 0's sampled-token logprobs, when requested
   std::vector<std::string> text;
   std::vector<FinishReason> finish;
   int num_last = 0;
@@ -51,6 +52,9 @@ Collected Drain(OutputChannel& channel, int n = 1) {
     auto& toks = c.tokens[static_cast<size_t>(out.index)];
     toks.insert(toks.end(), out.token_ids.begin(), out.token_ids.end());
     c.text[static_cast<size_t>(out.index)] += out.text;
+    if (out.index == 0) {
+      for (const OutputLogprob& lp : out.logprobs) c.logprobs.push_back(lp.logprob);
+    }
     if (out.finish_reason != FinishReason::kNone)
       c.finish[static_cast<size_t>(out.index)] = out.finish_reason;
     if (out.is_last) {
@@ -68,6 +72,7 @@ Request Greedy(std::vector<int> prompt, int max_tokens) {
   r.sampling.temperature = 0;
   r.sampling.max_tokens = max_tokens;
   r.sampling.ignore_eos = true;
+  r.sampling.logprobs = 0;  // the sampled token's logprob: a bit-exact view of the logits
   return r;
 }
 
@@ -89,13 +94,13 @@ std::vector<Request> MixedRequests(const Tokenizer& tok, int count) {
 TEST_F(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
   const std::vector<Request> requests = MixedRequests(*tokenizer_, 64);
   // Alone: one request at a time on a roomy engine.
-  std::vector<std::vector<int>> alone;
+  std::vector<Collected> alone;
   {
     Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 512});
     for (const Request& r : requests) {
       auto ch = engine.AddRequest(r);
       engine.RunUntilIdle();
-      alone.push_back(Drain(*ch).tokens[0]);
+      alone.push_back(Drain(*ch));
     }
   }
   // Together: a pool too small for all (preemption) and a small token budget (chunking).
@@ -104,9 +109,15 @@ TEST_F(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
   std::vector<std::shared_ptr<OutputChannel>> channels;
   for (const Request& r : requests) channels.push_back(engine.AddRequest(r));
   engine.RunUntilIdle();
+  int64_t num_logprobs = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(Drain(*channels[i]).tokens[0], alone[i]) << "request " << i;
+    const Collected together = Drain(*channels[i]);
+    EXPECT_EQ(together.tokens[0], alone[i].tokens[0]) << "request " << i;
+    // Not only the same tokens: bit-identical logprobs, i.e. bit-identical logits.
+    EXPECT_EQ(together.logprobs, alone[i].logprobs) << "request " << i;
+    num_logprobs += std::ssize(together.logprobs);
   }
+  EXPECT_GT(num_logprobs, 1000);
   const EngineStats s = engine.Stats();
   EXPECT_GT(s.num_preemptions, 0) << "the pool was meant to force preemption";
   EXPECT_EQ(s.num_free_kv_blocks, s.num_kv_blocks);
