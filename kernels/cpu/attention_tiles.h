@@ -27,6 +27,16 @@ inline V8 Load(const float* p) {
 }
 inline void Store(float* p, V8 v) { std::memcpy(p, &v, sizeof(v)); }
 inline V8 Splat(float x) { return V8{} + x; }
+// a·b + c with one rounding, spelled out: left to the compiler's contraction, the 4-row and
+// 1-row instantiations of one block were fused differently, and a query row's result then
+// depended on how many rows shared its tile (breaking batch invariance).
+inline V8 Fma(V8 a, V8 b, V8 c) {
+#if defined(__FMA__)
+  return V8(_mm256_fmadd_ps(__m256(a), __m256(b), __m256(c)));
+#else
+  return a * b + c;
+#endif
+}
 inline float Sum(V8 v) {
   float s = 0.f;
   for (int i = 0; i < 8; ++i) s += v[i];
@@ -58,7 +68,7 @@ inline void ScoreRowsT(const float* __restrict q, int64_t hd, const float* __res
     for (int r = 0; r < R; ++r) qd[r] = Splat(q[r * hd + d]);
     for (int c = 0; c < C; ++c) {
       const V8 k = Load(kt + d * kKeys + 8 * c);
-      for (int r = 0; r < R; ++r) acc[r][c] += qd[r] * k;
+      for (int r = 0; r < R; ++r) acc[r][c] = Fma(qd[r], k, acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -85,7 +95,7 @@ inline void DotBlock(const float* __restrict q, int64_t hd, const float* const* 
     for (int c = 0; c < K; ++c) k[c] = Load(k_rows[c] + d);
     for (int r = 0; r < R; ++r) {
       const V8 qv = Load(q + r * hd + d);
-      for (int c = 0; c < K; ++c) acc[r][c] += qv * k[c];
+      for (int c = 0; c < K; ++c) acc[r][c] = Fma(qv, k[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -96,7 +106,8 @@ inline void DotBlock(const float* __restrict q, int64_t hd, const float* const* 
       for (int c = 0; c < K; ++c) dots[c] = Sum(acc[r][c]);
     }
     for (int c = 0; c < K; ++c) {
-      for (int64_t e = d; e < hd; ++e) dots[c] += q[r * hd + e] * k_rows[c][e];
+      for (int64_t e = d; e < hd; ++e)
+        dots[c] = __builtin_fmaf(q[r * hd + e], k_rows[c][e], dots[c]);
       s[r * s_stride + c] = dots[c];
     }
   }
@@ -130,7 +141,7 @@ inline void PvBlock(const float* __restrict p, int64_t p_stride, const float* co
     for (int c = 0; c < C; ++c) v[c] = Load(v_rows[j] + d0 + 8 * c);
     for (int r = 0; r < R; ++r) {
       const V8 pr = Splat(p[r * p_stride + j]);
-      for (int c = 0; c < C; ++c) a[r][c] += pr * v[c];
+      for (int c = 0; c < C; ++c) a[r][c] = Fma(pr, v[c], a[r][c]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -147,7 +158,7 @@ inline void PvRows(const float* p, int64_t p_stride, const float* const* v_rows,
   for (; d < hd; ++d) {  // head_dim not a multiple of 8
     for (int r = 0; r < R; ++r) {
       float sum = acc[r * hd + d];
-      for (int64_t j = 0; j < n; ++j) sum += p[r * p_stride + j] * v_rows[j][d];
+      for (int64_t j = 0; j < n; ++j) sum = __builtin_fmaf(p[r * p_stride + j], v_rows[j][d], sum);
       acc[r * hd + d] = sum;
     }
   }

@@ -35,10 +35,10 @@ namespace {
 
 // Compile-time tile choices.
 struct TileTraits {
-  static constexpr int64_t kTileRows = 64;           // query rows (tokens × group heads) per tile
-  static constexpr int64_t kTileKeys = 64;           // keys per tile (4 blocks of 16)
-  static constexpr int64_t kSplitKeys = 512;         // decode: automatic split size (keys)
-  static constexpr int64_t kMaxSplits = 64;          // decode: most automatic splits
+  static constexpr int64_t kTileRows = 64;    // query rows (tokens × group heads) per tile
+  static constexpr int64_t kTileKeys = 64;    // keys per tile (4 blocks of 16)
+  static constexpr int64_t kSplitKeys = 512;  // decode: automatic split size (keys)
+  static constexpr int64_t kMaxSplits = 64;   // decode: most automatic splits
 };
 static_assert(TileTraits::kTileKeys % 8 == 0, "score rows are whole vectors of 8 keys");
 static_assert(TileTraits::kTileRows % 4 == 0, "full tiles are whole 4-row P·V blocks");

@@ -125,6 +125,16 @@ TEST_F(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
               (long long)s.num_steps, (long long)s.num_preemptions);
 }
 
+// Throughput mode (batch_invariant off): decodes take the split-KV decode kernel; greedy
+// output still equals Hugging Face transformers' (tests/data reference, first 24 tokens).
+TEST_F(EngineTest, SplitKvDecodePathGivesTheReferenceContinuation) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128, .batch_invariant = false});
+  auto ch = engine.AddRequest(Greedy(tokenizer_->EncodePrompt("Once upon a time"), 24));
+  engine.RunUntilIdle();
+  EXPECT_EQ(Drain(*ch).text[0].rfind(", there was a little girl named Lily. She loved to play", 0),
+            0u);
+}
+
 TEST_F(EngineTest, PrefixCacheHitGivesSameOutput) {
   Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 256});
   std::vector<int> prompt = tokenizer_->EncodePrompt(
@@ -248,7 +258,7 @@ TEST_F(EngineTest, InvalidRequestsAreRejectedWithClearErrors) {
 // every KV block is free.
 TEST_F(EngineTest, SoakThousandRandomRequests) {
   Engine engine(*model_, *tokenizer_,
-                {.num_kv_blocks = 96, .max_num_batched_tokens = 128, .max_num_seqs = 24});
+                {.num_kv_blocks = 40, .max_num_batched_tokens = 128, .max_num_seqs = 24});
   engine.Start();
   std::vector<std::shared_ptr<OutputChannel>> channels(1000);
   auto producer = [&](int begin, int end, uint32_t seed) {
