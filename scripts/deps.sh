@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev libcpp-httplib-dev
   python3 python3-sentencepiece sentencepiece   # tokenizer oracle + spm_train (demo vocab)
 )
 missing=()

@@ -4,6 +4,11 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
+
+namespace llm {
+class Tokenizer;
+}
 
 namespace llm::cli {
 
@@ -12,6 +17,12 @@ using Command = std::function<int()>;
 Command AddGenerate(CLI::App& app);
 Command AddMakeModel(CLI::App& app);
 Command AddBench(CLI::App& app);
+Command AddServe(CLI::App& app);
+
+// The model folder's chat template as a renderer, or null when it has none. Throws
+// llm::Error when the template cannot be parsed (an error at start-up, never a fallback).
+std::function<std::string(const nlohmann::json&, bool)> MakeChatRenderer(
+    const std::string& model_dir, const Tokenizer& tokenizer);
 
 // The demo model's folder in this build (made by the `demo_model` target).
 std::string DefaultModelDir();

@@ -1,0 +1,135 @@
+// `llm serve --model DIR [--host H] [--port P] [--api-key KEY] ...`: the OpenAI-compatible
+// HTTP server over the continuous-batching engine.
+//
+// Shutdown contract: the first SIGTERM/SIGINT stops accepting (503 on new requests and on
+// /health), lets in-flight requests finish for up to --shutdown-timeout seconds, then exits
+// 0; a second signal exits at once (status 1).
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/error.h"
+#include "engine/llama_model.h"
+#include "engine/tokenizer.h"
+#include "server/commands.h"
+#include "server/http_server.h"
+
+namespace llm::cli {
+namespace {
+
+struct ServeFlags {
+  std::string model_dir = DefaultModelDir();
+  std::string served_model_name;
+  server::ServerConfig http;
+  EngineConfig engine;
+  int64_t kv_cache_mb = 1024;
+  double shutdown_timeout = 30;
+  std::string dtype = "auto";
+  int threads = 0;
+};
+
+void Log(const std::string& line) { std::fprintf(stderr, "[llm] %s\n", line.c_str()); }
+
+// Waits for signals on a dedicated thread (all threads block them): first drain, then exit.
+void HandleSignals(server::HttpServer& http, double shutdown_timeout) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  Log("signal " + std::to_string(sig) + ": draining (a second signal exits at once)");
+  http.BeginDrain();
+  std::thread([set]() mutable {
+    int again = 0;
+    sigwait(&set, &again);
+    Log("second signal: exiting now");
+    std::_Exit(1);
+  }).detach();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(int64_t(shutdown_timeout * 1000));
+  while (http.num_in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Log("stopping with " + std::to_string(http.num_in_flight()) + " requests in flight");
+  http.Stop();
+}
+
+int RunServe(ServeFlags f) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: all inherit it
+  if (f.threads > 0) omp_set_num_threads(f.threads);
+  LoadOptions load;
+  if (f.dtype == "f32") load.weight_dtype = DType::kF32;
+  if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
+  auto model = LlamaModel::Load(f.model_dir, load);
+  auto tokenizer = Tokenizer::Load(f.model_dir);
+  f.engine.kv_cache_bytes = f.kv_cache_mb << 20;
+  Engine engine(*model, *tokenizer, f.engine);
+  server::ModelInfo info;
+  info.id = f.served_model_name.empty()
+                ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
+                : f.served_model_name;
+  if (info.id.empty()) info.id = "model";
+  info.max_model_len = model->config().max_position_embeddings;
+  info.vocab_size = model->config().vocab_size;
+  server::ChatRenderer chat = MakeChatRenderer(f.model_dir, *tokenizer);
+  server::HttpServer http(engine, *tokenizer, info, f.http, chat);
+  const int port = http.Bind();
+  engine.Start();
+  Log("model " + info.id + " (" + f.model_dir + "), backend cpu, KV cache " +
+      std::to_string(engine.kv_capacity_tokens()) + " tokens, chat template " +
+      (chat ? "yes" : "no"));
+  Log("listening on http://" + f.http.host + ":" + std::to_string(port));
+  std::thread signals(HandleSignals, std::ref(http), f.shutdown_timeout);
+  signals.detach();
+  http.Serve();
+  engine.Stop();
+  Log("stopped");
+  return 0;
+}
+
+}  // namespace
+
+Command AddServe(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
+  auto f = std::make_shared<ServeFlags>();
+  cmd->add_option("--model", f->model_dir, "Hugging Face model folder")->capture_default_str();
+  cmd->add_option("--served-model-name", f->served_model_name, "model id in the API");
+  cmd->add_option("--host", f->http.host)->capture_default_str();
+  cmd->add_option("--port", f->http.port)->capture_default_str();
+  cmd->add_option("--api-key", f->http.api_key, "require Authorization: Bearer KEY")
+      ->envname("LLM_API_KEY");
+  cmd->add_option("--max-body-bytes", f->http.max_body_bytes)->capture_default_str();
+  cmd->add_option("--max-queued-requests", f->http.max_queued_requests)->capture_default_str();
+  cmd->add_option("--max-queued-prompt-tokens", f->http.max_queued_prompt_tokens)
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", f->http.default_timeout_seconds,
+                  "default per-request timeout in seconds (0 = none)")
+      ->capture_default_str();
+  cmd->add_option("--shutdown-timeout", f->shutdown_timeout, "seconds to drain on SIGTERM")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-mb", f->kv_cache_mb)->capture_default_str();
+  cmd->add_option("--block-size", f->engine.block_size)->capture_default_str();
+  cmd->add_option("--max-num-seqs", f->engine.max_num_seqs)->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", f->engine.max_num_batched_tokens)
+      ->capture_default_str();
+  cmd->add_option("--dtype", f->dtype)->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--device", "cpu (the CUDA backend is a later issue)")
+      ->check(CLI::IsMember({"cpu"}));
+  return [f] { return RunServe(*f); };
+}
+
+}  // namespace llm::cli

@@ -1,0 +1,26 @@
+// Internal to the HTTP server: the state one generation request shares between its handler
+// and its response's content provider.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/request.h"
+#include "server/openai_api.h"
+
+namespace llm::server {
+
+// One generation request in flight: what the handler made and what the response streams.
+struct Flight {
+  ParsedRequest parsed;
+  std::string id;
+  std::shared_ptr<OutputChannel> channel;
+  std::unique_ptr<ResponseBuilder> builder;
+  int64_t prompt_tokens = 0;
+  bool sent_roles = false;
+  bool done = false;      // the last event was read
+  bool released = false;  // Finish() ran
+  Clock::time_point last_event = Clock::now();
+};
+
+}  // namespace llm::server

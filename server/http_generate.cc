@@ -1,0 +1,149 @@
+// The generation routes: parse, admit, hand to the engine, stream the channel back.
+#include <httplib.h>
+
+#include "engine/error.h"
+#include "server/flight.h"
+#include "server/http_server.h"
+
+namespace llm::server {
+namespace {
+
+using nlohmann::json;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, bool is_chat) {
+  if (draining_) {
+    return SendError(res, {503, "The server is shutting down.", "server_error", "", "unavailable"});
+  }
+  const json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    return SendError(res, {400, "The request body is not a JSON object.", "invalid_request_error",
+                           "", "invalid_json"});
+  }
+  auto flight = std::make_shared<Flight>();
+  try {
+    if (is_chat) {
+      if (!chat_) {
+        throw ApiError{400, "This model has no chat template; use /v1/completions.",
+                       "invalid_request_error", "messages", "no_chat_template"};
+      }
+      if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+        throw ApiError{400, "messages must be a non-empty list", "invalid_request_error",
+                       "messages", "invalid_parameter"};
+      }
+      const std::string prompt = chat_(body["messages"], body.value("add_generation_prompt", true));
+      flight->parsed = ParseChat(body, prompt, tokenizer_, model_);
+    } else {
+      flight->parsed = ParseCompletion(body, tokenizer_, model_);
+    }
+  } catch (const ApiError& e) {
+    return SendError(res, e);
+  } catch (const Error& e) {
+    return SendError(res, {400, e.what(), "invalid_request_error", "", "invalid_request"});
+  }
+  Request& request = flight->parsed.request;
+  if (!request.deadline && config_.default_timeout_seconds > 0) {
+    request.deadline =
+        Clock::now() + std::chrono::milliseconds(int64_t(config_.default_timeout_seconds * 1000));
+  }
+  flight->prompt_tokens = std::ssize(request.prompt_ids);
+  // Bounded admission: beyond the running batch, a bounded queue; past it, come back later.
+  const int64_t limit = engine_.config().max_num_seqs + config_.max_queued_requests;
+  if (in_flight_.load() >= limit ||
+      in_flight_prompt_tokens_.load() + flight->prompt_tokens > config_.max_queued_prompt_tokens) {
+    res.set_header("Retry-After", "1");
+    return SendError(res, {429, "The server is at capacity; retry later.", "rate_limit_error", "",
+                           "overloaded"});
+  }
+  flight->id = std::string(is_chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
+  request.request_id = flight->id;
+  try {
+    flight->channel = engine_.AddRequest(request);
+  } catch (const Error& e) {
+    return SendError(res, {400, e.what(), "invalid_request_error", "", "invalid_request"});
+  }
+  in_flight_ += 1;
+  in_flight_prompt_tokens_ += flight->prompt_tokens;
+  flight->builder =
+      std::make_unique<ResponseBuilder>(flight->parsed, tokenizer_, flight->id, model_.id);
+  if (flight->parsed.stream) {
+    StreamResponse(flight, res);
+  } else {
+    JsonResponse(flight, res);
+  }
+}
+
+// Runs once per request, when its response is over or its client went away.
+void HttpServer::Finish(Flight& flight, bool client_gone) {
+  if (flight.released) return;
+  flight.released = true;
+  if (client_gone && !flight.done) engine_.Cancel(flight.id);
+  in_flight_ -= 1;
+  in_flight_prompt_tokens_ -= flight.prompt_tokens;
+}
+
+void HttpServer::StreamResponse(std::shared_ptr<Flight> flight, httplib::Response& res) {
+  const auto probe = std::chrono::milliseconds(int64_t(config_.probe_interval_seconds * 1000));
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, flight, probe](size_t, httplib::DataSink& sink) {
+        auto send = [&](const json& j) {
+          const std::string line = "data: " + j.dump() + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        if (flight->parsed.is_chat && !flight->sent_roles) {
+          flight->sent_roles = true;
+          for (int i = 0; i < flight->parsed.request.sampling.n; ++i) {
+            if (!send(flight->builder->RoleChunk(i))) return false;
+          }
+        }
+        RequestOutput out;
+        if (!flight->channel->Pop(&out, probe)) {
+          static const char kPing[] = ": ping\n\n";  // an SSE comment: finds gone clients
+          return sink.write(kPing, sizeof(kPing) - 1);
+        }
+        const auto now = Clock::now();
+        if (!out.token_ids.empty()) metrics_.InterTokenGap(Seconds(now - flight->last_event));
+        flight->last_event = now;
+        flight->builder->Add(out);
+        const json chunk = flight->builder->Chunk(out);
+        if (!chunk.is_null() && !send(chunk)) return false;
+        if (!out.is_last) return true;
+        flight->done = true;
+        metrics_.RequestFinished(out, out.finish_reason);
+        if (flight->parsed.include_usage && !send(flight->builder->UsageChunk())) return false;
+        static const char kDone[] = "data: [DONE]\n\n";
+        if (!sink.write(kDone, sizeof(kDone) - 1)) return false;
+        sink.done();
+        return true;
+      },
+      [this, flight](bool success) { Finish(*flight, !success); });
+}
+
+void HttpServer::JsonResponse(std::shared_ptr<Flight> flight, httplib::Response& res) {
+  const auto probe = std::chrono::milliseconds(int64_t(config_.probe_interval_seconds * 1000));
+  res.set_chunked_content_provider(
+      "application/json",
+      [this, flight, probe](size_t, httplib::DataSink& sink) {
+        RequestOutput out;
+        if (!flight->channel->Pop(&out, probe)) {
+          // Leading whitespace is valid JSON: a cheap write that finds gone clients.
+          return sink.write(" ", 1);
+        }
+        flight->builder->Add(out);
+        if (!out.is_last) return true;
+        flight->done = true;
+        metrics_.RequestFinished(out, out.finish_reason);
+        const std::string body = flight->builder->Final().dump();
+        if (!sink.write(body.data(), body.size())) return false;
+        sink.done();
+        return true;
+      },
+      [this, flight](bool success) { Finish(*flight, !success); });
+}
+
+}  // namespace llm::server

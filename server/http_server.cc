@@ -1,0 +1,168 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include "engine/error.h"
+#include "server/flight.h"
+
+namespace llm::server {
+
+using nlohmann::json;
+
+void SendError(httplib::Response& res, const ApiError& error) {
+  res.status = error.status;
+  res.set_content(ErrorBody(error).dump(), "application/json");
+}
+
+HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model,
+                       ServerConfig config, ChatRenderer chat)
+    : engine_(engine),
+      tokenizer_(tokenizer),
+      model_(std::move(model)),
+      config_(std::move(config)),
+      chat_(std::move(chat)),
+      http_(std::make_unique<httplib::Server>()),
+      metrics_(model_.id) {
+  const int threads = config_.num_http_threads;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(config_.max_body_bytes);
+  http_->set_keep_alive_max_count(1000);
+  Routes();
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+int HttpServer::Bind() {
+  const int port = config_.port == 0
+                       ? http_->bind_to_any_port(config_.host)
+                       : (http_->bind_to_port(config_.host, config_.port) ? config_.port : -1);
+  if (port < 0) {
+    throw Error("cannot listen on " + config_.host + ":" + std::to_string(config_.port));
+  }
+  return port;
+}
+
+void HttpServer::Serve() { http_->listen_after_bind(); }
+
+void HttpServer::Stop() { http_->stop(); }
+
+void HttpServer::BeginDrain() { draining_ = true; }
+
+bool HttpServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
+  if (config_.api_key.empty()) return true;
+  if (req.get_header_value("Authorization") == "Bearer " + config_.api_key) return true;
+  SendError(res, {401, "Invalid or missing API key (send Authorization: Bearer <key>).",
+                  "authentication_error", "", "invalid_api_key"});
+  return false;
+}
+
+void HttpServer::Routes() {
+  auto guarded = [this](auto handler) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res) {
+      if (Authorized(req, res)) handler(req, res);
+    };
+  };
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = draining_ ? 503 : 200;
+    res.set_content(json{{"status", draining_ ? "draining" : "ok"}}.dump(), "application/json");
+  });
+  http_->Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
+               json model = {{"id", model_.id},
+                             {"object", "model"},
+                             {"owned_by", "llm"},
+                             {"max_model_len", model_.max_model_len}};
+               res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
+                               "application/json");
+             }));
+  http_->Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
+               res.set_content(metrics_.Render(engine_.Stats()), "text/plain; version=0.0.4");
+             }));
+  http_->Post("/v1/completions",
+              guarded([this](const httplib::Request& req, httplib::Response& res) {
+                Generate(req, res, /*is_chat=*/false);
+              }));
+  http_->Post("/v1/chat/completions",
+              guarded([this](const httplib::Request& req, httplib::Response& res) {
+                Generate(req, res, /*is_chat=*/true);
+              }));
+  http_->Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+                Tokenize(req, res);
+              }));
+  http_->Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+                Detokenize(req, res);
+              }));
+  // Known paths with the wrong method: 405, not 404.
+  const std::pair<const char*, const char*> known[] = {
+      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+      {"/tokenize", "POST"},       {"/detokenize", "POST"},
+      {"/v1/models", "GET"},       {"/health", "GET"},
+      {"/metrics", "GET"}};
+  for (const auto& [path, allowed] : known) {
+    auto not_allowed = [allowed](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Allow", allowed);
+      SendError(res, {405, std::string("Method not allowed; use ") + allowed,
+                      "invalid_request_error", "", "method_not_allowed"});
+    };
+    if (std::string(allowed) == "POST") {
+      http_->Get(path, not_allowed);
+    } else {
+      http_->Post(path, not_allowed);
+    }
+    http_->Put(path, not_allowed);
+    http_->Delete(path, not_allowed);
+  }
+  http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    metrics_.HttpResponse(res.status);
+    if (res.status == 404 && res.body.empty()) {
+      SendError(res, {404, "Unknown route " + req.method + " " + req.path.substr(0, 200),
+                      "invalid_request_error", "", "not_found"});
+    } else if (res.status == 413) {
+      SendError(
+          res,
+          {413, "Request body larger than " + std::to_string(config_.max_body_bytes) + " bytes",
+           "invalid_request_error", "", "payload_too_large"});
+    }
+  });
+  http_->set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        SendError(res, {500, "internal server error", "internal_error", "", ""});
+      });
+}
+
+void HttpServer::Tokenize(const httplib::Request& req, httplib::Response& res) {
+  json body = json::parse(req.body, nullptr, false);
+  const json* text = body.is_object() ? (body.contains("prompt") ? &body["prompt"]
+                                         : body.contains("text") ? &body["text"]
+                                                                 : nullptr)
+                                      : nullptr;
+  if (text == nullptr || !text->is_string()) {
+    return SendError(res, {400, "send {\"prompt\": \"text\"}", "invalid_request_error", "prompt",
+                           "invalid_parameter"});
+  }
+  const bool special = body.value("add_special_tokens", true);
+  const std::vector<int> ids = special ? tokenizer_.EncodePrompt(text->get<std::string>())
+                                       : tokenizer_.Encode(text->get<std::string>());
+  res.set_content(
+      json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model_.max_model_len}}.dump(),
+      "application/json");
+}
+
+void HttpServer::Detokenize(const httplib::Request& req, httplib::Response& res) {
+  json body = json::parse(req.body, nullptr, false);
+  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+    return SendError(res, {400, "send {\"tokens\": [ids]}", "invalid_request_error", "tokens",
+                           "invalid_parameter"});
+  }
+  std::vector<int> ids;
+  for (const json& t : body["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model_.vocab_size) {
+      return SendError(res,
+                       {400, "tokens must be ids in [0, " + std::to_string(model_.vocab_size) + ")",
+                        "invalid_request_error", "tokens", "invalid_parameter"});
+    }
+    ids.push_back(t.get<int>());
+  }
+  res.set_content(json{{"prompt", tokenizer_.Decode(ids)}}.dump(), "application/json");
+}
+
+}  // namespace llm::server

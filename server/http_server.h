@@ -1,0 +1,89 @@
+// The OpenAI-compatible HTTP front end (cpp-httplib from Debian). Network threads only
+// validate, build an engine Request, and stream its channel back; they never touch the model.
+//
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+// GET /metrics, POST /tokenize, POST /detokenize. Lifecycle: bounded admission (429 +
+// Retry-After), body limit (413), API key (401), drain (503), client disconnect -> the
+// request is cancelled in the engine (a streamed response notices on its next write; long
+// prefills and non-streamed responses are probed with SSE comments / leading whitespace).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+
+namespace httplib {
+class Server;
+class Request;
+class Response;
+}  // namespace httplib
+
+namespace llm::server {
+
+struct Flight;
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;      // 0: any free port (tests)
+  std::string api_key;  // empty: no authentication
+  size_t max_body_bytes = 4 << 20;
+  int64_t max_queued_requests = 256;  // beyond the engine's running sequences
+  int64_t max_queued_prompt_tokens = 1 << 20;
+  double default_timeout_seconds = 0;   // 0: none
+  double probe_interval_seconds = 1.0;  // disconnect probe while nothing else is written
+  int num_http_threads = 128;
+};
+
+// Renders a chat conversation to prompt text; throws ApiError / llm::Error.
+using ChatRenderer =
+    std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt)>;
+
+class HttpServer {
+ public:
+  HttpServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model, ServerConfig config,
+             ChatRenderer chat = nullptr);
+  ~HttpServer();
+
+  int Bind();    // binds host:port, returns the port (throws llm::Error when it cannot)
+  void Serve();  // blocks until Stop()
+  void Stop();
+  // Stops accepting work: /health and new requests answer 503; in-flight ones continue.
+  void BeginDrain();
+  int64_t num_in_flight() const { return in_flight_.load(); }
+  Metrics& metrics() { return metrics_; }
+
+ private:
+  void Routes();
+  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
+  void Generate(const httplib::Request& req, httplib::Response& res, bool is_chat);
+  void StreamResponse(std::shared_ptr<Flight> flight, httplib::Response& res);
+  void JsonResponse(std::shared_ptr<Flight> flight, httplib::Response& res);
+  void Tokenize(const httplib::Request& req, httplib::Response& res);
+  void Detokenize(const httplib::Request& req, httplib::Response& res);
+  void Finish(Flight& flight, bool client_gone);
+
+  Engine& engine_;
+  const Tokenizer& tokenizer_;
+  ModelInfo model_;
+  ServerConfig config_;
+  ChatRenderer chat_;
+  std::unique_ptr<httplib::Server> http_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> in_flight_prompt_tokens_{0};
+  std::atomic<uint64_t> next_id_{0};
+  Metrics metrics_;
+};
+
+void SendError(httplib::Response& res, const ApiError& error);
+
+}  // namespace llm::server

@@ -1,0 +1,90 @@
+// The OpenAI-compatible wire format: request JSON -> engine::Request (with precise 4xx errors
+// in OpenAI's error shape), engine outputs -> response / SSE chunk JSON. No sockets here.
+//
+// Unknown-field policy: fields this server does not know are ignored (as vLLM does), so
+// clients written for newer API versions keep working; `user` is accepted and ignored.
+// Fields it knows but cannot honour (`echo: true`, `best_of` != n, `suffix`) are a 400.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/tokenizer.h"
+
+namespace llm::server {
+
+// An error the client caused (or an overload): HTTP status and OpenAI's error object.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, "" when none
+  std::string code;   // machine-readable code, "" when none
+};
+
+// {"error": {"message", "type", "param", "code"}}; the message is cut to 1,000 bytes so
+// an error never echoes a large input back.
+nlohmann::json ErrorBody(const ApiError& error);
+
+struct ModelInfo {
+  std::string id;  // the served model name
+  int64_t max_model_len = 0;
+  int64_t vocab_size = 0;
+};
+
+struct ParsedRequest {
+  Request request;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool is_chat = false;
+  int top_logprobs = 0;  // chat: top_logprobs; completions: logprobs
+  bool want_logprobs = false;
+};
+
+// POST /v1/completions. `prompt`: a string, a list with one string, a list of token ids, or
+// a list with one list of token ids. Throws ApiError.
+ParsedRequest ParseCompletion(const nlohmann::json& body, const Tokenizer& tokenizer,
+                              const ModelInfo& model);
+// POST /v1/chat/completions, with the rendered prompt text already made by the caller from
+// `messages` (the chat template). Throws ApiError.
+ParsedRequest ParseChat(const nlohmann::json& body, const std::string& rendered_prompt,
+                        const Tokenizer& tokenizer, const ModelInfo& model);
+
+// Accumulates a request's outputs into the non-streamed response.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const ParsedRequest& req, const Tokenizer& tokenizer, std::string id,
+                  std::string model);
+  void Add(const RequestOutput& out);
+  nlohmann::json Final() const;  // the whole response object
+  // One SSE chunk for `out` (null json when the event carries nothing to send).
+  nlohmann::json Chunk(const RequestOutput& out) const;
+  nlohmann::json UsageChunk() const;  // choices: [] + usage (stream_options.include_usage)
+  // The first chat chunk per choice carries the role.
+  nlohmann::json RoleChunk(int index) const;
+
+ private:
+  nlohmann::json LogprobsJson(const std::vector<OutputLogprob>& lps) const;
+  nlohmann::json Envelope() const;
+
+  const ParsedRequest& req_;
+  const Tokenizer& tokenizer_;
+  std::string id_, model_;
+  int64_t created_ = 0;
+  struct Choice {
+    std::string text;
+    std::vector<OutputLogprob> logprobs;
+    FinishReason finish = FinishReason::kNone;
+  };
+  std::vector<Choice> choices_;
+  Usage usage_;
+};
+
+// "stop" / "length" / ... as OpenAI spells finish_reason ("abort" and "timeout" are ours).
+std::string FinishReasonString(FinishReason reason);
+
+}  // namespace llm::server
