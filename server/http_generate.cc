@@ -80,7 +80,12 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
 void HttpServer::Finish(Flight& flight, bool client_gone) {
   if (flight.released) return;
   flight.released = true;
-  if (client_gone && !flight.done) engine_.Cancel(flight.id);
+  if (client_gone && !flight.done) {
+    engine_.Cancel(flight.id);
+    RequestOutput aborted;
+    aborted.usage.prompt_tokens = flight.prompt_tokens;
+    metrics_.RequestFinished(aborted, FinishReason::kAbort);
+  }
   in_flight_ -= 1;
   in_flight_prompt_tokens_ -= flight.prompt_tokens;
 }
@@ -129,11 +134,14 @@ void HttpServer::JsonResponse(std::shared_ptr<Flight> flight, httplib::Response&
   res.set_chunked_content_provider(
       "application/json",
       [this, flight, probe](size_t, httplib::DataSink& sink) {
-        RequestOutput out;
-        if (!flight->channel->Pop(&out, probe)) {
-          // Leading whitespace is valid JSON: a cheap write that finds gone clients.
-          return sink.write(" ", 1);
+        // Nothing is sent until the end, so probe the client every `probe`: leading
+        // whitespace is valid JSON, and a write is the only way to see a gone client.
+        if (Clock::now() - flight->last_event >= probe) {
+          flight->last_event = Clock::now();
+          if (!sink.write(" ", 1)) return false;
         }
+        RequestOutput out;
+        if (!flight->channel->Pop(&out, probe)) return true;
         flight->builder->Add(out);
         if (!out.is_last) return true;
         flight->done = true;

@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include "engine/error.h"
 #include "server/flight.h"
@@ -27,18 +28,32 @@ HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo mod
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(config_.max_body_bytes);
   http_->set_keep_alive_max_count(1000);
+  // Generous socket timeouts: a loaded machine must not turn a slow read into a dropped
+  // request (streams are kept alive by their own probes).
+  http_->set_read_timeout(60, 0);
+  http_->set_write_timeout(60, 0);
   Routes();
 }
 
 HttpServer::~HttpServer() { Stop(); }
 
 int HttpServer::Bind() {
+  // cpp-httplib listens with a backlog of 5 (a compile-time constant of Debian's build): a
+  // burst of clients then overflows the accept queue and some see their connection dropped.
+  // Keep the listening socket and widen its backlog once bound (listen() again updates it).
+  int listen_fd = -1;
+  http_->set_socket_options([&listen_fd](socket_t sock) {
+    listen_fd = sock;
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   const int port = config_.port == 0
                        ? http_->bind_to_any_port(config_.host)
                        : (http_->bind_to_port(config_.host, config_.port) ? config_.port : -1);
   if (port < 0) {
     throw Error("cannot listen on " + config_.host + ":" + std::to_string(config_.port));
   }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
   return port;
 }
 

@@ -33,8 +33,8 @@ struct Flight;
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8000;      // 0: any free port (tests)
-  std::string api_key;  // empty: no authentication
+  int port = 8000;           // 0: any free port (tests)
+  std::string api_key = "";  // empty: no authentication
   size_t max_body_bytes = 4 << 20;
   int64_t max_queued_requests = 256;  // beyond the engine's running sequences
   int64_t max_queued_prompt_tokens = 1 << 20;

@@ -1,0 +1,324 @@
+// The HTTP front end in-process on loopback (stories260K, CPU engine thread), driven by a
+// real HTTP client: completions streamed and not, errors, limits, auth, disconnects,
+// timeouts, draining, 64 concurrent streams.
+#include "server/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "engine/make_model.h"
+#include "tests/test_util.h"
+
+namespace llm::server {
+namespace {
+
+using nlohmann::json;
+
+std::string ModelDir() { return (test::SharedDir() / "models" / "stories260K").string(); }
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = LlamaModel::Load(ModelDir()).release();
+    tokenizer_ = Tokenizer::Load(ModelDir()).release();
+    // A random model slow enough (~1 ms/token) that clients can leave mid-generation.
+    slow_dir_ = new test::TempDir();
+    test::WriteFile(slow_dir_->path() / "in.json",
+                    R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 512,
+                        "intermediate_size": 1408, "num_hidden_layers": 8,
+                        "num_attention_heads": 8, "vocab_size": 512,
+                        "max_position_embeddings": 4096, "tie_word_embeddings": true})");
+    MakeRandomModel({(slow_dir_->path() / "in.json").string(), slow_dir_->path().string(),
+                     ModelDir() + "/tokenizer.model", 1, DType::kBF16});
+    slow_model_ = LlamaModel::Load(slow_dir_->path().string()).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete slow_model_;
+    delete tokenizer_;
+    delete slow_dir_;
+  }
+  void Start(ServerConfig config = {}, EngineConfig engine_config = {.num_kv_blocks = 256},
+             bool slow = false) {
+    const LlamaModel& model = slow ? *slow_model_ : *model_;
+    engine_ = std::make_unique<Engine>(model, *tokenizer_, engine_config);
+    config.port = 0;
+    ModelInfo info{"stories260K", model.config().max_position_embeddings,
+                   model.config().vocab_size};
+    server_ = std::make_unique<HttpServer>(*engine_, *tokenizer_, info, config);
+    port_ = server_->Bind();
+    engine_->Start();
+    thread_ = std::thread([this] { server_->Serve(); });
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    if (thread_.joinable()) thread_.join();
+    if (engine_) engine_->Stop();
+  }
+  httplib::Client Client() {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  // Waits until every KV block is free again (the engine frees them at its next step).
+  bool AllBlocksFreeWithin(std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      const EngineStats s = engine_->Stats();
+      if (s.num_free_kv_blocks == s.num_kv_blocks && s.num_running + s.num_waiting == 0)
+        return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  static json Body(const httplib::Result& r) { return json::parse(r->body); }
+
+  static LlamaModel* model_;
+  static LlamaModel* slow_model_;
+  static Tokenizer* tokenizer_;
+  static test::TempDir* slow_dir_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+LlamaModel* HttpServerTest::model_ = nullptr;
+LlamaModel* HttpServerTest::slow_model_ = nullptr;
+test::TempDir* HttpServerTest::slow_dir_ = nullptr;
+Tokenizer* HttpServerTest::tokenizer_ = nullptr;
+
+// Sends a POST, reads for `wait`, then hangs up: a client that goes away mid-response.
+void PostAndHangUp(int port, const std::string& path, const std::string& body,
+                   std::chrono::milliseconds wait) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: " +
+                          "application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                          "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::this_thread::sleep_for(wait);
+  char buf[256];
+  ASSERT_GT(recv(fd, buf, sizeof(buf), MSG_DONTWAIT), 0);  // the response had started
+  close(fd);
+}
+
+// Concatenated `text` of an SSE completion stream, and whether it ended with [DONE].
+std::pair<std::string, bool> ReadStream(const std::string& body, json* usage = nullptr) {
+  std::string text;
+  bool done = false;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json chunk = json::parse(data);
+    if (chunk.contains("usage") && usage) *usage = chunk["usage"];
+    for (const json& c : chunk["choices"]) text += c.value("text", "");
+  }
+  return {text, done};
+}
+
+TEST_F(HttpServerTest, StreamedAndNonStreamedCarryTheSameText) {
+  Start();
+  auto c = Client();
+  const json req = {{"model", "stories260K"},
+                    {"prompt", "Once upon a time"},
+                    {"max_tokens", 40},
+                    {"temperature", 0}};
+  auto plain = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const json r = Body(plain);
+  const std::string text = r["choices"][0]["text"];
+  EXPECT_EQ(text.rfind(", there was a little girl named Lily.", 0), 0u) << text;
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 5);
+  json streamed_req = req;
+  streamed_req["stream"] = true;
+  streamed_req["stream_options"] = {{"include_usage", true}};
+  auto streamed = c.Post("/v1/completions", streamed_req.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->get_header_value("Content-Type"), "text/event-stream");
+  json usage;
+  const auto [stream_text, done] = ReadStream(streamed->body, &usage);
+  EXPECT_EQ(stream_text, text);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(usage["completion_tokens"], r["usage"]["completion_tokens"]);
+}
+
+TEST_F(HttpServerTest, TokenIdPromptsAndTokenizeRoundTrip) {
+  Start();
+  auto c = Client();
+  auto tok = c.Post("/tokenize", R"({"prompt": "Once upon a time"})", "application/json");
+  ASSERT_EQ(tok->status, 200);
+  const json ids = Body(tok)["tokens"];
+  EXPECT_EQ(ids, json({1, 403, 407, 261, 378}));
+  auto by_ids =
+      c.Post("/v1/completions", json{{"prompt", ids}, {"max_tokens", 8}, {"temperature", 0}}.dump(),
+             "application/json");
+  ASSERT_EQ(by_ids->status, 200) << by_ids->body;
+  auto detok = c.Post("/detokenize", json{{"tokens", ids}}.dump(), "application/json");
+  EXPECT_EQ(Body(detok)["prompt"], "Once upon a time");
+}
+
+TEST_F(HttpServerTest, BadRequestsGetOpenAiShapedErrors) {
+  Start({.max_body_bytes = 4096});
+  auto c = Client();
+  auto expect_error = [](const httplib::Result& r, int status, const std::string& param) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << r->body;
+    const json e = json::parse(r->body)["error"];
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e.contains("type") && e.contains("param") && e.contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(e["param"], param);
+    }
+    EXPECT_LT(r->body.size(), 1500u);  // bounded, never the whole input echoed
+  };
+  expect_error(c.Post("/v1/completions", "{not json", "application/json"), 400, "");
+  expect_error(c.Post("/v1/completions", R"({"prompt":"x","top_p":1.5})", "application/json"), 400,
+               "top_p");
+  expect_error(c.Post("/v1/completions", R"({"prompt":"x","max_tokens":-1})", "application/json"),
+               400, "max_tokens");
+  expect_error(
+      c.Post("/v1/completions", R"({"prompt":"x","max_tokens":100000})", "application/json"), 400,
+      "max_tokens");
+  expect_error(c.Post("/v1/completions", R"({"prompt":"x","n":"two"})", "application/json"), 400,
+               "n");
+  expect_error(c.Post("/v1/completions", R"({"max_tokens":3})", "application/json"), 400, "prompt");
+  expect_error(c.Post("/v1/completions", R"({"prompt":[1, 99999]})", "application/json"), 400,
+               "prompt");
+  expect_error(c.Post("/v1/completions", std::string(8000, ' '), "application/json"), 413, "");
+  expect_error(c.Get("/v1/completions"), 405, "");
+  expect_error(c.Get("/v2/nothing"), 404, "");
+  expect_error(c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})",
+                      "application/json"),
+               400, "messages");
+}
+
+TEST_F(HttpServerTest, ApiKeyGuardsEverythingButHealth) {
+  Start({.api_key = "sekret"});
+  auto c = Client();
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  EXPECT_EQ(c.Get("/v1/models")->status, 401);
+  EXPECT_EQ(json::parse(c.Get("/metrics")->body)["error"]["code"], "invalid_api_key");
+  httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+  EXPECT_EQ(c.Get("/v1/models", auth)->status, 200);
+  httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
+  EXPECT_EQ(c.Post("/v1/completions", wrong, R"({"prompt":"x"})", "application/json")->status, 401);
+}
+
+TEST_F(HttpServerTest, TimeoutFinishesWithReasonTimeout) {
+  Start();
+  auto c = Client();
+  auto r = c.Post("/v1/completions",
+                  R"({"prompt":"Once","max_tokens":400,"ignore_eos":true,"timeout":0.01})",
+                  "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Body(r)["choices"][0]["finish_reason"], "timeout");
+  EXPECT_TRUE(AllBlocksFreeWithin(std::chrono::seconds(2)));
+}
+
+// A client that goes away mid-generation, streamed or not: the request is cancelled and its
+// KV blocks are freed (watched through the engine's KV usage).
+TEST_F(HttpServerTest, DisconnectCancelsAndFreesBlocks) {
+  Start({.probe_interval_seconds = 0.01}, {.num_kv_blocks = 256}, /*slow=*/true);
+  for (const bool stream : {true, false}) {
+    const json req = {{"prompt", "Once upon a time"},
+                      {"max_tokens", 3000},
+                      {"ignore_eos", true},
+                      {"stream", stream}};
+    PostAndHangUp(port_, "/v1/completions", req.dump(), std::chrono::milliseconds(200));
+    EXPECT_GT(engine_->Stats().num_running, 0) << "still generating when the client left";
+    EXPECT_TRUE(AllBlocksFreeWithin(std::chrono::seconds(2))) << "stream=" << stream;
+  }
+  const std::string metrics = Client().Get("/metrics")->body;
+  EXPECT_NE(metrics.find("finished_reason=\"abort\"} 2"), std::string::npos) << metrics;
+}
+
+TEST_F(HttpServerTest, OverloadGets429WithRetryAfter) {
+  Start({.max_queued_requests = 0}, {.num_kv_blocks = 256, .max_num_seqs = 1}, /*slow=*/true);
+  std::thread slow([this] {
+    httplib::Client c("127.0.0.1", port_);
+    c.Post("/v1/completions", R"({"prompt":"Once","max_tokens":600,"ignore_eos":true})",
+           "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto r = Client().Post("/v1/completions", R"({"prompt":"x","max_tokens":2})", "application/json");
+  EXPECT_EQ(r->status, 429);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  slow.join();
+}
+
+TEST_F(HttpServerTest, DrainingRefusesNewWorkAndFinishesOld) {
+  Start();
+  std::string old_status;
+  std::thread inflight([&] {
+    httplib::Client c("127.0.0.1", port_);
+    auto r = c.Post("/v1/completions", R"({"prompt":"Once","max_tokens":200,"ignore_eos":true})",
+                    "application/json");
+    old_status = r ? std::to_string(r->status) : "none";
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  server_->BeginDrain();
+  auto c = Client();
+  EXPECT_EQ(c.Get("/health")->status, 503);
+  EXPECT_EQ(c.Post("/v1/completions", R"({"prompt":"x"})", "application/json")->status, 503);
+  inflight.join();
+  EXPECT_EQ(old_status, "200");
+}
+
+TEST_F(HttpServerTest, SixtyFourConcurrentStreamsAllComplete) {
+  Start({}, {.num_kv_blocks = 512, .max_num_seqs = 64});
+  const char* prompts[] = {"Once upon a time", "The little dog", "Tom had a", "Lily saw"};
+  std::vector<std::string> expected;
+  for (const char* p : prompts) {
+    auto r = Client().Post("/v1/completions",
+                           json{{"prompt", p}, {"max_tokens", 24}, {"temperature", 0}}.dump(),
+                           "application/json");
+    expected.push_back(Body(r)["choices"][0]["text"]);
+  }
+  std::vector<std::string> got(64);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 64; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", port_);
+      c.set_read_timeout(60, 0);
+      json req = {
+          {"prompt", prompts[i % 4]}, {"max_tokens", 24}, {"temperature", 0}, {"stream", true}};
+      auto r = c.Post("/v1/completions", req.dump(), "application/json");
+      if (r && r->status == 200) {
+        got[static_cast<size_t>(i)] = ReadStream(r->body).first;
+      } else {
+        got[static_cast<size_t>(i)] = r ? "status " + std::to_string(r->status) + " " + r->body
+                                        : "error " + httplib::to_string(r.error());
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], expected[i % 4]) << i;
+  EXPECT_TRUE(AllBlocksFreeWithin(std::chrono::seconds(2)) ||
+              engine_->Stats().num_cached_kv_blocks > 0);
+  const std::string metrics = Client().Get("/metrics")->body;
+  for (const char* name : {"vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running",
+                           "vllm:e2e_request_latency_seconds_count", "vllm:kv_cache_usage_perc",
+                           "vllm:generation_tokens_total"}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name;
+  }
+}
+
+}  // namespace
+}  // namespace llm::server
