@@ -1,17 +1,45 @@
-// The chat template of a model folder as a ChatRenderer. Until the Jinja interpreter lands
-// (engine/chat_template.h), a folder with a chat_template is served without chat.
+// The chat template of a model folder (tokenizer_config.json's chat_template) as a
+// ChatRenderer: parsed once at start-up (a template the interpreter cannot parse is a
+// start-up error naming the file, never a silent fallback), rendered per request.
 #include <filesystem>
 
+#include "engine/chat_template.h"
+#include "engine/error.h"
 #include "engine/json_file.h"
-#include "server/commands.h"
+#include "server/http_server.h"
+#include "server/openai_api.h"
 
-namespace llm::cli {
+namespace llm::server {
 
-std::function<std::string(const nlohmann::json&, bool)> MakeChatRenderer(
-    const std::string& model_dir, const Tokenizer& tokenizer) {
-  (void)model_dir;
-  (void)tokenizer;
-  return nullptr;
+ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tokenizer) {
+  const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer_config.json";
+  if (!std::filesystem::exists(path)) return nullptr;
+  const nlohmann::json config = ReadJsonFile(path.string());
+  if (!config.contains("chat_template") || config["chat_template"].is_null()) return nullptr;
+  std::shared_ptr<ChatTemplate> chat;
+  try {
+    chat = std::make_shared<ChatTemplate>(ChatTemplate::Parse(ChatTemplateSource(config)));
+  } catch (const Error& e) {
+    throw Error(path.string() + ": " + e.what());
+  }
+  // bos_token / eos_token as the template sees them: the config's strings (possibly
+  // {"content": ...} objects), else the tokenizer's pieces.
+  auto token_string = [&](const char* key, int id) -> std::string {
+    if (config.contains(key) && config[key].is_string()) return config[key].get<std::string>();
+    if (config.contains(key) && config[key].is_object() && config[key].contains("content")) {
+      return config[key]["content"].get<std::string>();
+    }
+    return id >= 0 ? std::string(tokenizer.IdToPiece(id)) : "";
+  };
+  nlohmann::ordered_json extra = {{"bos_token", token_string("bos_token", tokenizer.bos_id())},
+                                  {"eos_token", token_string("eos_token", tokenizer.eos_id())}};
+  return [chat, extra](const nlohmann::ordered_json& messages, bool add_generation_prompt) {
+    try {
+      return chat->Render(messages, add_generation_prompt, extra);
+    } catch (const Error& e) {  // raise_exception(...) in the template: the client's fault
+      throw ApiError{400, e.what(), "invalid_request_error", "messages", "chat_template_error"};
+    }
+  };
 }
 
-}  // namespace llm::cli
+}  // namespace llm::server

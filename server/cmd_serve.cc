@@ -84,7 +84,7 @@ int RunServe(ServeFlags f) {
   if (info.id.empty()) info.id = "model";
   info.max_model_len = model->config().max_position_embeddings;
   info.vocab_size = model->config().vocab_size;
-  server::ChatRenderer chat = MakeChatRenderer(f.model_dir, *tokenizer);
+  server::ChatRenderer chat = server::MakeChatRenderer(f.model_dir, *tokenizer);
   server::HttpServer http(engine, *tokenizer, info, f.http, chat);
   const int port = http.Bind();
   engine.Start();

@@ -19,11 +19,6 @@ Command AddMakeModel(CLI::App& app);
 Command AddBench(CLI::App& app);
 Command AddServe(CLI::App& app);
 
-// The model folder's chat template as a renderer, or null when it has none. Throws
-// llm::Error when the template cannot be parsed (an error at start-up, never a fallback).
-std::function<std::string(const nlohmann::json&, bool)> MakeChatRenderer(
-    const std::string& model_dir, const Tokenizer& tokenizer);
-
 // The demo model's folder in this build (made by the `demo_model` target).
 std::string DefaultModelDir();
 

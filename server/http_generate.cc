@@ -34,7 +34,9 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
         throw ApiError{400, "messages must be a non-empty list", "invalid_request_error",
                        "messages", "invalid_parameter"};
       }
-      const std::string prompt = chat_(body["messages"], body.value("add_generation_prompt", true));
+      const auto ordered = nlohmann::ordered_json::parse(req.body);
+      const std::string prompt =
+          chat_(ordered["messages"], body.value("add_generation_prompt", true));
       flight->parsed = ParseChat(body, prompt, tokenizer_, model_);
     } else {
       flight->parsed = ParseCompletion(body, tokenizer_, model_);

@@ -45,13 +45,13 @@ class HttpServerTest : public ::testing::Test {
     delete slow_dir_;
   }
   void Start(ServerConfig config = {}, EngineConfig engine_config = {.num_kv_blocks = 256},
-             bool slow = false) {
+             bool slow = false, ChatRenderer chat = nullptr) {
     const LlamaModel& model = slow ? *slow_model_ : *model_;
     engine_ = std::make_unique<Engine>(model, *tokenizer_, engine_config);
     config.port = 0;
     ModelInfo info{"stories260K", model.config().max_position_embeddings,
                    model.config().vocab_size};
-    server_ = std::make_unique<HttpServer>(*engine_, *tokenizer_, info, config);
+    server_ = std::make_unique<HttpServer>(*engine_, *tokenizer_, info, config, chat);
     port_ = server_->Bind();
     engine_->Start();
     thread_ = std::thread([this] { server_->Serve(); });
@@ -157,6 +157,46 @@ TEST_F(HttpServerTest, StreamedAndNonStreamedCarryTheSameText) {
   EXPECT_EQ(stream_text, text);
   EXPECT_TRUE(done);
   EXPECT_EQ(usage["completion_tokens"], r["usage"]["completion_tokens"]);
+}
+
+// Chat through a real template (Zephyr's, as TinyLlama-Chat ships it) from a model folder's
+// tokenizer_config.json: the same text streamed and not, the role first in the stream.
+TEST_F(HttpServerTest, ChatCompletionsThroughTheModelsTemplate) {
+  test::TempDir dir;
+  json config =
+      json::parse(test::ReadFile(test::SharedDir() / "models/stories260K/tokenizer_config.json"));
+  config["chat_template"] =
+      test::ReadFile(test::SourceDir() / "tests/data/chat_templates/zephyr-7b-beta.jinja");
+  test::WriteFile(dir.path() / "tokenizer_config.json", config.dump());
+  Start({}, {.num_kv_blocks = 256}, false, MakeChatRenderer(dir.path().string(), *tokenizer_));
+  auto c = Client();
+  json req = {{"messages",
+               {{{"role", "system"}, {"content", "You tell stories."}},
+                {{"role", "user"}, {"content", "Tell me a story"}}}},
+              {"max_tokens", 20},
+              {"temperature", 0}};
+  auto plain = c.Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const json r = Body(plain);
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  const std::string text = r["choices"][0]["message"]["content"];
+  // "<|system|>\nYou tell stories.</s>\n<|user|>\n...": </s> is EOS's id, not text.
+  EXPECT_GT(r["usage"]["prompt_tokens"].get<int>(), 20);
+  req["stream"] = true;
+  auto streamed = c.Post("/v1/chat/completions", req.dump(), "application/json");
+  std::string joined, first_role;
+  size_t pos = 0;
+  while ((pos = streamed->body.find("data: {", pos)) != std::string::npos) {
+    const size_t end = streamed->body.find("\n\n", pos);
+    const json chunk = json::parse(streamed->body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    const json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("role") && first_role.empty()) first_role = delta["role"];
+    joined += delta.value("content", "");
+  }
+  EXPECT_EQ(first_role, "assistant");
+  EXPECT_EQ(joined, text);
 }
 
 TEST_F(HttpServerTest, TokenIdPromptsAndTokenizeRoundTrip) {
