@@ -20,6 +20,7 @@
 #include "engine/llama_model.h"
 #include "engine/tokenizer.h"
 #include "server/commands.h"
+#include "server/grpc_server.h"
 #include "server/http_server.h"
 
 namespace llm::cli {
@@ -29,6 +30,7 @@ struct ServeFlags {
   std::string model_dir = DefaultModelDir();
   std::string served_model_name;
   server::ServerConfig http;
+  server::GrpcConfig grpc;
   EngineConfig engine;
   int64_t kv_cache_mb = 1024;
   double shutdown_timeout = 30;
@@ -39,7 +41,7 @@ struct ServeFlags {
 void Log(const std::string& line) { std::fprintf(stderr, "[llm] %s\n", line.c_str()); }
 
 // Waits for signals on a dedicated thread (all threads block them): first drain, then exit.
-void HandleSignals(server::HttpServer& http, double shutdown_timeout) {
+void HandleSignals(server::HttpServer& http, server::GrpcServer* grpc, double shutdown_timeout) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -48,6 +50,7 @@ void HandleSignals(server::HttpServer& http, double shutdown_timeout) {
   sigwait(&set, &sig);
   Log("signal " + std::to_string(sig) + ": draining (a second signal exits at once)");
   http.BeginDrain();
+  if (grpc) grpc->BeginDrain();
   std::thread([set]() mutable {
     int again = 0;
     sigwait(&set, &again);
@@ -56,10 +59,12 @@ void HandleSignals(server::HttpServer& http, double shutdown_timeout) {
   }).detach();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(int64_t(shutdown_timeout * 1000));
-  while (http.num_in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+  auto in_flight = [&] { return http.num_in_flight() + (grpc ? grpc->num_in_flight() : 0); };
+  while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  Log("stopping with " + std::to_string(http.num_in_flight()) + " requests in flight");
+  Log("stopping with " + std::to_string(in_flight()) + " requests in flight");
+  if (grpc) grpc->Stop();
   http.Stop();
 }
 
@@ -87,12 +92,21 @@ int RunServe(ServeFlags f) {
   server::ChatRenderer chat = server::MakeChatRenderer(f.model_dir, *tokenizer);
   server::HttpServer http(engine, *tokenizer, info, f.http, chat);
   const int port = http.Bind();
+  std::unique_ptr<server::GrpcServer> grpc;
+  int grpc_port = -1;
+  if (f.grpc.port >= 0) {
+    f.grpc.host = f.http.host;
+    f.grpc.default_timeout_seconds = f.http.default_timeout_seconds;
+    grpc = std::make_unique<server::GrpcServer>(engine, *tokenizer, info, f.grpc);
+    grpc_port = grpc->Start();
+  }
   engine.Start();
   Log("model " + info.id + " (" + f.model_dir + "), backend cpu, KV cache " +
       std::to_string(engine.kv_capacity_tokens()) + " tokens, chat template " +
       (chat ? "yes" : "no"));
-  Log("listening on http://" + f.http.host + ":" + std::to_string(port));
-  std::thread signals(HandleSignals, std::ref(http), f.shutdown_timeout);
+  Log("listening on http://" + f.http.host + ":" + std::to_string(port) +
+      (grpc ? ", gRPC " + f.http.host + ":" + std::to_string(grpc_port) : ""));
+  std::thread signals(HandleSignals, std::ref(http), grpc.get(), f.shutdown_timeout);
   signals.detach();
   http.Serve();
   engine.Stop();
@@ -109,6 +123,7 @@ Command AddServe(CLI::App& app) {
   cmd->add_option("--served-model-name", f->served_model_name, "model id in the API");
   cmd->add_option("--host", f->http.host)->capture_default_str();
   cmd->add_option("--port", f->http.port)->capture_default_str();
+  cmd->add_option("--grpc-port", f->grpc.port, "gRPC port (-1: no gRPC)")->capture_default_str();
   cmd->add_option("--api-key", f->http.api_key, "require Authorization: Bearer KEY")
       ->envname("LLM_API_KEY");
   cmd->add_option("--max-body-bytes", f->http.max_body_bytes)->capture_default_str();

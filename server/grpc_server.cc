@@ -1,0 +1,239 @@
+#include "server/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "engine/error.h"
+#include "llm.grpc.pb.h"
+
+namespace llm::server {
+namespace {
+
+// The engine's sampling parameters from the proto's (unset optional fields: defaults).
+SamplingParams ToSampling(const v1::SamplingParams& p) {
+  SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  s.max_tokens = p.max_tokens() > 0 ? p.max_tokens() : 16;
+  s.stop.assign(p.stop().begin(), p.stop().end());
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  if (p.has_seed()) s.seed = p.seed();
+  if (p.has_logprobs()) s.logprobs = p.logprobs();
+  for (const auto& [id, bias] : p.logit_bias()) s.logit_bias[id] = bias;
+  return s;
+}
+
+void ToProto(const RequestOutput& out, v1::GenerateResponse* msg) {
+  for (int id : out.token_ids) msg->add_token_ids(id);
+  msg->set_text(out.text);
+  for (const OutputLogprob& lp : out.logprobs) {
+    v1::TokenLogprob* t = msg->add_logprobs();
+    t->set_token_id(lp.token);
+    t->set_logprob(lp.logprob);
+    for (const TokenLogprob& alt : lp.top) {
+      v1::TopLogprob* a = t->add_top();
+      a->set_token_id(alt.token);
+      a->set_logprob(alt.logprob);
+    }
+  }
+  if (out.is_last) {
+    msg->set_finish_reason(FinishReasonName(out.finish_reason));
+    msg->mutable_usage()->set_prompt_tokens(out.usage.prompt_tokens);
+    msg->mutable_usage()->set_completion_tokens(out.usage.completion_tokens);
+    msg->mutable_usage()->set_cached_prompt_tokens(out.usage.cached_prompt_tokens);
+  }
+}
+
+// A stream that ends at once with an error status.
+class ErrorReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit ErrorReactor(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+// One reactor per Generate call. A pump thread moves the request's channel to the wire,
+// one write in flight at a time; a cancelled call cancels the engine request.
+class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(Engine& engine, std::shared_ptr<OutputChannel> channel, std::string id,
+                  std::atomic<int64_t>& in_flight)
+      : engine_(engine), channel_(std::move(channel)), id_(std::move(id)), in_flight_(in_flight) {
+    pump_ = std::thread([this] { Pump(); });
+  }
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_pending_ = false;
+    if (!ok) cancelled_ = true;
+    cv_.notify_all();
+  }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    cv_.notify_all();
+  }
+  void OnDone() override {
+    if (pump_.get_id() == std::this_thread::get_id()) {
+      pump_.detach();
+    } else {
+      pump_.join();
+    }
+    in_flight_ -= 1;
+    delete this;
+  }
+
+ private:
+  void Pump() {
+    RequestOutput out;
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !write_pending_ || cancelled_; });
+        if (cancelled_) break;
+      }
+      if (!channel_->Pop(&out, std::chrono::milliseconds(50))) continue;
+      msg_.Clear();
+      ToProto(out, &msg_);
+      const bool last = out.is_last;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        write_pending_ = true;
+      }
+      if (last) {
+        StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+        return;  // nothing touches `this` after Finish
+      }
+      StartWrite(&msg_);
+    }
+    engine_.Cancel(id_);  // the client went away: abort (blocks freed at the next step)
+    Finish(grpc::Status::CANCELLED);
+  }
+
+  Engine& engine_;
+  std::shared_ptr<OutputChannel> channel_;
+  std::string id_;
+  std::atomic<int64_t>& in_flight_;
+  v1::GenerateResponse msg_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool write_pending_ = false;
+  bool cancelled_ = false;
+  std::thread pump_;
+};
+
+class GrpcServer::Service : public v1::Llm::CallbackService {
+ public:
+  Service(Engine& engine, const Tokenizer& tokenizer, server::ModelInfo model,
+          const GrpcConfig& config)
+      : engine_(engine), tokenizer_(tokenizer), model_(std::move(model)), config_(config) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const v1::GenerateRequest* req) override {
+    if (draining_) return new ErrorReactor({grpc::StatusCode::UNAVAILABLE, "shutting down"});
+    if (in_flight_.load() >= config_.max_in_flight) {
+      return new ErrorReactor({grpc::StatusCode::RESOURCE_EXHAUSTED, "at capacity; retry later"});
+    }
+    Request request;
+    request.request_id =
+        req->request_id().empty() ? "grpc-" + std::to_string(next_id_++) : req->request_id();
+    if (req->has_token_ids()) {
+      request.prompt_ids.assign(req->token_ids().ids().begin(), req->token_ids().ids().end());
+    } else {
+      request.prompt_ids = tokenizer_.EncodePrompt(req->text());
+    }
+    request.sampling = ToSampling(req->sampling());
+    const double timeout =
+        req->timeout_seconds() > 0 ? req->timeout_seconds() : config_.default_timeout_seconds;
+    if (timeout > 0) {
+      request.deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout * 1000));
+    }
+    std::shared_ptr<OutputChannel> channel;
+    try {
+      channel = engine_.AddRequest(request);  // validates: the same rules as HTTP
+    } catch (const Error& e) {
+      return new ErrorReactor({grpc::StatusCode::INVALID_ARGUMENT, e.what()});
+    }
+    in_flight_ += 1;
+    return new GenerateReactor(engine_, std::move(channel), request.request_id, in_flight_);
+  }
+
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
+                                     const v1::TokenizeRequest* req,
+                                     v1::TokenizeResponse* res) override {
+    for (int id : tokenizer_.EncodePrompt(req->text())) res->add_token_ids(id);
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx, const v1::ModelInfoRequest*,
+                                      v1::ModelInfoResponse* res) override {
+    res->set_model(model_.id);
+    res->set_max_model_len(model_.max_model_len);
+    res->set_vocab_size(model_.vocab_size);
+    res->set_kv_cache_tokens(engine_.kv_capacity_tokens());
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+
+ private:
+  Engine& engine_;
+  const Tokenizer& tokenizer_;
+  server::ModelInfo model_;
+  GrpcConfig config_;
+  std::atomic<uint64_t> next_id_{0};
+};
+
+GrpcServer::GrpcServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model,
+                       GrpcConfig config)
+    : service_(std::make_unique<Service>(engine, tokenizer, std::move(model), config)),
+      config_(std::move(config)) {}
+
+GrpcServer::~GrpcServer() { Stop(); }
+
+int GrpcServer::Start() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config_.host + ":" + std::to_string(config_.port),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0) {
+    throw Error("gRPC: cannot listen on " + config_.host + ":" + std::to_string(config_.port));
+  }
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  return port;
+}
+
+void GrpcServer::BeginDrain() {
+  service_->draining_ = true;
+  if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
+}
+
+void GrpcServer::Stop() {
+  if (!server_) return;
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_.reset();
+}
+
+int64_t GrpcServer::num_in_flight() const { return service_->in_flight_.load(); }
+
+}  // namespace llm::server

@@ -1,0 +1,45 @@
+// The gRPC front end (proto/llm.proto): Generate streams tokens with one callback reactor per
+// call; cancelling the call aborts the request in the engine. The standard health service
+// (grpc.health.v1) and server reflection run on the same port.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "server/openai_api.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace llm::server {
+
+struct GrpcConfig {
+  std::string host = "127.0.0.1";
+  int port = 50051;             // 0: any free port
+  int64_t max_in_flight = 512;  // beyond it: RESOURCE_EXHAUSTED
+  double default_timeout_seconds = 0;
+};
+
+class GrpcServer {
+ public:
+  GrpcServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model, GrpcConfig config);
+  ~GrpcServer();
+  int Start();        // returns the bound port; throws llm::Error when it cannot bind
+  void BeginDrain();  // health NOT_SERVING; new calls UNAVAILABLE; running streams go on
+  void Stop();        // cancels what is left
+  int64_t num_in_flight() const;
+
+  class Service;
+
+ private:
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  GrpcConfig config_;
+};
+
+}  // namespace llm::server
