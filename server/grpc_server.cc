@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine/error.h"
+#include "server/metrics.h"
 #include "llm.grpc.pb.h"
 
 namespace llm::server {
@@ -112,6 +113,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         write_pending_ = true;
       }
       if (last) {
+        LogRequestFinished(id_, "grpc", out, out.finish_reason);
         StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
         return;  // nothing touches `this` after Finish
       }

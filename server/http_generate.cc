@@ -87,6 +87,7 @@ void HttpServer::Finish(Flight& flight, bool client_gone) {
     RequestOutput aborted;
     aborted.usage.prompt_tokens = flight.prompt_tokens;
     metrics_.RequestFinished(aborted, FinishReason::kAbort);
+    LogRequestFinished(flight.id, "http", aborted, FinishReason::kAbort);
   }
   in_flight_ -= 1;
   in_flight_prompt_tokens_ -= flight.prompt_tokens;
@@ -122,6 +123,7 @@ void HttpServer::StreamResponse(std::shared_ptr<Flight> flight, httplib::Respons
         if (!out.is_last) return true;
         flight->done = true;
         metrics_.RequestFinished(out, out.finish_reason);
+        LogRequestFinished(flight->id, "http", out, out.finish_reason);
         if (flight->parsed.include_usage && !send(flight->builder->UsageChunk())) return false;
         static const char kDone[] = "data: [DONE]\n\n";
         if (!sink.write(kDone, sizeof(kDone) - 1)) return false;
@@ -148,6 +150,7 @@ void HttpServer::JsonResponse(std::shared_ptr<Flight> flight, httplib::Response&
         if (!out.is_last) return true;
         flight->done = true;
         metrics_.RequestFinished(out, out.finish_reason);
+        LogRequestFinished(flight->id, "http", out, out.finish_reason);
         const std::string body = flight->builder->Final().dump();
         if (!sink.write(body.data(), body.size())) return false;
         sink.done();

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 namespace llm::server {
 namespace {
 
@@ -19,6 +21,21 @@ const std::vector<double> kTokenBuckets = {1,   2,    5,    10,   20,    50,    
                                            500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
 
 }  // namespace
+
+void LogRequestFinished(const std::string& id, const char* front_end, const RequestOutput& last,
+                        FinishReason reason) {
+  const nlohmann::json line = {{"event", "request_finished"},
+                               {"id", id},
+                               {"api", front_end},
+                               {"finish_reason", FinishReasonName(reason)},
+                               {"prompt_tokens", last.usage.prompt_tokens},
+                               {"completion_tokens", last.usage.completion_tokens},
+                               {"cached_prompt_tokens", last.usage.cached_prompt_tokens},
+                               {"queue_s", last.queue_seconds},
+                               {"ttft_s", last.first_token_seconds},
+                               {"e2e_s", last.total_seconds}};
+  std::fputs((line.dump() + "\n").c_str(), stderr);
+}
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}

@@ -26,6 +26,11 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// One structured log line per finished request on stderr (JSON: id, tokens, timings,
+// finish reason), written with a single fputs so lines from threads never interleave.
+void LogRequestFinished(const std::string& id, const char* front_end, const RequestOutput& last,
+                        FinishReason reason);
+
 class Metrics {
  public:
   explicit Metrics(std::string model_name = "");
