@@ -9,6 +9,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc
   python3 python3-sentencepiece sentencepiece   # tokenizer oracle + spm_train (demo vocab)
 )
+# The openai npm package test needs node and npm (a base image may already have them).
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
