@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libcpp-httplib-dev
-  libgrpc++-dev protobuf-compiler-grpc
+  libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf
   python3 python3-sentencepiece sentencepiece   # tokenizer oracle + spm_train (demo vocab)
 )
 # The openai npm package test needs node and npm (a base image may already have them).
