@@ -289,6 +289,22 @@ TEST_F(HttpServerTest, DisconnectCancelsAndFreesBlocks) {
   EXPECT_NE(metrics.find("finished_reason=\"abort\"} 2"), std::string::npos) << metrics;
 }
 
+// The same during a long prefill (2,000 prompt tokens in 16-token chunks): nothing but
+// probes has been written when the client leaves, and the request is still prefilling.
+TEST_F(HttpServerTest, DisconnectDuringPrefillCancelsAndFreesBlocks) {
+  Start({.probe_interval_seconds = 0.01}, {.num_kv_blocks = 256, .max_num_batched_tokens = 16},
+        /*slow=*/true);
+  json prompt = json::array();
+  for (int i = 0; i < 2000; ++i) prompt.push_back(3 + i % 500);
+  for (const bool stream : {true, false}) {
+    const json req = {{"prompt", prompt}, {"max_tokens", 8}, {"stream", stream}};
+    PostAndHangUp(port_, "/v1/completions", req.dump(), std::chrono::milliseconds(100));
+    const EngineStats s = engine_->Stats();
+    EXPECT_EQ(s.num_generated_tokens, 0) << "the prompt should still be prefilling";
+    EXPECT_TRUE(AllBlocksFreeWithin(std::chrono::seconds(2))) << "stream=" << stream;
+  }
+}
+
 TEST_F(HttpServerTest, OverloadGets429WithRetryAfter) {
   Start({.max_queued_requests = 0}, {.num_kv_blocks = 256, .max_num_seqs = 1}, /*slow=*/true);
   std::thread slow([this] {
