@@ -12,13 +12,17 @@ int main(int argc, char** argv) {
   llm::cli::Command generate = llm::cli::AddGenerate(app);
   llm::cli::Command make_model = llm::cli::AddMakeModel(app);
   llm::cli::Command bench = llm::cli::AddBench(app);
+#if defined(LLM_HAS_SERVER)
   llm::cli::Command serve = llm::cli::AddServe(app);
+#endif
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("generate")) return generate();
     if (app.got_subcommand("make-model")) return make_model();
     if (app.got_subcommand("bench")) return bench();
+#if defined(LLM_HAS_SERVER)
     if (app.got_subcommand("serve")) return serve();
+#endif
   } catch (const llm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
