@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""Torch SDPA baselines for the GPU attention benchmarks (same shapes, same JSON lines).
+
+torch.nn.functional.scaled_dot_product_attention with one backend forced at a time:
+  torch_fa2   = SDPBackend.FLASH_ATTENTION (FlashAttention-2 inside PyTorch)
+  torch_cudnn = SDPBackend.CUDNN_ATTENTION
+Inputs are bf16, contiguous and token-major ([batch, tokens, heads, head_dim], passed to SDPA
+as the transposed [batch, heads, tokens, head_dim] view, last dim contiguous).
+
+  prefill: 16 heads, head_dim 128 and 64, batch x seq_len = 16384 tokens for seq_len
+           512..16384, causal and non-causal. FLOPs = 4*B*H*L^2*d, halved when causal.
+  decode:  GQA 32 query / 8 KV heads, head_dim 128, one query token per sequence,
+           (batch, context) in (1,4k) (1,32k) (16,4k) (64,4k) (64,16k) (256,2k).
+           Bytes = K + V read. Two ways to express GQA, both timed, best kept:
+             enable_gqa: SDPA's enable_gqa=True (q heads h -> kv head h // 4)
+             packed_q:   the 4 query heads of a group become 4 query rows of one KV head
+                         (exact for one query token: no mask), no GQA support needed.
+Timing: CUDA events, warm-up, median of >= 10 (prefill) / >= 30 (decode) calls, rotating
+input sets so the working set is several times the 50 MB L2. Decode is also timed as CUDA
+graph replays (launch overhead out); "ms" is the graph time when capture worked.
+Also: torch's device copy bandwidth (dst.copy_(src) of 2 GiB, read + written bytes).
+
+Every result is one line `JSON {...}`; a backend that refuses a shape gives a line with an
+"error" string. `--device cpu --smoke` runs tiny shapes on the CPU (logic check only).
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+import warnings
+
+L2_BYTES = 50 * 1024 * 1024
+PREFILL_TOKENS = 16384
+PREFILL_LENS = [512, 1024, 2048, 4096, 8192, 16384]
+PREFILL_HEAD_DIMS = [128, 64]
+PREFILL_HEADS = 16
+DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 4096), (64, 4096), (64, 16384), (256, 2048)]
+DECODE_Q_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 32, 8, 128
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def emit(obj):
+    print("JSON " + json.dumps(_clean(obj), allow_nan=False, default=str), flush=True)
+
+
+def finite(x):
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class Bench:
+    def __init__(self, args):
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        self.torch = torch
+        self.F = F
+        self.sdpa_kernel = sdpa_kernel
+        self.args = args
+        self.dev = torch.device(args.device)
+        self.cuda = self.dev.type == "cuda"
+        self.backends = {}
+        for name, attr in (("torch_fa2", "FLASH_ATTENTION"), ("torch_cudnn", "CUDNN_ATTENTION")):
+            be = getattr(SDPBackend, attr, None)
+            self.backends[name] = be  # None: this torch has no such backend (error line)
+        self.deadline = time.monotonic() + args.budget
+        self.copy_tb_per_s = None
+        self.gen = torch.Generator(device=self.dev)
+        self.gen.manual_seed(1234)
+
+    # ---- helpers -------------------------------------------------------------------------
+    def out_of_time(self):
+        return time.monotonic() > self.deadline
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def randn(self, *shape):
+        t = self.torch.randn(*shape, device=self.dev, dtype=self.torch.float32, generator=self.gen)
+        return t.to(self.torch.bfloat16)
+
+    def free(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+
+    def time_eager(self, fns, reps, warmup=3):
+        """Median ms of single calls, rotating over fns (one per input set)."""
+        torch = self.torch
+        n = len(fns)
+        for i in range(max(warmup, n)):
+            fns[i % n]()
+        self.sync()
+        if not self.cuda:
+            ts = []
+            for r in range(reps):
+                t0 = time.perf_counter()
+                fns[r % n]()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            return statistics.median(ts), min(ts)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for r in range(reps):
+            starts[r].record()
+            fns[r % n]()
+            ends[r].record()
+        torch.cuda.synchronize()
+        ts = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        return statistics.median(ts), min(ts)
+
+    def time_graph(self, fns, reps):
+        """Median ms per call from CUDA graph replays of one call per input set."""
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for f in fns:
+                f()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for f in fns:
+                f()
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        n = len(fns)
+        per_replay = max(reps // n, 10)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(per_replay)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(per_replay)]
+        for r in range(per_replay):
+            starts[r].record()
+            g.replay()
+            ends[r].record()
+        torch.cuda.synchronize()
+        ts = [s.elapsed_time(e) / n for s, e in zip(starts, ends)]
+        del g
+        return statistics.median(ts), min(ts)
+
+    def run_backend(self, variant, call):
+        """Runs call() under the forced backend, turning refusals into an error string."""
+        be = self.backends.get(variant)
+        if be is None:
+            raise RuntimeError(f"this torch ({self.torch.__version__}) has no backend for {variant}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with self.sdpa_kernel(be):
+                    return call()
+            except Exception as e:  # noqa: BLE001 - any refusal is a result to record
+                why = " | ".join(str(w.message).strip().replace("\n", " ") for w in caught[-4:])
+                msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                if why:
+                    msg += " | warnings: " + why
+                raise RuntimeError(msg[:800]) from None
+
+    # ---- copy ----------------------------------------------------------------------------
+    def copy(self):
+        torch = self.torch
+        nbytes = (2 << 30) if not self.args.smoke else (64 << 20)
+        try:
+            src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=self.dev)
+            src.normal_(generator=self.gen)
+            dst = torch.empty_like(src)
+            ms, best = self.time_eager([lambda: dst.copy_(src), lambda: src.copy_(dst)],
+                                       reps=20, warmup=3)
+            self.copy_tb_per_s = 2 * nbytes / (ms * 1e-3) / 1e12
+            emit({"kind": "copy", "variant": "torch_copy", "bytes_per_copy": nbytes, "reps": 20,
+                  "ms": round(ms, 5), "tb_per_s": round(self.copy_tb_per_s, 4),
+                  "best_tb_per_s": round(2 * nbytes / (best * 1e-3) / 1e12, 4)})
+            del src, dst
+        except Exception as e:  # noqa: BLE001
+            emit({"kind": "copy", "variant": "torch_copy", "error": f"{type(e).__name__}: {e}"[:800]})
+        self.free()
+
+    # ---- prefill -------------------------------------------------------------------------
+    def prefill_ref_err(self, q, k, v, out, causal):
+        """Max abs error vs a float32 reference for sequence 0's first and last 64 rows."""
+        torch = self.torch
+        L, H, d = q.shape[1], q.shape[2], q.shape[3]
+        rows = sorted(set(list(range(min(64, L))) + list(range(max(0, L - 64), L))))
+        idx = torch.tensor(rows, device=self.dev)
+        qf = q[0, idx].float().transpose(0, 1)  # [H, R, d]
+        kf = k[0].float().transpose(0, 1)  # [H, L, d]
+        vf = v[0].float().transpose(0, 1)
+        s = torch.matmul(qf, kf.transpose(1, 2)) / math.sqrt(d)  # [H, R, L]
+        if causal:
+            mask = torch.arange(L, device=self.dev)[None, :] > idx[:, None]
+            s.masked_fill_(mask[None], float("-inf"))
+        ref = torch.matmul(torch.softmax(s, dim=-1), vf).transpose(0, 1)  # [R, H, d]
+        got = out[0, idx].float()
+        return float((got - ref).abs().max())
+
+    def prefill(self):
+        torch, F = self.torch, self.F
+        lens = PREFILL_LENS if not self.args.smoke else [64, 128]
+        tokens = PREFILL_TOKENS if not self.args.smoke else 256
+        heads = PREFILL_HEADS if not self.args.smoke else 2
+        for d in PREFILL_HEAD_DIMS:
+            for L in lens:
+                B = max(1, tokens // L)
+                one_set = 3 * B * L * heads * d * 2
+                nsets = max(3, min(16, math.ceil(4 * L2_BYTES / one_set)))
+                sets = None
+                for causal in (True, False):
+                    for variant in self.backends:
+                        base = {"kind": "prefill", "variant": variant, "batch": B, "seq_len": L,
+                                "num_heads": heads, "num_kv_heads": heads, "head_dim": d,
+                                "causal": causal, "dtype": "bf16", "layout": "bshd"}
+                        if self.out_of_time():
+                            emit({**base, "error": "skipped: torch bench time budget spent"})
+                            continue
+                        try:
+                            if sets is None:
+                                sets = [tuple(self.randn(B, L, heads, d) for _ in range(3))
+                                        for _ in range(nsets)]
+                            outs = [None] * nsets
+
+                            def make(i, c=causal):
+                                q, k, v = sets[i]
+
+                                def f():
+                                    o = F.scaled_dot_product_attention(
+                                        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                        is_causal=c)
+                                    outs[i] = o
+                                    return o
+                                return f
+
+                            fns = [make(i) for i in range(nsets)]
+                            reps = max(10, self.args.prefill_reps)
+
+                            def call():
+                                return self.time_eager(fns, reps=reps, warmup=3)
+
+                            ms, best = self.run_backend(variant, call)
+                            q, k, v = sets[0]
+                            out0 = outs[0].transpose(1, 2)
+                            err = self.prefill_ref_err(q, k, v, out0, causal)
+                            flops = 4.0 * B * heads * L * L * d * (0.5 if causal else 1.0)
+                            emit({**base, "ms": round(ms, 5), "best_ms": round(best, 5),
+                                  "tflops": round(flops / (ms * 1e-3) / 1e12, 3),
+                                  "max_err": finite(err), "reps": reps, "input_sets": nsets})
+                        except Exception as e:  # noqa: BLE001
+                            emit({**base, "error": str(e)[:800]})
+                            if self.cuda:
+                                torch.cuda.synchronize()
+                del sets
+                self.free()
+
+    # ---- decode --------------------------------------------------------------------------
+    def decode(self):
+        torch, F = self.torch, self.F
+        shapes = DECODE_SHAPES if not self.args.smoke else [(1, 256), (4, 128)]
+        hq, hkv, d = DECODE_Q_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM
+        group = hq // hkv
+        for B, L in shapes:
+            kv_bytes = 2 * B * L * hkv * d * 2
+            nsets = max(3, min(64, math.ceil(4 * L2_BYTES / kv_bytes)))
+            sets = None
+            for variant in self.backends:
+                base = {"kind": "decode", "variant": variant, "batch": B, "context": L,
+                        "num_heads": hq, "num_kv_heads": hkv, "head_dim": d, "dtype": "bf16",
+                        "layout": "bshd"}
+                if self.out_of_time():
+                    emit({**base, "error": "skipped: torch bench time budget spent"})
+                    continue
+                try:
+                    if sets is None:
+                        sets = [(self.randn(B, 1, hq, d), self.randn(B, L, hkv, d),
+                                 self.randn(B, L, hkv, d)) for _ in range(nsets)]
+                except Exception as e:  # noqa: BLE001
+                    emit({**base, "error": f"allocation: {type(e).__name__}: {e}"[:800]})
+                    break
+                results, errors = {}, []
+                for mode in ("enable_gqa", "packed_q"):
+                    outs = [None] * nsets
+
+                    def make(i, m=mode):
+                        q, k, v = sets[i]
+                        kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [B, hkv, L, d]
+                        if m == "enable_gqa":
+                            qt = q.transpose(1, 2)  # [B, hq, 1, d]
+
+                            def f():
+                                outs[i] = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+                                return outs[i]
+                        else:
+                            qp = q.view(B, hkv, group, d)  # query heads h = j*group + g
+
+                            def f():
+                                o = F.scaled_dot_product_attention(qp, kt, vt)
+                                outs[i] = o
+                                return o
+                        return f
+
+                    try:
+                        fns = [make(i) for i in range(nsets)]
+                        reps = max(30, self.args.decode_reps)
+                        ms_e, _ = self.run_backend(variant, lambda: self.time_eager(fns, reps, 3))
+                        # reference for sequence 0 of set 0 (eager output), float32
+                        q, k, v = sets[0]
+                        o = outs[0]
+                        got = o.reshape(B, hq, d)[0].float()  # both modes: head h = j*group + g
+                        qf = q[0, 0].float().view(hkv, group, d)
+                        kf, vf = k[0].float(), v[0].float()  # [L, hkv, d]
+                        s = torch.einsum("jgd,ljd->jgl", qf, kf) / math.sqrt(d)
+                        ref = torch.einsum("jgl,ljd->jgd", torch.softmax(s, dim=-1), vf).reshape(hq, d)
+                        err = float((got - ref).abs().max())
+                        ms_g, timing = None, "eager"
+                        if self.cuda and not self.args.no_graph:
+                            try:
+                                ms_g, _ = self.run_backend(variant, lambda: self.time_graph(fns, reps))
+                                timing = "graph"
+                            except Exception as ge:  # noqa: BLE001
+                                errors.append(f"{mode} graph: {str(ge)[:300]}")
+                                torch.cuda.synchronize()
+                        results[mode] = {"ms": ms_g if ms_g is not None else ms_e, "ms_eager": ms_e,
+                                         "ms_graph": ms_g, "timing": timing, "max_err": finite(err)}
+                    except Exception as e:  # noqa: BLE001
+                        errors.append(f"{mode}: {str(e)[:600]}")
+                        if self.cuda:
+                            torch.cuda.synchronize()
+                if not results:
+                    emit({**base, "error": " || ".join(errors)[:1500]})
+                    continue
+                mode = min(results, key=lambda m: results[m]["ms"])
+                r = results[mode]
+                tbs = kv_bytes / (r["ms"] * 1e-3) / 1e12
+                line = {**base, "ms": round(r["ms"], 5), "tb_per_s": round(tbs, 4),
+                        "gqa_mode": mode, "timing": r["timing"],
+                        "ms_eager": round(r["ms_eager"], 5), "max_err": r["max_err"],
+                        "input_sets": nsets, "reps": max(30, self.args.decode_reps),
+                        "by_mode": {m: {k2: (round(v2, 5) if isinstance(v2, float) else v2)
+                                        for k2, v2 in rr.items()} for m, rr in results.items()}}
+                if self.copy_tb_per_s:
+                    line["copy_tb_per_s"] = round(self.copy_tb_per_s, 4)
+                    line["ratio_to_copy"] = round(tbs / self.copy_tb_per_s, 4)
+                if errors:
+                    line["notes"] = " || ".join(errors)[:800]
+                emit(line)
+            del sets
+            self.free()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", choices=["all", "copy", "prefill", "decode"], default="all")
+    ap.add_argument("--budget", type=float, default=240.0,
+                    help="seconds; shapes not started by then are reported as skipped")
+    ap.add_argument("--prefill-reps", type=int, default=10)
+    ap.add_argument("--decode-reps", type=int, default=30)
+    ap.add_argument("--no-graph", action="store_true", help="decode: eager timing only")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (logic check, e.g. on CPU)")
+    args = ap.parse_args()
+
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        emit({"kind": "torch_env", "error": f"import torch failed: {e}"})
+        return 0
+    env = {"kind": "torch_env", "torch": torch.__version__,
+           "cuda": getattr(torch.version, "cuda", None), "device": args.device}
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            emit({**env, "error": "torch.cuda.is_available() is False"})
+            return 0
+        env["gpu"] = torch.cuda.get_device_name()
+        try:
+            env["cudnn"] = torch.backends.cudnn.version()
+        except Exception:  # noqa: BLE001
+            pass
+    emit(env)
+    t0 = time.monotonic()
+    try:
+        b = Bench(args)
+    except Exception as e:  # noqa: BLE001
+        emit({**env, "error": f"setup failed: {type(e).__name__}: {e}"[:800]})
+        return 0
+    steps = {"copy": b.copy, "decode": b.decode, "prefill": b.prefill}
+    order = ["copy", "decode", "prefill"] if args.only == "all" else (
+        ["copy", args.only] if args.only != "copy" else ["copy"])
+    for name in order:
+        try:
+            steps[name]()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            emit({"kind": name, "variant": "torch", "error": f"{type(e).__name__}: {e}"[:800]})
+    print(f"attention_torch: done in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,374 @@
+// Paged decode attention on the GPU: validate against the CPU reference, then time against
+// the device's copy bandwidth (kernels/cuda/decode_attention.cu).
+//
+//   ninja -C build bench_decode_attention_gpu && ./build/bench_decode_attention_gpu
+//
+// Ladder (each version validated and timed by this bench; older ones are kept in git history):
+//   v1  CTA = (sequence, KV head, split), 4 warps × 16 keys of each 64-key tile, mma.m16n8k16
+//       for Q·Kᵀ and P·V (query rows padded to 16), cp.async 16-byte loads in a 3-stage
+//       (hd 128) / 4-stage (hd 64) pipeline, page indices staged in shared memory by cp.async
+//       one tile ahead, split-KV by FA2's wave-efficiency rule + a combine kernel.
+//   v2  combine kernel in one parallel pass (split weights 2^(m_s - m) computed by a warp into
+//       shared memory, acc loads unrolled) instead of v1's serial OnlineSoftmax::Merge chain,
+//       which cost ~0.6 µs of dependent L2 latency per split (v1: 1×4k 26.6 µs, 1×32k 55 µs).
+//   "v2-nosplit" is v2 with num_splits forced to 1, to show what split-KV buys.
+//
+// Method: bytes = K + V bytes read (batch × context × kv_heads × head_dim × 2 B × 2); each
+// shape rotates among enough disjoint KV sets (each with its own shuffled block table and
+// query) to exceed 512 MB, so every timed launch reads from HBM, not the 50 MB L2; 5 warm-up
+// launches, then the median of 30 launches, each timed by its own CUDA events. The copy
+// ceiling is cudaMemcpy device-to-device of 2 GiB (read + write bytes / time), median of 10,
+// measured in the same run. max_err: sequence 0 of set 0 against cpu::PagedDecodeAttention
+// on the same bf16 values in fp32 (max abs error / max |ref| is printed as rel_err).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/flash_attention.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/dtype.h"
+
+namespace {
+
+using llm::AttentionBatch;
+using llm::PagedKvLayout;
+using llm::PagedKvView;
+
+// Deterministic pseudo-random bf16 in [-1, 1) (never all zeros: see METHOD.md).
+__global__ void FillKernel(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ (uint32_t(i >> 32) + seed) * 0x9e3779b9u;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float f = float(x >> 8) * (2.f / 16777216.f) - 1.f;
+    __nv_bfloat16 b = __float2bfloat16_rn(f);
+    p[i] = *reinterpret_cast<uint16_t*>(&b);
+  }
+}
+
+void Fill(void* p, size_t n, uint32_t seed) {
+  FillKernel<<<4096, 256>>>(static_cast<uint16_t*>(p), n, seed);
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+float Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double CopyBandwidthTBs() {
+  const size_t bytes = size_t(2) << 30;
+  void *a = nullptr, *b = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&a, bytes));
+  LLM_CUDA_CHECK(cudaMalloc(&b, bytes));
+  LLM_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  LLM_CUDA_CHECK(cudaEventCreate(&e0));
+  LLM_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 13; ++i) {
+    LLM_CUDA_CHECK(cudaEventRecord(e0));
+    LLM_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    LLM_CUDA_CHECK(cudaEventRecord(e1));
+    LLM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) / (Median(ms) * 1e-3) / 1e12;
+}
+
+struct Shape {
+  int batch;
+  int context;  // keys attended per sequence (context_lens = context - 1)
+};
+
+struct Result {
+  std::string variant;
+  Shape shape;
+  float ms;
+  double tbs;
+  int splits;
+  float max_err;
+  float rel_err;
+};
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+
+// One shape: `sets` disjoint KV sets in one pool, each with its own shuffled block table.
+struct Problem {
+  Shape shape;
+  int sets = 1;
+  int64_t blocks_per_seq = 0;
+  PagedKvLayout layout;
+  void* k = nullptr;
+  void* v = nullptr;
+  void* q = nullptr;    // [sets, batch, heads, hd]
+  void* out = nullptr;  // [batch, heads, hd]
+  int32_t* tables = nullptr;  // [sets, batch, blocks_per_seq]
+  int32_t* ctx = nullptr;
+  int32_t* cu = nullptr;
+  std::vector<int32_t> host_tables;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+
+  Problem(Shape s, int64_t min_bytes) : shape(s) {
+    const double kv_bytes = double(s.batch) * s.context * kKvHeads * kHeadDim * 2 * 2;
+    sets = std::max<int>(1, int(std::ceil(double(min_bytes) / kv_bytes)));
+    blocks_per_seq = (s.context + kBlock - 1) / kBlock;
+    const int64_t num_blocks = int64_t(sets) * s.batch * blocks_per_seq;
+    layout = PagedKvLayout{num_blocks, kBlock, kKvHeads, kHeadDim};
+    LLM_CUDA_CHECK(cudaMalloc(&k, layout.pool_elements() * 2));
+    LLM_CUDA_CHECK(cudaMalloc(&v, layout.pool_elements() * 2));
+    Fill(k, layout.pool_elements(), 1);
+    Fill(v, layout.pool_elements(), 2);
+    const size_t q_elems = size_t(sets) * s.batch * kHeads * kHeadDim;
+    LLM_CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
+    Fill(q, q_elems, 3);
+    LLM_CUDA_CHECK(cudaMalloc(&out, size_t(s.batch) * kHeads * kHeadDim * 2));
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::mt19937 rng(42);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    host_tables = perm;  // [sets][batch][blocks_per_seq]
+    LLM_CUDA_CHECK(cudaMalloc(&tables, host_tables.size() * 4));
+    LLM_CUDA_CHECK(cudaMemcpy(tables, host_tables.data(), host_tables.size() * 4,
+                              cudaMemcpyHostToDevice));
+    std::vector<int32_t> h_ctx(s.batch, s.context - 1), h_cu(s.batch + 1);
+    std::iota(h_cu.begin(), h_cu.end(), 0);
+    LLM_CUDA_CHECK(cudaMalloc(&ctx, h_ctx.size() * 4));
+    LLM_CUDA_CHECK(cudaMalloc(&cu, h_cu.size() * 4));
+    LLM_CUDA_CHECK(cudaMemcpy(ctx, h_ctx.data(), h_ctx.size() * 4, cudaMemcpyHostToDevice));
+    LLM_CUDA_CHECK(cudaMemcpy(cu, h_cu.data(), h_cu.size() * 4, cudaMemcpyHostToDevice));
+    ws_bytes = llm::cuda::DecodeWorkspaceBytes(s.batch, kHeads, kHeadDim, 128);
+    LLM_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  }
+  ~Problem() {
+    for (void* p : {k, v, q, out, static_cast<void*>(tables), static_cast<void*>(ctx),
+                    static_cast<void*>(cu), ws})
+      cudaFree(p);
+  }
+
+  llm::cuda::AttentionParams Params(int set) const {
+    llm::cuda::AttentionParams p;
+    p.q = static_cast<const uint16_t*>(q) + size_t(set) * shape.batch * kHeads * kHeadDim;
+    p.out = out;
+    p.kv = PagedKvView<const void>{k, v, layout};
+    p.batch = AttentionBatch{shape.batch, cu, ctx, tables + int64_t(set) * shape.batch * blocks_per_seq,
+                             blocks_per_seq};
+    p.num_heads = kHeads;
+    p.scale = 1.f / std::sqrt(float(kHeadDim));
+    p.dtype = llm::DType::kBF16;
+    p.max_q_len = 1;
+    p.max_num_keys = shape.context;
+    return p;
+  }
+
+  // Sequence 0 of set 0 against the CPU reference: (max abs err, max |ref|).
+  std::pair<float, float> Check(int splits) {
+    llm::cuda::PagedDecodeAttention(Params(0), splits, ws, ws_bytes, nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(kHeads * kHeadDim), qh(kHeads * kHeadDim);
+    LLM_CUDA_CHECK(cudaMemcpy(got.data(), out, got.size() * 2, cudaMemcpyDeviceToHost));
+    LLM_CUDA_CHECK(cudaMemcpy(qh.data(), q, qh.size() * 2, cudaMemcpyDeviceToHost));
+    // Gather the sequence's blocks into a compact fp32 pool, blocks renumbered 0..n-1.
+    const int64_t n = blocks_per_seq;
+    const int64_t bstride = layout.block_stride();
+    PagedKvLayout small{n, kBlock, kKvHeads, kHeadDim};
+    std::vector<float> kf(small.pool_elements()), vf(small.pool_elements());
+    std::vector<uint16_t> tmp(bstride);
+    for (int64_t b = 0; b < n; ++b) {
+      const int64_t src = host_tables[b];
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint16_t* pool = static_cast<const uint16_t*>(kv == 0 ? k : v);
+        LLM_CUDA_CHECK(cudaMemcpy(tmp.data(), pool + src * bstride, bstride * 2,
+                                  cudaMemcpyDeviceToHost));
+        float* dst = (kv == 0 ? kf.data() : vf.data()) + b * bstride;
+        for (int64_t i = 0; i < bstride; ++i) dst[i] = llm::Bf16ToF32(tmp[i]);
+      }
+    }
+    std::vector<int32_t> table(n), ctx_h{shape.context - 1}, cu_h{0, 1};
+    std::iota(table.begin(), table.end(), 0);
+    std::vector<float> qf(qh.size()), ref(qh.size());
+    for (size_t i = 0; i < qh.size(); ++i) qf[i] = llm::Bf16ToF32(qh[i]);
+    AttentionBatch b{1, cu_h.data(), ctx_h.data(), table.data(), n};
+    llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), small},
+                                   b, kHeads, 1.f / std::sqrt(float(kHeadDim)), ref.data(), 1);
+    float err = 0, mx = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const float g = llm::Bf16ToF32(got[i]);
+      err = std::isnan(g) ? INFINITY : std::max(err, std::fabs(g - ref[i]));
+      mx = std::max(mx, std::fabs(ref[i]));
+    }
+    return {err, mx};
+  }
+
+  Result Time(const std::string& variant, int splits, double /*copy_tbs*/) {
+    cudaEvent_t e0, e1;
+    LLM_CUDA_CHECK(cudaEventCreate(&e0));
+    LLM_CUDA_CHECK(cudaEventCreate(&e1));
+    llm::cuda::DecodeLaunchInfo info;
+    for (int i = 0; i < 5; ++i)
+      llm::cuda::PagedDecodeAttention(Params(i % sets), splits, ws, ws_bytes, nullptr, &info);
+    std::vector<float> ms;
+    for (int i = 0; i < 30; ++i) {
+      const auto p = Params((i + 5) % sets);
+      LLM_CUDA_CHECK(cudaEventRecord(e0));
+      llm::cuda::PagedDecodeAttention(p, splits, ws, ws_bytes, nullptr);
+      LLM_CUDA_CHECK(cudaEventRecord(e1));
+      LLM_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const float med = Median(ms);
+    const double bytes = double(shape.batch) * shape.context * kKvHeads * kHeadDim * 2 * 2;
+    const auto [err, mx] = Check(splits);
+    return Result{variant, shape, med, bytes / (med * 1e-3) / 1e12, info.num_splits, err,
+                  mx > 0 ? err / mx : err};
+  }
+};
+
+// Small ragged validation against the CPU on every element (splits 1, auto, 8).
+bool Validate() {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const std::vector<int32_t> keys = {1000, 37, 2500};
+  const int64_t ns = keys.size();
+  int64_t maxb = 0, total = 0;
+  for (int32_t n : keys) {
+    maxb = std::max<int64_t>(maxb, (n + kBlock - 1) / kBlock);
+    total += (n + kBlock - 1) / kBlock;
+  }
+  PagedKvLayout layout{total, kBlock, kKvHeads, kHeadDim};
+  std::vector<int32_t> perm(total), tables(ns * maxb, 0), ctx(ns), cu(ns + 1);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int64_t next = 0;
+  for (int64_t s = 0; s < ns; ++s) {
+    ctx[s] = keys[s] - 1;
+    cu[s] = int32_t(s);
+    for (int64_t b = 0; b < (keys[s] + kBlock - 1) / kBlock; ++b) tables[s * maxb + b] = perm[next++];
+  }
+  cu[ns] = int32_t(ns);
+  std::vector<uint16_t> kb(layout.pool_elements()), vb(kb.size()), qb(ns * kHeads * kHeadDim);
+  std::vector<float> kf(kb.size()), vf(kb.size()), qf(qb.size()), ref(qb.size());
+  for (size_t i = 0; i < kb.size(); ++i) {
+    kb[i] = llm::F32ToBf16(normal(rng));
+    vb[i] = llm::F32ToBf16(normal(rng));
+    kf[i] = llm::Bf16ToF32(kb[i]);
+    vf[i] = llm::Bf16ToF32(vb[i]);
+  }
+  for (size_t i = 0; i < qb.size(); ++i) {
+    qb[i] = llm::F32ToBf16(normal(rng));
+    qf[i] = llm::Bf16ToF32(qb[i]);
+  }
+  const float scale = 1.f / std::sqrt(float(kHeadDim));
+  AttentionBatch hb{ns, cu.data(), ctx.data(), tables.data(), maxb};
+  llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), layout},
+                                 hb, kHeads, scale, ref.data(), 1);
+  auto up = [](const auto& h) {
+    void* d = nullptr;
+    LLM_CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(h[0])));
+    LLM_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(h[0]), cudaMemcpyHostToDevice));
+    return d;
+  };
+  void *dk = up(kb), *dv = up(vb), *dq = up(qb), *dt = up(tables), *dc = up(ctx), *du = up(cu);
+  void* dout = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&dout, qb.size() * 2));
+  const size_t ws_bytes = llm::cuda::DecodeWorkspaceBytes(ns, kHeads, kHeadDim, 8);
+  void* ws = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  llm::cuda::AttentionParams p;
+  p.q = dq;
+  p.out = dout;
+  p.kv = PagedKvView<const void>{dk, dv, layout};
+  p.batch = AttentionBatch{ns, static_cast<int32_t*>(du), static_cast<int32_t*>(dc),
+                           static_cast<int32_t*>(dt), maxb};
+  p.num_heads = kHeads;
+  p.scale = scale;
+  p.dtype = llm::DType::kBF16;
+  p.max_q_len = 1;
+  p.max_num_keys = 2500;
+  float mx = 0;
+  for (float r : ref) mx = std::max(mx, std::fabs(r));
+  bool ok = true;
+  for (int splits : {1, 0, 8}) {
+    LLM_CUDA_CHECK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN poison
+    llm::cuda::DecodeLaunchInfo info;
+    llm::cuda::PagedDecodeAttention(p, splits, ws, ws_bytes, nullptr, &info);
+    std::vector<uint16_t> got(qb.size());
+    LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
+    float err = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float g = llm::Bf16ToF32(got[i]);
+      err = std::isnan(g) ? INFINITY : std::max(err, std::fabs(g - ref[i]));
+    }
+    const bool pass = err <= 2e-2f * mx;
+    ok = ok && pass;
+    std::printf("validate splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n", splits,
+                info.num_splits, err, mx, pass ? "ok" : "FAIL");
+  }
+  for (void* d : {dk, dv, dq, dt, dc, du, dout, ws}) cudaFree(d);
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  std::printf("device: %s\n", llm::cuda::DeviceDescription().c_str());
+  if (!Validate()) {
+    std::printf("validation FAILED\n");
+    return 1;
+  }
+  const double copy_tbs = CopyBandwidthTBs();
+  std::printf("copy bandwidth (cudaMemcpy D2D 2 GiB, read+write): %.3f TB/s\n", copy_tbs);
+  const std::vector<Shape> shapes = {{1, 4096}, {1, 32768}, {16, 4096},
+                                     {64, 4096}, {64, 16384}, {256, 2048}};
+  std::vector<Result> results;
+  for (const Shape& s : shapes) {
+    Problem prob(s, int64_t(512) << 20);
+    std::vector<std::pair<std::string, int>> variants = {{"v2", 0}};
+    const int auto_splits = llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context, kHeadDim, 128);
+    if (auto_splits > 1) variants.push_back({"v2-nosplit", 1});
+    for (const auto& [name, splits] : variants) {
+      const Result r = prob.Time(name, splits, copy_tbs);
+      results.push_back(r);
+      std::printf(
+          "JSON {\"kind\":\"decode\",\"variant\":\"%s\",\"batch\":%d,\"context\":%d,"
+          "\"num_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"dtype\":\"bf16\",\"ms\":%.4f,"
+          "\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%.3f,\"splits\":%d,"
+          "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d}\n",
+          r.variant.c_str(), s.batch, s.context, kHeads, kKvHeads, kHeadDim, r.ms, r.tbs,
+          copy_tbs, r.tbs / copy_tbs, r.splits, r.max_err, r.rel_err, prob.sets);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n%-11s %6s %7s %7s %9s %8s %7s %9s\n", "variant", "batch", "context", "splits",
+              "ms", "TB/s", "ratio", "rel_err");
+  for (const Result& r : results) {
+    std::printf("%-11s %6d %7d %7d %9.4f %8.3f %7.3f %9.2e\n", r.variant.c_str(), r.shape.batch,
+                r.shape.context, r.splits, r.ms, r.tbs, r.tbs / copy_tbs, r.rel_err);
+  }
+  std::printf("copy %.3f TB/s\n", copy_tbs);
+  return 0;
+}

@@ -1,0 +1,678 @@
+// Paged decode attention on the GPU (flash-decoding), bf16 / fp16, head_dim 64 and 128.
+// One query token per sequence; sequence i attends over context_lens[i] + 1 keys gathered
+// through its block table (layout: kernels/paged_kv.h, HND per block). CPU twin and
+// specification: cpu::PagedDecodeAttention (kernels/cpu/flash_attention.h).
+//
+// Decode is memory-bound (~1 FLOP per byte of K/V even with GQA 8), so the design is about
+// reading every K/V byte exactly once at full HBM bandwidth:
+//  - One CTA = one (sequence, KV head, key split): all G = num_heads / num_kv_heads query heads
+//    of the KV group ride along, so each K/V row is read once for the G heads.
+//  - CTA = 4 warps; the CTA walks its key range in tiles of 64 keys; warp w owns keys
+//    [16w, 16w + 16) of each tile and keeps its own online-softmax state (m, l) and fp32
+//    accumulator for the 16 (padded) query rows; the 4 warp states merge at the end.
+//  - Tensor cores, the FlashAttention-2 fragment trick: S[16 rows, 16 keys] = Q·Kᵀ with
+//    mma.m16n8k16 (A = Q, query rows padded to 16 with zeros, held in registers for the whole
+//    CTA; B = K through ldmatrix), softmax in the log2 domain on the accumulator fragment, then
+//    O[16, D] += P·V with P re-packed from the S accumulators as the A operand and V through
+//    ldmatrix.trans. Padding rows cost tensor-core time only, which decode has to spare.
+//  - Loads: cp.async 16-byte copies (L2-only .cg), kStages-deep shared-memory pipeline over the
+//    64-key tiles (one commit group per tile), rows XOR-swizzled in 16-byte chunks so that
+//    ldmatrix reads are bank-conflict free. Out-of-range rows are zero-filled (src-size 0).
+//  - Page indices are staged in shared memory by the same cp.async pipeline, one tile ahead
+//    of the K/V loads that need them (4-byte cp.async into a ring of 2·kStages slots), so no
+//    thread ever waits on a block-table load before issuing its K/V copies.
+//  - Split-KV: when num_seqs × num_kv_heads CTAs cannot fill the SMs, each sequence's tiles
+//    are split into num_splits contiguous chunks; each CTA writes its unnormalised partial
+//    (acc[D], m, l) per query head to the workspace and CombineKernel merges the partials with
+//    the OnlineSoftmax::Merge math (kernels/online_softmax.h), in one parallel pass. With one split the attention kernel
+//    normalises and writes the output itself (no workspace, one launch).
+//  - SelectSplits picks the split count from the batch shape, the SM count and the
+//    occupancy of the config (FlashAttention-2's wave-efficiency rule).
+// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} + CombineKernel {bf16, fp16} = 6.
+//
+// Test: ninja -C build decode_attention_gpu_test && (cd build && ctest -L gpu -R decode_attention)
+// Bench: ninja -C build bench_decode_attention_gpu && ./build/bench_decode_attention_gpu
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/online_softmax.h"
+
+namespace llm::cuda {
+namespace {
+
+// Tile configuration per head_dim.
+template <int kHeadDim>
+struct DecodeTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kKeysPerWarp = 16;                   // one k16 step of P·V per tile
+  static constexpr int kTileKeys = kWarps * kKeysPerWarp;   // 64 keys per pipeline stage
+  static constexpr int kStages = kHeadDim == 128 ? 3 : 4;   // 96 KiB / 64 KiB of K+V stages
+  static constexpr int kChunksPerRow = kHeadDim / 8;        // 16-byte chunks per key row
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kTileKeys / kRowsPerPass;  // cp.async per thread per K tile
+  static constexpr int kTileElems = kTileKeys * kHeadDim;   // one K (or V) tile
+  static constexpr int kKSteps = kHeadDim / 16;             // k16 steps of Q·Kᵀ
+  static constexpr int kNTiles = kHeadDim / 8;              // n8 tiles of the output
+  static constexpr int kPageSlots = 2 * kStages;            // page-index ring (see kernel)
+  static constexpr int kPageSlotInts = kTileKeys + 2;       // pages one tile can touch (bs>=1)
+  static constexpr int kRows = 16;                          // mma M: query rows, padded
+  static constexpr int kRedStride = kHeadDim + 8;  // fp32 epilogue row, padded vs bank conflicts
+  static constexpr size_t kKvSmemBytes = size_t(kStages) * 2 * kTileElems * 2;
+  static constexpr size_t kSmemBytes = kKvSmemBytes + size_t(kPageSlots) * kPageSlotInts * 4;
+
+  static_assert(kHeadDim % 64 == 0, "the XOR swizzle permutes 8 chunks of 16 bytes per row");
+  static_assert(kThreads % kChunksPerRow == 0 && kTileKeys % kRowsPerPass == 0,
+                "a K/V tile is a whole number of cp.async passes");
+  static_assert(kStages >= 2, "the pipeline keeps kStages - 1 tiles in flight");
+  static_assert(size_t(kWarps) * kRows * kRedStride * 4 <= kKvSmemBytes,
+                "the epilogue reuses the K/V stages for the cross-warp merge");
+  static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
+};
+
+struct KernelArgs {
+  const void* q;  // [num_seqs, num_heads, D]
+  void* out;      // [num_seqs, num_heads, D]
+  const void* k;  // pools [num_blocks, num_kv_heads, block_size, D]
+  const void* v;
+  const int32_t* context_lens;  // [num_seqs]
+  const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
+  int64_t max_blocks_per_seq;
+  int64_t block_stride;  // elements
+  int64_t head_stride;   // elements
+  int block_size;
+  int block_shift;  // log2(block_size) when a power of two, else -1
+  int num_heads;
+  int num_kv_heads;
+  int group;
+  int num_splits;
+  float scale_log2;  // scale · log2(e)
+  float* part_acc;   // [num_seqs, num_heads, num_splits, D] (num_splits > 1)
+  float* part_ml;    // [num_seqs, num_heads, num_splits, 2]  (m, l)
+};
+
+// ---- PTX wrappers -----------------------------------------------------------------------
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte global -> shared copy through L2 only; src_bytes 0 zero-fills the destination.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D[16x8] += A[16x16] · B[16x8], fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two fp32 -> packed pair (lo in the low half, as the mma fragments expect).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, D] tile: chunks
+// are XOR-permuted by row % 8 so that 8 consecutive rows at one logical chunk (an ldmatrix
+// 8x8 matrix) hit 8 different 16-byte bank groups.
+template <int D>
+__device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// ---- the attention kernel ---------------------------------------------------------------
+// Grid: num_seqs × num_kv_heads × num_splits CTAs (flattened, split fastest); 128 threads.
+template <typename T, int D>
+__global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
+    DecodeKernel(const __grid_constant__ KernelArgs a) {
+  using Tr = DecodeTraits<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* kv_smem = reinterpret_cast<T*>(smem);  // stage s: K at 2s·tile, V at (2s+1)·tile
+  int* page_smem = reinterpret_cast<int*>(smem + Tr::kKvSmemBytes);  // [kPageSlots][slot ints]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int split = blockIdx.x % a.num_splits;
+  const int seq_head = blockIdx.x / a.num_splits;
+  const int kv_head = seq_head % a.num_kv_heads;
+  const int seq = seq_head / a.num_kv_heads;
+
+  // This CTA's key range: whole 64-key tiles [tile_begin, tile_end) of the sequence.
+  const int num_keys = a.context_lens[seq] + 1;
+  const int total_tiles = (num_keys + Tr::kTileKeys - 1) / Tr::kTileKeys;
+  const int tiles_per_split = (total_tiles + a.num_splits - 1) / a.num_splits;
+  const int tile_begin = min(total_tiles, split * tiles_per_split);
+  const int num_tiles = min(total_tiles, tile_begin + tiles_per_split) - tile_begin;
+  const int key_begin = tile_begin * Tr::kTileKeys;
+  const int key_end = min(num_keys, key_begin + num_tiles * Tr::kTileKeys);
+
+  const int32_t* table = a.block_tables + seq * a.max_blocks_per_seq;
+  const T* k_head = static_cast<const T*>(a.k) + kv_head * a.head_stride;
+  const T* v_head = static_cast<const T*>(a.v) + kv_head * a.head_stride;
+  auto page_of = [&](int key) { return a.block_shift >= 0 ? key >> a.block_shift : key / a.block_size; };
+
+  // Page indices of tile j (relative to tile_begin) -> ring slot j % kPageSlots.
+  auto tile_pages = [&](int j, int& first, int& count) {
+    const int k0 = key_begin + j * Tr::kTileKeys;
+    const int k1 = min(key_end, k0 + Tr::kTileKeys) - 1;
+    first = page_of(k0);
+    count = page_of(k1) - first + 1;
+  };
+  auto stage_pages_async = [&](int j) {
+    if (j >= num_tiles) return;
+    int first, count;
+    tile_pages(j, first, count);
+    int* slot = page_smem + (j % Tr::kPageSlots) * Tr::kPageSlotInts;
+    for (int i = tid; i < count; i += Tr::kThreads) CpAsync4(SmemAddr(slot + i), table + first + i);
+  };
+  // K and V rows of tile j -> pipeline stage `stage`. Thread tid copies chunk tid % kChunks
+  // of rows tid / kChunks + kRowsPerPass·p: kPasses 16-byte copies each for K and for V.
+  auto issue_tile = [&](int j, int stage) {
+    if (j >= num_tiles) return;
+    const int k0 = key_begin + j * Tr::kTileKeys;
+    const int first_page = page_of(k0);
+    const int* slot = page_smem + (j % Tr::kPageSlots) * Tr::kPageSlotInts;
+    const uint32_t k_dst = SmemAddr(kv_smem + (2 * stage) * Tr::kTileElems);
+    const uint32_t v_dst = SmemAddr(kv_smem + (2 * stage + 1) * Tr::kTileElems);
+    const int chunk = tid % Tr::kChunksPerRow;
+#pragma unroll
+    for (int p = 0; p < Tr::kPasses; ++p) {
+      const int row = tid / Tr::kChunksPerRow + p * Tr::kRowsPerPass;
+      const int key = k0 + row;
+      const bool valid = key < key_end;
+      int64_t off = 0;
+      if (valid) {
+        const int page = page_of(key);
+        const int64_t block = slot[page - first_page];
+        off = block * a.block_stride + int64_t(key - page * a.block_size) * D + chunk * 8;
+      }
+      const uint32_t dst_off = SwizzledOffset<D>(row, chunk) * sizeof(T);
+      CpAsync16(k_dst + dst_off, k_head + off, valid ? 16 : 0);
+      CpAsync16(v_dst + dst_off, v_head + off, valid ? 16 : 0);
+    }
+  };
+
+  // Page indices of the first kStages - 1 tiles: plain loads (nothing is in flight yet).
+  for (int j = 0; j < Tr::kStages - 1 && j < num_tiles; ++j) {
+    int first, count;
+    tile_pages(j, first, count);
+    int* slot = page_smem + (j % Tr::kPageSlots) * Tr::kPageSlotInts;
+    for (int i = tid; i < count; i += Tr::kThreads) slot[i] = table[first + i];
+  }
+  __syncthreads();
+
+  // Q fragment (A operand, rows = query heads of the group, padded with zeros to 16):
+  //   qa[s] = {Q[g][16s+2c..], Q[g+8][16s+2c..], Q[g][16s+8+2c..], Q[g+8][16s+8+2c..]}
+  // with g = lane / 4, c = lane % 4.
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  uint32_t qa[Tr::kKSteps][4];
+  {
+    const T* q_group =
+        static_cast<const T*>(a.q) + (int64_t(seq) * a.num_heads + kv_head * a.group) * D;
+    const uint32_t* row0 = reinterpret_cast<const uint32_t*>(q_group + g * D);
+    const uint32_t* row1 = reinterpret_cast<const uint32_t*>(q_group + (g + 8) * D);
+    const bool has0 = g < a.group;
+    const bool has1 = g + 8 < a.group;
+#pragma unroll
+    for (int s = 0; s < Tr::kKSteps; ++s) {
+      qa[s][0] = has0 ? row0[(16 * s + 2 * c) / 2] : 0u;
+      qa[s][1] = has1 ? row1[(16 * s + 2 * c) / 2] : 0u;
+      qa[s][2] = has0 ? row0[(16 * s + 8 + 2 * c) / 2] : 0u;
+      qa[s][3] = has1 ? row1[(16 * s + 8 + 2 * c) / 2] : 0u;
+    }
+  }
+
+  // Prologue: tiles 0..kStages-2 in flight. Commit group j holds K/V of tile j and the page
+  // indices of tile j + kStages - 1 (needed when that tile is issued, after group j landed).
+#pragma unroll
+  for (int j = 0; j < Tr::kStages - 1; ++j) {
+    issue_tile(j, j);
+    stage_pages_async(j + Tr::kStages - 1);
+    CpAsyncCommit();
+  }
+
+  // Per-warp online-softmax state for rows g (r = 0) and g + 8 (r = 1); l is this thread's
+  // partial sum over its key columns (the quad's partials are added at the end).
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  float o[Tr::kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < Tr::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  // ldmatrix row addressing: lanes 8i..8i+7 give the rows of 8x8 matrix i.
+  const int warp_row = warp * Tr::kKeysPerWarp;
+  // K (non-transposed): matrices {keys 0-7, keys 0-7, keys 8-15, keys 8-15} × {chunk, chunk+1}.
+  const int k_row = warp_row + ((lane >> 4) << 3) + (lane & 7);
+  const int k_chunk_lo = (lane >> 3) & 1;
+  // V (transposed): matrices {keys 0-7, keys 8-15, keys 0-7, keys 8-15} × {chunk, chunk, +1, +1}.
+  const int v_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
+  const int v_chunk_lo = lane >> 4;
+
+  for (int i = 0; i < num_tiles; ++i) {
+    CpAsyncWait<Tr::kStages - 2>();  // this thread's copies of tile i (group i) landed
+    __syncthreads();                 // everyone's landed; everyone finished tile i - 1
+    issue_tile(i + Tr::kStages - 1, (i + Tr::kStages - 1) % Tr::kStages);
+    stage_pages_async(i + 2 * Tr::kStages - 2);
+    CpAsyncCommit();
+
+    const int stage = i % Tr::kStages;
+    const uint32_t k_tile = SmemAddr(kv_smem + (2 * stage) * Tr::kTileElems);
+    const uint32_t v_tile = SmemAddr(kv_smem + (2 * stage + 1) * Tr::kTileElems);
+
+    // S = Q·Kᵀ: s[n] covers keys 8n..8n+7 of this warp's 16; fp32.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+      uint32_t b[4];
+      LdMatrixX4(b, k_tile + SwizzledOffset<D>(k_row, 2 * ks + k_chunk_lo) * sizeof(T));
+      Mma<T>(s[0], qa[ks], b[0], b[1]);
+      Mma<T>(s[1], qa[ks], b[2], b[3]);
+    }
+
+    // Online softmax (log2 domain), mirroring OnlineSoftmax::Update per row.
+    const int key0 = key_begin + i * Tr::kTileKeys + warp_row + 2 * c;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool visible = key0 + 8 * n + (e & 1) < key_end;
+        s[n][e] = visible ? s[n][e] * a.scale_log2 : -INFINITY;
+        tile_max[e >> 1] = Max(tile_max[e >> 1], s[n][e]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = Max(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = Max(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = Max(m[r], tile_max[r]);
+      alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+    const float offset[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - offset[e >> 1]);
+        l[e >> 1] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < Tr::kNTiles; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+
+    // O += P·V: P is the A operand straight from the S accumulators (rows g / g+8, keys
+    // 2c.., 8+2c..); V through ldmatrix.trans, two n8 tiles of head_dim per x4.
+    const uint32_t pa[4] = {Pack2<T>(s[0][0], s[0][1]), Pack2<T>(s[0][2], s[0][3]),
+                            Pack2<T>(s[1][0], s[1][1]), Pack2<T>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int n2 = 0; n2 < Tr::kNTiles / 2; ++n2) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, v_tile + SwizzledOffset<D>(v_row, 2 * n2 + v_chunk_lo) * sizeof(T));
+      Mma<T>(o[2 * n2], pa, b[0], b[1]);
+      Mma<T>(o[2 * n2 + 1], pa, b[2], b[3]);
+    }
+  }
+
+  // ---- epilogue: merge the 4 warps' states, then write the output or the split partial ----
+  CpAsyncWait<0>();
+  __syncthreads();  // the K/V stages are free: reuse them for the cross-warp merge
+  __shared__ float red_m[Tr::kWarps][Tr::kRows];
+  __shared__ float red_l[Tr::kWarps][Tr::kRows];
+  float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kRedStride]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  if (c == 0) {
+    red_m[warp][g] = m[0];
+    red_l[warp][g] = l[0];
+    red_m[warp][g + 8] = m[1];
+    red_l[warp][g + 8] = l[1];
+  }
+  float* my_o = red_o + warp * Tr::kRows * Tr::kRedStride;
+#pragma unroll
+  for (int n = 0; n < Tr::kNTiles; ++n) {
+    *reinterpret_cast<float2*>(my_o + g * Tr::kRedStride + 8 * n + 2 * c) =
+        make_float2(o[n][0], o[n][1]);
+    *reinterpret_cast<float2*>(my_o + (g + 8) * Tr::kRedStride + 8 * n + 2 * c) =
+        make_float2(o[n][2], o[n][3]);
+  }
+  __syncthreads();
+
+  for (int idx = tid; idx < a.group * D; idx += Tr::kThreads) {
+    const int row = idx / D;
+    const int d = idx % D;
+    float m_cta = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) m_cta = Max(m_cta, red_m[w][row]);
+    float acc = 0.f, l_cta = 0.f;
+    if (m_cta != -INFINITY) {  // as OnlineSoftmax::Merge: each side scaled by 2^(m_w - m)
+#pragma unroll
+      for (int w = 0; w < Tr::kWarps; ++w) {
+        const float scale = exp2f(red_m[w][row] - m_cta);
+        acc += scale * red_o[(w * Tr::kRows + row) * Tr::kRedStride + d];
+        l_cta += scale * red_l[w][row];
+      }
+    }
+    const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
+    if (a.num_splits == 1) {
+      const float inv_l = l_cta > 0.f ? 1.f / l_cta : 0.f;  // OnlineSoftmax::Finalize
+      static_cast<T*>(a.out)[head * D + d] = FromFloat<T>(acc * inv_l);
+    } else {
+      const int64_t part = head * a.num_splits + split;
+      a.part_acc[part * D + d] = acc;
+      if (d == 0) {
+        a.part_ml[part * 2] = m_cta;
+        a.part_ml[part * 2 + 1] = l_cta;
+      }
+    }
+  }
+}
+
+// ---- split combine: one CTA of head_dim threads per (sequence, query head) -------------
+// The OnlineSoftmax::Merge math done in one pass instead of a chain: m = max_s m_s, every
+// split weighted by 2^(m_s - m) (0 for an empty split), acc = Σ w_s acc_s, l = Σ w_s l_s,
+// out = acc / l (0 when l == 0, as Finalize). v1 merged split by split with Merge itself, a
+// serial chain of dependent L2 loads (~0.6 µs per split: 20 µs of a 27 µs 1×4k decode); here
+// the split weights are computed in parallel into shared memory and the acc loads are
+// unrolled so that many are in flight.
+constexpr int kMaxCombineSplits = 128;
+
+template <typename T>
+__global__ void CombineKernel(const float* __restrict__ part_acc,
+                              const float* __restrict__ part_ml, T* __restrict__ out,
+                              int num_splits, int head_dim) {
+  __shared__ float weight[kMaxCombineSplits];
+  __shared__ float l_total;
+  const int64_t head = blockIdx.x;
+  const int d = threadIdx.x;
+  const float* ml = part_ml + head * num_splits * 2;
+  if (d < 32) {  // warp 0: the max and the weights
+    float m = -INFINITY;
+    for (int s = d; s < num_splits; s += 32) m = Max(m, ml[2 * s]);
+    for (int o = 16; o > 0; o >>= 1) m = Max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int s = d; s < num_splits; s += 32) {
+      const float w = m == -INFINITY ? 0.f : exp2f(ml[2 * s] - m);
+      weight[s] = w;
+      l += w * ml[2 * s + 1];
+    }
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (d == 0) l_total = l;
+  }
+  __syncthreads();
+  const float* acc_in = part_acc + head * num_splits * head_dim + d;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < num_splits; ++s) acc += weight[s] * acc_in[s * head_dim];
+  const float inv_l = l_total > 0.f ? 1.f / l_total : 0.f;
+  out[head * head_dim + d] = FromFloat<T>(acc * inv_l);
+}
+
+// ---- host side ---------------------------------------------------------------------------
+struct KernelInfo {
+  int ctas_per_sm = 0;
+};
+
+// Opts the instantiation into its dynamic shared memory once and caches its occupancy.
+template <typename T, int D>
+const KernelInfo& PrepareKernel() {
+  static const KernelInfo info = [] {
+    using Tr = DecodeTraits<D>;
+    LLM_CUDA_CHECK(cudaFuncSetAttribute(DecodeKernel<T, D>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(Tr::kSmemBytes)));
+    KernelInfo k;
+    LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &k.ctas_per_sm, DecodeKernel<T, D>, Tr::kThreads, Tr::kSmemBytes));
+    k.ctas_per_sm = std::max(1, k.ctas_per_sm);
+    return k;
+  }();
+  return info;
+}
+
+int NumSms() {
+  int device = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  int sms = 0;
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+constexpr int kTileKeys = DecodeTraits<128>::kTileKeys;
+static_assert(DecodeTraits<64>::kTileKeys == kTileKeys, "one tile size for the split math");
+constexpr int kMaxAutoSplits = kMaxCombineSplits;
+
+// FlashAttention-2's rule: CTAs = base · s run in ceil(base · s / slots) waves; pick the
+// smallest split count whose wave efficiency (base·s/slots) / ceil(base·s/slots) is within
+// 85% of the best, among counts that give every split a distinct number of tiles (≥ 2 tiles
+// per split, so each CTA still pipelines). base ≥ 80% of the slots: no split.
+int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_splits) {
+  const int64_t tiles = (std::max<int64_t>(max_num_keys, 1) + kTileKeys - 1) / kTileKeys;
+  const int64_t limit = std::min<int64_t>({max_splits, tiles / 2, kMaxAutoSplits});
+  if (limit <= 1 || base * 5 >= int64_t(slots) * 4) return 1;
+  auto eligible = [&](int64_t s) {
+    const int64_t per = (tiles + s - 1) / s;
+    return s == 1 || (tiles + per - 1) / per == s;
+  };
+  auto efficiency = [&](int64_t s) {
+    const double waves = double(base * s) / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= limit; ++s)
+    if (eligible(s)) best = std::max(best, efficiency(s));
+  for (int64_t s = 1; s <= limit; ++s)
+    if (eligible(s) && efficiency(s) >= 0.85 * best) return static_cast<int>(s);
+  return 1;
+}
+
+template <typename T, int D>
+void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, cudaStream_t stream,
+                  DecodeLaunchInfo* info) {
+  using Tr = DecodeTraits<D>;
+  const KernelInfo& k = PrepareKernel<T, D>();
+  const int64_t num_ctas = num_seqs * args.num_kv_heads * num_splits;
+  if (num_ctas > 0x7fffffff) throw std::invalid_argument("PagedDecodeAttention: grid too large");
+  args.num_splits = num_splits;
+  DecodeKernel<T, D>
+      <<<static_cast<unsigned>(num_ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
+  LLM_CUDA_CHECK(cudaGetLastError());
+  if (num_splits > 1) {
+    CombineKernel<T><<<static_cast<unsigned>(num_seqs * args.num_heads), D, 0, stream>>>(
+        args.part_acc, args.part_ml, static_cast<T*>(args.out), num_splits, D);
+    LLM_CUDA_CHECK(cudaGetLastError());
+  }
+  if (info != nullptr) {
+    info->num_splits = num_splits;
+    info->ctas_per_sm = k.ctas_per_sm;
+    info->num_ctas = static_cast<int>(num_ctas);
+  }
+}
+
+int CtasPerSm(DType dtype, int64_t head_dim) {
+  if (dtype == DType::kF16) {
+    return head_dim == 64 ? PrepareKernel<__half, 64>().ctas_per_sm
+                          : PrepareKernel<__half, 128>().ctas_per_sm;
+  }
+  return head_dim == 64 ? PrepareKernel<__nv_bfloat16, 64>().ctas_per_sm
+                        : PrepareKernel<__nv_bfloat16, 128>().ctas_per_sm;
+}
+
+size_t PartialBytesPerSplit(int64_t num_seqs, int64_t num_heads, int64_t head_dim) {
+  return size_t(num_seqs) * size_t(num_heads) * size_t(head_dim + 2) * sizeof(float);
+}
+
+}  // namespace
+
+size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
+                            int64_t max_splits) {
+  if (max_splits <= 1) return 0;
+  return PartialBytesPerSplit(num_seqs, num_heads, head_dim) * size_t(max_splits);
+}
+
+int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
+                     int64_t head_dim, int64_t max_splits) {
+  const int slots = NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 ? 64 : 128);
+  return SelectSplits(num_seqs * num_kv_heads, max_num_keys, slots, max_splits);
+}
+
+void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
+                          size_t workspace_bytes, cudaStream_t stream, DecodeLaunchInfo* info) {
+  const PagedKvLayout& layout = p.kv.layout;
+  const int64_t head_dim = layout.head_dim;
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) {
+    throw std::invalid_argument("PagedDecodeAttention: unsupported dtype " +
+                                std::string(DTypeName(p.dtype)) + " (BF16 or F16)");
+  }
+  if (head_dim != 64 && head_dim != 128) {
+    throw std::invalid_argument("PagedDecodeAttention: unsupported head_dim " +
+                                std::to_string(head_dim) + " (64 or 128)");
+  }
+  if (layout.num_kv_heads <= 0 || p.num_heads % layout.num_kv_heads != 0) {
+    throw std::invalid_argument("PagedDecodeAttention: num_heads " + std::to_string(p.num_heads) +
+                                " is not a multiple of num_kv_heads " +
+                                std::to_string(layout.num_kv_heads));
+  }
+  const int64_t group = p.num_heads / layout.num_kv_heads;
+  if (group > DecodeTraits<128>::kRows) {  // query rows are padded to the mma M of 16
+    throw std::invalid_argument("PagedDecodeAttention: unsupported GQA group " +
+                                std::to_string(group) + " (at most 16 query heads per KV head)");
+  }
+  if (layout.block_size <= 0) {
+    throw std::invalid_argument("PagedDecodeAttention: block_size " +
+                                std::to_string(layout.block_size));
+  }
+  if (num_splits < 0) {
+    throw std::invalid_argument("PagedDecodeAttention: num_splits " + std::to_string(num_splits));
+  }
+  const int64_t num_seqs = p.batch.num_seqs;
+  if (info != nullptr) *info = DecodeLaunchInfo{};
+  if (num_seqs == 0) return;
+
+  // Split count: what the workspace holds, capped by the tiles of the longest sequence.
+  const size_t per_split = PartialBytesPerSplit(num_seqs, p.num_heads, head_dim);
+  const int64_t ws_splits =
+      workspace == nullptr ? 1 : std::max<int64_t>(1, int64_t(workspace_bytes / per_split));
+  const int64_t tiles = (std::max<int64_t>(p.max_num_keys, 1) + kTileKeys - 1) / kTileKeys;
+  int splits = num_splits;
+  if (splits == 0) {
+    const int slots = NumSms() * CtasPerSm(p.dtype, head_dim);
+    splits = SelectSplits(num_seqs * layout.num_kv_heads, p.max_num_keys, slots, ws_splits);
+  } else {
+    splits = static_cast<int>(std::min<int64_t>({splits, tiles, kMaxCombineSplits}));
+    if (splits > ws_splits) {
+      throw std::invalid_argument("PagedDecodeAttention: num_splits " +
+                                  std::to_string(num_splits) + " needs " +
+                                  std::to_string(DecodeWorkspaceBytes(num_seqs, p.num_heads,
+                                                                      head_dim, splits)) +
+                                  " workspace bytes, got " + std::to_string(workspace_bytes));
+    }
+  }
+  splits = std::max(splits, 1);
+
+  KernelArgs args{};
+  args.q = p.q;
+  args.out = p.out;
+  args.k = p.kv.k;
+  args.v = p.kv.v;
+  args.context_lens = p.batch.context_lens;
+  args.block_tables = p.batch.block_tables;
+  args.max_blocks_per_seq = p.batch.max_blocks_per_seq;
+  args.block_stride = layout.block_stride();
+  args.head_stride = layout.head_stride();
+  args.block_size = static_cast<int>(layout.block_size);
+  args.block_shift = -1;
+  for (int s = 0; s < 31; ++s)
+    if ((int64_t(1) << s) == layout.block_size) args.block_shift = s;
+  args.num_heads = static_cast<int>(p.num_heads);
+  args.num_kv_heads = static_cast<int>(layout.num_kv_heads);
+  args.group = static_cast<int>(group);
+  args.scale_log2 = p.scale * kLog2e;
+  float* ws = static_cast<float*>(workspace);
+  args.part_acc = ws;
+  args.part_ml = ws == nullptr ? nullptr
+                               : ws + size_t(num_seqs) * size_t(p.num_heads) * size_t(splits) *
+                                          size_t(head_dim);
+
+  if (p.dtype == DType::kBF16) {
+    if (head_dim == 64) {
+      LaunchDecode<__nv_bfloat16, 64>(args, num_seqs, splits, stream, info);
+    } else {
+      LaunchDecode<__nv_bfloat16, 128>(args, num_seqs, splits, stream, info);
+    }
+  } else {
+    if (head_dim == 64) {
+      LaunchDecode<__half, 64>(args, num_seqs, splits, stream, info);
+    } else {
+      LaunchDecode<__half, 128>(args, num_seqs, splits, stream, info);
+    }
+  }
+}
+
+}  // namespace llm::cuda

@@ -1,0 +1,57 @@
+// CUDA paged decode attention (flash-decoding over the paged KV cache) and KV append.
+// CPU twins (the specification): cpu::PagedDecodeAttention and cpu::AppendKv in
+// kernels/cpu/flash_attention.h. Layout: kernels/paged_kv.h. Softmax math:
+// kernels/online_softmax.h. Implementation and design notes: decode_attention.cu.
+// Test: tests/kernels/decode_attention_gpu_test.cc (ctest -L gpu -R decode_attention);
+// bench: bench/decode_attention_gpu.cu (./build/bench_decode_attention_gpu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/dtype.h"
+#include "kernels/paged_kv.h"
+
+namespace llm::cuda {
+
+// What the selector chose for a call (for benches and tests).
+struct DecodeLaunchInfo {
+  int num_splits = 0;   // key chunks per (sequence, kv head); 1 = no combine kernel
+  int ctas_per_sm = 0;  // resident CTAs per SM of the chosen config (occupancy)
+  int num_ctas = 0;     // grid size of the attention kernel
+};
+
+// Bytes of workspace PagedDecodeAttention needs for up to `max_splits` splits: fp32 partial
+// (acc[head_dim], m, l) per (sequence, query head, split). 0 when max_splits <= 1.
+size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
+                            int64_t max_splits);
+
+// Decode: exactly one query token per sequence (cu_seqlens_q[i] = i; q and out rows are the
+// sequence index), attending over context_lens[i] + 1 keys through the block table.
+//   p.dtype kBF16 or kF16; head_dim 64 or 128; num_heads a multiple of num_kv_heads with at
+//   most 16 query heads per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes
+//   the split selector's choice; the kernel reads the true lengths on the device).
+// num_splits: 0 = automatic (from the batch shape and the SM count), 1 = no split, n = n key
+// chunks per sequence (capped by the tiles of the longest sequence). Splits > 1 need
+// `workspace` (device memory, DecodeWorkspaceBytes(...) bytes for that many splits).
+// Unsupported dtype / head_dim / group, or too small a workspace: std::invalid_argument
+// naming the value. Asynchronous on `stream`.
+void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
+                          size_t workspace_bytes, cudaStream_t stream,
+                          DecodeLaunchInfo* info = nullptr);
+
+// The split count the automatic selector picks for a batch shape (exposed for tests/benches).
+int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
+                     int64_t head_dim, int64_t max_splits);
+
+// Writes new keys and values (same semantics as cpu::AppendKv):
+//   k, v: [num_tokens, num_kv_heads, head_dim] of `dtype` (device)
+//   slot_mapping: [num_tokens] device int64 flat slots (block * block_size + offset); < 0 skips
+//   kv: the layer's pools (device), same dtype.
+void AppendKv(const void* k, const void* v, const int64_t* slot_mapping, int64_t num_tokens,
+              PagedKvView<void> kv, DType dtype, cudaStream_t stream);
+
+}  // namespace llm::cuda
