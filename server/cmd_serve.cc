@@ -75,6 +75,11 @@ int RunServe(ServeFlags f) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: all inherit it
   if (f.threads > 0) omp_set_num_threads(f.threads);
+  // /health answers 503 "loading" while the weights load (readiness probes wait for 200).
+  server::LoadingResponder loading;
+  f.http.port = loading.Start(f.http.host, f.http.port);
+  Log("loading " + f.model_dir + " (http://" + f.http.host + ":" + std::to_string(f.http.port) +
+      "/health answers 503 until ready)");
   LoadOptions load;
   if (f.dtype == "f32") load.weight_dtype = DType::kF32;
   if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
@@ -91,6 +96,7 @@ int RunServe(ServeFlags f) {
   info.vocab_size = model->config().vocab_size;
   server::ChatRenderer chat = server::MakeChatRenderer(f.model_dir, *tokenizer);
   server::HttpServer http(engine, *tokenizer, info, f.http, chat);
+  loading.Stop();
   const int port = http.Bind();
   std::unique_ptr<server::GrpcServer> grpc;
   int grpc_port = -1;

@@ -181,3 +181,36 @@ void HttpServer::Detokenize(const httplib::Request& req, httplib::Response& res)
 }
 
 }  // namespace llm::server
+
+namespace llm::server {
+
+LoadingResponder::LoadingResponder() : http_(std::make_unique<httplib::Server>()) {
+  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (req.path == "/health") {
+      res.status = 503;
+      res.set_content(json{{"status", "loading"}}.dump(), "application/json");
+      return;
+    }
+    SendError(res, {503, "The model is loading; retry shortly.", "server_error", "",
+                    "loading"});
+  });
+}
+
+LoadingResponder::~LoadingResponder() { Stop(); }
+
+int LoadingResponder::Start(const std::string& host, int port) {
+  const int bound = port == 0 ? http_->bind_to_any_port(host)
+                              : (http_->bind_to_port(host, port) ? port : -1);
+  if (bound < 0) throw Error("cannot listen on " + host + ":" + std::to_string(port));
+  thread_ = std::make_unique<std::thread>([this] { http_->listen_after_bind(); });
+  return bound;
+}
+
+void LoadingResponder::Stop() {
+  if (!thread_) return;
+  http_->stop();
+  thread_->join();
+  thread_.reset();
+}
+
+}  // namespace llm::server

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
@@ -91,5 +92,19 @@ class HttpServer {
 };
 
 void SendError(httplib::Response& res, const ApiError& error);
+
+// Answers on the server's address while the model loads: /health 503 {"status": "loading"},
+// every other route 503 in OpenAI's error shape. Stop() frees the port for the real server.
+class LoadingResponder {
+ public:
+  LoadingResponder();
+  ~LoadingResponder();
+  int Start(const std::string& host, int port);  // returns the bound port
+  void Stop();
+
+ private:
+  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<std::thread> thread_;
+};
 
 }  // namespace llm::server
