@@ -1,0 +1,267 @@
+// Paged prefill attention on the GPU: every rung of kernels/cuda/prefill_attention.h, validated
+// against the CPU reference on a small ragged shape, then timed.
+//
+// Timed shapes (DESIGN.md's attention ceilings use the same): bf16, 16 query heads = 16 KV
+// heads, head_dim 128 and 64, batch × length = 16k tokens for lengths 512 … 16k, causal, paged
+// with block size 16 and a shuffled block table. FLOPs = 4·B·H·L²·d / 2 (causal). Q, K, V and O
+// are 4 × 64 MiB at head_dim 128 (L2 is 50 MB), so no launch finds its inputs in L2 (K/V tiles
+// are still re-read through L2 by the query tiles of a head, as in any flash kernel); two input
+// sets alternate. CUDA events around each launch; 2 warm-ups, median of 10 (v1: 5 at long
+// lengths). From 2k up, v4 is also timed under its other schedules (ping-pong, intra-warpgroup
+// overlap) and, as a profiling ablation with wrong output, without exp2.
+// Prints one JSON line per (variant, shape) and a table last.
+//   ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/flash_attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/dtype.h"
+
+namespace {
+
+using llm::AttentionBatch;
+using llm::DType;
+using llm::PagedKvLayout;
+using llm::cuda::PrefillVariant;
+
+constexpr PrefillVariant kVariants[] = {PrefillVariant::kNaive, PrefillVariant::kSmem,
+                                        PrefillVariant::kMma, PrefillVariant::kWgmma};
+
+// One paged problem on the device (bf16), with a host copy kept only when `keep_host`.
+struct Problem {
+  int num_seqs = 0, num_heads = 0, head_dim = 0, block_size = 16, max_q = 0, max_blocks = 0;
+  int num_tokens = 0;
+  PagedKvLayout layout;
+  std::vector<int32_t> cu, ctx, tables;
+  std::vector<uint16_t> q, k, v;  // host (bf16 bits)
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* dout = nullptr;
+  int32_t *dcu = nullptr, *dctx = nullptr, *dtab = nullptr;
+
+  Problem(std::vector<int> q_lens, std::vector<int> ctx_lens, int heads, int hd, int bs,
+          uint32_t seed) {
+    num_seqs = static_cast<int>(q_lens.size());
+    num_heads = heads;
+    head_dim = hd;
+    block_size = bs;
+    cu = {0};
+    ctx.assign(ctx_lens.begin(), ctx_lens.end());
+    int total_blocks = 0;
+    for (int i = 0; i < num_seqs; ++i) {
+      cu.push_back(cu.back() + q_lens[i]);
+      max_q = std::max(max_q, q_lens[i]);
+      const int nb = (ctx[i] + q_lens[i] + bs - 1) / bs;
+      max_blocks = std::max(max_blocks, nb);
+      total_blocks += nb;
+    }
+    num_tokens = cu.back();
+    std::mt19937 rng(seed);
+    std::vector<int32_t> perm(total_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    tables.assign(size_t(num_seqs) * max_blocks, 0);
+    int next = 0;
+    for (int i = 0; i < num_seqs; ++i)
+      for (int b = 0; b < (ctx[i] + q_lens[i] + bs - 1) / bs; ++b)
+        tables[size_t(i) * max_blocks + b] = perm[next++];
+    layout = PagedKvLayout{total_blocks, bs, heads, hd};
+    // Random bf16 bits from a cheap generator (normal-ish: sum of two uniforms).
+    auto fill = [&](std::vector<uint16_t>& x, size_t n, float amp) {
+      x.resize(n);
+      uint32_t s = seed * 2654435761u + 1;
+      for (auto& e : x) {
+        s = s * 1664525u + 1013904223u;
+        const float u1 = (s >> 8) * (1.f / 16777216.f);
+        s = s * 1664525u + 1013904223u;
+        const float u2 = (s >> 8) * (1.f / 16777216.f);
+        e = llm::F32ToBf16(amp * (u1 + u2 - 1.f) * 2.45f);
+      }
+    };
+    fill(q, size_t(num_tokens) * heads * hd, 1.5f);
+    fill(k, layout.pool_elements(), 1.f);
+    fill(v, layout.pool_elements(), 1.f);
+    auto up = [](const void* src, size_t bytes) {
+      void* d = nullptr;
+      LLM_CUDA_CHECK(cudaMalloc(&d, bytes));
+      LLM_CUDA_CHECK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+      return d;
+    };
+    dq = up(q.data(), q.size() * 2);
+    dk = up(k.data(), k.size() * 2);
+    dv = up(v.data(), v.size() * 2);
+    LLM_CUDA_CHECK(cudaMalloc(&dout, q.size() * 2));
+    dcu = static_cast<int32_t*>(up(cu.data(), cu.size() * 4));
+    dctx = static_cast<int32_t*>(up(ctx.data(), ctx.size() * 4));
+    dtab = static_cast<int32_t*>(up(tables.data(), tables.size() * 4));
+  }
+  ~Problem() {
+    for (void* p : {dq, dk, dv, dout, (void*)dcu, (void*)dctx, (void*)dtab}) cudaFree(p);
+  }
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
+
+  llm::cuda::AttentionParams Params() const {
+    llm::cuda::AttentionParams p;
+    p.q = dq;
+    p.out = dout;
+    p.kv = llm::PagedKvView<const void>{dk, dv, layout};
+    p.batch = AttentionBatch{num_seqs, dcu, dctx, dtab, max_blocks};
+    p.num_heads = num_heads;
+    p.scale = 1.f / std::sqrt(float(head_dim));
+    p.dtype = DType::kBF16;
+    p.max_q_len = max_q;
+    int mk = 0;
+    for (int i = 0; i < num_seqs; ++i) mk = std::max(mk, ctx[i] + cu[i + 1] - cu[i]);
+    p.max_num_keys = mk;
+    return p;
+  }
+};
+
+// Max |gpu - cpu| / max |cpu| of one rung on a small ragged problem.
+float Validate(PrefillVariant v, int hd, int v4_flags = llm::cuda::detail::kV4Default) {
+  Problem pr({300, 77, 1, 129}, {0, 40, 500, 16}, 8, hd, 16, 99 + hd);
+  std::vector<float> qf(pr.q.size()), kf(pr.k.size()), vf(pr.v.size()), ref(pr.q.size());
+  for (size_t i = 0; i < qf.size(); ++i) qf[i] = llm::Bf16ToF32(pr.q[i]);
+  for (size_t i = 0; i < kf.size(); ++i) kf[i] = llm::Bf16ToF32(pr.k[i]);
+  for (size_t i = 0; i < vf.size(); ++i) vf[i] = llm::Bf16ToF32(pr.v[i]);
+  AttentionBatch hb{pr.num_seqs, pr.cu.data(), pr.ctx.data(), pr.tables.data(), pr.max_blocks};
+  llm::cpu::PagedPrefillAttention(qf.data(),
+                                  llm::PagedKvView<const float>{kf.data(), vf.data(), pr.layout},
+                                  hb, pr.num_heads, 1.f / std::sqrt(float(hd)), ref.data());
+  LLM_CUDA_CHECK(cudaMemset(pr.dout, 0xff, pr.q.size() * 2));  // NaN poison
+  llm::cuda::detail::SetPrefillV4Flags(v4_flags);
+  llm::cuda::PagedPrefillAttention(pr.Params(), nullptr, v);
+  llm::cuda::detail::SetPrefillV4Flags(llm::cuda::detail::kV4Default);
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> got(pr.q.size());
+  LLM_CUDA_CHECK(cudaMemcpy(got.data(), pr.dout, got.size() * 2, cudaMemcpyDeviceToHost));
+  float err = 0.f, mx = 0.f;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float g = llm::Bf16ToF32(got[i]);
+    if (std::isnan(g)) return INFINITY;
+    err = std::max(err, std::fabs(g - ref[i]));
+    mx = std::max(mx, std::fabs(ref[i]));
+  }
+  return err / mx;
+}
+
+}  // namespace
+
+int main() {
+  std::string why;
+  if (!llm::cuda::DeviceAvailable(&why)) {
+    std::printf("no GPU: %s\n", why.c_str());
+    return 0;
+  }
+  std::printf("device: %s\n", llm::cuda::DeviceDescription().c_str());
+  const int lengths[] = {512, 1024, 2048, 4096, 8192, 16384};
+  const int kTokens = 16384, kHeads = 16;
+  std::map<std::pair<int, int>, std::map<std::string, double>> table;  // (hd, L) -> variant
+  bool all_ok = true;
+  for (int hd : {128, 64}) {
+    std::map<PrefillVariant, float> errs;
+    for (PrefillVariant v : kVariants) {
+      errs[v] = Validate(v, hd);
+      const bool ok = errs[v] <= 2e-2f;
+      all_ok &= ok;
+      std::printf("validate %-9s hd %3d: max_err/max|ref| %.3e %s\n",
+                  llm::cuda::PrefillVariantName(v), hd, errs[v], ok ? "ok" : "FAILED");
+    }
+    for (int L : lengths) {
+      const int B = kTokens / L;
+      // Two input sets alternate (each 4 × 64 MiB at hd 128: far past the 50 MB L2).
+      Problem a(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, 16, 7 + L);
+      Problem b(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, 16, 8 + L);
+      const double flops = 4.0 * B * kHeads * double(L) * L * hd / 2;
+      auto time_one = [&](PrefillVariant v, int v4_flags, const std::string& name, float err) {
+        const int reps = (v == PrefillVariant::kNaive && L >= 4096) ? 5 : 10;
+        std::vector<float> ms;
+        cudaEvent_t e0, e1;
+        LLM_CUDA_CHECK(cudaEventCreate(&e0));
+        LLM_CUDA_CHECK(cudaEventCreate(&e1));
+        llm::cuda::detail::SetPrefillV4Flags(v4_flags);
+        for (int it = 0; it < reps + 2; ++it) {
+          const Problem& pr = (it & 1) ? b : a;
+          const auto params = pr.Params();
+          LLM_CUDA_CHECK(cudaEventRecord(e0));
+          llm::cuda::PagedPrefillAttention(params, nullptr, v);
+          LLM_CUDA_CHECK(cudaEventRecord(e1));
+          LLM_CUDA_CHECK(cudaEventSynchronize(e1));
+          float t = 0;
+          LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+          if (it >= 2) ms.push_back(t);
+        }
+        llm::cuda::detail::SetPrefillV4Flags(llm::cuda::detail::kV4Default);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        std::sort(ms.begin(), ms.end());
+        const double med = ms[ms.size() / 2];
+        const double tflops = flops / (med * 1e-3) / 1e12;
+        table[{hd, L}][name] = tflops;
+        std::printf(
+            "JSON {\"kind\":\"prefill\",\"variant\":\"%s\",\"batch\":%d,\"seq_len\":%d,"
+            "\"num_heads\":%d,\"head_dim\":%d,\"causal\":true,\"dtype\":\"bf16\",\"block_size\":16,"
+            "\"ms\":%.4f,\"tflops\":%.1f,\"max_err\":%.3e}\n",
+            name.c_str(), B, L, kHeads, hd, med, tflops, err);
+        std::fflush(stdout);
+      };
+      for (PrefillVariant v : kVariants) {
+        if (errs[v] > 2e-2f) continue;
+        time_one(v, llm::cuda::detail::kV4Default, llm::cuda::PrefillVariantName(v), errs[v]);
+      }
+      // v4 schedule ablations on the long shapes: ping-pong + intra-warpgroup overlap, each
+      // alone, and (profiling, wrong output) the production schedule without exp2.
+      if (L >= 2048 && errs[PrefillVariant::kWgmma] <= 2e-2f) {
+        using namespace llm::cuda::detail;
+        const std::pair<int, const char*> ablations[] = {{0, "v4/pp+ovl"},
+                                                         {kV4NoPingPong, "v4/ovl"},
+                                                         {kV4NoOverlap, "v4/pp"},
+                                                         {kV4Default | kV4SkipExp, "v4/noexp"}};
+        for (const auto& [flags, name] : ablations) {
+          const bool profiling = flags & kV4SkipExp;
+          const float err = profiling ? NAN : Validate(PrefillVariant::kWgmma, hd, flags);
+          if (!profiling && !(err <= 2e-2f)) {
+            std::printf("validate %s hd %d: FAILED (%.3e)\n", name, hd, err);
+            all_ok = false;
+            continue;
+          }
+          time_one(PrefillVariant::kWgmma, flags, name, err);
+        }
+      }
+    }
+  }
+  std::printf(
+      "\nprefill TFLOP/s (bf16, causal, 16 heads, 16k tokens, paged bs 16; "
+      "torch FA2 308 / cuDNN 595 at hd128 8k on this H200)\n");
+  std::printf("%4s %6s %9s %9s %9s %9s | v4 ablations: %7s %7s %7s %7s\n", "hd", "L", "v1_naive",
+              "v2_smem", "v3_mma", "v4_wgmma", "pp+ovl", "ovl", "pp", "noexp");
+  for (const auto& [key, row] : table) {
+    std::printf("%4d %6d", key.first, key.second);
+    for (const char* n : {"v1_naive", "v2_smem", "v3_mma", "v4_wgmma", "v4/pp+ovl", "v4/ovl",
+                          "v4/pp", "v4/noexp"}) {
+      auto it = row.find(n);
+      const bool abl = n[2] == '/';
+      if (std::string(n) == "v4/pp+ovl") std::printf(" |              ");
+      if (it == row.end()) {
+        std::printf(abl ? " %7s" : " %9s", "-");
+      } else {
+        std::printf(abl ? " %7.1f" : " %9.1f", it->second);
+      }
+    }
+    std::printf("\n");
+  }
+  return all_ok ? 0 : 1;
+}

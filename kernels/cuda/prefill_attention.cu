@@ -1,0 +1,121 @@
+// Paged prefill attention: the selector. Turns (dtype, head_dim, variant, batch shape) into one
+// rung of the ladder (prefill_attention.h lists the rungs) and its argument block; each rung's
+// file instantiates its kernels (the tile traits live there, with static_asserts).
+//   kBest = v4 (wgmma, TMA one box per page) when the page size suits TMA boxes
+//           (block_size a multiple of 8 that divides the 128-key tile), else v3 (mma.sync).
+// Test:  ctest -L gpu -R prefill_attention   (tests/kernels/prefill_attention_gpu_test.cc)
+// Bench: ./build/bench_prefill_attention_gpu (bench/prefill_attention_gpu.cu)
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/prefill_attention.h"
+
+namespace llm::cuda {
+
+const char* PrefillVariantName(PrefillVariant v) {
+  switch (v) {
+    case PrefillVariant::kNaive:
+      return "v1_naive";
+    case PrefillVariant::kSmem:
+      return "v2_smem";
+    case PrefillVariant::kMma:
+      return "v3_mma";
+    case PrefillVariant::kWgmma:
+      return "v4_wgmma";
+    case PrefillVariant::kBest:
+      return "best";
+  }
+  return "?";
+}
+
+namespace detail {
+namespace {
+int g_v4_flags = kV4Default;  // changed by the test and the bench only
+}  // namespace
+void SetPrefillV4Flags(int flags) { g_v4_flags = flags; }
+}  // namespace detail
+
+namespace {
+
+bool WgmmaSupports(const AttentionParams& p) {
+  const int64_t bs = p.kv.layout.block_size;
+  // One TMA box per page: 8-row swizzle atoms, whole pages per 128-key tile. 16-byte aligned
+  // pools (cudaMalloc gives 256).
+  return bs >= 8 && bs % 8 == 0 && 128 % bs == 0 && reinterpret_cast<uintptr_t>(p.kv.k) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.kv.v) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+}
+
+}  // namespace
+
+PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant requested) {
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) {
+    throw std::invalid_argument("PagedPrefillAttention: dtype " + std::string(DTypeName(p.dtype)) +
+                                " unsupported (BF16 or F16)");
+  }
+  const int64_t hd = p.kv.layout.head_dim;
+  if (hd != 64 && hd != 128) {
+    throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
+                                " unsupported (64 or 128)");
+  }
+  if (p.num_heads <= 0 || p.kv.layout.num_kv_heads <= 0 ||
+      p.num_heads % p.kv.layout.num_kv_heads != 0) {
+    throw std::invalid_argument("PagedPrefillAttention: num_heads " + std::to_string(p.num_heads) +
+                                " not a multiple of num_kv_heads " +
+                                std::to_string(p.kv.layout.num_kv_heads));
+  }
+  if (requested == PrefillVariant::kBest) {
+    return WgmmaSupports(p) ? PrefillVariant::kWgmma : PrefillVariant::kMma;
+  }
+  if (requested == PrefillVariant::kWgmma && !WgmmaSupports(p)) {
+    throw std::invalid_argument(
+        "PagedPrefillAttention: v4_wgmma needs block_size a multiple of 8 "
+        "dividing 128, got " +
+        std::to_string(p.kv.layout.block_size));
+  }
+  return requested;
+}
+
+void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, PrefillVariant variant) {
+  const PrefillVariant v = ResolvePrefillVariant(p, variant);
+  if (p.batch.num_seqs == 0 || p.max_q_len == 0) return;
+  detail::PrefillArgs a;
+  a.q = p.q;
+  a.out = p.out;
+  a.k = p.kv.k;
+  a.v = p.kv.v;
+  a.cu_seqlens_q = p.batch.cu_seqlens_q;
+  a.context_lens = p.batch.context_lens;
+  a.block_tables = p.batch.block_tables;
+  a.max_blocks_per_seq = p.batch.max_blocks_per_seq;
+  a.num_blocks = p.kv.layout.num_blocks;
+  a.num_seqs = static_cast<int>(p.batch.num_seqs);
+  a.num_heads = static_cast<int>(p.num_heads);
+  a.num_kv_heads = static_cast<int>(p.kv.layout.num_kv_heads);
+  a.group = a.num_heads / a.num_kv_heads;
+  a.head_dim = static_cast<int>(p.kv.layout.head_dim);
+  a.block_size = static_cast<int>(p.kv.layout.block_size);
+  a.max_q_len = static_cast<int>(p.max_q_len);
+  a.scale_log2 = p.scale * 1.44269504088896340736f;
+  a.is_bf16 = p.dtype == DType::kBF16;
+  a.v4_flags = detail::g_v4_flags;
+  switch (v) {
+    case PrefillVariant::kNaive:
+      detail::LaunchPrefillNaive(a, stream);
+      break;
+    case PrefillVariant::kSmem:
+      detail::LaunchPrefillSmem(a, stream);
+      break;
+    case PrefillVariant::kMma:
+      detail::LaunchPrefillMma(a, stream);
+      break;
+    case PrefillVariant::kWgmma:
+    case PrefillVariant::kBest:
+      detail::LaunchPrefillWgmma(a, stream);
+      break;
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace llm::cuda

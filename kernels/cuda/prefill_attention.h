@@ -1,0 +1,160 @@
+// Paged PREFILL flash attention on CUDA: the public entry point and the kernel ladder.
+//
+//   out[t, h, :] = softmax(scale · q[t, h, :] · K^T) · V over the keys 0 … ctx_i + r of its
+//   sequence (causal, with cached context: chunked prefill), K/V read only through the block
+//   table of kernels/paged_kv.h. The CPU specification is cpu::PagedPrefillAttention
+//   (kernels/cpu/flash_attention.h); the online softmax is kernels/online_softmax.h.
+//
+// The ladder (each rung kept, tested by tests/kernels/prefill_attention_gpu_test.cc and timed by
+// bench/prefill_attention_gpu.cu):
+//   kNaive  prefill_attention_v1_naive.cu  one warp per query row, scalar online softmax
+//   kSmem   prefill_attention_v2_smem.cu   shared-memory Q/K/V tiles, fp32 FMA
+//   kMma    prefill_attention_v3_mma.cu    FA2: mma.sync m16n8k16, cp.async, swizzled smem
+//   kWgmma  prefill_attention_v4_wgmma.cu  FA3-style: wgmma + TMA per page + mbarriers,
+//                                          producer / 2 consumer warpgroups, setmaxnreg
+//   kBest   the fastest rung that supports the shape (prefill_attention.cu: the selector)
+//
+// Test:  ninja -C build prefill_attention_gpu_test && (cd build && ctest -L gpu -R prefill)
+// Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/attention.h"
+
+namespace llm::cuda {
+
+enum class PrefillVariant : uint8_t { kNaive, kSmem, kMma, kWgmma, kBest };
+
+// "v1_naive", "v2_smem", "v3_mma", "v4_wgmma", "best".
+const char* PrefillVariantName(PrefillVariant v);
+
+// The rung kBest (or `requested`) resolves to for these parameters, or throws
+// std::invalid_argument (unsupported dtype / head_dim, or a rung that cannot run the shape,
+// e.g. kWgmma with a block size that is not a multiple of 8 dividing 128).
+PrefillVariant ResolvePrefillVariant(const AttentionParams& p,
+                                     PrefillVariant requested = PrefillVariant::kBest);
+
+// Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128
+// (std::invalid_argument otherwise, naming it). Asynchronous on `stream`.
+void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
+                           PrefillVariant variant = PrefillVariant::kBest);
+
+namespace detail {
+
+// The flat kernel argument block every rung receives (built once by the selector).
+struct PrefillArgs {
+  const void* q = nullptr;  // [num_tokens, num_heads, head_dim]
+  void* out = nullptr;      // same
+  const void* k = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim]
+  const void* v = nullptr;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  int64_t max_blocks_per_seq = 0;
+  int64_t num_blocks = 0;
+  int num_seqs = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int group = 1;  // num_heads / num_kv_heads
+  int head_dim = 0;
+  int block_size = 0;
+  int max_q_len = 0;
+  float scale_log2 = 0;  // scale · log2(e): scores live in the log2 domain
+  bool is_bf16 = true;
+  int v4_flags = 0;  // kV4* bits below (0 in production)
+};
+
+// v4 schedule knobs (runtime bits, one kernel): the test runs every combination, the bench
+// times them. Production uses kV4Default, the fastest measured (bench/RESULTS.md): with the
+// kernel not softmax-bound, ping-pong and intra-warpgroup overlap cost more in barriers than
+// they hide.
+inline constexpr int kV4NoPingPong = 1;  // consumer warpgroups issue GEMMs without taking turns
+inline constexpr int kV4NoOverlap = 2;   // wait for P·V before the softmax (no intra-WG overlap)
+inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no exp2 (wrong output)
+inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
+void SetPrefillV4Flags(int flags);  // applies to later PagedPrefillAttention calls
+
+// One launcher per rung (each defined in its own prefill_attention_v*.cu).
+void LaunchPrefillNaive(const PrefillArgs& a, cudaStream_t stream);
+void LaunchPrefillSmem(const PrefillArgs& a, cudaStream_t stream);
+void LaunchPrefillMma(const PrefillArgs& a, cudaStream_t stream);
+void LaunchPrefillWgmma(const PrefillArgs& a, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace llm::cuda
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// Device helpers shared by the rungs (CUDA translation units only).
+namespace llm::cuda::detail {
+
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+// 2^x by one MUFU.EX2 (flush-to-zero: results below 2^-126 become 0, far below the
+// softmax's rounding; 2^-inf = 0).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// Two floats as one packed 32-bit pair (low half = first), the mma A/B operand format.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Where a CTA's (sequence, head, query tile) sits. Query tiles run heaviest-first (the last
+// tile of a causal sequence sees the most keys), so blockIdx.y counts down.
+struct TileCoords {
+  int seq, head, kv_head;
+  int q_start, q_len, ctx, num_keys;  // tokens of the chunk, cached context, visible keys
+  int q0;                             // first query row of this tile within the chunk
+};
+
+__device__ __forceinline__ TileCoords GetTileCoords(const PrefillArgs& a, int rows_per_tile) {
+  TileCoords c;
+  c.seq = blockIdx.x / a.num_heads;
+  c.head = blockIdx.x % a.num_heads;
+  c.kv_head = c.head / a.group;
+  c.q_start = a.cu_seqlens_q[c.seq];
+  c.q_len = a.cu_seqlens_q[c.seq + 1] - c.q_start;
+  c.ctx = a.context_lens[c.seq];
+  c.num_keys = c.ctx + c.q_len;
+  c.q0 = (gridDim.y - 1 - blockIdx.y) * rows_per_tile;
+  return c;
+}
+
+// Element offset of key `key` (row `key` of the sequence's cache) of KV head kv_head.
+__device__ __forceinline__ int64_t KvRowOffset(const PrefillArgs& a, const int32_t* table, int key,
+                                               int kv_head) {
+  const int block = table[key / a.block_size];
+  return ((int64_t(block) * a.num_kv_heads + kv_head) * a.block_size + key % a.block_size) *
+         a.head_dim;
+}
+
+}  // namespace llm::cuda::detail
+#endif

@@ -1,0 +1,620 @@
+// Prefill attention, rung 4 (v4_wgmma): Hopper warpgroup MMA fed by TMA — the FlashAttention-3
+// recipe (sm_90a), as far as this rung takes it.
+//
+// Algorithm: one CTA per (128-row query tile, head, sequence), 3 warpgroups (384 threads):
+//  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 40); its first warp streams
+//    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
+//    tile (cp.async.bulk.tensor.3d, one box per page and 64-column half: a page's block_size
+//    rows of one KV head are contiguous in the pool), all completing on the stage's "full"
+//    mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once both
+//    consumer warpgroups have arrived on its "empty" mbarrier.
+//  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 232) own 64 query rows each. Their Q rows
+//    arrive once by cp.async into 128-byte-swizzled shared memory. Per key tile j:
+//      S_j = Q·K_j^T    wgmma m64n128k16, A and B from shared memory (K-major, 128B swizzle)
+//      O += P_{j-1}·V_{j-1}  wgmma m64n{d}k16, P from registers (bf16/fp16), V from shared
+//                       memory read N-major (transposed B: V tiles stay [key][d] as TMA lands them)
+//    both issued as one batch, then mask (diagonal tiles only) and online
+//    softmax of S_j in registers (exp2, scale·log2e folded into one FMA), O rescaled, P_j packed.
+//  - Schedules (runtime knobs, prefill_attention.h kV4*; the test runs all four):
+//      ping-pong: named barriers 3/4 hand the "issue GEMMs" turn between the two consumer
+//        warpgroups, so one's softmax runs while the other's GEMMs occupy the tensor cores;
+//      overlap: wait only for S_j (wgmma.wait_group 1), run its softmax while P_{j-1}·V_{j-1}
+//        still accumulates (two P register sets), rescale O after it lands.
+//    Production (kV4Default) uses neither: on the H200 both cost 3-4% at head_dim 128 and
+//    a profiling run without exp2 was no faster, i.e. this kernel is not softmax-bound
+//    (bench/RESULTS.md, "Paged prefill attention").
+//  - Keys past the sequence end in the last tile: their pages are not loaded, and those V rows
+//    are zeroed by the consumers (stale slots may hold NaN, and 0·NaN = NaN).
+// Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
+// Test:  ctest -L gpu -R prefill_attention     Bench: ./build/bench_prefill_attention_gpu
+// Change from v3: wgmma (64-row warpgroup MMAs, operands straight from shared memory, async)
+// instead of mma.sync + ldmatrix; TMA + mbarriers instead of cp.async; warp specialisation
+// with register reallocation; 128 × 128 tiles instead of 64 × 64.
+// Not yet (the next rung): a persistent grid (prologue/epilogue overlap, causal balance),
+// fewer and larger TMA boxes (two 64-column panels per box), TMA multicast of K/V across a
+// cluster of query tiles of one head, a TMA store of O; and counters (ncu) to find what the
+// ~0.9 µs per-tile fixed cost is (RESULTS.md).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/prefill_attention.h"
+
+namespace llm::cuda::detail {
+namespace {
+
+template <int HD>
+struct WgmmaTraits {
+  static constexpr int kConsumers = 2;  // consumer warpgroups
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kBr = 64 * kConsumers;  // query rows per CTA (64 per warpgroup)
+  static constexpr int kBc = 128;              // keys per tile (the S wgmma's N)
+  static constexpr int kStages = 3;            // K/V ring depth: a tile's loads get two iterations
+  static constexpr int kHalves = HD / 64;      // 64-column (128-byte) swizzle panels
+  static constexpr uint32_t kQHalfBytes = kBr * 128;  // one panel: kBr rows × 128 B
+  static constexpr uint32_t kQBytes = kHalves * kQHalfBytes;
+  static constexpr uint32_t kKvHalfBytes = kBc * 128;
+  static constexpr uint32_t kKvBytes = kHalves * kKvHalfBytes;  // one K (or V) stage
+  static constexpr uint32_t kBarBytes = 64;
+  static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKvBytes + kBarBytes;
+  static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
+  static_assert(kBc == 128, "S = Q K^T is one m64n128k16 chain");
+  static_assert(kQHalfBytes % 1024 == 0 && kKvHalfBytes % 1024 == 0, "1024-byte swizzle atoms");
+  static_assert(kSmemBytes <= 227 * 1024, "fits one SM");
+  static_assert(128 * 40 + kConsumers * 128 * 232 <= 65536, "setmaxnreg budget");
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the phase with parity `parity` to complete. A wait that never ends (a pipeline
+// bug) traps after a few seconds instead of hanging the GPU.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  for (uint32_t i = 0;; ++i) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (i > (1u << 24)) __trap();
+  }
+}
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of wgmma accumulators across the async window.
+template <int N>
+__device__ __forceinline__ void FenceRegs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// Shared-memory matrix descriptor, 128-byte swizzle. K-major operands: 8-row groups SBO apart
+// (LBO unused); N-major (transposed) V: 64-column panels LBO apart, 8-key groups SBO apart.
+__device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (1ull << 62);
+}
+
+// ---- wgmma wrappers (generated: 64 or 32 accumulator registers per thread) ----
+// D[64×128] (+)= A[64×16] (smem, K-major) · B[16×128] (smem, K-major), bf16.
+__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t da, uint64_t db, int accumulate,
+                                           __nv_bfloat16) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// D[64×128] += A[64×16] (registers) · B[16×128] (smem, MN-major: transposed), bf16.
+__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                           __nv_bfloat16) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// D[64×64] += A[64×16] (registers) · B[16×64] (smem, MN-major: transposed), bf16.
+__device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                          __nv_bfloat16) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// D[64×128] (+)= A[64×16] (smem, K-major) · B[16×128] (smem, K-major), f16.
+__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t da, uint64_t db, int accumulate,
+                                           __half) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// D[64×128] += A[64×16] (registers) · B[16×128] (smem, MN-major: transposed), f16.
+__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                           __half) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// D[64×64] += A[64×16] (registers) · B[16×64] (smem, MN-major: transposed), f16.
+__device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                          __half) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+template <typename T, int HD>
+__device__ __forceinline__ void WgmmaPV(float (&o)[HD / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (HD == 128) {
+    WgmmaRS128(o, a, db, T{});
+  } else {
+    WgmmaRS64(o, a, db, T{});
+  }
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
+    PrefillWgmmaKernel(const __grid_constant__ CUtensorMap tmap_k,
+                       const __grid_constant__ CUtensorMap tmap_v, const PrefillArgs a) {
+  using Tr = WgmmaTraits<HD>;
+  constexpr int kBr = Tr::kBr, kBc = Tr::kBc, kStages = Tr::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = SmemAddr(smem_raw);
+  const uint32_t sQ = (raw + 1023) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  const uint32_t sK = sQ + Tr::kQBytes;
+  const uint32_t sV = sK + kStages * Tr::kKvBytes;
+  const uint32_t bars = sV + kStages * Tr::kKvBytes;
+  auto full_k = [&](int s) { return bars + 8 * s; };
+  auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
+  auto empty = [&](int s) { return bars + 8 * (2 * kStages + s); };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full_k(s), 1);
+      MbarInit(full_v(s), 1);
+      MbarInit(empty(s), 128 * Tr::kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {  // ---------------- producer ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    // The tile's coordinates are read after the split, so that few values live across the
+    // register reallocation (ptxas spills what is live there).
+    const TileCoords c = GetTileCoords(a, kBr);
+    if (threadIdx.x >= 32 || c.q0 >= c.q_len) return;
+    const int n_tiles = (min(c.num_keys, c.ctx + c.q0 + kBr) + kBc - 1) / kBc;
+    const int lane = threadIdx.x;
+    const int bs = a.block_size, pages_per_tile = kBc / bs;
+    const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
+    for (int j = 0; j < n_tiles; ++j) {
+      const int st = j % kStages, use = j / kStages, k0 = j * kBc;
+      const bool mine = lane < pages_per_tile && k0 + lane * bs < c.num_keys;
+      const int box = mine ? table[k0 / bs + lane] * a.num_kv_heads + c.kv_head : 0;
+      const int valid_pages = min(pages_per_tile, (c.num_keys - k0 + bs - 1) / bs);
+      const uint32_t bytes = uint32_t(valid_pages) * bs * HD * 2;
+      if (use > 0) MbarWait(empty(st), (use - 1) & 1);
+      if (lane == 0) {
+        MbarExpectTx(full_k(st), bytes);
+        MbarExpectTx(full_v(st), bytes);
+      }
+      __syncwarp();
+      if (mine) {
+#pragma unroll
+        for (int h = 0; h < Tr::kHalves; ++h) {
+          const uint32_t off = st * Tr::kKvBytes + h * Tr::kKvHalfBytes + lane * bs * 128;
+          TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
+          TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const TileCoords c = GetTileCoords(a, kBr);
+  if (c.q0 >= c.q_len) return;  // uniform over the CTA (the producer returns too)
+  const int kv_end = min(c.num_keys, c.ctx + c.q0 + kBr);  // keys any row of the tile sees
+  const int n_tiles = (kv_end + kBc - 1) / kBc;
+  const int w = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wq0 = c.q0 + w * 64;         // this warpgroup's first query row
+  const int row0 = wq0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+  {
+    const T* q = static_cast<const T*>(a.q);
+    constexpr int kChunks = HD / 8;
+#pragma unroll
+    for (int i = 0; i < 64 * kChunks / 128; ++i) {
+      const int idx = tid + i * 128, r = idx / kChunks, ch = idx % kChunks;
+      const bool ok = wq0 + r < c.q_len;
+      const T* src =
+          q + (int64_t(c.q_start + (ok ? wq0 + r : 0)) * a.num_heads + c.head) * HD + ch * 8;
+      const uint32_t dst =
+          sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
+      CpAsync16(dst, src, ok ? 16 : 0);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    FenceProxyAsync();  // generic-proxy writes, read next by wgmma (async proxy)
+    NamedBarrier(1 + w, 128);
+  }
+
+  float o[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's partial sums
+  const uint32_t q_base = sQ + w * 64 * 128;
+  float s[64];                                  // S of the current tile (64 × 128 per warpgroup)
+  uint32_t pa0[kBc / 16][4], pa1[kBc / 16][4];  // P of two tiles: register A operands of P·V
+  float alpha[2];  // O's rescale factor for the current tile (rows row0, +8)
+  const bool ping_pong = !(a.v4_flags & kV4NoPingPong);
+  const bool overlap = !(a.v4_flags & kV4NoOverlap);
+  const bool skip_exp = a.v4_flags & kV4SkipExp;
+
+  // Ping-pong: a warpgroup issues its GEMMs only on its turn (named barrier 3 + w), then hands
+  // the turn over (arrive on 3 + other), so one warpgroup's softmax runs under the other's
+  // GEMMs. Warpgroup 0 starts; turns per warpgroup = n_tiles + 1; warpgroup 1 skips its very
+  // last hand-over (nobody waits for it).
+  const int turns = n_tiles + 1;
+  int turn = 0;
+  auto take_turn = [&] {
+    if (ping_pong) NamedBarrier(3 + w, 256);
+  };
+  auto pass_turn = [&] {
+    ++turn;
+    if (ping_pong && !(w == 1 && turn == turns)) NamedBarrierArrive(3 + (1 - w), 256);
+  };
+  if (ping_pong && w == 1) NamedBarrierArrive(3, 256);
+
+  auto issue_s = [&](int j) {  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel
+    const uint32_t k_base = sK + (j % kStages) * Tr::kKvBytes;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t off = (kk / 4) * Tr::kQHalfBytes + (kk % 4) * 32;
+      const uint32_t koff = (kk / 4) * Tr::kKvHalfBytes + (kk % 4) * 32;
+      WgmmaSS128(s, Desc(q_base + off, 16, 1024), Desc(k_base + koff, 16, 1024), kk > 0, T{});
+    }
+  };
+  // O += P V_j: 8 wgmmas of 16 keys, V read N-major.
+  auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4]) {
+    const uint32_t v_base = sV + (j % kStages) * Tr::kKvBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      WgmmaPV<T, HD>(o, p[kk], Desc(v_base + kk * 16 * 128, Tr::kKvHalfBytes, 1024));
+  };
+  // Mask (diagonal tiles) and online softmax of S_j; P_j packed into p; alpha for O. O itself
+  // is not touched (a P·V may still be accumulating into it).
+  auto softmax = [&](int j, uint32_t(&p)[kBc / 16][4]) {
+    const int k0 = j * kBc;
+    if (k0 + kBc - 1 > c.ctx + wq0) {
+#pragma unroll
+      for (int n = 0; n < kBc / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + n * 8 + 2 * t + (e & 1);
+          if (key > c.ctx + row0 + (e >> 1) * 8) s[n * 4 + e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // h = 0: row0, h = 1: row0 + 8; a row lives in 4 threads
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBc / 8; ++n)
+        mx = fmaxf(mx, fmaxf(s[n * 4 + 2 * h], s[n * 4 + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx * a.scale_log2);
+      const float offset = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = FastExp2(m[h] - offset);
+      m[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kBc / 8; ++n) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const float x = fmaf(s[n * 4 + e], a.scale_log2, -offset);
+          s[n * 4 + e] = skip_exp ? x : FastExp2(x);
+          sum += s[n * 4 + e];
+        }
+      }
+      l[h] = l[h] * alpha[h] + sum;
+    }
+    // The S accumulator of keys 16kk … 16kk+15, packed in pairs, is the m64k16 A fragment.
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      p[kk][0] = PackPair<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      p[kk][1] = PackPair<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      p[kk][2] = PackPair<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      p[kk][3] = PackPair<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  auto rescale_o = [&] {
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      o[n * 4 + 0] *= alpha[0];
+      o[n * 4 + 1] *= alpha[0];
+      o[n * 4 + 2] *= alpha[1];
+      o[n * 4 + 3] *= alpha[1];
+    }
+  };
+  auto fence_p = [](uint32_t(&p)[kBc / 16][4]) {  // keep P live until its wgmma is done
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(p[kk][i])::"memory");
+  };
+  // One steady-state step: S_j and P_{j-1}·V_{j-1} issued together on this warpgroup's turn.
+  // With overlap, the softmax of S_j runs while P_{j-1}·V_{j-1} is still accumulating (two P
+  // register sets, cur / prev); O is rescaled once that GEMM has landed.
+  auto step = [&](int j, uint32_t(&cur)[kBc / 16][4], uint32_t(&prev)[kBc / 16][4]) {
+    const int st = j % kStages, pst = (j - 1) % kStages;
+    MbarWait(full_k(st), (j / kStages) & 1);
+    MbarWait(full_v(pst), ((j - 1) / kStages) & 1);  // tile j-1 < n_tiles-1: never partial
+    take_turn();
+    WgmmaFence();
+    issue_s(j);
+    WgmmaCommit();
+    issue_pv(j - 1, prev);
+    WgmmaCommit();
+    pass_turn();
+    if (overlap) {
+      WgmmaWait<1>();  // S_j landed; P_{j-1}·V_{j-1} may still run
+      FenceRegs(s);
+      softmax(j, cur);
+      WgmmaWait<0>();
+      FenceRegs(o);
+      fence_p(prev);
+      MbarArrive(empty(pst));  // this thread is done with stage j-1 (K and V)
+      rescale_o();
+    } else {
+      WgmmaWait<0>();
+      FenceRegs(s);
+      FenceRegs(o);
+      fence_p(prev);
+      MbarArrive(empty(pst));
+      softmax(j, cur);
+      rescale_o();
+    }
+  };
+
+  // Tile 0: S only.
+  MbarWait(full_k(0), 0);
+  take_turn();
+  WgmmaFence();
+  issue_s(0);
+  WgmmaCommit();
+  pass_turn();
+  WgmmaWait<0>();
+  FenceRegs(s);
+  softmax(0, pa0);  // O is zero: no rescale needed
+  // Steady state, two tiles per trip so that each P register set has a fixed name.
+  for (int j = 1; j < n_tiles; j += 2) {
+    step(j, pa1, pa0);
+    if (j + 1 < n_tiles) step(j + 1, pa0, pa1);
+  }
+  // Last P·V.
+  {
+    const int j = n_tiles - 1, st = j % kStages, k0 = j * kBc;
+    MbarWait(full_v(st), (j / kStages) & 1);
+    if (k0 + kBc > c.num_keys) {
+      // Rows past the sequence: zero them (stale or never-loaded V would give 0·NaN). Both
+      // warpgroups write the same zeros; each fences and syncs before its own wgmma.
+      const uint32_t v_base = sV + st * Tr::kKvBytes;
+      const int first = c.num_keys - k0;
+      const int total = (kBc - first) * Tr::kHalves * 8;
+      for (int idx = tid; idx < total; idx += 128) {
+        const int r = first + idx / (Tr::kHalves * 8), rem = idx % (Tr::kHalves * 8);
+        const uint32_t addr = v_base + (rem / 8) * Tr::kKvHalfBytes + r * 128 + (rem % 8) * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+      }
+      FenceProxyAsync();
+      NamedBarrier(1 + w, 128);
+    }
+    const bool odd = j & 1;  // P_j lives in pa1 for odd j: select it into pa0 (no branch
+#pragma unroll               // around a wgmma, which would make ptxas inject fences)
+    for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa0[kk][i] = odd ? pa1[kk][i] : pa0[kk][i];
+    take_turn();
+    WgmmaFence();
+    issue_pv(j, pa0);
+    WgmmaCommit();
+    pass_turn();
+    WgmmaWait<0>();
+    FenceRegs(o);
+    fence_p(pa0);
+    fence_p(pa1);
+    MbarArrive(empty(st));
+  }
+
+  // Normalise and store (rows past the chunk are dropped).
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lt = l[h];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const int row = row0 + h * 8;
+    if (row < c.q_len) {
+      T* dst = out + (int64_t(c.q_start + row) * a.num_heads + c.head) * HD + 2 * t;
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dst + n * 8) =
+            PackPair<T>(o[n * 4 + 2 * h] * inv, o[n * 4 + 2 * h + 1] * inv);
+      }
+    }
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    LLM_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                    cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || p == nullptr)
+      throw std::runtime_error("cuTensorMapEncodeTiled unavailable");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A pool [num_blocks, num_kv_heads, block_size, head_dim] as a 3-D tensor
+// (head_dim, block_size, num_blocks · num_kv_heads); box = one page × 64 columns, 128B swizzle.
+CUtensorMap PoolMap(const void* pool, const PrefillArgs& a) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {cuuint64_t(a.head_dim), cuuint64_t(a.block_size),
+                              cuuint64_t(a.num_blocks) * a.num_kv_heads};
+  const cuuint64_t strides[2] = {cuuint64_t(a.head_dim) * 2,
+                                 cuuint64_t(a.head_dim) * 2 * a.block_size};
+  const cuuint32_t box[3] = {64, cuuint32_t(a.block_size), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = EncodeFn()(
+      &map, a.is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(pool), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("cuTensorMapEncodeTiled failed: " + std::to_string(int(r)));
+  return map;
+}
+
+template <typename T, int HD>
+void Launch(const PrefillArgs& a, cudaStream_t stream) {
+  using Tr = WgmmaTraits<HD>;
+  auto kernel = PrefillWgmmaKernel<T, HD>;
+  LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(Tr::kSmemBytes)));
+  const CUtensorMap mk = PoolMap(a.k, a), mv = PoolMap(a.v, a);
+  const dim3 grid(a.num_seqs * a.num_heads, (a.max_q_len + Tr::kBr - 1) / Tr::kBr);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mk, mv, a);
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void LaunchPrefillWgmma(const PrefillArgs& a, cudaStream_t stream) {
+  if (a.is_bf16) {
+    a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, stream) : Launch<__nv_bfloat16, 128>(a, stream);
+  } else {
+    a.head_dim == 64 ? Launch<__half, 64>(a, stream) : Launch<__half, 128>(a, stream);
+  }
+}
+
+}  // namespace llm::cuda::detail
