@@ -18,6 +18,7 @@ Command AddGenerate(CLI::App& app);
 Command AddMakeModel(CLI::App& app);
 Command AddBench(CLI::App& app);
 Command AddServe(CLI::App& app);
+Command AddBenchServe(CLI::App& app);
 
 // The demo model's folder in this build (made by the `demo_model` target).
 std::string DefaultModelDir();

@@ -203,6 +203,9 @@ int LoadingResponder::Start(const std::string& host, int port) {
                               : (http_->bind_to_port(host, port) ? port : -1);
   if (bound < 0) throw Error("cannot listen on " + host + ":" + std::to_string(port));
   thread_ = std::make_unique<std::thread>([this] { http_->listen_after_bind(); });
+  // httplib's stop() only acts on a server that is already running: wait for it, or a quick
+  // Stop() would race the listen loop and leave the port taken.
+  while (!http_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return bound;
 }
 

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   llm::cli::Command bench = llm::cli::AddBench(app);
 #if defined(LLM_HAS_SERVER)
   llm::cli::Command serve = llm::cli::AddServe(app);
+  llm::cli::Command bench_serve = llm::cli::AddBenchServe(app);
 #endif
   CLI11_PARSE(app, argc, argv);
   try {
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) return bench();
 #if defined(LLM_HAS_SERVER)
     if (app.got_subcommand("serve")) return serve();
+    if (app.got_subcommand("bench-serve")) return bench_serve();
 #endif
   } catch (const llm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
