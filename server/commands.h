@@ -19,6 +19,7 @@ Command AddMakeModel(CLI::App& app);
 Command AddBench(CLI::App& app);
 Command AddServe(CLI::App& app);
 Command AddBenchServe(CLI::App& app);
+Command AddChat(CLI::App& app);  // clients/cmd_chat.cc
 
 // The demo model's folder in this build (made by the `demo_model` target).
 std::string DefaultModelDir();

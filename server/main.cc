@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
 #if defined(LLM_HAS_SERVER)
   llm::cli::Command serve = llm::cli::AddServe(app);
   llm::cli::Command bench_serve = llm::cli::AddBenchServe(app);
+  llm::cli::Command chat = llm::cli::AddChat(app);
 #endif
   CLI11_PARSE(app, argc, argv);
   try {
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
 #if defined(LLM_HAS_SERVER)
     if (app.got_subcommand("serve")) return serve();
     if (app.got_subcommand("bench-serve")) return bench_serve();
+    if (app.got_subcommand("chat")) return chat();
 #endif
   } catch (const llm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -5,18 +5,13 @@
 set -euo pipefail
 build=$1
 shared=$2
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/common.sh"
 log=$(mktemp)
 out=$(mktemp)
-"$build/llm" serve --model "$shared/models/stories260K" --port 0 --grpc-port -1 \
-  --kv-cache-mb 64 2>"$log" &
-server=$!
-trap 'kill $server 2>/dev/null || true; rm -f "$log" "$out"' EXIT
-for _ in $(seq 1 200); do
-  port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log")
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { cat "$log"; exit 1; }
+trap 'kill $SERVER_PID 2>/dev/null || true; rm -f "$log" "$out"' EXIT
+start_server "$build" "$log" --model "$shared/models/stories260K" --grpc-port -1 --kv-cache-mb 64
+port=$HTTP_PORT
 "$build/llm" bench-serve --url "http://127.0.0.1:$port" --num-prompts 16 --input-len 32 \
   --output-len 16 --request-rate 50 --max-concurrency 8 --json-out "$out"
 python3 - "$out" <<'PY'

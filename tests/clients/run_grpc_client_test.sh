@@ -6,19 +6,12 @@ set -euo pipefail
 build=$1
 shared=$2
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/common.sh"
 stubs=$build/python-stubs
 mkdir -p "$stubs"
 protoc --proto_path="$here/../../proto" --python_out="$stubs" --grpc_out="$stubs" \
   --plugin=protoc-gen-grpc="$(command -v grpc_python_plugin)" llm.proto
 log=$(mktemp)
-"$build/llm" serve --model "$shared/models/stories260K" --port 0 --grpc-port 0 \
-  --kv-cache-mb 64 2>"$log" &
-server=$!
-trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 200); do
-  port=$(sed -n 's/.*gRPC 127.0.0.1:\([0-9]*\).*/\1/p' "$log")
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { cat "$log"; exit 1; }
-/usr/bin/python3 "$here/grpc_client_test.py" "127.0.0.1:$port" "$stubs"
+trap 'kill $SERVER_PID 2>/dev/null || true; rm -f "$log"' EXIT
+start_server "$build" "$log" --model "$shared/models/stories260K" --grpc-port 0 --kv-cache-mb 64
+/usr/bin/python3 "$here/grpc_client_test.py" "127.0.0.1:$GRPC_PORT" "$stubs"
