@@ -42,7 +42,7 @@ done
 [ -n "$port" ] || { echo "server did not start:"; cat "$log"; exit 1; }
 rc=0
 /usr/bin/python3 "$here/server_soak.py" --url "http://127.0.0.1:$port" --pid $server \
-  --max-body-bytes $max_body --json "${SOAK_JSON:-$build/server_soak.json}" "${size[@]}" "$@" || rc=$?
+  --max-body-bytes $max_body --admission-limit 24 --json "${SOAK_JSON:-$build/server_soak.json}" "${size[@]}" "$@" || rc=$?
 # Graceful shutdown: SIGTERM drains and must exit 0 (within the drain timeout + margin).
 kill -TERM $server
 status=0

@@ -76,6 +76,7 @@ class Soak:
         self.retry_after_missing = 0
         self.next_request = 0
         self.rss_peak = 0
+        self.peak_busy = 0  # the most running + waiting seen in /metrics
         self.rss_samples = []
         self.has_chat = False
         self.model = None
@@ -255,7 +256,10 @@ class Soak:
                 self.errors["429_overloaded"] += 1
             if not resp.getheader("Retry-After"):
                 self.violation(kind, "429_without_retry_after")
-            return self.check_error_shape(kind, status, data)
+            self.check_error_shape(kind, status, data)
+            if kind != "burst":  # back off as a client should (shorter than Retry-After: 1)
+                time.sleep(rng.uniform(0.05, 0.3))
+            return
         if status != 200:
             self.check_error_shape(kind, status, data)
             return self.violation(kind, "unexpected_status", "%s %s %r" % (status, json.dumps(body), data[:200]))
@@ -317,6 +321,7 @@ class Soak:
             if status == 429:
                 with self.lock:
                     self.errors["429_overloaded"] += 1
+                time.sleep(rng.uniform(0.05, 0.3))
                 return
             if status != 200:
                 return self.violation(kind, "unexpected_status", "%s %r" % (status, buf[:200]))
@@ -373,8 +378,8 @@ class Soak:
     def oversized(self, rng):
         kind = "oversized_413"
         size = self.args.max_body_bytes + rng.choice([1, 1000, self.args.max_body_bytes])
-        pad = "x" * (size - 40)
-        body = '{"prompt": "%s", "max_tokens": 1}' % pad
+        body = '{"prompt": "%s", "max_tokens": 1}' % ("x" * (size - 31))
+        assert len(body) == size
         self.expect_error(kind, "POST", rng.choice(["/v1/completions", "/v1/chat/completions"]),
                           body.encode(), 413)
 
@@ -465,10 +470,13 @@ class Soak:
             with self.lock:
                 if self.next_request >= self.args.requests:
                     return
-                self.next_request += 1
                 n = self.next_request
+                # a burst counts as --burst requests towards --requests
+                is_burst = self.args.burst and n // self.args.burst_every != (
+                    n + self.args.burst) // self.args.burst_every
+                self.next_request += self.args.burst if is_burst else 1
             try:
-                if self.args.burst and n % self.args.burst_every == 0:
+                if is_burst:
                     self.burst(rng)
                 else:
                     self.one(rng)
@@ -476,11 +484,22 @@ class Soak:
                 self.violation("worker", "exception", repr(e))
 
     def sampler(self, stop):
+        """RSS every 0.25 s; /metrics every 0.5 s (the peak of running + waiting)."""
+        tick = 0
         while not stop.wait(0.25):
             kib = rss_kib(self.args.pid)
             if kib is not None:
                 self.rss_peak = max(self.rss_peak, kib)
                 self.rss_samples.append(kib)
+            tick += 1
+            if tick % 2 == 0:
+                try:
+                    m = self.metrics()
+                except (OSError, http.client.HTTPException, Violation) as e:
+                    self.violation("metrics", "metrics_failed", repr(e))
+                    continue
+                busy = m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)
+                self.peak_busy = max(self.peak_busy, int(busy))
 
     def metrics(self):
         status, _, data = self.request("GET", "/metrics")
@@ -576,6 +595,9 @@ class Soak:
                                "status %d: server %d, client %d" % (st, http_delta.get(st, 0), self.status.get(st, 0)))
         if a.burst and self.status.get(429, 0) == 0:
             self.violation("final", "no_429_seen", "bursts never went past the admission limit")
+        if a.admission_limit and self.peak_busy > a.admission_limit:
+            self.violation("final", "admission_limit_exceeded",
+                           "running + waiting reached %d > %d" % (self.peak_busy, a.admission_limit))
         growth_mib = (rss_end - rss_base) / 1024 if rss_end and rss_base else None
         if growth_mib is None:
             self.violation("final", "rss_unreadable", a.pid)
@@ -596,6 +618,7 @@ class Soak:
             "server_finished_by_reason": dict(sorted(success.items())),
             "server_aborted": success.get("abort", 0),
             "server_http_errors_delta": {str(k): v for k, v in sorted(http_delta.items()) if v},
+            "peak_running_plus_waiting": self.peak_busy, "admission_limit": a.admission_limit,
             "idle_after_s": idle_s,
             "rss_base_mib": round(rss_base / 1024, 1) if rss_base else None,
             "rss_end_mib": round(rss_end / 1024, 1) if rss_end else None,
@@ -647,6 +670,7 @@ class Soak:
         print("accepted %d, client disconnects %d; server finished %s (aborted %d)" % (
             s["accepted"], s["client_disconnects"], s["server_finished_by_reason"], s["server_aborted"]))
         print("server 4xx delta: %s" % s["server_http_errors_delta"])
+        print("peak running+waiting %d (admission limit %s)" % (s["peak_running_plus_waiting"], s["admission_limit"]))
         print("idle after %s s; RSS base %s MiB, peak %s MiB, end %s MiB, growth %s MiB (bound %s)" % (
             s["idle_after_s"], s["rss_base_mib"], s["rss_peak_mib"], s["rss_end_mib"], s["rss_growth_mib"],
             s["rss_growth_bound_mib"]))
@@ -666,7 +690,9 @@ def main():
     p.add_argument("--warmup", type=int, default=80, help="requests before the RSS baseline")
     p.add_argument("--max-body-bytes", type=int, default=65536, help="the server's --max-body-bytes")
     p.add_argument("--burst", type=int, default=40, help="simultaneous requests in a burst (0: none)")
-    p.add_argument("--burst-every", type=int, default=150, help="one burst per this many requests")
+    p.add_argument("--burst-every", type=int, default=250, help="one burst per this many requests")
+    p.add_argument("--admission-limit", type=int, default=0,
+                   help="the server's --max-num-seqs + --max-queued-requests (0: not checked)")
     p.add_argument("--max-rss-growth-mib", type=float, default=64)
     p.add_argument("--settle-seconds", type=float, default=10)
     p.add_argument("--io-timeout", type=float, default=60)
