@@ -595,9 +595,8 @@ class Soak:
                                "status %d: server %d, client %d" % (st, http_delta.get(st, 0), self.status.get(st, 0)))
         if a.burst and self.status.get(429, 0) == 0:
             self.violation("final", "no_429_seen", "bursts never went past the admission limit")
-        if a.admission_limit and self.peak_busy > a.admission_limit:
-            self.violation("final", "admission_limit_exceeded",
-                           "running + waiting reached %d > %d" % (self.peak_busy, a.admission_limit))
+        # (Reported, not checked: the engine's gauges count sequences, and a request with n > 1
+        # has n of them, so running + waiting may exceed the admission limit on requests.)
         growth_mib = (rss_end - rss_base) / 1024 if rss_end and rss_base else None
         if growth_mib is None:
             self.violation("final", "rss_unreadable", a.pid)
@@ -692,7 +691,8 @@ def main():
     p.add_argument("--burst", type=int, default=40, help="simultaneous requests in a burst (0: none)")
     p.add_argument("--burst-every", type=int, default=250, help="one burst per this many requests")
     p.add_argument("--admission-limit", type=int, default=0,
-                   help="the server's --max-num-seqs + --max-queued-requests (0: not checked)")
+                   help="the server's --max-num-seqs + --max-queued-requests (reported with the peak of "
+                        "running + waiting sequences)")
     p.add_argument("--max-rss-growth-mib", type=float, default=64)
     p.add_argument("--settle-seconds", type=float, default=10)
     p.add_argument("--io-timeout", type=float, default=60)
