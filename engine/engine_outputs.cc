@@ -143,6 +143,17 @@ void Engine::EmitLastIfDone(RequestState* req, RequestOutput* out) {
 
 // Abort, timeout or error: every unfinished completion of the request ends with `reason`.
 void Engine::FinishRequest(RequestState* req, FinishReason reason, const std::string& error) {
+  // n > 1 ended before its prompt was computed (a timeout or abort in the queue or in
+  // prefill): choices 1..n-1 have no sequence yet, yet each still gets its one final event.
+  if (!req->is_forked) {
+    for (int i = 1; i < req->request.sampling.n; ++i) {
+      RequestOutput out;
+      out.index = i;
+      out.error = error;
+      out.finish_reason = reason;
+      req->channel->Push(std::move(out));
+    }
+  }
   req->is_forked = true;  // no children will be created any more
   std::vector<Sequence*> open;
   for (Sequence* s : req->seqs) {

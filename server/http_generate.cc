@@ -53,9 +53,18 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
   }
   flight->prompt_tokens = std::ssize(request.prompt_ids);
   // Bounded admission: beyond the running batch, a bounded queue; past it, come back later.
+  // The slot is reserved before it is checked (fetch_add), so simultaneous requests cannot
+  // all pass a check that only one of them fits (a load-then-add let a burst overshoot).
   const int64_t limit = engine_.config().max_num_seqs + config_.max_queued_requests;
-  if (in_flight_.load() >= limit ||
-      in_flight_prompt_tokens_.load() + flight->prompt_tokens > config_.max_queued_prompt_tokens) {
+  const int64_t slots_before = in_flight_.fetch_add(1);
+  const int64_t tokens_before = in_flight_prompt_tokens_.fetch_add(flight->prompt_tokens);
+  auto unreserve = [&] {
+    in_flight_ -= 1;
+    in_flight_prompt_tokens_ -= flight->prompt_tokens;
+  };
+  if (slots_before >= limit ||
+      tokens_before + flight->prompt_tokens > config_.max_queued_prompt_tokens) {
+    unreserve();
     res.set_header("Retry-After", "1");
     return SendError(res, {429, "The server is at capacity; retry later.", "rate_limit_error", "",
                            "overloaded"});
@@ -65,10 +74,9 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
   try {
     flight->channel = engine_.AddRequest(request);
   } catch (const Error& e) {
+    unreserve();
     return SendError(res, {400, e.what(), "invalid_request_error", "", "invalid_request"});
   }
-  in_flight_ += 1;
-  in_flight_prompt_tokens_ += flight->prompt_tokens;
   flight->builder =
       std::make_unique<ResponseBuilder>(flight->parsed, tokenizer_, flight->id, model_.id);
   if (flight->parsed.stream) {
