@@ -238,6 +238,21 @@ TEST_F(EngineTest, CancelAndDeadlineFreeBlocksAtOnce) {
   EXPECT_EQ(engine.Stats().num_free_kv_blocks, engine.Stats().num_kv_blocks);
 }
 
+// A request with n > 1 that ends before its prompt ran (its children never existed) still
+// ends every completion index exactly once (found by the server soak).
+TEST_F(EngineTest, EarlyTimeoutEndsEveryCompletionOfN) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128});
+  Request r = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 50);
+  r.sampling.n = 3;
+  r.deadline = Clock::now() - std::chrono::milliseconds(1);
+  auto ch = engine.AddRequest(r);
+  engine.RunUntilIdle();
+  const Collected c = Drain(*ch, 3);
+  EXPECT_EQ(c.num_last, 1);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.finish[i], FinishReason::kTimeout) << i;
+  EXPECT_EQ(engine.Stats().num_free_kv_blocks, engine.Stats().num_kv_blocks);
+}
+
 TEST_F(EngineTest, InvalidRequestsAreRejectedWithClearErrors) {
   Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 8});
   test::ExpectError([&] { engine.AddRequest(Greedy({}, 5)); }, {"empty"});
