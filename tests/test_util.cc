@@ -25,6 +25,8 @@ bool IsSmallScale() {
 
 int Scaled(int full, int small) { return IsSmallScale() ? small : full; }
 
+int SlowFactor() { return IsSmallScale() ? 10 : 1; }
+
 TempDir::TempDir() {
   std::random_device rd;
   for (int attempt = 0; attempt < 100; ++attempt) {

@@ -36,6 +36,8 @@ void WriteFile(const std::filesystem::path& path, const std::string& bytes);
 // Scaling keeps every test running, with the same checks, on fewer inputs.
 bool IsSmallScale();
 int Scaled(int full, int small);
+// Wall-clock limits and waits for slow builds: 10 with LLM_TEST_SCALE=small, else 1.
+int SlowFactor();
 
 // Runs `fn`, which must throw llm::Error whose message contains every one of `parts`
 // (a GoogleTest failure otherwise).

@@ -8,6 +8,7 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <thread>
@@ -107,8 +108,12 @@ void PostAndHangUp(int port, const std::string& path, const std::string& body,
                           "\r\n\r\n" + body;
   ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
   std::this_thread::sleep_for(wait);
+  // The response has started (probes or tokens): a slow (sanitizer) build may take longer
+  // than `wait` to get there, so wait for its first bytes, up to a bound.
+  timeval timeout{.tv_sec = 5 * test::SlowFactor(), .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   char buf[256];
-  ASSERT_GT(recv(fd, buf, sizeof(buf), MSG_DONTWAIT), 0);  // the response had started
+  ASSERT_GT(recv(fd, buf, sizeof(buf), 0), 0);
   close(fd);
 }
 
@@ -328,7 +333,7 @@ TEST_F(HttpServerTest, DrainingRefusesNewWorkAndFinishesOld) {
                     "application/json");
     old_status = r ? std::to_string(r->status) : "none";
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30 * test::SlowFactor()));
   server_->BeginDrain();
   auto c = Client();
   EXPECT_EQ(c.Get("/health")->status, 503);
