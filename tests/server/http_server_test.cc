@@ -313,11 +313,13 @@ TEST_F(HttpServerTest, DisconnectDuringPrefillCancelsAndFreesBlocks) {
 TEST_F(HttpServerTest, OverloadGets429WithRetryAfter) {
   Start({.max_queued_requests = 0}, {.num_kv_blocks = 256, .max_num_seqs = 1}, /*slow=*/true);
   std::thread slow([this] {
+    // Busy for the whole test; a sanitizer build's slower steps need fewer tokens for that.
+    const json req = {{"prompt", "Once"}, {"max_tokens", test::Scaled(600, 150)},
+                      {"ignore_eos", true}};
     httplib::Client c("127.0.0.1", port_);
-    c.Post("/v1/completions", R"({"prompt":"Once","max_tokens":600,"ignore_eos":true})",
-           "application/json");
+    c.Post("/v1/completions", req.dump(), "application/json");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100 * test::SlowFactor()));
   auto r = Client().Post("/v1/completions", R"({"prompt":"x","max_tokens":2})", "application/json");
   EXPECT_EQ(r->status, 429);
   EXPECT_EQ(r->get_header_value("Retry-After"), "1");
