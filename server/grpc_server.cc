@@ -72,6 +72,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   GenerateReactor(Engine& engine, std::shared_ptr<OutputChannel> channel, std::string id,
                   std::atomic<int64_t>& in_flight)
       : engine_(engine), channel_(std::move(channel)), id_(std::move(id)), in_flight_(in_flight) {
+    // Held while pump_ is assigned: Pump() takes mu_ first, so OnDone (which only follows
+    // the pump's Finish) never reads pump_ before this write (a data race otherwise).
+    std::lock_guard<std::mutex> lock(mu_);
     pump_ = std::thread([this] { Pump(); });
   }
   void OnWriteDone(bool ok) override {
@@ -97,6 +100,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
  private:
   void Pump() {
+    { std::lock_guard<std::mutex> lock(mu_); }  // waits for the constructor to set pump_
     RequestOutput out;
     while (true) {
       {

@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 #include "engine/error.h"
 
@@ -15,6 +17,15 @@ std::filesystem::path SharedDir() { return LLM_SHARED_DIR; }
 std::filesystem::path SourceDir() { return LLM_SOURCE_DIR; }
 std::filesystem::path BuildDir() { return LLM_BUILD_DIR; }
 std::filesystem::path OracleDir() { return LLM_ORACLE_DIR; }
+
+bool IsSmallScale() {
+  const char* scale = std::getenv("LLM_TEST_SCALE");
+  return scale != nullptr && std::string_view(scale) == "small";
+}
+
+int Scaled(int full, int small) { return IsSmallScale() ? small : full; }
+
+int SlowFactor() { return IsSmallScale() ? 10 : 1; }
 
 TempDir::TempDir() {
   std::random_device rd;

@@ -31,6 +31,14 @@ class TempDir {
 std::string ReadFile(const std::filesystem::path& path);
 void WriteFile(const std::filesystem::path& path, const std::string& bytes);
 
+// How much work the long tests (soaks, oracle sweeps) do: `full` normally, `small` when the
+// environment sets LLM_TEST_SCALE=small (the sanitizer builds, where a test runs 5-20x slower).
+// Scaling keeps every test running, with the same checks, on fewer inputs.
+bool IsSmallScale();
+int Scaled(int full, int small);
+// Wall-clock limits and waits for slow builds: 10 with LLM_TEST_SCALE=small, else 1.
+int SlowFactor();
+
 // Runs `fn`, which must throw llm::Error whose message contains every one of `parts`
 // (a GoogleTest failure otherwise).
 void ExpectError(const std::function<void()>& fn, const std::vector<std::string>& parts);

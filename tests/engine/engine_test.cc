@@ -268,14 +268,15 @@ TEST_F(EngineTest, InvalidRequestsAreRejectedWithClearErrors) {
   test::ExpectError([&] { engine.AddRequest(bad); }, {"n must be"});
 }
 
-// 1,000 requests with random parameters, cancellations and deadlines, fed from two threads
-// into a running engine thread: every channel gets exactly one final event, and afterwards
-// every KV block is free.
+// 1,000 requests (200 with LLM_TEST_SCALE=small) with random parameters, cancellations and
+// deadlines, fed from two threads into a running engine thread: every channel gets exactly
+// one final event, and afterwards every KV block is free.
 TEST_F(EngineTest, SoakThousandRandomRequests) {
   Engine engine(*model_, *tokenizer_,
                 {.num_kv_blocks = 40, .max_num_batched_tokens = 128, .max_num_seqs = 24});
   engine.Start();
-  std::vector<std::shared_ptr<OutputChannel>> channels(1000);
+  const int num_requests = test::Scaled(1000, 200);
+  std::vector<std::shared_ptr<OutputChannel>> channels(static_cast<size_t>(num_requests));
   auto producer = [&](int begin, int end, uint32_t seed) {
     std::mt19937 rng(seed);
     auto uni = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
@@ -296,7 +297,7 @@ TEST_F(EngineTest, SoakThousandRandomRequests) {
       if (uni(1, 10) == 1) engine.Cancel(r.request_id);
     }
   };
-  std::thread a(producer, 0, 500, 1), b(producer, 500, 1000, 2);
+  std::thread a(producer, 0, num_requests / 2, 1), b(producer, num_requests / 2, num_requests, 2);
   a.join();
   b.join();
   int num_last = 0;
@@ -315,12 +316,12 @@ TEST_F(EngineTest, SoakThousandRandomRequests) {
     num_last += lasts;
   }
   engine.Stop();
-  EXPECT_EQ(num_last, 1000);
+  EXPECT_EQ(num_last, num_requests);
   const EngineStats s = engine.Stats();
   EXPECT_EQ(s.num_free_kv_blocks, s.num_kv_blocks);
   EXPECT_EQ(s.num_running + s.num_waiting, 0);
-  std::printf("[soak] 1000 requests: %lld steps, %lld preemptions, %lld generated tokens\n",
-              (long long)s.num_steps, (long long)s.num_preemptions,
+  std::printf("[soak] %d requests: %lld steps, %lld preemptions, %lld generated tokens\n",
+              num_requests, (long long)s.num_steps, (long long)s.num_preemptions,
               (long long)s.num_generated_tokens);
 }
 

@@ -8,6 +8,7 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <thread>
@@ -107,8 +108,12 @@ void PostAndHangUp(int port, const std::string& path, const std::string& body,
                           "\r\n\r\n" + body;
   ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
   std::this_thread::sleep_for(wait);
+  // The response has started (probes or tokens): a slow (sanitizer) build may take longer
+  // than `wait` to get there, so wait for its first bytes, up to a bound.
+  timeval timeout{.tv_sec = 5 * test::SlowFactor(), .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   char buf[256];
-  ASSERT_GT(recv(fd, buf, sizeof(buf), MSG_DONTWAIT), 0);  // the response had started
+  ASSERT_GT(recv(fd, buf, sizeof(buf), 0), 0);
   close(fd);
 }
 
@@ -308,11 +313,13 @@ TEST_F(HttpServerTest, DisconnectDuringPrefillCancelsAndFreesBlocks) {
 TEST_F(HttpServerTest, OverloadGets429WithRetryAfter) {
   Start({.max_queued_requests = 0}, {.num_kv_blocks = 256, .max_num_seqs = 1}, /*slow=*/true);
   std::thread slow([this] {
+    // Busy for the whole test; a sanitizer build's slower steps need fewer tokens for that.
+    const json req = {{"prompt", "Once"}, {"max_tokens", test::Scaled(600, 150)},
+                      {"ignore_eos", true}};
     httplib::Client c("127.0.0.1", port_);
-    c.Post("/v1/completions", R"({"prompt":"Once","max_tokens":600,"ignore_eos":true})",
-           "application/json");
+    c.Post("/v1/completions", req.dump(), "application/json");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100 * test::SlowFactor()));
   auto r = Client().Post("/v1/completions", R"({"prompt":"x","max_tokens":2})", "application/json");
   EXPECT_EQ(r->status, 429);
   EXPECT_EQ(r->get_header_value("Retry-After"), "1");
@@ -328,7 +335,7 @@ TEST_F(HttpServerTest, DrainingRefusesNewWorkAndFinishesOld) {
                     "application/json");
     old_status = r ? std::to_string(r->status) : "none";
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30 * test::SlowFactor()));
   server_->BeginDrain();
   auto c = Client();
   EXPECT_EQ(c.Get("/health")->status, 503);

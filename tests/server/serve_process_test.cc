@@ -105,7 +105,8 @@ TEST(ServeProcess, SecondSignalExitsAtOnce) {
     c.Post("/v1/completions", R"({"prompt":"Once","max_tokens":480,"ignore_eos":true,"n":16})",
            "application/json");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The request must be in flight before the first signal (slower in a sanitizer build).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20 * test::SlowFactor()));
   kill(p.pid, SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   kill(p.pid, SIGTERM);
