@@ -106,7 +106,7 @@ TEST(ServeProcess, SecondSignalExitsAtOnce) {
            "application/json");
   });
   // The request must be in flight before the first signal (slower in a sanitizer build).
-  std::this_thread::sleep_for(std::chrono::milliseconds(20 * test::SlowFactor()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20 * llm::test::SlowFactor()));
   kill(p.pid, SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   kill(p.pid, SIGTERM);
