@@ -85,12 +85,25 @@ TEST(ServeProcess, SigtermDrainsInFlightThenExitsZero) {
     if (r && r->status == 200)
       finish = nlohmann::json::parse(r->body)["choices"][0]["finish_reason"];
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Signal only once the request is running (a loaded machine may take a while to admit it).
+  for (int i = 0; i < 1000; ++i) {
+    auto m = c.Get("/metrics");
+    if (m && m->body.find("vllm:num_requests_running{model_name=\"stories260K\"} 0") ==
+                 std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   kill(p.pid, SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  auto during = c.Get("/health");
-  ASSERT_TRUE(during) << "the server must still be up while it drains";
-  EXPECT_EQ(during->status, 503);
+  // Draining: /health turns 503 while the request is still generating.
+  int health = 0;
+  for (int i = 0; i < 1000 && health != 503; ++i) {
+    auto during = c.Get("/health");
+    ASSERT_TRUE(during) << "the server must still be up while it drains";
+    health = during->status;
+    if (health != 503) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(health, 503);
   inflight.join();
   EXPECT_EQ(finish, "length");  // the in-flight request completed normally
   EXPECT_EQ(WaitExit(p.pid, std::chrono::seconds(20)), 0);
