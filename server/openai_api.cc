@@ -233,4 +233,15 @@ ParsedRequest ParseChat(const json& body, const std::string& rendered_prompt,
   return out;
 }
 
+ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const ChatRenderer& chat,
+                            const Tokenizer& tokenizer, const ModelInfo& model) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    throw ApiError{400, "messages must be a non-empty list", "invalid_request_error", "messages",
+                   "invalid_parameter"};
+  }
+  const auto ordered = nlohmann::ordered_json::parse(body_text);
+  const std::string prompt = chat(ordered["messages"], body.value("add_generation_prompt", true));
+  return ParseChat(body, prompt, tokenizer, model);
+}
+
 }  // namespace llm::server
