@@ -36,7 +36,7 @@ Request ToRequest(const v1::GenerateRequest& req, const Tokenizer& tokenizer,
   const double timeout =
       req.timeout_seconds() > 0 ? req.timeout_seconds() : default_timeout_seconds;
   if (timeout > 0) {
-    request.deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout * 1000));
+    request.deadline = DeadlineAfter(timeout);
   }
   return request;
 }

@@ -41,8 +41,7 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
   }
   Request& request = flight->parsed.request;
   if (!request.deadline && config_.default_timeout_seconds > 0) {
-    request.deadline =
-        Clock::now() + std::chrono::milliseconds(int64_t(config_.default_timeout_seconds * 1000));
+    request.deadline = DeadlineAfter(config_.default_timeout_seconds);
   }
   flight->prompt_tokens = std::ssize(request.prompt_ids);
   // Bounded admission: beyond the running batch, a bounded queue; past it, come back later.

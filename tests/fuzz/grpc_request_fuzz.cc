@@ -4,11 +4,21 @@
 // does before AddRequest. Nothing here may throw: validation reports with a string.
 //
 //   scripts/fuzz.sh grpc_request
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 
 #include "server/grpc_convert.h"
 #include "tests/fuzz/fuzz_util.h"
+
+// Protobuf logs every string field with invalid UTF-8 it refuses: keep the fuzzer's output
+// readable.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const llm::Tokenizer& tokenizer = llm::fuzz::StoriesTokenizer();
