@@ -7,20 +7,21 @@
 #   scripts/fuzz.sh [--seconds N] [--runs N] [TARGET...]
 #     TARGET: openai_request safetensors tokenizer chat_template grpc_request (default: all)
 #     --seconds N: -max_total_time=N per target (default 20); --runs N: -runs=N instead
+#     (both: whichever limit comes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=$ROOT/build-fuzz
 SHARED=${LLM_SHARED_DIR:-$ROOT/../shared}
 
-seconds=20
+seconds=""
 runs=""
 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -34,11 +35,10 @@ if [[ ! -f $BUILD/build.ninja ]]; then
 fi
 ninja -C "$BUILD" "${targets[@]/%/_fuzz}"
 
-if [[ -n $runs ]]; then
-  limit=(-runs="$runs")
-else
-  limit=(-max_total_time="$seconds")
-fi
+# Both given: whichever comes first. Neither: 20 seconds.
+limit=()
+[[ -n $runs ]] && limit+=(-runs="$runs")
+[[ -n $seconds || -z $runs ]] && limit+=(-max_total_time="${seconds:-20}")
 
 status=0
 summary=()
@@ -60,6 +60,7 @@ for t in "${targets[@]}"; do
   log=$work/fuzz.log
   echo "== ${t}_fuzz: ${limit[*]} (log: $log)"
   rc=0
+  start=$SECONDS
   LLM_SHARED_DIR=$SHARED "$BUILD/${t}_fuzz" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/corpus" "${extra[@]}" \
     >"$log" 2>&1 || rc=$?
@@ -67,7 +68,7 @@ for t in "${targets[@]}"; do
   secs=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
   corpus=$(find "$work/corpus" -type f | wc -l)
   crashes=$(grep -o 'Test unit written to .*' "$log" | sed 's/Test unit written to //' || true)
-  line="$t: rc=$rc execs=${execs:-?} execs/s=${secs:-?} corpus=$corpus"
+  line="$t: rc=$rc execs=${execs:-?} time=$((SECONDS - start))s execs/s=${secs:-?} corpus=$corpus"
   if [[ $rc -ne 0 ]]; then
     status=1
     tail -n 40 "$log"
