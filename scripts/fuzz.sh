@@ -48,9 +48,11 @@ for t in "${targets[@]}"; do
   mkdir -p "$work/corpus" "$work/artifacts"
   cp "$ROOT/tests/fuzz/corpus/$t/"* "$work/corpus/"
   extra=()
+  # Field names and keywords the mutator would take long to guess.
+  [[ -f $ROOT/tests/fuzz/$t.dict ]] && extra+=(-dict="$ROOT/tests/fuzz/$t.dict")
   case "$t" in
     # The real templates are seeds as they are (read-only second corpus: new inputs go to the first).
-    chat_template) extra=("$ROOT/tests/data/chat_templates") ;;
+    chat_template) extra+=("$ROOT/tests/data/chat_templates") ;;
     # Mode byte 0 + the whole stories260K tokenizer.model: a valid model to mutate.
     tokenizer)
       if [[ -f $SHARED/models/stories260K/tokenizer.model ]]; then

@@ -254,7 +254,9 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
                    "invalid_parameter"};
   }
   const auto ordered = nlohmann::ordered_json::parse(body_text);
-  const std::string prompt = chat(ordered["messages"], body.value("add_generation_prompt", true));
+  // Fields::Bool, not json::value: a non-boolean is a 400, not a json::type_error (a 500).
+  const std::string prompt =
+      chat(ordered["messages"], Fields(body).Bool("add_generation_prompt", true));
   return ParseChat(body, prompt, tokenizer, model);
 }
 

@@ -78,5 +78,20 @@ TEST_F(OpenAiApiTest, HugeTimeoutIsCapped) {
   EXPECT_GT(*parsed.request.deadline, Clock::now() + std::chrono::hours(24 * 365));
 }
 
+// Found by running the fuzz target on a seed: a non-boolean add_generation_prompt threw
+// nlohmann's type_error (json::value), which the server answered with a 500.
+TEST_F(OpenAiApiTest, NonBooleanAddGenerationPromptIsAnApiError) {
+  const std::string body_text =
+      R"({"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":1})";
+  const ChatRenderer chat = [](const nlohmann::ordered_json&, bool) { return "hi"; };
+  try {
+    ParseChatBody(body_text, json::parse(body_text), chat, *tokenizer_, model_);
+    ADD_FAILURE() << "no ApiError";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "add_generation_prompt");
+  }
+}
+
 }  // namespace
 }  // namespace llm::server
