@@ -44,7 +44,7 @@ status=0
 summary=()
 for t in "${targets[@]}"; do
   work=$BUILD/fuzz/$t
-  rm -rf "$work/corpus"
+  rm -rf "$work/corpus" "$work/artifacts"  # a crash file left here is from this run only
   mkdir -p "$work/corpus" "$work/artifacts"
   cp "$ROOT/tests/fuzz/corpus/$t/"* "$work/corpus/"
   extra=()
