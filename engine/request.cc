@@ -1,6 +1,13 @@
 #include "engine/request.h"
 
+#include <algorithm>
+
 namespace llm {
+
+Clock::time_point DeadlineAfter(double seconds) {
+  const double capped = std::min(seconds, kMaxTimeoutSeconds);
+  return Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(capped * 1000));
+}
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {

@@ -26,6 +26,12 @@ struct Request {
   std::optional<Clock::time_point> deadline;  // finish reason "timeout" once passed
 };
 
+// Clock::now() + `seconds` (> 0) for Request::deadline. Timeouts come from clients as any
+// double: they are capped at kMaxTimeoutSeconds (~31 years), so that the conversion to
+// Clock ticks cannot overflow (1e40 or inf seconds were undefined behaviour).
+constexpr double kMaxTimeoutSeconds = 1e9;
+Clock::time_point DeadlineAfter(double seconds);
+
 enum class FinishReason { kNone, kStop, kLength, kAbort, kTimeout, kError };
 const char* FinishReasonName(FinishReason reason);  // "stop", "length", ... ("" for kNone)
 

@@ -9,31 +9,12 @@
 #include <thread>
 
 #include "engine/error.h"
-#include "server/metrics.h"
 #include "llm.grpc.pb.h"
+#include "server/grpc_convert.h"
+#include "server/metrics.h"
 
 namespace llm::server {
 namespace {
-
-// The engine's sampling parameters from the proto's (unset optional fields: defaults).
-SamplingParams ToSampling(const v1::SamplingParams& p) {
-  SamplingParams s;
-  if (p.has_temperature()) s.temperature = p.temperature();
-  if (p.has_top_p()) s.top_p = p.top_p();
-  if (p.has_top_k()) s.top_k = p.top_k();
-  if (p.has_min_p()) s.min_p = p.min_p();
-  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
-  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
-  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
-  s.max_tokens = p.max_tokens() > 0 ? p.max_tokens() : 16;
-  s.stop.assign(p.stop().begin(), p.stop().end());
-  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
-  s.ignore_eos = p.ignore_eos();
-  if (p.has_seed()) s.seed = p.seed();
-  if (p.has_logprobs()) s.logprobs = p.logprobs();
-  for (const auto& [id, bias] : p.logit_bias()) s.logit_bias[id] = bias;
-  return s;
-}
 
 void ToProto(const RequestOutput& out, v1::GenerateResponse* msg) {
   for (int id : out.token_ids) msg->add_token_ids(id);
@@ -151,20 +132,9 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
     if (in_flight_.load() >= config_.max_in_flight) {
       return new ErrorReactor({grpc::StatusCode::RESOURCE_EXHAUSTED, "at capacity; retry later"});
     }
-    Request request;
+    Request request = ToRequest(*req, tokenizer_, config_.default_timeout_seconds);
     request.request_id =
         req->request_id().empty() ? "grpc-" + std::to_string(next_id_++) : req->request_id();
-    if (req->has_token_ids()) {
-      request.prompt_ids.assign(req->token_ids().ids().begin(), req->token_ids().ids().end());
-    } else {
-      request.prompt_ids = tokenizer_.EncodePrompt(req->text());
-    }
-    request.sampling = ToSampling(req->sampling());
-    const double timeout =
-        req->timeout_seconds() > 0 ? req->timeout_seconds() : config_.default_timeout_seconds;
-    if (timeout > 0) {
-      request.deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout * 1000));
-    }
     std::shared_ptr<OutputChannel> channel;
     try {
       channel = engine_.AddRequest(request);  // validates: the same rules as HTTP

@@ -30,14 +30,7 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
         throw ApiError{400, "This model has no chat template; use /v1/completions.",
                        "invalid_request_error", "messages", "no_chat_template"};
       }
-      if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
-        throw ApiError{400, "messages must be a non-empty list", "invalid_request_error",
-                       "messages", "invalid_parameter"};
-      }
-      const auto ordered = nlohmann::ordered_json::parse(req.body);
-      const std::string prompt =
-          chat_(ordered["messages"], body.value("add_generation_prompt", true));
-      flight->parsed = ParseChat(body, prompt, tokenizer_, model_);
+      flight->parsed = ParseChatBody(req.body, body, chat_, tokenizer_, model_);
     } else {
       flight->parsed = ParseCompletion(body, tokenizer_, model_);
     }
@@ -48,8 +41,7 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
   }
   Request& request = flight->parsed.request;
   if (!request.deadline && config_.default_timeout_seconds > 0) {
-    request.deadline =
-        Clock::now() + std::chrono::milliseconds(int64_t(config_.default_timeout_seconds * 1000));
+    request.deadline = DeadlineAfter(config_.default_timeout_seconds);
   }
   flight->prompt_tokens = std::ssize(request.prompt_ids);
   // Bounded admission: beyond the running batch, a bounded queue; past it, come back later.

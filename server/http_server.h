@@ -44,11 +44,6 @@ struct ServerConfig {
   int num_http_threads = 128;
 };
 
-// Renders a chat conversation to prompt text; throws ApiError / llm::Error.
-// (ordered_json: a template's tojson / items() show keys in the client's order.)
-using ChatRenderer =
-    std::function<std::string(const nlohmann::ordered_json& messages, bool add_generation_prompt)>;
-
 // The model folder's chat template (tokenizer_config.json) as a renderer, or null when it
 // has none. Throws llm::Error naming the file when the template cannot be parsed (an error
 // at start-up, never a silent fallback).

@@ -1,6 +1,9 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cmath>
 
 #include "engine/error.h"
 
@@ -23,14 +26,22 @@ class Fields {
     if (!body_[key].is_number()) throw BadParam(key, std::string(key) + " must be a number");
     return body_[key].get<double>();
   }
+  // An integer, or a float with an integral value within int64's range (1e40 is refused,
+  // not cast: that was undefined behaviour).
   int64_t Int(const char* key, int64_t fallback) const {
     if (!Has(key)) return fallback;
     const json& v = body_[key];
-    if (!v.is_number_integer() &&
-        !(v.is_number_float() && v.get<double>() == int64_t(v.get<double>()))) {
-      throw BadParam(key, std::string(key) + " must be an integer");
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d)) return static_cast<int64_t>(d);
     }
-    return v.get<int64_t>();
+    throw BadParam(key, std::string(key) + " must be an integer");
+  }
+  // Int for an int field: values beyond int's range are clamped to it (not wrapped: 2^32 + 1
+  // would have become 1), so that the range checks that follow see them and refuse them.
+  int ClampedInt(const char* key, int64_t fallback) const {
+    return static_cast<int>(std::clamp<int64_t>(Int(key, fallback), INT_MIN, INT_MAX));
   }
   bool Bool(const char* key, bool fallback) const {
     if (!Has(key)) return fallback;
@@ -62,7 +73,8 @@ std::vector<int> IntList(const json& body, const char* key) {
   for (const json& x : body[key]) {
     if (!x.is_number_integer())
       throw BadParam(key, std::string(key) + " must be a list of integers");
-    out.push_back(x.get<int>());
+    // Clamped, not wrapped, to int: an id beyond it stays outside the vocabulary.
+    out.push_back(static_cast<int>(std::clamp<int64_t>(x.get<int64_t>(), INT_MIN, INT_MAX)));
   }
   return out;
 }
@@ -75,12 +87,12 @@ void ParseSampling(const json& body, const ModelInfo& model, int64_t num_prompt,
   sp.temperature = f.Number("temperature", 1.0);
   if (sp.temperature > 2.0) throw BadParam("temperature", "temperature must be in [0, 2]");
   sp.top_p = f.Number("top_p", 1.0);
-  sp.top_k = static_cast<int>(f.Int("top_k", 0));
+  sp.top_k = f.ClampedInt("top_k", 0);
   sp.min_p = f.Number("min_p", 0.0);
   sp.presence_penalty = f.Number("presence_penalty", 0.0);
   sp.frequency_penalty = f.Number("frequency_penalty", 0.0);
   sp.repetition_penalty = f.Number("repetition_penalty", 1.0);
-  sp.n = static_cast<int>(f.Int("n", 1));
+  sp.n = f.ClampedInt("n", 1);
   if (f.Has("best_of") && f.Int("best_of", sp.n) != sp.n) {
     throw BadParam("best_of", "best_of different from n is not supported");
   }
@@ -91,7 +103,7 @@ void ParseSampling(const json& body, const ModelInfo& model, int64_t num_prompt,
   // max_tokens (or chat's max_completion_tokens); default: the rest of the context.
   const char* max_key = f.Has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const int64_t room = model.max_model_len - num_prompt;
-  sp.max_tokens = static_cast<int>(f.Int(max_key, out->is_chat ? room : 16));
+  sp.max_tokens = f.ClampedInt(max_key, out->is_chat ? room : 16);
   if (sp.max_tokens < 1) throw BadParam(max_key, std::string(max_key) + " must be at least 1");
   if (num_prompt >= model.max_model_len || sp.max_tokens > room) {
     throw BadParam(max_key, "This model's maximum context length is " +
@@ -108,13 +120,15 @@ void ParseSampling(const json& body, const ModelInfo& model, int64_t num_prompt,
       if (key.empty() || *end != '\0' || !value.is_number()) {
         throw BadParam("logit_bias", "logit_bias maps token ids (as strings) to numbers");
       }
-      sp.logit_bias[static_cast<int>(id)] = value.get<float>();
+      // Clamped, not wrapped (2^32 + 13 was token 13): Validate refuses it as outside the
+      // vocabulary.
+      sp.logit_bias[static_cast<int>(std::clamp<long>(id, INT_MIN, INT_MAX))] = value.get<float>();
     }
   }
   if (f.Has("timeout")) {
     const double seconds = f.Number("timeout", 0);
     if (seconds <= 0) throw BadParam("timeout", "timeout must be a positive number of seconds");
-    out->request.deadline = Clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
+    out->request.deadline = DeadlineAfter(seconds);
   }
   out->stream = f.Bool("stream", false);
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
@@ -231,6 +245,19 @@ ParsedRequest ParseChat(const json& body, const std::string& rendered_prompt,
     out.request.sampling.logprobs = static_cast<int>(n);
   }
   return out;
+}
+
+ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const ChatRenderer& chat,
+                            const Tokenizer& tokenizer, const ModelInfo& model) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    throw ApiError{400, "messages must be a non-empty list", "invalid_request_error", "messages",
+                   "invalid_parameter"};
+  }
+  const auto ordered = nlohmann::ordered_json::parse(body_text);
+  // Fields::Bool, not json::value: a non-boolean is a 400, not a json::type_error (a 500).
+  const std::string prompt =
+      chat(ordered["messages"], Fields(body).Bool("add_generation_prompt", true));
+  return ParseChat(body, prompt, tokenizer, model);
 }
 
 }  // namespace llm::server

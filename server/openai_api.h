@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/request.h"
@@ -53,6 +55,19 @@ ParsedRequest ParseCompletion(const nlohmann::json& body, const Tokenizer& token
 // `messages` (the chat template). Throws ApiError.
 ParsedRequest ParseChat(const nlohmann::json& body, const std::string& rendered_prompt,
                         const Tokenizer& tokenizer, const ModelInfo& model);
+
+// Renders a chat conversation to prompt text; throws ApiError / llm::Error.
+// (ordered_json: a template's tojson / items() show keys in the client's order.)
+using ChatRenderer =
+    std::function<std::string(const nlohmann::ordered_json& messages, bool add_generation_prompt)>;
+
+// POST /v1/chat/completions from the body's text (`body` is its parse): checks `messages`
+// (a non-empty list) and `add_generation_prompt` (a boolean, default true), renders the
+// messages with `chat` (keys in the client's order), then ParseChat. Throws ApiError, or
+// llm::Error from the renderer.
+ParsedRequest ParseChatBody(std::string_view body_text, const nlohmann::json& body,
+                            const ChatRenderer& chat, const Tokenizer& tokenizer,
+                            const ModelInfo& model);
 
 // Accumulates a request's outputs into the non-streamed response.
 class ResponseBuilder {

@@ -1,0 +1,74 @@
+// Fuzzes the OpenAI request parsing: the input is a request body. A JSON object with
+// "messages" goes the /v1/chat/completions way (ParseChatBody, rendered by one of the real
+// chat templates in tests/data/chat_templates, picked by the input's length), any other
+// object the /v1/completions way (ParseCompletion). Every input must parse or throw ApiError
+// or llm::Error, as HttpServer::Generate expects (it catches exactly those).
+//
+//   scripts/fuzz.sh openai_request
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "engine/chat_template.h"
+#include "engine/error.h"
+#include "server/openai_api.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace {
+
+using llm::server::ApiError;
+
+// The renderers of every template in tests/data/chat_templates (sorted by file name),
+// made as MakeChatRenderer makes them: template errors become a 400.
+const std::vector<llm::server::ChatRenderer>& Renderers() {
+  static const std::vector<llm::server::ChatRenderer> renderers = [] {
+    std::vector<std::filesystem::path> paths;
+    for (const auto& entry :
+         std::filesystem::directory_iterator(LLM_SOURCE_DIR "/tests/data/chat_templates")) {
+      if (entry.path().extension() == ".jinja") paths.push_back(entry.path());
+    }
+    std::sort(paths.begin(), paths.end());
+    std::vector<llm::server::ChatRenderer> out;
+    for (const auto& path : paths) {
+      std::ifstream in(path);
+      std::stringstream source;
+      source << in.rdbuf();
+      auto chat = std::make_shared<llm::ChatTemplate>(llm::ChatTemplate::Parse(source.str()));
+      out.push_back([chat](const nlohmann::ordered_json& messages, bool add_generation_prompt) {
+        try {
+          return chat->Render(messages, add_generation_prompt,
+                              {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+        } catch (const llm::Error& e) {
+          throw ApiError{400, e.what(), "invalid_request_error", "messages", "chat_template_error"};
+        }
+      });
+    }
+    if (out.empty()) std::abort();
+    return out;
+  }();
+  return renderers;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const llm::Tokenizer& tokenizer = llm::fuzz::StoriesTokenizer();
+  const llm::server::ModelInfo model{"stories260K", 512, tokenizer.vocab_size()};
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const nlohmann::json body = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) return 0;  // the server's 400 invalid_json
+  try {
+    if (body.contains("messages")) {
+      const auto& renderers = Renderers();
+      llm::server::ParseChatBody(text, body, renderers[size % renderers.size()], tokenizer, model);
+    } else {
+      llm::server::ParseCompletion(body, tokenizer, model);
+    }
+  } catch (const ApiError&) {
+  } catch (const llm::Error&) {
+  }
+  return 0;
+}
