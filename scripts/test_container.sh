@@ -105,7 +105,7 @@ key=container-test-key
 # Only the ports are given: host 0.0.0.0 and --model /models/model are the image's defaults.
 podman run -d --name "$name" --network=host -e LLM_API_KEY="$key" \
   -v "$model:/models/model:ro" "$image" --port "$http_port" --grpc-port "$grpc_port" \
-  --kv-cache-mb 64 >/dev/null
+  --kv-cache-mb 64 >/dev/null 2>"$state/run.err"  # (podman warns: no systemd for health timers)
 
 healthy=""
 for _ in $(seq 1 120); do
@@ -149,7 +149,7 @@ fi
 uid=$(podman exec "$name" id -u 2>/dev/null || echo "?")
 [ "$uid" = 10001 ] && ok "runs as uid 10001" || fail "runs as uid $uid"
 
-podman rm -f -t 10 "$name" >/dev/null && ok "container removed" || fail "podman rm"
+podman rm -f -t 10 "$name" >/dev/null 2>&1 && ok "container removed" || fail "podman rm"
 echo "[container] total $(($(date +%s) - start)) s"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
