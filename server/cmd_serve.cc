@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "engine/engine.h"
@@ -107,6 +108,11 @@ int RunServe(ServeFlags f) {
     grpc_port = grpc->Start();
   }
   engine.Start();
+  // A folder that labels itself (the build's demo model) says so at start.
+  if (std::ifstream notice(std::filesystem::path(f.model_dir) / "NOTICE"); notice) {
+    std::string line;
+    if (std::getline(notice, line)) Log(line);
+  }
   Log("model " + info.id + " (" + f.model_dir + "), backend cpu, KV cache " +
       std::to_string(engine.kv_capacity_tokens()) + " tokens, chat template " +
       (chat ? "yes" : "no"));
