@@ -10,6 +10,8 @@
 #include <string_view>
 
 #include "engine/error.h"
+#include "engine/llama_model.h"
+#include "engine/tokenizer.h"
 
 namespace llm::test {
 
@@ -26,6 +28,18 @@ bool IsSmallScale() {
 int Scaled(int full, int small) { return IsSmallScale() ? small : full; }
 
 int SlowFactor() { return IsSmallScale() ? 10 : 1; }
+
+std::string StoriesDir() { return (SharedDir() / "models" / "stories260K").string(); }
+
+const LlamaModel& StoriesModel() {
+  static const std::unique_ptr<LlamaModel> model = LlamaModel::Load(StoriesDir());
+  return *model;
+}
+
+const Tokenizer& StoriesTokenizer() {
+  static const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::Load(StoriesDir());
+  return *tokenizer;
+}
 
 TempDir::TempDir() {
   std::random_device rd;

@@ -6,6 +6,11 @@
 #include <string>
 #include <vector>
 
+namespace llm {
+class LlamaModel;
+class Tokenizer;
+}  // namespace llm
+
 namespace llm::test {
 
 // ../shared (models, tokenizers), fixed at configure time.
@@ -27,6 +32,11 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+// ../shared/models/stories260K and its model and tokenizer, loaded once per test process.
+std::string StoriesDir();
+const LlamaModel& StoriesModel();
+const Tokenizer& StoriesTokenizer();
+
 // Reads a whole file; writes a whole file.
 std::string ReadFile(const std::filesystem::path& path);
 void WriteFile(const std::filesystem::path& path, const std::string& bytes);

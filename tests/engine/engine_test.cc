@@ -14,23 +14,17 @@
 namespace llm {
 namespace {
 
-std::string ModelDir() { return (test::SharedDir() / "models" / "stories260K").string(); }
-
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_ = LlamaModel::Load(ModelDir()).release();
-    tokenizer_ = Tokenizer::Load(ModelDir()).release();
+    model_ = &test::StoriesModel();
+    tokenizer_ = &test::StoriesTokenizer();
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete tokenizer_;
-  }
-  static LlamaModel* model_;
-  static Tokenizer* tokenizer_;
+  static const LlamaModel* model_;
+  static const Tokenizer* tokenizer_;
 };
-LlamaModel* EngineTest::model_ = nullptr;
-Tokenizer* EngineTest::tokenizer_ = nullptr;
+const LlamaModel* EngineTest::model_ = nullptr;
+const Tokenizer* EngineTest::tokenizer_ = nullptr;
 
 struct Collected {
   std::vector<std::vector<int>> tokens;  // per completion index

@@ -21,7 +21,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string ModelDir() { return (test::SharedDir() / "models" / "stories260K").string(); }
+std::string ModelDir() { return test::StoriesDir(); }
 
 const json& Reference() {
   static const json ref = json::parse(
@@ -43,18 +43,14 @@ double RelativeError(std::span<const float> got, const std::vector<float>& want)
 class Stories260K : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_ = LlamaModel::Load(ModelDir()).release();
-    tokenizer_ = Tokenizer::Load(ModelDir()).release();
+    model_ = &test::StoriesModel();
+    tokenizer_ = &test::StoriesTokenizer();
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete tokenizer_;
-  }
-  static LlamaModel* model_;
-  static Tokenizer* tokenizer_;
+  static const LlamaModel* model_;
+  static const Tokenizer* tokenizer_;
 };
-LlamaModel* Stories260K::model_ = nullptr;
-Tokenizer* Stories260K::tokenizer_ = nullptr;
+const LlamaModel* Stories260K::model_ = nullptr;
+const Tokenizer* Stories260K::tokenizer_ = nullptr;
 
 TEST_F(Stories260K, PromptTokenizesLikeSentencePiece) {
   for (const json& c : Reference()["cases"]) {

@@ -14,17 +14,11 @@
 namespace llm::server {
 namespace {
 
-std::string ModelDir() { return (test::SharedDir() / "models" / "stories260K").string(); }
-
 class GrpcServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_ = LlamaModel::Load(ModelDir()).release();
-    tokenizer_ = Tokenizer::Load(ModelDir()).release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete tokenizer_;
+    model_ = &test::StoriesModel();
+    tokenizer_ = &test::StoriesTokenizer();
   }
   void SetUp() override {
     engine_ = std::make_unique<Engine>(*model_, *tokenizer_, EngineConfig{.num_kv_blocks = 256});
@@ -59,16 +53,16 @@ class GrpcServerTest : public ::testing::Test {
     return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -2;
   }
 
-  static LlamaModel* model_;
-  static Tokenizer* tokenizer_;
+  static const LlamaModel* model_;
+  static const Tokenizer* tokenizer_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<GrpcServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Llm::Stub> stub_;
   int port_ = 0;
 };
-LlamaModel* GrpcServerTest::model_ = nullptr;
-Tokenizer* GrpcServerTest::tokenizer_ = nullptr;
+const LlamaModel* GrpcServerTest::model_ = nullptr;
+const Tokenizer* GrpcServerTest::tokenizer_ = nullptr;
 
 TEST_F(GrpcServerTest, StreamsTokensAndFinishesWithUsage) {
   EXPECT_EQ(HealthStatus(), 1);

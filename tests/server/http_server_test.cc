@@ -21,13 +21,13 @@ namespace {
 
 using nlohmann::json;
 
-std::string ModelDir() { return (test::SharedDir() / "models" / "stories260K").string(); }
+std::string ModelDir() { return test::StoriesDir(); }
 
 class HttpServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_ = LlamaModel::Load(ModelDir()).release();
-    tokenizer_ = Tokenizer::Load(ModelDir()).release();
+    model_ = &test::StoriesModel();
+    tokenizer_ = &test::StoriesTokenizer();
     // A random model slow enough (~1 ms/token) that clients can leave mid-generation.
     slow_dir_ = new test::TempDir();
     test::WriteFile(slow_dir_->path() / "in.json",
@@ -40,9 +40,7 @@ class HttpServerTest : public ::testing::Test {
     slow_model_ = LlamaModel::Load(slow_dir_->path().string()).release();
   }
   static void TearDownTestSuite() {
-    delete model_;
     delete slow_model_;
-    delete tokenizer_;
     delete slow_dir_;
   }
   void Start(ServerConfig config = {}, EngineConfig engine_config = {.num_kv_blocks = 256},
@@ -80,19 +78,19 @@ class HttpServerTest : public ::testing::Test {
   }
   static json Body(const httplib::Result& r) { return json::parse(r->body); }
 
-  static LlamaModel* model_;
+  static const LlamaModel* model_;
   static LlamaModel* slow_model_;
-  static Tokenizer* tokenizer_;
+  static const Tokenizer* tokenizer_;
   static test::TempDir* slow_dir_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
   int port_ = 0;
 };
-LlamaModel* HttpServerTest::model_ = nullptr;
+const LlamaModel* HttpServerTest::model_ = nullptr;
 LlamaModel* HttpServerTest::slow_model_ = nullptr;
 test::TempDir* HttpServerTest::slow_dir_ = nullptr;
-Tokenizer* HttpServerTest::tokenizer_ = nullptr;
+const Tokenizer* HttpServerTest::tokenizer_ = nullptr;
 
 // Sends a POST, reads for `wait`, then hangs up: a client that goes away mid-response.
 void PostAndHangUp(int port, const std::string& path, const std::string& body,
@@ -314,8 +312,8 @@ TEST_F(HttpServerTest, OverloadGets429WithRetryAfter) {
   Start({.max_queued_requests = 0}, {.num_kv_blocks = 256, .max_num_seqs = 1}, /*slow=*/true);
   std::thread slow([this] {
     // Busy for the whole test; a sanitizer build's slower steps need fewer tokens for that.
-    const json req = {{"prompt", "Once"}, {"max_tokens", test::Scaled(600, 150)},
-                      {"ignore_eos", true}};
+    const json req = {
+        {"prompt", "Once"}, {"max_tokens", test::Scaled(600, 150)}, {"ignore_eos", true}};
     httplib::Client c("127.0.0.1", port_);
     c.Post("/v1/completions", req.dump(), "application/json");
   });
