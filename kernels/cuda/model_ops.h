@@ -1,0 +1,103 @@
+// The CUDA backend's fused element-wise ops and the GPU sampler: everything of the Llama
+// forward pass that is not a GEMM (cuBLASLt) or attention (prefill/decode_attention.h).
+// CPU twins (the specification) are in kernels/cpu/ops.h and engine/sampler.h; tests in
+// tests/kernels/model_ops_gpu_test.cc and tests/kernels/sampling_gpu_test.cc (label gpu).
+//
+// Conventions: every pointer is a device pointer; `dtype` is kBF16 or kF16 (the activation /
+// weight / KV type; std::invalid_argument otherwise); the residual stream is fp32; every
+// function is asynchronous on `stream` and launches a fixed grid for a given shape (so the
+// calls can be captured in a CUDA graph).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "kernels/paged_kv.h"
+
+namespace llm::cuda {
+
+// out[t, :] = float(table[token_ids[t], :]), out fp32 [num_tokens, hidden]. Ids must be in
+// range (the caller validates them on the host).
+void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids,
+                     int64_t num_tokens, int64_t hidden, float* out, cudaStream_t stream);
+
+// Fused residual add + RMSNorm, one CTA per output row:
+//   r = rows ? rows[i] : i
+//   if delta:  residual[r, :] += float(delta[r, :])      (written back)
+//   out[i, :] = dtype(residual[r, :] / sqrt(mean(residual[r, :]²) + eps) * weight[:])
+// residual fp32 [*, hidden]; delta dtype [*, hidden] or null; weight fp32 [hidden];
+// out dtype [num_rows, hidden]. `rows` (null = identity) gathers the rows that need logits.
+void AddRmsNorm(float* residual, const void* delta, const float* weight, void* out,
+                DType dtype, const int32_t* rows, int64_t num_rows, int64_t hidden, float eps,
+                cudaStream_t stream);
+
+// RoPE (rotate-half pairs (i, i + head_dim/2), angle = float(position) * inv_freq[i] in fp32,
+// as cpu::ApplyRope) fused with the KV append (as cpu::AppendKv):
+//   qkv: dtype [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], q | k | v per token
+//   q_out: dtype [num_tokens, num_heads, head_dim] = rotated q
+//   the rotated k and the unchanged v are written to the cache slot slot_mapping[t] of
+//   kv (layout kernels/paged_kv.h, same dtype); slot < 0 skips the token's K/V.
+// positions int32 [num_tokens]; inv_freq fp32 [head_dim / 2].
+void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                  const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                  int head_dim, PagedKvView<void> kv, DType dtype, void* q_out,
+                  cudaStream_t stream);
+
+// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]   (fp32 math, one rounding)
+// gate_up dtype [num_tokens, 2 * inter], out dtype [num_tokens, inter].
+void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
+             cudaStream_t stream);
+
+// ---- Sampling on the GPU ------------------------------------------------------------------
+// The order and meaning of engine/sampler.h (Sampler::Sample): logit bias and penalties
+// (given as sparse per-row entries prepared by the host), greedy, temperature, top-k, top-p,
+// min-p, one draw. Only ids and logprobs come back to the host.
+
+// One sampled row's parameters (device array of num_rows).
+struct SampleRowParams {
+  int32_t logits_row = 0;     // which row of `logits` to read (n > 1 samples one row n times)
+  float temperature = 1.f;    // < 1e-5: greedy (argmax, ties -> lowest id)
+  int32_t top_k = 0;          // <= 0: off
+  float top_p = 1.f;          // 1: off
+  float min_p = 0.f;          // 0: off
+  uint64_t seed = 0;          // Philox key for this row's draw ...
+  uint64_t offset = 0;        // ... and counter (the sequence's step): deterministic per seed
+  int32_t num_logprobs = -1;  // -1: none; 0: sampled token's raw logprob; N <= 20: + top N
+  int32_t adjust_begin = 0;   // this row's entries in `adjust`: [adjust_begin, adjust_end)
+  int32_t adjust_end = 0;
+};
+
+// A logit adjustment for one (row, token), applied before sampling as
+//   l = l + bias;  l = l > 0 ? l / repetition : l * repetition;  l -= subtract
+// (bias = logit_bias, repetition = repetition_penalty for tokens seen in prompt or output
+// else 1, subtract = presence * [count > 0] + frequency * count): Sampler's steps 1-3.
+struct LogitAdjust {
+  int32_t token = 0;
+  float bias = 0.f;
+  float repetition = 1.f;
+  float subtract = 0.f;
+};
+
+inline constexpr int kMaxTopLogprobs = 20;
+
+// Per sampled row (device arrays of num_rows):
+//   token: the sampled id; logprob: log_softmax(raw logits)[token] (raw = before adjustments,
+//   vLLM's default); top_ids / top_logprobs [num_rows, kMaxTopLogprobs]: the N best tokens of
+//   the raw distribution, logprob descending, ties by id ascending (rows with N <= 0 untouched).
+struct SampleOutputs {
+  int32_t* token = nullptr;
+  float* logprob = nullptr;
+  int32_t* top_ids = nullptr;
+  float* top_logprobs = nullptr;
+};
+
+// logits fp32 [*, vocab] (not modified). `workspace` of SampleWorkspaceBytes(num_rows, vocab)
+// bytes holds the adjusted rows. adjust: device array of LogitAdjust.
+size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab);
+void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* params,
+                  int64_t num_rows, const LogitAdjust* adjust, void* workspace,
+                  const SampleOutputs& out, cudaStream_t stream);
+
+}  // namespace llm::cuda
