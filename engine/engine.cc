@@ -29,21 +29,30 @@ int64_t NumBlocks(const ModelConfig& model, const EngineConfig& c) {
 }  // namespace
 
 Engine::Engine(const LlamaModel& model, const Tokenizer& tokenizer, const EngineConfig& config)
-    : model_(model),
+    : Engine(std::make_unique<CpuExecutor>(model, NumBlocks(model.config(), config),
+                                           config.block_size),
+             tokenizer, config) {}
+
+Engine::Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokenizer,
+               const EngineConfig& config)
+    : executor_(std::move(executor)),
       tokenizer_(tokenizer),
       config_(config),
-      num_blocks_(NumBlocks(model.config(), config)),
+      num_blocks_(executor_->num_kv_blocks()),
       blocks_(num_blocks_, config.block_size, config.enable_prefix_caching),
-      kv_(model.config(), num_blocks_, config.block_size),
       scheduler_({config.max_num_batched_tokens, config.max_num_seqs}, &blocks_),
       inbox_(std::make_unique<Inbox>()) {
+  if (executor_->block_size() != config_.block_size) {
+    throw Error("the executor's KV block size " + std::to_string(executor_->block_size()) +
+                " differs from the engine's " + std::to_string(config_.block_size));
+  }
   PublishStats();
 }
 
 Engine::~Engine() { Stop(); }
 
 std::shared_ptr<OutputChannel> Engine::AddRequest(Request request) {
-  const ModelConfig& mc = model_.config();
+  const ModelConfig& mc = executor_->config();
   const SamplingParams& sp = request.sampling;
   if (const std::string problem = sp.Validate(mc.vocab_size); !problem.empty())
     throw Error(problem);
@@ -154,10 +163,12 @@ bool Engine::Step() {
     PublishStats();
     return false;
   }
-  kv_.CopyBlocks(sched.copies);
+  executor_->CopyBlocks(sched.copies);
   const ForwardBatch batch = BuildBatch(sched);
-  const std::vector<float> logits = model_.Forward(batch, kv_);
-  SampleAndEmit(sched, logits);
+  std::vector<Sequence*> task_seqs;
+  const std::vector<SampleTask> tasks = PrepareSampling(sched, &task_seqs);
+  const std::vector<SampleResult> results = executor_->ForwardAndSample(batch, tasks);
+  Emit(task_seqs, results);
   ++counters_.num_steps;
   PublishStats();
   return true;

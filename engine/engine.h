@@ -11,13 +11,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/block_manager.h"
-#include "engine/kv_cache.h"
+#include "engine/executor.h"
 #include "engine/llama_model.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -52,7 +53,11 @@ struct EngineStats {
 
 class Engine {
  public:
+  // The CPU backend over `model` (not owned), with a KV pool sized by `config`.
   Engine(const LlamaModel& model, const Tokenizer& tokenizer, const EngineConfig& config);
+  // Any backend; the executor's KV pool decides num_kv_blocks (config.block_size must match).
+  Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokenizer,
+         const EngineConfig& config);
   ~Engine();  // stops the thread; unfinished requests get finish reason "abort"
 
   // Validates and queues a request. Returns its channel; a request that is invalid or can
@@ -71,6 +76,7 @@ class Engine {
 
   EngineStats Stats() const;
   const EngineConfig& config() const { return config_; }
+  const ModelExecutor& executor() const { return *executor_; }
   int64_t kv_capacity_tokens() const { return num_blocks_ * config_.block_size; }
 
  private:
@@ -79,7 +85,11 @@ class Engine {
   void ReleaseId(const std::string& request_id);  // a finished request's id may be reused
   void ExpireDeadlines();
   ForwardBatch BuildBatch(const SchedulerOutput& sched) const;
-  void SampleAndEmit(const SchedulerOutput& sched, const std::vector<float>& logits);
+  // Advances the chunks' sequences, forks n > 1 requests and lists what to sample.
+  // task_seqs[i] is the sequence of task i.
+  std::vector<SampleTask> PrepareSampling(const SchedulerOutput& sched,
+                                          std::vector<Sequence*>* task_seqs);
+  void Emit(std::span<Sequence* const> task_seqs, std::span<const SampleResult> results);
   void AppendToken(Sequence* seq, const SampleResult& sample, RequestOutput* out);
   void ForkChildren(RequestState* req, Sequence* parent);
   void FinishSequence(Sequence* seq, FinishReason reason, RequestOutput* out);
@@ -88,12 +98,11 @@ class Engine {
   Sequence* NewSequence(RequestState* req, int index, std::vector<int> tokens);
   void PublishStats();
 
-  const LlamaModel& model_;
+  std::unique_ptr<ModelExecutor> executor_;
   const Tokenizer& tokenizer_;
   EngineConfig config_;
   int64_t num_blocks_ = 0;
   BlockManager blocks_;
-  KvCachePool kv_;
   Scheduler scheduler_;
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;

@@ -25,9 +25,10 @@ bool IsStopToken(const Sequence& seq, const ModelConfig& mc, int token) {
 
 }  // namespace
 
-void Engine::SampleAndEmit(const SchedulerOutput& sched, const std::vector<float>& logits) {
-  const int64_t vocab = model_.config().vocab_size;
+std::vector<SampleTask> Engine::PrepareSampling(const SchedulerOutput& sched,
+                                                std::vector<Sequence*>* task_seqs) {
   const auto now = Clock::now();
+  std::vector<SampleTask> tasks;
   int64_t row = 0;
   for (const ScheduledChunk& c : sched.chunks) {
     Sequence* seq = c.seq;
@@ -40,24 +41,32 @@ void Engine::SampleAndEmit(const SchedulerOutput& sched, const std::vector<float
     if (!c.is_decode) counters_.num_prompt_tokens_computed += c.num_tokens;
     blocks_.MarkComputed(seq->id, seq->num_computed_tokens);
     if (!c.samples) continue;
-    const std::span<const float> row_logits(logits.data() + row * vocab,
-                                            static_cast<size_t>(vocab));
-    ++row;
-    std::vector<Sequence*> samplers = {seq};
     if (req->request.sampling.n > 1 && !req->is_forked) {
       ForkChildren(req, seq);
-      samplers = req->seqs;
-    }
-    for (Sequence* s : samplers) {
-      RequestOutput out;
-      out.index = s->index;
-      AppendToken(s, s->sampler->Sample(row_logits), &out);
-      if (out.finish_reason == FinishReason::kNone &&
-          (!out.token_ids.empty() || !out.text.empty())) {
-        req->channel->Push(std::move(out));
-      } else if (out.finish_reason != FinishReason::kNone) {
-        EmitLastIfDone(req, &out);
+      for (Sequence* s : req->seqs) {
+        tasks.push_back({row, s->sampler.get()});
+        task_seqs->push_back(s);
       }
+    } else {
+      tasks.push_back({row, seq->sampler.get()});
+      task_seqs->push_back(seq);
+    }
+    ++row;
+  }
+  return tasks;
+}
+
+void Engine::Emit(std::span<Sequence* const> task_seqs, std::span<const SampleResult> results) {
+  for (size_t i = 0; i < task_seqs.size(); ++i) {
+    Sequence* s = task_seqs[i];
+    RequestState* req = s->request;
+    RequestOutput out;
+    out.index = s->index;
+    AppendToken(s, results[i], &out);
+    if (out.finish_reason == FinishReason::kNone && (!out.token_ids.empty() || !out.text.empty())) {
+      req->channel->Push(std::move(out));
+    } else if (out.finish_reason != FinishReason::kNone) {
+      EmitLastIfDone(req, &out);
     }
   }
 }
@@ -82,7 +91,7 @@ void Engine::AppendToken(Sequence* seq, const SampleResult& sample, RequestOutpu
   seq->token_ids.push_back(token);
   ++counters_.num_generated_tokens;
   const SamplingParams& sp = req->request.sampling;
-  if (IsStopToken(*seq, model_.config(), token)) {
+  if (IsStopToken(*seq, executor_->config(), token)) {
     FinishSequence(seq, FinishReason::kStop, out);  // the stop token itself is not emitted
     return;
   }
@@ -98,7 +107,7 @@ void Engine::AppendToken(Sequence* seq, const SampleResult& sample, RequestOutpu
     return;
   }
   if (seq->num_output_tokens() >= sp.max_tokens ||
-      seq->num_tokens() >= model_.config().max_position_embeddings) {
+      seq->num_tokens() >= executor_->config().max_position_embeddings) {
     FinishSequence(seq, FinishReason::kLength, out);
   }
 }

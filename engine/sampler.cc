@@ -128,8 +128,10 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int> prompt_ids,
     std::seed_seq seq{static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32),
                       static_cast<uint32_t>(seed_offset), static_cast<uint32_t>(seed_offset >> 32)};
     rng_.seed(seq);
+    device_seed_ = std::mt19937_64(seq)();
   } else {
     rng_.seed(std::random_device{}());
+    device_seed_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   }
   for (int id : prompt_ids) {
     if (id < 0) throw Error("prompt token id " + std::to_string(id) + " is negative");
@@ -172,6 +174,35 @@ void Sampler::ApplyBiasAndPenalties(std::span<float> logits) const {
   }
 }
 
+void Sampler::RecordSample(int token) {
+  Observe(token);
+  ++num_draws_;
+}
+
+void Sampler::AppendAdjustments(int64_t vocab, std::vector<TokenAdjust>* out) const {
+  std::map<int, TokenAdjust> by_id;
+  auto entry = [&](int id, const char* what) -> TokenAdjust& {
+    if (id < 0 || id >= vocab) {
+      throw Error(std::string(what) + " token id " + std::to_string(id) +
+                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    TokenAdjust& a = by_id[id];
+    a.token = id;
+    return a;
+  };
+  for (const auto& [id, bias] : params_.logit_bias) entry(id, "logit_bias").bias = bias;
+  if (params_.repetition_penalty != 1.0) {
+    for (int id : seen_) entry(id, "seen").repetition = static_cast<float>(params_.repetition_penalty);
+  }
+  if (params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) {
+    for (const auto& [id, count] : output_counts_) {
+      entry(id, "output").subtract =
+          static_cast<float>(params_.presence_penalty + params_.frequency_penalty * count);
+    }
+  }
+  for (const auto& [id, a] : by_id) out->push_back(a);
+}
+
 std::vector<float> Sampler::ProcessedLogits(std::span<const float> logits) const {
   std::vector<float> out(logits.begin(), logits.end());
   ApplyBiasAndPenalties(out);
@@ -192,6 +223,7 @@ SampleResult Sampler::Sample(std::span<const float> logits) {
     result.token = SampleProcessed(work_);
   }
   Observe(result.token);
+  ++num_draws_;
   if (!params_.logprobs) return result;
 
   // Raw logprobs: log_softmax of the unprocessed logits.

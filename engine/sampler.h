@@ -78,6 +78,15 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs;
 };
 
+// Steps 1-3 of one token as a sparse entry, for samplers that run elsewhere (the CUDA
+// backend): l += bias; l = l > 0 ? l / repetition : l * repetition; l -= subtract.
+struct TokenAdjust {
+  int32_t token = 0;
+  float bias = 0.f;
+  float repetition = 1.f;
+  float subtract = 0.f;
+};
+
 // One per sequence; not thread-safe (one sequence is stepped by one thread at a time).
 class Sampler {
  public:
@@ -101,6 +110,18 @@ class Sampler {
   // debugging. Does not change the sampler's state.
   std::vector<float> ProcessedLogits(std::span<const float> logits) const;
 
+  // ---- For a sampler on a device (engine/executor.h): the device draws from a counter-based
+  // generator keyed by (device_seed, num_draws), deterministic for a seeded request alone or
+  // in any batch (a different stream from the host's mt19937_64).
+  const SamplingParams& params() const { return params_; }
+  uint64_t device_seed() const { return device_seed_; }
+  uint64_t num_draws() const { return num_draws_; }
+  // Appends steps 1-3 for the current state as sparse entries, token ascending. Throws
+  // Error for an id outside [0, vocab) (as Sample does).
+  void AppendAdjustments(int64_t vocab, std::vector<TokenAdjust>* out) const;
+  // Records a token the device sampled: an output token for the penalties, one more draw.
+  void RecordSample(int token);
+
  private:
   void ApplyBiasAndPenalties(std::span<float> logits) const;
   int SampleProcessed(std::span<const float> logits);
@@ -108,6 +129,8 @@ class Sampler {
 
   SamplingParams params_;
   std::mt19937_64 rng_;
+  uint64_t device_seed_ = 0;
+  uint64_t num_draws_ = 0;
   std::unordered_set<int> seen_;                // prompt and output tokens
   std::unordered_map<int, int> output_counts_;  // output token -> count
   // Scratch buffers reused across steps, each [vocab].

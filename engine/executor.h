@@ -1,0 +1,73 @@
+// Where the model runs. The engine schedules and streams; an executor owns the KV cache's
+// storage and the weights' device, runs one step of the model over a ForwardBatch and
+// samples the next tokens. Two implementations:
+//   CpuExecutor   (this file)                 LlamaModel + KvCachePool, sampling on the host
+//   CudaExecutor  (engine/cuda/cuda_executor.h) bf16 weights and KV on the GPU, cuBLASLt,
+//                                              fused kernels, CUDA graphs, sampling on device
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/kv_cache.h"
+#include "engine/llama_model.h"
+#include "engine/model_config.h"
+#include "engine/sampler.h"
+
+namespace llm {
+
+// One token to sample: which logits row (an index into batch.logits_indices) and the
+// sampler of the sequence that gets the token (an n > 1 request samples one row n times).
+struct SampleTask {
+  int64_t logits_row = 0;
+  Sampler* sampler = nullptr;
+};
+
+class ModelExecutor {
+ public:
+  virtual ~ModelExecutor() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // For logs: "cpu, bf16 weights" / "cuda: NVIDIA H200, sm_90, 139 GiB, bf16".
+  virtual std::string Describe() const = 0;
+  virtual int64_t num_kv_blocks() const = 0;
+  virtual int64_t block_size() const = 0;
+
+  // Performs the block manager's copy-on-write copies, in every layer.
+  virtual void CopyBlocks(std::span<const BlockCopy> copies) = 0;
+
+  // Runs one step (appending the batch's keys and values to the cache) and returns the
+  // logits of batch.logits_indices, [logits_indices.size(), vocab]. Throws llm::Error for a
+  // token id outside the vocabulary.
+  virtual std::vector<float> Forward(const ForwardBatch& batch) = 0;
+
+  // Runs one step and samples one token per task, advancing each task's sampler exactly as
+  // Sampler::Sample does (the default: Forward, then Sample on the host).
+  virtual std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
+                                                     std::span<const SampleTask> tasks);
+};
+
+// The CPU backend: fp32 compute over a LlamaModel (not owned) and an fp32 KV pool.
+class CpuExecutor final : public ModelExecutor {
+ public:
+  CpuExecutor(const LlamaModel& model, int64_t num_blocks, int64_t block_size);
+
+  const ModelConfig& config() const override { return model_.config(); }
+  std::string Describe() const override;
+  int64_t num_kv_blocks() const override { return kv_.layout().num_blocks; }
+  int64_t block_size() const override { return kv_.layout().block_size; }
+  void CopyBlocks(std::span<const BlockCopy> copies) override { kv_.CopyBlocks(copies); }
+  std::vector<float> Forward(const ForwardBatch& batch) override {
+    return model_.Forward(batch, kv_);
+  }
+
+ private:
+  const LlamaModel& model_;
+  KvCachePool kv_;
+};
+
+}  // namespace llm
