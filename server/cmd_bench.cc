@@ -1,17 +1,28 @@
 // `llm bench`: offline throughput, like nano-vllm's bench.py: N requests with random prompt
 // and output lengths (fixed seed, random token ids, ignore_eos) submitted at once to the
-// continuous-batching engine; reports requests/s and prompt / generated tokens/s.
+// continuous-batching engine; reports requests/s and prompt / generated tokens/s, time to
+// first token and decode time per token (from the engine's own per-request timings), and on
+// the GPU the device-busy fraction of the run (CUDA events around each step's device work).
+// The same binary gives the end-to-end GPU benchmarks (scripts/gpu_e2e_bench.sh): batch-1
+// latency (--num-requests 1), throughput, TTFT, and long context, with --load-format dummy.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "engine/llama_model.h"
 #include "engine/tokenizer.h"
+#include "server/backend.h"
 #include "server/commands.h"
+
+#if defined(LLM_HAS_CUDA)
+#include "engine/cuda/cuda_executor.h"
+#endif
 
 namespace llm::cli {
 namespace {
@@ -24,25 +35,41 @@ struct BenchFlags {
   uint64_t seed = 0;
   int64_t max_num_seqs = 64, max_num_batched_tokens = 2048;
   int64_t kv_cache_mb = 1024;
-  std::string dtype = "auto";
+  BackendFlags backend;
+  std::string tokenizer_dir;  // default: the model folder (the demo model's with dummy weights)
+  double temperature = 0.6;
   int threads = 0;
 };
 
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(p / 100.0 * double(v.size())))];
+}
+
 int RunBench(const BenchFlags& f) {
   if (f.threads > 0) omp_set_num_threads(f.threads);
-  LoadOptions load;
-  if (f.dtype == "f32") load.weight_dtype = DType::kF32;
-  if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
-  auto model = LlamaModel::Load(f.model_dir, load);
-  auto tokenizer = Tokenizer::Load(f.model_dir);
   EngineConfig config;
   config.kv_cache_bytes = f.kv_cache_mb << 20;
   config.max_num_seqs = f.max_num_seqs;
   config.max_num_batched_tokens = f.max_num_batched_tokens;
-  Engine engine(*model, *tokenizer, config);
+  Backend backend = MakeBackend(f.model_dir, f.backend, &config);
+  const std::string tok_dir = !f.tokenizer_dir.empty()             ? f.tokenizer_dir
+                              : f.backend.load_format == "dummy" ? DefaultModelDir()
+                                                                 : f.model_dir;
+  auto tokenizer = Tokenizer::Load(tok_dir);
+  const ModelConfig model_config = backend.executor->config();
+  std::fprintf(stderr, "[llm] bench on %s\n", backend.executor->Describe().c_str());
+  Engine engine(std::move(backend.executor), *tokenizer, config);
   std::mt19937_64 rng(f.seed);
   auto uni = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
-  const int vocab = static_cast<int>(model->config().vocab_size);
+  const int vocab = static_cast<int>(model_config.vocab_size);
   std::vector<std::shared_ptr<OutputChannel>> channels;
   int64_t prompt_tokens = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -50,7 +77,7 @@ int RunBench(const BenchFlags& f) {
     Request r;
     for (int k = uni(f.min_input, f.max_input); k > 0; --k)
       r.prompt_ids.push_back(uni(3, vocab - 1));
-    r.sampling.temperature = 0.6;
+    r.sampling.temperature = f.temperature;
     r.sampling.seed = f.seed + static_cast<uint64_t>(i);
     r.sampling.max_tokens = uni(f.min_output, f.max_output);
     r.sampling.ignore_eos = true;
@@ -61,22 +88,49 @@ int RunBench(const BenchFlags& f) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t generated = 0;
+  std::vector<double> ttft_ms, tpot_ms;
   for (auto& ch : channels) {
     RequestOutput out;
     while (ch->TryPop(&out)) {
-      if (out.is_last) generated += out.usage.completion_tokens;
+      if (!out.is_last) continue;
+      generated += out.usage.completion_tokens;
+      ttft_ms.push_back(out.first_token_seconds * 1e3);
+      if (out.usage.completion_tokens > 1) {
+        tpot_ms.push_back((out.total_seconds - out.first_token_seconds) * 1e3 /
+                          double(out.usage.completion_tokens - 1));
+      }
     }
   }
   const EngineStats s = engine.Stats();
+  std::string device_json;
+#if defined(LLM_HAS_CUDA)
+  if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&engine.executor())) {
+    const CudaExecutorStats st = cuda->stats();
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  ", \"device_ms\": %.1f, \"executor_wall_ms\": %.1f, \"gpu_busy_fraction\": %.4f, "
+                  "\"graph_steps\": %lld, \"graphs_captured\": %lld, \"weight_bytes\": %lld, "
+                  "\"kv_cache_bytes\": %lld, \"kv_cache_tokens\": %lld, "
+                  "\"peak_device_bytes\": %lld",
+                  st.device_ms, st.wall_ms, st.device_ms / (seconds * 1e3),
+                  (long long)st.graph_steps, (long long)st.graphs_captured,
+                  (long long)st.weight_bytes, (long long)st.kv_cache_bytes,
+                  (long long)engine.kv_capacity_tokens(), (long long)st.peak_device_bytes);
+    device_json = buf;
+  }
+#endif
   std::printf(
       "{\"model\": \"%s\", \"requests\": %d, \"seconds\": %.3f, \"requests_per_s\": %.3f, "
       "\"prompt_tokens\": %lld, \"generated_tokens\": %lld, \"prompt_tokens_per_s\": %.1f, "
       "\"generated_tokens_per_s\": %.1f, \"total_tokens_per_s\": %.1f, \"steps\": %lld, "
-      "\"preemptions\": %lld, \"threads\": %d}\n",
+      "\"preemptions\": %lld, \"ttft_ms_mean\": %.3f, \"ttft_ms_p50\": %.3f, "
+      "\"ttft_ms_p99\": %.3f, \"tpot_ms_mean\": %.4f, \"tpot_ms_p50\": %.4f, "
+      "\"threads\": %d%s}\n",
       f.model_dir.c_str(), f.num_requests, seconds, f.num_requests / seconds,
       (long long)prompt_tokens, (long long)generated, prompt_tokens / seconds, generated / seconds,
       (prompt_tokens + generated) / seconds, (long long)s.num_steps, (long long)s.num_preemptions,
-      omp_get_max_threads());
+      Mean(ttft_ms), Percentile(ttft_ms, 50), Percentile(ttft_ms, 99), Mean(tpot_ms),
+      Percentile(tpot_ms, 50), omp_get_max_threads(), device_json.c_str());
   return 0;
 }
 
@@ -97,7 +151,9 @@ Command AddBench(CLI::App& app) {
   cmd->add_option("--max-num-seqs", f->max_num_seqs)->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens)->capture_default_str();
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size")->capture_default_str();
-  cmd->add_option("--dtype", f->dtype)->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  f->backend.AddTo(cmd);
+  cmd->add_option("--tokenizer", f->tokenizer_dir, "folder with tokenizer.model (default: model)");
+  cmd->add_option("--temperature", f->temperature)->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
   return [f] { return RunBench(*f); };
 }

@@ -20,6 +20,7 @@
 #include "engine/error.h"
 #include "engine/llama_model.h"
 #include "engine/tokenizer.h"
+#include "server/backend.h"
 #include "server/commands.h"
 #include "server/grpc_server.h"
 #include "server/http_server.h"
@@ -35,7 +36,7 @@ struct ServeFlags {
   EngineConfig engine;
   int64_t kv_cache_mb = 1024;
   double shutdown_timeout = 30;
-  std::string dtype = "auto";
+  BackendFlags backend;
   int threads = 0;
 };
 
@@ -81,20 +82,19 @@ int RunServe(ServeFlags f) {
   f.http.port = loading.Start(f.http.host, f.http.port);
   Log("loading " + f.model_dir + " (http://" + f.http.host + ":" + std::to_string(f.http.port) +
       "/health answers 503 until ready)");
-  LoadOptions load;
-  if (f.dtype == "f32") load.weight_dtype = DType::kF32;
-  if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
-  auto model = LlamaModel::Load(f.model_dir, load);
-  auto tokenizer = Tokenizer::Load(f.model_dir);
   f.engine.kv_cache_bytes = f.kv_cache_mb << 20;
-  Engine engine(*model, *tokenizer, f.engine);
+  Backend backend = MakeBackend(f.model_dir, f.backend, &f.engine);
+  auto tokenizer = Tokenizer::Load(f.model_dir);
+  const ModelConfig model_config = backend.executor->config();
+  const std::string backend_name = backend.executor->Describe();
+  Engine engine(std::move(backend.executor), *tokenizer, f.engine);
   server::ModelInfo info;
   info.id = f.served_model_name.empty()
                 ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
                 : f.served_model_name;
   if (info.id.empty()) info.id = "model";
-  info.max_model_len = model->config().max_position_embeddings;
-  info.vocab_size = model->config().vocab_size;
+  info.max_model_len = model_config.max_position_embeddings;
+  info.vocab_size = model_config.vocab_size;
   server::ChatRenderer chat = server::MakeChatRenderer(f.model_dir, *tokenizer);
   server::HttpServer http(engine, *tokenizer, info, f.http, chat);
   loading.Stop();
@@ -113,7 +113,7 @@ int RunServe(ServeFlags f) {
     std::string line;
     if (std::getline(notice, line)) Log(line);
   }
-  Log("model " + info.id + " (" + f.model_dir + "), backend cpu, KV cache " +
+  Log("model " + info.id + " (" + f.model_dir + "), backend " + backend_name + ", KV cache " +
       std::to_string(engine.kv_capacity_tokens()) + " tokens, chat template " +
       (chat ? "yes" : "no"));
   Log("listening on http://" + f.http.host + ":" + std::to_string(port) +
@@ -152,10 +152,8 @@ Command AddServe(CLI::App& app) {
   cmd->add_option("--max-num-seqs", f->engine.max_num_seqs)->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", f->engine.max_num_batched_tokens)
       ->capture_default_str();
-  cmd->add_option("--dtype", f->dtype)->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  f->backend.AddTo(cmd);
   cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
-  cmd->add_option("--device", "cpu (the CUDA backend is a later issue)")
-      ->check(CLI::IsMember({"cpu"}));
   return [f] { return RunServe(*f); };
 }
 

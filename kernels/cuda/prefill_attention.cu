@@ -55,9 +55,18 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
                                 " unsupported (BF16 or F16)");
   }
   const int64_t hd = p.kv.layout.head_dim;
-  if (hd != 64 && hd != 128) {
+  // The tiled rungs are built for head_dim 64 and 128; the naive rung takes any head_dim up to
+  // 128 (tiny test models such as stories260K have 8), slowly.
+  if (hd < 1 || hd > 128) {
     throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
-                                " unsupported (64 or 128)");
+                                " unsupported (64 or 128; others up to 128 by v1_naive only)");
+  }
+  if (hd != 64 && hd != 128) {
+    if (requested == PrefillVariant::kBest) return PrefillVariant::kNaive;
+    if (requested != PrefillVariant::kNaive) {
+      throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
+                                  " runs on v1_naive only (the tiled rungs take 64 or 128)");
+    }
   }
   if (p.num_heads <= 0 || p.kv.layout.num_kv_heads <= 0 ||
       p.num_heads % p.kv.layout.num_kv_heads != 0) {

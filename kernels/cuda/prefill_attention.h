@@ -38,8 +38,9 @@ const char* PrefillVariantName(PrefillVariant v);
 PrefillVariant ResolvePrefillVariant(const AttentionParams& p,
                                      PrefillVariant requested = PrefillVariant::kBest);
 
-// Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128
-// (std::invalid_argument otherwise, naming it). Asynchronous on `stream`.
+// Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128 on every
+// rung, any other head_dim up to 128 on kNaive only (kBest picks it); std::invalid_argument
+// otherwise, naming the value. Asynchronous on `stream`.
 void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
                            PrefillVariant variant = PrefillVariant::kBest);
 

@@ -1,7 +1,7 @@
 // Prefill attention, rung 1 (v1_naive): the correctness baseline.
 //
-// Algorithm: one warp per (query row, head); each lane holds head_dim/32 (≤ 4) of the row's
-// dimensions. For every visible key (0 … ctx + r, read through the block table) the warp forms
+// Algorithm: one warp per (query row, head); lane j holds dimensions j, j + 32, … (any
+// head_dim ≤ 128: also the tiny ones of test models). For every visible key (0 … ctx + r, read through the block table) the warp forms
 // the dot product by a shuffle reduction and applies the scalar online softmax
 // (kernels/online_softmax.h: log2-domain scores, exp2, running max m and sum l) to its
 // fp32 accumulator. No tiling, no reuse: every K/V row is read from L2/HBM once per query row.
@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
   const int r = c.q0 + warp;  // query row within the chunk
   if (r >= c.q_len) return;
   const int hd = a.head_dim;
-  const int dims = hd / 32;
+  auto has = [&](int i) { return lane + 32 * i < hd; };
   const T* q = static_cast<const T*>(a.q) + (int64_t(c.q_start + r) * a.num_heads + c.head) * hd;
   const T* kp = static_cast<const T*>(a.k);
   const T* vp = static_cast<const T*>(a.v);
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
   float qv[Tr::kMaxDimsPerLane], acc[Tr::kMaxDimsPerLane];
 #pragma unroll
   for (int i = 0; i < Tr::kMaxDimsPerLane; ++i) {
-    qv[i] = i < dims ? ToFloat(q[lane + 32 * i]) : 0.f;
+    qv[i] = has(i) ? ToFloat(q[lane + 32 * i]) : 0.f;
     acc[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-      if (i < dims) dot = fmaf(qv[i], ToFloat(kp[off + lane + 32 * i]), dot);
+      if (has(i)) dot = fmaf(qv[i], ToFloat(kp[off + lane + 32 * i]), dot);
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
     const float s2 = dot * a.scale_log2;  // log2-domain score
@@ -57,14 +57,14 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
     l = l * alpha + p;
 #pragma unroll
     for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-      if (i < dims) acc[i] = fmaf(p, ToFloat(vp[off + lane + 32 * i]), acc[i] * alpha);
+      if (has(i)) acc[i] = fmaf(p, ToFloat(vp[off + lane + 32 * i]), acc[i] * alpha);
     m = m_new;
   }
   T* out = static_cast<T*>(a.out) + (int64_t(c.q_start + r) * a.num_heads + c.head) * hd;
   const float inv_l = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
   for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-    if (i < dims) out[lane + 32 * i] = FromFloat<T>(acc[i] * inv_l);
+    if (has(i)) out[lane + 32 * i] = FromFloat<T>(acc[i] * inv_l);
 }
 
 }  // namespace

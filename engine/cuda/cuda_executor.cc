@@ -1,0 +1,886 @@
+#include "engine/cuda/cuda_executor.h"
+
+#include <cuda_runtime.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <tuple>
+
+#include "engine/checkpoint_check.h"
+#include "engine/cuda/gemm.h"
+#include "engine/error.h"
+#include "engine/json_file.h"
+#include "engine/safetensors.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/fill.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/prefill_attention.h"
+
+namespace llm {
+
+static_assert(sizeof(TokenAdjust) == sizeof(cuda::LogitAdjust) &&
+                  offsetof(TokenAdjust, token) == offsetof(cuda::LogitAdjust, token) &&
+                  offsetof(TokenAdjust, bias) == offsetof(cuda::LogitAdjust, bias) &&
+                  offsetof(TokenAdjust, repetition) == offsetof(cuda::LogitAdjust, repetition) &&
+                  offsetof(TokenAdjust, subtract) == offsetof(cuda::LogitAdjust, subtract),
+              "the host's TokenAdjust is copied to the device as LogitAdjust");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kDecodeWorkspaceBytes = size_t{64} << 20;  // split-KV partials (any batch)
+constexpr int64_t kMinTableWidth = 16;
+
+std::string LayerName(int64_t i, const char* suffix) {
+  return "model.layers." + std::to_string(i) + "." + suffix;
+}
+
+std::string Gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / double(int64_t{1} << 30));
+  return buf;
+}
+
+// Padded batch sizes with captured graphs: 1, 2, 4, 8, then steps of 8 to 64, then of 16.
+std::vector<int64_t> GraphBatchSizes(int64_t max_batch) {
+  std::vector<int64_t> sizes;
+  for (int64_t b : {1, 2, 4}) {
+    if (b <= max_batch) sizes.push_back(b);
+  }
+  for (int64_t b = 8; b <= max_batch; b += b < 64 ? 8 : 16) sizes.push_back(b);
+  if (sizes.empty() || sizes.back() < max_batch) sizes.push_back(max_batch);
+  return sizes;
+}
+
+int64_t NextPow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// Host memory the device reads asynchronously (pinned, so copies do not stage).
+template <typename T>
+struct Pinned {
+  T* p = nullptr;
+  void Alloc(int64_t count) {
+    LLM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p),
+                                 std::max<size_t>(1, size_t(count)) * sizeof(T),
+                                 cudaHostAllocDefault));
+  }
+  void Free() {
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+  }
+  ~Pinned() { Free(); }
+};
+
+}  // namespace
+
+struct CudaExecutor::Impl {
+  ModelConfig config;
+  CudaExecutorOptions opt;
+  DType dtype = DType::kBF16;
+  size_t esize = 2;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ev_start = nullptr, ev_stop = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm;
+  std::vector<void*> allocations;
+  int64_t allocated_bytes = 0;
+  std::string device_name;
+
+  // Sizes.
+  int64_t hidden = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0, vocab = 0;
+  int64_t max_tokens = 0, max_seqs = 0, table_cap = 0;
+  bool decode_kernel_ok = true;  // head_dim 64 / 128
+
+  // Weights.
+  struct Layer {
+    void *qkv = nullptr, *o = nullptr, *gate_up = nullptr, *down = nullptr;
+    float *input_norm = nullptr, *post_norm = nullptr;
+  };
+  std::vector<Layer> layers;
+  void *embed = nullptr, *lm_head = nullptr;
+  float *final_norm = nullptr, *inv_freq = nullptr;
+  int64_t weight_bytes = 0;
+
+  // KV cache.
+  PagedKvLayout layout;
+  std::vector<void*> k_pool, v_pool;  // per layer
+  int64_t kv_bytes = 0;
+
+  // Activations.
+  float* x = nullptr;  // fp32 residual [T, hidden]
+  void *normed = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr;
+  void *gate_up = nullptr, *act = nullptr, *rows_normed = nullptr;
+  float* logits = nullptr;  // [S, vocab]
+  void* decode_ws = nullptr;
+  int64_t activation_bytes = 0;
+
+  // Step inputs (device and pinned host mirrors).
+  int32_t *d_tokens = nullptr, *d_positions = nullptr, *d_cu = nullptr, *d_cu_prefill = nullptr,
+          *d_ctx = nullptr, *d_tables = nullptr, *d_rows = nullptr;
+  int64_t* d_slots = nullptr;
+  Pinned<int32_t> h_tokens, h_positions, h_cu, h_cu_prefill, h_ctx, h_tables, h_rows;
+  Pinned<int64_t> h_slots;
+
+  // Sampling.
+  cuda::SampleRowParams* d_params = nullptr;
+  Pinned<cuda::SampleRowParams> h_params;
+  cuda::LogitAdjust* d_adjust = nullptr;
+  int64_t adjust_capacity = 0;
+  Pinned<cuda::LogitAdjust> h_adjust;
+  void* sample_ws = nullptr;
+  cuda::SampleOutputs d_out;
+  Pinned<int32_t> h_token, h_top_ids;
+  Pinned<float> h_logprob, h_top_lp;
+
+  // Graphs, keyed by (padded batch, decode splits, table width).
+  std::map<std::tuple<int64_t, int, int64_t>, cudaGraphExec_t> graphs;
+  std::vector<int64_t> graph_sizes;
+
+  CudaExecutorStats stats;
+
+  // What one step runs (sizes on the host; the data is in the d_* buffers).
+  struct Shape {
+    int64_t num_tokens = 0, num_seqs = 0, num_decode = 0, num_rows = 0, width = 0;
+    int64_t max_q_len = 0, max_keys_prefill = 0, max_keys_decode = 0;
+    int splits = 1;
+  };
+
+  ~Impl() {
+    for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
+    gemm.reset();
+    for (void* p : allocations) cudaFree(p);
+    if (ev_start) cudaEventDestroy(ev_start);
+    if (ev_stop) cudaEventDestroy(ev_stop);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  template <typename T = void>
+  T* Alloc(int64_t bytes) {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, size_t(std::max<int64_t>(bytes, 1)));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw Error("CUDA: out of device memory allocating " + Gib(double(bytes)) + " (" +
+                  std::to_string(allocated_bytes >> 20) + " MiB already held by this process)");
+    }
+    allocations.push_back(p);
+    allocated_bytes += bytes;
+    return static_cast<T*>(p);
+  }
+
+  void Log(const std::string& line) const {
+    if (opt.log) std::fprintf(stderr, "[cuda] %s\n", line.c_str());
+  }
+
+  // ---- weights -----------------------------------------------------------------------
+  // Converts `count` elements of a checkpoint tensor to `to` (f32 or dtype) on the host in
+  // chunks and uploads them to dst.
+  void Upload(const TensorView& t, int64_t count, DType to, void* dst) {
+    if (t.dtype == to) {
+      LLM_CUDA_CHECK(cudaMemcpy(dst, t.data, size_t(count) * DTypeSize(to),
+                                cudaMemcpyHostToDevice));
+      return;
+    }
+    constexpr int64_t kChunk = int64_t{1} << 22;
+    std::vector<float> f(size_t(std::min(count, kChunk)));
+    std::vector<uint16_t> h(f.size());
+    for (int64_t begin = 0; begin < count; begin += kChunk) {
+      const int64_t len = std::min(kChunk, count - begin);
+      const cpu::WeightMatrix m{t.dtype, t.data + begin * int64_t(DTypeSize(t.dtype)), 1, len};
+      cpu::LoadRow(m, 0, f.data());
+      std::byte* out = static_cast<std::byte*>(dst) + begin * int64_t(DTypeSize(to));
+      if (to == DType::kF32) {
+        LLM_CUDA_CHECK(cudaMemcpy(out, f.data(), size_t(len) * 4, cudaMemcpyHostToDevice));
+        continue;
+      }
+      for (int64_t i = 0; i < len; ++i)
+        h[size_t(i)] = to == DType::kBF16 ? F32ToBf16(f[size_t(i)]) : F32ToF16(f[size_t(i)]);
+      LLM_CUDA_CHECK(cudaMemcpy(out, h.data(), size_t(len) * 2, cudaMemcpyHostToDevice));
+    }
+  }
+
+  void AllocWeights() {
+    const ModelConfig& c = config;
+    auto matrix = [&](int64_t rows, int64_t cols) {
+      weight_bytes += rows * cols * int64_t(esize);
+      return Alloc(rows * cols * int64_t(esize));
+    };
+    auto vec = [&](int64_t n) {
+      weight_bytes += n * 4;
+      return Alloc<float>(n * 4);
+    };
+    embed = matrix(vocab, hidden);
+    lm_head = c.tie_word_embeddings ? embed : nullptr;
+    final_norm = vec(hidden);
+    layers.resize(size_t(c.num_layers));
+    for (Layer& l : layers) {
+      l.input_norm = vec(hidden);
+      l.post_norm = vec(hidden);
+      l.qkv = matrix(qkv_dim, hidden);
+      l.o = matrix(hidden, q_dim);
+      l.gate_up = matrix(2 * inter, hidden);
+      l.down = matrix(hidden, inter);
+    }
+    const std::vector<float> freqs = RopeInvFreq(c);
+    inv_freq = Alloc<float>(int64_t(freqs.size()) * 4);
+    LLM_CUDA_CHECK(
+        cudaMemcpy(inv_freq, freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice));
+  }
+
+  void LoadCheckpoint(const std::string& dir) {
+    std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir);
+    ValidateCheckpoint(config, *ckpt);
+    const ModelConfig& c = config;
+    const bool has_head = ckpt->Find("lm_head.weight") != nullptr;
+    AllocWeights();
+    if (!lm_head) lm_head = has_head ? Alloc(vocab * hidden * int64_t(esize)) : embed;
+    if (lm_head != embed) weight_bytes += vocab * hidden * int64_t(esize);
+    auto put = [&](const std::string& name, std::vector<int64_t> shape, DType to, void* dst) {
+      const TensorView& t = ckpt->GetWithShape(name, shape);
+      Upload(t, t.num_elements(), to, dst);
+    };
+    put("model.embed_tokens.weight", {vocab, hidden}, dtype, embed);
+    if (lm_head != embed) put("lm_head.weight", {vocab, hidden}, dtype, lm_head);
+    put("model.norm.weight", {hidden}, DType::kF32, final_norm);
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      Layer& l = layers[size_t(i)];
+      auto* qkv_bytes = static_cast<std::byte*>(l.qkv);
+      put(LayerName(i, "self_attn.q_proj.weight"), {q_dim, hidden}, dtype, qkv_bytes);
+      put(LayerName(i, "self_attn.k_proj.weight"), {kv_dim, hidden}, dtype,
+          qkv_bytes + q_dim * hidden * int64_t(esize));
+      put(LayerName(i, "self_attn.v_proj.weight"), {kv_dim, hidden}, dtype,
+          qkv_bytes + (q_dim + kv_dim) * hidden * int64_t(esize));
+      put(LayerName(i, "self_attn.o_proj.weight"), {hidden, q_dim}, dtype, l.o);
+      auto* gu = static_cast<std::byte*>(l.gate_up);
+      put(LayerName(i, "mlp.gate_proj.weight"), {inter, hidden}, dtype, gu);
+      put(LayerName(i, "mlp.up_proj.weight"), {inter, hidden}, dtype,
+          gu + inter * hidden * int64_t(esize));
+      put(LayerName(i, "mlp.down_proj.weight"), {hidden, inter}, dtype, l.down);
+      put(LayerName(i, "input_layernorm.weight"), {hidden}, DType::kF32, l.input_norm);
+      put(LayerName(i, "post_attention_layernorm.weight"), {hidden}, DType::kF32, l.post_norm);
+      if (opt.log && isatty(fileno(stderr))) {
+        std::fprintf(stderr, "\r[cuda] loading weights: layer %lld/%lld", (long long)(i + 1),
+                     (long long)c.num_layers);
+        if (i + 1 == c.num_layers) std::fprintf(stderr, "\n");
+      }
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+    Log("weights: " + Gib(double(weight_bytes)) + " (" + std::string(DTypeName(dtype)) +
+        ") loaded from " + dir + " in " + std::to_string(secs).substr(0, 5) + " s");
+  }
+
+  void FillDummy() {
+    AllocWeights();
+    if (!lm_head) {
+      lm_head = Alloc(vocab * hidden * int64_t(esize));
+      weight_bytes += vocab * hidden * int64_t(esize);
+    }
+    uint64_t seed = opt.dummy_seed * 1000003 + 1;
+    auto rnd = [&](void* p, int64_t count) {
+      // vLLM's dummy range: small uniform values keep activations finite at any depth.
+      cuda::FillUniform(p, dtype, count, 1e-3f, seed++, stream);
+    };
+    auto ones = [&](float* p) { cuda::FillConstant(p, DType::kF32, hidden, 1.f, stream); };
+    rnd(embed, vocab * hidden);
+    if (lm_head != embed) rnd(lm_head, vocab * hidden);
+    ones(final_norm);
+    for (Layer& l : layers) {
+      ones(l.input_norm);
+      ones(l.post_norm);
+      rnd(l.qkv, qkv_dim * hidden);
+      rnd(l.o, hidden * q_dim);
+      rnd(l.gate_up, 2 * inter * hidden);
+      rnd(l.down, hidden * inter);
+    }
+    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    Log("weights: " + Gib(double(weight_bytes)) + " of dummy " + std::string(DTypeName(dtype)) +
+        " values generated on the device (seed " + std::to_string(opt.dummy_seed) + ")");
+  }
+
+  // ---- buffers -----------------------------------------------------------------------
+  void AllocActivations() {
+    const int64_t before = allocated_bytes;
+    const int64_t T = max_tokens, S = max_seqs;
+    x = Alloc<float>(T * hidden * 4);
+    normed = Alloc(T * hidden * int64_t(esize));
+    qkv = Alloc(T * qkv_dim * int64_t(esize));
+    q = Alloc(T * q_dim * int64_t(esize));
+    attn = Alloc(T * q_dim * int64_t(esize));
+    gate_up = Alloc(T * 2 * inter * int64_t(esize));
+    act = Alloc(T * inter * int64_t(esize));
+    rows_normed = Alloc(S * hidden * int64_t(esize));
+    logits = Alloc<float>(S * vocab * 4);
+    decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
+
+    d_tokens = Alloc<int32_t>(T * 4);
+    d_positions = Alloc<int32_t>(T * 4);
+    d_slots = Alloc<int64_t>(T * 8);
+    d_cu = Alloc<int32_t>((std::max(S, T) + 1) * 4);
+    d_cu_prefill = Alloc<int32_t>((S + 1) * 4);
+    d_ctx = Alloc<int32_t>(S * 4);
+    d_tables = Alloc<int32_t>(S * table_cap * 4);
+    d_rows = Alloc<int32_t>(S * 4);
+    h_tokens.Alloc(T);
+    h_positions.Alloc(T);
+    h_slots.Alloc(T);
+    h_cu.Alloc(std::max(S, T) + 1);
+    h_cu_prefill.Alloc(S + 1);
+    h_ctx.Alloc(S);
+    h_tables.Alloc(S * table_cap);
+    h_rows.Alloc(S);
+
+    d_params = Alloc<cuda::SampleRowParams>(S * int64_t(sizeof(cuda::SampleRowParams)));
+    h_params.Alloc(S);
+    sample_ws = Alloc(int64_t(cuda::SampleWorkspaceBytes(S, vocab)));
+    d_out.token = Alloc<int32_t>(S * 4);
+    d_out.logprob = Alloc<float>(S * 4);
+    d_out.top_ids = Alloc<int32_t>(S * cuda::kMaxTopLogprobs * 4);
+    d_out.top_logprobs = Alloc<float>(S * cuda::kMaxTopLogprobs * 4);
+    h_token.Alloc(S);
+    h_logprob.Alloc(S);
+    h_top_ids.Alloc(S * cuda::kMaxTopLogprobs);
+    h_top_lp.Alloc(S * cuda::kMaxTopLogprobs);
+    ReserveAdjust(4096);
+    activation_bytes = allocated_bytes - before;
+  }
+
+  void ReserveAdjust(int64_t count) {
+    if (count <= adjust_capacity) return;
+    const int64_t cap = NextPow2(count);
+    if (d_adjust) {
+      LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      auto it = std::find(allocations.begin(), allocations.end(), static_cast<void*>(d_adjust));
+      if (it != allocations.end()) allocations.erase(it);
+      cudaFree(d_adjust);
+      allocated_bytes -= adjust_capacity * int64_t(sizeof(cuda::LogitAdjust));
+      h_adjust.Free();
+    }
+    d_adjust = Alloc<cuda::LogitAdjust>(cap * int64_t(sizeof(cuda::LogitAdjust)));
+    h_adjust.Alloc(cap);
+    adjust_capacity = cap;
+  }
+
+  void AllocKv(int64_t num_blocks) {
+    layout = {num_blocks, opt.block_size, config.num_kv_heads, config.head_dim};
+    const int64_t pool_bytes = layout.pool_elements() * int64_t(esize);
+    k_pool.clear();
+    v_pool.clear();
+    for (int64_t l = 0; l < config.num_layers; ++l) {
+      k_pool.push_back(Alloc(pool_bytes));
+      v_pool.push_back(Alloc(pool_bytes));
+    }
+    kv_bytes = 2 * config.num_layers * pool_bytes;
+  }
+
+  void FreeKv() {
+    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (auto* pools : {&k_pool, &v_pool}) {
+      for (void* p : *pools) {
+        allocations.erase(std::find(allocations.begin(), allocations.end(), p));
+        cudaFree(p);
+      }
+      pools->clear();
+    }
+    allocated_bytes -= kv_bytes;
+    kv_bytes = 0;
+  }
+
+  int64_t BytesPerBlock() const {
+    return 2 * config.num_layers * config.num_kv_heads * opt.block_size * config.head_dim *
+           int64_t(esize);
+  }
+
+  // ---- one step ------------------------------------------------------------------------
+  // Fills the input buffers for `b`. padded > 0: a decode graph's batch of `padded` rows
+  // (the extra rows attend to key 0 of block 0, write no KV and their logits are ignored).
+  Shape Upload(const ForwardBatch& b, int64_t padded, int64_t width) {
+    Shape s;
+    const int64_t n = b.num_tokens(), ns = b.num_seqs();
+    // Decode rows take the split-KV decode kernel unless the batch asks for batch-invariant
+    // routing or the head_dim has no decode kernel (then the prefill kernel takes them).
+    const bool decode_kernel = decode_kernel_ok && !b.is_batch_invariant;
+    s.num_tokens = padded > 0 ? padded : n;
+    s.num_seqs = padded > 0 ? padded : ns;
+    s.num_rows = padded > 0 ? padded : int64_t(b.logits_indices.size());
+    s.num_decode = !decode_kernel ? 0 : padded > 0 ? padded : b.num_decode_seqs;
+    s.width = width;
+    if (s.num_tokens > max_tokens || s.num_seqs > max_seqs || s.num_rows > max_seqs ||
+        width > table_cap) {
+      throw Error("CUDA executor: step of " + std::to_string(n) + " tokens / " +
+                  std::to_string(ns) + " sequences exceeds the buffers sized at start-up (" +
+                  std::to_string(max_tokens) + " / " + std::to_string(max_seqs) + ")");
+    }
+    for (int64_t t = 0; t < s.num_tokens; ++t) {
+      const bool real = t < n;
+      const int id = real ? b.token_ids[size_t(t)] : 0;
+      if (id < 0 || id >= vocab) {
+        throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                    std::to_string(vocab) + ")");
+      }
+      h_tokens.p[t] = id;
+      h_positions.p[t] = real ? b.positions[size_t(t)] : 0;
+      h_slots.p[t] = real ? b.slot_mapping[size_t(t)] : -1;
+    }
+    for (int64_t i = 0; i <= s.num_seqs; ++i) {
+      h_cu.p[i] = padded > 0 ? int32_t(i) : b.cu_seqlens_q[size_t(i)];  // decode rows: cu = i
+    }
+    const int64_t nd = s.num_decode;
+    for (int64_t i = nd; i <= s.num_seqs; ++i) h_cu_prefill.p[i - nd] = h_cu.p[i] - h_cu.p[nd];
+    for (int64_t i = 0; i < s.num_seqs; ++i) {
+      int32_t* row = h_tables.p + i * width;
+      if (i < ns) {
+        const int32_t* src = b.block_tables.data() + i * b.max_blocks_per_seq;
+        const int64_t len = std::min(width, b.max_blocks_per_seq);
+        std::copy(src, src + len, row);
+        std::fill(row + len, row + width, -1);
+        const int32_t ctx = b.context_lens[size_t(i)];
+        h_ctx.p[i] = ctx;
+        const int32_t q_len = h_cu.p[i + 1] - h_cu.p[i];
+        if (i < nd) {
+          s.max_keys_decode = std::max<int64_t>(s.max_keys_decode, ctx + 1);
+        } else {
+          s.max_q_len = std::max<int64_t>(s.max_q_len, q_len);
+          s.max_keys_prefill = std::max<int64_t>(s.max_keys_prefill, ctx + q_len);
+        }
+      } else {
+        row[0] = 0;
+        std::fill(row + 1, row + width, -1);
+        h_ctx.p[i] = 0;
+        if (i >= nd) {
+          s.max_q_len = std::max<int64_t>(s.max_q_len, 1);
+          s.max_keys_prefill = std::max<int64_t>(s.max_keys_prefill, 1);
+        }
+      }
+    }
+    for (int64_t r = 0; r < s.num_rows; ++r) {
+      h_rows.p[r] = padded > 0 ? int32_t(r) : b.logits_indices[size_t(r)];
+    }
+    s.max_keys_decode = std::max<int64_t>(s.max_keys_decode, 1);
+    if (nd > 0) {
+      const size_t per_split =
+          size_t(nd) * size_t(config.num_heads) * size_t(config.head_dim + 2) * sizeof(float);
+      s.splits = cuda::DecodeAutoSplits(nd, config.num_kv_heads, s.max_keys_decode,
+                                        config.head_dim,
+                                        int64_t(kDecodeWorkspaceBytes / per_split));
+    }
+    auto copy = [&](void* dst, const void* src, int64_t bytes) {
+      if (bytes > 0)
+        LLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, stream));
+    };
+    copy(d_tokens, h_tokens.p, s.num_tokens * 4);
+    copy(d_positions, h_positions.p, s.num_tokens * 4);
+    copy(d_slots, h_slots.p, s.num_tokens * 8);
+    copy(d_cu, h_cu.p, (s.num_seqs + 1) * 4);
+    copy(d_cu_prefill, h_cu_prefill.p, (s.num_seqs - nd + 1) * 4);
+    copy(d_ctx, h_ctx.p, s.num_seqs * 4);
+    copy(d_tables, h_tables.p, s.num_seqs * width * 4);
+    copy(d_rows, h_rows.p, s.num_rows * 4);
+    return s;
+  }
+
+  PagedKvView<void> Kv(int64_t layer) const {
+    return {k_pool[size_t(layer)], v_pool[size_t(layer)], layout};
+  }
+
+  void Attention(int64_t layer, const Shape& s) {
+    cuda::AttentionParams p;
+    const PagedKvView<void> kv = Kv(layer);
+    p.kv = {kv.k, kv.v, kv.layout};
+    p.num_heads = config.num_heads;
+    p.scale = 1.f / std::sqrt(float(config.head_dim));
+    p.dtype = dtype;
+    const int64_t nd = s.num_decode;
+    if (nd > 0) {
+      p.q = q;
+      p.out = attn;
+      p.batch = {nd, d_cu, d_ctx, d_tables, s.width};
+      p.max_q_len = 1;
+      p.max_num_keys = s.max_keys_decode;
+      cuda::PagedDecodeAttention(p, s.splits, decode_ws, kDecodeWorkspaceBytes, stream);
+    }
+    if (s.num_seqs > nd) {
+      const int64_t offset = nd * q_dim * int64_t(esize);
+      p.q = static_cast<const std::byte*>(q) + offset;
+      p.out = static_cast<std::byte*>(attn) + offset;
+      p.batch = {s.num_seqs - nd, d_cu_prefill, d_ctx + nd, d_tables + nd * s.width, s.width};
+      p.max_q_len = s.max_q_len;
+      p.max_num_keys = s.max_keys_prefill;
+      cuda::PagedPrefillAttention(p, stream);
+    }
+  }
+
+  // Every kernel of one step, on `stream` (capturable: no sync, no allocation).
+  void RunModel(const Shape& s) {
+    const int64_t n = s.num_tokens;
+    const float eps = float(config.rms_norm_eps);
+    const DType f32 = DType::kF32;
+    cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
+    for (int64_t i = 0; i < config.num_layers; ++i) {
+      const Layer& l = layers[size_t(i)];
+      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
+      cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
+                         int(config.num_kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
+      Attention(i, s);
+      gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);
+      cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
+      cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
+      gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, true, stream);
+    }
+    if (s.num_rows == 0) return;
+    cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
+                     stream);
+    gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
+                 stream);
+  }
+
+  // Graph-eligible: decode rows only, each wanting its logits in order.
+  bool GraphEligible(const ForwardBatch& b) const {
+    if (!opt.cuda_graphs || graph_sizes.empty() || b.is_batch_invariant) return false;
+    const int64_t ns = b.num_seqs();
+    if (ns == 0 || b.num_decode_seqs != ns || ns > graph_sizes.back()) return false;
+    if (int64_t(b.logits_indices.size()) != ns) return false;
+    for (int64_t i = 0; i < ns; ++i)
+      if (b.logits_indices[size_t(i)] != i) return false;
+    return true;
+  }
+
+  int64_t PaddedBatch(int64_t ns) const {
+    return *std::lower_bound(graph_sizes.begin(), graph_sizes.end(), ns);
+  }
+
+  int64_t GraphWidth(int64_t max_blocks) const {
+    return std::min(table_cap, std::max(kMinTableWidth, NextPow2(max_blocks)));
+  }
+
+  cudaGraphExec_t Capture(const Shape& s) {
+    cudaGraph_t graph = nullptr;
+    LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    try {
+      RunModel(s);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    LLM_CUDA_CHECK(cudaGraphDestroy(graph));
+    ++stats.graphs_captured;
+    return exec;
+  }
+
+  // Runs the model for `b`; the logits of its rows are in `logits` afterwards (on stream).
+  void Run(const ForwardBatch& b) {
+    if (b.num_tokens() == 0) throw Error("Forward: no tokens");
+    LLM_CUDA_CHECK(cudaEventRecord(ev_start, stream));
+    if (GraphEligible(b)) {
+      const int64_t padded = PaddedBatch(b.num_seqs());
+      const Shape s = Upload(b, padded, GraphWidth(b.max_blocks_per_seq));
+      const auto key = std::make_tuple(padded, s.splits, s.width);
+      auto it = graphs.find(key);
+      if (it == graphs.end()) it = graphs.emplace(key, Capture(s)).first;
+      LLM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+      ++stats.graph_steps;
+    } else {
+      RunModel(Upload(b, 0, std::max<int64_t>(1, b.max_blocks_per_seq)));
+    }
+    ++stats.steps;
+  }
+
+  // Ends a step's device span (call after its last device-to-host copy is enqueued) and
+  // waits for it.
+  void StopAndWait() {
+    LLM_CUDA_CHECK(cudaEventRecord(ev_stop, stream));
+    LLM_CUDA_CHECK(cudaEventSynchronize(ev_stop));
+  }
+
+  void FinishTiming(Clock::time_point start) {
+    float ms = 0;
+    LLM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start, ev_stop));
+    stats.device_ms += ms;
+    stats.wall_ms += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  }
+
+  std::vector<SampleResult> Sample(std::span<const SampleTask> tasks) {
+    std::vector<SampleResult> results(tasks.size());
+    if (tasks.empty()) StopAndWait();
+    std::vector<TokenAdjust> adjust;
+    for (size_t begin = 0; begin < tasks.size(); begin += size_t(max_seqs)) {
+      const size_t count = std::min(tasks.size() - begin, size_t(max_seqs));
+      adjust.clear();
+      for (size_t i = 0; i < count; ++i) {
+        const Sampler& sm = *tasks[begin + i].sampler;
+        const SamplingParams& sp = sm.params();
+        cuda::SampleRowParams& r = h_params.p[i];
+        r.logits_row = int32_t(tasks[begin + i].logits_row);
+        r.temperature = float(sp.temperature);
+        r.top_k = sp.top_k;
+        r.top_p = float(sp.top_p);
+        r.min_p = float(sp.min_p);
+        r.seed = sm.device_seed();
+        r.offset = sm.num_draws();
+        r.num_logprobs = sp.logprobs ? *sp.logprobs : -1;
+        r.adjust_begin = int32_t(adjust.size());
+        sm.AppendAdjustments(vocab, &adjust);
+        r.adjust_end = int32_t(adjust.size());
+      }
+      ReserveAdjust(int64_t(adjust.size()));
+      for (size_t i = 0; i < adjust.size(); ++i) {
+        h_adjust.p[i] = {adjust[i].token, adjust[i].bias, adjust[i].repetition,
+                         adjust[i].subtract};
+      }
+      LLM_CUDA_CHECK(cudaMemcpyAsync(d_params, h_params.p, count * sizeof(cuda::SampleRowParams),
+                                     cudaMemcpyHostToDevice, stream));
+      if (!adjust.empty()) {
+        LLM_CUDA_CHECK(cudaMemcpyAsync(d_adjust, h_adjust.p, adjust.size() * sizeof(TokenAdjust),
+                                       cudaMemcpyHostToDevice, stream));
+      }
+      cuda::SampleTokens(logits, vocab, d_params, int64_t(count), d_adjust, sample_ws, d_out,
+                         stream);
+      auto back = [&](void* dst, const void* src, size_t bytes) {
+        LLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+      };
+      back(h_token.p, d_out.token, count * 4);
+      back(h_logprob.p, d_out.logprob, count * 4);
+      back(h_top_ids.p, d_out.top_ids, count * cuda::kMaxTopLogprobs * 4);
+      back(h_top_lp.p, d_out.top_logprobs, count * cuda::kMaxTopLogprobs * 4);
+      if (begin + count == tasks.size()) {
+        StopAndWait();
+      } else {
+        LLM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the pinned buffers are reused
+      }
+      for (size_t i = 0; i < count; ++i) {
+        SampleResult& res = results[begin + i];
+        res.token = h_token.p[i];
+        const int n = h_params.p[i].num_logprobs;
+        if (n >= 0) {
+          res.logprob = h_logprob.p[i];
+          for (int k = 0; k < std::min(n, int(vocab)); ++k) {
+            res.top_logprobs.push_back({h_top_ids.p[i * cuda::kMaxTopLogprobs + size_t(k)],
+                                        h_top_lp.p[i * cuda::kMaxTopLogprobs + size_t(k)]});
+          }
+        }
+        tasks[begin + i].sampler->RecordSample(res.token);
+      }
+    }
+    return results;
+  }
+
+  // A step of `tokens` fresh tokens in one sequence over blocks 0.. (the profiling pass).
+  void RunPrefillOnly(int64_t tokens) {
+    ForwardBatch b;
+    const int64_t blocks = (tokens + opt.block_size - 1) / opt.block_size;
+    std::vector<int> ids(static_cast<size_t>(tokens), 0);
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    std::vector<int64_t> slots(static_cast<size_t>(tokens));
+    for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(i);
+    for (int64_t i = 0; i < tokens; ++i) slots[size_t(i)] = i;
+    b.AddSequence(ids, 0, table, slots, /*wants_logits=*/true, /*is_decode=*/false);
+    Run(b);
+    StopAndWait();
+  }
+
+  // Captures the decode graphs for short contexts (split count 1, narrowest table).
+  void CaptureStartupGraphs() {
+    if (!opt.cuda_graphs) return;
+    const auto start = Clock::now();
+    for (int64_t padded : graph_sizes) {
+      ForwardBatch empty;
+      Shape s = Upload(empty, padded, kMinTableWidth);
+      s.splits = 1;
+      const auto key = std::make_tuple(padded, s.splits, s.width);
+      if (!graphs.count(key)) graphs.emplace(key, Capture(s));
+    }
+    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    Log("captured " + std::to_string(graphs.size()) + " decode CUDA graphs (batch 1.." +
+        std::to_string(graph_sizes.back()) + ") in " +
+        std::to_string(std::chrono::duration<double>(Clock::now() - start).count()).substr(0, 5) +
+        " s");
+  }
+};
+
+CudaExecutor::CudaExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaExecutor::~CudaExecutor() = default;
+
+bool CudaBackendAvailable(std::string* why_not) { return cuda::DeviceAvailable(why_not); }
+
+namespace {
+
+ModelConfig LoadConfig(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(path)) return ModelConfig::FromJson(ReadJsonFile(path), path);
+  return ModelConfig::Load(path);
+}
+
+}  // namespace
+
+std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path,
+                                                   const CudaExecutorOptions& options) {
+  std::string why;
+  if (!cuda::DeviceAvailable(&why)) throw Error("--device cuda: " + why);
+  if (options.dtype != DType::kBF16 && options.dtype != DType::kF16) {
+    throw Error("the CUDA backend runs bf16 or f16 (got " +
+                std::string(DTypeName(options.dtype)) + ")");
+  }
+  if (options.gpu_memory_utilization <= 0 || options.gpu_memory_utilization > 1) {
+    throw Error("--gpu-memory-utilization must be in (0, 1]");
+  }
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.opt = options;
+  m.config = LoadConfig(model_path);
+  const ModelConfig& c = m.config;
+  if (c.head_dim > 128) {
+    throw Error("the CUDA backend supports head_dim up to 128 (the model has " +
+                std::to_string(c.head_dim) + ")");
+  }
+  if (c.sliding_window) {
+    throw Error("the CUDA backend has no sliding-window attention (the model sets " +
+                std::to_string(*c.sliding_window) + ")");
+  }
+  m.dtype = options.dtype;
+  m.esize = DTypeSize(m.dtype);
+  m.hidden = c.hidden_size;
+  m.q_dim = c.num_heads * c.head_dim;
+  m.kv_dim = c.num_kv_heads * c.head_dim;
+  m.qkv_dim = m.q_dim + 2 * m.kv_dim;
+  m.inter = c.intermediate_size;
+  m.vocab = c.vocab_size;
+  m.max_tokens = std::max<int64_t>(options.max_num_batched_tokens, 1);
+  m.max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
+  m.decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
+  if (!m.decode_kernel_ok) {
+    m.Log("head_dim " + std::to_string(c.head_dim) +
+          ": attention on the naive prefill kernel (the tuned kernels take 64 and 128)");
+  }
+  m.table_cap = (c.max_position_embeddings + options.block_size - 1) / options.block_size;
+  m.device_name = cuda::DeviceDescription(0);
+  LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+  LLM_CUDA_CHECK(cudaEventCreate(&m.ev_start));
+  LLM_CUDA_CHECK(cudaEventCreate(&m.ev_stop));
+  m.gemm = std::make_unique<cuda::Gemm>();
+  m.allocated_bytes += int64_t{32} << 20;
+
+  if (options.dummy_weights) {
+    m.FillDummy();
+  } else {
+    m.LoadCheckpoint(model_path);
+  }
+  m.AllocActivations();
+
+  // Profiling pass: the largest step over a temporary KV pool, so that lazily loaded kernels,
+  // cuBLASLt's plans and the driver's own allocations are in place before we measure.
+  m.AllocKv((m.max_tokens + options.block_size - 1) / options.block_size);
+  m.RunPrefillOnly(m.max_tokens);
+  m.FreeKv();
+
+  size_t free_bytes = 0, total_bytes = 0;
+  LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t in_use = int64_t(total_bytes) - int64_t(free_bytes);
+  const int64_t budget = int64_t(options.gpu_memory_utilization * double(total_bytes)) - in_use -
+                         (int64_t{256} << 20);  // graphs, cuBLAS and sampler reserve
+  int64_t num_blocks = options.num_kv_blocks;
+  if (num_blocks <= 0) num_blocks = budget / m.BytesPerBlock();
+  if (num_blocks < 1) {
+    throw Error("not enough GPU memory for the KV cache: " + Gib(double(total_bytes)) +
+                " total, " + Gib(double(in_use)) + " in use after loading the model and " +
+                "profiling a " + std::to_string(m.max_tokens) +
+                "-token step; raise --gpu-memory-utilization (" +
+                std::to_string(options.gpu_memory_utilization) +
+                ") or lower --max-num-batched-tokens");
+  }
+  m.AllocKv(num_blocks);
+  LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  m.stats.peak_device_bytes = int64_t(total_bytes) - int64_t(free_bytes);
+  m.stats.weight_bytes = m.weight_bytes;
+  m.stats.kv_cache_bytes = m.kv_bytes;
+  m.stats.activation_bytes = m.activation_bytes;
+  m.Log(m.device_name + ": weights " + Gib(double(m.weight_bytes)) + ", activations " +
+        Gib(double(m.activation_bytes)) + ", KV cache " + Gib(double(m.kv_bytes)) + " = " +
+        std::to_string(num_blocks * options.block_size) + " tokens (" +
+        std::to_string(num_blocks) + " blocks of " + std::to_string(options.block_size) + ")");
+
+  if (options.cuda_graphs) {
+    const int64_t max_graph =
+        std::min(m.max_seqs, options.max_graph_batch > 0 ? options.max_graph_batch : m.max_seqs);
+    m.graph_sizes = GraphBatchSizes(std::min(max_graph, m.max_tokens));
+    m.CaptureStartupGraphs();
+  }
+  m.stats.steps = m.stats.graph_steps = 0;
+  m.stats.device_ms = m.stats.wall_ms = 0;
+  return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
+}
+
+const ModelConfig& CudaExecutor::config() const { return impl_->config; }
+
+std::string CudaExecutor::Describe() const {
+  return "cuda: " + impl_->device_name + ", " + std::string(DTypeName(impl_->dtype)) +
+         " weights and KV cache";
+}
+
+int64_t CudaExecutor::num_kv_blocks() const { return impl_->layout.num_blocks; }
+int64_t CudaExecutor::block_size() const { return impl_->layout.block_size; }
+
+void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) {
+  Impl& m = *impl_;
+  const size_t block_bytes = size_t(m.layout.block_stride()) * m.esize;
+  for (const BlockCopy& c : copies) {
+    for (int64_t l = 0; l < m.config.num_layers; ++l) {
+      for (void* pool : {m.k_pool[size_t(l)], m.v_pool[size_t(l)]}) {
+        auto* base = static_cast<std::byte*>(pool);
+        LLM_CUDA_CHECK(cudaMemcpyAsync(base + size_t(c.dst_block) * block_bytes,
+                                       base + size_t(c.src_block) * block_bytes, block_bytes,
+                                       cudaMemcpyDeviceToDevice, m.stream));
+      }
+    }
+  }
+}
+
+std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) {
+  Impl& m = *impl_;
+  const auto start = Clock::now();
+  m.Run(batch);
+  const size_t rows = batch.logits_indices.size();
+  std::vector<float> out(rows * size_t(m.vocab));
+  LLM_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits, out.size() * 4, cudaMemcpyDeviceToHost,
+                                 m.stream));
+  m.StopAndWait();
+  m.FinishTiming(start);
+  return out;
+}
+
+std::vector<SampleResult> CudaExecutor::ForwardAndSample(const ForwardBatch& batch,
+                                                         std::span<const SampleTask> tasks) {
+  Impl& m = *impl_;
+  const auto start = Clock::now();
+  m.Run(batch);
+  std::vector<SampleResult> results = m.Sample(tasks);
+  m.FinishTiming(start);
+  return results;
+}
+
+CudaExecutorStats CudaExecutor::stats() const { return impl_->stats; }
+
+void CudaExecutor::ResetStats() {
+  CudaExecutorStats& s = impl_->stats;
+  s.steps = s.graph_steps = 0;
+  s.device_ms = s.wall_ms = 0;
+}
+
+}  // namespace llm

@@ -1,0 +1,89 @@
+// The CUDA backend: the Llama forward pass of engine/llama_model.h on one GPU.
+//
+//   bf16 (or fp16) weights, activations and paged KV cache; fp32 residual stream and fp32
+//   accumulation everywhere. Per layer:
+//     AddRmsNorm -> QKV GEMM (one fused [q|k|v] weight) -> RopeAppendKv (RoPE fused with the
+//     paged KV append) -> flash attention (split-KV decode kernel for decode rows, tiled
+//     prefill kernel for chunks) -> O GEMM with the residual add in its epilogue
+//     -> AddRmsNorm -> gate|up GEMM (one fused weight) -> SiluMul -> down GEMM (+ residual)
+//   then the final norm gathers only the rows that need logits, the lm_head GEMM writes fp32
+//   logits, and the GPU sampler returns token ids (and requested logprobs) to the host.
+//   GEMMs: cuBLASLt (engine/cuda/gemm.h); fused ops and sampler: kernels/cuda/model_ops.h;
+//   attention: kernels/cuda/{prefill,decode}_attention.h.
+//
+// Memory: weights first (from safetensors, converted on the host when the checkpoint's dtype
+// differs, uploaded layer by layer; or generated on the device for --load-format dummy), then
+// every activation buffer for the largest step (max_num_batched_tokens tokens, max_num_seqs
+// sequences), then a profiling pass of that step; the KV pool takes
+// gpu_memory_utilization × total memory minus what is in use after it. Nothing is allocated
+// per step, so a step never runs out of memory.
+//
+// CUDA graphs: decode-only steps run as graphs captured per (padded batch size, decode split
+// count, block-table width bucket); batch sizes 1, 2, 4, 8, 16, 24, 32, … (steps of 8, then
+// 16 past 64) up to max_graph_batch, captured on first use and at start-up for the split
+// count of short contexts. Prefill and mixed steps run eagerly.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/executor.h"
+#include "kernels/dtype.h"
+
+namespace llm {
+
+struct CudaExecutorOptions {
+  DType dtype = DType::kBF16;             // weights, activations and KV cache (kBF16 / kF16)
+  int64_t block_size = 16;
+  int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers
+  int64_t max_num_seqs = 256;
+  double gpu_memory_utilization = 0.90;
+  int64_t num_kv_blocks = 0;              // > 0: exactly this many (tests); 0: from memory
+  bool cuda_graphs = true;
+  int64_t max_graph_batch = 0;            // 0: max_num_seqs
+  bool dummy_weights = false;             // --load-format dummy: random weights on the device
+  uint64_t dummy_seed = 0;
+  bool log = true;                        // progress and the memory plan on stderr
+};
+
+// What the executor measured (the benchmarks read it).
+struct CudaExecutorStats {
+  int64_t steps = 0, graph_steps = 0, graphs_captured = 0;
+  double device_ms = 0;  // CUDA-event time of the device work of all steps
+  double wall_ms = 0;    // host wall time inside ForwardAndSample / Forward
+  int64_t weight_bytes = 0, kv_cache_bytes = 0, activation_bytes = 0;
+  int64_t peak_device_bytes = 0;  // total - free after the KV pool (what this process holds)
+};
+
+class CudaExecutor final : public ModelExecutor {
+ public:
+  // model_path: a Hugging Face model folder; with options.dummy_weights, a folder holding a
+  // config.json or a config .json file. Throws llm::Error (bad checkpoint, no GPU, too
+  // little memory for the KV cache) with a message naming what is wrong.
+  static std::unique_ptr<CudaExecutor> Create(const std::string& model_path,
+                                              const CudaExecutorOptions& options);
+  ~CudaExecutor() override;
+
+  const ModelConfig& config() const override;
+  std::string Describe() const override;
+  int64_t num_kv_blocks() const override;
+  int64_t block_size() const override;
+  void CopyBlocks(std::span<const BlockCopy> copies) override;
+  std::vector<float> Forward(const ForwardBatch& batch) override;
+  std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
+                                             std::span<const SampleTask> tasks) override;
+
+  CudaExecutorStats stats() const;
+  void ResetStats();
+
+  struct Impl;
+
+ private:
+  explicit CudaExecutor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when the CUDA backend can run here (a device and a driver); otherwise why not.
+bool CudaBackendAvailable(std::string* why_not = nullptr);
+
+}  // namespace llm

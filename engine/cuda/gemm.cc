@@ -1,0 +1,106 @@
+#include "engine/cuda/gemm.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace llm::cuda {
+namespace {
+
+void Check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string("cuBLASLt: ") + what + " failed: " +
+                             cublasLtGetStatusString(status));
+  }
+}
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+}  // namespace
+
+Gemm::Gemm(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  Check(cublasLtCreate(&handle_), "cublasLtCreate");
+  LLM_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+Gemm::~Gemm() {
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+  cudaFree(workspace_);
+  cublasLtDestroy(handle_);
+}
+
+const Gemm::Plan& Gemm::GetPlan(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  const auto [n, m, k, dtype, out_dtype, accumulate] = key;
+  Plan p;
+  Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                       sizeof(trans_a)),
+        "set TRANSA");
+  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                       sizeof(trans_b)),
+        "set TRANSB");
+  // A = W as stored: column-major [k, m] (ld k), transposed by the op; B = X: [k, n] (ld k);
+  // C = D = Y: column-major [m, n] (ld m), i.e. row-major [n, m].
+  Check(cublasLtMatrixLayoutCreate(&p.a, CudaType(dtype), static_cast<uint64_t>(k),
+                                   static_cast<uint64_t>(m), k),
+        "layout A");
+  Check(cublasLtMatrixLayoutCreate(&p.b, CudaType(dtype), static_cast<uint64_t>(k),
+                                   static_cast<uint64_t>(n), k),
+        "layout B");
+  Check(cublasLtMatrixLayoutCreate(&p.c, CudaType(out_dtype), static_cast<uint64_t>(m),
+                                   static_cast<uint64_t>(n), m),
+        "layout C");
+  cublasLtMatmulPreference_t pref = nullptr;
+  Check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace_bytes_, sizeof(workspace_bytes_)),
+        "set workspace");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    throw std::runtime_error("cuBLASLt: no algorithm for GEMM n=" + std::to_string(n) +
+                             " m=" + std::to_string(m) + " k=" + std::to_string(k) + " (" +
+                             std::string(DTypeName(dtype)) + " -> " +
+                             std::string(DTypeName(out_dtype)) + ")");
+  }
+  p.algo = result.algo;
+  (void)accumulate;
+  return plans_.emplace(key, p).first->second;
+}
+
+void Gemm::Linear(const void* x, const void* w, void* y, int64_t n, int64_t m, int64_t k,
+                  DType dtype, DType out_dtype, bool accumulate, cudaStream_t stream) {
+  if (n == 0) return;
+  if (accumulate && out_dtype != DType::kF32) {
+    throw std::invalid_argument("Gemm::Linear: accumulate needs an fp32 output");
+  }
+  const Plan& p = GetPlan({n, m, k, dtype, out_dtype, accumulate});
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  Check(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                       workspace_, workspace_bytes_, stream),
+        "Matmul");
+}
+
+}  // namespace llm::cuda

@@ -1,0 +1,103 @@
+#include "server/backend.h"
+
+#include <cstdio>
+
+#include "engine/error.h"
+
+#if defined(LLM_HAS_CUDA)
+#include "engine/cuda/cuda_executor.h"
+#endif
+
+namespace llm::cli {
+
+void BackendFlags::AddTo(CLI::App* cmd) {
+  cmd->add_option("--device", device, "cpu, cuda, or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", dtype,
+                  "weights (and on cuda activations + KV cache): auto, f32 (cpu), bf16, f16")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
+      ->capture_default_str();
+  cmd->add_option("--load-format", load_format,
+                  "auto: the checkpoint; dummy: random weights for the config (benchmarks)")
+      ->check(CLI::IsMember({"auto", "dummy"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                  "fraction of GPU memory for weights, activations and the KV cache")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  cmd->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
+  cmd->add_option("--dummy-seed", dummy_seed, "seed of --load-format dummy weights")
+      ->capture_default_str();
+}
+
+namespace {
+
+bool GpuPresent() {
+#if defined(LLM_HAS_CUDA)
+  return CudaBackendAvailable();
+#else
+  return false;
+#endif
+}
+
+Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
+  if (f.load_format == "dummy") throw Error("--load-format dummy needs --device cuda");
+  Backend b;
+  LoadOptions load;
+  if (f.dtype == "f32") load.weight_dtype = DType::kF32;
+  if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
+  if (f.dtype == "f16") load.weight_dtype = DType::kF16;
+  b.cpu_model = LlamaModel::Load(model_path, load);
+  const int64_t blocks =
+      KvCachePool::NumBlocksForBytes(b.cpu_model->config(), engine->block_size,
+                                     engine->kv_cache_bytes);
+  b.executor = std::make_unique<CpuExecutor>(*b.cpu_model, blocks, engine->block_size);
+  b.device = "cpu";
+  return b;
+}
+
+#if defined(LLM_HAS_CUDA)
+Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
+  if (f.dtype == "f32") throw Error("--device cuda runs bf16 or f16 (not f32)");
+  CudaExecutorOptions o;
+  o.dtype = f.dtype == "f16" ? DType::kF16 : DType::kBF16;
+  o.block_size = engine->block_size;
+  o.max_num_batched_tokens = engine->max_num_batched_tokens;
+  o.max_num_seqs = engine->max_num_seqs;
+  o.gpu_memory_utilization = f.gpu_memory_utilization;
+  o.cuda_graphs = !f.enforce_eager;
+  o.dummy_weights = f.load_format == "dummy";
+  o.dummy_seed = f.dummy_seed;
+  Backend b;
+  b.executor = CudaExecutor::Create(model_path, o);
+  b.device = "cuda";
+  engine->batch_invariant = false;
+  return b;
+}
+#endif
+
+}  // namespace
+
+Backend MakeBackend(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
+  std::string device = f.device;
+  if (device == "auto") device = GpuPresent() ? "cuda" : "cpu";
+  if (device == "cpu") return MakeCpu(model_path, f, engine);
+#if defined(LLM_HAS_CUDA)
+  if (f.device == "auto") {
+    try {
+      return MakeCuda(model_path, f, engine);
+    } catch (const Error& e) {
+      // A model the GPU path cannot run (e.g. head_dim 32) still serves on the CPU.
+      std::fprintf(stderr, "[llm] --device auto: cuda backend unavailable (%s); using the cpu\n",
+                   e.what());
+      return MakeCpu(model_path, f, engine);
+    }
+  }
+  return MakeCuda(model_path, f, engine);
+#else
+  throw Error("--device cuda: this build has no CUDA backend (built without nvcc)");
+#endif
+}
+
+}  // namespace llm::cli

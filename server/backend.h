@@ -1,0 +1,40 @@
+// Choosing and building the model backend for `llm serve`, `llm bench` and `llm generate`:
+// --device cpu|cuda|auto, --dtype, --load-format auto|dummy, --gpu-memory-utilization,
+// --enforce-eager (vLLM's names). The result is a ModelExecutor for the Engine.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/executor.h"
+#include "engine/llama_model.h"
+
+namespace llm::cli {
+
+struct BackendFlags {
+  std::string device = "auto";  // auto: cuda when a GPU is present and the model fits it
+  std::string dtype = "auto";   // cpu: weights as stored / f32 / bf16 / f16; cuda: bf16 / f16
+  std::string load_format = "auto";
+  double gpu_memory_utilization = 0.90;
+  bool enforce_eager = false;  // no CUDA graphs
+  uint64_t dummy_seed = 0;
+
+  void AddTo(CLI::App* cmd);
+};
+
+struct Backend {
+  std::unique_ptr<LlamaModel> cpu_model;  // the CPU backend's weights (null on cuda)
+  std::unique_ptr<ModelExecutor> executor;
+  std::string device;  // "cpu" or "cuda"
+};
+
+// Builds the backend for `model_path` (a model folder; with --load-format dummy also a
+// config .json). On the CPU the KV pool comes from engine.kv_cache_bytes; on the GPU from the
+// memory left, and `engine` is adjusted to what the GPU path wants (no batch-invariant
+// routing: decode rows take the split-KV kernel). Throws llm::Error with a clear message.
+Backend MakeBackend(const std::string& model_path, const BackendFlags& flags,
+                    EngineConfig* engine);
+
+}  // namespace llm::cli
