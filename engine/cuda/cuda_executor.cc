@@ -809,6 +809,8 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   m.stats.peak_device_bytes = int64_t(total_bytes) - int64_t(free_bytes);
   m.stats.weight_bytes = m.weight_bytes;
+  m.stats.weight_bytes_per_token =
+      m.weight_bytes - (m.lm_head != m.embed ? m.vocab * m.hidden * int64_t(m.esize) : 0);
   m.stats.kv_cache_bytes = m.kv_bytes;
   m.stats.activation_bytes = m.activation_bytes;
   m.Log(m.device_name + ": weights " + Gib(double(m.weight_bytes)) + ", activations " +

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Summarises scripts/gpu_e2e_bench.sh's runs: JSON for bench/results/e2e-h200.json and a
+markdown table with each figure's ratio to its ceiling measured in the same call.
+
+  python3 bench/e2e_report.py --runs e2e-runs.jsonl --ceilings ceilings.txt \
+      --json e2e-h200.json --md e2e-summary.md
+
+Ceilings: copy bandwidth (bench_copy_bandwidth_gpu, read + write bytes per second) and the
+cuBLASLt bf16 GEMM rate (bench_gemm_peak_gpu, the 8192^3 square GEMM).
+  batch-1 decode roofline  = weight bytes streamed per token / copy bandwidth
+  TTFT compute floor       = (2 * linear params * L + 2 * L^2 * heads * head_dim * layers
+                              [causal QK^T and PV]) / GEMM rate
+"""
+import argparse
+import datetime
+import json
+
+
+def load_config(path):
+    try:
+        return json.load(open(path))
+    except OSError:
+        return None
+
+
+def linear_params(c):
+    h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    heads, kv = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+    d = c.get("head_dim") or h // heads
+    per_layer = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * i
+    return c["num_hidden_layers"] * per_layer + v * h
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", required=True)
+    ap.add_argument("--ceilings", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md", required=True)
+    a = ap.parse_args()
+    copy_tbs, gemm_tflops, device = None, None, ""
+    for line in open(a.ceilings):
+        if not line.startswith("JSON "):
+            continue
+        j = json.loads(line[5:])
+        if j.get("kind") == "copy":
+            copy_tbs = j.get("tb_per_s")
+            device = j.get("device", device)
+        if j.get("kind") == "gemm" and j.get("name") == "square":
+            gemm_tflops = j["tflops"]
+            device = j.get("device", device)
+    runs = [json.loads(l) for l in open(a.runs) if l.strip()]
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+           "device": device, "command": "E2E_PHASE=bench bash scripts/gpu_e2e_bench.sh",
+           "ceilings": {"copy_tb_per_s": copy_tbs, "gemm_bf16_tflops": gemm_tflops},
+           "runs": {}}
+    rows = []
+    for r in runs:
+        name = r["name"]
+        if "error" in r:
+            out["runs"][name] = r
+            rows.append((name, "FAILED: " + r["error"], "", ""))
+            continue
+        res = r["result"]
+        entry = {"bench": res}
+        cfg = load_config(res.get("model", ""))
+        if name.startswith("latency"):
+            tpot = res["tpot_ms_mean"]
+            roof = res["weight_bytes_per_token"] / (copy_tbs * 1e12) * 1e3 if copy_tbs else None
+            entry.update(ms_per_token=tpot, roofline_ms=roof,
+                         ratio_to_roofline=roof / tpot if roof else None, target_ratio=0.85)
+            rows.append((name, f"{tpot:.3f} ms/token", f"roofline {roof:.3f} ms" if roof else "",
+                         f"{roof / tpot:.2f} of roofline (target 0.85)" if roof else ""))
+        elif name.startswith("ttft"):
+            ttft = res["ttft_ms_p50"]
+            floor = None
+            if cfg and gemm_tflops:
+                L = res["prompt_tokens"] / res["requests"]
+                d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+                flops = 2 * linear_params(cfg) * L + 2 * L * L * cfg["num_attention_heads"] * d * \
+                    cfg["num_hidden_layers"]
+                floor = flops / (gemm_tflops * 1e12) * 1e3
+            entry.update(ttft_ms=ttft, compute_floor_ms=floor,
+                         ratio_to_floor=floor / ttft if floor else None)
+            rows.append((name, f"{ttft:.1f} ms TTFT (p50)",
+                         f"floor {floor:.1f} ms" if floor else "",
+                         f"{floor / ttft:.2f} of floor" if floor else ""))
+        elif name.startswith("throughput"):
+            tps = res["generated_tokens_per_s"]
+            entry.update(output_tokens_per_s=tps, target=15000,
+                         gpu_busy_fraction=res.get("gpu_busy_fraction"))
+            rows.append((name, f"{tps:,.0f} output tok/s", f"{res['requests']} requests, "
+                         f"{res['seconds']:.0f} s",
+                         f"{tps / 15000:.2f} of 15,000 target; busy {res.get('gpu_busy_fraction', 0):.2f}"))
+        elif name.startswith("decode"):
+            busy = res.get("gpu_busy_fraction")
+            entry.update(gpu_busy_fraction=busy, output_tokens_per_s=res["generated_tokens_per_s"])
+            rows.append((name, f"busy {busy:.3f}", f"{res['generated_tokens_per_s']:,.0f} tok/s",
+                         "target busy >= 0.90"))
+        elif name.startswith("long"):
+            gib = 1 << 30
+            entry.update(ttft_ms=res["ttft_ms_p50"], decode_ms_per_token=res["tpot_ms_mean"],
+                         peak_device_gib=res.get("peak_device_bytes", 0) / gib,
+                         kv_cache_gib=res.get("kv_cache_bytes", 0) / gib)
+            rows.append((name, f"TTFT {res['ttft_ms_p50'] / 1e3:.2f} s, "
+                         f"{res['tpot_ms_mean']:.2f} ms/token at 128k",
+                         f"peak {res.get('peak_device_bytes', 0) / gib:.1f} GiB",
+                         f"KV pool {res.get('kv_cache_gib', res.get('kv_cache_bytes', 0) / gib):.1f} GiB"))
+        out["runs"][name] = entry
+    json.dump(out, open(a.json, "w"), indent=1)
+    with open(a.md, "w") as f:
+        f.write(f"E2E on {device}, {out['date']}; copy {copy_tbs} TB/s, "
+                f"cuBLASLt bf16 {gemm_tflops} TFLOP/s\n\n")
+        f.write("| run | result | reference | ratio |\n|---|---|---|---|\n")
+        for row in rows:
+            f.write("| " + " | ".join(row) + " |\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# End-to-end GPU benchmarks of the CUDA backend (issue #6), on the GPU machine, from the repo
+# root with OUT set; carry .debs and .shared (../shared/DEVICE.md). Two phases, each fits one
+# 10-minute device call:
+#   E2E_PHASE=tests OUT=... bash scripts/gpu_e2e_bench.sh
+#       build (scripts/gpu_run.sh), make the tiny random models, measure Hugging Face's own
+#       bf16/fp16-vs-fp32 logit differences (tests/tools/hf_bf16_tolerance.py ->
+#       $OUT/hf_half_precision_tolerance.json), run the GPU tests (ctest -L gpu)
+#   E2E_PHASE=bench OUT=... bash scripts/gpu_e2e_bench.sh
+#       ceilings (copy bandwidth, cuBLASLt bf16 GEMM), then `llm bench --device cuda
+#       --load-format dummy` runs: batch-1 decode latency (Llama-2-7B, 128 + 256 tokens),
+#       time to first token (Llama-3-8B, 2,048-token prompt, idle engine), offline throughput
+#       (Llama-3-8B, E2E_REQUESTS x (1,000 prompt + 1,000 output), ignore_eos), decode-heavy
+#       throughput at 256 concurrent sequences (GPU busy fraction), long context (Llama-3.1-8B,
+#       one 131,008-token prompt + 64 tokens); bench/e2e_report.py -> $OUT/e2e-h200.json +
+#       $OUT/e2e-summary.md
+# Every run is bounded by `timeout`; a failed run is recorded and the next goes on.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PHASE=${E2E_PHASE:-tests}
+export PATH=/opt/deps/usr/bin:$PATH
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+shared=$(pwd)/.shared
+[ -d "$shared" ] || shared=$(cd .. && pwd)/shared
+
+if [ "$PHASE" = tests ]; then
+  GPU_TEST_REGEX=${GPU_TEST_REGEX:-.} OUT=$OUT bash scripts/gpu_run.sh \
+    llm cuda_executor_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
+    decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
+    demo_model 2>&1 | tail -60
+  tiny=/tmp/tiny_models && mkdir -p $tiny
+  for m in hd128 hd64; do
+    build/llm make-model --config tests/data/tiny_models/$m.json --out $tiny/$m --seed 7 \
+      --dtype f32 --tokenizer "$shared/models/stories260K/tokenizer.model" > /dev/null
+  done
+  timeout 180 python3 tests/tools/hf_bf16_tolerance.py \
+    --model stories260K="$shared/models/stories260K" --model hd128=$tiny/hd128 \
+    --model hd64=$tiny/hd64 --out "$OUT/hf_half_precision_tolerance.json" 2>&1 | tail -8
+  exit 0
+fi
+
+LLM=build/llm
+TOK="--tokenizer $shared/models/stories260K"
+RESULTS=$OUT/e2e-runs.jsonl
+: > "$RESULTS"
+run() {  # name, timeout, llm bench args...
+  local name=$1 t=$2
+  shift 2
+  echo "== $name: llm bench $*" | tee -a "$OUT/e2e.log"
+  local line
+  line=$(timeout "$t" $LLM bench --device cuda --load-format dummy $TOK "$@" 2>>"$OUT/e2e.log" | tail -1)
+  local rc=$?
+  if [ $rc -ne 0 ] || [ -z "$line" ]; then
+    echo "{\"name\": \"$name\", \"error\": \"exit $rc\"}" >> "$RESULTS"
+    echo "   FAILED (exit $rc)"
+  else
+    echo "{\"name\": \"$name\", \"result\": $line}" >> "$RESULTS"
+    echo "   $line" | cut -c1-400
+  fi
+}
+timeout 60 build/bench_copy_bandwidth_gpu > "$OUT/ceilings.txt" 2>&1
+timeout 120 build/bench_gemm_peak_gpu >> "$OUT/ceilings.txt" 2>&1
+cat "$OUT/ceilings.txt"
+C7=engine/configs/llama-2-7b.json
+C8=engine/configs/llama-3-8b.json
+C31=engine/configs/llama-3.1-8b.json
+if [ "${E2E_SKIP_SMALL:-0}" != 1 ]; then
+run latency_7b_b1 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
+run ttft_8b_2048 150 --model $C8 --num-requests 5 --min-input 2048 --max-input 2048 \
+  --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 8192
+run decode_8b_256seq 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
+  --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup
+fi
+if [ "${E2E_SKIP_LARGE:-0}" != 1 ]; then
+run throughput_8b 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
+  --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 --temperature 1.0
+run long_context_8b_128k 300 --model $C31 --num-requests 1 --min-input 131008 \
+  --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
+  --max-num-batched-tokens 8192 --temperature 0
+fi
+python3 bench/e2e_report.py --runs "$RESULTS" --ceilings "$OUT/ceilings.txt" \
+  --json "$OUT/e2e-h200.json" --md "$OUT/e2e-summary.md"
+cat "$OUT/e2e-summary.md"

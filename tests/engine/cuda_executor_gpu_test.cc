@@ -1,0 +1,366 @@
+// The CUDA backend (engine/cuda/cuda_executor.h) against the CPU backend, through the same
+// interfaces the engine uses. Label gpu: skips with a message when no GPU is present.
+//
+//  - Logits of every position (a prefill chunk, then token-by-token decode steps that run as
+//    CUDA graphs) on stories260K (head_dim 8: the naive attention path) and on two random
+//    models with head_dim 128 and 64 (the tuned prefill and split-KV decode kernels), bf16
+//    and fp16: max |gpu - cpu| / max |cpu| within 2x what Hugging Face transformers itself
+//    shows between half precision and fp32 for the same model and tokens
+//    (tests/data/hf_half_precision_tolerance.json, measured on the H200 by
+//    tests/tools/hf_bf16_tolerance.py).
+//  - Graph replay gives bit-identical logits to the eager path.
+//  - The engine on the GPU: greedy continuations of stories260K equal the CPU's for 32
+//    tokens; batched vs alone token agreement (reported; bf16 rounding depends on batch
+//    shape, so it is measured, not demanded bit for bit); seeded sampling on the device is
+//    deterministic; logprobs agree with the CPU's.
+//  - --load-format dummy: any shape from a config file, deterministic in its seed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "engine/cuda/cuda_executor.h"
+#include "engine/engine.h"
+#include "engine/llama_model.h"
+#include "engine/make_model.h"
+#include "engine/sequence_runner.h"
+#include "engine/tokenizer.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr int64_t kBlockSize = 16;
+
+class CudaExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  }
+};
+
+const json& StoriesReference() {
+  static const json ref = json::parse(
+      test::ReadFile(test::SourceDir() / "tests" / "data" / "stories260k_reference.json"));
+  return ref;
+}
+
+std::vector<int> ReferenceIds() {
+  const json& c = StoriesReference()["cases"][0];
+  std::vector<int> ids = c["prompt_ids"].get<std::vector<int>>();
+  for (int id : c["greedy_ids"].get<std::vector<int>>()) ids.push_back(id);
+  return ids;
+}
+
+// The tiny random models of tests/data/tiny_models/<name>.json, seed 7, fp32 weights (the
+// same folders tests/tools/hf_bf16_tolerance.py measures: `llm make-model --seed 7`).
+std::string ModelDir(const std::string& name) {
+  if (name == "stories260K") return test::StoriesDir();
+  static test::TempDir dir;
+  const fs::path out = dir.path() / name;
+  if (!fs::exists(out / "model.safetensors")) {
+    MakeModelOptions o;
+    o.config_path = (test::SourceDir() / "tests" / "data" / "tiny_models" / (name + ".json")).string();
+    o.out_dir = out.string();
+    o.tokenizer_path = test::StoriesDir() + "/tokenizer.model";
+    o.seed = 7;
+    o.dtype = DType::kF32;
+    MakeRandomModel(o);
+  }
+  return out.string();
+}
+
+CudaExecutorOptions SmallOptions(DType dtype = DType::kBF16, bool graphs = true) {
+  CudaExecutorOptions o;
+  o.dtype = dtype;
+  o.block_size = kBlockSize;
+  o.max_num_batched_tokens = 256;
+  o.max_num_seqs = 16;
+  o.num_kv_blocks = 128;
+  o.cuda_graphs = graphs;
+  o.log = false;
+  return o;
+}
+
+// Every position's logits: a prefill chunk of `prefill` tokens, then one decode step per
+// remaining token (sequence 0 over blocks 0, 1, ...).
+std::vector<float> AllLogits(ModelExecutor& ex, const std::vector<int>& ids, int64_t prefill) {
+  const int64_t n = std::ssize(ids);
+  std::vector<int32_t> table;
+  for (int64_t b = 0; b * kBlockSize < n; ++b) table.push_back(int32_t(b));
+  std::vector<float> out;
+  for (int64_t pos = 0; pos < n;) {
+    const int64_t len = pos == 0 ? prefill : 1;
+    std::vector<int64_t> slots;
+    for (int64_t i = 0; i < len; ++i) slots.push_back(pos + i);
+    ForwardBatch batch;
+    batch.AddSequence(std::span<const int>(ids.data() + pos, size_t(len)), pos,
+                      std::span<const int32_t>(table.data(), size_t((pos + len + kBlockSize - 1) / kBlockSize)),
+                      slots, true, /*is_decode=*/pos > 0);
+    batch.logits_indices.clear();
+    for (int64_t i = 0; i < len; ++i) batch.logits_indices.push_back(int32_t(i));
+    const std::vector<float> logits = ex.Forward(batch);
+    out.insert(out.end(), logits.begin(), logits.end());
+    pos += len;
+  }
+  return out;
+}
+
+std::vector<float> CpuLogits(const std::string& dir, const std::vector<int>& ids) {
+  LoadOptions o;
+  o.weight_dtype = DType::kF32;
+  auto model = LlamaModel::Load(dir, o);
+  SequenceRunner runner(*model, 4096);
+  return runner.Feed(ids, /*all_logits=*/true);
+}
+
+// Hugging Face's own half-vs-fp32 relative logit difference for this model (measured data).
+double HfRelative(const std::string& model, const char* dtype) {
+  const fs::path path = test::SourceDir() / "tests" / "data" / "hf_half_precision_tolerance.json";
+  if (!fs::exists(path)) {
+    ADD_FAILURE() << path << " is missing: run tests/tools/hf_bf16_tolerance.py on the GPU machine";
+    return 0;
+  }
+  return json::parse(test::ReadFile(path))["models"][model][dtype]["relative"].get<double>();
+}
+
+struct LogitsCase {
+  const char* model;
+  DType dtype;
+};
+
+class CudaLogits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
+
+TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
+  const LogitsCase& c = GetParam();
+  const std::string dir = ModelDir(c.model);
+  const std::vector<int> ids = ReferenceIds();
+  const std::vector<float> want = CpuLogits(dir, ids);
+  auto ex = CudaExecutor::Create(dir, SmallOptions(c.dtype));
+  const std::vector<float> got = AllLogits(*ex, ids, 40);
+  ASSERT_EQ(got.size(), want.size());
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
+    max_diff = std::max(max_diff, std::fabs(double(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(double(want[i])));
+  }
+  const char* dtype = c.dtype == DType::kBF16 ? "bf16" : "fp16";
+  const double rel = max_diff / max_ref, hf = HfRelative(c.model, dtype);
+  std::printf("  %s %s: max|gpu-cpu| %.3e, max|cpu| %.3f, relative %.3e (HF %s-vs-fp32 %.3e)\n",
+              c.model, dtype, max_diff, max_ref, rel, dtype, hf);
+  EXPECT_LE(rel, 2 * hf);
+  const CudaExecutorStats st = ex->stats();
+  EXPECT_GT(st.graph_steps, 0) << "decode steps should replay CUDA graphs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
+                         ::testing::Values(LogitsCase{"stories260K", DType::kBF16},
+                                           LogitsCase{"stories260K", DType::kF16},
+                                           LogitsCase{"hd128", DType::kBF16},
+                                           LogitsCase{"hd128", DType::kF16},
+                                           LogitsCase{"hd64", DType::kBF16}),
+                         [](const auto& info) {
+                           return std::string(info.param.model) +
+                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16");
+                         });
+
+TEST_F(CudaExecutorTest, GraphReplayIsBitIdenticalToEager) {
+  for (const char* name : {"hd128", "stories260K"}) {
+    const std::vector<int> ids = ReferenceIds();
+    auto graphs = CudaExecutor::Create(ModelDir(name), SmallOptions(DType::kBF16, true));
+    auto eager = CudaExecutor::Create(ModelDir(name), SmallOptions(DType::kBF16, false));
+    const std::vector<float> a = AllLogits(*graphs, ids, 17);
+    const std::vector<float> b = AllLogits(*eager, ids, 17);
+    EXPECT_GT(graphs->stats().graph_steps, 0);
+    EXPECT_EQ(eager->stats().graph_steps, 0);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    EXPECT_EQ(differ, 0u) << name << ": logits differing between graph and eager";
+  }
+}
+
+// The engine on each backend; returns each request's tokens.
+std::vector<std::vector<int>> RunEngine(std::unique_ptr<ModelExecutor> ex,
+                                        const std::vector<Request>& requests, bool together,
+                                        bool batch_invariant) {
+  EngineConfig cfg;
+  cfg.block_size = kBlockSize;
+  cfg.max_num_seqs = 16;
+  cfg.max_num_batched_tokens = 256;
+  cfg.batch_invariant = batch_invariant;
+  Engine engine(std::move(ex), test::StoriesTokenizer(), cfg);
+  std::vector<std::vector<int>> tokens(requests.size());
+  std::vector<std::shared_ptr<OutputChannel>> channels;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    channels.push_back(engine.AddRequest(requests[i]));
+    if (!together) engine.RunUntilIdle();
+  }
+  engine.RunUntilIdle();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    RequestOutput out;
+    while (channels[i]->TryPop(&out)) {
+      EXPECT_TRUE(out.error.empty()) << out.error;
+      tokens[i].insert(tokens[i].end(), out.token_ids.begin(), out.token_ids.end());
+    }
+  }
+  return tokens;
+}
+
+std::unique_ptr<ModelExecutor> Cpu(const LlamaModel& model) {
+  return std::make_unique<CpuExecutor>(model, 128, kBlockSize);
+}
+
+std::vector<Request> GreedyRequests(int count, int max_tokens) {
+  const std::vector<int> ids = ReferenceIds();
+  std::vector<Request> out;
+  for (int i = 0; i < count; ++i) {
+    Request r;
+    r.prompt_ids.assign(ids.begin(), ids.begin() + 3 + 5 * i);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    out.push_back(r);
+  }
+  return out;
+}
+
+TEST_F(CudaExecutorTest, StoriesGreedyContinuationsEqualTheCpusFor32Tokens) {
+  const std::vector<Request> requests = GreedyRequests(4, 32);
+  const auto cpu = RunEngine(Cpu(test::StoriesModel()), requests, false, true);
+  const auto gpu =
+      RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), requests, false, false);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(cpu[i].size(), 32u);
+    EXPECT_EQ(gpu[i], cpu[i]) << "request " << i;
+  }
+}
+
+TEST_F(CudaExecutorTest, BatchedVersusAloneTokenAgreementIsReported) {
+  for (const char* name : {"stories260K", "hd128"}) {
+    const std::vector<Request> requests = GreedyRequests(8, 24);
+    const auto alone = RunEngine(CudaExecutor::Create(ModelDir(name), SmallOptions()), requests,
+                                 false, false);
+    const auto together = RunEngine(CudaExecutor::Create(ModelDir(name), SmallOptions()),
+                                    requests, true, false);
+    int64_t same = 0, total = 0, prefix = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_EQ(alone[i].size(), 24u);
+      ASSERT_EQ(together[i].size(), 24u);
+      bool diverged = false;
+      for (size_t t = 0; t < 24; ++t) {
+        same += alone[i][t] == together[i][t];
+        diverged = diverged || alone[i][t] != together[i][t];
+        prefix += !diverged;
+        ++total;
+      }
+    }
+    std::printf("  %s: batched vs alone greedy tokens: %lld/%lld equal, common prefix %lld/%lld\n",
+                name, (long long)same, (long long)total, (long long)prefix, (long long)total);
+    // A trained model's argmax is rarely a near-tie; random tiny models are only reported.
+    if (std::string(name) == "stories260K") {
+      EXPECT_GE(double(prefix) / double(total), 0.8);
+    }
+  }
+}
+
+TEST_F(CudaExecutorTest, SeededSamplingOnTheDeviceIsDeterministicAndLogprobsMatchTheCpu) {
+  Request r;
+  const std::vector<int> ids = ReferenceIds();
+  r.prompt_ids.assign(ids.begin(), ids.begin() + 6);
+  r.sampling.temperature = 0.8;
+  r.sampling.top_p = 0.9;
+  r.sampling.top_k = 40;
+  r.sampling.seed = 1234;
+  r.sampling.max_tokens = 20;
+  r.sampling.ignore_eos = true;
+  const auto a = RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r, r},
+                           true, false);
+  EXPECT_EQ(a[0], a[1]) << "same seed, same tokens (in one batch)";
+  const auto b = RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r}, true,
+                           false);
+  EXPECT_EQ(a[0], b[0]) << "same seed, same tokens (alone)";
+  r.sampling.seed = 99;
+  const auto c = RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r}, true,
+                           false);
+  EXPECT_NE(a[0], c[0]) << "another seed, other tokens";
+
+  // Greedy with top-5 logprobs: the first token's alternatives as on the CPU.
+  Request g;
+  g.prompt_ids.assign(ids.begin(), ids.begin() + 6);
+  g.sampling.temperature = 0;
+  g.sampling.max_tokens = 1;
+  g.sampling.logprobs = 5;
+  auto first = [&](std::unique_ptr<ModelExecutor> ex) {
+    EngineConfig cfg;
+    cfg.block_size = kBlockSize;
+    cfg.max_num_seqs = 16;
+    cfg.max_num_batched_tokens = 256;
+    Engine engine(std::move(ex), test::StoriesTokenizer(), cfg);
+    auto ch = engine.AddRequest(g);
+    engine.RunUntilIdle();
+    RequestOutput out, last;
+    while (ch->TryPop(&out)) {
+      if (!out.logprobs.empty()) last = out;
+    }
+    return last;
+  };
+  const RequestOutput cpu = first(Cpu(test::StoriesModel()));
+  const RequestOutput gpu = first(CudaExecutor::Create(test::StoriesDir(), SmallOptions()));
+  ASSERT_EQ(cpu.logprobs.size(), 1u);
+  ASSERT_EQ(gpu.logprobs.size(), 1u);
+  EXPECT_EQ(gpu.token_ids, cpu.token_ids);
+  const auto& lc = cpu.logprobs[0];
+  const auto& lg = gpu.logprobs[0];
+  EXPECT_NEAR(lg.logprob, lc.logprob, 5e-2);
+  ASSERT_EQ(lg.top.size(), 5u);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_NEAR(lg.top[k].logprob, lc.top[k].logprob, 5e-2) << k;
+  }
+  EXPECT_EQ(lg.top[0].token, lc.top[0].token);
+}
+
+TEST_F(CudaExecutorTest, DummyWeightsRunAnyShapeFromAConfigFileDeterministically) {
+  const std::string config =
+      (test::SourceDir() / "tests" / "data" / "tiny_models" / "hd128.json").string();
+  CudaExecutorOptions o = SmallOptions();
+  o.dummy_weights = true;
+  o.dummy_seed = 5;
+  auto a = CudaExecutor::Create(config, o);
+  auto b = CudaExecutor::Create(config, o);
+  o.dummy_seed = 6;
+  auto c = CudaExecutor::Create(config, o);
+  const std::vector<int> ids = ReferenceIds();
+  const std::vector<float> la = AllLogits(*a, ids, 30), lb = AllLogits(*b, ids, 30),
+                           lc = AllLogits(*c, ids, 30);
+  for (float v : la) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(la, lb);
+  EXPECT_NE(la, lc);
+  EXPECT_GT(a->stats().weight_bytes, 0);
+  EXPECT_GT(a->num_kv_blocks(), 0);
+}
+
+TEST_F(CudaExecutorTest, BadInputIsAClearError) {
+  auto ex = CudaExecutor::Create(test::StoriesDir(), SmallOptions());
+  ForwardBatch batch;
+  const std::vector<int> ids = {1, 9999};
+  const std::vector<int32_t> table = {0};
+  const std::vector<int64_t> slots = {0, 1};
+  batch.AddSequence(ids, 0, table, slots, true, false);
+  test::ExpectError([&] { ex->Forward(batch); }, {"9999", "vocabulary"});
+  test::ExpectError([&] { CudaExecutor::Create("/nonexistent/model", SmallOptions()); },
+                    {"/nonexistent/model"});
+  CudaExecutorOptions o = SmallOptions();
+  o.dtype = DType::kF32;
+  test::ExpectError([&] { CudaExecutor::Create(test::StoriesDir(), o); }, {"bf16"});
+}
+
+}  // namespace
+}  // namespace llm
