@@ -10,6 +10,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev
   libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc
+  libssl-dev   # `llm download`: HTTPS (cpp-httplib's OpenSSL support) and sha256 (EVP)
 )
 if [ "$level" = test ]; then
   packages+=(
