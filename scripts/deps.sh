@@ -16,6 +16,7 @@ if [ "$level" = test ]; then
   packages+=(
     libgtest-dev libgmock-dev python3-grpcio python3-protobuf
     python3 python3-sentencepiece sentencepiece   # tokenizer oracle + spm_train (demo vocab)
+    python3-venv python3-wheel curl   # the llm_client package installed in a venv; examples/curl.sh
   )
   # The openai npm package test needs node and npm (a base image may already have them).
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
