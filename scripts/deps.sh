@@ -10,11 +10,13 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev
   libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc
+  libssl-dev   # `llm download`: HTTPS (cpp-httplib's OpenSSL support) and sha256 (EVP)
 )
 if [ "$level" = test ]; then
   packages+=(
     libgtest-dev libgmock-dev python3-grpcio python3-protobuf
     python3 python3-sentencepiece sentencepiece   # tokenizer oracle + spm_train (demo vocab)
+    python3-venv python3-wheel curl   # the llm_client package installed in a venv; examples/curl.sh
   )
   # The openai npm package test needs node and npm (a base image may already have them).
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)

@@ -20,6 +20,7 @@ Command AddBench(CLI::App& app);
 Command AddServe(CLI::App& app);
 Command AddBenchServe(CLI::App& app);
 Command AddChat(CLI::App& app);  // clients/cmd_chat.cc
+Command AddDownload(CLI::App& app);
 
 // The demo model's folder in this build (made by the `demo_model` target).
 std::string DefaultModelDir();

@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   llm::cli::Command bench_serve = llm::cli::AddBenchServe(app);
   llm::cli::Command chat = llm::cli::AddChat(app);
 #endif
+#if defined(LLM_HAS_DOWNLOAD)
+  llm::cli::Command download = llm::cli::AddDownload(app);
+#endif
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("generate")) return generate();
@@ -26,6 +29,9 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("serve")) return serve();
     if (app.got_subcommand("bench-serve")) return bench_serve();
     if (app.got_subcommand("chat")) return chat();
+#endif
+#if defined(LLM_HAS_DOWNLOAD)
+    if (app.got_subcommand("download")) return download();
 #endif
   } catch (const llm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -1,49 +1,68 @@
 #!/usr/bin/env python3
-"""A Python gRPC client (Debian's python3-grpcio, stubs generated from proto/llm.proto by
-run_grpc_client_test.sh) against a running `llm serve`: streams tokens, checks the standard
-health service answers SERVING, tokenizes, and sees INVALID_ARGUMENT for a bad request.
-Usage: grpc_client_test.py HOST:PORT STUB_DIR"""
+"""The llm_client package (clients/python, installed by run_grpc_client_test.sh into a venv
+over Debian's python3-grpcio) against a running `llm serve`: health, a token stream,
+complete() agreeing with it, tokenize, model info, INVALID_ARGUMENT for a bad request, an
+unknown parameter refused client-side, and a cancelled stream.
+Usage: grpc_client_test.py HOST:PORT"""
 import sys
 
-sys.path.insert(0, sys.argv[2])
+import grpc
+from llm_client import Client
 
-import grpc  # noqa: E402
-import llm_pb2  # noqa: E402
-import llm_pb2_grpc  # noqa: E402
-
-channel = grpc.insecure_channel(sys.argv[1])
-stub = llm_pb2_grpc.LlmStub(channel)
+client = Client(sys.argv[1], timeout=60)
+client.wait_ready(timeout=10)
 passed = 0
 
-# grpc.health.v1.Health/Check for the whole server: an empty request; the response's field 1
-# is the status (1 = SERVING).
-check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                            request_serializer=lambda _: b"", response_deserializer=bytes)
-assert check(None, timeout=10) == b"\x08\x01", "health must answer SERVING"
-passed += 1
-print("ok health SERVING")
 
-request = llm_pb2.GenerateRequest(text="Once upon a time",
-                                  sampling=llm_pb2.SamplingParams(temperature=0, max_tokens=24))
-messages = list(stub.Generate(request, timeout=60))
+def ok(what):
+    global passed
+    passed += 1
+    print("ok", what)
+
+
+assert client.health() == "SERVING", "health must answer SERVING"
+assert client.health("no.such.Service") == "SERVICE_UNKNOWN"
+ok("health SERVING")
+
+messages = list(client.generate("Once upon a time", temperature=0, max_tokens=24))
 text = "".join(m.text for m in messages)
 assert len(messages) > 5, "tokens must arrive as a stream"
 assert text.startswith(", there was a little girl named Lily."), text
 assert messages[-1].finish_reason == "length" and messages[-1].usage.completion_tokens == 24
-passed += 1
-print("ok Generate streams", len(messages), "messages")
+ok("generate streams %d messages" % len(messages))
 
-ids = stub.Tokenize(llm_pb2.TokenizeRequest(text="Once upon a time"), timeout=10).token_ids
-assert list(ids) == [1, 403, 407, 261, 378], ids
-passed += 1
-print("ok Tokenize")
+done = client.complete("Once upon a time", temperature=0, max_tokens=24)
+assert done.text == text and done.finish_reason == "length", done
+assert done.completion_tokens == 24 == len(done.token_ids) and done.prompt_tokens == 5, done
+stopped = client.complete("Once upon a time", temperature=0, max_tokens=24, stop=".")
+assert stopped.text == ", there was a little girl named Lily" and stopped.finish_reason == "stop"
+ok("complete() matches the stream; stop")
+
+assert client.tokenize("Once upon a time") == [1, 403, 407, 261, 378]
+info = client.model_info()
+assert info.vocab_size == 512 and info.max_model_len == 512, info
+ok("tokenize, model_info")
 
 try:
-    list(stub.Generate(llm_pb2.GenerateRequest(
-        text="x", sampling=llm_pb2.SamplingParams(top_p=3.0)), timeout=10))
+    client.complete("x", top_p=3.0)
     raise AssertionError("expected INVALID_ARGUMENT")
 except grpc.RpcError as e:
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "top_p" in e.details(), e
-passed += 1
-print("ok INVALID_ARGUMENT")
-print(f"{passed} passed, 0 failed")
+try:
+    client.generate("x", temprature=0)
+    raise AssertionError("expected TypeError")
+except TypeError as e:
+    assert "temprature" in str(e)
+ok("INVALID_ARGUMENT; unknown parameter refused")
+
+stream = client.generate("Once upon a time", max_tokens=400, ignore_eos=True)
+first = next(iter(stream))
+stream.cancel()
+try:
+    rest = list(stream)
+    raise AssertionError("a cancelled stream should end with CANCELLED, got %d more" % len(rest))
+except grpc.RpcError as e:
+    assert e.code() == grpc.StatusCode.CANCELLED, e
+ok("cancel")
+client.close()
+print("%d passed, 0 failed" % passed)
