@@ -31,15 +31,15 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->capture_default_str();
 }
 
-namespace {
-
-bool GpuPresent() {
+bool CudaDevicePresent() {
 #if defined(LLM_HAS_CUDA)
   return CudaBackendAvailable();
 #else
   return false;
 #endif
 }
+
+namespace {
 
 Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   if (f.load_format == "dummy") throw Error("--load-format dummy needs --device cuda");
@@ -81,7 +81,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
 
 Backend MakeBackend(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   std::string device = f.device;
-  if (device == "auto") device = GpuPresent() ? "cuda" : "cpu";
+  if (device == "auto") device = CudaDevicePresent() ? "cuda" : "cpu";
   if (device == "cpu") return MakeCpu(model_path, f, engine);
 #if defined(LLM_HAS_CUDA)
   if (f.device == "auto") {

@@ -30,6 +30,9 @@ struct Backend {
   std::string device;  // "cpu" or "cuda"
 };
 
+// True when this build has the CUDA backend and a GPU can be used.
+bool CudaDevicePresent();
+
 // Builds the backend for `model_path` (a model folder; with --load-format dummy also a
 // config .json). On the CPU the KV pool comes from engine.kv_cache_bytes; on the GPU from the
 // memory left, and `engine` is adjusted to what the GPU path wants (no batch-invariant

@@ -1,9 +1,12 @@
 // `llm generate --model DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
-//               [--top-p P] [--seed S] [--dtype auto|f32|bf16|f16] [--threads N]`
+//               [--top-p P] [--seed S] [--dtype auto|f32|bf16|f16] [--threads N]
+//               [--device cpu|cuda|auto] [--load-format auto|dummy] ...`
 // Prints only the generated text to stdout, streamed as it is produced; a summary with
-// tokens/s goes to stderr.
+// tokens/s goes to stderr. On the CPU one sequence runs through SequenceRunner (the reference
+// path); on the GPU the request runs through the engine (the server's path).
 #include <omp.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +18,7 @@
 #include "engine/generator.h"
 #include "engine/llama_model.h"
 #include "engine/tokenizer.h"
+#include "server/backend.h"
 #include "server/commands.h"
 
 namespace llm::cli {
@@ -27,7 +31,7 @@ struct GenerateFlags {
   std::optional<double> temperature, top_p;
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
-  std::string dtype = "auto";
+  BackendFlags backend;
   int threads = 0;
   bool ignore_eos = false;
 };
@@ -60,12 +64,66 @@ void LogModel(const std::string& dir, const LlamaModel& model) {
                model.weight_bytes_per_token() / 1e6, omp_get_max_threads());
 }
 
-int RunGenerate(const GenerateFlags& f) {
+// The GPU path: one request through the engine, streamed as the engine steps.
+int RunGenerateOnEngine(const GenerateFlags& f, Backend backend) {
+  using Clock = std::chrono::steady_clock;
+  auto tokenizer = Tokenizer::Load(f.model_dir);
+  const ModelConfig config = backend.executor->config();
+  std::fprintf(stderr, "[llm] model %s on %s\n", f.model_dir.c_str(),
+               backend.executor->Describe().c_str());
+  EngineConfig engine_config;
+  engine_config.batch_invariant = false;
+  engine_config.block_size = backend.executor->block_size();
+  Engine engine(std::move(backend.executor), *tokenizer, engine_config);
+  Request r;
+  r.prompt_ids = tokenizer->EncodePrompt(f.prompt);
+  r.sampling = ResolveSampling(f, config);
+  r.sampling.max_tokens = std::max(f.max_tokens, 1);
+  r.sampling.ignore_eos = f.ignore_eos;
+  const auto start = Clock::now();
+  auto channel = engine.AddRequest(r);
+  RequestOutput out;
+  std::string finish = "length";
+  int64_t generated = 0;
+  double first = 0;
+  while (true) {
+    engine.Step();
+    bool last = false;
+    while (channel->TryPop(&out)) {
+      if (generated == 0 && !out.token_ids.empty())
+        first = std::chrono::duration<double>(Clock::now() - start).count();
+      generated += std::ssize(out.token_ids);
+      std::fwrite(out.text.data(), 1, out.text.size(), stdout);
+      std::fflush(stdout);
+      if (!out.error.empty()) throw Error(out.error);
+      if (out.finish_reason != FinishReason::kNone) finish = FinishReasonName(out.finish_reason);
+      last = last || out.is_last;
+    }
+    if (last) break;
+  }
+  std::fputc('\n', stdout);
+  const double total = std::chrono::duration<double>(Clock::now() - start).count();
+  std::fprintf(stderr,
+               "[llm] prompt %zu tokens, first token after %.3f s; generated %lld tokens, "
+               "decode %.2f tok/s; finish_reason=%s\n",
+               r.prompt_ids.size(), first, (long long)generated,
+               generated > 1 ? double(generated - 1) / (total - first) : 0.0, finish.c_str());
+  return 0;
+}
+
+int RunGenerate(GenerateFlags f) {
   if (f.threads > 0) omp_set_num_threads(f.threads);
+  if (f.backend.device == "cuda" || (f.backend.device == "auto" && CudaDevicePresent())) {
+    EngineConfig probe;
+    probe.max_num_seqs = 1;
+    probe.max_num_batched_tokens = 2048;
+    Backend backend = MakeBackend(f.model_dir, f.backend, &probe);
+    if (backend.device == "cuda") return RunGenerateOnEngine(f, std::move(backend));
+  }
   LoadOptions load;
-  if (f.dtype == "f32") load.weight_dtype = DType::kF32;
-  if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
-  if (f.dtype == "f16") load.weight_dtype = DType::kF16;
+  if (f.backend.dtype == "f32") load.weight_dtype = DType::kF32;
+  if (f.backend.dtype == "bf16") load.weight_dtype = DType::kBF16;
+  if (f.backend.dtype == "f16") load.weight_dtype = DType::kF16;
   auto model = LlamaModel::Load(f.model_dir, load);
   auto tokenizer = Tokenizer::Load(f.model_dir);
   LogModel(f.model_dir, *model);
@@ -105,9 +163,7 @@ Command AddGenerate(CLI::App& app) {
   cmd->add_option("--top-k", f->top_k, "sample from the k most likely tokens (0 = all)");
   cmd->add_option("--top-p", f->top_p, "nucleus sampling mass in (0, 1]");
   cmd->add_option("--seed", f->seed, "random seed (same seed, same output)");
-  cmd->add_option("--dtype", f->dtype, "weight dtype in memory (auto = as stored)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
-      ->capture_default_str();
+  f->backend.AddTo(cmd);
   cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-sequence");
   return [f] { return RunGenerate(*f); };
