@@ -1,0 +1,442 @@
+// The Llama forward pass's fused element-wise ops on the GPU (interface and conventions:
+// kernels/cuda/model_ops.h): EmbeddingGather, AddRmsNorm, RopeAppendKv, SiluMul, for bf16 and
+// fp16. CPU twins (the specification): cpu::RmsNorm / AddInPlace / ApplyRope / SiluMul in
+// kernels/cpu/ops.h and cpu::AppendKv in kernels/cpu/flash_attention.h. The GPU sampler of the
+// same header is in sampling.cu.
+//
+// All four ops are memory-bound: every byte is read once and written once, and the design is
+// only about doing that with wide accesses and without extra passes:
+//  - Elements move in chunks of kVec = 8 (16 bytes of bf16/fp16: one uint4; 32 bytes of fp32:
+//    two float4) when the row length and every base pointer allow it, else one element at a
+//    time (the same kernels instantiated with kVec = 1).
+//  - Math is fp32; each output is rounded once to its type (round to nearest even).
+//  - The grid depends only on the shape (no data-dependent launches, no host sync, no
+//    allocation), so every call can be captured in a CUDA graph.
+// Per op:
+//  - EmbeddingGather: one CTA per token, threads stride over the row's chunks.
+//  - AddRmsNorm: one CTA per output row; the (updated) residual chunks of the first
+//    kThreads * kCached chunks stay in registers between the sum-of-squares pass and the
+//    scaling pass (hidden <= 8192 at kVec = 8: all of it), the rest is re-read (L1/L2).
+//  - RopeAppendKv: one CTA per token. cos/sin of the token's angles are computed once into
+//    shared memory (fp32 angle = float(position) * inv_freq[i], sincosf: accurate, not the
+//    fast-math intrinsics), then threads stride over (head, pair-chunk) work items: q heads
+//    are rotated into q_out, k heads rotated into the cache slot, v heads copied to it.
+//  - SiluMul: a grid-stride loop over the chunks of [num_tokens, inter].
+// Test: ninja -C build-cuda model_ops_gpu_test && (cd build-cuda && ctest -L gpu -R model_ops)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/model_ops.h"
+
+namespace llm::cuda {
+namespace {
+
+constexpr int kVec = 8;  // elements per 16-byte chunk of a 2-byte type
+
+// ---- element conversions ----------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ float ToF32(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+template <typename T>
+__device__ __forceinline__ T FromF32(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
+// N consecutive elements <-> N floats. N = 8 uses one 16-byte access (the caller guarantees
+// 16-byte alignment); N = 1 is the scalar fallback.
+template <typename T, int N>
+__device__ __forceinline__ void Load(const T* p, float (&x)[N]) {
+  if constexpr (N == kVec) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = ToF32(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = ToF32(p[i]);
+  }
+}
+template <typename T, int N>
+__device__ __forceinline__ void Store(T* p, const float (&x)[N]) {
+  if constexpr (N == kVec) {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) e[i] = FromF32<T>(x[i]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = FromF32<T>(x[i]);
+  }
+}
+template <int N>
+__device__ __forceinline__ void LoadF32(const float* p, float (&x)[N]) {
+  if constexpr (N == kVec) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z,
+    x[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = p[i];
+  }
+}
+template <int N>
+__device__ __forceinline__ void StoreF32(float* p, const float (&x)[N]) {
+  if constexpr (N == kVec) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = x[i];
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void CheckDType(DType dtype, const char* op) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    throw std::invalid_argument(std::string(op) + ": dtype must be BF16 or F16, got " +
+                                std::string(DTypeName(dtype)));
+  }
+}
+
+// ---- EmbeddingGather ----------------------------------------------------------------------
+// table dtype [vocab, hidden]; out fp32 [num_tokens, hidden]; one CTA per token.
+constexpr int kGatherThreads = 256;
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kGatherThreads)
+    EmbeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ token_ids,
+                          int64_t hidden, float* __restrict__ out) {
+  const T* src = table + int64_t(token_ids[blockIdx.x]) * hidden;
+  float* dst = out + int64_t(blockIdx.x) * hidden;
+  for (int64_t i = int64_t(threadIdx.x) * N; i < hidden; i += int64_t(kGatherThreads) * N) {
+    float x[N];
+    Load<T, N>(src + i, x);
+    StoreF32<N>(dst + i, x);
+  }
+}
+
+// ---- AddRmsNorm ---------------------------------------------------------------------------
+constexpr int kNormThreads = 256;
+constexpr int kNormCached = 4;  // register-cached chunks per thread: 8192 elements at kVec 8
+
+// Sum over the CTA (kNormThreads threads), result in every thread. Fixed order: deterministic.
+__device__ __forceinline__ float NormBlockSum(float v) {
+  __shared__ float warp_sums[kNormThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
+// residual fp32 [*, hidden]; delta T [*, hidden] or null; weight fp32 [hidden];
+// out T [num_rows, hidden]; rows int32 [num_rows] or null. One CTA per output row.
+template <typename T, int N>
+__global__ void __launch_bounds__(kNormThreads)
+    AddRmsNormKernel(float* __restrict__ residual, const T* __restrict__ delta,
+                     const float* __restrict__ weight, T* __restrict__ out,
+                     const int32_t* __restrict__ rows, int64_t hidden, float eps) {
+  const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
+  float* res = residual + r * hidden;
+  const T* del = delta ? delta + r * hidden : nullptr;
+  T* dst = out + int64_t(blockIdx.x) * hidden;
+  const int64_t num_chunks = hidden / N;
+  float cache[kNormCached][N];
+  float sum_sq = 0.f;
+  // Pass 1: residual += delta (written back), sum of squares; chunk c = threadIdx + j·threads.
+  int64_t c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
+    if (c < num_chunks) {
+      LoadF32<N>(res + c * N, cache[j]);
+      if (del) {
+        float d[N];
+        Load<T, N>(del + c * N, d);
+#pragma unroll
+        for (int i = 0; i < N; ++i) cache[j][i] += d[i];
+        StoreF32<N>(res + c * N, cache[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i) sum_sq += cache[j][i] * cache[j][i];
+    }
+  }
+  for (; c < num_chunks; c += kNormThreads) {  // rows longer than the register cache
+    float x[N];
+    LoadF32<N>(res + c * N, x);
+    if (del) {
+      float d[N];
+      Load<T, N>(del + c * N, d);
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] += d[i];
+      StoreF32<N>(res + c * N, x);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) sum_sq += x[i] * x[i];
+  }
+  // 1 / sqrt (IEEE sqrt and division, as the CPU twin), not rsqrtf: costs nothing once per row.
+  const float inv_rms = 1.f / sqrtf(NormBlockSum(sum_sq) / static_cast<float>(hidden) + eps);
+  // Pass 2: out = weight * (x * inv_rms), the CPU twin's operation order. A thread re-reads
+  // only residual chunks it wrote itself, so no barrier is needed between the passes.
+  c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
+    if (c < num_chunks) {
+      float w[N], y[N];
+      LoadF32<N>(weight + c * N, w);
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] = w[i] * (cache[j][i] * inv_rms);
+      Store<T, N>(dst + c * N, y);
+    }
+  }
+  for (; c < num_chunks; c += kNormThreads) {
+    float x[N], w[N];
+    LoadF32<N>(res + c * N, x);
+    LoadF32<N>(weight + c * N, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = w[i] * (x[i] * inv_rms);
+    Store<T, N>(dst + c * N, x);
+  }
+}
+
+// ---- RopeAppendKv -------------------------------------------------------------------------
+constexpr int kRopeThreads = 128;
+constexpr int kMaxHeadDim = 512;
+
+// qkv T [num_tokens, (num_heads + 2 num_kv_heads) * head_dim]; q_out T [num_tokens, num_heads,
+// head_dim]; kc / vc: the pools. One CTA per token. A work item is N consecutive dims
+// [i, i + N) of the first half of a head together with [i + half, i + half + N) (the rotate-half
+// partners), or for v heads two such plain chunks.
+template <typename T, int N>
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeAppendKvKernel(const T* __restrict__ qkv, const int32_t* __restrict__ positions,
+                       const int64_t* __restrict__ slot_mapping,
+                       const float* __restrict__ inv_freq, int num_heads, int num_kv_heads,
+                       int head_dim, PagedKvLayout layout, T* __restrict__ kc,
+                       T* __restrict__ vc, T* __restrict__ q_out) {
+  __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
+  const int64_t t = blockIdx.x;
+  const int half = head_dim / 2;
+  const float pos = static_cast<float>(positions[t]);
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+    sincosf(pos * inv_freq[i], &sin_s[i], &cos_s[i]);
+  }
+  __syncthreads();
+  const int64_t slot = slot_mapping[t];
+  const int chunks_per_head = half / N;
+  // Heads in qkv order: q heads, then k heads, then v heads; k and v only with a slot.
+  const int num_items = (slot < 0 ? num_heads : num_heads + 2 * num_kv_heads) * chunks_per_head;
+  const T* src_row = qkv + t * int64_t(num_heads + 2 * num_kv_heads) * head_dim;
+  for (int item = threadIdx.x; item < num_items; item += kRopeThreads) {
+    const int head = item / chunks_per_head;  // index into the token's q | k | v heads
+    const int i = (item % chunks_per_head) * N;
+    const T* src = src_row + int64_t(head) * head_dim;
+    float a[N], b[N];
+    Load<T, N>(src + i, a);
+    Load<T, N>(src + i + half, b);
+    T* dst;
+    if (head < num_heads) {
+      dst = q_out + (t * num_heads + head) * int64_t(head_dim);
+    } else if (head < num_heads + num_kv_heads) {
+      dst = kc + layout.SlotOffset(slot, head - num_heads);
+    } else {  // v: copied unchanged (bf16/fp16 -> fp32 -> same type is exact)
+      dst = vc + layout.SlotOffset(slot, head - num_heads - num_kv_heads);
+      Store<T, N>(dst + i, a);
+      Store<T, N>(dst + i + half, b);
+      continue;
+    }
+    float lo[N], hi[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float c = cos_s[i + j], s = sin_s[i + j];
+      lo[j] = a[j] * c - b[j] * s;
+      hi[j] = b[j] * c + a[j] * s;
+    }
+    Store<T, N>(dst + i, lo);
+    Store<T, N>(dst + i + half, hi);
+  }
+}
+
+// ---- SiluMul ------------------------------------------------------------------------------
+constexpr int kSiluThreads = 256;
+
+// gate_up T [num_tokens, 2 inter] (gate | up); out T [num_tokens, inter]. Grid-stride loop
+// over the num_tokens * inter / N chunks.
+template <typename T, int N>
+__global__ void __launch_bounds__(kSiluThreads)
+    SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t num_tokens,
+                  int64_t inter) {
+  const int64_t chunks_per_row = inter / N;
+  const int64_t total = num_tokens * chunks_per_row;
+  for (int64_t c = blockIdx.x * int64_t(kSiluThreads) + threadIdx.x; c < total;
+       c += int64_t(gridDim.x) * kSiluThreads) {
+    const int64_t t = c / chunks_per_row;
+    const int64_t i = (c % chunks_per_row) * N;
+    const T* row = gate_up + t * 2 * inter;
+    float g[N], u[N];
+    Load<T, N>(row + i, g);
+    Load<T, N>(row + inter + i, u);
+#pragma unroll
+    for (int j = 0; j < N; ++j) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    Store<T, N>(out + t * inter + i, g);
+  }
+}
+
+
+// ---- launchers: T and the chunk width become template arguments --------------------------
+template <typename T>
+void LaunchEmbeddingGather(const void* table, const int32_t* token_ids, int64_t num_tokens,
+                           int64_t hidden, float* out, bool vec, cudaStream_t stream) {
+  const T* t = static_cast<const T*>(table);
+  if (vec) {
+    EmbeddingGatherKernel<T, kVec>
+        <<<unsigned(num_tokens), kGatherThreads, 0, stream>>>(t, token_ids, hidden, out);
+  } else {
+    EmbeddingGatherKernel<T, 1>
+        <<<unsigned(num_tokens), kGatherThreads, 0, stream>>>(t, token_ids, hidden, out);
+  }
+}
+
+template <typename T>
+void LaunchAddRmsNorm(float* residual, const void* delta, const float* weight, void* out,
+                      const int32_t* rows, int64_t num_rows, int64_t hidden, float eps, bool vec,
+                      cudaStream_t stream) {
+  const T* d = static_cast<const T*>(delta);
+  T* o = static_cast<T*>(out);
+  if (vec) {
+    AddRmsNormKernel<T, kVec><<<unsigned(num_rows), kNormThreads, 0, stream>>>(
+        residual, d, weight, o, rows, hidden, eps);
+  } else {
+    AddRmsNormKernel<T, 1><<<unsigned(num_rows), kNormThreads, 0, stream>>>(residual, d, weight,
+                                                                           o, rows, hidden, eps);
+  }
+}
+
+template <typename T>
+void LaunchRopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                        const float* inv_freq, int64_t num_tokens, int num_heads,
+                        int num_kv_heads, int head_dim, const PagedKvView<void>& kv, void* q_out,
+                        bool vec, cudaStream_t stream) {
+  const T* src = static_cast<const T*>(qkv);
+  T* kc = static_cast<T*>(kv.k);
+  T* vc = static_cast<T*>(kv.v);
+  T* q = static_cast<T*>(q_out);
+  if (vec) {
+    RopeAppendKvKernel<T, kVec><<<unsigned(num_tokens), kRopeThreads, 0, stream>>>(
+        src, positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout,
+        kc, vc, q);
+  } else {
+    RopeAppendKvKernel<T, 1><<<unsigned(num_tokens), kRopeThreads, 0, stream>>>(
+        src, positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout,
+        kc, vc, q);
+  }
+}
+
+template <typename T>
+void LaunchSiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter,
+                   unsigned blocks, bool vec, cudaStream_t stream) {
+  const T* in = static_cast<const T*>(gate_up);
+  T* o = static_cast<T*>(out);
+  if (vec) {
+    SiluMulKernel<T, kVec><<<blocks, kSiluThreads, 0, stream>>>(in, o, num_tokens, inter);
+  } else {
+    SiluMulKernel<T, 1><<<blocks, kSiluThreads, 0, stream>>>(in, o, num_tokens, inter);
+  }
+}
+
+}  // namespace
+
+void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids,
+                     int64_t num_tokens, int64_t hidden, float* out, cudaStream_t stream) {
+  CheckDType(dtype, "EmbeddingGather");
+  if (num_tokens <= 0 || hidden <= 0) return;
+  const bool vec = hidden % kVec == 0 && Aligned16(table) && Aligned16(out);
+  if (dtype == DType::kBF16) {
+    LaunchEmbeddingGather<__nv_bfloat16>(table, token_ids, num_tokens, hidden, out, vec, stream);
+  } else {
+    LaunchEmbeddingGather<__half>(table, token_ids, num_tokens, hidden, out, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddRmsNorm(float* residual, const void* delta, const float* weight, void* out, DType dtype,
+                const int32_t* rows, int64_t num_rows, int64_t hidden, float eps,
+                cudaStream_t stream) {
+  CheckDType(dtype, "AddRmsNorm");
+  if (num_rows <= 0 || hidden <= 0) return;
+  const bool vec = hidden % kVec == 0 && Aligned16(residual) && Aligned16(weight) &&
+                   Aligned16(out) && (delta == nullptr || Aligned16(delta));
+  if (dtype == DType::kBF16) {
+    LaunchAddRmsNorm<__nv_bfloat16>(residual, delta, weight, out, rows, num_rows, hidden, eps, vec,
+                                    stream);
+  } else {
+    LaunchAddRmsNorm<__half>(residual, delta, weight, out, rows, num_rows, hidden, eps, vec,
+                             stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                  const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                  int head_dim, PagedKvView<void> kv, DType dtype, void* q_out,
+                  cudaStream_t stream) {
+  CheckDType(dtype, "RopeAppendKv");
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim ||
+      kv.layout.head_dim != head_dim || kv.layout.num_kv_heads != num_kv_heads) {
+    throw std::invalid_argument(
+        "RopeAppendKv: head_dim must be even and <= 512, and head_dim / num_kv_heads must match "
+        "the cache layout");
+  }
+  if (num_tokens <= 0) return;
+  // 16-byte chunks need both halves of every head row 16-byte aligned: half % 8 == 0.
+  const bool vec = (head_dim / 2) % kVec == 0 && Aligned16(qkv) && Aligned16(q_out) &&
+                   Aligned16(kv.k) && Aligned16(kv.v);
+  if (dtype == DType::kBF16) {
+    LaunchRopeAppendKv<__nv_bfloat16>(qkv, positions, slot_mapping, inv_freq, num_tokens,
+                                      num_heads, num_kv_heads, head_dim, kv, q_out, vec, stream);
+  } else {
+    LaunchRopeAppendKv<__half>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
+                               num_kv_heads, head_dim, kv, q_out, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
+             cudaStream_t stream) {
+  CheckDType(dtype, "SiluMul");
+  if (num_tokens <= 0 || inter <= 0) return;
+  const bool vec = inter % kVec == 0 && Aligned16(gate_up) && Aligned16(out);
+  const int64_t chunks = num_tokens * (inter / (vec ? kVec : 1));
+  // Enough CTAs to fill the machine several times over; the loop covers the rest.
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((chunks + kSiluThreads - 1) / kSiluThreads, 8192));
+  if (dtype == DType::kBF16) {
+    LaunchSiluMul<__nv_bfloat16>(gate_up, out, num_tokens, inter, blocks, vec, stream);
+  } else {
+    LaunchSiluMul<__half>(gate_up, out, num_tokens, inter, blocks, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace llm::cuda
