@@ -32,7 +32,7 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
   for (int i = 0; i < 3; ++i) {
     gemm.Linear(x, w, y, n, m, k, llm::DType::kBF16, llm::DType::kBF16, false, nullptr);
   }
-  std::vector<float> ms(size_t(reps));
+  std::vector<float> ms(static_cast<size_t>(reps));
   for (int r = 0; r < reps; ++r) {
     LLM_CUDA_CHECK(cudaEventRecord(start));
     gemm.Linear(x, w, y, n, m, k, llm::DType::kBF16, llm::DType::kBF16, false, nullptr);
