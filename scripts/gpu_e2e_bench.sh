@@ -55,9 +55,10 @@ LLM=build/llm
 TOK="--tokenizer $shared/models/stories260K"
 RESULTS=$OUT/e2e-runs.jsonl
 : > "$RESULTS"
-run() {  # name, timeout, llm bench args...
+run() {  # name, timeout, llm bench args...   (E2E_RUNS="name ..." selects runs)
   local name=$1 t=$2
   shift 2
+  if [ -n "${E2E_RUNS:-}" ] && [[ " $E2E_RUNS " != *" $name "* ]]; then return; fi
   echo "== $name: llm bench $*" | tee -a "$OUT/e2e.log"
   local line
   line=$(timeout "$t" $LLM bench --device cuda --load-format dummy $TOK "$@" 2>>"$OUT/e2e.log" | tail -1)
@@ -76,22 +77,18 @@ cat "$OUT/ceilings.txt"
 C7=engine/configs/llama-2-7b.json
 C8=engine/configs/llama-3-8b.json
 C31=engine/configs/llama-3.1-8b.json
-if [ "${E2E_SKIP_SMALL:-0}" != 1 ]; then
 run latency_7b_b1 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run ttft_8b_2048 150 --model $C8 --num-requests 5 --min-input 2048 --max-input 2048 \
   --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 8192
 run decode_8b_256seq 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
   --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup
-fi
-if [ "${E2E_SKIP_LARGE:-0}" != 1 ]; then
 run throughput_8b 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
   --max-num-batched-tokens 8192 --temperature 1.0
 run long_context_8b_128k 300 --model $C31 --num-requests 1 --min-input 131008 \
   --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
   --max-num-batched-tokens 8192 --temperature 0
-fi
 python3 bench/e2e_report.py --runs "$RESULTS" --ceilings "$OUT/ceilings.txt" \
   --json "$OUT/e2e-h200.json" --md "$OUT/e2e-summary.md"
 cat "$OUT/e2e-summary.md"

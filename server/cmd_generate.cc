@@ -65,15 +65,12 @@ void LogModel(const std::string& dir, const LlamaModel& model) {
 }
 
 // The GPU path: one request through the engine, streamed as the engine steps.
-int RunGenerateOnEngine(const GenerateFlags& f, Backend backend) {
+int RunGenerateOnEngine(const GenerateFlags& f, Backend backend, EngineConfig engine_config) {
   using Clock = std::chrono::steady_clock;
   auto tokenizer = Tokenizer::Load(f.model_dir);
   const ModelConfig config = backend.executor->config();
   std::fprintf(stderr, "[llm] model %s on %s\n", f.model_dir.c_str(),
                backend.executor->Describe().c_str());
-  EngineConfig engine_config;
-  engine_config.batch_invariant = false;
-  engine_config.block_size = backend.executor->block_size();
   Engine engine(std::move(backend.executor), *tokenizer, engine_config);
   Request r;
   r.prompt_ids = tokenizer->EncodePrompt(f.prompt);
@@ -118,7 +115,7 @@ int RunGenerate(GenerateFlags f) {
     probe.max_num_seqs = 1;
     probe.max_num_batched_tokens = 2048;
     Backend backend = MakeBackend(f.model_dir, f.backend, &probe);
-    if (backend.device == "cuda") return RunGenerateOnEngine(f, std::move(backend));
+    if (backend.device == "cuda") return RunGenerateOnEngine(f, std::move(backend), probe);
   }
   LoadOptions load;
   if (f.backend.dtype == "f32") load.weight_dtype = DType::kF32;

@@ -100,7 +100,7 @@ struct CudaExecutor::Impl {
 
   // Sizes.
   int64_t hidden = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0, vocab = 0;
-  int64_t max_tokens = 0, max_seqs = 0, table_cap = 0;
+  int64_t max_tokens = 0, max_seqs = 0, max_rows = 0, table_cap = 0;
   bool decode_kernel_ok = true;  // head_dim 64 / 128
 
   // Weights.
@@ -321,8 +321,8 @@ struct CudaExecutor::Impl {
     attn = Alloc(T * q_dim * int64_t(esize));
     gate_up = Alloc(T * 2 * inter * int64_t(esize));
     act = Alloc(T * inter * int64_t(esize));
-    rows_normed = Alloc(S * hidden * int64_t(esize));
-    logits = Alloc<float>(S * vocab * 4);
+    rows_normed = Alloc(max_rows * hidden * int64_t(esize));
+    logits = Alloc<float>(max_rows * vocab * 4);
     decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
 
     d_tokens = Alloc<int32_t>(T * 4);
@@ -332,7 +332,7 @@ struct CudaExecutor::Impl {
     d_cu_prefill = Alloc<int32_t>((S + 1) * 4);
     d_ctx = Alloc<int32_t>(S * 4);
     d_tables = Alloc<int32_t>(S * table_cap * 4);
-    d_rows = Alloc<int32_t>(S * 4);
+    d_rows = Alloc<int32_t>(max_rows * 4);
     h_tokens.Alloc(T);
     h_positions.Alloc(T);
     h_slots.Alloc(T);
@@ -340,7 +340,7 @@ struct CudaExecutor::Impl {
     h_cu_prefill.Alloc(S + 1);
     h_ctx.Alloc(S);
     h_tables.Alloc(S * table_cap);
-    h_rows.Alloc(S);
+    h_rows.Alloc(max_rows);
 
     d_params = Alloc<cuda::SampleRowParams>(S * int64_t(sizeof(cuda::SampleRowParams)));
     h_params.Alloc(S);
@@ -417,11 +417,14 @@ struct CudaExecutor::Impl {
     s.num_rows = padded > 0 ? padded : int64_t(b.logits_indices.size());
     s.num_decode = !decode_kernel ? 0 : padded > 0 ? padded : b.num_decode_seqs;
     s.width = width;
-    if (s.num_tokens > max_tokens || s.num_seqs > max_seqs || s.num_rows > max_seqs ||
+    if (s.num_tokens > max_tokens || s.num_seqs > max_seqs || s.num_rows > max_rows ||
         width > table_cap) {
-      throw Error("CUDA executor: step of " + std::to_string(n) + " tokens / " +
-                  std::to_string(ns) + " sequences exceeds the buffers sized at start-up (" +
-                  std::to_string(max_tokens) + " / " + std::to_string(max_seqs) + ")");
+      throw Error("CUDA executor: a step of " + std::to_string(n) + " tokens, " +
+                  std::to_string(ns) + " sequences, " + std::to_string(s.num_rows) +
+                  " logits rows and " + std::to_string(width) +
+                  " blocks per sequence exceeds what was sized at start-up (" +
+                  std::to_string(max_tokens) + ", " + std::to_string(max_seqs) + ", " +
+                  std::to_string(max_rows) + ", " + std::to_string(table_cap) + ")");
     }
     for (int64_t t = 0; t < s.num_tokens; ++t) {
       const bool real = t < n;
@@ -682,16 +685,23 @@ struct CudaExecutor::Impl {
     return results;
   }
 
-  // A step of `tokens` fresh tokens in one sequence over blocks 0.. (the profiling pass).
+  // The profiling pass: a step of `tokens` fresh tokens in as few sequences as the model's
+  // context allows (each over its own blocks), every sequence asking for its last logits.
   void RunPrefillOnly(int64_t tokens) {
     ForwardBatch b;
-    const int64_t blocks = (tokens + opt.block_size - 1) / opt.block_size;
-    std::vector<int> ids(static_cast<size_t>(tokens), 0);
-    std::vector<int32_t> table(static_cast<size_t>(blocks));
-    std::vector<int64_t> slots(static_cast<size_t>(tokens));
-    for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(i);
-    for (int64_t i = 0; i < tokens; ++i) slots[size_t(i)] = i;
-    b.AddSequence(ids, 0, table, slots, /*wants_logits=*/true, /*is_decode=*/false);
+    const int64_t per_seq = std::min(tokens, table_cap * opt.block_size);
+    int64_t block = 0;
+    for (int64_t done = 0; done < tokens && b.num_seqs() < max_seqs; done += per_seq) {
+      const int64_t len = std::min(per_seq, tokens - done);
+      const int64_t blocks = (len + opt.block_size - 1) / opt.block_size;
+      std::vector<int> ids(static_cast<size_t>(len), 0);
+      std::vector<int32_t> table(static_cast<size_t>(blocks));
+      std::vector<int64_t> slots(static_cast<size_t>(len));
+      for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(block + i);
+      for (int64_t i = 0; i < len; ++i) slots[size_t(i)] = block * opt.block_size + i;
+      b.AddSequence(ids, 0, table, slots, /*wants_logits=*/true, /*is_decode=*/false);
+      block += blocks;
+    }
     Run(b);
     StopAndWait();
   }
@@ -764,6 +774,7 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   m.vocab = c.vocab_size;
   m.max_tokens = std::max<int64_t>(options.max_num_batched_tokens, 1);
   m.max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
+  m.max_rows = std::max(m.max_seqs, options.max_logits_rows);
   m.decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
   if (!m.decode_kernel_ok) {
     m.Log("head_dim " + std::to_string(c.head_dim) +

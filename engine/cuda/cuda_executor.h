@@ -37,6 +37,9 @@ struct CudaExecutorOptions {
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers
   int64_t max_num_seqs = 256;
+  // Most rows of logits one step returns (0: max_num_seqs, which is what the engine asks
+  // for; tests asking for every position's logits raise it). Costs rows × vocab × 4 bytes.
+  int64_t max_logits_rows = 0;
   double gpu_memory_utilization = 0.90;
   int64_t num_kv_blocks = 0;              // > 0: exactly this many (tests); 0: from memory
   bool cuda_graphs = true;
