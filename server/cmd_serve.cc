@@ -31,6 +31,7 @@ namespace {
 struct ServeFlags {
   std::string model_dir = DefaultModelDir();
   std::string served_model_name;
+  std::string tokenizer_dir;  // default: the model folder
   server::ServerConfig http;
   server::GrpcConfig grpc;
   EngineConfig engine;
@@ -84,7 +85,8 @@ int RunServe(ServeFlags f) {
       "/health answers 503 until ready)");
   f.engine.kv_cache_bytes = f.kv_cache_mb << 20;
   Backend backend = MakeBackend(f.model_dir, f.backend, &f.engine);
-  auto tokenizer = Tokenizer::Load(f.model_dir);
+  const std::string tok_dir = f.tokenizer_dir.empty() ? f.model_dir : f.tokenizer_dir;
+  auto tokenizer = Tokenizer::Load(tok_dir);
   const ModelConfig model_config = backend.executor->config();
   const std::string backend_name = backend.executor->Describe();
   Engine engine(std::move(backend.executor), *tokenizer, f.engine);
@@ -95,7 +97,7 @@ int RunServe(ServeFlags f) {
   if (info.id.empty()) info.id = "model";
   info.max_model_len = model_config.max_position_embeddings;
   info.vocab_size = model_config.vocab_size;
-  server::ChatRenderer chat = server::MakeChatRenderer(f.model_dir, *tokenizer);
+  server::ChatRenderer chat = server::MakeChatRenderer(tok_dir, *tokenizer);
   server::HttpServer http(engine, *tokenizer, info, f.http, chat);
   loading.Stop();
   const int port = http.Bind();
@@ -133,6 +135,8 @@ Command AddServe(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
   cmd->add_option("--model", f->model_dir, "Hugging Face model folder")->capture_default_str();
   cmd->add_option("--served-model-name", f->served_model_name, "model id in the API");
+  cmd->add_option("--tokenizer", f->tokenizer_dir,
+                  "folder with tokenizer.model and tokenizer_config.json (default: --model)");
   cmd->add_option("--host", f->http.host)->capture_default_str();
   cmd->add_option("--port", f->http.port)->capture_default_str();
   cmd->add_option("--grpc-port", f->grpc.port, "gRPC port (-1: no gRPC)")->capture_default_str();
