@@ -23,6 +23,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/prefill_attention.h"
 
@@ -102,6 +103,7 @@ struct CudaExecutor::Impl {
   int64_t hidden = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0, vocab = 0;
   int64_t max_tokens = 0, max_seqs = 0, max_rows = 0, table_cap = 0;
   bool decode_kernel_ok = true;  // head_dim 64 / 128
+  bool gemv_ok = true;           // every GEMM's k % 8 == 0: small steps take the fused GEMV
 
   // Weights.
   struct Layer {
@@ -155,6 +157,7 @@ struct CudaExecutor::Impl {
     int64_t num_tokens = 0, num_seqs = 0, num_decode = 0, num_rows = 0, width = 0;
     int64_t max_q_len = 0, max_keys_prefill = 0, max_keys_decode = 0;
     int splits = 1;
+    bool rows_identity = false;  // logits rows are the step's tokens in order
   };
 
   ~Impl() {
@@ -468,8 +471,10 @@ struct CudaExecutor::Impl {
         }
       }
     }
+    s.rows_identity = s.num_rows == s.num_tokens;
     for (int64_t r = 0; r < s.num_rows; ++r) {
       h_rows.p[r] = padded > 0 ? int32_t(r) : b.logits_indices[size_t(r)];
+      s.rows_identity = s.rows_identity && h_rows.p[r] == r;
     }
     s.max_keys_decode = std::max<int64_t>(s.max_keys_decode, 1);
     if (nd > 0) {
@@ -525,26 +530,68 @@ struct CudaExecutor::Impl {
     }
   }
 
+  // A GEMV of the fused small-batch kernel (kernels/cuda/gemv.h).
+  void SmallLinear(cuda::GemvPrologue prologue, const void* in, const float* norm, const void* w,
+                   void* out, int64_t n, int64_t m, int64_t k, bool accumulate,
+                   bool out_f32 = false) {
+    cuda::GemvArgs g;
+    g.prologue = prologue;
+    g.x = in;
+    g.norm_weight = norm;
+    g.eps = float(config.rms_norm_eps);
+    g.w = w;
+    g.y = out;
+    g.accumulate = accumulate;
+    g.y_f32 = out_f32 || accumulate;
+    g.n = n;
+    g.m = m;
+    g.k = k;
+    g.dtype = dtype;
+    cuda::Gemv(g, stream);
+  }
+
   // Every kernel of one step, on `stream` (capturable: no sync, no allocation).
   void RunModel(const Shape& s) {
     const int64_t n = s.num_tokens;
     const float eps = float(config.rms_norm_eps);
     const DType f32 = DType::kF32;
+    // Steps of at most 8 tokens (decode at small batch) stream the weights through the fused
+    // GEMV: RMSNorm and SiLU·mul ride in its prologue (4 kernels per layer fewer).
+    const bool small = gemv_ok && n <= cuda::kGemvMaxTokens;
+    using P = cuda::GemvPrologue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
       const Layer& l = layers[size_t(i)];
-      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-      gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
+      if (small) {
+        SmallLinear(P::kRmsNorm, x, l.input_norm, l.qkv, qkv, n, qkv_dim, hidden, false);
+      } else {
+        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
+                         stream);
+        gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
+      }
       cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
                          int(config.num_kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
       Attention(i, s);
-      gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);
-      cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-      gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
-      cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
-      gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, true, stream);
+      if (small) {
+        SmallLinear(P::kNone, attn, nullptr, l.o, x, n, hidden, q_dim, true);
+        SmallLinear(P::kRmsNorm, x, l.post_norm, l.gate_up, gate_up, n, 2 * inter, hidden, false);
+        SmallLinear(P::kSiluMul, gate_up, nullptr, l.down, x, n, hidden, inter, true);
+      } else {
+        gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);
+        cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps,
+                         stream);
+        gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false,
+                     stream);
+        cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
+        gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, true, stream);
+      }
     }
     if (s.num_rows == 0) return;
+    if (small && s.rows_identity) {
+      // lm_head GEMV with the final norm in its prologue, fp32 logits.
+      SmallLinear(P::kRmsNorm, x, final_norm, lm_head, logits, n, vocab, hidden, false, true);
+      return;
+    }
     cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
                      stream);
     gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
@@ -776,6 +823,8 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   m.max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
   m.max_rows = std::max(m.max_seqs, options.max_logits_rows);
   m.decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
+  m.gemv_ok = c.hidden_size % 8 == 0 && (c.num_heads * c.head_dim) % 8 == 0 &&
+              c.intermediate_size % 8 == 0;
   if (!m.decode_kernel_ok) {
     m.Log("head_dim " + std::to_string(c.head_dim) +
           ": attention on the naive prefill kernel (the tuned kernels take 64 and 128)");
