@@ -29,7 +29,7 @@ shared=$(pwd)/.shared
 if [ "$PHASE" = tests ]; then
   # Build only (no tests yet: the executor test reads the tolerance measured next).
   GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh \
-    llm cuda_executor_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
+    llm cuda_executor_gpu_test gemv_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
     demo_model 2>&1 | tail -30
   tiny=/tmp/tiny_models && mkdir -p $tiny
@@ -85,6 +85,9 @@ run decode_8b_256seq 200 --model $C8 --num-requests 256 --min-input 128 --max-in
   --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup
 run throughput_8b 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 --temperature 1.0
+run throughput_8b_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
+  --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0
 run long_context_8b_128k 300 --model $C31 --num-requests 1 --min-input 131008 \
   --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
