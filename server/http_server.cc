@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "server/flight.h"
+#include "server/web_assets.h"
 
 namespace llm::server {
 
@@ -81,6 +82,9 @@ void HttpServer::Routes() {
     res.status = draining_ ? 503 : 200;
     res.set_content(json{{"status", draining_ ? "draining" : "ok"}}.dump(), "application/json");
   });
+  // The chat page: public, so that a browser can load it and then ask for the API key.
+  http_->Get("/", ServeWebAsset);
+  http_->Get("/static/.*", ServeWebAsset);
   http_->Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
                json model = {{"id", model_.id},
                              {"object", "model"},
@@ -111,7 +115,7 @@ void HttpServer::Routes() {
       {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
       {"/tokenize", "POST"},       {"/detokenize", "POST"},
       {"/v1/models", "GET"},       {"/health", "GET"},
-      {"/metrics", "GET"}};
+      {"/metrics", "GET"},         {"/", "GET"}};
   for (const auto& [path, allowed] : known) {
     // An init-capture: clang 14 (the fuzz build) cannot capture a structured binding.
     auto not_allowed = [allowed = allowed](const httplib::Request&, httplib::Response& res) {

@@ -2,7 +2,8 @@
 // validate, build an engine Request, and stream its channel back; they never touch the model.
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-// GET /metrics, POST /tokenize, POST /detokenize. Lifecycle: bounded admission (429 +
+// GET /metrics, POST /tokenize, POST /detokenize, and the chat page (GET /, GET /static/NAME:
+// server/web_assets.h; public, no API key). Lifecycle: bounded admission (429 +
 // Retry-After), body limit (413), API key (401), drain (503), client disconnect -> the
 // request is cancelled in the engine (a streamed response notices on its next write; long
 // prefills and non-streamed responses are probed with SSE comments / leading whitespace).

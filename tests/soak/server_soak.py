@@ -404,7 +404,7 @@ class Soak:
         self.expect_error("malformed_400", "POST", path, body, 400)
 
     def wrong_route(self, rng):
-        cases = [("GET", "/v1/nope", 404), ("POST", "/v2/completions", 404), ("GET", "/", 404),
+        cases = [("GET", "/v1/nope", 404), ("POST", "/v2/completions", 404), ("GET", "/static/nope.js", 404),
                  ("GET", "/v1/completions", 405), ("DELETE", "/v1/chat/completions", 405),
                  ("PUT", "/v1/completions", 405), ("POST", "/health", 405),
                  ("POST", "/metrics", 405), ("DELETE", "/v1/models", 405)]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# ctest web_chat: the chat page served by `llm serve` (the demo model, given a chat template),
+# driven by Debian's headless Chromium through playwright-core (npm, pinned, installed into
+# the build folder): web_chat_test.mjs. The screenshot lands in BUILD_DIR/test-artifacts/.
+# Exits 77 (ctest: skipped) when there is no Chromium (`apt-get install chromium`;
+# scripts/deps.sh installs it for the tests).
+# Usage: run_web_chat_test.sh BUILD_DIR
+set -euo pipefail
+build=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/common.sh"
+chromium=${LLM_CHROMIUM:-/usr/bin/chromium}
+if [ ! -x "$chromium" ]; then
+  echo "SKIP: no Chromium at $chromium (apt-get install chromium, or set LLM_CHROMIUM)"
+  exit 77
+fi
+npm_dir=$build/npm-playwright
+if [ ! -d "$npm_dir/node_modules/playwright-core" ]; then
+  mkdir -p "$npm_dir"
+  # playwright-core drives a browser it is given and downloads none.
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund playwright-core@1.65.1 >/dev/null)
+fi
+tmp=$(mktemp -d)
+trap 'kill $SERVER_PID 2>/dev/null || true; rm -rf "$tmp"' EXIT
+# The demo model has no chat template (chat would be a 400): give a copy Zephyr's.
+cp -r "$build/models/demo" "$tmp/demo"
+template=$here/../data/chat_templates/zephyr-7b-beta.jinja
+python3 - "$tmp/demo/tokenizer_config.json" "$template" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["chat_template"] = open(sys.argv[2]).read()
+json.dump(config, open(sys.argv[1], "w"))
+PY
+# (The log exists before start_server reads it: its first sed must not race the redirect.)
+: >"$tmp/serve.log"
+start_server "$build" "$tmp/serve.log" --model "$tmp/demo" --grpc-port -1 --api-key web-key \
+  --kv-cache-mb 64
+mkdir -p "$build/test-artifacts"
+cp "$here/web_chat_test.mjs" "$npm_dir/"
+LLM_URL="http://127.0.0.1:$HTTP_PORT" LLM_API_KEY=web-key LLM_CHROMIUM="$chromium" \
+  LLM_SCREENSHOT="$build/test-artifacts/web_chat.png" node "$npm_dir/web_chat_test.mjs" \
+  || { echo "--- server log"; tail -n 30 "$tmp/serve.log"; exit 1; }
