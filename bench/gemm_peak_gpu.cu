@@ -16,6 +16,7 @@
 #include "engine/cuda/gemm.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/gemv.h"
 
 namespace {
 
@@ -49,6 +50,63 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
   return ms[ms.size() / 2];
 }
 
+// Batch-1 decode GEMVs: cuBLASLt (n = 1) against our fused GEMV (kernels/cuda/gemv.h), as
+// weight-streaming bandwidth (bytes of W per second).
+void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvPrologue prologue,
+              const char* name, int reps) {
+  using llm::DType;
+  void *x = nullptr, *w = nullptr, *y = nullptr;
+  float* norm = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&x, size_t(2 * k * 4)));
+  LLM_CUDA_CHECK(cudaMalloc(&w, size_t(m * k * 2)));
+  LLM_CUDA_CHECK(cudaMalloc(&y, size_t(m * 4)));
+  LLM_CUDA_CHECK(cudaMalloc(&norm, size_t(k * 4)));
+  llm::cuda::FillUniform(x, DType::kBF16, 2 * k, 1.f, 3, nullptr);
+  llm::cuda::FillUniform(w, DType::kBF16, m * k, 1.f, 4, nullptr);
+  llm::cuda::FillConstant(norm, DType::kF32, k, 1.f, nullptr);
+  cudaEvent_t start, stop;
+  LLM_CUDA_CHECK(cudaEventCreate(&start));
+  LLM_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int variant = 0; variant < 2; ++variant) {
+    auto launch = [&] {
+      if (variant == 0) {
+        gemm.Linear(x, w, y, 1, m, k, DType::kBF16, DType::kBF16, false, nullptr);
+      } else {
+        llm::cuda::GemvArgs g;
+        g.prologue = prologue;
+        g.x = x;
+        g.norm_weight = norm;
+        g.w = w;
+        g.y = y;
+        g.n = 1;
+        g.m = m;
+        g.k = k;
+        llm::cuda::Gemv(g, nullptr);
+      }
+    };
+    for (int i = 0; i < 3; ++i) launch();
+    std::vector<float> ms(static_cast<size_t>(reps));
+    for (int r = 0; r < reps; ++r) {
+      LLM_CUDA_CHECK(cudaEventRecord(start));
+      launch();
+      LLM_CUDA_CHECK(cudaEventRecord(stop));
+      LLM_CUDA_CHECK(cudaEventSynchronize(stop));
+      LLM_CUDA_CHECK(cudaEventElapsedTime(&ms[size_t(r)], start, stop));
+    }
+    std::sort(ms.begin(), ms.end());
+    const double t = ms[ms.size() / 2];
+    std::printf(
+        "JSON {\"kind\":\"gemv\",\"name\":\"%s\",\"impl\":\"%s\",\"m\":%lld,\"k\":%lld,"
+        "\"us\":%.2f,\"weight_tb_per_s\":%.3f}\n",
+        name, variant == 0 ? "cublaslt_n1" : "fused_gemv", (long long)m, (long long)k, t * 1e3,
+        double(m * k * 2) / (t * 1e-3) / 1e12);
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  cudaFree(norm);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,6 +133,12 @@ int main(int argc, char** argv) {
           s.name, (long long)s.n, (long long)s.m, (long long)s.k, ms, tflops,
           llm::cuda::DeviceDescription().c_str());
     }
+    using P = llm::cuda::GemvPrologue;
+    TimeGemv(gemm, 6144, 4096, P::kRmsNorm, "llama3_8b_qkv_n1", reps);
+    TimeGemv(gemm, 28672, 4096, P::kRmsNorm, "llama3_8b_gate_up_n1", reps);
+    TimeGemv(gemm, 4096, 14336, P::kSiluMul, "llama3_8b_down_n1", reps);
+    TimeGemv(gemm, 4096, 4096, P::kNone, "llama3_8b_o_n1", reps);
+    TimeGemv(gemm, 128256, 4096, P::kRmsNorm, "llama3_8b_lm_head_n1", reps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gemm_peak_gpu: %s\n", e.what());
     return 1;

@@ -27,6 +27,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
+  cmd->add_option("--gemv-max-tokens", gemv_max_tokens,
+                  "cuda: steps of up to N tokens use the fused small-batch GEMV (0: cuBLASLt)")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str();
   cmd->add_option("--dummy-seed", dummy_seed, "seed of --load-format dummy weights")
       ->capture_default_str();
 }
@@ -67,6 +71,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.max_num_seqs = engine->max_num_seqs;
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.cuda_graphs = !f.enforce_eager;
+  o.gemv_max_tokens = f.gemv_max_tokens;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;
   Backend b;

@@ -557,7 +557,8 @@ struct CudaExecutor::Impl {
     const DType f32 = DType::kF32;
     // Steps of at most 8 tokens (decode at small batch) stream the weights through the fused
     // GEMV: RMSNorm and SiLU·mul ride in its prologue (4 kernels per layer fewer).
-    const bool small = gemv_ok && n <= cuda::kGemvMaxTokens;
+    const bool small =
+        gemv_ok && n <= std::min<int64_t>(cuda::kGemvMaxTokens, opt.gemv_max_tokens);
     using P = cuda::GemvPrologue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {

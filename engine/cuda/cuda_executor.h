@@ -43,6 +43,9 @@ struct CudaExecutorOptions {
   double gpu_memory_utilization = 0.90;
   int64_t num_kv_blocks = 0;              // > 0: exactly this many (tests); 0: from memory
   bool cuda_graphs = true;
+  // Steps of at most this many tokens (<= 8) take the fused GEMV (kernels/cuda/gemv.h)
+  // instead of cuBLASLt + separate RMSNorm / SiLU·mul kernels; 0 = never.
+  int64_t gemv_max_tokens = 8;
   int64_t max_graph_batch = 0;            // 0: max_num_seqs
   bool dummy_weights = false;             // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;

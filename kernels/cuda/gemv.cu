@@ -12,8 +12,10 @@
 namespace llm::cuda {
 namespace {
 
-constexpr int kWarps = 8;  // rows per CTA
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 2;
+constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
 
 template <typename T>
 struct Pack;  // 8 elements of T in a uint4
@@ -88,59 +90,105 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
   const int n = static_cast<int>(a.n);
   __shared__ float inv_rms[N];
   if constexpr (P == GemvPrologue::kRmsNorm) {
-    // Warp t: token t's inverse RMS over the fp32 residual row (as cpu::RmsNorm).
-    for (int t = warp; t < n; t += kWarps) {
-      const float* x = static_cast<const float*>(a.x) + t * a.k;
-      float s = 0.f;
-      for (int64_t i = lane; i < a.k; i += 32) s += x[i] * x[i];
+    // Every token's inverse RMS over its fp32 residual row (as cpu::RmsNorm): the whole CTA
+    // reduces, 16-byte loads, one pass for all tokens.
+    __shared__ float partial[kWarps][N];
+    float s[N];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) inv_rms[t] = rsqrtf(s / static_cast<float>(a.k) + a.eps);
+    for (int t = 0; t < N; ++t) s[t] = 0.f;
+    const int64_t quads = a.k / 4;
+    for (int64_t i = threadIdx.x; i < quads; i += kThreads) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        if (t < n) {
+          const float4 v =
+              reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + t * a.k)[i];
+          s[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s[t] += __shfl_xor_sync(0xffffffffu, s[t], o);
+      if (lane == 0) partial[warp][t] = s[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < N) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += partial[w][threadIdx.x];
+      inv_rms[threadIdx.x] = rsqrtf(total / static_cast<float>(a.k) + a.eps);
     }
     __syncthreads();
   }
-  const int64_t j = int64_t(blockIdx.x) * kWarps + warp;
-  if (j >= a.m) return;
-  const uint4* wrow = reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + j * a.k);
-  const int chunks = static_cast<int>(a.k / 8);
-  float acc[N];
+  // Each warp: kRowsPerWarp consecutive output rows, so that every activation chunk (and its
+  // prologue) is computed once for several weight rows.
+  const int64_t j0 = (int64_t(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
+  if (j0 >= a.m) return;
+  const uint4* wrow[kRowsPerWarp];
 #pragma unroll
-  for (int t = 0; t < N; ++t) acc[t] = 0.f;
-  auto fma_chunk = [&](const uint4& wv, int c) {
-    float wf[8];
-    Pack<T>::ToFloat(wv, wf);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t j = j0 + r < a.m ? j0 + r : j0;  // a missing last row re-reads row j0
+    wrow[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + j * a.k);
+  }
+  const int chunks = static_cast<int>(a.k / 8);
+  float acc[kRowsPerWarp][N];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
+  }
+  auto fma_chunk = [&](const uint4 (&wv)[kRowsPerWarp], int c) {
+    float wf[kRowsPerWarp][8];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) Pack<T>::ToFloat(wv[r], wf[r]);
 #pragma unroll
     for (int t = 0; t < N; ++t) {
       if (t < n) {
         float af[8];
         LoadA<T, P>(a, inv_rms, t, c, af);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[t] = fmaf(af[i], wf[i], acc[t]);
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(af[i], wf[r][i], acc[r][t]);
+        }
       }
     }
   };
   int c = lane;
-  for (; c + 96 < chunks; c += 128) {  // four 16-byte weight loads in flight per lane
-    const uint4 w0 = LoadStream(wrow + c), w1 = LoadStream(wrow + c + 32),
-                w2 = LoadStream(wrow + c + 64), w3 = LoadStream(wrow + c + 96);
+  for (; c + 32 < chunks; c += 64) {  // 2 chunks × kRowsPerWarp rows of loads in flight
+    uint4 w0[kRowsPerWarp], w1[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      w0[r] = LoadStream(wrow[r] + c);
+      w1[r] = LoadStream(wrow[r] + c + 32);
+    }
     fma_chunk(w0, c);
     fma_chunk(w1, c + 32);
-    fma_chunk(w2, c + 64);
-    fma_chunk(w3, c + 96);
   }
-  for (; c < chunks; c += 32) fma_chunk(LoadStream(wrow + c), c);
+  if (c < chunks) {
+    uint4 w0[kRowsPerWarp];
 #pragma unroll
-  for (int t = 0; t < N; ++t) {
-    float s = acc[t];
+    for (int r = 0; r < kRowsPerWarp; ++r) w0[r] = LoadStream(wrow[r] + c);
+    fma_chunk(w0, c);
+  }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0 && t < n) {
-      if (a.accumulate) {
-        static_cast<float*>(a.y)[t * a.m + j] += s;
-      } else if (a.y_f32) {
-        static_cast<float*>(a.y)[t * a.m + j] = s;
-      } else {
-        static_cast<T*>(a.y)[t * a.m + j] = Pack<T>::From(s);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t j = j0 + r;
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float s = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && t < n && j < a.m) {
+        if (a.accumulate) {
+          static_cast<float*>(a.y)[t * a.m + j] += s;
+        } else if (a.y_f32) {
+          static_cast<float*>(a.y)[t * a.m + j] = s;
+        } else {
+          static_cast<T*>(a.y)[t * a.m + j] = Pack<T>::From(s);
+        }
       }
     }
   }
@@ -148,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
 
 template <typename T, GemvPrologue P>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((a.m + kWarps - 1) / kWarps));
+  const dim3 grid(static_cast<unsigned>((a.m + kRowsPerCta - 1) / kRowsPerCta));
   if (a.n <= 1) {
     GemvKernel<T, P, 1><<<grid, kThreads, 0, stream>>>(a);
   } else if (a.n <= 2) {

@@ -14,11 +14,12 @@
 //   y: dtype; or fp32 with y_f32 (logits), and y += ... with accumulate (the residual add of
 //   the o / down projections; implies y_f32)
 //
-// Design: one warp per output row j, 8 rows per 256-thread CTA; lanes stream the row in
-// 16-byte chunks (8 elements), four chunks in flight per lane, the activations come from
-// L1/L2 (n·k elements, tiny next to W); fp32 accumulation, one warp-shuffle reduction per
-// (row, token). The RMSNorm prologue recomputes each token's inverse RMS per CTA from the
-// fp32 residual (k floats from L2). Needs k % 8 == 0 and 16-byte aligned rows.
+// Design: one warp per two output rows, 16 rows per 256-thread CTA; lanes stream the rows in
+// 16-byte chunks (8 elements), four 16-byte loads in flight per lane, the activations come
+// from L1/L2 (n·k elements, tiny next to W) and their prologue is computed once per chunk for
+// both rows; fp32 accumulation, one warp-shuffle reduction per (row, token). The RMSNorm
+// prologue recomputes each token's inverse RMS per CTA from the fp32 residual (a CTA-wide
+// reduction of k floats from L2). Needs k % 8 == 0 and 16-byte aligned rows.
 #pragma once
 
 #include <cuda_runtime.h>
