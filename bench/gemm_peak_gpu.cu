@@ -51,24 +51,30 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
 }
 
 // Batch-1 decode GEMVs: cuBLASLt (n = 1) against our fused GEMV (kernels/cuda/gemv.h), as
-// weight-streaming bandwidth (bytes of W per second).
+// weight-streaming bandwidth (bytes of W per second). The repeats rotate over copies of W
+// totalling >= 256 MB, so that no repeat finds its weights in the 50 MB L2 (a first version
+// reused one W and overstated both sides for the matrices that fit).
 void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvPrologue prologue,
               const char* name, int reps) {
   using llm::DType;
-  void *x = nullptr, *w = nullptr, *y = nullptr;
+  void *x = nullptr, *w_all = nullptr, *y = nullptr;
   float* norm = nullptr;
+  const int64_t w_bytes = m * k * 2;
+  const int copies = int(std::max<int64_t>(2, (int64_t{256} << 20) / w_bytes + 1));
   LLM_CUDA_CHECK(cudaMalloc(&x, size_t(2 * k * 4)));
-  LLM_CUDA_CHECK(cudaMalloc(&w, size_t(m * k * 2)));
+  LLM_CUDA_CHECK(cudaMalloc(&w_all, size_t(w_bytes * copies)));
   LLM_CUDA_CHECK(cudaMalloc(&y, size_t(m * 4)));
   LLM_CUDA_CHECK(cudaMalloc(&norm, size_t(k * 4)));
   llm::cuda::FillUniform(x, DType::kBF16, 2 * k, 1.f, 3, nullptr);
-  llm::cuda::FillUniform(w, DType::kBF16, m * k, 1.f, 4, nullptr);
+  llm::cuda::FillUniform(w_all, DType::kBF16, m * k * copies, 1.f, 4, nullptr);
+  int rep = 0;
   llm::cuda::FillConstant(norm, DType::kF32, k, 1.f, nullptr);
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
   for (int variant = 0; variant < 2; ++variant) {
     auto launch = [&] {
+      const void* w = static_cast<const char*>(w_all) + (rep++ % copies) * w_bytes;
       if (variant == 0) {
         gemm.Linear(x, w, y, 1, m, k, DType::kBF16, DType::kBF16, false, nullptr);
       } else {
@@ -102,7 +108,7 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvProlog
         double(m * k * 2) / (t * 1e-3) / 1e12);
   }
   cudaFree(x);
-  cudaFree(w);
+  cudaFree(w_all);
   cudaFree(y);
   cudaFree(norm);
 }

@@ -19,7 +19,7 @@ struct BackendFlags {
   std::string load_format = "auto";
   double gpu_memory_utilization = 0.90;
   bool enforce_eager = false;  // no CUDA graphs
-  int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the fused GEMV
+  int64_t gemv_max_tokens = 0;  // cuda: steps up to this many tokens use the fused GEMV
   uint64_t dummy_seed = 0;
 
   void AddTo(CLI::App* cmd);

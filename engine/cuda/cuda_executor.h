@@ -43,9 +43,11 @@ struct CudaExecutorOptions {
   double gpu_memory_utilization = 0.90;
   int64_t num_kv_blocks = 0;              // > 0: exactly this many (tests); 0: from memory
   bool cuda_graphs = true;
-  // Steps of at most this many tokens (<= 8) take the fused GEMV (kernels/cuda/gemv.h)
-  // instead of cuBLASLt + separate RMSNorm / SiLU·mul kernels; 0 = never.
-  int64_t gemv_max_tokens = 8;
+  // Steps of at most this many tokens (<= 8) take the fused GEMV (kernels/cuda/gemv.h) for
+  // q|k|v, o, gate|up and lm_head instead of cuBLASLt + separate RMSNorm kernels; 0 = never.
+  // Off by default: end to end it measured slower than cuBLASLt on the H200 (batch-1
+  // Llama-2-7B 4.64 vs 4.40 ms/token, bench/RESULTS.md).
+  int64_t gemv_max_tokens = 0;
   int64_t max_graph_batch = 0;            // 0: max_num_seqs
   bool dummy_weights = false;             // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;

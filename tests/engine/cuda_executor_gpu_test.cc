@@ -134,6 +134,7 @@ double HfRelative(const std::string& model, const char* dtype) {
 struct LogitsCase {
   const char* model;
   DType dtype;
+  bool fused_gemv = false;  // decode steps through kernels/cuda/gemv.h instead of cuBLASLt
 };
 
 class CudaLogits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
@@ -143,7 +144,9 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   const std::string dir = ModelDir(c.model);
   const std::vector<int> ids = ReferenceIds();
   const std::vector<float> want = CpuLogits(dir, ids);
-  auto ex = CudaExecutor::Create(dir, SmallOptions(c.dtype));
+  CudaExecutorOptions o = SmallOptions(c.dtype);
+  if (c.fused_gemv) o.gemv_max_tokens = 8;
+  auto ex = CudaExecutor::Create(dir, o);
   const std::vector<float> got = AllLogits(*ex, ids, 40);
   ASSERT_EQ(got.size(), want.size());
   double max_diff = 0, max_ref = 0;
@@ -166,10 +169,13 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
                                            LogitsCase{"stories260K", DType::kF16},
                                            LogitsCase{"hd128", DType::kBF16},
                                            LogitsCase{"hd128", DType::kF16},
-                                           LogitsCase{"hd64", DType::kBF16}),
+                                           LogitsCase{"hd64", DType::kBF16},
+                                           LogitsCase{"hd128", DType::kBF16, true},
+                                           LogitsCase{"hd64", DType::kF16, true}),
                          [](const auto& info) {
                            return std::string(info.param.model) +
-                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16");
+                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
+                                  (info.param.fused_gemv ? "_fused_gemv" : "");
                          });
 
 TEST_F(CudaExecutorTest, GraphReplayIsBitIdenticalToEager) {
