@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -90,12 +91,18 @@ void MakeRandomModel(const MakeModelOptions& options) {
   if (!options.tokenizer_path.empty()) {
     fs::copy_file(options.tokenizer_path, out / "tokenizer.model",
                   fs::copy_options::overwrite_existing);
-    WriteJson(out / "tokenizer_config.json", {{"tokenizer_class", "LlamaTokenizer"},
-                                              {"add_bos_token", true},
-                                              {"add_eos_token", false},
-                                              {"bos_token", "<s>"},
-                                              {"eos_token", "</s>"},
-                                              {"unk_token", "<unk>"}});
+    json tok = {{"tokenizer_class", "LlamaTokenizer"},
+                {"add_bos_token", true},
+                {"add_eos_token", false},
+                {"bos_token", "<s>"},
+                {"eos_token", "</s>"},
+                {"unk_token", "<unk>"}};
+    if (!options.chat_template_path.empty()) {
+      std::ifstream in(options.chat_template_path, std::ios::binary);
+      if (!in) throw Error(options.chat_template_path + ": cannot open the chat template");
+      tok["chat_template"] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    WriteJson(out / "tokenizer_config.json", tok);
   }
 
   const std::vector<TensorSpec> specs = ExpectedTensors(config);

@@ -17,6 +17,7 @@ struct MakeModelOptions {
   std::string tokenizer_path;  // a SentencePiece tokenizer.model to copy in
   uint64_t seed = 0;
   DType dtype = DType::kBF16;
+  std::string chat_template_path;  // a Jinja chat template for tokenizer_config.json (optional)
 };
 
 // Weights: matrices uniform with standard deviation `initializer_range` (default 0.02),

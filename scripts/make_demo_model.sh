@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the demo model deterministically (called by the `demo_model` build target):
 #   a 1000-piece SentencePiece BPE vocabulary trained by Debian's spm_train on this
-#   repository's own text, and random weights (seed 0) of engine/configs/demo.json.
+#   repository's own text, random weights (seed 0) of engine/configs/demo.json, and Zephyr's
+#   chat template (so that /v1/chat/completions and the chat page work out of the box).
 # Usage: make_demo_model.sh LLM_BINARY OUT_DIR
 set -euo pipefail
 llm=$1
@@ -21,5 +22,6 @@ mkdir -p "$out"
   --input_sentence_size=0 --max_sentence_length=100000 --minloglevel=2 >spm.log 2>&1) \
   || { cat "$tmp/spm.log"; exit 1; }
 "$llm" make-model --config "$root/engine/configs/demo.json" --out "$out" --seed 0 \
-  --dtype f32 --tokenizer "$tmp/tok.model" 2>/dev/null
+  --dtype f32 --tokenizer "$tmp/tok.model" \
+  --chat-template "$root/tests/data/chat_templates/zephyr-7b-beta.jinja" 2>/dev/null
 echo "DEMO MODEL: random weights (seed 0) and a 1000-piece vocabulary trained on this repository's text; its output is gibberish by design. Use --model DIR for a real Hugging Face checkpoint." > "$out/NOTICE"

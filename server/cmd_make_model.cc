@@ -30,6 +30,9 @@ Command AddMakeModel(CLI::App& app) {
   cmd->add_option("--tokenizer", opts->tokenizer_path,
                   "SentencePiece tokenizer.model to include (default: the demo model's)")
       ->capture_default_str();
+  cmd->add_option("--chat-template", opts->chat_template_path,
+                  "Jinja chat template to store in tokenizer_config.json")
+      ->check(CLI::ExistingFile);
   return [opts, dtype] {
     opts->dtype = *dtype;
     const auto start = std::chrono::steady_clock::now();

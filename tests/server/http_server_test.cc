@@ -36,7 +36,7 @@ class HttpServerTest : public ::testing::Test {
                         "num_attention_heads": 8, "vocab_size": 512,
                         "max_position_embeddings": 4096, "tie_word_embeddings": true})");
     MakeRandomModel({(slow_dir_->path() / "in.json").string(), slow_dir_->path().string(),
-                     ModelDir() + "/tokenizer.model", 1, DType::kBF16});
+                     ModelDir() + "/tokenizer.model", 1, DType::kBF16, ""});
     slow_model_ = LlamaModel::Load(slow_dir_->path().string()).release();
   }
   static void TearDownTestSuite() {
