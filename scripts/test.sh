@@ -34,7 +34,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 # Each stage is one command or an && chain: it runs in an `||` context, where set -e is off.
 stage_unit() {
-  scripts/build.sh &&
+  scripts/build.sh -j "$(nproc)" &&
     ctest --test-dir build --output-on-failure --timeout 900 -j "$(nproc)"
 }
 stage_asan() { scripts/test_sanitizers.sh address; }
