@@ -33,7 +33,7 @@ if [[ ! -f $BUILD/build.ninja ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DLLM_FUZZ=ON -DLLM_ENABLE_CUDA=OFF \
     -DLLM_BUILD_TESTS=OFF >/dev/null
 fi
-ninja -C "$BUILD" "${targets[@]/%/_fuzz}"
+ninja -C "$BUILD" -j "$(nproc)" "${targets[@]/%/_fuzz}"
 
 # Both given: whichever comes first. Neither: 20 seconds.
 limit=()

@@ -1,12 +1,73 @@
 #!/usr/bin/env bash
-# The test command: installs missing Debian packages, configures, builds, runs every test.
-# GPU tests (ctest label `gpu`) skip with a message when no GPU is present.
+# The test command (CI runs it through .ci/run on a clean clone): installs missing Debian
+# packages, then runs these stages in order, prints each one's duration and a summary, and
+# fails when any stage failed (a failed stage does not stop the later ones).
+#
+#   unit       build/ (Release) and every test with ctest; GPU tests (label `gpu`) skip with
+#              a message when no GPU is present
+#   asan       the whole CPU suite under ASan + UBSan + LeakSanitizer (build-asan/)
+#   tsan       the engine's threading tests under ThreadSanitizer (build-tsan/)
+#   fuzz       every libFuzzer target for LLM_FUZZ_SECONDS (default 30) on its seed corpus,
+#              under ASan + UBSan (clang, build-fuzz/)
+#   container  the CPU image built with podman and checked end to end (/health, a completion,
+#              a gRPC stream); last, since it is the slowest and needs the others' nothing
+#
+# LLM_TEST_STAGES picks stages (default: all of them, as CI runs it), e.g. for a quick local
+# run: LLM_TEST_STAGES=unit scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
-scripts/build.sh
-cd build
+all_stages="unit asan tsan fuzz container"
+stages=${LLM_TEST_STAGES:-$all_stages}
+for s in $stages; do
+  case " $all_stages " in
+    *" $s "*) ;;
+    *)
+      echo "[test] unknown stage '$s' (stages: $all_stages)" >&2
+      exit 2
+      ;;
+  esac
+done
+
 # Several test processes share the cores: OpenMP threads that spin while waiting would
 # starve each other (a 30 ms test took 50 s under ctest -j2); let them sleep instead.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-ctest --output-on-failure --timeout 900 -j "$(nproc)"
+
+# Each stage is one command or an && chain: it runs in an `||` context, where set -e is off.
+stage_unit() {
+  scripts/build.sh -j "$(nproc)" &&
+    ctest --test-dir build --output-on-failure --timeout 900 -j "$(nproc)"
+}
+stage_asan() { scripts/test_sanitizers.sh address; }
+stage_tsan() { scripts/test_sanitizers.sh thread; }
+stage_fuzz() { scripts/fuzz.sh --seconds "${LLM_FUZZ_SECONDS:-30}"; }
+stage_container() { scripts/test_container.sh; }
+
+# One apt-get for every stage's packages (the container stage's own call then finds them).
+deps="test"
+case " $stages " in *" fuzz "*) deps+=" fuzz" ;; esac
+case " $stages " in *" container "*) deps+=" container" ;; esac
+start=$SECONDS
+LLM_DEPS=$deps scripts/deps.sh
+summary=("$(printf '%-10s ok      %5ds' deps $((SECONDS - start)))")
+
+failed=0
+for s in $stages; do
+  echo "[test] ===== stage $s"
+  start=$SECONDS
+  rc=0
+  stage_"$s" || rc=$?
+  took=$((SECONDS - start))
+  if [ $rc -eq 0 ]; then
+    line=$(printf '%-10s ok      %5ds' "$s" $took)
+  else
+    line=$(printf '%-10s FAILED  %5ds (exit %d)' "$s" $took $rc)
+    failed=1
+  fi
+  echo "[test] ===== stage $line"
+  summary+=("$line")
+done
+
+echo
+echo "[test] summary (${SECONDS}s in all)"
+for line in "${summary[@]}"; do echo "  $line"; done
+exit $failed

@@ -20,17 +20,7 @@ fail() { failed=$((failed + 1)); echo "FAIL $*"; }
 start=$(date +%s)
 
 # ---- tools ---------------------------------------------------------------------------------
-missing=()
-for p in podman runc debootstrap curl protobuf-compiler protobuf-compiler-grpc python3-grpcio \
-         python3-protobuf; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[container] installing: ${missing[*]}"
-  apt-get update -qq
-  # With Recommends: netavark and friends come with podman.
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
+LLM_DEPS=container scripts/deps.sh
 
 # ---- podman configuration: all state under $state -------------------------------------------
 mkdir -p "$state/storage" "$state/run" "$state/tmp"
