@@ -562,7 +562,7 @@ Value GetItem(const Value& obj, const Value& key, const RenderLimits& limits) {
   return Value();
 }
 
-void AddGlobals(Dict& globals, const RenderLimits& limits) {
+void AddGlobals(Dict& globals, const RenderLimits& limits, std::vector<Value>* namespaces) {
   globals.Set(
       "range", Value::MakeFunction([&limits](CallArgs& a) {
         if (a.args.empty() || a.args.size() > 3)
@@ -585,14 +585,17 @@ void AddGlobals(Dict& globals, const RenderLimits& limits) {
         }
         return Value::MakeList(std::move(out));
       }));
-  auto make_dict = [](CallArgs& a, bool is_namespace) {
+  auto make_dict = [namespaces](CallArgs& a, bool is_namespace) {
     Dict d;
     for (const auto& arg : a.args) {
       if (!arg.is_mapping()) throw RuntimeError("expected a mapping argument");
       for (const auto& [k, v] : arg.dict().entries) d.Set(k, v);
     }
     for (const auto& [k, v] : a.kwargs) d.Set(k, v);
-    return is_namespace ? Value::Namespace(std::move(d)) : Value::MakeDict(std::move(d));
+    if (!is_namespace) return Value::MakeDict(std::move(d));
+    Value ns = Value::Namespace(std::move(d));
+    namespaces->push_back(ns);
+    return ns;
   };
   globals.Set("namespace",
               Value::MakeFunction([make_dict](CallArgs& a) { return make_dict(a, true); }));

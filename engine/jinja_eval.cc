@@ -20,9 +20,14 @@ class Evaluator {
  public:
   Evaluator(const Dict& variables, const RenderLimits& limits) : limits_(limits) {
     Dict globals;
-    AddGlobals(globals, limits_);
+    AddGlobals(globals, limits_, &namespaces_);
     scopes_.push_back(std::move(globals));
     scopes_.push_back(variables);
+  }
+  // Namespaces are the only mutable values, so every reference cycle a template can build
+  // passes through one: emptying them all frees the cycle (on success and on errors alike).
+  ~Evaluator() {
+    for (const Value& ns : namespaces_) ns.mutable_namespace().entries.clear();
   }
 
   std::string Run(const NodeList& nodes) {
@@ -471,6 +476,7 @@ class Evaluator {
   const RenderLimits& limits_;
   std::vector<Dict> scopes_;  // [0] globals, [1] the render variables and top-level sets
   std::string out_;
+  std::vector<Value> namespaces_;  // every namespace() of this render (see ~Evaluator)
   int64_t num_iterations_ = 0;
   int call_depth_ = 0;
   int current_line_ = 0;  // where the innermost failing expression is

@@ -35,8 +35,10 @@ bool ApplyTest(const std::string& name, const Value& value, const std::vector<Va
 Value GetAttribute(const Value& obj, const std::string& name, const RenderLimits& limits);
 // `obj[key]`: item first, then attribute (as Jinja2's getitem).
 Value GetItem(const Value& obj, const Value& key, const RenderLimits& limits);
-// range, namespace, dict, raise_exception, strftime_now.
-void AddGlobals(Dict& globals, const RenderLimits& limits);
+// range, namespace, dict, raise_exception, strftime_now. Every namespace() the render creates
+// is appended to `namespaces`: the evaluator empties them when the render ends, which breaks
+// any reference cycle a template built through them (`{% set ns.self = ns %}`).
+void AddGlobals(Dict& globals, const RenderLimits& limits, std::vector<Value>* namespaces);
 // Throws RuntimeError when a string would exceed the limit.
 void CheckSize(size_t num_bytes, const RenderLimits& limits);
 

@@ -235,6 +235,19 @@ TEST(ChatTemplateTest, HostileTemplatesFailQuickly) {
   EXPECT_LT(seconds, 10.0 * test::SlowFactor());
 }
 
+// Regression (CI fuzz smoke, tests/fuzz/corpus/chat_template/namespace-cycle.seed): a namespace
+// that holds itself, directly or through a list or dict, is a shared_ptr cycle; the render
+// frees it on the way out. The leak check is LeakSanitizer's (the asan CI stage runs this).
+TEST(ChatTemplateTest, NamespaceCyclesAreFreedAfterTheRender) {
+  EXPECT_EQ(R("{% set ns = namespace(n=0) %}{% set ns.n = ns %}ok"), "ok");
+  EXPECT_EQ(R("{% set ns = namespace(l=[]) %}{% set ns.l = [ns, ns] %}{{ ns.l | length }}"), "2");
+  EXPECT_EQ(R("{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.b = b %}"
+              "{% set a.d = {'x': a} %}{{ a.d.x.b.a is defined }}"),
+            "True");
+  test::ExpectError([] { R("{% set ns = namespace() %}{% set ns.me = ns %}{{ raise_exception('x') }}"); },
+                    {"x"});
+}
+
 TEST(ChatTemplateTest, SourceFromTokenizerConfig) {
   EXPECT_EQ(ChatTemplateSource(nlohmann::json{{"chat_template", "T"}}), "T");
   nlohmann::json named = {
