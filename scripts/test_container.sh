@@ -123,11 +123,13 @@ if [[ $text == ", there was a little girl named Lily"* ]]; then ok "completion: 
   fail "completion: '$text'"
 fi
 
-stubs=$state/python-stubs
-mkdir -p "$stubs"
-protoc --proto_path=proto --python_out="$stubs" --grpc_out="$stubs" \
-  --plugin=protoc-gen-grpc="$(command -v grpc_python_plugin)" llm.proto
-if /usr/bin/python3 tests/clients/grpc_client_test.py "127.0.0.1:$grpc_port" "$stubs"; then
+# The llm_client package (clients/python) from a copy of the source tree, its stubs generated
+# by its own build_stubs.py (protoc + grpc_python_plugin), on Debian's python3-grpcio.
+pkg=$state/python-pkg
+rm -rf "$pkg" && mkdir -p "$pkg"
+cp -r clients/python/llm_client "$pkg/"
+/usr/bin/python3 clients/python/build_stubs.py --root "$pkg" --proto proto/llm.proto > /dev/null
+if PYTHONPATH="$pkg" /usr/bin/python3 tests/clients/grpc_client_test.py "127.0.0.1:$grpc_port"; then
   ok "gRPC client (stream, health, tokenize, errors)"
 else
   fail "gRPC client"
