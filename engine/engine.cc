@@ -232,8 +232,21 @@ EngineStats Engine::Stats() const {
 void Engine::PublishStats() {
   EngineStats s = counters_;
   const BlockManagerCounters b = blocks_.counters();
-  s.num_running = scheduler_.num_running();
-  s.num_waiting = scheduler_.num_waiting();
+  s.num_running_seqs = scheduler_.num_running();
+  s.num_waiting_seqs = scheduler_.num_waiting();
+  s.num_running = s.num_waiting = 0;
+  for (const auto& [id, req] : requests_) {
+    bool running = false, open = false;
+    for (const Sequence* seq : req->seqs) {
+      running = running || seq->status == SeqStatus::kRunning;
+      open = open || seq->status != SeqStatus::kFinished;
+    }
+    if (running) {
+      ++s.num_running;
+    } else if (open) {
+      ++s.num_waiting;
+    }
+  }
   s.num_kv_blocks = b.num_blocks;
   s.num_free_kv_blocks = b.num_free_blocks;
   s.num_cached_kv_blocks = b.num_cached_blocks;

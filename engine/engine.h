@@ -43,7 +43,10 @@ struct EngineConfig {
 
 // A consistent snapshot for metrics and tests.
 struct EngineStats {
+  // Requests (vLLM's vllm:num_requests_running / _waiting): running = at least one of its
+  // sequences is in the running batch; waiting = queued or preempted, not finished.
   int64_t num_running = 0, num_waiting = 0;
+  int64_t num_running_seqs = 0, num_waiting_seqs = 0;  // sequences (an n > 1 request counts n)
   int64_t num_kv_blocks = 0, num_free_kv_blocks = 0, num_cached_kv_blocks = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t num_preemptions = 0, num_steps = 0;

@@ -193,6 +193,40 @@ TEST_F(EngineTest, NCompletionsShareThePromptAndFinishOnce) {
   EXPECT_EQ(engine.Stats().num_free_kv_blocks, engine.Stats().num_kv_blocks);
 }
 
+// The gauges count requests, as vLLM's do; the sequence counts are kept apart.
+TEST_F(EngineTest, RunningAndWaitingCountRequestsNotSequences) {
+  {
+    Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128});
+    Request r = Greedy(tokenizer_->EncodePrompt("The little dog"), 12);
+    r.sampling.n = 4;
+    r.sampling.temperature = 1.0;
+    r.sampling.seed = 5;
+    auto ch = engine.AddRequest(r);
+    ASSERT_TRUE(engine.Step());  // the prompt runs, then forks into 4 sequences
+    ASSERT_TRUE(engine.Step());
+    const EngineStats s = engine.Stats();
+    EXPECT_EQ(s.num_running, 1);
+    EXPECT_EQ(s.num_running_seqs, 4);
+    EXPECT_EQ(s.num_waiting, 0);
+    engine.RunUntilIdle();
+    EXPECT_EQ(Drain(*ch, 4).num_last, 1);
+    const EngineStats done = engine.Stats();
+    EXPECT_EQ(done.num_running + done.num_waiting + done.num_running_seqs, 0);
+  }
+  {
+    Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128, .max_num_seqs = 1});
+    auto a = engine.AddRequest(Greedy(tokenizer_->EncodePrompt("Once upon"), 8));
+    auto b = engine.AddRequest(Greedy(tokenizer_->EncodePrompt("The cat"), 8));
+    ASSERT_TRUE(engine.Step());
+    const EngineStats s = engine.Stats();
+    EXPECT_EQ(s.num_running, 1);
+    EXPECT_EQ(s.num_waiting, 1);
+    EXPECT_EQ(s.num_waiting_seqs, 1);
+    engine.RunUntilIdle();
+    EXPECT_EQ(Drain(*a).num_last + Drain(*b).num_last, 2);
+  }
+}
+
 TEST_F(EngineTest, SeedGivesSameTokensAloneOrBatched) {
   Request r = Greedy(tokenizer_->EncodePrompt("Tom had a"), 30);
   r.sampling.temperature = 0.9;
