@@ -48,7 +48,7 @@ Gemm::~Gemm() {
 const Gemm::Plan& Gemm::GetPlan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [n, m, k, dtype, out_dtype, accumulate] = key;
+  const auto [n, m, k, dtype, out_dtype] = key;
   Plan p;
   Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
@@ -86,7 +86,6 @@ const Gemm::Plan& Gemm::GetPlan(const Key& key) {
                              std::string(DTypeName(out_dtype)) + ")");
   }
   p.algo = result.algo;
-  (void)accumulate;
   return plans_.emplace(key, p).first->second;
 }
 
@@ -96,7 +95,7 @@ void Gemm::Linear(const void* x, const void* w, void* y, int64_t n, int64_t m, i
   if (accumulate && out_dtype != DType::kF32) {
     throw std::invalid_argument("Gemm::Linear: accumulate needs an fp32 output");
   }
-  const Plan& p = GetPlan({n, m, k, dtype, out_dtype, accumulate});
+  const Plan& p = GetPlan({n, m, k, dtype, out_dtype});
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   Check(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                        workspace_, workspace_bytes_, stream),

@@ -40,7 +40,8 @@ class Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, DType, DType, bool>;
+  // The plan does not depend on accumulate (beta is a launch argument, not in the heuristic).
+  using Key = std::tuple<int64_t, int64_t, int64_t, DType, DType>;
   const Plan& GetPlan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;
