@@ -17,6 +17,8 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/model_ops.h"
 
 namespace {
 
@@ -54,21 +56,18 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
 // weight-streaming bandwidth (bytes of W per second). The repeats rotate over copies of W
 // totalling >= 256 MB, so that no repeat finds its weights in the 50 MB L2 (a first version
 // reused one W and overstated both sides for the matrices that fit).
-void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvPrologue prologue,
+void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilogue epilogue,
               const char* name, int reps) {
   using llm::DType;
   void *x = nullptr, *w_all = nullptr, *y = nullptr;
-  float* norm = nullptr;
   const int64_t w_bytes = m * k * 2;
   const int copies = int(std::max<int64_t>(2, (int64_t{256} << 20) / w_bytes + 1));
   LLM_CUDA_CHECK(cudaMalloc(&x, size_t(2 * k * 4)));
   LLM_CUDA_CHECK(cudaMalloc(&w_all, size_t(w_bytes * copies)));
   LLM_CUDA_CHECK(cudaMalloc(&y, size_t(m * 4)));
-  LLM_CUDA_CHECK(cudaMalloc(&norm, size_t(k * 4)));
   llm::cuda::FillUniform(x, DType::kBF16, 2 * k, 1.f, 3, nullptr);
   llm::cuda::FillUniform(w_all, DType::kBF16, m * k * copies, 1.f, 4, nullptr);
   int rep = 0;
-  llm::cuda::FillConstant(norm, DType::kF32, k, 1.f, nullptr);
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
@@ -79,9 +78,8 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvProlog
         gemm.Linear(x, w, y, 1, m, k, DType::kBF16, DType::kBF16, false, nullptr);
       } else {
         llm::cuda::GemvArgs g;
-        g.prologue = prologue;
+        g.epilogue = epilogue;
         g.x = x;
-        g.norm_weight = norm;
         g.w = w;
         g.y = y;
         g.n = 1;
@@ -110,7 +108,115 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvProlog
   cudaFree(x);
   cudaFree(w_all);
   cudaFree(y);
-  cudaFree(norm);
+}
+
+// The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
+// q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
+// weights distinct (so the whole set streams from HBM, as in a real step), captured in one
+// CUDA graph. Three ways: cuBLASLt (+ SiluMul kernel), our GEMV with plain launches, our GEMV
+// with programmatic dependent launch. Reports ms per step and weight TB/s; attention and
+// RoPE are left out, so this is the linear layers' share of the batch-1 roofline.
+void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
+                     int64_t qkv_dim, int64_t inter, int reps) {
+  using llm::DType;
+  namespace cu = llm::cuda;
+  const int64_t per_layer =
+      (qkv_dim * hidden + hidden * hidden + 2 * inter * hidden + hidden * inter) * 2;
+  void* w_all = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&w_all, size_t(per_layer * layers)));
+  cu::FillUniform(w_all, DType::kBF16, per_layer * layers / 2, 0.02f, 5, nullptr);
+  void *normed = nullptr, *qkv = nullptr, *gate_up = nullptr, *act = nullptr;
+  float *x = nullptr, *norm_w = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&normed, size_t(hidden * 2)));
+  LLM_CUDA_CHECK(cudaMalloc(&qkv, size_t(qkv_dim * 2)));
+  LLM_CUDA_CHECK(cudaMalloc(&gate_up, size_t(2 * inter * 2)));
+  LLM_CUDA_CHECK(cudaMalloc(&act, size_t(inter * 2)));
+  LLM_CUDA_CHECK(cudaMalloc(&x, size_t(hidden * 4)));
+  LLM_CUDA_CHECK(cudaMalloc(&norm_w, size_t(hidden * 4)));
+  cu::FillUniform(x, DType::kF32, hidden, 1.f, 6, nullptr);
+  cu::FillConstant(norm_w, DType::kF32, hidden, 1.f, nullptr);
+  cudaStream_t stream = nullptr;
+  LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  LLM_CUDA_CHECK(cudaEventCreate(&start));
+  LLM_CUDA_CHECK(cudaEventCreate(&stop));
+  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl"};
+  for (int impl = 0; impl < 3; ++impl) {
+    cu::SetProgrammaticLaunch(impl == 2);
+    auto gemv = [&](cu::GemvEpilogue e, const void* in, const void* w, void* out, int64_t m,
+                    int64_t k) {
+      cu::GemvArgs g;
+      g.epilogue = e;
+      g.x = in;
+      g.w = w;
+      g.y = out;
+      g.n = 1;
+      g.m = m;
+      g.k = k;
+      cu::Gemv(g, stream);
+    };
+    auto step = [&] {
+      for (int64_t l = 0; l < layers; ++l) {
+        const auto* base = static_cast<const uint16_t*>(w_all) + l * per_layer / 2;
+        const uint16_t* wqkv = base;
+        const uint16_t* wo = wqkv + qkv_dim * hidden;
+        const uint16_t* wgu = wo + hidden * hidden;
+        const uint16_t* wd = wgu + 2 * inter * hidden;
+        cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
+        if (impl == 0) {
+          gemm.Linear(normed, wqkv, qkv, 1, qkv_dim, hidden, DType::kBF16, DType::kBF16, false,
+                      stream);
+          gemm.Linear(qkv, wo, x, 1, hidden, hidden, DType::kBF16, DType::kF32, true, stream);
+        } else {
+          gemv(cu::GemvEpilogue::kStore, normed, wqkv, qkv, qkv_dim, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, wo, x, hidden, hidden);
+        }
+        cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
+        if (impl == 0) {
+          gemm.Linear(normed, wgu, gate_up, 1, 2 * inter, hidden, DType::kBF16, DType::kBF16, false,
+                      stream);
+          cu::SiluMul(gate_up, act, 1, inter, DType::kBF16, stream);
+          gemm.Linear(act, wd, x, 1, hidden, inter, DType::kBF16, DType::kF32, true, stream);
+        } else {
+          gemv(cu::GemvEpilogue::kSiluMul, normed, wgu, act, 2 * inter, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, act, wd, x, hidden, inter);
+        }
+      }
+    };
+    step();  // cuBLASLt plans, lazy module loading
+    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph = nullptr;
+    LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    step();
+    LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<float> ms(static_cast<size_t>(reps));
+    for (int r = 0; r < reps; ++r) {
+      LLM_CUDA_CHECK(cudaEventRecord(start, stream));
+      LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      LLM_CUDA_CHECK(cudaEventRecord(stop, stream));
+      LLM_CUDA_CHECK(cudaEventSynchronize(stop));
+      LLM_CUDA_CHECK(cudaEventElapsedTime(&ms[size_t(r)], start, stop));
+    }
+    std::sort(ms.begin(), ms.end());
+    const double t = ms[ms.size() / 2];
+    std::printf(
+        "JSON {\"kind\":\"decode_chain\",\"name\":\"%s\",\"impl\":\"%s\",\"layers\":%lld,"
+        "\"weight_bytes\":%lld,\"ms\":%.4f,\"weight_tb_per_s\":%.3f}\n",
+        name, impls[impl], (long long)layers, (long long)(per_layer * layers), t,
+        double(per_layer * layers) / (t * 1e-3) / 1e12);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cu::SetProgrammaticLaunch(false);
+  for (void* p :
+       {w_all, normed, qkv, gate_up, act, static_cast<void*>(x), static_cast<void*>(norm_w)})
+    cudaFree(p);
+  cudaStreamDestroy(stream);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
 }
 
 }  // namespace
@@ -139,12 +245,14 @@ int main(int argc, char** argv) {
           s.name, (long long)s.n, (long long)s.m, (long long)s.k, ms, tflops,
           llm::cuda::DeviceDescription().c_str());
     }
-    using P = llm::cuda::GemvPrologue;
-    TimeGemv(gemm, 6144, 4096, P::kRmsNorm, "llama3_8b_qkv_n1", reps);
-    TimeGemv(gemm, 28672, 4096, P::kRmsNorm, "llama3_8b_gate_up_n1", reps);
-    TimeGemv(gemm, 4096, 14336, P::kSiluMul, "llama3_8b_down_n1", reps);
-    TimeGemv(gemm, 4096, 4096, P::kNone, "llama3_8b_o_n1", reps);
-    TimeGemv(gemm, 128256, 4096, P::kRmsNorm, "llama3_8b_lm_head_n1", reps);
+    using E = llm::cuda::GemvEpilogue;
+    TimeGemv(gemm, 6144, 4096, E::kStore, "llama3_8b_qkv_n1", reps);
+    TimeGemv(gemm, 28672, 4096, E::kSiluMul, "llama3_8b_gate_up_n1", reps);
+    TimeGemv(gemm, 4096, 14336, E::kAccumulateF32, "llama3_8b_down_n1", reps);
+    TimeGemv(gemm, 4096, 4096, E::kAccumulateF32, "llama3_8b_o_n1", reps);
+    TimeGemv(gemm, 128256, 4096, E::kStoreF32, "llama3_8b_lm_head_n1", reps);
+    TimeDecodeChain(gemm, "llama2_7b", 32, 4096, 3 * 4096, 11008, reps);
+    TimeDecodeChain(gemm, "llama3_8b", 32, 4096, 6144, 14336, reps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gemm_peak_gpu: %s\n", e.what());
     return 1;

@@ -79,8 +79,12 @@ C8=engine/configs/llama-3-8b.json
 C31=engine/configs/llama-3.1-8b.json
 run latency_7b_b1 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
-run latency_7b_b1_fused_gemv 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
-  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-max-tokens 8
+run latency_7b_b1_cublaslt 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-max-tokens 0
+run latency_7b_b1_no_pdl 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --disable-pdl
+run latency_8b_b1 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run ttft_8b_2048 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
   --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048
 run decode_8b_256seq 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \

@@ -28,9 +28,12 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
   cmd->add_option("--gemv-max-tokens", gemv_max_tokens,
-                  "cuda: steps of up to N tokens use the fused small-batch GEMV (0: cuBLASLt)")
+                  "cuda: steps of up to N tokens run their linear layers on our GEMV kernel "
+                  "(0: cuBLASLt)")
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
+  cmd->add_flag("--disable-pdl", disable_pdl,
+                "cuda: no programmatic dependent launch between kernels");
   cmd->add_option("--dummy-seed", dummy_seed, "seed of --load-format dummy weights")
       ->capture_default_str();
 }
@@ -53,9 +56,8 @@ Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConf
   if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
   if (f.dtype == "f16") load.weight_dtype = DType::kF16;
   b.cpu_model = LlamaModel::Load(model_path, load);
-  const int64_t blocks =
-      KvCachePool::NumBlocksForBytes(b.cpu_model->config(), engine->block_size,
-                                     engine->kv_cache_bytes);
+  const int64_t blocks = KvCachePool::NumBlocksForBytes(b.cpu_model->config(), engine->block_size,
+                                                        engine->kv_cache_bytes);
   b.executor = std::make_unique<CpuExecutor>(*b.cpu_model, blocks, engine->block_size);
   b.device = "cpu";
   return b;
@@ -72,6 +74,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.cuda_graphs = !f.enforce_eager;
   o.gemv_max_tokens = f.gemv_max_tokens;
+  o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;
   Backend b;

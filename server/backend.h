@@ -18,8 +18,9 @@ struct BackendFlags {
   std::string dtype = "auto";   // cpu: weights as stored / f32 / bf16 / f16; cuda: bf16 / f16
   std::string load_format = "auto";
   double gpu_memory_utilization = 0.90;
-  bool enforce_eager = false;  // no CUDA graphs
-  int64_t gemv_max_tokens = 0;  // cuda: steps up to this many tokens use the fused GEMV
+  bool enforce_eager = false;   // no CUDA graphs
+  int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the GEMV kernel
+  bool disable_pdl = false;     // cuda: no programmatic dependent launch
   uint64_t dummy_seed = 0;
 
   void AddTo(CLI::App* cmd);
@@ -38,7 +39,6 @@ bool CudaDevicePresent();
 // config .json). On the CPU the KV pool comes from engine.kv_cache_bytes; on the GPU from the
 // memory left, and `engine` is adjusted to what the GPU path wants (no batch-invariant
 // routing: decode rows take the split-KV kernel). Throws llm::Error with a clear message.
-Backend MakeBackend(const std::string& model_path, const BackendFlags& flags,
-                    EngineConfig* engine);
+Backend MakeBackend(const std::string& model_path, const BackendFlags& flags, EngineConfig* engine);
 
 }  // namespace llm::cli

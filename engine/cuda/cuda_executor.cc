@@ -1,13 +1,12 @@
 #include "engine/cuda/cuda_executor.h"
 
 #include <cuda_runtime.h>
-
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -24,6 +23,7 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/prefill_attention.h"
 
@@ -157,7 +157,6 @@ struct CudaExecutor::Impl {
     int64_t num_tokens = 0, num_seqs = 0, num_decode = 0, num_rows = 0, width = 0;
     int64_t max_q_len = 0, max_keys_prefill = 0, max_keys_decode = 0;
     int splits = 1;
-    bool rows_identity = false;  // logits rows are the step's tokens in order
   };
 
   ~Impl() {
@@ -192,8 +191,8 @@ struct CudaExecutor::Impl {
   // chunks and uploads them to dst.
   void Upload(const TensorView& t, int64_t count, DType to, void* dst) {
     if (t.dtype == to) {
-      LLM_CUDA_CHECK(cudaMemcpy(dst, t.data, size_t(count) * DTypeSize(to),
-                                cudaMemcpyHostToDevice));
+      LLM_CUDA_CHECK(
+          cudaMemcpy(dst, t.data, size_t(count) * DTypeSize(to), cudaMemcpyHostToDevice));
       return;
     }
     constexpr int64_t kChunk = int64_t{1} << 22;
@@ -238,8 +237,7 @@ struct CudaExecutor::Impl {
     }
     const std::vector<float> freqs = RopeInvFreq(c);
     inv_freq = Alloc<float>(int64_t(freqs.size()) * 4);
-    LLM_CUDA_CHECK(
-        cudaMemcpy(inv_freq, freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice));
+    LLM_CUDA_CHECK(cudaMemcpy(inv_freq, freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice));
   }
 
   void LoadCheckpoint(const std::string& dir) {
@@ -471,17 +469,14 @@ struct CudaExecutor::Impl {
         }
       }
     }
-    s.rows_identity = s.num_rows == s.num_tokens;
     for (int64_t r = 0; r < s.num_rows; ++r) {
       h_rows.p[r] = padded > 0 ? int32_t(r) : b.logits_indices[size_t(r)];
-      s.rows_identity = s.rows_identity && h_rows.p[r] == r;
     }
     s.max_keys_decode = std::max<int64_t>(s.max_keys_decode, 1);
     if (nd > 0) {
       const size_t per_split =
           size_t(nd) * size_t(config.num_heads) * size_t(config.head_dim + 2) * sizeof(float);
-      s.splits = cuda::DecodeAutoSplits(nd, config.num_kv_heads, s.max_keys_decode,
-                                        config.head_dim,
+      s.splits = cuda::DecodeAutoSplits(nd, config.num_kv_heads, s.max_keys_decode, config.head_dim,
                                         int64_t(kDecodeWorkspaceBytes / per_split));
     }
     auto copy = [&](void* dst, const void* src, int64_t bytes) {
@@ -530,19 +525,14 @@ struct CudaExecutor::Impl {
     }
   }
 
-  // A GEMV of the fused small-batch kernel (kernels/cuda/gemv.h).
-  void SmallLinear(cuda::GemvPrologue prologue, const void* in, const float* norm, const void* w,
-                   void* out, int64_t n, int64_t m, int64_t k, bool accumulate,
-                   bool out_f32 = false) {
+  // One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv.h).
+  void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const void* w, void* out, int64_t n,
+                   int64_t m, int64_t k) {
     cuda::GemvArgs g;
-    g.prologue = prologue;
+    g.epilogue = epilogue;
     g.x = in;
-    g.norm_weight = norm;
-    g.eps = float(config.rms_norm_eps);
     g.w = w;
     g.y = out;
-    g.accumulate = accumulate;
-    g.y_f32 = out_f32 || accumulate;
     g.n = n;
     g.m = m;
     g.k = k;
@@ -550,58 +540,57 @@ struct CudaExecutor::Impl {
     cuda::Gemv(g, stream);
   }
 
+  bool SmallStep(int64_t rows) const {
+    return gemv_ok && rows <= std::min<int64_t>(cuda::kGemvMaxTokens, opt.gemv_max_tokens);
+  }
+
   // Every kernel of one step, on `stream` (capturable: no sync, no allocation).
   void RunModel(const Shape& s) {
     const int64_t n = s.num_tokens;
     const float eps = float(config.rms_norm_eps);
     const DType f32 = DType::kF32;
-    // Steps of at most 8 tokens (decode at small batch) stream the q|k|v, o, gate|up and
-    // lm_head weights through the fused GEMV, RMSNorm in its prologue (2 kernels per layer
-    // fewer; cuBLASLt's n = 1 kernels reach only 1.6-1.8 TB/s on the 4096-wide matrices).
-    const bool small =
-        gemv_ok && n <= std::min<int64_t>(cuda::kGemvMaxTokens, opt.gemv_max_tokens);
-    using P = cuda::GemvPrologue;
+    // Steps of at most gemv_max_tokens tokens (decode at small batch) run every linear layer
+    // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
+    // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry the
+    // residual add (o, down) and SiLU·mul (gate|up), so no separate SiluMul kernel runs.
+    const bool small = SmallStep(n);
+    using E = cuda::GemvEpilogue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
       const Layer& l = layers[size_t(i)];
+      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (small) {
-        SmallLinear(P::kRmsNorm, x, l.input_norm, l.qkv, qkv, n, qkv_dim, hidden, false);
+        SmallLinear(E::kStore, normed, l.qkv, qkv, n, qkv_dim, hidden);
       } else {
-        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
-                         stream);
         gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
       }
       cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
                          int(config.num_kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
       Attention(i, s);
       if (small) {
-        SmallLinear(P::kNone, attn, nullptr, l.o, x, n, hidden, q_dim, true);
-        SmallLinear(P::kRmsNorm, x, l.post_norm, l.gate_up, gate_up, n, 2 * inter, hidden, false);
-        // The down projection keeps SiLU·mul as its own kernel and cuBLASLt: recomputing the
-        // SiLU per weight row in the GEMV prologue made it 1.75x slower (bench_gemm_peak_gpu:
-        // 70.8 vs 40.5 us at 4096 x 14336 on the H200).
-        cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
-        gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, true, stream);
+        SmallLinear(E::kAccumulateF32, attn, l.o, x, n, hidden, q_dim);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);
-        cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps,
-                         stream);
-        gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false,
-                     stream);
+      }
+      cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      if (small) {
+        SmallLinear(E::kSiluMul, normed, l.gate_up, act, n, 2 * inter, hidden);
+        SmallLinear(E::kAccumulateF32, act, l.down, x, n, hidden, inter);
+      } else {
+        gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
         cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
         gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, true, stream);
       }
     }
     if (s.num_rows == 0) return;
-    if (small && s.rows_identity) {
-      // lm_head GEMV with the final norm in its prologue, fp32 logits.
-      SmallLinear(P::kRmsNorm, x, final_norm, lm_head, logits, n, vocab, hidden, false, true);
-      return;
-    }
     cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
                      stream);
-    gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
-                 stream);
+    if (SmallStep(s.num_rows)) {
+      SmallLinear(E::kStoreF32, rows_normed, lm_head, logits, s.num_rows, vocab, hidden);
+    } else {
+      gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
+                   stream);
+    }
   }
 
   // Graph-eligible: decode rows only, each wanting its logits in order.
@@ -698,8 +687,7 @@ struct CudaExecutor::Impl {
       }
       ReserveAdjust(int64_t(adjust.size()));
       for (size_t i = 0; i < adjust.size(); ++i) {
-        h_adjust.p[i] = {adjust[i].token, adjust[i].bias, adjust[i].repetition,
-                         adjust[i].subtract};
+        h_adjust.p[i] = {adjust[i].token, adjust[i].bias, adjust[i].repetition, adjust[i].subtract};
       }
       LLM_CUDA_CHECK(cudaMemcpyAsync(d_params, h_params.p, count * sizeof(cuda::SampleRowParams),
                                      cudaMemcpyHostToDevice, stream));
@@ -798,8 +786,8 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   std::string why;
   if (!cuda::DeviceAvailable(&why)) throw Error("--device cuda: " + why);
   if (options.dtype != DType::kBF16 && options.dtype != DType::kF16) {
-    throw Error("the CUDA backend runs bf16 or f16 (got " +
-                std::string(DTypeName(options.dtype)) + ")");
+    throw Error("the CUDA backend runs bf16 or f16 (got " + std::string(DTypeName(options.dtype)) +
+                ")");
   }
   if (options.gpu_memory_utilization <= 0 || options.gpu_memory_utilization > 1) {
     throw Error("--gpu-memory-utilization must be in (0, 1]");
@@ -829,14 +817,20 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   m.max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
   m.max_rows = std::max(m.max_seqs, options.max_logits_rows);
   m.decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
-  m.gemv_ok = c.hidden_size % 8 == 0 && (c.num_heads * c.head_dim) % 8 == 0 &&
-              c.intermediate_size % 8 == 0;
+  m.gemv_ok =
+      c.hidden_size % 8 == 0 && (c.num_heads * c.head_dim) % 8 == 0 && c.intermediate_size % 8 == 0;
   if (!m.decode_kernel_ok) {
     m.Log("head_dim " + std::to_string(c.head_dim) +
           ": attention on the naive prefill kernel (the tuned kernels take 64 and 128)");
   }
   m.table_cap = (c.max_position_embeddings + options.block_size - 1) / options.block_size;
   m.device_name = cuda::DeviceDescription(0);
+  {
+    int device = 0, major = 0;
+    LLM_CUDA_CHECK(cudaGetDevice(&device));
+    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cuda::SetProgrammaticLaunch(options.programmatic_launch && major >= 9);
+  }
   LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   LLM_CUDA_CHECK(cudaEventCreate(&m.ev_start));
   LLM_CUDA_CHECK(cudaEventCreate(&m.ev_stop));
@@ -864,10 +858,9 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   int64_t num_blocks = options.num_kv_blocks;
   if (num_blocks <= 0) num_blocks = budget / m.BytesPerBlock();
   if (num_blocks < 1) {
-    throw Error("not enough GPU memory for the KV cache: " + Gib(double(total_bytes)) +
-                " total, " + Gib(double(in_use)) + " in use after loading the model and " +
-                "profiling a " + std::to_string(m.max_tokens) +
-                "-token step; raise --gpu-memory-utilization (" +
+    throw Error("not enough GPU memory for the KV cache: " + Gib(double(total_bytes)) + " total, " +
+                Gib(double(in_use)) + " in use after loading the model and " + "profiling a " +
+                std::to_string(m.max_tokens) + "-token step; raise --gpu-memory-utilization (" +
                 std::to_string(options.gpu_memory_utilization) +
                 ") or lower --max-num-batched-tokens");
   }
@@ -881,8 +874,8 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   m.stats.activation_bytes = m.activation_bytes;
   m.Log(m.device_name + ": weights " + Gib(double(m.weight_bytes)) + ", activations " +
         Gib(double(m.activation_bytes)) + ", KV cache " + Gib(double(m.kv_bytes)) + " = " +
-        std::to_string(num_blocks * options.block_size) + " tokens (" +
-        std::to_string(num_blocks) + " blocks of " + std::to_string(options.block_size) + ")");
+        std::to_string(num_blocks * options.block_size) + " tokens (" + std::to_string(num_blocks) +
+        " blocks of " + std::to_string(options.block_size) + ")");
 
   if (options.cuda_graphs) {
     const int64_t max_graph =
@@ -926,8 +919,8 @@ std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) {
   m.Run(batch);
   const size_t rows = batch.logits_indices.size();
   std::vector<float> out(rows * size_t(m.vocab));
-  LLM_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits, out.size() * 4, cudaMemcpyDeviceToHost,
-                                 m.stream));
+  LLM_CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), m.logits, out.size() * 4, cudaMemcpyDeviceToHost, m.stream));
   m.StopAndWait();
   m.FinishTiming(start);
   return out;

@@ -33,7 +33,7 @@
 namespace llm {
 
 struct CudaExecutorOptions {
-  DType dtype = DType::kBF16;             // weights, activations and KV cache (kBF16 / kF16)
+  DType dtype = DType::kBF16;  // weights, activations and KV cache (kBF16 / kF16)
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers
   int64_t max_num_seqs = 256;
@@ -41,17 +41,19 @@ struct CudaExecutorOptions {
   // for; tests asking for every position's logits raise it). Costs rows × vocab × 4 bytes.
   int64_t max_logits_rows = 0;
   double gpu_memory_utilization = 0.90;
-  int64_t num_kv_blocks = 0;              // > 0: exactly this many (tests); 0: from memory
+  int64_t num_kv_blocks = 0;  // > 0: exactly this many (tests); 0: from memory
   bool cuda_graphs = true;
-  // Steps of at most this many tokens (<= 8) take the fused GEMV (kernels/cuda/gemv.h) for
-  // q|k|v, o, gate|up and lm_head instead of cuBLASLt + separate RMSNorm kernels; 0 = never.
-  // Off by default: end to end it measured slower than cuBLASLt on the H200 (batch-1
-  // Llama-2-7B 4.64 vs 4.40 ms/token, bench/RESULTS.md).
-  int64_t gemv_max_tokens = 0;
-  int64_t max_graph_batch = 0;            // 0: max_num_seqs
-  bool dummy_weights = false;             // --load-format dummy: random weights on the device
+  // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
+  // (kernels/cuda/gemv.h) instead of cuBLASLt; 0 = never.
+  int64_t gemv_max_tokens = 8;
+  // Programmatic dependent launch between our kernels (kernels/cuda/launch.h) on sm_90+:
+  // each kernel launches while its predecessor finishes (a GEMV streams its weights early).
+  // Process-wide: the last executor created decides.
+  bool programmatic_launch = true;
+  int64_t max_graph_batch = 0;  // 0: max_num_seqs
+  bool dummy_weights = false;   // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;
-  bool log = true;                        // progress and the memory plan on stderr
+  bool log = true;  // progress and the memory plan on stderr
 };
 
 // What the executor measured (the benchmarks read it).

@@ -1,5 +1,5 @@
-// Small-batch GEMV with fused prologues (design in gemv.h).
-// Instantiations: {bf16, fp16} × {kNone, kRmsNorm, kSiluMul} × N ∈ {1, 2, 4, 8} = 24.
+// Small-batch GEMV (design in gemv.h).
+// Instantiations: {bf16, fp16} × 4 epilogues × N ∈ {1, 2, 4, 8} = 32.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,45 +8,19 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/vec.cuh"
 
 namespace llm::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 2;
-constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
-
-template <typename T>
-struct Pack;  // 8 elements of T in a uint4
-template <>
-struct Pack<__nv_bfloat16> {
-  __device__ static void ToFloat(const uint4& v, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 p = __bfloat1622float2(h[i]);
-      f[2 * i] = p.x;
-      f[2 * i + 1] = p.y;
-    }
-  }
-  __device__ static float Round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-  __device__ static __nv_bfloat16 From(float x) { return __float2bfloat16_rn(x); }
-};
-template <>
-struct Pack<__half> {
-  __device__ static void ToFloat(const uint4& v, float* f) {
-    const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 p = __half22float2(h[i]);
-      f[2 * i] = p.x;
-      f[2 * i + 1] = p.y;
-    }
-  }
-  __device__ static float Round(float x) { return __half2float(__float2half_rn(x)); }
-  __device__ static __half From(float x) { return __float2half_rn(x); }
-};
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 4;                          // output rows per CTA (kSiluMul: 2 gate + 2 up)
+constexpr int kUnroll = 2;                        // 16-byte chunks per row per thread per stage
+constexpr int kChunk = 8;                         // elements per 16-byte chunk
+constexpr int kStageChunks = kThreads * kUnroll;  // chunks of a row per stage
+static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
 // The weights are read exactly once: stream them past L1.
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
@@ -57,167 +31,170 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
   return v;
 }
 
-// The 8 activations of chunk c (elements 8c … 8c+7) of token t, after the prologue.
-template <typename T, GemvPrologue P>
-__device__ __forceinline__ void LoadA(const GemvArgs& a, const float* inv_rms, int t, int c,
-                                      float* out) {
-  if constexpr (P == GemvPrologue::kNone) {
-    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + t * a.k + 8 * c);
-    Pack<T>::ToFloat(v, out);
-  } else if constexpr (P == GemvPrologue::kRmsNorm) {
-    const float4* x = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + t * a.k) +
-                      2 * c;
-    const float4* g = reinterpret_cast<const float4*>(a.norm_weight) + 2 * c;
-    const float4 x0 = x[0], x1 = x[1], g0 = g[0], g1 = g[1];
-    const float r = inv_rms[t];
-    const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const float gs[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+template <typename T>
+__device__ __forceinline__ void Unpack(const uint4& v, float (&f)[kChunk]) {
+  const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = Pack<T>::Round(gs[i] * (xs[i] * r));
+  for (int i = 0; i < kChunk; ++i) f[i] = vec::ToF32(e[i]);
+}
+
+struct Stage {
+  uint4 w[kRows][kUnroll];
+};
+
+// Row r of this CTA: the weight row it reads.
+template <GemvEpilogue E>
+__device__ __forceinline__ int64_t WeightRow(const GemvArgs& a, int r) {
+  if constexpr (E == GemvEpilogue::kSiluMul) {
+    const int64_t half = a.m / 2;
+    const int64_t col = int64_t(blockIdx.x) * (kRows / 2) + (r % (kRows / 2));
+    const int64_t c = col < half ? col : half - 1;  // past the end: re-read a valid row
+    return r < kRows / 2 ? c : half + c;
   } else {
-    const T* row = static_cast<const T*>(a.x) + t * 2 * a.k;
-    float g[8], u[8];
-    Pack<T>::ToFloat(*reinterpret_cast<const uint4*>(row + 8 * c), g);
-    Pack<T>::ToFloat(*reinterpret_cast<const uint4*>(row + a.k + 8 * c), u);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = Pack<T>::Round(g[i] / (1.f + __expf(-g[i])) * u[i]);
+    const int64_t j = int64_t(blockIdx.x) * kRows + r;
+    return j < a.m ? j : a.m - 1;
   }
 }
 
-template <typename T, GemvPrologue P, int N>
-__global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n = static_cast<int>(a.n);
-  __shared__ float inv_rms[N];
-  if constexpr (P == GemvPrologue::kRmsNorm) {
-    // Every token's inverse RMS over its fp32 residual row (as cpu::RmsNorm): the whole CTA
-    // reduces, 16-byte loads, one pass for all tokens.
-    __shared__ float partial[kWarps][N];
-    float s[N];
+__device__ __forceinline__ void LoadStage(Stage& s, const uint4* const (&rows)[kRows], int stage,
+                                          int64_t chunks) {
 #pragma unroll
-    for (int t = 0; t < N; ++t) s[t] = 0.f;
-    const int64_t quads = a.k / 4;
-    for (int64_t i = threadIdx.x; i < quads; i += kThreads) {
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t c = int64_t(stage) * kStageChunks + u * kThreads + threadIdx.x;
 #pragma unroll
-      for (int t = 0; t < N; ++t) {
-        if (t < n) {
-          const float4 v =
-              reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + t * a.k)[i];
-          s[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-      }
-    }
+    for (int r = 0; r < kRows; ++r) s.w[r][u] = c < chunks ? LoadStream(rows[r] + c) : uint4{};
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, int n, int stage,
+                                         int64_t chunks, float (&acc)[kRows][N]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t c = int64_t(stage) * kStageChunks + u * kThreads + threadIdx.x;
+    if (c >= chunks) continue;
+    float w[kRows][kChunk];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) Unpack<T>(s.w[r][u], w[r]);
 #pragma unroll
     for (int t = 0; t < N; ++t) {
+      if (t >= n) break;
+      float x[kChunk];
+      Unpack<T>(reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + t * a.k)[c], x);
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s[t] += __shfl_xor_sync(0xffffffffu, s[t], o);
-      if (lane == 0) partial[warp][t] = s[t];
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) acc[r][t] = fmaf(x[i], w[r][i], acc[r][t]);
+      }
     }
-    __syncthreads();
-    if (threadIdx.x < N) {
-      float total = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) total += partial[w][threadIdx.x];
-      inv_rms[threadIdx.x] = rsqrtf(total / static_cast<float>(a.k) + a.eps);
-    }
-    __syncthreads();
   }
-  // Each warp: kRowsPerWarp consecutive output rows, so that every activation chunk (and its
-  // prologue) is computed once for several weight rows.
-  const int64_t j0 = (int64_t(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
-  if (j0 >= a.m) return;
-  const uint4* wrow[kRowsPerWarp];
+}
+
+template <typename T, GemvEpilogue E, int N>
+__global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
+  const int64_t chunks = a.k / kChunk;
+  const int stages = static_cast<int>((chunks + kStageChunks - 1) / kStageChunks);
+  const uint4* rows[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int64_t j = j0 + r < a.m ? j0 + r : j0;  // a missing last row re-reads row j0
-    wrow[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + j * a.k);
+  for (int r = 0; r < kRows; ++r) {
+    rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + WeightRow<E>(a, r) * a.k);
   }
-  const int chunks = static_cast<int>(a.k / 8);
-  float acc[kRowsPerWarp][N];
+  // Weights are immutable: the first stage streams in before the previous kernel completes.
+  Stage s0, s1;
+  LoadStage(s0, rows, 0, chunks);
+  PdlWait();
+  PdlTrigger();
+  const int n = static_cast<int>(a.n);
+  float acc[kRows][N];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
   }
-  auto fma_chunk = [&](const uint4 (&wv)[kRowsPerWarp], int c) {
-    float wf[kRowsPerWarp][8];
+  for (int st = 0; st < stages; st += 2) {
+    if (st + 1 < stages) LoadStage(s1, rows, st + 1, chunks);
+    FmaStage<T, N>(s0, a, n, st, chunks, acc);
+    if (st + 1 < stages) {
+      if (st + 2 < stages) LoadStage(s0, rows, st + 2, chunks);
+      FmaStage<T, N>(s1, a, n, st + 1, chunks, acc);
+    }
+  }
+  // Reduce: lanes (shuffles), then warps (shared memory), in a fixed order.
+  __shared__ float part[kWarps][kRows][N];
+  __shared__ float total[kRows][N];  // kSiluMul: the gate and up sums side by side
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) Pack<T>::ToFloat(wv[r], wf[r]);
+  for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int t = 0; t < N; ++t) {
-      if (t < n) {
-        float af[8];
-        LoadA<T, P>(a, inv_rms, t, c, af);
+      float v = acc[r][t];
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(af[i], wf[r][i], acc[r][t]);
-        }
-      }
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) part[warp][r][t] = v;
     }
-  };
-  int c = lane;
-  for (; c + 32 < chunks; c += 64) {  // 2 chunks × kRowsPerWarp rows of loads in flight
-    uint4 w0[kRowsPerWarp], w1[kRowsPerWarp];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      w0[r] = LoadStream(wrow[r] + c);
-      w1[r] = LoadStream(wrow[r] + c + 32);
-    }
-    fma_chunk(w0, c);
-    fma_chunk(w1, c + 32);
   }
-  if (c < chunks) {
-    uint4 w0[kRowsPerWarp];
+  __syncthreads();
+  // Warp 0 finishes: lane (r, t) sums the warps' partials of row r, token t (kRows·N <= 32).
+  static_assert(kRows * kGemvMaxTokens <= 32, "one lane per (row, token)");
+  if (warp != 0) return;
+  const int r = lane / N, t = lane % N;
+  const bool mine = lane < kRows * N;
+  float v = 0.f;
+  if (mine) {
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) w0[r] = LoadStream(wrow[r] + c);
-    fma_chunk(w0, c);
+    for (int w = 0; w < kWarps; ++w) v += part[w][r][t];
   }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int64_t j = j0 + r;
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-      float s = acc[r][t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0 && t < n && j < a.m) {
-        if (a.accumulate) {
-          static_cast<float*>(a.y)[t * a.m + j] += s;
-        } else if (a.y_f32) {
-          static_cast<float*>(a.y)[t * a.m + j] = s;
-        } else {
-          static_cast<T*>(a.y)[t * a.m + j] = Pack<T>::From(s);
-        }
-      }
+  if constexpr (E == GemvEpilogue::kSiluMul) {
+    if (mine) total[r][t] = v;
+    __syncwarp();
+    if (!mine || r >= kRows / 2 || t >= n) return;
+    const int64_t half = a.m / 2;
+    const int64_t col = int64_t(blockIdx.x) * (kRows / 2) + r;
+    if (col >= half) return;
+    // As a GEMM into T and then cuda::SiluMul: both sums rounded to T, the product in fp32.
+    const float g = vec::RoundTo<T>(total[r][t]);
+    const float u = vec::RoundTo<T>(total[r + kRows / 2][t]);
+    static_cast<T*>(a.y)[t * half + col] = vec::FromF32<T>(g / (1.f + expf(-g)) * u);
+  } else {
+    const int64_t j = int64_t(blockIdx.x) * kRows + r;
+    if (!mine || t >= n || j >= a.m) return;
+    if constexpr (E == GemvEpilogue::kAccumulateF32) {
+      static_cast<float*>(a.y)[t * a.m + j] += v;
+    } else if constexpr (E == GemvEpilogue::kStoreF32) {
+      static_cast<float*>(a.y)[t * a.m + j] = v;
+    } else {
+      static_cast<T*>(a.y)[t * a.m + j] = vec::FromF32<T>(v);
     }
   }
 }
 
-template <typename T, GemvPrologue P>
+template <typename T, GemvEpilogue E>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((a.m + kRowsPerCta - 1) / kRowsPerCta));
+  const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
+  const int64_t per_cta = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
+  const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));
   if (a.n <= 1) {
-    GemvKernel<T, P, 1><<<grid, kThreads, 0, stream>>>(a);
+    Launch(GemvKernel<T, E, 1>, grid, dim3(kThreads), 0, stream, a);
   } else if (a.n <= 2) {
-    GemvKernel<T, P, 2><<<grid, kThreads, 0, stream>>>(a);
+    Launch(GemvKernel<T, E, 2>, grid, dim3(kThreads), 0, stream, a);
   } else if (a.n <= 4) {
-    GemvKernel<T, P, 4><<<grid, kThreads, 0, stream>>>(a);
+    Launch(GemvKernel<T, E, 4>, grid, dim3(kThreads), 0, stream, a);
   } else {
-    GemvKernel<T, P, 8><<<grid, kThreads, 0, stream>>>(a);
+    Launch(GemvKernel<T, E, 8>, grid, dim3(kThreads), 0, stream, a);
   }
-  LLM_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
 void LaunchT(const GemvArgs& a, cudaStream_t stream) {
-  switch (a.prologue) {
-    case GemvPrologue::kNone:
-      return LaunchN<T, GemvPrologue::kNone>(a, stream);
-    case GemvPrologue::kRmsNorm:
-      return LaunchN<T, GemvPrologue::kRmsNorm>(a, stream);
-    case GemvPrologue::kSiluMul:
-      return LaunchN<T, GemvPrologue::kSiluMul>(a, stream);
+  switch (a.epilogue) {
+    case GemvEpilogue::kStore:
+      return LaunchN<T, GemvEpilogue::kStore>(a, stream);
+    case GemvEpilogue::kStoreF32:
+      return LaunchN<T, GemvEpilogue::kStoreF32>(a, stream);
+    case GemvEpilogue::kAccumulateF32:
+      return LaunchN<T, GemvEpilogue::kAccumulateF32>(a, stream);
+    case GemvEpilogue::kSiluMul:
+      return LaunchN<T, GemvEpilogue::kSiluMul>(a, stream);
   }
 }
 
@@ -226,16 +203,18 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 bool GemvSupports(const GemvArgs& a) {
-  return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % 8 == 0 && a.m > 0 &&
-         (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) &&
-         Aligned16(a.w) && (a.prologue != GemvPrologue::kRmsNorm || Aligned16(a.norm_weight));
+  return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % kChunk == 0 && a.m > 0 &&
+         (a.epilogue != GemvEpilogue::kSiluMul || a.m % 2 == 0) &&
+         (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
+         a.y != nullptr;
 }
 
 void Gemv(const GemvArgs& a, cudaStream_t stream) {
   if (!GemvSupports(a)) {
-    throw std::invalid_argument("Gemv: unsupported shape n=" + std::to_string(a.n) + " m=" +
-                                std::to_string(a.m) + " k=" + std::to_string(a.k) +
-                                " (n in [1, 8], k % 8 == 0, 16-byte aligned, bf16/f16)");
+    throw std::invalid_argument("Gemv: unsupported shape n=" + std::to_string(a.n) +
+                                " m=" + std::to_string(a.m) + " k=" + std::to_string(a.k) +
+                                " (n in [1, 8], k % 8 == 0, even m for SiLU·mul, 16-byte "
+                                "aligned, bf16/f16)");
   }
   if (a.dtype == DType::kBF16) {
     LaunchT<__nv_bfloat16>(a, stream);

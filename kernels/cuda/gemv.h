@@ -1,25 +1,27 @@
-// Small-batch GEMV with fused prologues: the decode path of the CUDA backend at n <= 8 tokens,
-// where a linear layer is a stream of its weights (one read of W at full HBM bandwidth is the
-// whole cost) and the separate RMSNorm / SiLU·mul kernels around a cuBLASLt call cost more in
-// launch and ramp than they move. CPU twin (the specification of each prologue):
-// cpu::RmsNorm, cpu::SiluMul and cpu::Linear (kernels/cpu/ops.h, matmul.h); test:
-// tests/kernels/gemv_gpu_test.cc (label gpu).
+// Small-batch GEMV: the linear layers of the decode path at n <= 8 tokens, where a linear
+// layer is a stream of its weights (one read of W at full HBM bandwidth is the whole cost) and
+// cuBLASLt's n = 1 kernels reach only 1.5-2 TB/s on 4096-wide matrices (bench/RESULTS.md).
+// CPU twin (the specification): cpu::Linear (kernels/cpu/matmul.h) and cpu::SiluMul
+// (kernels/cpu/ops.h); test: tests/kernels/gemv_gpu_test.cc (label gpu).
 //
-//   y[t, j] (+)= sum_i a[t, i] * w[j, i]      t < n, j < m, i < k
-//   a = prologue(x):
-//     kNone     a = x                             x: dtype [n, k]
-//     kRmsNorm  a = dtype(x * rsqrt(mean(x²) + eps) * norm_weight)
-//                                                 x: fp32 [n, k] (the residual), norm fp32 [k]
-//     kSiluMul  a = dtype(silu(x[:, :k]) * x[:, k:])   x: dtype [n, 2k] (gate | up)
-//   y: dtype; or fp32 with y_f32 (logits), and y += ... with accumulate (the residual add of
-//   the o / down projections; implies y_f32)
+//   s[t, j] = sum_i x[t, i] * w[j, i]          t < n, j < m, i < k;  x, w: dtype
+//   epilogue:
+//     kStore          y dtype [n, m]       = dtype(s)
+//     kStoreF32       y fp32  [n, m]       = s                        (logits)
+//     kAccumulateF32  y fp32  [n, m]      += s                        (residual add of o / down)
+//     kSiluMul        y dtype [n, m / 2]   = dtype(silu(g) * u), g = dtype(s[t, j]),
+//                     u = dtype(s[t, m/2 + j]): the gate|up projection with SiLU·mul fused,
+//                     rounded exactly as a GEMM into dtype followed by cuda::SiluMul rounds.
 //
-// Design: one warp per two output rows, 16 rows per 256-thread CTA; lanes stream the rows in
-// 16-byte chunks (8 elements), four 16-byte loads in flight per lane, the activations come
-// from L1/L2 (n·k elements, tiny next to W) and their prologue is computed once per chunk for
-// both rows; fp32 accumulation, one warp-shuffle reduction per (row, token). The RMSNorm
-// prologue recomputes each token's inverse RMS per CTA from the fp32 residual (a CTA-wide
-// reduction of k floats from L2). Needs k % 8 == 0 and 16-byte aligned rows.
+// Design: a CTA of 256 threads computes 4 output rows (kSiluMul: 2 gate rows and their 2 up
+// rows), splitting k over all its threads: thread i takes 16-byte chunks i, i + 256, ... of
+// every row, so a 4096-wide row is one 16-byte load per thread per row and the CTA's whole
+// share of W (32 KiB) is in flight at once. Longer rows run in stages of 2 chunks per row with
+// the next stage's loads issued before the current one's FMAs (register double buffering).
+// The first stage of weights is loaded before PdlWait() (kernels/cuda/launch.h): under
+// programmatic dependent launch a GEMV streams its weights while the previous kernel finishes.
+// fp32 accumulation; warp-shuffle then shared-memory reduction in a fixed order
+// (deterministic). Needs k % 8 == 0 and 16-byte aligned x and w.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,28 +32,25 @@
 
 namespace llm::cuda {
 
-enum class GemvPrologue : uint8_t { kNone, kRmsNorm, kSiluMul };
+enum class GemvEpilogue : uint8_t { kStore, kStoreF32, kAccumulateF32, kSiluMul };
 
 inline constexpr int kGemvMaxTokens = 8;
 
 struct GemvArgs {
-  GemvPrologue prologue = GemvPrologue::kNone;
-  const void* x = nullptr;
-  const float* norm_weight = nullptr;  // kRmsNorm
-  float eps = 1e-6f;                   // kRmsNorm
-  const void* w = nullptr;             // dtype [m, k]
-  void* y = nullptr;                   // dtype [n, m], or fp32 [n, m] when y_f32 / accumulate
-  bool y_f32 = false;
-  bool accumulate = false;
+  GemvEpilogue epilogue = GemvEpilogue::kStore;
+  const void* x = nullptr;  // dtype [n, k]
+  const void* w = nullptr;  // dtype [m, k]
+  void* y = nullptr;        // see the epilogue
   int64_t n = 0, m = 0, k = 0;
-  DType dtype = DType::kBF16;  // of x (kNone / kSiluMul), w, a and y (unless accumulate)
+  DType dtype = DType::kBF16;  // of x, w (and y for kStore / kSiluMul)
 };
 
-// True when Gemv can run this shape (n <= kGemvMaxTokens, k % 8 == 0, aligned pointers).
+// True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
+// kSiluMul, bf16/f16, 16-byte aligned x and w).
 bool GemvSupports(const GemvArgs& a);
 
-// Asynchronous on `stream`; std::invalid_argument when !GemvSupports(a) or the dtype is not
-// kBF16 / kF16.
+// Asynchronous on `stream` (launched through cuda::Launch: programmatic dependent launch when
+// enabled); std::invalid_argument when !GemvSupports(a).
 void Gemv(const GemvArgs& a, cudaStream_t stream);
 
 }  // namespace llm::cuda

@@ -46,7 +46,9 @@ inline std::atomic<bool>& ProgrammaticLaunchFlag() {
   return enabled;
 }
 inline void SetProgrammaticLaunch(bool on) { ProgrammaticLaunchFlag().store(on); }
-inline bool ProgrammaticLaunch() { return ProgrammaticLaunchFlag().load(std::memory_order_relaxed); }
+inline bool ProgrammaticLaunch() {
+  return ProgrammaticLaunchFlag().load(std::memory_order_relaxed);
+}
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when enabled. Works
 // under stream capture (the graph keeps the programmatic edge).
@@ -63,7 +65,8 @@ void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = ProgrammaticLaunch() ? 1 : 0;
-  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...));
+  LLM_CUDA_CHECK(
+      cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...));
 }
 
 }  // namespace llm::cuda

@@ -33,80 +33,18 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/vec.cuh"
 
 namespace llm::cuda {
 namespace {
 
-constexpr int kVec = 8;  // elements per 16-byte chunk of a 2-byte type
-
-// ---- element conversions ----------------------------------------------------------------
-template <typename T>
-__device__ __forceinline__ float ToF32(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(x);
-  } else {
-    return __half2float(x);
-  }
-}
-template <typename T>
-__device__ __forceinline__ T FromF32(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
-  }
-}
-
-// N consecutive elements <-> N floats. N = 8 uses one 16-byte access (the caller guarantees
-// 16-byte alignment); N = 1 is the scalar fallback.
-template <typename T, int N>
-__device__ __forceinline__ void Load(const T* p, float (&x)[N]) {
-  if constexpr (N == kVec) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = ToF32(e[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = ToF32(p[i]);
-  }
-}
-template <typename T, int N>
-__device__ __forceinline__ void Store(T* p, const float (&x)[N]) {
-  if constexpr (N == kVec) {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < N; ++i) e[i] = FromF32<T>(x[i]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) p[i] = FromF32<T>(x[i]);
-  }
-}
-template <int N>
-__device__ __forceinline__ void LoadF32(const float* p, float (&x)[N]) {
-  if constexpr (N == kVec) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0];
-    const float4 b = reinterpret_cast<const float4*>(p)[1];
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z,
-    x[7] = b.w;
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = p[i];
-  }
-}
-template <int N>
-__device__ __forceinline__ void StoreF32(float* p, const float (&x)[N]) {
-  if constexpr (N == kVec) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) p[i] = x[i];
-  }
-}
+using vec::kVec;
+using vec::Load;
+using vec::LoadF32;
+using vec::Store;
+using vec::StoreF32;
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -125,6 +63,8 @@ template <typename T, int N>
 __global__ void __launch_bounds__(kGatherThreads)
     EmbeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ token_ids,
                           int64_t hidden, float* __restrict__ out) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
   const T* src = table + int64_t(token_ids[blockIdx.x]) * hidden;
   float* dst = out + int64_t(blockIdx.x) * hidden;
   for (int64_t i = int64_t(threadIdx.x) * N; i < hidden; i += int64_t(kGatherThreads) * N) {
@@ -158,6 +98,8 @@ __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(float* __restrict__ residual, const T* __restrict__ delta,
                      const float* __restrict__ weight, T* __restrict__ out,
                      const int32_t* __restrict__ rows, int64_t hidden, float eps) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
   float* res = residual + r * hidden;
   const T* del = delta ? delta + r * hidden : nullptr;
@@ -231,10 +173,11 @@ constexpr int kMaxHeadDim = 512;
 template <typename T, int N>
 __global__ void __launch_bounds__(kRopeThreads)
     RopeAppendKvKernel(const T* __restrict__ qkv, const int32_t* __restrict__ positions,
-                       const int64_t* __restrict__ slot_mapping,
-                       const float* __restrict__ inv_freq, int num_heads, int num_kv_heads,
-                       int head_dim, PagedKvLayout layout, T* __restrict__ kc,
-                       T* __restrict__ vc, T* __restrict__ q_out) {
+                       const int64_t* __restrict__ slot_mapping, const float* __restrict__ inv_freq,
+                       int num_heads, int num_kv_heads, int head_dim, PagedKvLayout layout,
+                       T* __restrict__ kc, T* __restrict__ vc, T* __restrict__ q_out) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
   __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
   const int64_t t = blockIdx.x;
   const int half = head_dim / 2;
@@ -287,6 +230,8 @@ template <typename T, int N>
 __global__ void __launch_bounds__(kSiluThreads)
     SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t num_tokens,
                   int64_t inter) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
   const int64_t chunks_per_row = inter / N;
   const int64_t total = num_tokens * chunks_per_row;
   for (int64_t c = blockIdx.x * int64_t(kSiluThreads) + threadIdx.x; c < total;
@@ -303,18 +248,17 @@ __global__ void __launch_bounds__(kSiluThreads)
   }
 }
 
-
 // ---- launchers: T and the chunk width become template arguments --------------------------
 template <typename T>
 void LaunchEmbeddingGather(const void* table, const int32_t* token_ids, int64_t num_tokens,
                            int64_t hidden, float* out, bool vec, cudaStream_t stream) {
   const T* t = static_cast<const T*>(table);
   if (vec) {
-    EmbeddingGatherKernel<T, kVec>
-        <<<unsigned(num_tokens), kGatherThreads, 0, stream>>>(t, token_ids, hidden, out);
+    Launch(EmbeddingGatherKernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kGatherThreads), 0,
+           stream, t, token_ids, hidden, out);
   } else {
-    EmbeddingGatherKernel<T, 1>
-        <<<unsigned(num_tokens), kGatherThreads, 0, stream>>>(t, token_ids, hidden, out);
+    Launch(EmbeddingGatherKernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kGatherThreads), 0, stream,
+           t, token_ids, hidden, out);
   }
 }
 
@@ -325,31 +269,31 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const float* weight, v
   const T* d = static_cast<const T*>(delta);
   T* o = static_cast<T*>(out);
   if (vec) {
-    AddRmsNormKernel<T, kVec><<<unsigned(num_rows), kNormThreads, 0, stream>>>(
-        residual, d, weight, o, rows, hidden, eps);
+    Launch(AddRmsNormKernel<T, kVec>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
+           residual, d, weight, o, rows, hidden, eps);
   } else {
-    AddRmsNormKernel<T, 1><<<unsigned(num_rows), kNormThreads, 0, stream>>>(residual, d, weight,
-                                                                           o, rows, hidden, eps);
+    Launch(AddRmsNormKernel<T, 1>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
+           residual, d, weight, o, rows, hidden, eps);
   }
 }
 
 template <typename T>
 void LaunchRopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
-                        const float* inv_freq, int64_t num_tokens, int num_heads,
-                        int num_kv_heads, int head_dim, const PagedKvView<void>& kv, void* q_out,
-                        bool vec, cudaStream_t stream) {
+                        const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                        int head_dim, const PagedKvView<void>& kv, void* q_out, bool vec,
+                        cudaStream_t stream) {
   const T* src = static_cast<const T*>(qkv);
   T* kc = static_cast<T*>(kv.k);
   T* vc = static_cast<T*>(kv.v);
   T* q = static_cast<T*>(q_out);
   if (vec) {
-    RopeAppendKvKernel<T, kVec><<<unsigned(num_tokens), kRopeThreads, 0, stream>>>(
-        src, positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout,
-        kc, vc, q);
+    Launch(RopeAppendKvKernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0, stream,
+           src, positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout, kc,
+           vc, q);
   } else {
-    RopeAppendKvKernel<T, 1><<<unsigned(num_tokens), kRopeThreads, 0, stream>>>(
-        src, positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout,
-        kc, vc, q);
+    Launch(RopeAppendKvKernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0, stream, src,
+           positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout, kc, vc,
+           q);
   }
 }
 
@@ -359,16 +303,18 @@ void LaunchSiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t i
   const T* in = static_cast<const T*>(gate_up);
   T* o = static_cast<T*>(out);
   if (vec) {
-    SiluMulKernel<T, kVec><<<blocks, kSiluThreads, 0, stream>>>(in, o, num_tokens, inter);
+    Launch(SiluMulKernel<T, kVec>, dim3(blocks), dim3(kSiluThreads), 0, stream, in, o, num_tokens,
+           inter);
   } else {
-    SiluMulKernel<T, 1><<<blocks, kSiluThreads, 0, stream>>>(in, o, num_tokens, inter);
+    Launch(SiluMulKernel<T, 1>, dim3(blocks), dim3(kSiluThreads), 0, stream, in, o, num_tokens,
+           inter);
   }
 }
 
 }  // namespace
 
-void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids,
-                     int64_t num_tokens, int64_t hidden, float* out, cudaStream_t stream) {
+void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids, int64_t num_tokens,
+                     int64_t hidden, float* out, cudaStream_t stream) {
   CheckDType(dtype, "EmbeddingGather");
   if (num_tokens <= 0 || hidden <= 0) return;
   const bool vec = hidden % kVec == 0 && Aligned16(table) && Aligned16(out);
@@ -413,8 +359,8 @@ void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot
   const bool vec = (head_dim / 2) % kVec == 0 && Aligned16(qkv) && Aligned16(q_out) &&
                    Aligned16(kv.k) && Aligned16(kv.v);
   if (dtype == DType::kBF16) {
-    LaunchRopeAppendKv<__nv_bfloat16>(qkv, positions, slot_mapping, inv_freq, num_tokens,
-                                      num_heads, num_kv_heads, head_dim, kv, q_out, vec, stream);
+    LaunchRopeAppendKv<__nv_bfloat16>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
+                                      num_kv_heads, head_dim, kv, q_out, vec, stream);
   } else {
     LaunchRopeAppendKv<__half>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
                                num_kv_heads, head_dim, kv, q_out, vec, stream);

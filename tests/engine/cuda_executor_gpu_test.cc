@@ -66,7 +66,8 @@ std::string ModelDir(const std::string& name) {
   const fs::path out = dir.path() / name;
   if (!fs::exists(out / "model.safetensors")) {
     MakeModelOptions o;
-    o.config_path = (test::SourceDir() / "tests" / "data" / "tiny_models" / (name + ".json")).string();
+    o.config_path =
+        (test::SourceDir() / "tests" / "data" / "tiny_models" / (name + ".json")).string();
     o.out_dir = out.string();
     o.tokenizer_path = test::StoriesDir() + "/tokenizer.model";
     o.seed = 7;
@@ -101,9 +102,10 @@ std::vector<float> AllLogits(ModelExecutor& ex, const std::vector<int>& ids, int
     std::vector<int64_t> slots;
     for (int64_t i = 0; i < len; ++i) slots.push_back(pos + i);
     ForwardBatch batch;
-    batch.AddSequence(std::span<const int>(ids.data() + pos, size_t(len)), pos,
-                      std::span<const int32_t>(table.data(), size_t((pos + len + kBlockSize - 1) / kBlockSize)),
-                      slots, true, /*is_decode=*/pos > 0);
+    batch.AddSequence(
+        std::span<const int>(ids.data() + pos, size_t(len)), pos,
+        std::span<const int32_t>(table.data(), size_t((pos + len + kBlockSize - 1) / kBlockSize)),
+        slots, true, /*is_decode=*/pos > 0);
     batch.logits_indices.clear();
     for (int64_t i = 0; i < len; ++i) batch.logits_indices.push_back(int32_t(i));
     const std::vector<float> logits = ex.Forward(batch);
@@ -134,7 +136,7 @@ double HfRelative(const std::string& model, const char* dtype) {
 struct LogitsCase {
   const char* model;
   DType dtype;
-  bool fused_gemv = false;  // decode steps through kernels/cuda/gemv.h instead of cuBLASLt
+  bool gemv = false;  // small steps on kernels/cuda/gemv.h (the default) instead of cuBLASLt
 };
 
 class CudaLogits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
@@ -145,7 +147,7 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   const std::vector<int> ids = ReferenceIds();
   const std::vector<float> want = CpuLogits(dir, ids);
   CudaExecutorOptions o = SmallOptions(c.dtype);
-  if (c.fused_gemv) o.gemv_max_tokens = 8;
+  o.gemv_max_tokens = c.gemv ? 8 : 0;
   auto ex = CudaExecutor::Create(dir, o);
   const std::vector<float> got = AllLogits(*ex, ids, 40);
   ASSERT_EQ(got.size(), want.size());
@@ -171,11 +173,13 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
                                            LogitsCase{"hd128", DType::kF16},
                                            LogitsCase{"hd64", DType::kBF16},
                                            LogitsCase{"hd128", DType::kBF16, true},
+                                           LogitsCase{"hd128", DType::kF16, true},
+                                           LogitsCase{"hd64", DType::kBF16, true},
                                            LogitsCase{"hd64", DType::kF16, true}),
                          [](const auto& info) {
                            return std::string(info.param.model) +
                                   (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
-                                  (info.param.fused_gemv ? "_fused_gemv" : "");
+                                  (info.param.gemv ? "_gemv" : "_cublaslt");
                          });
 
 TEST_F(CudaExecutorTest, GraphReplayIsBitIdenticalToEager) {
@@ -191,6 +195,24 @@ TEST_F(CudaExecutorTest, GraphReplayIsBitIdenticalToEager) {
     size_t differ = 0;
     for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
     EXPECT_EQ(differ, 0u) << name << ": logits differing between graph and eager";
+  }
+}
+
+// Programmatic dependent launch (kernels/cuda/launch.h) only lets kernels start early; every
+// kernel still waits for its predecessor's results, so the logits are bit-identical with and
+// without it (prefill chunk on cuBLASLt, decode steps on the GEMV in graphs).
+TEST_F(CudaExecutorTest, ProgrammaticLaunchIsBitIdenticalToPlainLaunches) {
+  for (const char* name : {"hd128", "hd64"}) {
+    const std::vector<int> ids = ReferenceIds();
+    CudaExecutorOptions o = SmallOptions(DType::kBF16, true);
+    o.programmatic_launch = true;
+    std::vector<float> a = AllLogits(*CudaExecutor::Create(ModelDir(name), o), ids, 17);
+    o.programmatic_launch = false;
+    std::vector<float> b = AllLogits(*CudaExecutor::Create(ModelDir(name), o), ids, 17);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    EXPECT_EQ(differ, 0u) << name << ": logits differing with and without PDL";
   }
 }
 
@@ -253,10 +275,10 @@ TEST_F(CudaExecutorTest, StoriesGreedyContinuationsEqualTheCpusFor32Tokens) {
 TEST_F(CudaExecutorTest, BatchedVersusAloneTokenAgreementIsReported) {
   for (const char* name : {"stories260K", "hd128"}) {
     const std::vector<Request> requests = GreedyRequests(8, 24);
-    const auto alone = RunEngine(CudaExecutor::Create(ModelDir(name), SmallOptions()), requests,
-                                 false, false);
-    const auto together = RunEngine(CudaExecutor::Create(ModelDir(name), SmallOptions()),
-                                    requests, true, false);
+    const auto alone =
+        RunEngine(CudaExecutor::Create(ModelDir(name), SmallOptions()), requests, false, false);
+    const auto together =
+        RunEngine(CudaExecutor::Create(ModelDir(name), SmallOptions()), requests, true, false);
     int64_t same = 0, total = 0, prefix = 0;
     for (size_t i = 0; i < requests.size(); ++i) {
       ASSERT_EQ(alone[i].size(), 24u);
@@ -288,15 +310,15 @@ TEST_F(CudaExecutorTest, SeededSamplingOnTheDeviceIsDeterministicAndLogprobsMatc
   r.sampling.seed = 1234;
   r.sampling.max_tokens = 20;
   r.sampling.ignore_eos = true;
-  const auto a = RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r, r},
-                           true, false);
+  const auto a =
+      RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r, r}, true, false);
   EXPECT_EQ(a[0], a[1]) << "same seed, same tokens (in one batch)";
-  const auto b = RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r}, true,
-                           false);
+  const auto b =
+      RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r}, true, false);
   EXPECT_EQ(a[0], b[0]) << "same seed, same tokens (alone)";
   r.sampling.seed = 99;
-  const auto c = RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r}, true,
-                           false);
+  const auto c =
+      RunEngine(CudaExecutor::Create(test::StoriesDir(), SmallOptions()), {r}, true, false);
   EXPECT_NE(a[0], c[0]) << "another seed, other tokens";
 
   // Greedy with top-5 logprobs: the first token's alternatives as on the CPU.
@@ -331,9 +353,9 @@ TEST_F(CudaExecutorTest, SeededSamplingOnTheDeviceIsDeterministicAndLogprobsMatc
   const fs::path tol_path =
       test::SourceDir() / "tests" / "data" / "hf_half_precision_tolerance.json";
   ASSERT_TRUE(fs::exists(tol_path));
-  const double tol = json::parse(test::ReadFile(tol_path))["models"]["stories260K"]["bf16"]
-                                                          ["max_abs_diff"]
-                                                              .get<double>();
+  const double tol =
+      json::parse(test::ReadFile(tol_path))["models"]["stories260K"]["bf16"]["max_abs_diff"]
+          .get<double>();
   EXPECT_NEAR(lg.logprob, lc.logprob, tol);
   ASSERT_EQ(lg.top.size(), 5u);
   for (size_t k = 0; k < 5; ++k) {

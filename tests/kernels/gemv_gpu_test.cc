@@ -1,7 +1,8 @@
-// The small-batch fused GEMV (kernels/cuda/gemv.h) against a float64 CPU reference of the
-// same math: each prologue (none, RMSNorm of the fp32 residual, SiLU·mul of gate|up) rounded
-// to the activation dtype as the unfused kernels round, then y = a · wᵀ, stored in the dtype
-// or accumulated into fp32. Label gpu (skips without a GPU).
+// The small-batch GEMV (kernels/cuda/gemv.h) against a float64 CPU reference of the same
+// math: y = x · wᵀ of half-precision inputs, then each epilogue (store rounded to the dtype,
+// fp32 store, fp32 accumulate, SiLU·mul of the gate and up halves rounded as the unfused
+// kernels round); and a two-GEMV chain under programmatic dependent launch in a CUDA graph,
+// bit-identical to plain launches. Label gpu (skips without a GPU).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,29 +13,32 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/dtype.h"
 
 namespace llm {
 namespace {
 
+using E = cuda::GemvEpilogue;
+
 struct Case {
   DType dtype;
-  cuda::GemvPrologue prologue;
+  E epilogue;
   int n, m, k;
-  bool accumulate;
 };
 
 std::string Name(const Case& c) {
-  const char* p = c.prologue == cuda::GemvPrologue::kNone      ? "none"
-                  : c.prologue == cuda::GemvPrologue::kRmsNorm ? "rmsnorm"
-                                                               : "silumul";
-  return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_" + p + "_n" +
-         std::to_string(c.n) + "_m" + std::to_string(c.m) + "_k" + std::to_string(c.k) +
-         (c.accumulate ? "_acc" : "");
+  const char* e = c.epilogue == E::kStore           ? "store"
+                  : c.epilogue == E::kStoreF32      ? "storef32"
+                  : c.epilogue == E::kAccumulateF32 ? "accf32"
+                                                    : "silumul";
+  return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_" + e + "_n" +
+         std::to_string(c.n) + "_m" + std::to_string(c.m) + "_k" + std::to_string(c.k);
 }
 
 uint16_t ToHalf(DType t, float x) { return t == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x); }
 float FromHalf(DType t, uint16_t h) { return t == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h); }
+float RoundHalf(DType t, double x) { return FromHalf(t, ToHalf(t, float(x))); }
 
 template <typename T>
 T* Upload(const std::vector<T>& v) {
@@ -42,6 +46,20 @@ T* Upload(const std::vector<T>& v) {
   LLM_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
   LLM_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
+}
+
+template <typename T>
+std::vector<T> Download(const void* d, size_t count) {
+  std::vector<T> h(count);
+  LLM_CUDA_CHECK(cudaMemcpy(h.data(), d, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+std::vector<uint16_t> RandomHalf(DType t, size_t count, float scale, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<uint16_t> v(count);
+  for (uint16_t& e : v) e = ToHalf(t, scale * dist(rng));
+  return v;
 }
 
 class GemvGpu : public ::testing::TestWithParam<Case> {
@@ -55,57 +73,38 @@ class GemvGpu : public ::testing::TestWithParam<Case> {
 TEST_P(GemvGpu, MatchesFloat64Reference) {
   const Case c = GetParam();
   std::mt19937 rng(c.n * 131 + c.m + c.k);
-  std::normal_distribution<float> dist(0.f, 1.f);
   const int64_t n = c.n, m = c.m, k = c.k;
-  const int64_t x_cols = c.prologue == cuda::GemvPrologue::kSiluMul ? 2 * k : k;
-  std::vector<float> xf(static_cast<size_t>(n * x_cols)), norm(static_cast<size_t>(k));
-  for (float& v : xf) v = dist(rng);
-  for (float& v : norm) v = 1.f + 0.3f * dist(rng);
-  std::vector<uint16_t> xh(xf.size()), w(static_cast<size_t>(m * k));
-  for (size_t i = 0; i < xf.size(); ++i) {
-    xh[i] = ToHalf(c.dtype, xf[i]);
-    if (c.prologue != cuda::GemvPrologue::kRmsNorm) xf[i] = FromHalf(c.dtype, xh[i]);
-  }
-  for (uint16_t& v : w) v = ToHalf(c.dtype, 0.05f * dist(rng));
-  // The prologue on the host, rounded to the dtype as the device rounds it.
-  std::vector<double> act(static_cast<size_t>(n * k));
+  const bool silu = c.epilogue == E::kSiluMul;
+  const bool f32_out = c.epilogue == E::kStoreF32 || c.epilogue == E::kAccumulateF32;
+  const int64_t outs = silu ? m / 2 : m;
+  const std::vector<uint16_t> x = RandomHalf(c.dtype, size_t(n * k), 1.f, rng);
+  const std::vector<uint16_t> w = RandomHalf(c.dtype, size_t(m * k), 0.05f, rng);
+  std::vector<float> y0(size_t(n * outs));
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (float& v : y0) v = dist(rng);
+  // s[t][j] and sum |x w| (the scale of fp32 accumulation-order error).
+  std::vector<double> sum(size_t(n * m)), mag(size_t(n * m));
   for (int64_t t = 0; t < n; ++t) {
-    double ss = 0;
-    for (int64_t i = 0; i < k; ++i) ss += double(xf[t * k + i]) * xf[t * k + i];
-    const float inv = 1.f / std::sqrt(float(ss / double(k)) + 1e-5f);
-    for (int64_t i = 0; i < k; ++i) {
-      float a = 0;
-      if (c.prologue == cuda::GemvPrologue::kNone) a = xf[t * k + i];
-      if (c.prologue == cuda::GemvPrologue::kRmsNorm) a = norm[i] * (xf[t * k + i] * inv);
-      if (c.prologue == cuda::GemvPrologue::kSiluMul) {
-        const float g = xf[t * 2 * k + i], u = xf[t * 2 * k + k + i];
-        a = g / (1.f + std::exp(-g)) * u;
+    for (int64_t j = 0; j < m; ++j) {
+      double acc = 0, a = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double p = double(FromHalf(c.dtype, x[t * k + i])) * FromHalf(c.dtype, w[j * k + i]);
+        acc += p;
+        a += std::fabs(p);
       }
-      act[t * k + i] = FromHalf(c.dtype, ToHalf(c.dtype, a));
+      sum[t * m + j] = acc;
+      mag[t * m + j] = a;
     }
   }
-  std::vector<float> y0(static_cast<size_t>(n * m));
-  for (float& v : y0) v = dist(rng);
-
-  void* dx = c.prologue == cuda::GemvPrologue::kRmsNorm ? static_cast<void*>(Upload(xf))
-                                                         : static_cast<void*>(Upload(xh));
-  float* dnorm = Upload(norm);
+  uint16_t* dx = Upload(x);
   uint16_t* dw = Upload(w);
-  void* dy = nullptr;
-  if (c.accumulate) {
-    dy = Upload(y0);
-  } else {
-    dy = Upload(std::vector<uint16_t>(size_t(n * m), 0x7fc0));  // poisoned (NaN)
-  }
+  void* dy = f32_out ? static_cast<void*>(Upload(y0))
+                     : static_cast<void*>(Upload(std::vector<uint16_t>(size_t(n * outs), 0x7fc0)));
   cuda::GemvArgs a;
-  a.prologue = c.prologue;
+  a.epilogue = c.epilogue;
   a.x = dx;
-  a.norm_weight = dnorm;
-  a.eps = 1e-5f;
   a.w = dw;
   a.y = dy;
-  a.accumulate = c.accumulate;
-  a.y_f32 = c.accumulate;
   a.n = n;
   a.m = m;
   a.k = k;
@@ -113,39 +112,53 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   ASSERT_TRUE(cuda::GemvSupports(a));
   cuda::Gemv(a, nullptr);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> got(static_cast<size_t>(n * m));
-  if (c.accumulate) {
-    LLM_CUDA_CHECK(cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> got(size_t(n * outs));
+  if (f32_out) {
+    got = Download<float>(dy, got.size());
   } else {
-    std::vector<uint16_t> h(got.size());
-    LLM_CUDA_CHECK(cudaMemcpy(h.data(), dy, h.size() * 2, cudaMemcpyDeviceToHost));
+    const std::vector<uint16_t> h = Download<uint16_t>(dy, got.size());
     for (size_t i = 0; i < h.size(); ++i) got[i] = FromHalf(c.dtype, h[i]);
   }
+  const double ulp = c.dtype == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;
+  const double rel = 1e-5;  // fp32 accumulation in another order, relative to sum |x w|
   double worst = 0;
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < m; ++j) {
-      double ref = 0, mag = 0;
-      for (int64_t i = 0; i < k; ++i) {
-        const double p = act[t * k + i] * FromHalf(c.dtype, w[j * k + i]);
-        ref += p;
-        mag += std::fabs(p);
+    for (int64_t j = 0; j < outs; ++j) {
+      const double s = sum[t * m + j], sm = mag[t * m + j];
+      double ref = 0, tol = 0;
+      switch (c.epilogue) {
+        case E::kStore:
+          ref = s;
+          tol = rel * sm + ulp * std::fabs(s);
+          break;
+        case E::kStoreF32:
+          ref = s;
+          tol = rel * sm;
+          break;
+        case E::kAccumulateF32:
+          ref = y0[t * outs + j] + s;
+          tol = rel * sm + 1e-6 * std::fabs(y0[t * outs + j]);
+          break;
+        case E::kSiluMul: {
+          const double su = sum[t * m + outs + j], smu = mag[t * m + outs + j];
+          const double g = RoundHalf(c.dtype, s), u = RoundHalf(c.dtype, su);
+          const double silu_g = g / (1 + std::exp(-g));
+          ref = silu_g * u;
+          // g and u may round to a neighbouring half value (|silu'| <= 1.1).
+          const double dg = rel * sm + ulp * std::fabs(g), du = rel * smu + ulp * std::fabs(u);
+          tol = 1.1 * std::fabs(u) * dg + std::fabs(silu_g) * du + dg * du + ulp * std::fabs(ref);
+          break;
+        }
       }
-      if (c.accumulate) ref += y0[t * m + j];
-      const double g = got[t * m + j];
-      ASSERT_TRUE(std::isfinite(g)) << "token " << t << " row " << j;
-      // fp32 accumulation (order differs from the reference) + one output rounding.
-      const double out_ulp = c.accumulate ? 0 : (c.dtype == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024);
-      // A prologue recomputed in another order can round an activation to the neighbouring
-      // half-precision value: a wider relative term for those.
-      const double rel = c.prologue == cuda::GemvPrologue::kNone ? 1e-5 : 2e-4;
-      const double tol = rel * mag + out_ulp * std::fabs(ref) + 1e-6;
-      worst = std::max(worst, std::fabs(g - ref) / tol);
-      ASSERT_LE(std::fabs(g - ref), tol) << "token " << t << " row " << j << " ref " << ref;
+      tol += 1e-6;
+      const double v = got[t * outs + j];
+      ASSERT_TRUE(std::isfinite(v)) << "token " << t << " output " << j;
+      worst = std::max(worst, std::fabs(v - ref) / tol);
+      ASSERT_LE(std::fabs(v - ref), tol) << "token " << t << " output " << j << " ref " << ref;
     }
   }
   std::printf("  %s: worst error %.2f of tolerance\n", Name(c).c_str(), worst);
   cudaFree(dx);
-  cudaFree(dnorm);
   cudaFree(dw);
   cudaFree(dy);
 }
@@ -153,25 +166,95 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
 std::vector<Case> Cases() {
   std::vector<Case> out;
   for (DType d : {DType::kBF16, DType::kF16}) {
-    for (auto p : {cuda::GemvPrologue::kNone, cuda::GemvPrologue::kRmsNorm,
-                   cuda::GemvPrologue::kSiluMul}) {
-      out.push_back({d, p, 1, 1000, 512, false});
-      out.push_back({d, p, 3, 77, 4096, true});
-      out.push_back({d, p, 8, 256, 1384, false});
+    for (E e : {E::kStore, E::kStoreF32, E::kAccumulateF32, E::kSiluMul}) {
+      out.push_back({d, e, 1, 1000, 512});   // k < one stage
+      out.push_back({d, e, 3, 78, 4096});    // exactly one stage; m not a multiple of 4
+      out.push_back({d, e, 8, 256, 11008});  // 3 stages, the last partial (Llama-2 down)
+      out.push_back({d, e, 2, 6, 14336});    // 4 stages (Llama-3 down); 2 CTAs
     }
   }
-  out.push_back({DType::kBF16, cuda::GemvPrologue::kNone, 5, 4100, 8, true});
+  out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 8});
+  out.push_back({DType::kBF16, E::kSiluMul, 7, 10, 40});
+  out.push_back({DType::kF16, E::kStore, 4, 1, 8200});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvGpu, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return Name(info.param); });
 
+// A decode-like chain (GEMV → GEMV reading its output → GEMV accumulating) captured in a CUDA
+// graph under programmatic dependent launch, replayed several times: every replay equals the
+// plain-launch result bit for bit (a missing PdlWait would let a GEMV read a stale input).
+TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
+  std::string why;
+  if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const DType dt = DType::kBF16;
+  const int64_t n = 1, k = 4096, m1 = 8192, m2 = 4096;
+  std::mt19937 rng(7);
+  uint16_t* dx = Upload(RandomHalf(dt, size_t(n * k), 1.f, rng));
+  uint16_t* dw1 = Upload(RandomHalf(dt, size_t(m1 * k), 0.05f, rng));
+  uint16_t* dw2 = Upload(RandomHalf(dt, size_t(m2 * (m1 / 2)), 0.05f, rng));
+  uint16_t* dw3 = Upload(RandomHalf(dt, size_t(k * m2), 0.05f, rng));
+  uint16_t* dh = Upload(std::vector<uint16_t>(size_t(n * m1 / 2)));
+  uint16_t* dg = Upload(std::vector<uint16_t>(size_t(n * m2)));
+  float* dy = Upload(std::vector<float>(size_t(n * k), 0.f));
+  cudaStream_t stream = nullptr;
+  LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto chain = [&] {
+    LLM_CUDA_CHECK(cudaMemsetAsync(dy, 0, size_t(n * k) * 4, stream));
+    cuda::GemvArgs a;
+    a.dtype = dt;
+    a.n = n;
+    a.epilogue = E::kSiluMul;  // h = silu(x W1g) * (x W1u)
+    a.x = dx, a.w = dw1, a.y = dh, a.m = m1, a.k = k;
+    cuda::Gemv(a, stream);
+    a.epilogue = E::kStore;  // g = h W2
+    a.x = dh, a.w = dw2, a.y = dg, a.m = m2, a.k = m1 / 2;
+    cuda::Gemv(a, stream);
+    for (int i = 0; i < 3; ++i) {  // y += g W3, three times
+      a.epilogue = E::kAccumulateF32;
+      a.x = dg, a.w = dw3, a.y = dy, a.m = k, a.k = m2;
+      cuda::Gemv(a, stream);
+    }
+  };
+  cuda::SetProgrammaticLaunch(false);
+  chain();
+  LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> want = Download<float>(dy, size_t(n * k));
+  cuda::SetProgrammaticLaunch(true);
+  cudaGraph_t graph = nullptr;
+  LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  chain();
+  LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cuda::SetProgrammaticLaunch(false);
+  cudaGraphExec_t exec = nullptr;
+  LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 20; ++replay) {
+    LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> got = Download<float>(dy, size_t(n * k));
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    ASSERT_EQ(differ, 0u) << "replay " << replay;
+  }
+  double norm = 0;
+  for (float v : want) norm += double(v) * v;
+  EXPECT_GT(norm, 0.0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dw1), static_cast<void*>(dw2),
+                  static_cast<void*>(dw3), static_cast<void*>(dh), static_cast<void*>(dg),
+                  static_cast<void*>(dy)})
+    cudaFree(p);
+}
+
 TEST(GemvApi, RejectsWhatItCannotRun) {
   cuda::GemvArgs a;
   alignas(16) static uint16_t buf[64];
   a.x = buf;
   a.w = buf;
+  a.y = buf;
   a.n = 9;
   a.m = 4;
   a.k = 8;
@@ -180,6 +263,11 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   a.k = 12;
   EXPECT_FALSE(cuda::GemvSupports(a));
   a.k = 16;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.epilogue = E::kSiluMul;
+  a.m = 3;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.m = 4;
   EXPECT_TRUE(cuda::GemvSupports(a));
   a.dtype = DType::kF32;
   EXPECT_FALSE(cuda::GemvSupports(a));
