@@ -113,8 +113,9 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. Three ways: cuBLASLt (+ SiluMul kernel), our GEMV with plain launches, our GEMV
-// with programmatic dependent launch. Reports ms per step and weight TB/s; attention and
+// CUDA graph. Four ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV with plain
+// launches, our GEMV with programmatic dependent launch, and that with the RMSNorms as separate
+// kernels. Reports ms per step and weight TB/s; attention and
 // RoPE are left out, so this is the linear layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
                      int64_t qkv_dim, int64_t inter, int reps) {
@@ -140,20 +141,25 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl"};
-  for (int impl = 0; impl < 3; ++impl) {
-    cu::SetProgrammaticLaunch(impl == 2);
-    auto gemv = [&](cu::GemvEpilogue e, const void* in, const void* w, void* out, int64_t m,
-                    int64_t k) {
+  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_separate_norm"};
+  for (int impl = 0; impl < 4; ++impl) {
+    cu::SetProgrammaticLaunch(impl >= 2);
+    auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, const void* w, void* out,
+                    int64_t m, int64_t k) {
       cu::GemvArgs g;
       g.epilogue = e;
       g.x = in;
+      g.norm_weight = norm;
+      g.eps = 1e-5f;
       g.w = w;
       g.y = out;
       g.n = 1;
       g.m = m;
       g.k = k;
       cu::Gemv(g, stream);
+    };
+    auto norm = [&] {
+      cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
     };
     auto step = [&] {
       for (int64_t l = 0; l < layers; ++l) {
@@ -162,24 +168,27 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
         const uint16_t* wo = wqkv + qkv_dim * hidden;
         const uint16_t* wgu = wo + hidden * hidden;
         const uint16_t* wd = wgu + 2 * inter * hidden;
-        cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
-        if (impl == 0) {
-          gemm.Linear(normed, wqkv, qkv, 1, qkv_dim, hidden, DType::kBF16, DType::kBF16, false,
-                      stream);
-          gemm.Linear(qkv, wo, x, 1, hidden, hidden, DType::kBF16, DType::kF32, true, stream);
-        } else {
-          gemv(cu::GemvEpilogue::kStore, normed, wqkv, qkv, qkv_dim, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, wo, x, hidden, hidden);
-        }
-        cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
-        if (impl == 0) {
-          gemm.Linear(normed, wgu, gate_up, 1, 2 * inter, hidden, DType::kBF16, DType::kBF16, false,
-                      stream);
-          cu::SiluMul(gate_up, act, 1, inter, DType::kBF16, stream);
-          gemm.Linear(act, wd, x, 1, hidden, inter, DType::kBF16, DType::kF32, true, stream);
-        } else {
-          gemv(cu::GemvEpilogue::kSiluMul, normed, wgu, act, 2 * inter, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, act, wd, x, hidden, inter);
+        const DType bf16 = DType::kBF16, f32 = DType::kF32;
+        if (impl == 0) {  // cuBLASLt and the separate kernels
+          norm();
+          gemm.Linear(normed, wqkv, qkv, 1, qkv_dim, hidden, bf16, bf16, false, stream);
+          gemm.Linear(qkv, wo, x, 1, hidden, hidden, bf16, f32, true, stream);
+          norm();
+          gemm.Linear(normed, wgu, gate_up, 1, 2 * inter, hidden, bf16, bf16, false, stream);
+          cu::SiluMul(gate_up, act, 1, inter, bf16, stream);
+          gemm.Linear(act, wd, x, 1, hidden, inter, bf16, f32, true, stream);
+        } else if (impl == 3) {  // GEMV with separate RMSNorm kernels
+          norm();
+          gemv(cu::GemvEpilogue::kStore, normed, nullptr, wqkv, qkv, qkv_dim, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
+          norm();
+          gemv(cu::GemvEpilogue::kSiluMul, normed, nullptr, wgu, act, 2 * inter, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
+        } else {  // as the executor's small steps: the RMSNorms in the GEMV prologues
+          gemv(cu::GemvEpilogue::kStore, x, norm_w, wqkv, qkv, qkv_dim, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
+          gemv(cu::GemvEpilogue::kSiluMul, x, norm_w, wgu, act, 2 * inter, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
         }
       }
     };

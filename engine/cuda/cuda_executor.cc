@@ -525,12 +525,15 @@ struct CudaExecutor::Impl {
     }
   }
 
-  // One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv.h).
-  void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const void* w, void* out, int64_t n,
-                   int64_t m, int64_t k) {
+  // One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv.h); with `norm`,
+  // `in` is the fp32 residual and the RMSNorm runs in the GEMV's prologue.
+  void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const float* norm, const void* w,
+                   void* out, int64_t n, int64_t m, int64_t k) {
     cuda::GemvArgs g;
     g.epilogue = epilogue;
     g.x = in;
+    g.norm_weight = norm;
+    g.eps = float(config.rms_norm_eps);
     g.w = w;
     g.y = out;
     g.n = n;
@@ -551,32 +554,30 @@ struct CudaExecutor::Impl {
     const DType f32 = DType::kF32;
     // Steps of at most gemv_max_tokens tokens (decode at small batch) run every linear layer
     // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
-    // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry the
-    // residual add (o, down) and SiLU·mul (gate|up), so no separate SiluMul kernel runs.
+    // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its prologue carries the
+    // RMSNorms and its epilogues the residual add (o, down) and SiLU·mul (gate|up): per layer
+    // q|k|v, RoPE + KV append, attention, o, gate|up, down.
     const bool small = SmallStep(n);
     using E = cuda::GemvEpilogue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
       const Layer& l = layers[size_t(i)];
-      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (small) {
-        SmallLinear(E::kStore, normed, l.qkv, qkv, n, qkv_dim, hidden);
+        SmallLinear(E::kStore, x, l.input_norm, l.qkv, qkv, n, qkv_dim, hidden);
       } else {
+        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
       }
       cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
                          int(config.num_kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
       Attention(i, s);
       if (small) {
-        SmallLinear(E::kAccumulateF32, attn, l.o, x, n, hidden, q_dim);
+        SmallLinear(E::kAccumulateF32, attn, nullptr, l.o, x, n, hidden, q_dim);
+        SmallLinear(E::kSiluMul, x, l.post_norm, l.gate_up, act, n, 2 * inter, hidden);
+        SmallLinear(E::kAccumulateF32, act, nullptr, l.down, x, n, hidden, inter);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);
-      }
-      cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-      if (small) {
-        SmallLinear(E::kSiluMul, normed, l.gate_up, act, n, 2 * inter, hidden);
-        SmallLinear(E::kAccumulateF32, act, l.down, x, n, hidden, inter);
-      } else {
+        cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
         cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
         gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, true, stream);
@@ -586,7 +587,7 @@ struct CudaExecutor::Impl {
     cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
                      stream);
     if (SmallStep(s.num_rows)) {
-      SmallLinear(E::kStoreF32, rows_normed, lm_head, logits, s.num_rows, vocab, hidden);
+      SmallLinear(E::kStoreF32, rows_normed, nullptr, lm_head, logits, s.num_rows, vocab, hidden);
     } else {
       gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
                    stream);

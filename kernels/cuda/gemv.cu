@@ -1,5 +1,6 @@
 // Small-batch GEMV (design in gemv.h).
-// Instantiations: {bf16, fp16} × 4 epilogues × N ∈ {1, 2, 4, 8} = 32.
+// Instantiations: {bf16, fp16} × (4 epilogues + 2 with the RMSNorm prologue) × N ∈ {1, 2, 4, 8}
+// = 48.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -66,9 +67,24 @@ __device__ __forceinline__ void LoadStage(Stage& s, const uint4* const (&rows)[k
   }
 }
 
-template <typename T, int N>
-__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, int n, int stage,
-                                         int64_t chunks, float (&acc)[kRows][N]) {
+// The 8 activations of chunk c of token t: x as is, or with the RMSNorm prologue
+// dtype(g * (x * inv_rms)) from the fp32 residual, as cuda::AddRmsNorm computes them.
+template <typename T, bool Norm>
+__device__ __forceinline__ void LoadX(const GemvArgs& a, const float* inv_rms, int t, int64_t c,
+                                      const float (&g)[kChunk], float (&x)[kChunk]) {
+  if constexpr (Norm) {
+    float r[kChunk];
+    vec::LoadF32<kChunk>(static_cast<const float*>(a.x) + t * a.k + c * kChunk, r);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) x[i] = vec::RoundTo<T>(g[i] * (r[i] * inv_rms[t]));
+  } else {
+    Unpack<T>(reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + t * a.k)[c], x);
+  }
+}
+
+template <typename T, bool Norm, int N>
+__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, const float* inv_rms,
+                                         int n, int stage, int64_t chunks, float (&acc)[kRows][N]) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = int64_t(stage) * kStageChunks + u * kThreads + threadIdx.x;
@@ -76,11 +92,13 @@ __device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, int 
     float w[kRows][kChunk];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) Unpack<T>(s.w[r][u], w[r]);
+    float g[kChunk];
+    if constexpr (Norm) vec::LoadF32<kChunk>(a.norm_weight + c * kChunk, g);
 #pragma unroll
     for (int t = 0; t < N; ++t) {
       if (t >= n) break;
       float x[kChunk];
-      Unpack<T>(reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + t * a.k)[c], x);
+      LoadX<T, Norm>(a, inv_rms, t, c, g, x);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -90,7 +108,44 @@ __device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, int 
   }
 }
 
-template <typename T, GemvEpilogue E, int N>
+// Every token's 1 / rms over its fp32 residual row: each thread sums the squares of its own
+// chunks (the ones it later multiplies), then the CTA reduces in a fixed order.
+template <int N>
+__device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chunks,
+                                           float* inv_rms) {
+  __shared__ float part[kThreads / 32][N];
+  float ss[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) ss[t] = 0.f;
+  for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      if (t >= n) break;
+      float r[kChunk];
+      vec::LoadF32<kChunk>(static_cast<const float*>(a.x) + t * a.k + c * kChunk, r);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) ss[t] += r[i] * r[i];
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], o);
+    if (lane == 0) part[warp][t] = ss[t];
+  }
+  __syncthreads();
+  if (threadIdx.x < N) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) total += part[w][threadIdx.x];
+    // 1 / sqrt (IEEE), as cuda::AddRmsNorm.
+    inv_rms[threadIdx.x] = 1.f / sqrtf(total / static_cast<float>(a.k) + a.eps);
+  }
+  __syncthreads();
+}
+
+template <typename T, GemvEpilogue E, bool Norm, int N>
 __global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
   const int64_t chunks = a.k / kChunk;
   const int stages = static_cast<int>((chunks + kStageChunks - 1) / kStageChunks);
@@ -105,6 +160,8 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
   PdlWait();
   PdlTrigger();
   const int n = static_cast<int>(a.n);
+  __shared__ float inv_rms[N];
+  if constexpr (Norm) InverseRms<N>(a, n, chunks, inv_rms);
   float acc[kRows][N];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -113,10 +170,10 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
   }
   for (int st = 0; st < stages; st += 2) {
     if (st + 1 < stages) LoadStage(s1, rows, st + 1, chunks);
-    FmaStage<T, N>(s0, a, n, st, chunks, acc);
+    FmaStage<T, Norm, N>(s0, a, inv_rms, n, st, chunks, acc);
     if (st + 1 < stages) {
       if (st + 2 < stages) LoadStage(s0, rows, st + 2, chunks);
-      FmaStage<T, N>(s1, a, n, st + 1, chunks, acc);
+      FmaStage<T, Norm, N>(s1, a, inv_rms, n, st + 1, chunks, acc);
     }
   }
   // Reduce: lanes (shuffles), then warps (shared memory), in a fixed order.
@@ -168,33 +225,36 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
   }
 }
 
-template <typename T, GemvEpilogue E>
+template <typename T, GemvEpilogue E, bool Norm>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
   const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
   const int64_t per_cta = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
   const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));
   if (a.n <= 1) {
-    Launch(GemvKernel<T, E, 1>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, E, Norm, 1>, grid, dim3(kThreads), 0, stream, a);
   } else if (a.n <= 2) {
-    Launch(GemvKernel<T, E, 2>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, E, Norm, 2>, grid, dim3(kThreads), 0, stream, a);
   } else if (a.n <= 4) {
-    Launch(GemvKernel<T, E, 4>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, E, Norm, 4>, grid, dim3(kThreads), 0, stream, a);
   } else {
-    Launch(GemvKernel<T, E, 8>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, E, Norm, 8>, grid, dim3(kThreads), 0, stream, a);
   }
 }
 
 template <typename T>
 void LaunchT(const GemvArgs& a, cudaStream_t stream) {
+  const bool norm = a.norm_weight != nullptr;
   switch (a.epilogue) {
     case GemvEpilogue::kStore:
-      return LaunchN<T, GemvEpilogue::kStore>(a, stream);
+      return norm ? LaunchN<T, GemvEpilogue::kStore, true>(a, stream)
+                  : LaunchN<T, GemvEpilogue::kStore, false>(a, stream);
     case GemvEpilogue::kStoreF32:
-      return LaunchN<T, GemvEpilogue::kStoreF32>(a, stream);
+      return LaunchN<T, GemvEpilogue::kStoreF32, false>(a, stream);
     case GemvEpilogue::kAccumulateF32:
-      return LaunchN<T, GemvEpilogue::kAccumulateF32>(a, stream);
+      return LaunchN<T, GemvEpilogue::kAccumulateF32, false>(a, stream);
     case GemvEpilogue::kSiluMul:
-      return LaunchN<T, GemvEpilogue::kSiluMul>(a, stream);
+      return norm ? LaunchN<T, GemvEpilogue::kSiluMul, true>(a, stream)
+                  : LaunchN<T, GemvEpilogue::kSiluMul, false>(a, stream);
   }
 }
 

@@ -4,7 +4,11 @@
 // CPU twin (the specification): cpu::Linear (kernels/cpu/matmul.h) and cpu::SiluMul
 // (kernels/cpu/ops.h); test: tests/kernels/gemv_gpu_test.cc (label gpu).
 //
-//   s[t, j] = sum_i x[t, i] * w[j, i]          t < n, j < m, i < k;  x, w: dtype
+//   s[t, j] = sum_i a[t, i] * w[j, i]          t < n, j < m, i < k;  w: dtype
+//   a = x (dtype [n, k]), or with the RMSNorm prologue (norm_weight set; kStore and kSiluMul
+//       only) a = dtype(g * (x * inv_rms)) of the fp32 residual x [n, k], inv_rms =
+//       1 / sqrt(mean(x²) + eps): what cuda::AddRmsNorm would have written, so the separate
+//       normalization kernel (and the wait for it) is gone from the decode step
 //   epilogue:
 //     kStore          y dtype [n, m]       = dtype(s)
 //     kStoreF32       y fp32  [n, m]       = s                        (logits)
@@ -13,6 +17,8 @@
 //                     u = dtype(s[t, m/2 + j]): the gate|up projection with SiLU·mul fused,
 //                     rounded exactly as a GEMM into dtype followed by cuda::SiluMul rounds.
 //
+// The prologue's sum of squares costs no extra pass over memory: a CTA's threads together read
+// every chunk of x once (the chunks they multiply), reduce, and then multiply.
 // Design: a CTA of 256 threads computes 4 output rows (kSiluMul: 2 gate rows and their 2 up
 // rows), splitting k over all its threads: thread i takes 16-byte chunks i, i + 256, ... of
 // every row, so a 4096-wide row is one 16-byte load per thread per row and the CTA's whole
@@ -38,7 +44,9 @@ inline constexpr int kGemvMaxTokens = 8;
 
 struct GemvArgs {
   GemvEpilogue epilogue = GemvEpilogue::kStore;
-  const void* x = nullptr;  // dtype [n, k]
+  const void* x = nullptr;             // dtype [n, k]; fp32 [n, k] with norm_weight
+  const float* norm_weight = nullptr;  // fp32 [k]: the RMSNorm prologue
+  float eps = 1e-6f;
   const void* w = nullptr;  // dtype [m, k]
   void* y = nullptr;        // see the epilogue
   int64_t n = 0, m = 0, k = 0;
@@ -46,7 +54,8 @@ struct GemvArgs {
 };
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
-// kSiluMul, bf16/f16, 16-byte aligned x and w).
+// kSiluMul, bf16/f16, 16-byte aligned x, w and norm_weight; the prologue only with kStore or
+// kSiluMul).
 bool GemvSupports(const GemvArgs& a);
 
 // Asynchronous on `stream` (launched through cuda::Launch: programmatic dependent launch when

@@ -25,6 +25,7 @@ struct Case {
   DType dtype;
   E epilogue;
   int n, m, k;
+  bool norm = false;  // the RMSNorm prologue over an fp32 residual
 };
 
 std::string Name(const Case& c) {
@@ -33,7 +34,8 @@ std::string Name(const Case& c) {
                   : c.epilogue == E::kAccumulateF32 ? "accf32"
                                                     : "silumul";
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_" + e + "_n" +
-         std::to_string(c.n) + "_m" + std::to_string(c.m) + "_k" + std::to_string(c.k);
+         std::to_string(c.n) + "_m" + std::to_string(c.m) + "_k" + std::to_string(c.k) +
+         (c.norm ? "_rmsnorm" : "");
 }
 
 uint16_t ToHalf(DType t, float x) { return t == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x); }
@@ -79,16 +81,32 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   const int64_t outs = silu ? m / 2 : m;
   const std::vector<uint16_t> x = RandomHalf(c.dtype, size_t(n * k), 1.f, rng);
   const std::vector<uint16_t> w = RandomHalf(c.dtype, size_t(m * k), 0.05f, rng);
-  std::vector<float> y0(size_t(n * outs));
   std::normal_distribution<float> dist(0.f, 1.f);
+  // The activations the kernel multiplies: x, or the prologue's dtype(g * (x * inv_rms)) of an
+  // fp32 residual, computed in float as cuda::AddRmsNorm computes it.
+  std::vector<float> resid(static_cast<size_t>(n * k)), gain(static_cast<size_t>(k)),
+      act(static_cast<size_t>(n * k));
+  const float eps = 1e-5f;
+  for (float& v : resid) v = 3.f * dist(rng);
+  for (float& v : gain) v = 1.f + 0.3f * dist(rng);
+  for (int64_t t = 0; t < n; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < k; ++i) ss += double(resid[t * k + i]) * resid[t * k + i];
+    const float inv = 1.f / std::sqrt(float(ss) / float(k) + eps);
+    for (int64_t i = 0; i < k; ++i) {
+      act[t * k + i] = c.norm ? RoundHalf(c.dtype, gain[i] * (resid[t * k + i] * inv))
+                              : FromHalf(c.dtype, x[t * k + i]);
+    }
+  }
+  std::vector<float> y0(size_t(n * outs));
   for (float& v : y0) v = dist(rng);
-  // s[t][j] and sum |x w| (the scale of fp32 accumulation-order error).
+  // s[t][j] and sum |a w| (the scale of fp32 accumulation-order error).
   std::vector<double> sum(size_t(n * m)), mag(size_t(n * m));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < m; ++j) {
       double acc = 0, a = 0;
       for (int64_t i = 0; i < k; ++i) {
-        const double p = double(FromHalf(c.dtype, x[t * k + i])) * FromHalf(c.dtype, w[j * k + i]);
+        const double p = double(act[t * k + i]) * FromHalf(c.dtype, w[j * k + i]);
         acc += p;
         a += std::fabs(p);
       }
@@ -96,13 +114,16 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
       mag[t * m + j] = a;
     }
   }
-  uint16_t* dx = Upload(x);
+  void* dx = c.norm ? static_cast<void*>(Upload(resid)) : static_cast<void*>(Upload(x));
+  float* dgain = Upload(gain);
   uint16_t* dw = Upload(w);
   void* dy = f32_out ? static_cast<void*>(Upload(y0))
                      : static_cast<void*>(Upload(std::vector<uint16_t>(size_t(n * outs), 0x7fc0)));
   cuda::GemvArgs a;
   a.epilogue = c.epilogue;
   a.x = dx;
+  a.norm_weight = c.norm ? dgain : nullptr;
+  a.eps = eps;
   a.w = dw;
   a.y = dy;
   a.n = n;
@@ -120,7 +141,9 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     for (size_t i = 0; i < h.size(); ++i) got[i] = FromHalf(c.dtype, h[i]);
   }
   const double ulp = c.dtype == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;
-  const double rel = 1e-5;  // fp32 accumulation in another order, relative to sum |x w|
+  // fp32 accumulation in another order, relative to sum |a w|; with the prologue an activation
+  // can round to the neighbouring half value (its inv_rms summed in another order).
+  const double rel = c.norm ? 2e-4 : 1e-5;
   double worst = 0;
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < outs; ++j) {
@@ -159,6 +182,7 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   }
   std::printf("  %s: worst error %.2f of tolerance\n", Name(c).c_str(), worst);
   cudaFree(dx);
+  cudaFree(dgain);
   cudaFree(dw);
   cudaFree(dy);
 }
@@ -171,6 +195,13 @@ std::vector<Case> Cases() {
       out.push_back({d, e, 3, 78, 4096});    // exactly one stage; m not a multiple of 4
       out.push_back({d, e, 8, 256, 11008});  // 3 stages, the last partial (Llama-2 down)
       out.push_back({d, e, 2, 6, 14336});    // 4 stages (Llama-3 down); 2 CTAs
+    }
+  }
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    for (E e : {E::kStore, E::kSiluMul}) {
+      out.push_back({d, e, 1, 1000, 4096, true});
+      out.push_back({d, e, 3, 78, 8192, true});
+      out.push_back({d, e, 8, 64, 1000, true});
     }
   }
   out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 8});
