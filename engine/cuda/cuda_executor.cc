@@ -527,8 +527,8 @@ struct CudaExecutor::Impl {
 
   // One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv.h); with `norm`,
   // `in` is the fp32 residual and the RMSNorm runs in the GEMV's prologue.
-  void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const float* norm, const void* w,
-                   void* out, int64_t n, int64_t m, int64_t k) {
+  cuda::GemvArgs SmallArgs(cuda::GemvEpilogue epilogue, const void* in, const float* norm,
+                           const void* w, void* out, int64_t n, int64_t m, int64_t k) const {
     cuda::GemvArgs g;
     g.epilogue = epilogue;
     g.x = in;
@@ -540,7 +540,11 @@ struct CudaExecutor::Impl {
     g.m = m;
     g.k = k;
     g.dtype = dtype;
-    cuda::Gemv(g, stream);
+    return g;
+  }
+  void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const float* norm, const void* w,
+                   void* out, int64_t n, int64_t m, int64_t k) {
+    cuda::Gemv(SmallArgs(epilogue, in, norm, w, out, n, m, k), stream);
   }
 
   bool SmallStep(int64_t rows) const {
@@ -555,21 +559,38 @@ struct CudaExecutor::Impl {
     // Steps of at most gemv_max_tokens tokens (decode at small batch) run every linear layer
     // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
     // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its prologue carries the
-    // RMSNorms and its epilogues the residual add (o, down) and SiLU·mul (gate|up): per layer
-    // q|k|v, RoPE + KV append, attention, o, gate|up, down.
+    // RMSNorms and its epilogues RoPE + KV append (q|k|v), the residual add (o, down) and
+    // SiLU·mul (gate|up): per layer q|k|v, attention, o, gate|up, down.
     const bool small = SmallStep(n);
     using E = cuda::GemvEpilogue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
       const Layer& l = layers[size_t(i)];
-      if (small) {
-        SmallLinear(E::kStore, x, l.input_norm, l.qkv, qkv, n, qkv_dim, hidden);
+      if (small && config.head_dim % 4 == 0) {  // RMSNorm, q|k|v, RoPE + KV append: 1 kernel
+        cuda::GemvArgs g =
+            SmallArgs(E::kRopeAppendKv, x, l.input_norm, l.qkv, q, n, qkv_dim, hidden);
+        const PagedKvView<void> kv = Kv(i);
+        g.rope.positions = d_positions;
+        g.rope.slot_mapping = d_slots;
+        g.rope.inv_freq = inv_freq;
+        g.rope.num_heads = int(config.num_heads);
+        g.rope.num_kv_heads = int(config.num_kv_heads);
+        g.rope.head_dim = int(config.head_dim);
+        g.rope.layout = kv.layout;
+        g.rope.k_cache = kv.k;
+        g.rope.v_cache = kv.v;
+        cuda::Gemv(g, stream);
       } else {
-        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-        gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
+        if (small) {
+          SmallLinear(E::kStore, x, l.input_norm, l.qkv, qkv, n, qkv_dim, hidden);
+        } else {
+          cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
+                           stream);
+          gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
+        }
+        cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
+                           int(config.num_kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
       }
-      cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
-                         int(config.num_kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
       Attention(i, s);
       if (small) {
         SmallLinear(E::kAccumulateF32, attn, nullptr, l.o, x, n, hidden, q_dim);

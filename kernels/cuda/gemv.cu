@@ -1,6 +1,6 @@
 // Small-batch GEMV (design in gemv.h).
-// Instantiations: {bf16, fp16} × (4 epilogues + 2 with the RMSNorm prologue) × N ∈ {1, 2, 4, 8}
-// = 48.
+// Instantiations: {bf16, fp16} × (5 epilogues + 3 with the RMSNorm prologue) × N ∈ {1, 2, 4, 8}
+// = 64.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -46,7 +46,13 @@ struct Stage {
 // Row r of this CTA: the weight row it reads.
 template <GemvEpilogue E>
 __device__ __forceinline__ int64_t WeightRow(const GemvArgs& a, int r) {
-  if constexpr (E == GemvEpilogue::kSiluMul) {
+  if constexpr (E == GemvEpilogue::kRopeAppendKv) {
+    // CTA b: head b / (head_dim / 4), dims p, p + 1 and their partners p + half, p + half + 1.
+    const int quarter = a.rope.head_dim / 4, half = a.rope.head_dim / 2;
+    const int64_t head = blockIdx.x / quarter;
+    const int p = int(blockIdx.x % quarter) * 2;
+    return head * a.rope.head_dim + p + (r % 2) + (r >= 2 ? half : 0);
+  } else if constexpr (E == GemvEpilogue::kSiluMul) {
     const int64_t half = a.m / 2;
     const int64_t col = int64_t(blockIdx.x) * (kRows / 2) + (r % (kRows / 2));
     const int64_t c = col < half ? col : half - 1;  // past the end: re-read a valid row
@@ -201,7 +207,36 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += part[w][r][t];
   }
-  if constexpr (E == GemvEpilogue::kSiluMul) {
+  if constexpr (E == GemvEpilogue::kRopeAppendKv) {
+    if (mine) total[r][t] = v;
+    __syncwarp();
+    if (!mine || r >= 2 || t >= n) return;
+    const GemvRope& rp = a.rope;
+    const int quarter = rp.head_dim / 4, half = rp.head_dim / 2;
+    const int head = int(blockIdx.x / quarter);
+    const int i = int(blockIdx.x % quarter) * 2 + r;  // the dim in the first half
+    // As kStore and then cuda::RopeAppendKv: the sums rounded to T, the rotation in fp32.
+    const float lo = vec::RoundTo<T>(total[r][t]), hi = vec::RoundTo<T>(total[r + 2][t]);
+    T* dst;
+    if (head < rp.num_heads) {
+      dst = static_cast<T*>(a.y) + (int64_t(t) * rp.num_heads + head) * rp.head_dim;
+    } else {
+      const int64_t slot = rp.slot_mapping[t];
+      if (slot < 0) return;
+      const int kv_head = head - rp.num_heads;
+      if (kv_head >= rp.num_kv_heads) {  // v: copied unchanged
+        dst = static_cast<T*>(rp.v_cache) + rp.layout.SlotOffset(slot, kv_head - rp.num_kv_heads);
+        dst[i] = vec::FromF32<T>(lo);
+        dst[i + half] = vec::FromF32<T>(hi);
+        return;
+      }
+      dst = static_cast<T*>(rp.k_cache) + rp.layout.SlotOffset(slot, kv_head);
+    }
+    float sn, cs;
+    sincosf(static_cast<float>(rp.positions[t]) * rp.inv_freq[i], &sn, &cs);
+    dst[i] = vec::FromF32<T>(lo * cs - hi * sn);
+    dst[i + half] = vec::FromF32<T>(hi * cs + lo * sn);
+  } else if constexpr (E == GemvEpilogue::kSiluMul) {
     if (mine) total[r][t] = v;
     __syncwarp();
     if (!mine || r >= kRows / 2 || t >= n) return;
@@ -229,7 +264,8 @@ template <typename T, GemvEpilogue E, bool Norm>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
   const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
   const int64_t per_cta = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
-  const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));
+  const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));  // kRopeAppendKv:
+  // m = heads * head_dim, 4 rows per CTA: heads * head_dim / 4 CTAs as WeightRow maps them
   if (a.n <= 1) {
     Launch(GemvKernel<T, E, Norm, 1>, grid, dim3(kThreads), 0, stream, a);
   } else if (a.n <= 2) {
@@ -255,18 +291,34 @@ void LaunchT(const GemvArgs& a, cudaStream_t stream) {
     case GemvEpilogue::kSiluMul:
       return norm ? LaunchN<T, GemvEpilogue::kSiluMul, true>(a, stream)
                   : LaunchN<T, GemvEpilogue::kSiluMul, false>(a, stream);
+    case GemvEpilogue::kRopeAppendKv:
+      return norm ? LaunchN<T, GemvEpilogue::kRopeAppendKv, true>(a, stream)
+                  : LaunchN<T, GemvEpilogue::kRopeAppendKv, false>(a, stream);
   }
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+bool RopeOk(const GemvArgs& a) {
+  const GemvRope& r = a.rope;
+  return r.head_dim > 0 && r.head_dim % 4 == 0 && r.num_heads > 0 && r.num_kv_heads > 0 &&
+         a.m == int64_t(r.num_heads + 2 * r.num_kv_heads) * r.head_dim && r.positions &&
+         r.slot_mapping && r.inv_freq && r.k_cache && r.v_cache &&
+         r.layout.head_dim == r.head_dim && r.layout.num_kv_heads == r.num_kv_heads;
+}
+
 }  // namespace
 
 bool GemvSupports(const GemvArgs& a) {
+  using E = GemvEpilogue;
+  const bool norm_ok =
+      a.norm_weight == nullptr ||
+      ((a.epilogue == E::kStore || a.epilogue == E::kSiluMul || a.epilogue == E::kRopeAppendKv) &&
+       Aligned16(a.norm_weight));
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % kChunk == 0 && a.m > 0 &&
-         (a.epilogue != GemvEpilogue::kSiluMul || a.m % 2 == 0) &&
+         (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
-         a.y != nullptr;
+         a.y != nullptr && norm_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
 }
 
 void Gemv(const GemvArgs& a, cudaStream_t stream) {
@@ -274,7 +326,8 @@ void Gemv(const GemvArgs& a, cudaStream_t stream) {
     throw std::invalid_argument("Gemv: unsupported shape n=" + std::to_string(a.n) +
                                 " m=" + std::to_string(a.m) + " k=" + std::to_string(a.k) +
                                 " (n in [1, 8], k % 8 == 0, even m for SiLU·mul, 16-byte "
-                                "aligned, bf16/f16)");
+                                "aligned, bf16/f16, RMSNorm prologue only with store, SiLU·mul "
+                                "or RoPE, RoPE shapes matching the KV layout)");
   }
   if (a.dtype == DType::kBF16) {
     LaunchT<__nv_bfloat16>(a, stream);

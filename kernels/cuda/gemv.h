@@ -13,6 +13,7 @@
 //     kStore          y dtype [n, m]       = dtype(s)
 //     kStoreF32       y fp32  [n, m]       = s                        (logits)
 //     kAccumulateF32  y fp32  [n, m]      += s                        (residual add of o / down)
+//     kRopeAppendKv   y dtype [n, num_heads, head_dim] = the rotated q; k, v into the cache
 //     kSiluMul        y dtype [n, m / 2]   = dtype(silu(g) * u), g = dtype(s[t, j]),
 //                     u = dtype(s[t, m/2 + j]): the gate|up projection with SiLU·mul fused,
 //                     rounded exactly as a GEMM into dtype followed by cuda::SiluMul rounds.
@@ -35,10 +36,26 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/paged_kv.h"
 
 namespace llm::cuda {
 
-enum class GemvEpilogue : uint8_t { kStore, kStoreF32, kAccumulateF32, kSiluMul };
+enum class GemvEpilogue : uint8_t { kStore, kStoreF32, kAccumulateF32, kSiluMul, kRopeAppendKv };
+
+// kRopeAppendKv: the q|k|v projection with cuda::RopeAppendKv fused (kernels/cuda/model_ops.h,
+// the same math and rounding, so the results are bit-identical to kStore + RopeAppendKv): a
+// CTA's 4 rows are dims {p, p+1, p+half, p+half+1} of one head (the rotate-half partners), so
+// the epilogue rotates q heads into q_out, rotates k heads into their KV slot and copies v heads
+// to theirs (k and v only for slots >= 0). w is [(num_heads + 2 num_kv_heads) * head_dim, k].
+struct GemvRope {
+  const int32_t* positions = nullptr;                 // [n]
+  const int64_t* slot_mapping = nullptr;              // [n] flat slots; < 0: no KV write
+  const float* inv_freq = nullptr;                    // [head_dim / 2]
+  int num_heads = 0, num_kv_heads = 0, head_dim = 0;  // head_dim % 4 == 0
+  PagedKvLayout layout;
+  void* k_cache = nullptr;  // the layer's pools (dtype)
+  void* v_cache = nullptr;
+};
 
 inline constexpr int kGemvMaxTokens = 8;
 
@@ -50,7 +67,8 @@ struct GemvArgs {
   const void* w = nullptr;  // dtype [m, k]
   void* y = nullptr;        // see the epilogue
   int64_t n = 0, m = 0, k = 0;
-  DType dtype = DType::kBF16;  // of x, w (and y for kStore / kSiluMul)
+  DType dtype = DType::kBF16;  // of x, w (and y for kStore / kSiluMul / kRopeAppendKv)
+  GemvRope rope;               // kRopeAppendKv
 };
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for

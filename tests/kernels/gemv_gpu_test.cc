@@ -14,7 +14,9 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/model_ops.h"
 #include "kernels/dtype.h"
+#include "kernels/paged_kv.h"
 
 namespace llm {
 namespace {
@@ -172,6 +174,8 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
           tol = 1.1 * std::fabs(u) * dg + std::fabs(silu_g) * du + dg * du + ulp * std::fabs(ref);
           break;
         }
+        case E::kRopeAppendKv:
+          FAIL() << "covered by GemvRopeGpu";
       }
       tol += 1e-6;
       const double v = got[t * outs + j];
@@ -280,6 +284,124 @@ TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
     cudaFree(p);
 }
 
+// kRopeAppendKv is kStore followed by cuda::RopeAppendKv in one kernel, with the same math and
+// rounding: q, the K pool and the V pool are bit-identical to the two-kernel path (with and
+// without the RMSNorm prologue; some tokens without a KV slot).
+struct RopeCase {
+  DType dtype;
+  int n, num_heads, num_kv_heads, head_dim, k;
+  bool norm;
+};
+
+class GemvRopeGpu : public ::testing::TestWithParam<RopeCase> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  }
+};
+
+TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
+  const RopeCase c = GetParam();
+  std::mt19937 rng(c.n * 7 + c.head_dim + c.k);
+  const int64_t n = c.n, k = c.k, hd = c.head_dim;
+  const int64_t m = int64_t(c.num_heads + 2 * c.num_kv_heads) * hd;
+  PagedKvLayout layout;
+  layout.num_blocks = 4;
+  layout.block_size = 16;
+  layout.num_kv_heads = c.num_kv_heads;
+  layout.head_dim = hd;
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> resid(static_cast<size_t>(n * k)), gain(static_cast<size_t>(k));
+  for (float& v : resid) v = 2.f * dist(rng);
+  for (float& v : gain) v = 1.f + 0.2f * dist(rng);
+  std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
+  for (int64_t i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / float(hd));
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    positions[t] = int32_t(rng() % 100000);
+    slots[t] = t % 3 == 2 ? -1 : (t * 13 + 5) % (layout.num_blocks * layout.block_size);
+  }
+  const std::vector<uint16_t> x = RandomHalf(c.dtype, size_t(n * k), 1.f, rng);
+  const std::vector<uint16_t> w = RandomHalf(c.dtype, size_t(m * k), 0.05f, rng);
+  const std::vector<uint16_t> poison(size_t(layout.pool_elements()), 0x7fc0);
+  void* dx = c.norm ? static_cast<void*>(Upload(resid)) : static_cast<void*>(Upload(x));
+  float* dgain = Upload(gain);
+  float* dfreq = Upload(inv_freq);
+  int32_t* dpos = Upload(positions);
+  int64_t* dslots = Upload(slots);
+  uint16_t* dw = Upload(w);
+  uint16_t* dqkv = Upload(std::vector<uint16_t>(size_t(n * m)));
+  uint16_t* dq[2] = {Upload(std::vector<uint16_t>(size_t(n * c.num_heads * hd), 0x7fc0)),
+                     Upload(std::vector<uint16_t>(size_t(n * c.num_heads * hd), 0x7fc0))};
+  uint16_t* dk[2] = {Upload(poison), Upload(poison)};
+  uint16_t* dv[2] = {Upload(poison), Upload(poison)};
+  cuda::GemvArgs a;
+  a.x = dx;
+  a.norm_weight = c.norm ? dgain : nullptr;
+  a.eps = 1e-5f;
+  a.w = dw;
+  a.n = n;
+  a.m = m;
+  a.k = k;
+  a.dtype = c.dtype;
+  // Two kernels: kStore into q|k|v, then RopeAppendKv.
+  a.epilogue = E::kStore;
+  a.y = dqkv;
+  cuda::Gemv(a, nullptr);
+  cuda::RopeAppendKv(dqkv, dpos, dslots, dfreq, n, c.num_heads, c.num_kv_heads, int(hd),
+                     PagedKvView<void>{dk[0], dv[0], layout}, c.dtype, dq[0], nullptr);
+  // One kernel.
+  a.epilogue = E::kRopeAppendKv;
+  a.y = dq[1];
+  a.rope.positions = dpos;
+  a.rope.slot_mapping = dslots;
+  a.rope.inv_freq = dfreq;
+  a.rope.num_heads = c.num_heads;
+  a.rope.num_kv_heads = c.num_kv_heads;
+  a.rope.head_dim = int(hd);
+  a.rope.layout = layout;
+  a.rope.k_cache = dk[1];
+  a.rope.v_cache = dv[1];
+  ASSERT_TRUE(cuda::GemvSupports(a));
+  cuda::Gemv(a, nullptr);
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  auto count_diff = [](const std::vector<uint16_t>& p, const std::vector<uint16_t>& q) {
+    size_t d = 0;
+    for (size_t i = 0; i < p.size(); ++i) d += p[i] != q[i];
+    return d;
+  };
+  const size_t nq = size_t(n * c.num_heads * hd), np = size_t(layout.pool_elements());
+  const std::vector<uint16_t> q0 = Download<uint16_t>(dq[0], nq),
+                              q1 = Download<uint16_t>(dq[1], nq);
+  EXPECT_EQ(count_diff(q0, q1), 0u) << "q";
+  EXPECT_EQ(count_diff(Download<uint16_t>(dk[0], np), Download<uint16_t>(dk[1], np)), 0u) << "K";
+  EXPECT_EQ(count_diff(Download<uint16_t>(dv[0], np), Download<uint16_t>(dv[1], np)), 0u) << "V";
+  size_t nan = 0;
+  for (uint16_t v : q1) nan += std::isnan(FromHalf(c.dtype, v));
+  EXPECT_EQ(nan, 0u) << "every q element written";
+  for (void* p :
+       {dx, static_cast<void*>(dgain), static_cast<void*>(dfreq), static_cast<void*>(dpos),
+        static_cast<void*>(dslots), static_cast<void*>(dw), static_cast<void*>(dqkv),
+        static_cast<void*>(dq[0]), static_cast<void*>(dq[1]), static_cast<void*>(dk[0]),
+        static_cast<void*>(dk[1]), static_cast<void*>(dv[0]), static_cast<void*>(dv[1])})
+    cudaFree(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvRopeGpu,
+                         ::testing::Values(RopeCase{DType::kBF16, 1, 4, 2, 128, 512, true},
+                                           RopeCase{DType::kBF16, 3, 8, 8, 64, 1024, false},
+                                           RopeCase{DType::kF16, 8, 4, 1, 128, 256, true},
+                                           RopeCase{DType::kF16, 5, 2, 2, 64, 4096, false}),
+                         [](const auto& info) {
+                           const RopeCase& c = info.param;
+                           return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_n" +
+                                  std::to_string(c.n) + "_h" + std::to_string(c.num_heads) + "_kv" +
+                                  std::to_string(c.num_kv_heads) + "_hd" +
+                                  std::to_string(c.head_dim) + (c.norm ? "_rmsnorm" : "");
+                         });
+
 TEST(GemvApi, RejectsWhatItCannotRun) {
   cuda::GemvArgs a;
   alignas(16) static uint16_t buf[64];
@@ -300,6 +422,15 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_FALSE(cuda::GemvSupports(a));
   a.m = 4;
   EXPECT_TRUE(cuda::GemvSupports(a));
+  alignas(16) static float gain[16];
+  a.norm_weight = gain;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.epilogue = E::kAccumulateF32;  // no RMSNorm prologue on the residual projections
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.norm_weight = nullptr;
+  a.epilogue = E::kRopeAppendKv;  // no positions / slots / cache
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.epilogue = E::kSiluMul;
   a.dtype = DType::kF32;
   EXPECT_FALSE(cuda::GemvSupports(a));
   EXPECT_THROW(cuda::Gemv(a, nullptr), std::invalid_argument);
