@@ -113,9 +113,9 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. Four ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV with plain
-// launches, our GEMV with programmatic dependent launch, and that with the RMSNorms as separate
-// kernels. Reports ms per step and weight TB/s; attention and
+// CUDA graph. Four ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
+// kernels) with plain launches, the same with programmatic dependent launch, and that with the
+// RMSNorms in the GEMV prologues instead. Reports ms per step and weight TB/s; attention and
 // RoPE are left out, so this is the linear layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
                      int64_t qkv_dim, int64_t inter, int reps) {
@@ -141,7 +141,7 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_separate_norm"};
+  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue"};
   for (int impl = 0; impl < 4; ++impl) {
     cu::SetProgrammaticLaunch(impl >= 2);
     auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, const void* w, void* out,
@@ -177,17 +177,17 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
           gemm.Linear(normed, wgu, gate_up, 1, 2 * inter, hidden, bf16, bf16, false, stream);
           cu::SiluMul(gate_up, act, 1, inter, bf16, stream);
           gemm.Linear(act, wd, x, 1, hidden, inter, bf16, f32, true, stream);
-        } else if (impl == 3) {  // GEMV with separate RMSNorm kernels
+        } else if (impl == 3) {  // the RMSNorms in the GEMV prologues
+          gemv(cu::GemvEpilogue::kStore, x, norm_w, wqkv, qkv, qkv_dim, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
+          gemv(cu::GemvEpilogue::kSiluMul, x, norm_w, wgu, act, 2 * inter, hidden);
+          gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
+        } else {  // as the executor's small steps (there q|k|v also carries RoPE + KV append)
           norm();
           gemv(cu::GemvEpilogue::kStore, normed, nullptr, wqkv, qkv, qkv_dim, hidden);
           gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
           norm();
           gemv(cu::GemvEpilogue::kSiluMul, normed, nullptr, wgu, act, 2 * inter, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
-        } else {  // as the executor's small steps: the RMSNorms in the GEMV prologues
-          gemv(cu::GemvEpilogue::kStore, x, norm_w, wqkv, qkv, qkv_dim, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
-          gemv(cu::GemvEpilogue::kSiluMul, x, norm_w, wgu, act, 2 * inter, hidden);
           gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
         }
       }

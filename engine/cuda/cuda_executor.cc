@@ -558,17 +558,19 @@ struct CudaExecutor::Impl {
     const DType f32 = DType::kF32;
     // Steps of at most gemv_max_tokens tokens (decode at small batch) run every linear layer
     // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
-    // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its prologue carries the
-    // RMSNorms and its epilogues RoPE + KV append (q|k|v), the residual add (o, down) and
-    // SiLU·mul (gate|up): per layer q|k|v, attention, o, gate|up, down.
+    // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry
+    // RoPE + KV append (q|k|v), the residual add (o, down) and SiLU·mul (gate|up): per layer
+    // RMSNorm, q|k|v, attention, o, RMSNorm, gate|up, down. (The GEMV's RMSNorm prologue
+    // measured slower than the separate RMSNorm kernel: bench/RESULTS.md.)
     const bool small = SmallStep(n);
     using E = cuda::GemvEpilogue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
       const Layer& l = layers[size_t(i)];
-      if (small && config.head_dim % 4 == 0) {  // RMSNorm, q|k|v, RoPE + KV append: 1 kernel
+      if (small && config.head_dim % 4 == 0) {  // q|k|v, RoPE and the KV append in 1 kernel
+        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         cuda::GemvArgs g =
-            SmallArgs(E::kRopeAppendKv, x, l.input_norm, l.qkv, q, n, qkv_dim, hidden);
+            SmallArgs(E::kRopeAppendKv, normed, nullptr, l.qkv, q, n, qkv_dim, hidden);
         const PagedKvView<void> kv = Kv(i);
         g.rope.positions = d_positions;
         g.rope.slot_mapping = d_slots;
@@ -581,11 +583,10 @@ struct CudaExecutor::Impl {
         g.rope.v_cache = kv.v;
         cuda::Gemv(g, stream);
       } else {
+        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         if (small) {
-          SmallLinear(E::kStore, x, l.input_norm, l.qkv, qkv, n, qkv_dim, hidden);
+          SmallLinear(E::kStore, normed, nullptr, l.qkv, qkv, n, qkv_dim, hidden);
         } else {
-          cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
-                           stream);
           gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
         }
         cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
@@ -594,7 +595,8 @@ struct CudaExecutor::Impl {
       Attention(i, s);
       if (small) {
         SmallLinear(E::kAccumulateF32, attn, nullptr, l.o, x, n, hidden, q_dim);
-        SmallLinear(E::kSiluMul, x, l.post_norm, l.gate_up, act, n, 2 * inter, hidden);
+        cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+        SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, act, n, 2 * inter, hidden);
         SmallLinear(E::kAccumulateF32, act, nullptr, l.down, x, n, hidden, inter);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);

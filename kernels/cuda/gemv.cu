@@ -152,7 +152,7 @@ __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chu
 }
 
 template <typename T, GemvEpilogue E, bool Norm, int N>
-__global__ void __launch_bounds__(kThreads) GemvKernel(GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKernel(GemvArgs a) {
   const int64_t chunks = a.k / kChunk;
   const int stages = static_cast<int>((chunks + kStageChunks - 1) / kStageChunks);
   const uint4* rows[kRows];

@@ -7,8 +7,10 @@
 //   s[t, j] = sum_i a[t, i] * w[j, i]          t < n, j < m, i < k;  w: dtype
 //   a = x (dtype [n, k]), or with the RMSNorm prologue (norm_weight set; kStore and kSiluMul
 //       only) a = dtype(g * (x * inv_rms)) of the fp32 residual x [n, k], inv_rms =
-//       1 / sqrt(mean(x²) + eps): what cuda::AddRmsNorm would have written, so the separate
-//       normalization kernel (and the wait for it) is gone from the decode step
+//       1 / sqrt(mean(x²) + eps): what cuda::AddRmsNorm would have written. Measured
+//       slower end to end than the separate RMSNorm kernel on the H200 (every CTA re-reads
+//       the fp32 residual from L2: 48 KiB of activations per 32 KiB of weights), so the
+//       executor does not use it; bench_gemm_peak_gpu keeps the comparison.
 //   epilogue:
 //     kStore          y dtype [n, m]       = dtype(s)
 //     kStoreF32       y fp32  [n, m]       = s                        (logits)
