@@ -5,8 +5,8 @@
 // (kernels/cpu/ops.h); test: tests/kernels/gemv_gpu_test.cc (label gpu).
 //
 //   s[t, j] = sum_i a[t, i] * w[j, i]          t < n, j < m, i < k;  w: dtype
-//   a = x (dtype [n, k]), or with the RMSNorm prologue (norm_weight set; kStore and kSiluMul
-//       only) a = dtype(g * (x * inv_rms)) of the fp32 residual x [n, k], inv_rms =
+//   a = x (dtype [n, k]), or with the RMSNorm prologue (norm_weight set; kStore, kSiluMul and
+//       kRopeAppendKv) a = dtype(g * (x * inv_rms)) of the fp32 residual x [n, k], inv_rms =
 //       1 / sqrt(mean(x²) + eps): what cuda::AddRmsNorm would have written. Measured
 //       slower end to end than the separate RMSNorm kernel on the H200 (every CTA re-reads
 //       the fp32 residual from L2: 48 KiB of activations per 32 KiB of weights), so the
