@@ -11,7 +11,11 @@
 //   v2  combine kernel in one parallel pass (split weights 2^(m_s - m) computed by a warp into
 //       shared memory, acc loads unrolled) instead of v1's serial OnlineSoftmax::Merge chain,
 //       which cost ~0.6 µs of dependent L2 latency per split (v1: 1×4k 26.6 µs, 1×32k 55 µs).
-//   "v2-nosplit" is v2 with num_splits forced to 1, to show what split-KV buys.
+//   v3  one launch: the last CTA of each (sequence, KV head) merges the splits (arrival
+//       counter in the workspace, reset in-kernel); splits chosen to fill every resident slot
+//       (1×32k: 33 splits = 264 CTAs; v2 took 29 = 232); balanced split sizes; the first page
+//       indices fetched as one cp.async group; programmatic dependent launch (PDL) capable.
+//   "v3-nosplit" is v3 with num_splits forced to 1, to show what split-KV buys.
 //
 // Method: bytes = K + V bytes read (batch × context × kv_heads × head_dim × 2 B × 2); each
 // shape rotates among enough disjoint KV sets (each with its own shuffled block table and
@@ -20,12 +24,20 @@
 // ceiling is cudaMemcpy device-to-device of 2 GiB (read + write bytes / time), median of 10,
 // measured in the same run. max_err: sequence 0 of set 0 against cpu::PagedDecodeAttention
 // on the same bf16 values in fp32 (max abs error / max |ref| is printed as rel_err).
+// Also per shape (fields graph_us, graph_pdl_us): 30 launches over the rotating sets captured
+// into one CUDA graph, replayed (median of 5 replays / 30), with PDL off and on: the kernel time
+// without the host launch and event overhead that the per-launch median includes, as the
+// engine's captured decode steps run it.
+//
+//   --sanitize-small   validation plus one small shape with a few launches (for
+//                      compute-sanitizer; scripts/gpu_attention_bench.sh), then exit
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -35,6 +47,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/dtype.h"
 
 namespace {
@@ -106,8 +119,11 @@ struct Result {
   float ms;
   double tbs;
   int splits;
+  int ctas;
   float max_err;
   float rel_err;
+  float graph_ms;      // per launch inside a captured graph, PDL off (0 = not measured)
+  float graph_pdl_ms;  // same, PDL on
 };
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
@@ -159,6 +175,7 @@ struct Problem {
     LLM_CUDA_CHECK(cudaMemcpy(cu, h_cu.data(), h_cu.size() * 4, cudaMemcpyHostToDevice));
     ws_bytes = llm::cuda::DecodeWorkspaceBytes(s.batch, kHeads, kHeadDim, 128);
     LLM_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+    LLM_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));  // the split counters start at zero (once)
   }
   ~Problem() {
     for (void* p : {k, v, q, out, static_cast<void*>(tables), static_cast<void*>(ctx),
@@ -220,7 +237,44 @@ struct Problem {
     return {err, mx};
   }
 
-  Result Time(const std::string& variant, int splits, double /*copy_tbs*/) {
+  // Per launch inside a CUDA graph of `n` launches over the rotating sets (median of `reps`
+  // replays), with PDL on or off.
+  float GraphTime(int splits, bool pdl, int n, int reps) {
+    const bool saved = llm::cuda::ProgrammaticLaunch();
+    llm::cuda::SetProgrammaticLaunch(pdl);
+    cudaStream_t stream;
+    LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n; ++i)
+      llm::cuda::PagedDecodeAttention(Params(i % sets), splits, ws, ws_bytes, stream);
+    LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    LLM_CUDA_CHECK(cudaEventCreate(&e0));
+    LLM_CUDA_CHECK(cudaEventCreate(&e1));
+    LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      LLM_CUDA_CHECK(cudaEventRecord(e0, stream));
+      LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      LLM_CUDA_CHECK(cudaEventRecord(e1, stream));
+      LLM_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t / n);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    llm::cuda::SetProgrammaticLaunch(saved);
+    return Median(ms);
+  }
+
+  Result Time(const std::string& variant, int splits, int iters = 30, bool graphs = true) {
     cudaEvent_t e0, e1;
     LLM_CUDA_CHECK(cudaEventCreate(&e0));
     LLM_CUDA_CHECK(cudaEventCreate(&e1));
@@ -228,7 +282,7 @@ struct Problem {
     for (int i = 0; i < 5; ++i)
       llm::cuda::PagedDecodeAttention(Params(i % sets), splits, ws, ws_bytes, nullptr, &info);
     std::vector<float> ms;
-    for (int i = 0; i < 30; ++i) {
+    for (int i = 0; i < iters; ++i) {
       const auto p = Params((i + 5) % sets);
       LLM_CUDA_CHECK(cudaEventRecord(e0));
       llm::cuda::PagedDecodeAttention(p, splits, ws, ws_bytes, nullptr);
@@ -242,9 +296,11 @@ struct Problem {
     cudaEventDestroy(e1);
     const float med = Median(ms);
     const double bytes = double(shape.batch) * shape.context * kKvHeads * kHeadDim * 2 * 2;
+    const float g = graphs ? GraphTime(splits, false, 30, 5) : 0.f;
+    const float gp = graphs ? GraphTime(splits, true, 30, 5) : 0.f;
     const auto [err, mx] = Check(splits);
-    return Result{variant, shape, med, bytes / (med * 1e-3) / 1e12, info.num_splits, err,
-                  mx > 0 ? err / mx : err};
+    return Result{variant, shape, med, bytes / (med * 1e-3) / 1e12, info.num_splits,
+                  info.num_ctas, err, mx > 0 ? err / mx : err, g, gp};
   }
 };
 
@@ -298,6 +354,7 @@ bool Validate() {
   const size_t ws_bytes = llm::cuda::DecodeWorkspaceBytes(ns, kHeads, kHeadDim, 8);
   void* ws = nullptr;
   LLM_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  LLM_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));  // the split counters start at zero (once)
   llm::cuda::AttentionParams p;
   p.q = dq;
   p.out = dout;
@@ -334,41 +391,69 @@ bool Validate() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  bool sanitize_small = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--sanitize-small") == 0) {
+      sanitize_small = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--sanitize-small]\n", argv[0]);
+      return 2;
+    }
+  }
   std::printf("device: %s\n", llm::cuda::DeviceDescription().c_str());
   if (!Validate()) {
     std::printf("validation FAILED\n");
     return 1;
+  }
+  if (sanitize_small) {  // one small shape, a few launches per variant, checks on
+    bool ok = true;
+    Problem prob(Shape{2, 1000}, 0);
+    for (int splits : {0, 1, 7}) {
+      const Result r = prob.Time("v3", splits, 2, false);
+      const bool pass = r.rel_err <= 2e-2f;
+      ok = ok && pass;
+      std::printf("sanitize-small 2x1000 splits=%d (used %d): rel_err %.3g: %s\n", splits,
+                  r.splits, r.rel_err, pass ? "ok" : "FAIL");
+    }
+    return ok ? 0 : 1;
   }
   const double copy_tbs = CopyBandwidthTBs();
   std::printf("copy bandwidth (cudaMemcpy D2D 2 GiB, read+write): %.3f TB/s\n", copy_tbs);
   const std::vector<Shape> shapes = {{1, 4096}, {1, 32768}, {16, 4096},
                                      {64, 4096}, {64, 16384}, {256, 2048}};
   std::vector<Result> results;
+  bool ok = true;
   for (const Shape& s : shapes) {
     Problem prob(s, int64_t(512) << 20);
-    std::vector<std::pair<std::string, int>> variants = {{"v2", 0}};
+    std::vector<std::pair<std::string, int>> variants = {{"v3", 0}};
     const int auto_splits = llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context, kHeadDim, 128);
-    if (auto_splits > 1) variants.push_back({"v2-nosplit", 1});
+    if (auto_splits > 1) variants.push_back({"v3-nosplit", 1});
     for (const auto& [name, splits] : variants) {
-      const Result r = prob.Time(name, splits, copy_tbs);
+      const Result r = prob.Time(name, splits);
       results.push_back(r);
+      const bool pass = r.rel_err <= 2e-2f;
+      ok = ok && pass;
       std::printf(
           "JSON {\"kind\":\"decode\",\"variant\":\"%s\",\"batch\":%d,\"context\":%d,"
           "\"num_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"dtype\":\"bf16\",\"ms\":%.4f,"
           "\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%.3f,\"splits\":%d,"
-          "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d}\n",
+          "\"ctas\":%d,\"graph_us\":%.2f,\"graph_pdl_us\":%.2f,"
+          "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d%s}\n",
           r.variant.c_str(), s.batch, s.context, kHeads, kKvHeads, kHeadDim, r.ms, r.tbs,
-          copy_tbs, r.tbs / copy_tbs, r.splits, r.max_err, r.rel_err, prob.sets);
+          copy_tbs, r.tbs / copy_tbs, r.splits, r.ctas, r.graph_ms * 1e3, r.graph_pdl_ms * 1e3,
+          r.max_err, r.rel_err, prob.sets, pass ? "" : ",\"ok\":false");
       std::fflush(stdout);
     }
   }
-  std::printf("\n%-11s %6s %7s %7s %9s %8s %7s %9s\n", "variant", "batch", "context", "splits",
-              "ms", "TB/s", "ratio", "rel_err");
+  std::printf("\n%-11s %6s %7s %7s %6s %9s %8s %7s %9s %9s %9s\n", "variant", "batch",
+              "context", "splits", "ctas", "ms", "TB/s", "ratio", "graph_us", "g+pdl_us",
+              "rel_err");
   for (const Result& r : results) {
-    std::printf("%-11s %6d %7d %7d %9.4f %8.3f %7.3f %9.2e\n", r.variant.c_str(), r.shape.batch,
-                r.shape.context, r.splits, r.ms, r.tbs, r.tbs / copy_tbs, r.rel_err);
+    std::printf("%-11s %6d %7d %7d %6d %9.4f %8.3f %7.3f %9.2f %9.2f %9.2e\n", r.variant.c_str(),
+                r.shape.batch, r.shape.context, r.splits, r.ctas, r.ms, r.tbs, r.tbs / copy_tbs,
+                r.graph_ms * 1e3, r.graph_pdl_ms * 1e3, r.rel_err);
   }
   std::printf("copy %.3f TB/s\n", copy_tbs);
-  return 0;
+  return ok ? 0 : 1;
 }

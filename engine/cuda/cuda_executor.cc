@@ -39,7 +39,7 @@ static_assert(sizeof(TokenAdjust) == sizeof(cuda::LogitAdjust) &&
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kDecodeWorkspaceBytes = size_t{64} << 20;  // split-KV partials (any batch)
+constexpr size_t kDecodeWorkspaceBytes = size_t{64} << 20;  // split counters + partials (any batch)
 constexpr int64_t kMinTableWidth = 16;
 
 std::string LayerName(int64_t i, const char* suffix) {
@@ -325,6 +325,9 @@ struct CudaExecutor::Impl {
     rows_normed = Alloc(max_rows * hidden * int64_t(esize));
     logits = Alloc<float>(max_rows * vocab * 4);
     decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
+    // Zeroed once: its split arrival counters must start at zero, and every decode attention
+    // call leaves them zero (kernels/cuda/decode_attention.h), graph replays included.
+    LLM_CUDA_CHECK(cudaMemsetAsync(decode_ws, 0, kDecodeWorkspaceBytes, stream));
 
     d_tokens = Alloc<int32_t>(T * 4);
     d_positions = Alloc<int32_t>(T * 4);

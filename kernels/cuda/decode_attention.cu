@@ -22,13 +22,25 @@
 //    of the K/V loads that need them (4-byte cp.async into a ring of 2·kStages slots), so no
 //    thread ever waits on a block-table load before issuing its K/V copies.
 //  - Split-KV: when num_seqs × num_kv_heads CTAs cannot fill the SMs, each sequence's tiles
-//    are split into num_splits contiguous chunks; each CTA writes its unnormalised partial
-//    (acc[D], m, l) per query head to the workspace and CombineKernel merges the partials with
-//    the OnlineSoftmax::Merge math (kernels/online_softmax.h), in one parallel pass. With one split the attention kernel
-//    normalises and writes the output itself (no workspace, one launch).
-//  - SelectSplits picks the split count from the batch shape, the SM count and the
-//    occupancy of the config (FlashAttention-2's wave-efficiency rule).
-// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} + CombineKernel {bf16, fp16} = 6.
+//    are split into num_splits contiguous chunks (balanced: chunk sizes differ by at most one
+//    tile; the non-empty chunks are the first min(num_splits, tiles) ones). Each CTA writes its
+//    unnormalised partial (acc[D], m, l) per query head to the workspace, fences, and counts
+//    itself in by an atomic on its (sequence, KV head) counter; the CTA that arrives last
+//    merges all the partials with the OnlineSoftmax::Merge math (kernels/online_softmax.h) in
+//    one parallel pass, writes the output and resets the counter to 0 (v3: no second launch;
+//    v1/v2 had a separate combine kernel). With one split the kernel normalises and writes the
+//    output itself (no workspace).
+//  - SelectSplits picks the split count from the batch shape, the SM count and the occupancy
+//    of the config: the count with the smallest estimated time waves × (tiles per split +
+//    per-CTA overhead), ties to more splits, so few-CTA shapes fill every resident slot (or
+//    whole waves) while each split keeps >= 2 tiles.
+//  - Programmatic dependent launch (kernels/cuda/launch.h): the kernel triggers its dependents
+//    first thing and waits (PdlWait) before its first global read, so its CTAs' launch and
+//    set-up overlap the previous kernel's tail when the executor enables PDL.
+//  - Prologue: the Q fragment loads, the context length, then the page indices of the first
+//    kStages - 1 tiles as ONE cp.async group (v2 loaded them with plain loads tile by tile,
+//    dependent round trips before the first K/V copy could be issued).
+// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} = 4.
 //
 // Test: ninja -C build decode_attention_gpu_test && (cd build && ctest -L gpu -R decode_attention)
 // Bench: ninja -C build bench_decode_attention_gpu && ./build/bench_decode_attention_gpu
@@ -43,10 +55,13 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/online_softmax.h"
 
 namespace llm::cuda {
 namespace {
+
+constexpr int kMaxSplits = 128;  // split cap (the merge keeps one weight per split in smem)
 
 // Tile configuration per head_dim.
 template <int kHeadDim>
@@ -68,13 +83,18 @@ struct DecodeTraits {
   static constexpr int kRedStride = kHeadDim + 8;  // fp32 epilogue row, padded vs bank conflicts
   static constexpr size_t kKvSmemBytes = size_t(kStages) * 2 * kTileElems * 2;
   static constexpr size_t kSmemBytes = kKvSmemBytes + size_t(kPageSlots) * kPageSlotInts * 4;
+  // Epilogue reuse of the K/V stages: the 4 warps' fp32 accumulators for the cross-warp merge,
+  // then (last split CTA only) the split weights [kRows][kMaxSplits].
+  static constexpr size_t kRedBytes = size_t(kWarps) * kRows * kRedStride * 4;
+  static constexpr size_t kWeightBytes = size_t(kRows) * kMaxSplits * 4;
 
   static_assert(kHeadDim % 64 == 0, "the XOR swizzle permutes 8 chunks of 16 bytes per row");
   static_assert(kThreads % kChunksPerRow == 0 && kTileKeys % kRowsPerPass == 0,
                 "a K/V tile is a whole number of cp.async passes");
   static_assert(kStages >= 2, "the pipeline keeps kStages - 1 tiles in flight");
-  static_assert(size_t(kWarps) * kRows * kRedStride * 4 <= kKvSmemBytes,
-                "the epilogue reuses the K/V stages for the cross-warp merge");
+  static_assert(kRedBytes + kWeightBytes <= kKvSmemBytes,
+                "the epilogue reuses the K/V stages for the cross-warp and split merges");
+  static_assert(kHeadDim % 4 == 0 && kRedBytes % 16 == 0, "float4 merge, aligned weights");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
 };
 
@@ -97,6 +117,7 @@ struct KernelArgs {
   float scale_log2;  // scale · log2(e)
   float* part_acc;   // [num_seqs, num_heads, num_splits, D] (num_splits > 1)
   float* part_ml;    // [num_seqs, num_heads, num_splits, 2]  (m, l)
+  unsigned* counters;  // [num_seqs * num_kv_heads] arrivals, zero between calls (num_splits > 1)
 };
 
 // ---- PTX wrappers -----------------------------------------------------------------------
@@ -175,6 +196,17 @@ __device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
 }
 
 // ---- the attention kernel ---------------------------------------------------------------
+// Tiles [begin, begin + count) of `total` that split `split` of `splits` owns: balanced, the
+// first total % splits splits take one tile more, so chunk sizes differ by at most one and the
+// non-empty chunks are exactly splits 0 .. min(splits, total) - 1 (the merge reads those).
+__device__ __forceinline__ void SplitTiles(int total, int splits, int split, int& begin,
+                                           int& count) {
+  const int base = total / splits;
+  const int extra = total % splits;
+  begin = split * base + min(split, extra);
+  count = base + (split < extra ? 1 : 0);
+}
+
 // Grid: num_seqs × num_kv_heads × num_splits CTAs (flattened, split fastest); 128 threads.
 template <typename T, int D>
 __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
@@ -184,6 +216,12 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   T* kv_smem = reinterpret_cast<T*>(smem);  // stage s: K at 2s·tile, V at (2s+1)·tile
   int* page_smem = reinterpret_cast<int*>(smem + Tr::kKvSmemBytes);  // [kPageSlots][slot ints]
 
+  // PDL: let the next kernel start launching now (its PdlWait still waits for our completion),
+  // then wait for the previous kernel before the first read of q, the batch arrays, K/V or the
+  // workspace, and before any write (launch.h's contract). Both are no-ops without PDL.
+  PdlTrigger();
+  PdlWait();
+
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -192,12 +230,34 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   const int kv_head = seq_head % a.num_kv_heads;
   const int seq = seq_head / a.num_kv_heads;
 
-  // This CTA's key range: whole 64-key tiles [tile_begin, tile_end) of the sequence.
+  // Q fragment (A operand, rows = query heads of the group, padded with zeros to 16):
+  //   qa[s] = {Q[g][16s+2c..], Q[g+8][16s+2c..], Q[g][16s+8+2c..], Q[g+8][16s+8+2c..]}
+  // with g = lane / 4, c = lane % 4. Issued first: these loads do not depend on the length and
+  // stay in flight until the first mma.
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  uint32_t qa[Tr::kKSteps][4];
+  {
+    const T* q_group =
+        static_cast<const T*>(a.q) + (int64_t(seq) * a.num_heads + kv_head * a.group) * D;
+    const uint32_t* row0 = reinterpret_cast<const uint32_t*>(q_group + g * D);
+    const uint32_t* row1 = reinterpret_cast<const uint32_t*>(q_group + (g + 8) * D);
+    const bool has0 = g < a.group;
+    const bool has1 = g + 8 < a.group;
+#pragma unroll
+    for (int s = 0; s < Tr::kKSteps; ++s) {
+      qa[s][0] = has0 ? row0[(16 * s + 2 * c) / 2] : 0u;
+      qa[s][1] = has1 ? row1[(16 * s + 2 * c) / 2] : 0u;
+      qa[s][2] = has0 ? row0[(16 * s + 8 + 2 * c) / 2] : 0u;
+      qa[s][3] = has1 ? row1[(16 * s + 8 + 2 * c) / 2] : 0u;
+    }
+  }
+
+  // This CTA's key range: whole 64-key tiles [tile_begin, tile_begin + num_tiles).
   const int num_keys = a.context_lens[seq] + 1;
   const int total_tiles = (num_keys + Tr::kTileKeys - 1) / Tr::kTileKeys;
-  const int tiles_per_split = (total_tiles + a.num_splits - 1) / a.num_splits;
-  const int tile_begin = min(total_tiles, split * tiles_per_split);
-  const int num_tiles = min(total_tiles, tile_begin + tiles_per_split) - tile_begin;
+  int tile_begin, num_tiles;
+  SplitTiles(total_tiles, a.num_splits, split, tile_begin, num_tiles);
   const int key_begin = tile_begin * Tr::kTileKeys;
   const int key_end = min(num_keys, key_begin + num_tiles * Tr::kTileKeys);
 
@@ -247,36 +307,12 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
     }
   };
 
-  // Page indices of the first kStages - 1 tiles: plain loads (nothing is in flight yet).
-  for (int j = 0; j < Tr::kStages - 1 && j < num_tiles; ++j) {
-    int first, count;
-    tile_pages(j, first, count);
-    int* slot = page_smem + (j % Tr::kPageSlots) * Tr::kPageSlotInts;
-    for (int i = tid; i < count; i += Tr::kThreads) slot[i] = table[first + i];
-  }
+  // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together,
+  // beside the Q loads), waited for here since the first K/V copies need them.
+  for (int j = 0; j < Tr::kStages - 1; ++j) stage_pages_async(j);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
   __syncthreads();
-
-  // Q fragment (A operand, rows = query heads of the group, padded with zeros to 16):
-  //   qa[s] = {Q[g][16s+2c..], Q[g+8][16s+2c..], Q[g][16s+8+2c..], Q[g+8][16s+8+2c..]}
-  // with g = lane / 4, c = lane % 4.
-  const int g = lane >> 2;
-  const int c = lane & 3;
-  uint32_t qa[Tr::kKSteps][4];
-  {
-    const T* q_group =
-        static_cast<const T*>(a.q) + (int64_t(seq) * a.num_heads + kv_head * a.group) * D;
-    const uint32_t* row0 = reinterpret_cast<const uint32_t*>(q_group + g * D);
-    const uint32_t* row1 = reinterpret_cast<const uint32_t*>(q_group + (g + 8) * D);
-    const bool has0 = g < a.group;
-    const bool has1 = g + 8 < a.group;
-#pragma unroll
-    for (int s = 0; s < Tr::kKSteps; ++s) {
-      qa[s][0] = has0 ? row0[(16 * s + 2 * c) / 2] : 0u;
-      qa[s][1] = has1 ? row1[(16 * s + 2 * c) / 2] : 0u;
-      qa[s][2] = has0 ? row0[(16 * s + 8 + 2 * c) / 2] : 0u;
-      qa[s][3] = has1 ? row1[(16 * s + 8 + 2 * c) / 2] : 0u;
-    }
-  }
 
   // Prologue: tiles 0..kStages-2 in flight. Commit group j holds K/V of tile j and the page
   // indices of tile j + kStages - 1 (needed when that tile is issued, after group j landed).
@@ -404,74 +440,118 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   }
   __syncthreads();
 
-  for (int idx = tid; idx < a.group * D; idx += Tr::kThreads) {
-    const int row = idx / D;
-    const int d = idx % D;
-    float m_cta = -INFINITY;
+  // A CTA with no tiles (a short sequence has fewer tiles than splits) writes no partial: the
+  // merge reads only the non-empty splits 0 .. min(num_splits, total_tiles) - 1.
+  if (a.num_splits == 1 || num_tiles > 0) {
+    for (int idx = tid; idx < a.group * D; idx += Tr::kThreads) {
+      const int row = idx / D;
+      const int d = idx % D;
+      float m_cta = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Tr::kWarps; ++w) m_cta = Max(m_cta, red_m[w][row]);
-    float acc = 0.f, l_cta = 0.f;
-    if (m_cta != -INFINITY) {  // as OnlineSoftmax::Merge: each side scaled by 2^(m_w - m)
+      for (int w = 0; w < Tr::kWarps; ++w) m_cta = Max(m_cta, red_m[w][row]);
+      float acc = 0.f, l_cta = 0.f;
+      if (m_cta != -INFINITY) {  // as OnlineSoftmax::Merge: each side scaled by 2^(m_w - m)
 #pragma unroll
-      for (int w = 0; w < Tr::kWarps; ++w) {
-        const float scale = exp2f(red_m[w][row] - m_cta);
-        acc += scale * red_o[(w * Tr::kRows + row) * Tr::kRedStride + d];
-        l_cta += scale * red_l[w][row];
+        for (int w = 0; w < Tr::kWarps; ++w) {
+          const float scale = exp2f(red_m[w][row] - m_cta);
+          acc += scale * red_o[(w * Tr::kRows + row) * Tr::kRedStride + d];
+          l_cta += scale * red_l[w][row];
+        }
       }
-    }
-    const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
-    if (a.num_splits == 1) {
-      const float inv_l = l_cta > 0.f ? 1.f / l_cta : 0.f;  // OnlineSoftmax::Finalize
-      static_cast<T*>(a.out)[head * D + d] = FromFloat<T>(acc * inv_l);
-    } else {
-      const int64_t part = head * a.num_splits + split;
-      a.part_acc[part * D + d] = acc;
-      if (d == 0) {
-        a.part_ml[part * 2] = m_cta;
-        a.part_ml[part * 2 + 1] = l_cta;
+      const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
+      if (a.num_splits == 1) {
+        const float inv_l = l_cta > 0.f ? 1.f / l_cta : 0.f;  // OnlineSoftmax::Finalize
+        static_cast<T*>(a.out)[head * D + d] = FromFloat<T>(acc * inv_l);
+      } else {
+        const int64_t part = head * a.num_splits + split;
+        a.part_acc[part * D + d] = acc;
+        if (d == 0) *reinterpret_cast<float2*>(a.part_ml + part * 2) = make_float2(m_cta, l_cta);
       }
     }
   }
-}
+  if (a.num_splits == 1) return;
 
-// ---- split combine: one CTA of head_dim threads per (sequence, query head) -------------
-// The OnlineSoftmax::Merge math done in one pass instead of a chain: m = max_s m_s, every
-// split weighted by 2^(m_s - m) (0 for an empty split), acc = Σ w_s acc_s, l = Σ w_s l_s,
-// out = acc / l (0 when l == 0, as Finalize). v1 merged split by split with Merge itself, a
-// serial chain of dependent L2 loads (~0.6 µs per split: 20 µs of a 27 µs 1×4k decode); here
-// the split weights are computed in parallel into shared memory and the acc loads are
-// unrolled so that many are in flight.
-constexpr int kMaxCombineSplits = 128;
-
-template <typename T>
-__global__ void CombineKernel(const float* __restrict__ part_acc,
-                              const float* __restrict__ part_ml, T* __restrict__ out,
-                              int num_splits, int head_dim) {
-  __shared__ float weight[kMaxCombineSplits];
-  __shared__ float l_total;
-  const int64_t head = blockIdx.x;
-  const int d = threadIdx.x;
-  const float* ml = part_ml + head * num_splits * 2;
-  if (d < 32) {  // warp 0: the max and the weights
-    float m = -INFINITY;
-    for (int s = d; s < num_splits; s += 32) m = Max(m, ml[2 * s]);
-    for (int o = 16; o > 0; o >>= 1) m = Max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float l = 0.f;
-    for (int s = d; s < num_splits; s += 32) {
-      const float w = m == -INFINITY ? 0.f : exp2f(ml[2 * s] - m);
-      weight[s] = w;
-      l += w * ml[2 * s + 1];
+  // ---- split arrival: the last CTA of this (sequence, KV head) merges ---------------------
+  // Release: every thread fences its own partial stores (visible GPU-wide), the barrier orders
+  // them before thread 0's fence and atomic. Acquire: thread 0 fences after reading the count
+  // (the other CTAs fenced before their increments), the barrier passes that on, and the
+  // partials are read with ld.global.cg (L2, the point of coherence; never a stale L1 line).
+  // The last arrival resets the counter: all num_splits increments of this call are in, and
+  // the next call on this workspace is stream-ordered after this kernel's completion (PDL's
+  // wait included), so it starts from 0.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    const unsigned arrived = atomicAdd(a.counters + seq_head, 1u) + 1u;
+    const bool last = arrived == unsigned(a.num_splits);
+    if (last) {
+      atomicExch(a.counters + seq_head, 0u);
+      __threadfence();
     }
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (d == 0) l_total = l;
+    is_last = last ? 1 : 0;
   }
   __syncthreads();
-  const float* acc_in = part_acc + head * num_splits * head_dim + d;
-  float acc = 0.f;
+  if (!is_last) return;
+
+  // Merge, the OnlineSoftmax::Merge math in one pass over the splits (as v2's combine kernel):
+  // m = max_s m_s, weight w_s = 2^(m_s - m) (0 when every m_s is -inf), acc = Σ w_s acc_s,
+  // l = Σ w_s l_s, out = acc / l (0 when l == 0, as Finalize). Warp w computes the weights of
+  // rows w, w + 4, ... into shared memory (lanes over the splits); then each thread folds one
+  // float4 of acc over the splits, its loads unrolled so that many are in flight.
+  const int n_active = min(a.num_splits, total_tiles);
+  float* weights = reinterpret_cast<float*>(smem + Tr::kRedBytes);  // [kRows][kMaxSplits]
+  __shared__ float inv_l_row[Tr::kRows];
+  for (int row = warp; row < a.group; row += Tr::kWarps) {
+    const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
+    const float2* ml = reinterpret_cast<const float2*>(a.part_ml) + head * a.num_splits;
+    float2 part[kMaxSplits / 32];
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kMaxSplits / 32; ++k) {
+      const int s = lane + 32 * k;
+      part[k] = s < n_active ? __ldcg(ml + s) : make_float2(-INFINITY, 0.f);
+      m_all = Max(m_all, part[k].x);
+    }
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) m_all = Max(m_all, __shfl_xor_sync(0xffffffffu, m_all, o2));
+    float l_all = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxSplits / 32; ++k) {
+      const int s = lane + 32 * k;
+      const float w = m_all == -INFINITY ? 0.f : exp2f(part[k].x - m_all);
+      if (s < n_active) weights[row * kMaxSplits + s] = w;
+      l_all += w * part[k].y;
+    }
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, o2);
+    if (lane == 0) inv_l_row[row] = l_all > 0.f ? 1.f / l_all : 0.f;
+  }
+  __syncthreads();
+  constexpr int kVecs = D / 4;  // float4s per row
+  for (int idx = tid; idx < a.group * kVecs; idx += Tr::kThreads) {
+    const int row = idx / kVecs;
+    const int v4 = idx % kVecs;
+    const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
+    const float4* src = reinterpret_cast<const float4*>(a.part_acc) + head * a.num_splits * kVecs + v4;
+    const float* w = weights + row * kMaxSplits;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-  for (int s = 0; s < num_splits; ++s) acc += weight[s] * acc_in[s * head_dim];
-  const float inv_l = l_total > 0.f ? 1.f / l_total : 0.f;
-  out[head * head_dim + d] = FromFloat<T>(acc * inv_l);
+    for (int s = 0; s < n_active; ++s) {
+      const float4 p = __ldcg(src + int64_t(s) * kVecs);
+      const float ws = w[s];
+      acc.x += ws * p.x;
+      acc.y += ws * p.y;
+      acc.z += ws * p.z;
+      acc.w += ws * p.w;
+    }
+    const float inv_l = inv_l_row[row];
+    uint2 packed;
+    packed.x = Pack2<T>(acc.x * inv_l, acc.y * inv_l);
+    packed.y = Pack2<T>(acc.z * inv_l, acc.w * inv_l);
+    *reinterpret_cast<uint2*>(static_cast<T*>(a.out) + head * D + 4 * v4) = packed;
+  }
 }
 
 // ---- host side ---------------------------------------------------------------------------
@@ -506,30 +586,35 @@ int NumSms() {
 
 constexpr int kTileKeys = DecodeTraits<128>::kTileKeys;
 static_assert(DecodeTraits<64>::kTileKeys == kTileKeys, "one tile size for the split math");
-constexpr int kMaxAutoSplits = kMaxCombineSplits;
 
-// FlashAttention-2's rule: CTAs = base · s run in ceil(base · s / slots) waves; pick the
-// smallest split count whose wave efficiency (base·s/slots) / ceil(base·s/slots) is within
-// 85% of the best, among counts that give every split a distinct number of tiles (≥ 2 tiles
-// per split, so each CTA still pipelines). base ≥ 80% of the slots: no split.
+// Per-CTA fixed cost in units of one tile's streaming time, for the split selector: the
+// prologue (context length, then page indices, then the first K/V round trip) and the
+// epilogue (partial write, fence, arrival; the merge for the last CTA) take about two tiles'
+// worth of time of a CTA that streams a 32 KiB tile per ~1.5-2 µs.
+constexpr int64_t kCtaOverheadTiles = 2;
+
+// Split count for `base` = num_seqs × num_kv_heads CTAs per split and `slots` = SMs × resident
+// CTAs per SM. base ≥ 80% of the slots: no split (the large batches, at the read bandwidth
+// already). Otherwise s splits run base·s CTAs in ceil(base·s / slots) waves of
+// ceil(tiles / s) + overhead tiles each; the s with the smallest estimate wins, ties to the
+// larger s (more CTAs, so every resident slot streams: 1×32k on 264 slots takes 33 splits,
+// 264 CTAs of 15-16 tiles, where v2's "smallest s within 85% wave efficiency" took 29, 232
+// CTAs). s ≤ tiles / 2 keeps ≥ 2 tiles per split (so each CTA still pipelines), s ≤ max_splits
+// (what the workspace holds) and s ≤ kMaxSplits.
 int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_splits) {
   const int64_t tiles = (std::max<int64_t>(max_num_keys, 1) + kTileKeys - 1) / kTileKeys;
-  const int64_t limit = std::min<int64_t>({max_splits, tiles / 2, kMaxAutoSplits});
-  if (limit <= 1 || base * 5 >= int64_t(slots) * 4) return 1;
-  auto eligible = [&](int64_t s) {
-    const int64_t per = (tiles + s - 1) / s;
-    return s == 1 || (tiles + per - 1) / per == s;
-  };
-  auto efficiency = [&](int64_t s) {
-    const double waves = double(base * s) / slots;
-    return waves / std::ceil(waves);
-  };
-  double best = 0;
-  for (int64_t s = 1; s <= limit; ++s)
-    if (eligible(s)) best = std::max(best, efficiency(s));
-  for (int64_t s = 1; s <= limit; ++s)
-    if (eligible(s) && efficiency(s) >= 0.85 * best) return static_cast<int>(s);
-  return 1;
+  const int64_t limit = std::min<int64_t>({max_splits, tiles / 2, kMaxSplits});
+  if (limit <= 1 || base <= 0 || base * 5 >= int64_t(slots) * 4) return 1;
+  int64_t best_s = 1, best_cost = -1;
+  for (int64_t s = 1; s <= limit; ++s) {
+    const int64_t waves = (base * s + slots - 1) / slots;
+    const int64_t cost = waves * ((tiles + s - 1) / s + kCtaOverheadTiles);
+    if (best_cost < 0 || cost <= best_cost) {
+      best_cost = cost;
+      best_s = s;
+    }
+  }
+  return static_cast<int>(best_s);
 }
 
 template <typename T, int D>
@@ -540,14 +625,8 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, cudaStream_
   const int64_t num_ctas = num_seqs * args.num_kv_heads * num_splits;
   if (num_ctas > 0x7fffffff) throw std::invalid_argument("PagedDecodeAttention: grid too large");
   args.num_splits = num_splits;
-  DecodeKernel<T, D>
-      <<<static_cast<unsigned>(num_ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
-  LLM_CUDA_CHECK(cudaGetLastError());
-  if (num_splits > 1) {
-    CombineKernel<T><<<static_cast<unsigned>(num_seqs * args.num_heads), D, 0, stream>>>(
-        args.part_acc, args.part_ml, static_cast<T*>(args.out), num_splits, D);
-    LLM_CUDA_CHECK(cudaGetLastError());
-  }
+  Launch(DecodeKernel<T, D>, dim3(static_cast<unsigned>(num_ctas)), dim3(Tr::kThreads),
+         Tr::kSmemBytes, stream, args);
   if (info != nullptr) {
     info->num_splits = num_splits;
     info->ctas_per_sm = k.ctas_per_sm;
@@ -568,12 +647,15 @@ size_t PartialBytesPerSplit(int64_t num_seqs, int64_t num_heads, int64_t head_di
   return size_t(num_seqs) * size_t(num_heads) * size_t(head_dim + 2) * sizeof(float);
 }
 
+static_assert(kDecodeCounterBytes % 256 == 0, "the partials after the counters stay aligned");
+
 }  // namespace
 
 size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
                             int64_t max_splits) {
   if (max_splits <= 1) return 0;
-  return PartialBytesPerSplit(num_seqs, num_heads, head_dim) * size_t(max_splits);
+  return kDecodeCounterBytes +
+         PartialBytesPerSplit(num_seqs, num_heads, head_dim) * size_t(max_splits);
 }
 
 int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
@@ -615,24 +697,20 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   if (info != nullptr) *info = DecodeLaunchInfo{};
   if (num_seqs == 0) return;
 
-  // Split count: what the workspace holds, capped by the tiles of the longest sequence.
+  // Split count: what the workspace holds (after its counters; one counter per (sequence, KV
+  // head) must exist), capped by the tiles of the longest sequence and kMaxSplits.
+  const int64_t base = num_seqs * layout.num_kv_heads;
   const size_t per_split = PartialBytesPerSplit(num_seqs, p.num_heads, head_dim);
-  const int64_t ws_splits =
-      workspace == nullptr ? 1 : std::max<int64_t>(1, int64_t(workspace_bytes / per_split));
+  int64_t ws_splits = 1;
+  if (workspace != nullptr && workspace_bytes > kDecodeCounterBytes && base <= kDecodeMaxCounters)
+    ws_splits = std::max<int64_t>(1, int64_t((workspace_bytes - kDecodeCounterBytes) / per_split));
   const int64_t tiles = (std::max<int64_t>(p.max_num_keys, 1) + kTileKeys - 1) / kTileKeys;
   int splits = num_splits;
   if (splits == 0) {
     const int slots = NumSms() * CtasPerSm(p.dtype, head_dim);
-    splits = SelectSplits(num_seqs * layout.num_kv_heads, p.max_num_keys, slots, ws_splits);
+    splits = SelectSplits(base, p.max_num_keys, slots, ws_splits);
   } else {
-    splits = static_cast<int>(std::min<int64_t>({splits, tiles, kMaxCombineSplits}));
-    if (splits > ws_splits) {
-      throw std::invalid_argument("PagedDecodeAttention: num_splits " +
-                                  std::to_string(num_splits) + " needs " +
-                                  std::to_string(DecodeWorkspaceBytes(num_seqs, p.num_heads,
-                                                                      head_dim, splits)) +
-                                  " workspace bytes, got " + std::to_string(workspace_bytes));
-    }
+    splits = static_cast<int>(std::min<int64_t>({splits, tiles, kMaxSplits, ws_splits}));
   }
   splits = std::max(splits, 1);
 
@@ -654,11 +732,13 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   args.num_kv_heads = static_cast<int>(layout.num_kv_heads);
   args.group = static_cast<int>(group);
   args.scale_log2 = p.scale * kLog2e;
-  float* ws = static_cast<float*>(workspace);
-  args.part_acc = ws;
-  args.part_ml = ws == nullptr ? nullptr
-                               : ws + size_t(num_seqs) * size_t(p.num_heads) * size_t(splits) *
-                                          size_t(head_dim);
+  if (splits > 1) {  // workspace: [counters][part_acc][part_ml]
+    unsigned char* ws = static_cast<unsigned char*>(workspace);
+    args.counters = reinterpret_cast<unsigned*>(ws);
+    args.part_acc = reinterpret_cast<float*>(ws + kDecodeCounterBytes);
+    args.part_ml = args.part_acc +
+                   size_t(num_seqs) * size_t(p.num_heads) * size_t(splits) * size_t(head_dim);
+  }
 
   if (p.dtype == DType::kBF16) {
     if (head_dim == 64) {

@@ -19,13 +19,27 @@ namespace llm::cuda {
 
 // What the selector chose for a call (for benches and tests).
 struct DecodeLaunchInfo {
-  int num_splits = 0;   // key chunks per (sequence, kv head); 1 = no combine kernel
+  int num_splits = 0;   // key chunks per (sequence, kv head); 1 = no split, no merge
   int ctas_per_sm = 0;  // resident CTAs per SM of the chosen config (occupancy)
-  int num_ctas = 0;     // grid size of the attention kernel
+  int num_ctas = 0;     // grid size of the attention kernel (its only launch)
 };
 
-// Bytes of workspace PagedDecodeAttention needs for up to `max_splits` splits: fp32 partial
-// (acc[head_dim], m, l) per (sequence, query head, split). 0 when max_splits <= 1.
+// The split workspace. Its first kDecodeCounterBytes hold one uint32 arrival counter per
+// (sequence, KV head) (at most kDecodeMaxCounters of them, so a split call needs
+// num_seqs * num_kv_heads <= kDecodeMaxCounters); the rest holds the fp32 partials (acc[head_dim],
+// m, l) per (sequence, query head, split), overwritten by every call. The counters MUST be zero
+// before the first call: whoever allocates a workspace zeroes it once (cudaMemset of the whole
+// buffer), and every call leaves the counters zero again (the last CTA of each (sequence, KV
+// head) to finish resets its counter), so CUDA graph replays need no memset node. The counters
+// sit at fixed offsets, independent of the call's shape, so calls of different batch sizes can
+// share one workspace. Calls that share a workspace must be stream-ordered (one stream, or
+// events): two concurrent calls on one workspace would corrupt each other's counters.
+inline constexpr int64_t kDecodeMaxCounters = 16384;
+inline constexpr size_t kDecodeCounterBytes = size_t(kDecodeMaxCounters) * sizeof(uint32_t);
+
+// Bytes of workspace PagedDecodeAttention needs for up to `max_splits` splits: the counters
+// plus max_splits fp32 partials per (sequence, query head). 0 when max_splits <= 1 (no split,
+// no workspace).
 size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
                             int64_t max_splits);
 
@@ -35,10 +49,15 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 //   most 16 query heads per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes
 //   the split selector's choice; the kernel reads the true lengths on the device).
 // num_splits: 0 = automatic (from the batch shape and the SM count), 1 = no split, n = n key
-// chunks per sequence (capped by the tiles of the longest sequence). Splits > 1 need
-// `workspace` (device memory, DecodeWorkspaceBytes(...) bytes for that many splits).
-// Unsupported dtype / head_dim / group, or too small a workspace: std::invalid_argument
-// naming the value. Asynchronous on `stream`.
+// chunks per sequence, capped by the tiles of the longest sequence, by 128 and by what the
+// workspace holds (see above; a null or too small workspace runs fewer splits, down to 1);
+// info->num_splits reports the count used. With splits > 1 the last CTA of each (sequence,
+// KV head) merges the partials in the same kernel (one launch either way).
+// Launched through cuda::Launch (kernels/cuda/launch.h): with programmatic dependent launch on,
+// the kernel waits (PdlWait) before reading q, the batch arrays, K/V or the workspace and
+// before writing anything, so results are bit-identical with it on or off.
+// Unsupported dtype / head_dim / group: std::invalid_argument naming the value. Asynchronous
+// on `stream`.
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream,
                           DecodeLaunchInfo* info = nullptr);

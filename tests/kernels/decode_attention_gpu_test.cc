@@ -14,14 +14,23 @@
 //
 // Poisons: the output is NaN before each run; pool slots no sequence owns (tail of a
 // partially filled block, unreferenced blocks) hold NaN on the GPU (0 for the CPU), so a
-// kernel that reads past a sequence's end or through a wrong page shows NaN.
+// kernel that reads past a sequence's end or through a wrong page shows NaN. The split
+// workspace's partial area is NaN too (only its counters are zeroed, as the contract in
+// decode_attention.h asks), so a merge that reads a partial this call did not write shows NaN.
+//
+// v3 (in-kernel split merge through per-(sequence, KV head) arrival counters, PDL): the
+// counters must read zero after every call; repeated calls, CUDA graph replays and PDL on/off
+// must give bit-identical outputs (the merge order is fixed: splits 0..n-1, whichever CTA
+// arrives last).
 //   ninja -C build decode_attention_gpu_test && (cd build && ctest -L gpu -R decode_attention)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -32,6 +41,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/dtype.h"
 
 namespace llm {
@@ -154,6 +164,7 @@ TEST_P(DecodeAttentionGpu, MatchesCpuReference) {
   const int kManySplits = 64;
   const size_t ws_bytes = cuda::DecodeWorkspaceBytes(num_seqs, num_heads, hd, kManySplits);
   DevBuf ws(ws_bytes);
+  LLM_CUDA_CHECK(cudaMemset(ws.p, 0, ws_bytes));  // the counters start at zero (once)
 
   cuda::AttentionParams p;
   p.q = dq.p;
@@ -191,7 +202,7 @@ TEST_P(DecodeAttentionGpu, MatchesCpuReference) {
                             << ", worst element " << worst << " (seq " << worst / (num_heads * hd)
                             << "), max|ref| " << max_ref;
     if (splits == kManySplits) {
-      EXPECT_GT(info.num_splits, 1);
+      EXPECT_EQ(info.num_splits, kManySplits);  // 4999 keys: 79 tiles
     }
     if (splits == 1) {
       EXPECT_EQ(info.num_splits, 1);
@@ -207,6 +218,353 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DType::kF16, 128, 1, 32}, Case{DType::kF16, 64, 8, 8},
                       Case{DType::kBF16, 128, 16, 16}, Case{DType::kBF16, 128, 4, 3}),
     Name);
+
+// ---- v3: in-kernel split merge, counters, repeat / graph replay, PDL ---------------------
+
+// One random ragged batch on the GPU with its fp32 CPU reference (same construction as
+// MatchesCpuReference: shuffled pool with spare NaN blocks, NaN past each sequence's end).
+struct RaggedProblem {
+  Case tc;
+  int64_t num_kv_heads, num_heads, hd, bs, num_seqs, max_blocks = 0;
+  std::vector<int32_t> num_keys;
+  std::vector<float> ref;
+  float max_ref = 0.f;
+  size_t q_elems = 0;
+  std::unique_ptr<DevBuf> dq, dout, dk, dv, dtables, dctx, dcu;
+  cuda::AttentionParams p;
+
+  RaggedProblem(const Case& c, std::vector<int32_t> keys, int64_t kv_heads, uint32_t seed)
+      : tc(c), num_kv_heads(kv_heads), num_heads(kv_heads * c.group), hd(c.head_dim),
+        bs(c.block_size), num_seqs(int64_t(keys.size())), num_keys(std::move(keys)) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    int64_t used_blocks = 0;
+    for (int32_t n : num_keys) {
+      max_blocks = std::max<int64_t>(max_blocks, (n + bs - 1) / bs);
+      used_blocks += (n + bs - 1) / bs;
+    }
+    const int64_t num_blocks = used_blocks + 5;
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> tables(num_seqs * max_blocks, -1), context_lens(num_seqs),
+        cu_q(num_seqs + 1);
+    const PagedKvLayout layout{num_blocks, bs, num_kv_heads, hd};
+    std::vector<float> k32(layout.pool_elements(), 0.f), v32(layout.pool_elements(), 0.f);
+    std::vector<uint16_t> k16(k32.size(), NanBits(tc.dtype)), v16(v32.size(), NanBits(tc.dtype));
+    int64_t next = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      context_lens[s] = num_keys[s] - 1;
+      cu_q[s] = static_cast<int32_t>(s);
+      for (int64_t b = 0; b < (num_keys[s] + bs - 1) / bs; ++b)
+        tables[s * max_blocks + b] = perm[next++];
+      for (int64_t pos = 0; pos < num_keys[s]; ++pos) {
+        const int64_t block = tables[s * max_blocks + pos / bs];
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+          const int64_t off = layout.Offset(block, h, pos % bs);
+          for (int64_t d = 0; d < hd; ++d) {
+            k16[off + d] = ToBits(normal(rng), tc.dtype);
+            v16[off + d] = ToBits(normal(rng), tc.dtype);
+            k32[off + d] = FromBits(k16[off + d], tc.dtype);
+            v32[off + d] = FromBits(v16[off + d], tc.dtype);
+          }
+        }
+      }
+    }
+    cu_q[num_seqs] = static_cast<int32_t>(num_seqs);
+    q_elems = size_t(num_seqs * num_heads * hd);
+    std::vector<uint16_t> q16(q_elems);
+    std::vector<float> q32(q_elems);
+    for (size_t i = 0; i < q_elems; ++i) {
+      q16[i] = ToBits(2.f * normal(rng), tc.dtype);
+      q32[i] = FromBits(q16[i], tc.dtype);
+    }
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    AttentionBatch cpu_batch{num_seqs, cu_q.data(), context_lens.data(), tables.data(),
+                             max_blocks};
+    ref.resize(q_elems);
+    cpu::PagedDecodeAttention(q32.data(), PagedKvView<const float>{k32.data(), v32.data(), layout},
+                              cpu_batch, num_heads, scale, ref.data(), 1);
+    for (float r : ref) max_ref = std::max(max_ref, std::fabs(r));
+
+    dq = std::make_unique<DevBuf>(q_elems * 2);
+    dout = std::make_unique<DevBuf>(q_elems * 2);
+    dk = std::make_unique<DevBuf>(k16.size() * 2);
+    dv = std::make_unique<DevBuf>(v16.size() * 2);
+    dtables = std::make_unique<DevBuf>(tables.size() * 4);
+    dctx = std::make_unique<DevBuf>(context_lens.size() * 4);
+    dcu = std::make_unique<DevBuf>(cu_q.size() * 4);
+    DevBuf::Upload(*dq, q16);
+    DevBuf::Upload(*dk, k16);
+    DevBuf::Upload(*dv, v16);
+    DevBuf::Upload(*dtables, tables);
+    DevBuf::Upload(*dctx, context_lens);
+    DevBuf::Upload(*dcu, cu_q);
+
+    p.q = dq->p;
+    p.out = dout->p;
+    p.kv = PagedKvView<const void>{dk->p, dv->p, layout};
+    p.batch = AttentionBatch{num_seqs, static_cast<const int32_t*>(dcu->p),
+                             static_cast<const int32_t*>(dctx->p),
+                             static_cast<const int32_t*>(dtables->p), max_blocks};
+    p.num_heads = num_heads;
+    p.scale = scale;
+    p.dtype = tc.dtype;
+    p.max_q_len = 1;
+    p.max_num_keys = *std::max_element(num_keys.begin(), num_keys.end());
+  }
+
+  int64_t MaxTiles() const { return (p.max_num_keys + 63) / 64; }
+  float Tol() const { return (tc.dtype == DType::kBF16 ? 2e-2f : 4e-3f) * max_ref; }
+  size_t OutBytes() const { return q_elems * 2; }
+
+  // NaN into an output-shaped device buffer (0xffff is a NaN in bf16 and fp16).
+  void Poison(void* dptr, cudaStream_t stream = nullptr) const {
+    LLM_CUDA_CHECK(cudaMemsetAsync(dptr, 0xff, OutBytes(), stream));
+  }
+  std::vector<uint16_t> Download(const void* dptr) const {
+    std::vector<uint16_t> h(q_elems);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    LLM_CUDA_CHECK(cudaMemcpy(h.data(), dptr, OutBytes(), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  // Max abs error against the CPU reference; any NaN fails the test.
+  float MaxErr(const std::vector<uint16_t>& got, const std::string& what) const {
+    float max_err = 0.f;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float g = FromBits(got[i], tc.dtype);
+      EXPECT_FALSE(std::isnan(g)) << what << ": NaN at element " << i << " (seq "
+                                  << int64_t(i) / (num_heads * hd) << ")";
+      if (std::isnan(g)) return INFINITY;
+      max_err = std::max(max_err, std::fabs(g - ref[i]));
+    }
+    return max_err;
+  }
+};
+
+// A split workspace as the contract asks: zeroed once (the counters); here the partial area
+// after the counters is then poisoned with NaN, so a merge that reads a partial the current
+// call did not write produces NaN.
+struct SplitWorkspace {
+  size_t bytes;
+  DevBuf buf;
+  explicit SplitWorkspace(size_t b) : bytes(b), buf(b) {
+    LLM_CUDA_CHECK(cudaMemset(buf.p, 0, bytes));
+    if (bytes > cuda::kDecodeCounterBytes) {
+      LLM_CUDA_CHECK(cudaMemset(static_cast<char*>(buf.p) + cuda::kDecodeCounterBytes, 0xff,
+                                bytes - cuda::kDecodeCounterBytes));
+    }
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // Number of non-zero arrival counters (every call must leave them all zero).
+  int64_t NonZeroCounters() const {
+    std::vector<uint32_t> c(cuda::kDecodeMaxCounters);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    LLM_CUDA_CHECK(cudaMemcpy(c.data(), buf.p, cuda::kDecodeCounterBytes, cudaMemcpyDeviceToHost));
+    return std::count_if(c.begin(), c.end(), [](uint32_t x) { return x != 0; });
+  }
+};
+
+// Restores the process-wide PDL switch (tests flip it).
+struct PdlGuard {
+  bool saved = cuda::ProgrammaticLaunch();
+  ~PdlGuard() { cuda::SetProgrammaticLaunch(saved); }
+};
+
+// RAII stream (graph capture and PDL need a non-default stream).
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+bool BitEqual(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+}
+
+class DecodeAttentionGpuV3 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU, decode attention GPU test skipped: " << why;
+  }
+};
+
+// Many splits merged in the kernel: the split counts used are the ones requested (up to the
+// tiles of the longest sequence), including 64 and 128, counts that do not divide the tiles
+// (uneven splits: chunk sizes differ by one tile), and sequences with fewer tiles than splits
+// (empty splits, which write no partial: the NaN-poisoned workspace catches a merge that reads
+// one). Counters are zero after every call.
+TEST_F(DecodeAttentionGpuV3, ManySplitsMergedInKernel) {
+  struct C {
+    Case tc;
+    int64_t kv_heads;
+  };
+  for (const C& c : {C{Case{DType::kBF16, 128, 4, 16}, 2}, C{Case{DType::kF16, 64, 8, 8}, 1},
+                     C{Case{DType::kBF16, 128, 16, 32}, 1}}) {
+    // 8193 keys = 129 tiles (128 splits: one split of 2 tiles, the rest 1); 4097 = 65 tiles
+    // (64 splits: uneven); 150 keys = 3 tiles (most splits empty); 1 key; 64·40 = 40 tiles.
+    RaggedProblem pr(c.tc, {4097, 1, 8193, 150, 64 * 40}, c.kv_heads,
+                     77 + c.tc.head_dim + c.tc.group);
+    SplitWorkspace ws(cuda::DecodeWorkspaceBytes(pr.num_seqs, pr.num_heads, pr.hd, 128));
+    for (int splits : {2, 3, 7, 33, 64, 100, 128}) {
+      pr.Poison(pr.p.out);
+      cuda::DecodeLaunchInfo info;
+      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, nullptr, &info);
+      const std::string what = std::string(DTypeName(c.tc.dtype)) + " hd " +
+                               std::to_string(c.tc.head_dim) + " g " +
+                               std::to_string(c.tc.group) + " splits " + std::to_string(splits);
+      EXPECT_EQ(info.num_splits, std::min<int64_t>(splits, pr.MaxTiles())) << what;
+      EXPECT_EQ(info.num_ctas, pr.num_seqs * pr.num_kv_heads * info.num_splits) << what;
+      const float err = pr.MaxErr(pr.Download(pr.p.out), what);
+      EXPECT_LE(err, pr.Tol()) << what << ", max|ref| " << pr.max_ref;
+      EXPECT_EQ(ws.NonZeroCounters(), 0) << what;
+    }
+  }
+}
+
+// The same launch twice in a row, then captured into a CUDA graph and replayed 3 times (with
+// PDL off and on during capture): the counters reset in-kernel, so every run merges correctly
+// and the outputs are bit-identical to the first call (the output is NaN-poisoned before
+// each run).
+TEST_F(DecodeAttentionGpuV3, RepeatedCallsAndGraphReplaysBitIdentical) {
+  PdlGuard guard;
+  RaggedProblem pr(Case{DType::kBF16, 128, 4, 16}, {5000, 33, 64 * 64 + 7, 700}, 2, 4242);
+  SplitWorkspace ws(cuda::DecodeWorkspaceBytes(pr.num_seqs, pr.num_heads, pr.hd, 64));
+  Stream stream;
+  for (int splits : {64, 0, 1}) {
+    for (bool pdl : {false, true}) {
+      cuda::SetProgrammaticLaunch(pdl);
+      const std::string what = "splits " + std::to_string(splits) + (pdl ? " pdl" : " no-pdl");
+      cuda::DecodeLaunchInfo info;
+      pr.Poison(pr.p.out, stream.s);
+      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s, &info);
+      const std::vector<uint16_t> first = pr.Download(pr.p.out);
+      EXPECT_LE(pr.MaxErr(first, what), pr.Tol()) << what;
+      if (splits == 64) {
+        EXPECT_EQ(info.num_splits, 64) << what;
+      }
+      // Twice in a row without a host sync in between (the second call sees the counters the
+      // first one reset), then once more after a poison.
+      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+      EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first)) << what << ": back-to-back calls";
+      pr.Poison(pr.p.out, stream.s);
+      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+      EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first)) << what << ": third call";
+      EXPECT_EQ(ws.NonZeroCounters(), 0) << what;
+
+      // Graph: two launches (the second depends on the first through the stream, with a
+      // programmatic edge when PDL is on), replayed 3 times.
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      LLM_CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+      LLM_CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
+      LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        pr.Poison(pr.p.out, stream.s);
+        LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream.s));
+        LLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+        EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first)) << what << ": replay " << replay;
+        EXPECT_EQ(ws.NonZeroCounters(), 0) << what << ": replay " << replay;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+}
+
+// PDL on vs off: a chain of three dependent launches sharing one workspace, each reading the
+// previous one's output as its q (out1 = A(q), out2 = A(out1), out3 = A(out2)), so a PdlWait
+// placed after a read of q, or a counter reset not visible to the next launch, changes the
+// result. All three outputs must be bit-identical with the programmatic attribute on and off,
+// for the split (in-kernel merge), automatic and unsplit paths.
+TEST_F(DecodeAttentionGpuV3, PdlOnOffBitIdentical) {
+  PdlGuard guard;
+  RaggedProblem pr(Case{DType::kBF16, 128, 4, 16}, {4999, 1, 2048 + 3, 130}, 2, 99);
+  SplitWorkspace ws(cuda::DecodeWorkspaceBytes(pr.num_seqs, pr.num_heads, pr.hd, 64));
+  DevBuf out1(pr.OutBytes()), out2(pr.OutBytes()), out3(pr.OutBytes());
+  Stream stream;
+  for (int splits : {64, 0, 1}) {
+    std::vector<uint16_t> results[2][3];
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      cuda::SetProgrammaticLaunch(pdl == 1);
+      DevBuf* outs[3] = {&out1, &out2, &out3};
+      for (DevBuf* o : outs) pr.Poison(o->p, stream.s);
+      cuda::AttentionParams p = pr.p;
+      for (int i = 0; i < 3; ++i) {
+        p.q = i == 0 ? pr.p.q : outs[i - 1]->p;
+        p.out = outs[i]->p;
+        cuda::PagedDecodeAttention(p, splits, ws.buf.p, ws.bytes, stream.s);
+      }
+      LLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+      for (int i = 0; i < 3; ++i) results[pdl][i] = pr.Download(outs[i]->p);
+      EXPECT_EQ(ws.NonZeroCounters(), 0) << "splits " << splits << " pdl " << pdl;
+    }
+    const std::string what = "splits " + std::to_string(splits);
+    EXPECT_LE(pr.MaxErr(results[0][0], what), pr.Tol()) << what;
+    for (int i = 0; i < 3; ++i) {
+      for (uint16_t h : results[0][i]) {
+        ASSERT_FALSE(std::isnan(FromBits(h, DType::kBF16))) << what << " output " << i;
+      }
+      EXPECT_TRUE(BitEqual(results[0][i], results[1][i])) << what << ": output " << i
+                                                          << " differs with PDL on";
+    }
+  }
+}
+
+// The workspace contract: a split request the workspace cannot hold runs with what it holds
+// (down to no split without a workspace), never reading past it; a workspace sized for n
+// splits runs n.
+TEST_F(DecodeAttentionGpuV3, SplitsCappedByWorkspace) {
+  RaggedProblem pr(Case{DType::kBF16, 128, 4, 16}, {3000, 64}, 2, 7);
+  SplitWorkspace ws(cuda::DecodeWorkspaceBytes(pr.num_seqs, pr.num_heads, pr.hd, 5));
+  struct R {
+    void* ws;
+    size_t bytes;
+    int want;
+    int expect;
+  };
+  for (const R& r : {R{ws.buf.p, ws.bytes, 5, 5}, R{ws.buf.p, ws.bytes, 40, 5},
+                     R{ws.buf.p, ws.bytes - 1, 5, 4}, R{nullptr, 0, 8, 1},
+                     R{ws.buf.p, cuda::kDecodeCounterBytes, 8, 1}}) {
+    pr.Poison(pr.p.out);
+    cuda::DecodeLaunchInfo info;
+    cuda::PagedDecodeAttention(pr.p, r.want, r.ws, r.bytes, nullptr, &info);
+    const std::string what = "want " + std::to_string(r.want) + " bytes " + std::to_string(r.bytes);
+    EXPECT_EQ(info.num_splits, r.expect) << what;
+    EXPECT_LE(pr.MaxErr(pr.Download(pr.p.out), what), pr.Tol()) << what;
+  }
+  EXPECT_EQ(ws.NonZeroCounters(), 0);
+}
+
+// The automatic selector on the bench shapes (GQA 32/8, hd 128; on a 132-SM H200 with 2
+// CTAs/SM, 264 slots): few-CTA shapes fill the resident slots in one wave (1×32k: 33 splits,
+// 264 CTAs; 1×4k: 32 splits of 2 tiles), large batches do not split.
+TEST_F(DecodeAttentionGpuV3, AutoSplitsFillTheMachine) {
+  int device = 0, sms = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  RaggedProblem pr(Case{DType::kBF16, 128, 4, 16}, {100}, 8, 1);
+  cuda::DecodeLaunchInfo info;
+  cuda::PagedDecodeAttention(pr.p, 1, nullptr, 0, nullptr, &info);
+  const int slots = sms * info.ctas_per_sm;
+  const int s32k = cuda::DecodeAutoSplits(1, 8, 32768, 128, 128);
+  const int s4k = cuda::DecodeAutoSplits(1, 8, 4096, 128, 128);
+  const int s16x4k = cuda::DecodeAutoSplits(16, 8, 4096, 128, 128);
+  std::printf("[ info ] %d SMs x %d CTAs: auto splits 1x32k %d, 1x4k %d, 16x4k %d\n", sms,
+              info.ctas_per_sm, s32k, s4k, s16x4k);
+  EXPECT_EQ(s32k, std::min(128, slots / 8));  // every slot of one wave
+  EXPECT_EQ(s4k, std::min(32, slots / 8));    // 64 tiles, >= 2 per split
+  EXPECT_LE(16 * 8 * s16x4k, std::max(slots, 128));  // one wave
+  EXPECT_EQ(cuda::DecodeAutoSplits(64, 8, 4096, 128, 128), 1);
+  EXPECT_EQ(cuda::DecodeAutoSplits(64, 8, 16384, 128, 128), 1);
+  EXPECT_EQ(cuda::DecodeAutoSplits(256, 8, 2048, 128, 128), 1);
+  EXPECT_EQ(cuda::DecodeAutoSplits(1, 8, 100, 128, 128), 1);  // 2 tiles: no split
+  EXPECT_EQ(cuda::DecodeAutoSplits(1, 8, 32768, 128, 7), 7);  // the workspace's cap
+}
 
 TEST(DecodeAttentionGpuArgs, RejectsUnsupportedShapes) {
   std::string why;
