@@ -31,6 +31,7 @@
 //
 //   --sanitize-small   validation plus one small shape with a few launches (for
 //                      compute-sanitizer; scripts/gpu_attention_bench.sh), then exit
+//   --shapes BxC,...   time these batch × context shapes instead of the six above
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -393,11 +394,27 @@ bool Validate() {
 
 int main(int argc, char** argv) {
   bool sanitize_small = false;
+  std::vector<Shape> shapes = {{1, 4096}, {1, 32768}, {16, 4096},
+                               {64, 4096}, {64, 16384}, {256, 2048}};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--sanitize-small") == 0) {
       sanitize_small = true;
+    } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
+      shapes.clear();  // BxC[,BxC...]: batch × context
+      for (const char* q = argv[++i]; *q;) {
+        Shape sh{};
+        int used = 0;
+        if (std::sscanf(q, "%dx%d%n", &sh.batch, &sh.context, &used) != 2 || sh.batch <= 0 ||
+            sh.context <= 0) {
+          std::fprintf(stderr, "bad --shapes entry at '%s'\n", q);
+          return 2;
+        }
+        shapes.push_back(sh);
+        q += used;
+        if (*q == ',') ++q;
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--sanitize-small]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]]\n", argv[0]);
       return 2;
     }
   }
@@ -420,8 +437,6 @@ int main(int argc, char** argv) {
   }
   const double copy_tbs = CopyBandwidthTBs();
   std::printf("copy bandwidth (cudaMemcpy D2D 2 GiB, read+write): %.3f TB/s\n", copy_tbs);
-  const std::vector<Shape> shapes = {{1, 4096}, {1, 32768}, {16, 4096},
-                                     {64, 4096}, {64, 16384}, {256, 2048}};
   std::vector<Result> results;
   bool ok = true;
   for (const Shape& s : shapes) {

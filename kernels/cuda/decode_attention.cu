@@ -61,7 +61,7 @@
 namespace llm::cuda {
 namespace {
 
-constexpr int kMaxSplits = 128;  // split cap (the merge keeps one weight per split in smem)
+constexpr int kMaxSplits = 128;  // split cap
 
 // Tile configuration per head_dim.
 template <int kHeadDim>
@@ -83,18 +83,16 @@ struct DecodeTraits {
   static constexpr int kRedStride = kHeadDim + 8;  // fp32 epilogue row, padded vs bank conflicts
   static constexpr size_t kKvSmemBytes = size_t(kStages) * 2 * kTileElems * 2;
   static constexpr size_t kSmemBytes = kKvSmemBytes + size_t(kPageSlots) * kPageSlotInts * 4;
-  // Epilogue reuse of the K/V stages: the 4 warps' fp32 accumulators for the cross-warp merge,
-  // then (last split CTA only) the split weights [kRows][kMaxSplits].
+  // Epilogue reuse of the K/V stages: the 4 warps' fp32 accumulators for the cross-warp merge.
   static constexpr size_t kRedBytes = size_t(kWarps) * kRows * kRedStride * 4;
-  static constexpr size_t kWeightBytes = size_t(kRows) * kMaxSplits * 4;
 
   static_assert(kHeadDim % 64 == 0, "the XOR swizzle permutes 8 chunks of 16 bytes per row");
   static_assert(kThreads % kChunksPerRow == 0 && kTileKeys % kRowsPerPass == 0,
                 "a K/V tile is a whole number of cp.async passes");
   static_assert(kStages >= 2, "the pipeline keeps kStages - 1 tiles in flight");
-  static_assert(kRedBytes + kWeightBytes <= kKvSmemBytes,
-                "the epilogue reuses the K/V stages for the cross-warp and split merges");
-  static_assert(kHeadDim % 4 == 0 && kRedBytes % 16 == 0, "float4 merge, aligned weights");
+  static_assert(kRedBytes <= kKvSmemBytes,
+                "the epilogue reuses the K/V stages for the cross-warp merge");
+  static_assert(kHeadDim % 4 == 0, "the split merge works in float4s");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
 };
 
@@ -131,6 +129,9 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src
 }
 __device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -230,6 +231,18 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   const int kv_head = seq_head % a.num_kv_heads;
   const int seq = seq_head / a.num_kv_heads;
 
+  // Warm L2 with this CTA's share of the sequence's block-table row (the row's 128-byte lines
+  // spread evenly over the splits): the page indices are read right after the context length
+  // arrives, so they come from L2 instead of a second DRAM round trip in the prologue's chain
+  // (context length -> page indices -> K/V).
+  const int32_t* table = a.block_tables + seq * a.max_blocks_per_seq;
+  {
+    const int row_lines = int((a.max_blocks_per_seq * 4 + 127) / 128);
+    const int per_split = (row_lines + a.num_splits - 1) / a.num_splits;
+    const int line = split * per_split + tid;
+    if (tid < per_split && line < row_lines) PrefetchL2(table + line * 32);
+  }
+
   // Q fragment (A operand, rows = query heads of the group, padded with zeros to 16):
   //   qa[s] = {Q[g][16s+2c..], Q[g+8][16s+2c..], Q[g][16s+8+2c..], Q[g+8][16s+8+2c..]}
   // with g = lane / 4, c = lane % 4. Issued first: these loads do not depend on the length and
@@ -261,7 +274,6 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   const int key_begin = tile_begin * Tr::kTileKeys;
   const int key_end = min(num_keys, key_begin + num_tiles * Tr::kTileKeys);
 
-  const int32_t* table = a.block_tables + seq * a.max_blocks_per_seq;
   const T* k_head = static_cast<const T*>(a.k) + kv_head * a.head_stride;
   const T* v_head = static_cast<const T*>(a.v) + kv_head * a.head_stride;
   auto page_of = [&](int key) { return a.block_shift >= 0 ? key >> a.block_shift : key / a.block_size; };
@@ -472,15 +484,15 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   if (a.num_splits == 1) return;
 
   // ---- split arrival: the last CTA of this (sequence, KV head) merges ---------------------
-  // Release: every thread fences its own partial stores (visible GPU-wide), the barrier orders
-  // them before thread 0's fence and atomic. Acquire: thread 0 fences after reading the count
-  // (the other CTAs fenced before their increments), the barrier passes that on, and the
+  // The pattern of cooperative groups' grid sync: the barrier orders every thread's partial
+  // stores before thread 0's fence, whose release is cumulative over them, then its atomic
+  // (release). Thread 0 of the last arrival fences again after reading the count (acquire:
+  // every other CTA's fence preceded its increment), the barrier passes that on, and the
   // partials are read with ld.global.cg (L2, the point of coherence; never a stale L1 line).
   // The last arrival resets the counter: all num_splits increments of this call are in, and
   // the next call on this workspace is stream-ordered after this kernel's completion (PDL's
   // wait included), so it starts from 0.
   __shared__ int is_last;
-  __threadfence();
   __syncthreads();
   if (tid == 0) {
     __threadfence();
@@ -495,58 +507,58 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   __syncthreads();
   if (!is_last) return;
 
-  // Merge, the OnlineSoftmax::Merge math in one pass over the splits (as v2's combine kernel):
-  // m = max_s m_s, weight w_s = 2^(m_s - m) (0 when every m_s is -inf), acc = Σ w_s acc_s,
-  // l = Σ w_s l_s, out = acc / l (0 when l == 0, as Finalize). Warp w computes the weights of
-  // rows w, w + 4, ... into shared memory (lanes over the splits); then each thread folds one
-  // float4 of acc over the splits, its loads unrolled so that many are in flight.
-  const int n_active = min(a.num_splits, total_tiles);
-  float* weights = reinterpret_cast<float*>(smem + Tr::kRedBytes);  // [kRows][kMaxSplits]
-  __shared__ float inv_l_row[Tr::kRows];
-  for (int row = warp; row < a.group; row += Tr::kWarps) {
-    const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
-    const float2* ml = reinterpret_cast<const float2*>(a.part_ml) + head * a.num_splits;
-    float2 part[kMaxSplits / 32];
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits / 32; ++k) {
-      const int s = lane + 32 * k;
-      part[k] = s < n_active ? __ldcg(ml + s) : make_float2(-INFINITY, 0.f);
-      m_all = Max(m_all, part[k].x);
-    }
-#pragma unroll
-    for (int o2 = 16; o2 > 0; o2 >>= 1) m_all = Max(m_all, __shfl_xor_sync(0xffffffffu, m_all, o2));
-    float l_all = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits / 32; ++k) {
-      const int s = lane + 32 * k;
-      const float w = m_all == -INFINITY ? 0.f : exp2f(part[k].x - m_all);
-      if (s < n_active) weights[row * kMaxSplits + s] = w;
-      l_all += w * part[k].y;
-    }
-#pragma unroll
-    for (int o2 = 16; o2 > 0; o2 >>= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, o2);
-    if (lane == 0) inv_l_row[row] = l_all > 0.f ? 1.f / l_all : 0.f;
-  }
-  __syncthreads();
+  // Merge: the OnlineSoftmax::Merge math over the non-empty splits 0..n_active-1, in order.
+  // Each thread owns one float4 of one query row's output and walks the splits in chunks of
+  // kChunk: a chunk's (m, l) pairs and acc float4s are loaded together (one L2 round trip per
+  // chunk: 1×32k's 33 splits take 3, where v2's combine kernel took a weight pass plus one
+  // round trip per 8 splits), then folded in with the chunk's max:
+  //   M' = max(M, max_s m_s), acc = acc·2^(M - M') + Σ_s 2^(m_s - M')·acc_s, l likewise
+  // (2^(x - M') taken as 0 while M' is -inf; a single chunk is exactly the one-pass formula
+  // m = max_s m_s, w_s = 2^(m_s - m)). out = acc / l (0 when l == 0, as Finalize).
+  constexpr int kChunk = 16;
   constexpr int kVecs = D / 4;  // float4s per row
+  const int n_active = min(a.num_splits, total_tiles);
   for (int idx = tid; idx < a.group * kVecs; idx += Tr::kThreads) {
     const int row = idx / kVecs;
     const int v4 = idx % kVecs;
     const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
-    const float4* src = reinterpret_cast<const float4*>(a.part_acc) + head * a.num_splits * kVecs + v4;
-    const float* w = weights + row * kMaxSplits;
+    const float2* ml = reinterpret_cast<const float2*>(a.part_ml) + head * a.num_splits;
+    const float4* src =
+        reinterpret_cast<const float4*>(a.part_acc) + head * a.num_splits * kVecs + v4;
+    float m_run = -INFINITY, l_run = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int s = 0; s < n_active; ++s) {
-      const float4 p = __ldcg(src + int64_t(s) * kVecs);
-      const float ws = w[s];
-      acc.x += ws * p.x;
-      acc.y += ws * p.y;
-      acc.z += ws * p.z;
-      acc.w += ws * p.w;
+    for (int s0 = 0; s0 < n_active; s0 += kChunk) {
+      float2 part_ml[kChunk];
+      float4 part_acc[kChunk];
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        const int s = s0 + k;
+        part_ml[k] = s < n_active ? __ldcg(ml + s) : make_float2(-INFINITY, 0.f);
+        part_acc[k] = s < n_active ? __ldcg(src + int64_t(s) * kVecs)
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float m_new = m_run;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) m_new = Max(m_new, part_ml[k].x);
+      if (m_new == -INFINITY) continue;  // nothing visible yet (acc, l stay 0)
+      const float alpha = exp2f(m_run - m_new);  // 0 while m_run was -inf
+      acc.x *= alpha;
+      acc.y *= alpha;
+      acc.z *= alpha;
+      acc.w *= alpha;
+      l_run *= alpha;
+      m_run = m_new;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        const float w = exp2f(part_ml[k].x - m_run);  // 0 for the -inf padding
+        acc.x += w * part_acc[k].x;
+        acc.y += w * part_acc[k].y;
+        acc.z += w * part_acc[k].z;
+        acc.w += w * part_acc[k].w;
+        l_run += w * part_ml[k].y;
+      }
     }
-    const float inv_l = inv_l_row[row];
+    const float inv_l = l_run > 0.f ? 1.f / l_run : 0.f;
     uint2 packed;
     packed.x = Pack2<T>(acc.x * inv_l, acc.y * inv_l);
     packed.y = Pack2<T>(acc.z * inv_l, acc.w * inv_l);
