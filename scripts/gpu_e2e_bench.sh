@@ -31,6 +31,7 @@ if [ "$PHASE" = tests ]; then
   GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh \
     llm cuda_executor_gpu_test gemv_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
+    bench_decode_attention_gpu \
     demo_model 2>&1 | tail -30
   tiny=/tmp/tiny_models && mkdir -p $tiny
   for m in hd128 hd64; do
