@@ -318,9 +318,9 @@ TEST_F(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
   }
   EXPECT_GE(num_ok, num_requests / 2);
   EXPECT_TRUE(engine->IsHealthy());
+  engine->Stop();  // the stats are published after the step's events: read them after it
   EXPECT_GE(engine->Stats().num_failed_steps, 1);
   ExpectIdle(*engine);
-  engine->Stop();
 
   // Fatal, seen from another thread through a listener.
   auto fatal = FaultyEngine({.fail_on_token = kPoison, .kind = FaultPlan::Kind::kFatal});
