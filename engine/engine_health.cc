@@ -52,10 +52,8 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error) {
   Log("step failed (" + std::to_string(failed.size()) + " requests: " + DescribeRequests(failed) +
       "; " + std::to_string(sched.num_batched_tokens) + " tokens" + (is_fatal ? "; fatal" : "") +
       "): " + what);
-  for (RequestState* req : failed) {
-    FinishRequest(req, FinishReason::kError, "the model step running this request failed: " + what);
-  }
-  counters_.num_failed_requests += std::ssize(failed);
+  // Unhealthy before the step's requests end: a front end that reads their error then sees
+  // the engine's state too (a 503 for them, not a 500).
   const int max_failures = config_.max_consecutive_step_failures;
   if (is_fatal) {
     MarkUnhealthy("fatal executor error: " + what);
@@ -63,6 +61,10 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error) {
     MarkUnhealthy(std::to_string(num_consecutive_step_failures_) +
                   " steps in a row failed, the last with: " + what);
   }
+  for (RequestState* req : failed) {
+    FinishRequest(req, FinishReason::kError, "the model step running this request failed: " + what);
+  }
+  counters_.num_failed_requests += std::ssize(failed);
 }
 
 void Engine::MarkUnhealthy(const std::string& reason) {
