@@ -6,8 +6,9 @@
 #            including the tests that spawn build-asan/llm (CLI, `llm serve` with the node
 #            and Python clients): those children are sanitized too.
 #   thread   build-tsan/: ThreadSanitizer on the threaded code: engine_test (the soak: two
-#            producer threads, cancellations and the engine thread) and http_server_test
-#            (server workers, streams, disconnects, drain). grpc_server_test is left out: see
+#            producer threads, cancellations and the engine thread), engine_step_failure_test
+#            (failing steps under load, health listeners) and http_server_test (server
+#            workers, streams, disconnects, drain). grpc_server_test is left out: see
 #            run_thread. LLM_TSAN_TESTS='engine_test|http_server_test|grpc_server_test' runs
 #            another set (a regex of test binaries).
 #
