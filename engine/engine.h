@@ -103,6 +103,7 @@ class Engine {
   // thread when it already is. After RemoveHealthListener(handle) returns it never runs.
   int AddHealthListener(std::function<void()> listener);
   void RemoveHealthListener(int handle);
+
   const EngineConfig& config() const { return config_; }
   const ModelExecutor& executor() const { return *executor_; }
   int64_t kv_capacity_tokens() const { return num_blocks_ * config_.block_size; }
