@@ -52,6 +52,10 @@ Engine::Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokeniz
 Engine::~Engine() { Stop(); }
 
 std::shared_ptr<OutputChannel> Engine::AddRequest(Request request) {
+  if (!is_healthy_) {
+    throw EngineUnavailableError("the engine is unhealthy (" + UnhealthyReason() +
+                                 ") and accepts no requests until the server restarts");
+  }
   const ModelConfig& mc = executor_->config();
   const SamplingParams& sp = request.sampling;
   if (const std::string problem = sp.Validate(mc.vocab_size); !problem.empty())
@@ -157,18 +161,27 @@ void Engine::ExpireDeadlines() {
 
 bool Engine::Step() {
   DrainInbox();
+  if (!is_healthy_) FailAllRequests();
   ExpireDeadlines();
   SchedulerOutput sched = scheduler_.Schedule();
   if (sched.empty()) {
     PublishStats();
     return false;
   }
-  executor_->CopyBlocks(sched.copies);
   const ForwardBatch batch = BuildBatch(sched);
-  std::vector<Sequence*> task_seqs;
-  const std::vector<SampleTask> tasks = PrepareSampling(sched, &task_seqs);
-  const std::vector<SampleResult> results = executor_->ForwardAndSample(batch, tasks);
-  Emit(task_seqs, results);
+  const SamplingPlan plan = PrepareSampling(sched);
+  std::vector<SampleResult> results;
+  try {
+    executor_->CopyBlocks(sched.copies);
+    results = executor_->ForwardAndSample(batch, plan.tasks);
+  } catch (...) {
+    FailStep(sched, std::current_exception());
+    PublishStats();
+    return true;
+  }
+  num_consecutive_step_failures_ = 0;
+  CommitComputed(sched, plan);
+  Emit(plan.task_seqs, results);
   ++counters_.num_steps;
   PublishStats();
   return true;
@@ -253,6 +266,7 @@ void Engine::PublishStats() {
   s.prefix_query_tokens = b.prefix_query_tokens;
   s.prefix_hit_tokens = b.prefix_hit_tokens;
   s.num_preemptions = scheduler_.num_preemptions();
+  s.is_healthy = is_healthy_;
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_ = s;
 }

@@ -2,13 +2,23 @@
 // schedules, builds one batch (decodes and prefill chunks mixed), runs the model, samples,
 // and streams each request's new tokens and text to its channel.
 //
-// Any thread may call AddRequest, Cancel and Stats; only the engine thread (the one running
-// Step(), usually started by Start()) touches sequences, blocks and the model.
+// Any thread may call AddRequest, Cancel, Stats and the health calls; only the engine thread
+// (the one running Step(), usually started by Start()) touches sequences, blocks and the model.
+//
+// A step that throws (the executor: std::bad_alloc, a CUDA error, any exception) does not end
+// the engine: the requests in that step end with finish reason "error", their blocks are
+// freed and none of the KV that step was computing enters the prefix cache; every other
+// request goes on. A FatalExecutorError, or max_consecutive_step_failures failed steps in a
+// row, turns the engine unhealthy for good: every request then fails, AddRequest throws
+// EngineUnavailableError, and the front ends report it (HTTP /health 503, gRPC NOT_SERVING)
+// so that an orchestrator restarts the process.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -39,6 +49,9 @@ struct EngineConfig {
   // tokens take the prefill kernel's path; no split-KV). The CPU backend's default: exactness
   // is the promise, and split-KV buys little on a few cores.
   bool batch_invariant = true;
+  // This many failed steps in a row (no successful step between them) turn the engine
+  // unhealthy: the device is failing every step. 0: never (only a FatalExecutorError does).
+  int max_consecutive_step_failures = 5;
 };
 
 // A consistent snapshot for metrics and tests.
@@ -52,6 +65,9 @@ struct EngineStats {
   int64_t num_preemptions = 0, num_steps = 0;
   int64_t num_prompt_tokens_computed = 0, num_generated_tokens = 0;
   int64_t num_finished_requests = 0;
+  int64_t num_failed_steps = 0;     // steps whose executor call threw
+  int64_t num_failed_requests = 0;  // requests ended with "error" (failed step, unhealthy)
+  bool is_healthy = true;
 };
 
 class Engine {
@@ -78,6 +94,16 @@ class Engine {
   void RunUntilIdle();
 
   EngineStats Stats() const;
+
+  // False once the engine has turned unhealthy (see the top of this file); never true again.
+  bool IsHealthy() const { return is_healthy_.load(); }
+  std::string UnhealthyReason() const;  // "" while healthy
+  // `listener` runs once, when the engine turns unhealthy (on the engine thread, holding a
+  // lock: it must not call back into the engine's health functions), or at once on this
+  // thread when it already is. After RemoveHealthListener(handle) returns it never runs.
+  int AddHealthListener(std::function<void()> listener);
+  void RemoveHealthListener(int handle);
+
   const EngineConfig& config() const { return config_; }
   const ModelExecutor& executor() const { return *executor_; }
   int64_t kv_capacity_tokens() const { return num_blocks_ * config_.block_size; }
@@ -88,13 +114,25 @@ class Engine {
   void ReleaseId(const std::string& request_id);  // a finished request's id may be reused
   void ExpireDeadlines();
   ForwardBatch BuildBatch(const SchedulerOutput& sched) const;
-  // Advances the chunks' sequences, forks n > 1 requests and lists what to sample.
-  // task_seqs[i] is the sequence of task i.
-  std::vector<SampleTask> PrepareSampling(const SchedulerOutput& sched,
-                                          std::vector<Sequence*>* task_seqs);
+  // What a step samples, made before its forward.
+  struct SamplingPlan {
+    std::vector<SampleTask> tasks;
+    std::vector<Sequence*> task_seqs;  // task i samples the next token of task_seqs[i]
+    std::vector<Sequence*> forked;     // n > 1 parents whose children were created this step
+  };
+  // Lists what to sample; creates the children of n > 1 requests whose prompt completes.
+  SamplingPlan PrepareSampling(const SchedulerOutput& sched);
+  // After a successful forward: the chunks' KV exists now, so their sequences advance and
+  // their full blocks enter the prefix cache; new children share their parent's blocks.
+  void CommitComputed(const SchedulerOutput& sched, const SamplingPlan& plan);
   void Emit(std::span<Sequence* const> task_seqs, std::span<const SampleResult> results);
   void AppendToken(Sequence* seq, const SampleResult& sample, RequestOutput* out);
-  void ForkChildren(RequestState* req, Sequence* parent);
+  void CreateChildren(RequestState* req, Sequence* parent);
+  void StartChildren(Sequence* parent);
+  // A step's executor call threw `error`: its requests fail; maybe the engine turns unhealthy.
+  void FailStep(const SchedulerOutput& sched, std::exception_ptr error);
+  void MarkUnhealthy(const std::string& reason);
+  void FailAllRequests();  // an unhealthy engine ends everything it holds with "error"
   void FinishSequence(Sequence* seq, FinishReason reason, RequestOutput* out);
   void FinishRequest(RequestState* req, FinishReason reason, const std::string& error = "");
   void EmitLastIfDone(RequestState* req, RequestOutput* out);
@@ -111,12 +149,19 @@ class Engine {
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
   SeqId next_seq_id_ = 0;
   EngineStats counters_;  // engine thread's running totals
+  int num_consecutive_step_failures_ = 0;
 
   std::unique_ptr<Inbox> inbox_;
   mutable std::mutex stats_mu_;
   EngineStats stats_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+
+  std::atomic<bool> is_healthy_{true};
+  mutable std::mutex health_mu_;  // guards unhealthy_reason_ and the listeners
+  std::string unhealthy_reason_;
+  std::unordered_map<int, std::function<void()>> health_listeners_;
+  int next_listener_ = 0;
 };
 
 }  // namespace llm

@@ -25,10 +25,9 @@ bool IsStopToken(const Sequence& seq, const ModelConfig& mc, int token) {
 
 }  // namespace
 
-std::vector<SampleTask> Engine::PrepareSampling(const SchedulerOutput& sched,
-                                                std::vector<Sequence*>* task_seqs) {
+Engine::SamplingPlan Engine::PrepareSampling(const SchedulerOutput& sched) {
   const auto now = Clock::now();
-  std::vector<SampleTask> tasks;
+  SamplingPlan plan;
   int64_t row = 0;
   for (const ScheduledChunk& c : sched.chunks) {
     Sequence* seq = c.seq;
@@ -37,23 +36,34 @@ std::vector<SampleTask> Engine::PrepareSampling(const SchedulerOutput& sched,
       req->has_first_scheduled = true;
       req->first_scheduled = now;
     }
-    seq->num_computed_tokens += c.num_tokens;
-    if (!c.is_decode) counters_.num_prompt_tokens_computed += c.num_tokens;
-    blocks_.MarkComputed(seq->id, seq->num_computed_tokens);
     if (!c.samples) continue;
     if (req->request.sampling.n > 1 && !req->is_forked) {
-      ForkChildren(req, seq);
+      CreateChildren(req, seq);
+      plan.forked.push_back(seq);
       for (Sequence* s : req->seqs) {
-        tasks.push_back({row, s->sampler.get()});
-        task_seqs->push_back(s);
+        plan.tasks.push_back({row, s->sampler.get()});
+        plan.task_seqs.push_back(s);
       }
     } else {
-      tasks.push_back({row, seq->sampler.get()});
-      task_seqs->push_back(seq);
+      plan.tasks.push_back({row, seq->sampler.get()});
+      plan.task_seqs.push_back(seq);
     }
     ++row;
   }
-  return tasks;
+  return plan;
+}
+
+// Only here, after the forward returned, do the new tokens count as computed: MarkComputed
+// offers full blocks to the prefix cache, and a step that throws must leave none of its
+// blocks there (a later request with the same prefix would read what the failed step left).
+void Engine::CommitComputed(const SchedulerOutput& sched, const SamplingPlan& plan) {
+  for (const ScheduledChunk& c : sched.chunks) {
+    Sequence* seq = c.seq;
+    seq->num_computed_tokens += c.num_tokens;
+    if (!c.is_decode) counters_.num_prompt_tokens_computed += c.num_tokens;
+    blocks_.MarkComputed(seq->id, seq->num_computed_tokens);
+  }
+  for (Sequence* parent : plan.forked) StartChildren(parent);
 }
 
 void Engine::Emit(std::span<Sequence* const> task_seqs, std::span<const SampleResult> results) {
@@ -71,10 +81,16 @@ void Engine::Emit(std::span<Sequence* const> task_seqs, std::span<const SampleRe
   }
 }
 
-void Engine::ForkChildren(RequestState* req, Sequence* parent) {
+// n > 1: completions 1..n-1 exist (their samplers take this step's logits row) before their
+// blocks do; StartChildren gives them the parent's blocks once its prompt KV is computed.
+void Engine::CreateChildren(RequestState* req, Sequence* parent) {
   req->is_forked = true;
-  for (int i = 1; i < req->request.sampling.n; ++i) {
-    Sequence* child = NewSequence(req, i, parent->token_ids);
+  for (int i = 1; i < req->request.sampling.n; ++i) NewSequence(req, i, parent->token_ids);
+}
+
+void Engine::StartChildren(Sequence* parent) {
+  for (Sequence* child : parent->request->seqs) {
+    if (child == parent) continue;
     child->num_computed_tokens = parent->num_computed_tokens;
     blocks_.Fork(parent->id, child->id);
     scheduler_.AddRunning(child);

@@ -12,4 +12,11 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// Engine::AddRequest on an engine that has turned unhealthy (Engine::IsHealthy): the front
+// ends answer 503 / UNAVAILABLE, not 400, so that clients go elsewhere while it restarts.
+class EngineUnavailableError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace llm

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,19 @@ struct SampleTask {
   Sampler* sampler = nullptr;
 };
 
+// Thrown by an executor when a failed step left the device unusable: a sticky CUDA error (an
+// illegal address, a kernel fault, a launch failure), after which every later call fails too.
+// The engine then fails every request and reports itself unhealthy at once, so that the
+// process is restarted. Any other exception from a step (std::bad_alloc, a
+// cudaErrorMemoryAllocation, an llm::Error) fails only the requests in that step.
+class FatalExecutorError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A step (CopyBlocks, Forward, ForwardAndSample) may throw: the engine survives it. What the
+// step was writing into the KV cache is then treated as garbage (its blocks are never offered
+// to the prefix cache), and its requests end with finish reason "error".
 class ModelExecutor {
  public:
   virtual ~ModelExecutor() = default;

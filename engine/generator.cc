@@ -58,6 +58,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
       result.output_ids.insert(result.output_ids.end(), out.token_ids.begin(), out.token_ids.end());
       result.text += out.text;
       if (on_text && !out.text.empty()) on_text(out.text);
+      if (out.finish_reason == FinishReason::kError) throw Error(out.error);  // a failed step
       if (out.finish_reason != FinishReason::kNone) {
         result.finish_reason = FinishReasonName(out.finish_reason);
       }

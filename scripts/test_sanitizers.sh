@@ -6,8 +6,9 @@
 #            including the tests that spawn build-asan/llm (CLI, `llm serve` with the node
 #            and Python clients): those children are sanitized too.
 #   thread   build-tsan/: ThreadSanitizer on the threaded code: engine_test (the soak: two
-#            producer threads, cancellations and the engine thread) and http_server_test
-#            (server workers, streams, disconnects, drain). grpc_server_test is left out: see
+#            producer threads, cancellations and the engine thread), engine_step_failure_test
+#            (failing steps under load, health listeners) and http_server_test (server
+#            workers, streams, disconnects, drain). grpc_server_test is left out: see
 #            run_thread. LLM_TSAN_TESTS='engine_test|http_server_test|grpc_server_test' runs
 #            another set (a regex of test binaries).
 #
@@ -125,7 +126,7 @@ run_address() {
 # nothing of the reactor checked. The engine side of a gRPC stream (OutputChannel, cancel) is
 # the same code http_server_test and engine_test run under TSan; the reactor's own lifetime
 # (OnDone joins the pump thread, then deletes) is checked for use after free by the ASan stage.
-TSAN_TESTS=${LLM_TSAN_TESTS:-engine_test|http_server_test}
+TSAN_TESTS=${LLM_TSAN_TESTS:-engine_test|engine_step_failure_test|http_server_test}
 # Left out under TSan until the test is fixed (tests/server/http_server_test.cc): it expects
 # the request to be running once the first response bytes arrive, but those are the server's
 # probes, written while the request still waits for the (TSan-slowed) engine thread, so it

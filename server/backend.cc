@@ -1,8 +1,11 @@
 #include "server/backend.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "engine/error.h"
+#include "engine/fault_injection.h"
 
 #if defined(LLM_HAS_CUDA)
 #include "engine/cuda/cuda_executor.h"
@@ -85,9 +88,30 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
 }
 #endif
 
-}  // namespace
+// TEST-ONLY hook, for tests that run the real `llm` binary (tests/server/serve_process_test.cc):
+// LLM_TEST_FAIL_FORWARD_ON_TOKEN=<id> wraps the executor so that every step whose batch holds
+// token <id> throws (as a step that ran out of memory would); LLM_TEST_FAIL_FORWARD_FATAL=1
+// makes those failures fatal (as a sticky CUDA error is). Unset, nothing changes.
+void InjectTestFaults(Backend* b) {
+  const char* token = std::getenv("LLM_TEST_FAIL_FORWARD_ON_TOKEN");
+  if (token == nullptr || *token == '\0') return;
+  char* end = nullptr;
+  const long id = std::strtol(token, &end, 10);
+  if (*end != '\0' || id < 0 || id >= b->executor->config().vocab_size) {
+    throw Error("LLM_TEST_FAIL_FORWARD_ON_TOKEN must be a token id (got '" + std::string(token) +
+                "')");
+  }
+  const char* fatal = std::getenv("LLM_TEST_FAIL_FORWARD_FATAL");
+  FaultPlan plan;
+  plan.fail_on_token = static_cast<int>(id);
+  if (fatal != nullptr && std::string(fatal) == "1") plan.kind = FaultPlan::Kind::kFatal;
+  std::fprintf(stderr, "[llm] TEST HOOK: every step holding token %ld fails%s\n", id,
+               plan.kind == FaultPlan::Kind::kFatal ? " fatally" : "");
+  b->executor = std::make_unique<FaultInjectingExecutor>(std::move(b->executor), plan);
+}
 
-Backend MakeBackend(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
+Backend SelectBackend(const std::string& model_path, const BackendFlags& f,
+                      EngineConfig* engine) {
   std::string device = f.device;
   if (device == "auto") device = CudaDevicePresent() ? "cuda" : "cpu";
   if (device == "cpu") return MakeCpu(model_path, f, engine);
@@ -106,6 +130,14 @@ Backend MakeBackend(const std::string& model_path, const BackendFlags& f, Engine
 #else
   throw Error("--device cuda: this build has no CUDA backend (built without nvcc)");
 #endif
+}
+
+}  // namespace
+
+Backend MakeBackend(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
+  Backend b = SelectBackend(model_path, f, engine);
+  InjectTestFaults(&b);
+  return b;
 }
 
 }  // namespace llm::cli

@@ -156,6 +156,9 @@ Command AddServe(CLI::App& app) {
   cmd->add_option("--max-num-seqs", f->engine.max_num_seqs)->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", f->engine.max_num_batched_tokens)
       ->capture_default_str();
+  cmd->add_option("--max-consecutive-step-failures", f->engine.max_consecutive_step_failures,
+                  "failed engine steps in a row after which /health answers 503 (0: never)")
+      ->capture_default_str();
   f->backend.AddTo(cmd);
   cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
   return [f] { return RunServe(*f); };

@@ -90,6 +90,15 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         if (cancelled_) break;
       }
       if (!channel_->Pop(&out, std::chrono::milliseconds(50))) continue;
+      if (out.finish_reason == FinishReason::kError) {
+        // A failed step: the call ends with an error status (one, not a message per choice).
+        if (!out.is_last) continue;
+        LogRequestFinished(id_, "grpc", out, out.finish_reason);
+        const auto code =
+            engine_.IsHealthy() ? grpc::StatusCode::INTERNAL : grpc::StatusCode::UNAVAILABLE;
+        Finish(grpc::Status(code, out.error));
+        return;
+      }
       msg_.Clear();
       ToProto(out, &msg_);
       const bool last = out.is_last;
@@ -129,6 +138,10 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext*, const v1::GenerateRequest* req) override {
     if (draining_) return new ErrorReactor({grpc::StatusCode::UNAVAILABLE, "shutting down"});
+    if (!engine_.IsHealthy()) {
+      return new ErrorReactor(
+          {grpc::StatusCode::UNAVAILABLE, "engine unhealthy: " + engine_.UnhealthyReason()});
+    }
     if (in_flight_.load() >= config_.max_in_flight) {
       return new ErrorReactor({grpc::StatusCode::RESOURCE_EXHAUSTED, "at capacity; retry later"});
     }
@@ -138,6 +151,8 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
     std::shared_ptr<OutputChannel> channel;
     try {
       channel = engine_.AddRequest(request);  // validates: the same rules as HTTP
+    } catch (const EngineUnavailableError& e) {
+      return new ErrorReactor({grpc::StatusCode::UNAVAILABLE, e.what()});
     } catch (const Error& e) {
       return new ErrorReactor({grpc::StatusCode::INVALID_ARGUMENT, e.what()});
     }
@@ -179,6 +194,7 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
 GrpcServer::GrpcServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model,
                        GrpcConfig config)
     : service_(std::make_unique<Service>(engine, tokenizer, std::move(model), config)),
+      engine_(engine),
       config_(std::move(config)) {}
 
 GrpcServer::~GrpcServer() { Stop(); }
@@ -196,6 +212,9 @@ int GrpcServer::Start() {
     throw Error("gRPC: cannot listen on " + config_.host + ":" + std::to_string(config_.port));
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
+  // An unhealthy engine turns the health service NOT_SERVING (orchestrators restart us).
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health_listener_ = engine_.AddHealthListener([health] { health->SetServingStatus(false); });
   return port;
 }
 
@@ -206,6 +225,7 @@ void GrpcServer::BeginDrain() {
 
 void GrpcServer::Stop() {
   if (!server_) return;
+  engine_.RemoveHealthListener(health_listener_);  // before the health service goes away
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_.reset();
 }

@@ -1,6 +1,8 @@
 // The gRPC front end (proto/llm.proto): Generate streams tokens with one callback reactor per
 // call; cancelling the call aborts the request in the engine. The standard health service
-// (grpc.health.v1) and server reflection run on the same port.
+// (grpc.health.v1) and server reflection run on the same port. A request whose engine step
+// failed ends with status INTERNAL (UNAVAILABLE once the engine is unhealthy, which also
+// turns the health service NOT_SERVING and new calls UNAVAILABLE).
 #pragma once
 
 #include <atomic>
@@ -39,6 +41,8 @@ class GrpcServer {
  private:
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  Engine& engine_;
+  int health_listener_ = -1;
   GrpcConfig config_;
 };
 

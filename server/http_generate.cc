@@ -14,9 +14,27 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
+// A request the engine ended with "error": its step failed (500), or the engine has turned
+// unhealthy and the process awaits a restart (503: go elsewhere).
+ApiError HttpServer::EngineFailure(const RequestOutput& out) const {
+  if (!engine_.IsHealthy()) return {503, out.error, "server_error", "", "engine_unhealthy"};
+  return {500, out.error, "server_error", "", "engine_step_failed"};
+}
+
+void HttpServer::RecordFinished(Flight& flight, const RequestOutput& last) {
+  flight.done = true;
+  metrics_.RequestFinished(last, last.finish_reason);
+  LogRequestFinished(flight.id, "http", last, last.finish_reason);
+}
+
 void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, bool is_chat) {
   if (draining_) {
     return SendError(res, {503, "The server is shutting down.", "server_error", "", "unavailable"});
+  }
+  if (!engine_.IsHealthy()) {
+    return SendError(res, {503, "The engine is unhealthy (" + engine_.UnhealthyReason() +
+                                    "); the server must be restarted.",
+                           "server_error", "", "engine_unhealthy"});
   }
   const json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) {
@@ -65,6 +83,9 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
   request.request_id = flight->id;
   try {
     flight->channel = engine_.AddRequest(request);
+  } catch (const EngineUnavailableError& e) {
+    unreserve();
+    return SendError(res, {503, e.what(), "server_error", "", "engine_unhealthy"});
   } catch (const Error& e) {
     unreserve();
     return SendError(res, {400, e.what(), "invalid_request_error", "", "invalid_request"});
@@ -117,13 +138,22 @@ void HttpServer::StreamResponse(std::shared_ptr<Flight> flight, httplib::Respons
         const auto now = Clock::now();
         if (!out.token_ids.empty()) metrics_.InterTokenGap(Seconds(now - flight->last_event));
         flight->last_event = now;
+        if (out.finish_reason == FinishReason::kError) {
+          // One OpenAI error event for the request (not one per choice), then a clean end.
+          if (!out.is_last) return true;
+          RecordFinished(*flight, out);
+          static const char kDone[] = "data: [DONE]\n\n";
+          if (!send(ErrorBody(EngineFailure(out))) || !sink.write(kDone, sizeof(kDone) - 1)) {
+            return false;
+          }
+          sink.done();
+          return true;
+        }
         flight->builder->Add(out);
         const json chunk = flight->builder->Chunk(out);
         if (!chunk.is_null() && !send(chunk)) return false;
         if (!out.is_last) return true;
-        flight->done = true;
-        metrics_.RequestFinished(out, out.finish_reason);
-        LogRequestFinished(flight->id, "http", out, out.finish_reason);
+        RecordFinished(*flight, out);
         if (flight->parsed.include_usage && !send(flight->builder->UsageChunk())) return false;
         static const char kDone[] = "data: [DONE]\n\n";
         if (!sink.write(kDone, sizeof(kDone) - 1)) return false;
@@ -135,6 +165,25 @@ void HttpServer::StreamResponse(std::shared_ptr<Flight> flight, httplib::Respons
 
 void HttpServer::JsonResponse(std::shared_ptr<Flight> flight, httplib::Response& res) {
   const auto probe = std::chrono::milliseconds(int64_t(config_.probe_interval_seconds * 1000));
+  // The status line goes out with the first byte, and the chunked body below starts with a
+  // probe. So hold it back for up to one probe interval (when the first probe is due anyway):
+  // a request that ends by then, the usual case, gets its real status, a 5xx if it failed.
+  const auto hold_until = flight->last_event + probe;
+  RequestOutput out;
+  for (auto now = Clock::now(); now < hold_until; now = Clock::now()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(hold_until - now);
+    if (!flight->channel->Pop(&out, left)) continue;
+    flight->builder->Add(out);
+    if (!out.is_last) continue;
+    RecordFinished(*flight, out);
+    if (out.finish_reason == FinishReason::kError) {
+      SendError(res, EngineFailure(out));
+    } else {
+      res.set_content(flight->builder->Final().dump(), "application/json");
+    }
+    Finish(*flight, /*client_gone=*/false);
+    return;
+  }
   res.set_chunked_content_provider(
       "application/json",
       [this, flight, probe](size_t, httplib::DataSink& sink) {
@@ -148,9 +197,14 @@ void HttpServer::JsonResponse(std::shared_ptr<Flight> flight, httplib::Response&
         if (!flight->channel->Pop(&out, probe)) return true;
         flight->builder->Add(out);
         if (!out.is_last) return true;
-        flight->done = true;
-        metrics_.RequestFinished(out, out.finish_reason);
-        LogRequestFinished(flight->id, "http", out, out.finish_reason);
+        RecordFinished(*flight, out);
+        if (out.finish_reason == FinishReason::kError) {
+          // The 200 is out already: send the error object, then break the chunked body off
+          // (no last chunk), so that clients see a failed transfer rather than a success.
+          const std::string error = ErrorBody(EngineFailure(out)).dump();
+          sink.write(error.data(), error.size());
+          return false;
+        }
         const std::string body = flight->builder->Final().dump();
         if (!sink.write(body.data(), body.size())) return false;
         sink.done();

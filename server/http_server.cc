@@ -79,8 +79,13 @@ void HttpServer::Routes() {
     };
   };
   http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    res.status = draining_ ? 503 : 200;
-    res.set_content(json{{"status", draining_ ? "draining" : "ok"}}.dump(), "application/json");
+    // Unhealthy (a fatal step error, or failing steps in a row): 503 so that the orchestrator
+    // restarts the process (a liveness probe) and takes it out of rotation (readiness).
+    const bool is_healthy = engine_.IsHealthy();
+    res.status = draining_ || !is_healthy ? 503 : 200;
+    json body = {{"status", draining_ ? "draining" : is_healthy ? "ok" : "unhealthy"}};
+    if (!is_healthy) body["reason"] = engine_.UnhealthyReason();
+    res.set_content(body.dump(), "application/json");
   });
   // The chat page: public, so that a browser can load it and then ask for the API key.
   http_->Get("/", ServeWebAsset);

@@ -7,6 +7,9 @@
 // Retry-After), body limit (413), API key (401), drain (503), client disconnect -> the
 // request is cancelled in the engine (a streamed response notices on its next write; long
 // prefills and non-streamed responses are probed with SSE comments / leading whitespace).
+// A request whose engine step failed: a 500 (503 once the engine is unhealthy) with an OpenAI
+// error body, or in a stream an error event {"error": {...}} and then [DONE]; an unhealthy
+// engine turns /health and new requests into 503s.
 #pragma once
 
 #include <atomic>
@@ -73,6 +76,8 @@ class HttpServer {
   void Tokenize(const httplib::Request& req, httplib::Response& res);
   void Detokenize(const httplib::Request& req, httplib::Response& res);
   void Finish(Flight& flight, bool client_gone);
+  void RecordFinished(Flight& flight, const RequestOutput& last);  // metrics and log line
+  ApiError EngineFailure(const RequestOutput& out) const;
 
   Engine& engine_;
   const Tokenizer& tokenizer_;

@@ -118,6 +118,15 @@ std::string Metrics::Render(const EngineStats& s) const {
          double(s.prefix_query_tokens));
   metric("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the cache.",
          double(s.prefix_hit_tokens));
+  metric("llm:engine_failed_steps_total", "counter",
+         "Engine steps whose model execution threw (their requests failed).",
+         double(s.num_failed_steps));
+  metric("llm:engine_failed_requests_total", "counter",
+         "Requests the engine ended with an error (a failed step, or the engine unhealthy).",
+         double(s.num_failed_requests));
+  metric("llm:engine_healthy", "gauge",
+         "1 while the engine serves; 0 once it is unhealthy (the process needs a restart).",
+         s.is_healthy ? 1.0 : 0.0);
   out +=
       "# HELP vllm:request_success_total Finished requests by finish reason.\n"
       "# TYPE vllm:request_success_total counter\n";

@@ -925,7 +925,30 @@ std::string CudaExecutor::Describe() const {
 int64_t CudaExecutor::num_kv_blocks() const { return impl_->layout.num_blocks; }
 int64_t CudaExecutor::block_size() const { return impl_->layout.block_size; }
 
-void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) {
+namespace {
+
+// Rethrows the exception in flight, as FatalExecutorError when the CUDA context is poisoned: a
+// sticky error (cudaErrorIllegalAddress, a launch failure, a kernel fault) makes every later
+// call fail, so the engine must report itself unhealthy and the process be restarted. Other
+// errors (cudaErrorMemoryAllocation, a bad token id) pass unchanged: they fail only the step.
+[[noreturn]] void RethrowClassifyingCudaErrors() {
+  cudaGetLastError();  // clears a non-sticky error; a sticky one stays, and shows again here:
+  const cudaError_t sticky = cudaDeviceSynchronize();
+  if (sticky == cudaSuccess) throw;
+  std::string what = "unknown exception";
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  throw FatalExecutorError(what + " (the CUDA context is unusable: " +
+                           cudaGetErrorString(sticky) + ")");
+}
+
+}  // namespace
+
+void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {
   Impl& m = *impl_;
   const size_t block_bytes = size_t(m.layout.block_stride()) * m.esize;
   for (const BlockCopy& c : copies) {
@@ -938,9 +961,11 @@ void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) {
       }
     }
   }
+} catch (...) {
+  RethrowClassifyingCudaErrors();
 }
 
-std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) {
+std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
   Impl& m = *impl_;
   const auto start = Clock::now();
   m.Run(batch);
@@ -951,16 +976,20 @@ std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) {
   m.StopAndWait();
   m.FinishTiming(start);
   return out;
+} catch (...) {
+  RethrowClassifyingCudaErrors();
 }
 
 std::vector<SampleResult> CudaExecutor::ForwardAndSample(const ForwardBatch& batch,
-                                                         std::span<const SampleTask> tasks) {
+                                                         std::span<const SampleTask> tasks) try {
   Impl& m = *impl_;
   const auto start = Clock::now();
   m.Run(batch);
   std::vector<SampleResult> results = m.Sample(tasks);
   m.FinishTiming(start);
   return results;
+} catch (...) {
+  RethrowClassifyingCudaErrors();
 }
 
 CudaExecutorStats CudaExecutor::stats() const { return impl_->stats; }

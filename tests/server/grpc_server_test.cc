@@ -8,6 +8,7 @@
 
 #include <future>
 
+#include "engine/fault_injection.h"
 #include "llm.grpc.pb.h"
 #include "tests/test_util.h"
 
@@ -22,6 +23,18 @@ class GrpcServerTest : public ::testing::Test {
   }
   void SetUp() override {
     engine_ = std::make_unique<Engine>(*model_, *tokenizer_, EngineConfig{.num_kv_blocks = 256});
+    Serve();
+  }
+  // Replaces the engine with one whose steps fail as `plan` says (engine/fault_injection.h).
+  void RestartFaulty(FaultPlan plan) {
+    TearDown();
+    auto cpu = std::make_unique<CpuExecutor>(*model_, 256, 16);
+    engine_ = std::make_unique<Engine>(
+        std::make_unique<FaultInjectingExecutor>(std::move(cpu), std::move(plan)), *tokenizer_,
+        EngineConfig{});
+    Serve();
+  }
+  void Serve() {
     server_ = std::make_unique<GrpcServer>(
         *engine_, *tokenizer_, ModelInfo{"stories260K", 512, 512}, GrpcConfig{.port = 0});
     port_ = server_->Start();
@@ -29,6 +42,15 @@ class GrpcServerTest : public ::testing::Test {
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                    grpc::InsecureChannelCredentials());
     stub_ = v1::Llm::NewStub(channel_);
+  }
+  // Runs a Generate call to its end: its status and the text it streamed.
+  std::pair<grpc::Status, std::string> Generate(const v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse msg;
+    std::string text;
+    while (reader->Read(&msg)) text += msg.text();
+    return {reader->Finish(), text};
   }
   void TearDown() override {
     server_->Stop();
@@ -153,6 +175,40 @@ TEST_F(GrpcServerTest, DrainingAnswersUnavailableAndNotServing) {
   while (reader->Read(&msg)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+constexpr int kPoison = 7;  // a byte-fallback piece: in no test prompt, never sampled here
+
+// A failed step ends its call with INTERNAL and the step's message; the next call streams
+// as usual and health stays SERVING. A fatal one: UNAVAILABLE, NOT_SERVING, new calls refused.
+TEST_F(GrpcServerTest, FailedStepEndsTheCallWithAnErrorStatus) {
+  for (const auto kind : {FaultPlan::Kind::kRuntimeError, FaultPlan::Kind::kFatal}) {
+    const bool is_fatal = kind == FaultPlan::Kind::kFatal;
+    RestartFaulty({.fail_on_token = kPoison, .kind = kind});
+    EXPECT_EQ(HealthStatus(), 1);
+    v1::GenerateRequest poisoned;
+    for (int id : {1, 403, 407, kPoison}) poisoned.mutable_token_ids()->add_ids(id);
+    poisoned.mutable_sampling()->set_max_tokens(8);
+    const auto [status, text] = Generate(poisoned);
+    EXPECT_EQ(status.error_code(),
+              is_fatal ? grpc::StatusCode::UNAVAILABLE : grpc::StatusCode::INTERNAL);
+    EXPECT_NE(status.error_message().find("the model step running this request failed"),
+              std::string::npos)
+        << status.error_message();
+    v1::GenerateRequest normal;
+    normal.set_text("Once upon a time");
+    normal.mutable_sampling()->set_temperature(0);
+    normal.mutable_sampling()->set_max_tokens(20);
+    const auto [next_status, next_text] = Generate(normal);
+    if (is_fatal) {
+      EXPECT_EQ(next_status.error_code(), grpc::StatusCode::UNAVAILABLE);
+      EXPECT_EQ(HealthStatus(), 2);
+    } else {
+      EXPECT_TRUE(next_status.ok()) << next_status.error_message();
+      EXPECT_EQ(next_text.rfind(", there was a little girl named Lily.", 0), 0u) << next_text;
+      EXPECT_EQ(HealthStatus(), 1);
+    }
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <thread>
 
+#include "engine/fault_injection.h"
 #include "engine/make_model.h"
 #include "tests/test_util.h"
 
@@ -47,6 +48,18 @@ class HttpServerTest : public ::testing::Test {
              bool slow = false, ChatRenderer chat = nullptr) {
     const LlamaModel& model = slow ? *slow_model_ : *model_;
     engine_ = std::make_unique<Engine>(model, *tokenizer_, engine_config);
+    Serve(model, config, chat);
+  }
+  // The same over an executor whose steps fail as `plan` says (engine/fault_injection.h).
+  void StartFaulty(FaultPlan plan, ServerConfig config = {}, bool slow = false) {
+    const LlamaModel& model = slow ? *slow_model_ : *model_;
+    auto cpu = std::make_unique<CpuExecutor>(model, 256, 16);
+    engine_ = std::make_unique<Engine>(
+        std::make_unique<FaultInjectingExecutor>(std::move(cpu), std::move(plan)), *tokenizer_,
+        EngineConfig{});
+    Serve(model, config, nullptr);
+  }
+  void Serve(const LlamaModel& model, ServerConfig config, ChatRenderer chat) {
     config.port = 0;
     ModelInfo info{"stories260K", model.config().max_position_embeddings,
                    model.config().vocab_size};
@@ -379,6 +392,134 @@ TEST_F(HttpServerTest, SixtyFourConcurrentStreamsAllComplete) {
                            "vllm:generation_tokens_total"}) {
     EXPECT_NE(metrics.find(name), std::string::npos) << name;
   }
+}
+
+// The `data:` payloads of an SSE body, in order.
+std::vector<std::string> SseData(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    out.push_back(body.substr(pos + 6, end - pos - 6));
+    pos = end;
+  }
+  return out;
+}
+
+// Sends a POST on a raw socket and returns every byte the server sends until it closes.
+std::string RawPost(int port, const std::string& path, const std::string& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+                          "Content-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  EXPECT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  timeval timeout{.tv_sec = 60, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) got.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return got;
+}
+
+constexpr int kPoison = 7;  // a byte-fallback piece: in no test prompt, never sampled here
+
+// A step that throws (an out-of-memory step): the request in it gets a 500 with an OpenAI
+// error body, or in a stream an error event and a clean [DONE]; the server goes on serving
+// (the next request's text is the usual one), /health stays 200, the metrics count it.
+TEST_F(HttpServerTest, FailedStepGives5xxAndTheServerGoesOn) {
+  StartFaulty({.fail_on_token = kPoison});
+  auto c = Client();
+  const json poisoned = {{"prompt", {1, 403, 407, kPoison}}, {"max_tokens", 8}};
+  auto plain = c.Post("/v1/completions", poisoned.dump(), "application/json");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->status, 500) << plain->body;
+  const json e = Body(plain)["error"];
+  EXPECT_NE(e["message"].get<std::string>().find("the model step running this request failed"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e["type"], "server_error");
+  EXPECT_EQ(e["code"], "engine_step_failed");
+  EXPECT_TRUE(e.contains("param"));
+
+  json streamed_req = poisoned;
+  streamed_req["stream"] = true;
+  auto streamed = c.Post("/v1/completions", streamed_req.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  const std::vector<std::string> events = SseData(streamed->body);
+  ASSERT_EQ(events.size(), 2u) << streamed->body;
+  const json event = json::parse(events[0]);
+  EXPECT_EQ(event["error"]["code"], "engine_step_failed") << event;
+  EXPECT_TRUE(event["error"]["message"].is_string());
+  EXPECT_EQ(events[1], "[DONE]");
+
+  auto next = c.Post("/v1/completions",
+                     json{{"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0}}
+                         .dump(),
+                     "application/json");
+  ASSERT_EQ(next->status, 200) << next->body;
+  const std::string text = Body(next)["choices"][0]["text"];
+  EXPECT_EQ(text.rfind(", there was a little girl named Lily.", 0), 0u) << text;
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  EXPECT_TRUE(AllBlocksFreeWithin(std::chrono::seconds(2 * test::SlowFactor())));
+  const std::string metrics = c.Get("/metrics")->body;
+  for (const char* line :
+       {"llm:engine_failed_steps_total{model_name=\"stories260K\"} 2",
+        "llm:engine_failed_requests_total{model_name=\"stories260K\"} 2",
+        "llm:engine_healthy{model_name=\"stories260K\"} 1", "finished_reason=\"error\"} 2",
+        "llm:http_responses_total{model_name=\"stories260K\",status=\"500\"} 1"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics;
+  }
+}
+
+// A non-streamed request whose step fails after its 200 went out (the status is held back
+// one probe interval, 10 ms here; the failure comes ~50 steps in): the error object is sent
+// and the chunked body is cut off (no last chunk), so no client takes it for a success.
+TEST_F(HttpServerTest, NonStreamedFailureAfterTheStatusBreaksTheBody) {
+  StartFaulty({.fail_steps = {50}}, {.probe_interval_seconds = 0.01}, /*slow=*/true);
+  const std::string raw = RawPost(
+      port_, "/v1/completions",
+      json{{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"ignore_eos", true}}.dump());
+  EXPECT_EQ(raw.rfind("HTTP/1.1 200", 0), 0u) << raw.substr(0, 200);
+  EXPECT_NE(raw.find("Transfer-Encoding: chunked"), std::string::npos);
+  EXPECT_NE(raw.find("\"engine_step_failed\""), std::string::npos) << raw;
+  EXPECT_EQ(raw.find("\r\n0\r\n\r\n"), std::string::npos) << "the body must not end cleanly";
+  EXPECT_TRUE(AllBlocksFreeWithin(std::chrono::seconds(2 * test::SlowFactor())));
+}
+
+// A fatal failure (a sticky CUDA error): /health turns 503 (an orchestrator restarts the
+// process), the failed request and every new one get a 503 in OpenAI's shape.
+TEST_F(HttpServerTest, FatalStepFailureTurnsHealthAndNewRequestsTo503) {
+  StartFaulty({.fail_on_token = kPoison, .kind = FaultPlan::Kind::kFatal});
+  auto c = Client();
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  auto failed = c.Post("/v1/completions",
+                       json{{"prompt", {1, 403, kPoison}}, {"max_tokens", 8}}.dump(),
+                       "application/json");
+  EXPECT_EQ(failed->status, 503) << failed->body;
+  EXPECT_EQ(Body(failed)["error"]["code"], "engine_unhealthy");
+  auto health = c.Get("/health");
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(Body(health)["status"], "unhealthy");
+  EXPECT_NE(Body(health)["reason"].get<std::string>().find("fatal"), std::string::npos);
+  for (const bool stream : {false, true}) {
+    auto refused = c.Post(
+        "/v1/completions",
+        json{{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"stream", stream}}.dump(),
+        "application/json");
+    EXPECT_EQ(refused->status, 503) << refused->body;
+    EXPECT_EQ(Body(refused)["error"]["code"], "engine_unhealthy");
+    EXPECT_EQ(Body(refused)["error"]["type"], "server_error");
+  }
+  EXPECT_NE(c.Get("/metrics")->body.find("llm:engine_healthy{model_name=\"stories260K\"} 0"),
+            std::string::npos);
+  EXPECT_TRUE(AllBlocksFreeWithin(std::chrono::seconds(2 * test::SlowFactor())));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `llm serve` as a process: the shutdown contract. SIGTERM stops accepting (503), lets the
-// in-flight request finish, exits 0; a second signal exits at once.
+// in-flight request finish, exits 0; a second signal exits at once. And failed engine steps
+// through the test-only hook LLM_TEST_FAIL_FORWARD_ON_TOKEN (server/backend.cc).
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -11,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "tests/test_util.h"
 
@@ -21,8 +24,9 @@ struct Process {
   int port = 0;
 };
 
-// Starts `llm serve` on free ports and waits for its "listening on" log line.
-Process StartServer() {
+// Starts `llm serve` on free ports (with `env` added to its environment) and waits for its
+// "listening on" log line.
+Process StartServer(const std::vector<std::pair<std::string, std::string>>& env = {}) {
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
   const std::string llm = (llm::test::BuildDir() / "llm").string();
@@ -32,6 +36,7 @@ Process StartServer() {
   if (p.pid == 0) {
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
+    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
     execl(llm.c_str(), llm.c_str(), "serve", "--model", model.c_str(), "--port", "0", "--grpc-port",
           "0", "--shutdown-timeout", "20", "--kv-cache-mb", "64", static_cast<char*>(nullptr));
     _exit(127);
@@ -125,6 +130,66 @@ TEST(ServeProcess, SecondSignalExitsAtOnce) {
   kill(p.pid, SIGTERM);
   EXPECT_EQ(WaitExit(p.pid, std::chrono::seconds(5)), 1);
   inflight.join();
+}
+
+// A step holding the poisoned token throws, as an out-of-memory step would: that request gets
+// a 500 in OpenAI's shape (streamed: an error event, then [DONE]); the next request succeeds,
+// /health stays 200, and SIGTERM still drains and exits 0.
+TEST(ServeProcess, FailedStepGives500AndTheServerGoesOn) {
+  Process p = StartServer({{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}});
+  ASSERT_GT(p.port, 0);
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(30, 0);
+  const std::string poisoned = R"({"prompt":[1,403,407,7],"max_tokens":8})";
+  auto failed = c.Post("/v1/completions", poisoned, "application/json");
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->status, 500) << failed->body;
+  const nlohmann::json error = nlohmann::json::parse(failed->body)["error"];
+  EXPECT_EQ(error["code"], "engine_step_failed");
+  EXPECT_NE(error["message"].get<std::string>().find("injected failure"), std::string::npos);
+  auto streamed =
+      c.Post("/v1/completions", R"({"prompt":[1,403,407,7],"max_tokens":8,"stream":true})",
+             "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  EXPECT_NE(streamed->body.find("data: {\"error\":"), std::string::npos) << streamed->body;
+  EXPECT_TRUE(streamed->body.ends_with("\n\ndata: [DONE]\n\n")) << streamed->body;
+  auto ok = c.Post("/v1/completions",
+                   R"({"prompt":"Once upon a time","max_tokens":16,"temperature":0})",
+                   "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  const std::string text = nlohmann::json::parse(ok->body)["choices"][0]["text"];
+  EXPECT_EQ(text.rfind(", there was a little girl named Lily.", 0), 0u) << text;
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(WaitExit(p.pid, std::chrono::seconds(20)), 0);
+}
+
+// LLM_TEST_FAIL_FORWARD_FATAL=1: the failure is fatal (a sticky CUDA error): /health turns
+// 503 so that an orchestrator restarts the process, and new requests get 503s.
+TEST(ServeProcess, FatalStepFailureTurnsHealth503) {
+  Process p = StartServer(
+      {{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}, {"LLM_TEST_FAIL_FORWARD_FATAL", "1"}});
+  ASSERT_GT(p.port, 0);
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(30, 0);
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  auto failed = c.Post("/v1/completions", R"({"prompt":[1,403,7],"max_tokens":8})",
+                       "application/json");
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->status, 503) << failed->body;
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(nlohmann::json::parse(health->body)["status"], "unhealthy");
+  auto refused = c.Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":4})",
+                        "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(nlohmann::json::parse(refused->body)["error"]["code"], "engine_unhealthy");
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(WaitExit(p.pid, std::chrono::seconds(20)), 0);
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ class Completion:
     """A finished generation: complete() returns one."""
     text: str
     token_ids: List[int]
-    finish_reason: str  # "stop", "length", "abort", "timeout" or "error"
+    finish_reason: str  # "stop", "length", "abort" or "timeout" (a failed step: grpc.RpcError)
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int

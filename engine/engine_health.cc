@@ -1,0 +1,104 @@
+// The engine's failure handling: a step whose executor call throws fails only its own
+// requests; a fatal error, or too many failed steps in a row, turns the engine unhealthy.
+//
+// What a failed step leaves behind: its sequences' new tokens were never marked computed
+// (CommitComputed runs only after a successful forward), so none of the blocks it was
+// writing has a prefix-cache hash; finishing its requests frees those blocks as plain free
+// blocks. Blocks computed by earlier, successful steps keep their hashes: their KV is sound.
+#include <algorithm>
+#include <cstdio>
+
+#include "engine/engine.h"
+#include "engine/error.h"
+
+namespace llm {
+namespace {
+
+void Log(const std::string& line) { std::fprintf(stderr, "[llm] engine: %s\n", line.c_str()); }
+
+// The request ids of a failed step for the log: the first few, then how many more.
+std::string DescribeRequests(const std::vector<RequestState*>& reqs) {
+  constexpr size_t kMaxListed = 8;
+  std::string out;
+  for (size_t i = 0; i < std::min(reqs.size(), kMaxListed); ++i) {
+    out += (i ? ", " : "") + reqs[i]->request.request_id;
+  }
+  if (reqs.size() > kMaxListed) out += " and " + std::to_string(reqs.size() - kMaxListed) + " more";
+  return out;
+}
+
+}  // namespace
+
+void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error) {
+  std::string what = "unknown exception";
+  bool is_fatal = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const FatalExecutorError& e) {
+    what = e.what();
+    is_fatal = true;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  ++counters_.num_failed_steps;
+  ++num_consecutive_step_failures_;
+  std::vector<RequestState*> failed;  // each request once (n > 1 has several chunks)
+  for (const ScheduledChunk& c : sched.chunks) {
+    if (std::find(failed.begin(), failed.end(), c.seq->request) == failed.end()) {
+      failed.push_back(c.seq->request);
+    }
+  }
+  Log("step failed (" + std::to_string(failed.size()) + " requests: " + DescribeRequests(failed) +
+      "; " + std::to_string(sched.num_batched_tokens) + " tokens" + (is_fatal ? "; fatal" : "") +
+      "): " + what);
+  // Unhealthy before the step's requests end: a front end that reads their error then sees
+  // the engine's state too (a 503 for them, not a 500).
+  const int max_failures = config_.max_consecutive_step_failures;
+  if (is_fatal) {
+    MarkUnhealthy("fatal executor error: " + what);
+  } else if (max_failures > 0 && num_consecutive_step_failures_ >= max_failures) {
+    MarkUnhealthy(std::to_string(num_consecutive_step_failures_) +
+                  " steps in a row failed, the last with: " + what);
+  }
+  for (RequestState* req : failed) {
+    FinishRequest(req, FinishReason::kError, "the model step running this request failed: " + what);
+  }
+  counters_.num_failed_requests += std::ssize(failed);
+}
+
+void Engine::MarkUnhealthy(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (!is_healthy_) return;
+  unhealthy_reason_ = reason;
+  is_healthy_ = false;
+  Log("UNHEALTHY, every request will fail until the process restarts: " + reason);
+  for (auto& [handle, listener] : health_listeners_) listener();
+}
+
+void Engine::FailAllRequests() {
+  std::vector<RequestState*> all;
+  for (auto& [id, req] : requests_) all.push_back(req.get());
+  const std::string message = "the engine is unhealthy (" + UnhealthyReason() + ")";
+  for (RequestState* req : all) FinishRequest(req, FinishReason::kError, message);
+  counters_.num_failed_requests += std::ssize(all);
+}
+
+std::string Engine::UnhealthyReason() const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  return unhealthy_reason_;
+}
+
+int Engine::AddHealthListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (!is_healthy_) listener();
+  health_listeners_.emplace(next_listener_, std::move(listener));
+  return next_listener_++;
+}
+
+void Engine::RemoveHealthListener(int handle) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  health_listeners_.erase(handle);
+}
+
+}  // namespace llm

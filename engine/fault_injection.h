@@ -1,0 +1,56 @@
+// A ModelExecutor that makes chosen steps fail: the way tests (and the server's test-only
+// hook LLM_TEST_FAIL_FORWARD_ON_TOKEN, server/backend.cc) reach the engine's step-failure
+// path with a real model underneath. It wraps another executor and, on the steps its plan
+// names, throws from Forward / ForwardAndSample instead of returning. Not for production.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/executor.h"
+
+namespace llm {
+
+struct FaultPlan {
+  enum class Kind {
+    kRuntimeError,  // std::runtime_error: fails the step's requests
+    kBadAlloc,      // std::bad_alloc (an out-of-memory condition): the same
+    kFatal,         // FatalExecutorError (a sticky CUDA error): the engine turns unhealthy
+  };
+  std::vector<int64_t> fail_steps = {};  // 0-based indices of the steps (Forward calls) that fail
+  std::optional<int> fail_on_token = {};  // every step whose batch holds this token id fails
+  int64_t max_failures = -1;          // after this many failures, none (-1: no limit)
+  Kind kind = Kind::kRuntimeError;
+  // Before throwing, run the wrapped forward on the batch with every token id changed: the
+  // step's KV slots then hold wrong values, as after a step that died halfway through.
+  bool is_corrupting_kv = true;
+};
+
+class FaultInjectingExecutor final : public ModelExecutor {
+ public:
+  FaultInjectingExecutor(std::unique_ptr<ModelExecutor> inner, FaultPlan plan);
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string Describe() const override;
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t block_size() const override { return inner_->block_size(); }
+  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
+  std::vector<float> Forward(const ForwardBatch& batch) override;
+  std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
+                                             std::span<const SampleTask> tasks) override;
+
+  int64_t num_steps() const { return num_steps_.load(); }
+  int64_t num_failures() const { return num_failures_.load(); }
+
+ private:
+  void MaybeFail(const ForwardBatch& batch);  // throws when the plan says this step fails
+
+  std::unique_ptr<ModelExecutor> inner_;
+  FaultPlan plan_;
+  std::atomic<int64_t> num_steps_{0}, num_failures_{0};
+};
+
+}  // namespace llm

@@ -1,0 +1,350 @@
+// The engine when a step fails (the executor throws: an out-of-memory step, a CUDA error):
+// the step's requests end with finish reason "error", every other request goes on, no KV
+// block leaks, the prefix cache never hands out what the failed step was writing, and a fatal
+// error (or failing steps in a row) turns the engine unhealthy. Real stories260K model on the
+// CPU, with FaultInjectingExecutor (engine/fault_injection.h) making chosen steps throw.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/error.h"
+#include "engine/fault_injection.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+constexpr int kPoison = 7;  // a byte-fallback piece: in no test prompt, never sampled here
+
+struct Collected {
+  std::vector<std::vector<int>> tokens;  // per completion index
+  std::vector<float> logprobs;           // index 0's sampled-token logprobs
+  std::vector<FinishReason> finish;
+  std::string error;  // of the last event
+  int num_last = 0;
+  int num_events_after_last = 0;
+  Usage usage;
+};
+
+Collected Drain(OutputChannel& channel, int n = 1) {
+  Collected c;
+  c.tokens.resize(static_cast<size_t>(n));
+  c.finish.assign(static_cast<size_t>(n), FinishReason::kNone);
+  RequestOutput out;
+  while (channel.Pop(&out, std::chrono::seconds(120))) {
+    const size_t i = static_cast<size_t>(out.index);
+    c.tokens[i].insert(c.tokens[i].end(), out.token_ids.begin(), out.token_ids.end());
+    if (out.index == 0) {
+      for (const OutputLogprob& lp : out.logprobs) c.logprobs.push_back(lp.logprob);
+    }
+    if (out.finish_reason != FinishReason::kNone) c.finish[i] = out.finish_reason;
+    if (out.is_last) {
+      ++c.num_last;
+      c.error = out.error;
+      c.usage = out.usage;
+      break;
+    }
+  }
+  while (channel.TryPop(&out)) ++c.num_events_after_last;
+  return c;
+}
+
+Request Greedy(std::vector<int> prompt, int max_tokens) {
+  Request r;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  r.sampling.logprobs = 0;  // the sampled token's logprob: a bit-exact view of the logits
+  return r;
+}
+
+class EngineStepFailureTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = &test::StoriesModel();
+    tokenizer_ = &test::StoriesTokenizer();
+  }
+  // An engine over the CPU backend whose steps fail as `plan` says; injector_ watches it.
+  std::unique_ptr<Engine> FaultyEngine(FaultPlan plan, EngineConfig config = {}) {
+    auto cpu = std::make_unique<CpuExecutor>(*model_, 128, config.block_size);
+    auto faulty = std::make_unique<FaultInjectingExecutor>(std::move(cpu), std::move(plan));
+    injector_ = faulty.get();
+    return std::make_unique<Engine>(std::move(faulty), *tokenizer_, config);
+  }
+  // The request alone on a fresh engine with nothing injected: the tokens it must give.
+  Collected Fresh(const Request& r) {
+    Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 128});
+    auto ch = engine.AddRequest(r);
+    engine.RunUntilIdle();
+    return Drain(*ch, r.sampling.n);
+  }
+  std::vector<int> Prompt(const std::string& text) { return tokenizer_->EncodePrompt(text); }
+  std::vector<int> Poisoned(const std::string& text) {
+    std::vector<int> ids = Prompt(text);
+    ids.push_back(kPoison);
+    return ids;
+  }
+  static void ExpectIdle(const Engine& engine) {
+    const EngineStats s = engine.Stats();
+    EXPECT_EQ(s.num_free_kv_blocks, s.num_kv_blocks) << "a KV block leaked";
+    EXPECT_EQ(s.num_running + s.num_waiting, 0);
+  }
+
+  static const LlamaModel* model_;
+  static const Tokenizer* tokenizer_;
+  FaultInjectingExecutor* injector_ = nullptr;
+};
+const LlamaModel* EngineStepFailureTest::model_ = nullptr;
+const Tokenizer* EngineStepFailureTest::tokenizer_ = nullptr;
+
+// A running decode and a new poisoned prompt share the failing step: both end with "error".
+// The requests still waiting then run, and give exactly a fresh engine's tokens.
+TEST_F(EngineStepFailureTest, FailedStepFailsItsRequestsAndTheRestGoOn) {
+  for (const auto kind : {FaultPlan::Kind::kRuntimeError, FaultPlan::Kind::kBadAlloc}) {
+    auto engine = FaultyEngine({.fail_on_token = kPoison, .kind = kind}, {.max_num_seqs = 2});
+    auto decoding = engine->AddRequest(Greedy(Prompt("Once upon a time"), 30));
+    ASSERT_TRUE(engine->Step());
+    ASSERT_TRUE(engine->Step());  // decoding
+    auto poisoned = engine->AddRequest(Greedy(Poisoned("The little dog"), 10));
+    const Request waiting_a = Greedy(Prompt("Tom had a"), 20);
+    const Request waiting_b = Greedy(Prompt("Lily and Ben went to the"), 20);
+    auto a = engine->AddRequest(waiting_a);
+    auto b = engine->AddRequest(waiting_b);
+    ASSERT_TRUE(engine->Step());  // the decode + the poisoned prompt (max_num_seqs 2): fails
+    EXPECT_EQ(injector_->num_failures(), 1);
+    engine->RunUntilIdle();
+
+    const Collected d = Drain(*decoding), p = Drain(*poisoned);
+    for (const Collected* c : {&d, &p}) {
+      EXPECT_EQ(c->finish[0], FinishReason::kError);
+      EXPECT_EQ(c->num_last, 1);
+      EXPECT_EQ(c->num_events_after_last, 0);
+      EXPECT_NE(c->error.find("the model step running this request failed"), std::string::npos)
+          << c->error;
+    }
+    EXPECT_NE(p.error.find(kind == FaultPlan::Kind::kBadAlloc ? "bad_alloc" : "injected"),
+              std::string::npos)
+        << p.error;
+    EXPECT_EQ(std::ssize(d.tokens[0]), 2) << "the tokens before the failure were streamed";
+    EXPECT_TRUE(p.tokens[0].empty());
+    const Collected ra = Drain(*a), rb = Drain(*b);
+    EXPECT_EQ(ra.finish[0], FinishReason::kLength);
+    EXPECT_EQ(ra.tokens, Fresh(waiting_a).tokens);
+    EXPECT_EQ(ra.logprobs, Fresh(waiting_a).logprobs);
+    EXPECT_EQ(rb.finish[0], FinishReason::kLength);
+    EXPECT_EQ(rb.tokens, Fresh(waiting_b).tokens);
+    const EngineStats s = engine->Stats();
+    EXPECT_EQ(s.num_failed_steps, 1);
+    EXPECT_EQ(s.num_failed_requests, 2);
+    EXPECT_EQ(s.num_finished_requests, 4);
+    EXPECT_TRUE(s.is_healthy);
+    EXPECT_TRUE(engine->IsHealthy());
+    ExpectIdle(*engine);
+  }
+}
+
+// The failed step wrote garbage into its blocks (the injector runs the forward on other
+// token ids, then throws). None of them may be found in the prefix cache: the same prompt
+// again must recompute, and give a fresh engine's tokens and bit-identical logprobs.
+TEST_F(EngineStepFailureTest, PrefixCacheNeverServesTheFailedStepsBlocks) {
+  auto engine = FaultyEngine({.fail_steps = {0}});
+  std::vector<int> prompt = Prompt(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends.");
+  ASSERT_GE(std::ssize(prompt), 33) << "at least two full blocks before the last token";
+  auto failed = engine->AddRequest(Greedy(prompt, 16));
+  engine->RunUntilIdle();
+  EXPECT_EQ(Drain(*failed).finish[0], FinishReason::kError);
+  EXPECT_EQ(engine->Stats().num_cached_kv_blocks, 0) << "a failed step's block was hashed";
+  ExpectIdle(*engine);
+
+  auto again = engine->AddRequest(Greedy(prompt, 16));
+  engine->RunUntilIdle();
+  const Collected c = Drain(*again);
+  const Collected fresh = Fresh(Greedy(prompt, 16));
+  EXPECT_EQ(c.finish[0], FinishReason::kLength);
+  EXPECT_EQ(c.usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(c.tokens, fresh.tokens);
+  EXPECT_EQ(c.logprobs, fresh.logprobs);
+  // Now that a step computed them, the prompt's blocks are cached and serve a third request.
+  auto third = engine->AddRequest(Greedy(prompt, 16));
+  engine->RunUntilIdle();
+  const Collected t = Drain(*third);
+  EXPECT_EQ(t.usage.cached_prompt_tokens, (std::ssize(prompt) - 1) / 16 * 16);
+  EXPECT_EQ(t.tokens, fresh.tokens);
+  ExpectIdle(*engine);
+}
+
+// Chunked prefill (16 tokens a step): the first two chunks succeed, the third fails. The
+// blocks of the successful chunks hold sound KV and stay cached; the failed chunk's do not.
+TEST_F(EngineStepFailureTest, ChunksComputedBeforeTheFailureStayCached) {
+  auto engine = FaultyEngine({.fail_steps = {2}}, {.max_num_batched_tokens = 16});
+  std::vector<int> prompt = Prompt("One day, a big red ball");
+  std::mt19937 rng(3);
+  while (std::ssize(prompt) < 60) {
+    prompt.push_back(std::uniform_int_distribution<int>(300, 511)(rng));
+  }
+  auto failed = engine->AddRequest(Greedy(prompt, 8));
+  engine->RunUntilIdle();
+  EXPECT_EQ(Drain(*failed).finish[0], FinishReason::kError);
+  EXPECT_EQ(engine->Stats().num_cached_kv_blocks, 2);
+  ExpectIdle(*engine);
+  auto again = engine->AddRequest(Greedy(prompt, 8));
+  engine->RunUntilIdle();
+  const Collected c = Drain(*again);
+  const Collected fresh = Fresh(Greedy(prompt, 8));
+  EXPECT_EQ(c.usage.cached_prompt_tokens, 32) << "the two chunks that succeeded are reused";
+  EXPECT_EQ(c.tokens, fresh.tokens);
+  EXPECT_EQ(c.logprobs, fresh.logprobs);
+  ExpectIdle(*engine);
+}
+
+// n > 1: a failure in the prompt's step (children created for sampling, never started) and
+// one in a decode step (after the fork) both end every completion once, with no leak.
+TEST_F(EngineStepFailureTest, NCompletionsFailTogetherOnce) {
+  for (const int64_t failing_step : {0, 3}) {
+    auto engine = FaultyEngine({.fail_steps = {failing_step}});
+    Request r = Greedy(Prompt("The little dog"), 12);
+    r.sampling.n = 3;
+    r.sampling.temperature = 1.0;
+    r.sampling.seed = 5;
+    auto ch = engine->AddRequest(r);
+    engine->RunUntilIdle();
+    const Collected c = Drain(*ch, 3);
+    EXPECT_EQ(c.num_last, 1) << failing_step;
+    EXPECT_EQ(c.num_events_after_last, 0);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(c.finish[i], FinishReason::kError) << i;
+    ExpectIdle(*engine);
+    EXPECT_EQ(engine->Stats().num_cached_kv_blocks, 0);
+    // The same request afterwards: what a fresh engine gives.
+    auto again = engine->AddRequest(r);
+    engine->RunUntilIdle();
+    EXPECT_EQ(Drain(*again, 3).tokens, Fresh(r).tokens);
+    ExpectIdle(*engine);
+  }
+}
+
+// A fatal error (a sticky CUDA error): unhealthy at once; every request held fails, new ones
+// are refused with EngineUnavailableError; health listeners run once.
+TEST_F(EngineStepFailureTest, FatalErrorTurnsTheEngineUnhealthy) {
+  auto engine = FaultyEngine({.fail_on_token = kPoison, .kind = FaultPlan::Kind::kFatal},
+                             {.max_num_seqs = 1});
+  std::atomic<int> num_calls{0};
+  const int handle = engine->AddHealthListener([&] { ++num_calls; });
+  auto poisoned = engine->AddRequest(Greedy(Poisoned("Once upon a time"), 10));
+  auto waiting = engine->AddRequest(Greedy(Prompt("Tom had a"), 10));
+  engine->RunUntilIdle();
+  EXPECT_EQ(Drain(*poisoned).finish[0], FinishReason::kError);
+  const Collected w = Drain(*waiting);
+  EXPECT_EQ(w.finish[0], FinishReason::kError);
+  EXPECT_NE(w.error.find("unhealthy"), std::string::npos) << w.error;
+  EXPECT_FALSE(engine->IsHealthy());
+  EXPECT_NE(engine->UnhealthyReason().find("fatal"), std::string::npos);
+  EXPECT_FALSE(engine->Stats().is_healthy);
+  EXPECT_EQ(engine->Stats().num_failed_requests, 2);
+  EXPECT_EQ(num_calls.load(), 1);
+  EXPECT_THROW(engine->AddRequest(Greedy(Prompt("Tom had a"), 10)), EngineUnavailableError);
+  ExpectIdle(*engine);
+  std::atomic<int> late_calls{0};
+  engine->RemoveHealthListener(engine->AddHealthListener([&] { ++late_calls; }));
+  EXPECT_EQ(late_calls.load(), 1) << "a listener added after the fact runs at once";
+  engine->RemoveHealthListener(handle);
+}
+
+// Non-fatal failures turn the engine unhealthy only when max_consecutive_step_failures steps
+// fail in a row; a successful step in between resets the count.
+TEST_F(EngineStepFailureTest, ConsecutiveFailuresTurnTheEngineUnhealthy) {
+  auto engine = FaultyEngine({.fail_on_token = kPoison}, {.max_consecutive_step_failures = 3});
+  auto run = [&](const Request& r) {
+    auto ch = engine->AddRequest(r);
+    engine->RunUntilIdle();
+    return Drain(*ch).finish[0];
+  };
+  const Request bad = Greedy(Poisoned("Once upon a time"), 4);
+  const Request good = Greedy(Prompt("Tom had a"), 4);
+  EXPECT_EQ(run(bad), FinishReason::kError);
+  EXPECT_EQ(run(bad), FinishReason::kError);
+  EXPECT_EQ(run(good), FinishReason::kLength);  // resets the count
+  EXPECT_EQ(run(bad), FinishReason::kError);
+  EXPECT_EQ(run(bad), FinishReason::kError);
+  EXPECT_TRUE(engine->IsHealthy());
+  EXPECT_EQ(run(bad), FinishReason::kError);  // the third in a row
+  EXPECT_FALSE(engine->IsHealthy());
+  EXPECT_NE(engine->UnhealthyReason().find("3 steps in a row"), std::string::npos)
+      << engine->UnhealthyReason();
+  EXPECT_EQ(engine->Stats().num_failed_steps, 5);
+  EXPECT_THROW(engine->AddRequest(good), EngineUnavailableError);
+  ExpectIdle(*engine);
+}
+
+// The engine thread with two producer threads: poisoned requests mixed into ordinary ones,
+// two sequences a step. Every channel ends exactly once; a poisoned request always fails,
+// an ordinary one fails only when it shared a step with a poisoned one and otherwise gives
+// a fresh engine's tokens; then a fatal failure seen through a health listener.
+TEST_F(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
+  auto engine = FaultyEngine({.fail_on_token = kPoison},
+                             {.max_num_seqs = 2, .max_consecutive_step_failures = 0});
+  const char* openings[] = {"Once upon a time", "The little dog", "Tom had a", "Lily saw"};
+  std::vector<Collected> fresh;
+  for (const char* o : openings) fresh.push_back(Fresh(Greedy(Prompt(o), 12)));
+  engine->Start();
+  const int num_requests = test::Scaled(120, 40);
+  std::vector<std::shared_ptr<OutputChannel>> channels(static_cast<size_t>(num_requests));
+  auto producer = [&](int begin, int end) {
+    for (int i = begin; i < end; ++i) {
+      const char* opening = openings[i % 4];
+      channels[static_cast<size_t>(i)] = engine->AddRequest(
+          Greedy(i % 10 == 0 ? Poisoned(opening) : Prompt(opening), 12));
+    }
+  };
+  std::thread a(producer, 0, num_requests / 2), b(producer, num_requests / 2, num_requests);
+  a.join();
+  b.join();
+  int num_ok = 0;
+  for (int i = 0; i < num_requests; ++i) {
+    const Collected c = Drain(*channels[static_cast<size_t>(i)]);
+    ASSERT_EQ(c.num_last, 1) << i;
+    EXPECT_EQ(c.num_events_after_last, 0) << i;
+    if (i % 10 == 0) {
+      EXPECT_EQ(c.finish[0], FinishReason::kError) << i;
+    } else if (c.finish[0] != FinishReason::kError) {
+      EXPECT_EQ(c.tokens, fresh[static_cast<size_t>(i % 4)].tokens) << i;
+      ++num_ok;
+    }
+  }
+  EXPECT_GE(num_ok, num_requests / 2);
+  EXPECT_TRUE(engine->IsHealthy());
+  engine->Stop();  // the stats are published after the step's events: read them after it
+  EXPECT_GE(engine->Stats().num_failed_steps, 1);
+  ExpectIdle(*engine);
+
+  // Fatal, seen from another thread through a listener.
+  auto fatal = FaultyEngine({.fail_on_token = kPoison, .kind = FaultPlan::Kind::kFatal});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool is_notified = false;
+  const int handle = fatal->AddHealthListener([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    is_notified = true;
+    cv.notify_all();
+  });
+  fatal->Start();
+  auto ch = fatal->AddRequest(Greedy(Poisoned("Once upon a time"), 8));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return is_notified; }));
+  }
+  EXPECT_EQ(Drain(*ch).finish[0], FinishReason::kError);
+  EXPECT_FALSE(fatal->IsHealthy());
+  EXPECT_THROW(fatal->AddRequest(Greedy(Prompt("Tom had a"), 4)), EngineUnavailableError);
+  fatal->RemoveHealthListener(handle);
+  fatal->Stop();
+  ExpectIdle(*fatal);
+}
+
+}  // namespace
+}  // namespace llm
