@@ -922,8 +922,8 @@ namespace {
     what = e.what();
   } catch (...) {
   }
-  throw FatalExecutorError(what + " (the CUDA context is unusable: " +
-                           cudaGetErrorString(sticky) + ")");
+  throw FatalExecutorError(what + " (the CUDA context is unusable: " + cudaGetErrorString(sticky) +
+                           ")");
 }
 
 }  // namespace
