@@ -7,8 +7,7 @@
 
 namespace llm {
 
-FaultInjectingExecutor::FaultInjectingExecutor(std::unique_ptr<ModelExecutor> inner,
-                                               FaultPlan plan)
+FaultInjectingExecutor::FaultInjectingExecutor(std::unique_ptr<ModelExecutor> inner, FaultPlan plan)
     : inner_(std::move(inner)), plan_(std::move(plan)) {}
 
 std::string FaultInjectingExecutor::Describe() const {

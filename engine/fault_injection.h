@@ -20,9 +20,9 @@ struct FaultPlan {
     kBadAlloc,      // std::bad_alloc (an out-of-memory condition): the same
     kFatal,         // FatalExecutorError (a sticky CUDA error): the engine turns unhealthy
   };
-  std::vector<int64_t> fail_steps = {};  // 0-based indices of the steps (Forward calls) that fail
+  std::vector<int64_t> fail_steps = {};   // 0-based indices of the steps (Forward calls) that fail
   std::optional<int> fail_on_token = {};  // every step whose batch holds this token id fails
-  int64_t max_failures = -1;          // after this many failures, none (-1: no limit)
+  int64_t max_failures = -1;              // after this many failures, none (-1: no limit)
   Kind kind = Kind::kRuntimeError;
   // Before throwing, run the wrapped forward on the batch with every token id changed: the
   // step's KV slots then hold wrong values, as after a step that died halfway through.

@@ -110,8 +110,7 @@ void InjectTestFaults(Backend* b) {
   b->executor = std::make_unique<FaultInjectingExecutor>(std::move(b->executor), plan);
 }
 
-Backend SelectBackend(const std::string& model_path, const BackendFlags& f,
-                      EngineConfig* engine) {
+Backend SelectBackend(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   std::string device = f.device;
   if (device == "auto") device = CudaDevicePresent() ? "cuda" : "cpu";
   if (device == "cpu") return MakeCpu(model_path, f, engine);

@@ -32,8 +32,9 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
     return SendError(res, {503, "The server is shutting down.", "server_error", "", "unavailable"});
   }
   if (!engine_.IsHealthy()) {
-    return SendError(res, {503, "The engine is unhealthy (" + engine_.UnhealthyReason() +
-                                    "); the server must be restarted.",
+    return SendError(res, {503,
+                           "The engine is unhealthy (" + engine_.UnhealthyReason() +
+                               "); the server must be restarted.",
                            "server_error", "", "engine_unhealthy"});
   }
   const json body = json::parse(req.body, nullptr, false);

@@ -297,8 +297,8 @@ TEST_F(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
   auto producer = [&](int begin, int end) {
     for (int i = begin; i < end; ++i) {
       const char* opening = openings[i % 4];
-      channels[static_cast<size_t>(i)] = engine->AddRequest(
-          Greedy(i % 10 == 0 ? Poisoned(opening) : Prompt(opening), 12));
+      channels[static_cast<size_t>(i)] =
+          engine->AddRequest(Greedy(i % 10 == 0 ? Poisoned(opening) : Prompt(opening), 12));
     }
   };
   std::thread a(producer, 0, num_requests / 2), b(producer, num_requests / 2, num_requests);

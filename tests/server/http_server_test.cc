@@ -414,9 +414,10 @@ std::string RawPost(int port, const std::string& path, const std::string& body) 
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
-                          "Content-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+      "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n" + body;
   EXPECT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
   timeval timeout{.tv_sec = 60, .tv_usec = 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
@@ -459,10 +460,10 @@ TEST_F(HttpServerTest, FailedStepGives5xxAndTheServerGoesOn) {
   EXPECT_TRUE(event["error"]["message"].is_string());
   EXPECT_EQ(events[1], "[DONE]");
 
-  auto next = c.Post("/v1/completions",
-                     json{{"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0}}
-                         .dump(),
-                     "application/json");
+  auto next =
+      c.Post("/v1/completions",
+             json{{"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0}}.dump(),
+             "application/json");
   ASSERT_EQ(next->status, 200) << next->body;
   const std::string text = Body(next)["choices"][0]["text"];
   EXPECT_EQ(text.rfind(", there was a little girl named Lily.", 0), 0u) << text;
@@ -499,9 +500,9 @@ TEST_F(HttpServerTest, FatalStepFailureTurnsHealthAndNewRequestsTo503) {
   StartFaulty({.fail_on_token = kPoison, .kind = FaultPlan::Kind::kFatal});
   auto c = Client();
   EXPECT_EQ(c.Get("/health")->status, 200);
-  auto failed = c.Post("/v1/completions",
-                       json{{"prompt", {1, 403, kPoison}}, {"max_tokens", 8}}.dump(),
-                       "application/json");
+  auto failed =
+      c.Post("/v1/completions", json{{"prompt", {1, 403, kPoison}}, {"max_tokens", 8}}.dump(),
+             "application/json");
   EXPECT_EQ(failed->status, 503) << failed->body;
   EXPECT_EQ(Body(failed)["error"]["code"], "engine_unhealthy");
   auto health = c.Get("/health");
@@ -509,10 +510,10 @@ TEST_F(HttpServerTest, FatalStepFailureTurnsHealthAndNewRequestsTo503) {
   EXPECT_EQ(Body(health)["status"], "unhealthy");
   EXPECT_NE(Body(health)["reason"].get<std::string>().find("fatal"), std::string::npos);
   for (const bool stream : {false, true}) {
-    auto refused = c.Post(
-        "/v1/completions",
-        json{{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"stream", stream}}.dump(),
-        "application/json");
+    auto refused =
+        c.Post("/v1/completions",
+               json{{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"stream", stream}}.dump(),
+               "application/json");
     EXPECT_EQ(refused->status, 503) << refused->body;
     EXPECT_EQ(Body(refused)["error"]["code"], "engine_unhealthy");
     EXPECT_EQ(Body(refused)["error"]["type"], "server_error");

@@ -154,9 +154,9 @@ TEST(ServeProcess, FailedStepGives500AndTheServerGoesOn) {
   EXPECT_EQ(streamed->status, 200);
   EXPECT_NE(streamed->body.find("data: {\"error\":"), std::string::npos) << streamed->body;
   EXPECT_TRUE(streamed->body.ends_with("\n\ndata: [DONE]\n\n")) << streamed->body;
-  auto ok = c.Post("/v1/completions",
-                   R"({"prompt":"Once upon a time","max_tokens":16,"temperature":0})",
-                   "application/json");
+  auto ok =
+      c.Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":16,"temperature":0})",
+             "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
   const std::string text = nlohmann::json::parse(ok->body)["choices"][0]["text"];
@@ -169,14 +169,14 @@ TEST(ServeProcess, FailedStepGives500AndTheServerGoesOn) {
 // LLM_TEST_FAIL_FORWARD_FATAL=1: the failure is fatal (a sticky CUDA error): /health turns
 // 503 so that an orchestrator restarts the process, and new requests get 503s.
 TEST(ServeProcess, FatalStepFailureTurnsHealth503) {
-  Process p = StartServer(
-      {{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}, {"LLM_TEST_FAIL_FORWARD_FATAL", "1"}});
+  Process p =
+      StartServer({{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}, {"LLM_TEST_FAIL_FORWARD_FATAL", "1"}});
   ASSERT_GT(p.port, 0);
   httplib::Client c("127.0.0.1", p.port);
   c.set_read_timeout(30, 0);
   EXPECT_EQ(c.Get("/health")->status, 200);
-  auto failed = c.Post("/v1/completions", R"({"prompt":[1,403,7],"max_tokens":8})",
-                       "application/json");
+  auto failed =
+      c.Post("/v1/completions", R"({"prompt":[1,403,7],"max_tokens":8})", "application/json");
   ASSERT_TRUE(failed);
   EXPECT_EQ(failed->status, 503) << failed->body;
   auto health = c.Get("/health");
