@@ -113,10 +113,9 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. cuBLASLt (+ RMSNorm and SiluMul kernels); our GEMV as the executor runs it (the
-// next RMSNorm in the last CTA of o and down) with plain launches, with programmatic dependent
-// launch, and with 4 instead of 8 rows per CTA; the RMSNorms in the GEMV prologues instead; and
-// separate RMSNorm kernels. Reports ms per step and weight TB/s; attention and
+// CUDA graph. Four ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
+// kernels) with plain launches, the same with programmatic dependent launch, and that with the
+// RMSNorms in the GEMV prologues instead. Reports ms per step and weight TB/s; attention and
 // RoPE are left out, so this is the linear layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
                      int64_t qkv_dim, int64_t inter, int reps) {
@@ -142,13 +141,9 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  unsigned* counters = nullptr;  // GemvNextNorm arrival counters, 2 per layer, left at zero
-  LLM_CUDA_CHECK(cudaMalloc(&counters, size_t(2 * layers) * sizeof(unsigned)));
-  LLM_CUDA_CHECK(cudaMemset(counters, 0, size_t(2 * layers) * sizeof(unsigned)));
-  const char* impls[] = {"cublaslt",       "gemv",
-                         "gemv_pdl",       "gemv_pdl_norm_prologue",
-                         "gemv_pdl_rows4", "gemv_pdl_separate_norm"};
-  for (int impl = 0; impl < 6; ++impl) {
+  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue",
+                         "gemv_pdl_rows4"};
+  for (int impl = 0; impl < 5; ++impl) {
     cu::SetProgrammaticLaunch(impl >= 2);
     const int rows = impl == 4 ? 4 : 0;  // 0: the automatic choice (8 rows per CTA at n = 1)
     auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, const void* w, void* out,
@@ -164,26 +159,6 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
       g.m = m;
       g.k = k;
       g.rows_per_cta = rows;
-      cu::Gemv(g, stream);
-    };
-    // The residual projections; with fused (the executor's way) the last CTA writes the next
-    // RMSNorm into `normed`.
-    auto residual = [&](const void* in, const void* w, int64_t k, int64_t site, bool fused) {
-      cu::GemvArgs g;
-      g.epilogue = cu::GemvEpilogue::kAccumulateF32;
-      g.x = in;
-      g.w = w;
-      g.y = x;
-      g.n = 1;
-      g.m = hidden;
-      g.k = k;
-      g.rows_per_cta = rows;
-      if (fused) {
-        g.next_norm.weight = norm_w;
-        g.next_norm.out = normed;
-        g.next_norm.counter = counters + site;
-        g.next_norm.eps = 1e-5f;
-      }
       cu::Gemv(g, stream);
     };
     auto norm = [&] {
@@ -210,19 +185,13 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
           gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
           gemv(cu::GemvEpilogue::kSiluMul, x, norm_w, wgu, act, 2 * inter, hidden);
           gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
-        } else if (impl == 5) {  // separate RMSNorm kernels
-          norm();
-          gemv(cu::GemvEpilogue::kStore, normed, nullptr, wqkv, qkv, qkv_dim, hidden);
-          residual(qkv, wo, hidden, 2 * l, false);
-          norm();
-          gemv(cu::GemvEpilogue::kSiluMul, normed, nullptr, wgu, act, 2 * inter, hidden);
-          residual(act, wd, inter, 2 * l + 1, false);
         } else {  // as the executor's small steps (there q|k|v also carries RoPE + KV append)
-          if (l == 0) norm();
+          norm();
           gemv(cu::GemvEpilogue::kStore, normed, nullptr, wqkv, qkv, qkv_dim, hidden);
-          residual(qkv, wo, hidden, 2 * l, true);
+          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
+          norm();
           gemv(cu::GemvEpilogue::kSiluMul, normed, nullptr, wgu, act, 2 * inter, hidden);
-          residual(act, wd, inter, 2 * l + 1, l + 1 < layers);
+          gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
         }
       }
     };
