@@ -141,11 +141,9 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue",
-                         "gemv_pdl_rows4"};
-  for (int impl = 0; impl < 5; ++impl) {
+  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue"};
+  for (int impl = 0; impl < 4; ++impl) {
     cu::SetProgrammaticLaunch(impl >= 2);
-    const int rows = impl == 4 ? 4 : 0;  // 0: the automatic choice (8 rows per CTA at n = 1)
     auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, const void* w, void* out,
                     int64_t m, int64_t k) {
       cu::GemvArgs g;
@@ -158,7 +156,6 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
       g.n = 1;
       g.m = m;
       g.k = k;
-      g.rows_per_cta = rows;
       cu::Gemv(g, stream);
     };
     auto norm = [&] {

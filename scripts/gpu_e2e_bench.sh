@@ -82,8 +82,6 @@ run latency_7b_b1 150 --model $C7 --num-requests 1 --min-input 128 --max-input 1
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run latency_7b_b1_cublaslt 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-max-tokens 0
-LLM_GEMV_ROWS_PER_CTA=4 run latency_7b_b1_rows4 150 --model $C7 --num-requests 1 --min-input 128 \
-  --max-input 128 --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run latency_7b_b1_no_pdl 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --disable-pdl
 run latency_8b_b1 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -104,7 +103,6 @@ struct CudaExecutor::Impl {
   int64_t hidden = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0, vocab = 0;
   int64_t max_tokens = 0, max_seqs = 0, max_rows = 0, table_cap = 0;
   bool decode_kernel_ok = true;  // head_dim 64 / 128
-  int gemv_rows_per_cta = 0;     // LLM_GEMV_ROWS_PER_CTA (4 / 8): a tuning knob for benches
   bool gemv_ok = true;           // every GEMM's k % 8 == 0: small steps take the fused GEMV
 
   // Weights.
@@ -128,7 +126,6 @@ struct CudaExecutor::Impl {
   void *gate_up = nullptr, *act = nullptr, *rows_normed = nullptr;
   float* logits = nullptr;  // [S, vocab]
   void* decode_ws = nullptr;
-  unsigned* d_norm_counters = nullptr;  // 2 per layer, zero between calls (GemvNextNorm)
   int64_t activation_bytes = 0;
 
   // Step inputs (device and pinned host mirrors).
@@ -331,9 +328,6 @@ struct CudaExecutor::Impl {
     // Zeroed once: its split arrival counters must start at zero, and every decode attention
     // call leaves them zero (kernels/cuda/decode_attention.h), graph replays included.
     LLM_CUDA_CHECK(cudaMemsetAsync(decode_ws, 0, kDecodeWorkspaceBytes, stream));
-    d_norm_counters = Alloc<unsigned>(2 * config.num_layers * int64_t(sizeof(unsigned)));
-    LLM_CUDA_CHECK(cudaMemsetAsync(d_norm_counters, 0,
-                                   size_t(2 * config.num_layers) * sizeof(unsigned), stream));
 
     d_tokens = Alloc<int32_t>(T * 4);
     d_positions = Alloc<int32_t>(T * 4);
@@ -549,26 +543,11 @@ struct CudaExecutor::Impl {
     g.m = m;
     g.k = k;
     g.dtype = dtype;
-    g.rows_per_cta = gemv_rows_per_cta;
     return g;
   }
   void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const float* norm, const void* w,
                    void* out, int64_t n, int64_t m, int64_t k) {
     cuda::Gemv(SmallArgs(epilogue, in, norm, w, out, n, m, k), stream);
-  }
-
-  // x += in · wᵀ on the GEMV; with next_norm, its last CTA writes RMSNorm(x) into `normed`.
-  void ResidualLinear(const void* in, const void* w, int64_t k, const float* next_norm,
-                      unsigned* counter, int64_t n) {
-    cuda::GemvArgs g =
-        SmallArgs(cuda::GemvEpilogue::kAccumulateF32, in, nullptr, w, x, n, hidden, k);
-    if (next_norm != nullptr) {
-      g.next_norm.weight = next_norm;
-      g.next_norm.out = normed;
-      g.next_norm.counter = counter;
-      g.next_norm.eps = float(config.rms_norm_eps);
-    }
-    cuda::Gemv(g, stream);
   }
 
   bool SmallStep(int64_t rows) const {
@@ -582,22 +561,17 @@ struct CudaExecutor::Impl {
     const DType f32 = DType::kF32;
     // Steps of at most gemv_max_tokens tokens (decode at small batch) run every linear layer
     // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
-    // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices. Its epilogues carry
-    // RoPE + KV append (q|k|v), SiLU·mul (gate|up) and the residual add (o, down), and the last
-    // CTA of o and of down computes the next RMSNorm (bit-identical to the AddRmsNorm kernel),
-    // so a layer is 5 kernels: q|k|v, attention, o, gate|up, down. (The GEMV's RMSNorm
-    // *prologue* measured slower: bench/RESULTS.md.)
+    // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry
+    // RoPE + KV append (q|k|v), the residual add (o, down) and SiLU·mul (gate|up): per layer
+    // RMSNorm, q|k|v, attention, o, RMSNorm, gate|up, down. (The GEMV's RMSNorm prologue
+    // measured slower than the separate RMSNorm kernel: bench/RESULTS.md.)
     const bool small = SmallStep(n);
     using E = cuda::GemvEpilogue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
-    if (small) {
-      cuda::AddRmsNorm(x, nullptr, layers[0].input_norm, normed, dtype, nullptr, n, hidden, eps,
-                       stream);
-    }
     for (int64_t i = 0; i < config.num_layers; ++i) {
       const Layer& l = layers[size_t(i)];
-      // Small steps: `normed` already holds this layer's input RMSNorm.
-      if (small && config.head_dim % 8 == 0) {  // q|k|v, RoPE and the KV append in 1 kernel
+      if (small && config.head_dim % 4 == 0) {  // q|k|v, RoPE and the KV append in 1 kernel
+        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         cuda::GemvArgs g =
             SmallArgs(E::kRopeAppendKv, normed, nullptr, l.qkv, q, n, qkv_dim, hidden);
         const PagedKvView<void> kv = Kv(i);
@@ -612,11 +586,10 @@ struct CudaExecutor::Impl {
         g.rope.v_cache = kv.v;
         cuda::Gemv(g, stream);
       } else {
+        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         if (small) {
           SmallLinear(E::kStore, normed, nullptr, l.qkv, qkv, n, qkv_dim, hidden);
         } else {
-          cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
-                           stream);
           gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
         }
         cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
@@ -624,13 +597,10 @@ struct CudaExecutor::Impl {
       }
       Attention(i, s);
       if (small) {
-        const bool last = i + 1 == config.num_layers;
-        // o (+ residual), then its last CTA: post-attention RMSNorm -> normed.
-        ResidualLinear(attn, l.o, q_dim, l.post_norm, &d_norm_counters[2 * i], n);
+        SmallLinear(E::kAccumulateF32, attn, nullptr, l.o, x, n, hidden, q_dim);
+        cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, act, n, 2 * inter, hidden);
-        // down (+ residual), then its last CTA: the next layer's input RMSNorm -> normed.
-        ResidualLinear(act, l.down, inter, last ? nullptr : layers[size_t(i) + 1].input_norm,
-                       &d_norm_counters[2 * i + 1], n);
+        SmallLinear(E::kAccumulateF32, act, nullptr, l.down, x, n, hidden, inter);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
@@ -882,8 +852,6 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   }
   m.table_cap = (c.max_position_embeddings + options.block_size - 1) / options.block_size;
   m.device_name = cuda::DeviceDescription(0);
-  if (const char* rows = std::getenv("LLM_GEMV_ROWS_PER_CTA"))
-    m.gemv_rows_per_cta = std::atoi(rows);
   {
     int device = 0, major = 0;
     LLM_CUDA_CHECK(cudaGetDevice(&device));
@@ -974,8 +942,8 @@ namespace {
     what = e.what();
   } catch (...) {
   }
-  throw FatalExecutorError(what + " (the CUDA context is unusable: " + cudaGetErrorString(sticky) +
-                           ")");
+  throw FatalExecutorError(what + " (the CUDA context is unusable: " +
+                           cudaGetErrorString(sticky) + ")");
 }
 
 }  // namespace

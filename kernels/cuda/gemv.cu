@@ -10,7 +10,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/rmsnorm_row.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace llm::cuda {
@@ -18,15 +17,11 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 8;  // elements per 16-byte chunk
-// R output rows per CTA (4 or 8; kSiluMul: R/2 gate + R/2 up rows) and U = 8 / R 16-byte
-// chunks per row per thread per stage: 8 loads in flight per thread per stage either way.
-template <int R>
-struct Tile {
-  static_assert(R == 4 || R == 8, "4 or 8 rows per CTA");
-  static constexpr int kUnroll = 8 / R;
-  static constexpr int kStageChunks = kThreads * kUnroll;  // chunks of a row per stage
-};
+constexpr int kRows = 4;                          // output rows per CTA (kSiluMul: 2 gate + 2 up)
+constexpr int kUnroll = 2;                        // 16-byte chunks per row per thread per stage
+constexpr int kChunk = 8;                         // elements per 16-byte chunk
+constexpr int kStageChunks = kThreads * kUnroll;  // chunks of a row per stage
+static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
 // The weights are read exactly once: stream them past L1.
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
@@ -44,39 +39,37 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&f)[kChunk]) {
   for (int i = 0; i < kChunk; ++i) f[i] = vec::ToF32(e[i]);
 }
 
-template <int R>
 struct Stage {
-  uint4 w[R][Tile<R>::kUnroll];
+  uint4 w[kRows][kUnroll];
 };
 
 // Row r of this CTA: the weight row it reads.
-template <GemvEpilogue E, int R>
+template <GemvEpilogue E>
 __device__ __forceinline__ int64_t WeightRow(const GemvArgs& a, int r) {
   if constexpr (E == GemvEpilogue::kRopeAppendKv) {
-    // CTA b: head b / (head_dim / R), dims p .. p + R/2 - 1 and their rotate-half partners.
-    const int per_head = a.rope.head_dim / R, half = a.rope.head_dim / 2;
-    const int64_t head = blockIdx.x / per_head;
-    const int p = int(blockIdx.x % per_head) * (R / 2);
-    return head * a.rope.head_dim + p + (r % (R / 2)) + (r >= R / 2 ? half : 0);
+    // CTA b: head b / (head_dim / 4), dims p, p + 1 and their partners p + half, p + half + 1.
+    const int quarter = a.rope.head_dim / 4, half = a.rope.head_dim / 2;
+    const int64_t head = blockIdx.x / quarter;
+    const int p = int(blockIdx.x % quarter) * 2;
+    return head * a.rope.head_dim + p + (r % 2) + (r >= 2 ? half : 0);
   } else if constexpr (E == GemvEpilogue::kSiluMul) {
     const int64_t half = a.m / 2;
-    const int64_t col = int64_t(blockIdx.x) * (R / 2) + (r % (R / 2));
+    const int64_t col = int64_t(blockIdx.x) * (kRows / 2) + (r % (kRows / 2));
     const int64_t c = col < half ? col : half - 1;  // past the end: re-read a valid row
-    return r < R / 2 ? c : half + c;
+    return r < kRows / 2 ? c : half + c;
   } else {
-    const int64_t j = int64_t(blockIdx.x) * R + r;
+    const int64_t j = int64_t(blockIdx.x) * kRows + r;
     return j < a.m ? j : a.m - 1;
   }
 }
 
-template <int R>
-__device__ __forceinline__ void LoadStage(Stage<R>& s, const uint4* const (&rows)[R], int stage,
+__device__ __forceinline__ void LoadStage(Stage& s, const uint4* const (&rows)[kRows], int stage,
                                           int64_t chunks) {
 #pragma unroll
-  for (int u = 0; u < Tile<R>::kUnroll; ++u) {
-    const int64_t c = int64_t(stage) * Tile<R>::kStageChunks + u * kThreads + threadIdx.x;
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t c = int64_t(stage) * kStageChunks + u * kThreads + threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < R; ++r) s.w[r][u] = c < chunks ? LoadStream(rows[r] + c) : uint4{};
+    for (int r = 0; r < kRows; ++r) s.w[r][u] = c < chunks ? LoadStream(rows[r] + c) : uint4{};
   }
 }
 
@@ -95,16 +88,16 @@ __device__ __forceinline__ void LoadX(const GemvArgs& a, const float* inv_rms, i
   }
 }
 
-template <typename T, bool Norm, int N, int R>
-__device__ __forceinline__ void FmaStage(const Stage<R>& s, const GemvArgs& a, const float* inv_rms,
-                                         int n, int stage, int64_t chunks, float (&acc)[R][N]) {
+template <typename T, bool Norm, int N>
+__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, const float* inv_rms,
+                                         int n, int stage, int64_t chunks, float (&acc)[kRows][N]) {
 #pragma unroll
-  for (int u = 0; u < Tile<R>::kUnroll; ++u) {
-    const int64_t c = int64_t(stage) * Tile<R>::kStageChunks + u * kThreads + threadIdx.x;
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t c = int64_t(stage) * kStageChunks + u * kThreads + threadIdx.x;
     if (c >= chunks) continue;
-    float w[R][kChunk];
+    float w[kRows][kChunk];
 #pragma unroll
-    for (int r = 0; r < R; ++r) Unpack<T>(s.w[r][u], w[r]);
+    for (int r = 0; r < kRows; ++r) Unpack<T>(s.w[r][u], w[r]);
     float g[kChunk];
     if constexpr (Norm) vec::LoadF32<kChunk>(a.norm_weight + c * kChunk, g);
 #pragma unroll
@@ -113,7 +106,7 @@ __device__ __forceinline__ void FmaStage(const Stage<R>& s, const GemvArgs& a, c
       float x[kChunk];
       LoadX<T, Norm>(a, inv_rms, t, c, g, x);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) acc[r][t] = fmaf(x[i], w[r][i], acc[r][t]);
       }
@@ -158,55 +151,17 @@ __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chu
   __syncthreads();
 }
 
-// kAccumulateF32 with next_norm: warp 0 adds the CTA's sums into the residual; then the CTA
-// that finishes last (an arrival counter, the pattern of CUDA's threadFenceReduction sample)
-// computes the RMSNorm of the updated residual rows with norm::AddRmsNormRow, the code of the
-// AddRmsNorm kernel (bit-identical output), reading the residual from L2. The counter goes back
-// to zero for the next call (CUDA graph replays need no reset).
-template <typename T, int N, int kRows>
-__device__ __noinline__ void AccumulateThenNextNorm(const GemvArgs& a,
-                                                    const float (&part)[kWarps][kRows][N], int n) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = lane / N, t = lane % N;
-  const int64_t j = int64_t(blockIdx.x) * kRows + r;
-  if (warp == 0 && lane < kRows * N && t < n && j < a.m) {
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += part[w][r][t];
-    static_cast<float*>(a.y)[t * a.m + j] += v;
-    __threadfence();  // this CTA's residual writes before its arrival
-  }
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.next_norm.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // every other CTA's writes are visible to the reads below
-  const GemvNextNorm& nn = a.next_norm;
-  for (int tok = 0; tok < n; ++tok) {
-    float* res = static_cast<float*>(a.y) + tok * a.m;
-    T* dst = static_cast<T*>(nn.out) + tok * a.m;
-    norm::AddRmsNormRow<T, vec::kVec, true>(res, nullptr, nn.weight, dst, a.m, nn.eps);
-  }
-  if (threadIdx.x == 0) *nn.counter = 0u;
-}
-
-template <typename T, GemvEpilogue E, bool Norm, int N, int R>
-__global__ void __launch_bounds__(kThreads,
-                                  (N == 1 && !Norm && R == 4 && E != GemvEpilogue::kAccumulateF32)
-                                      ? 3
-                                      : 1) GemvKernel(GemvArgs a) {
-  constexpr int kRows = R;
+template <typename T, GemvEpilogue E, bool Norm, int N>
+__global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKernel(GemvArgs a) {
   const int64_t chunks = a.k / kChunk;
-  const int stages = static_cast<int>((chunks + Tile<R>::kStageChunks - 1) / Tile<R>::kStageChunks);
+  const int stages = static_cast<int>((chunks + kStageChunks - 1) / kStageChunks);
   const uint4* rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    rows[r] =
-        reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + WeightRow<E, R>(a, r) * a.k);
+    rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + WeightRow<E>(a, r) * a.k);
   }
   // Weights are immutable: the first stage streams in before the previous kernel completes.
-  Stage<R> s0, s1;
+  Stage s0, s1;
   LoadStage(s0, rows, 0, chunks);
   PdlWait();
   PdlTrigger();
@@ -221,10 +176,10 @@ __global__ void __launch_bounds__(kThreads,
   }
   for (int st = 0; st < stages; st += 2) {
     if (st + 1 < stages) LoadStage(s1, rows, st + 1, chunks);
-    FmaStage<T, Norm, N, R>(s0, a, inv_rms, n, st, chunks, acc);
+    FmaStage<T, Norm, N>(s0, a, inv_rms, n, st, chunks, acc);
     if (st + 1 < stages) {
       if (st + 2 < stages) LoadStage(s0, rows, st + 2, chunks);
-      FmaStage<T, Norm, N, R>(s1, a, inv_rms, n, st + 1, chunks, acc);
+      FmaStage<T, Norm, N>(s1, a, inv_rms, n, st + 1, chunks, acc);
     }
   }
   // Reduce: lanes (shuffles), then warps (shared memory), in a fixed order.
@@ -243,13 +198,7 @@ __global__ void __launch_bounds__(kThreads,
   }
   __syncthreads();
   // Warp 0 finishes: lane (r, t) sums the warps' partials of row r, token t (kRows·N <= 32).
-  static_assert(kRows * N <= 32, "one lane per (row, token)");
-  if constexpr (E == GemvEpilogue::kAccumulateF32) {
-    if (a.next_norm.weight != nullptr) {  // every thread takes part in the last CTA's RMSNorm
-      AccumulateThenNextNorm<T, N, kRows>(a, part, n);
-      return;
-    }
-  }
+  static_assert(kRows * kGemvMaxTokens <= 32, "one lane per (row, token)");
   if (warp != 0) return;
   const int r = lane / N, t = lane % N;
   const bool mine = lane < kRows * N;
@@ -261,14 +210,13 @@ __global__ void __launch_bounds__(kThreads,
   if constexpr (E == GemvEpilogue::kRopeAppendKv) {
     if (mine) total[r][t] = v;
     __syncwarp();
-    if (!mine || r >= kRows / 2 || t >= n) return;
+    if (!mine || r >= 2 || t >= n) return;
     const GemvRope& rp = a.rope;
-    const int per_head = rp.head_dim / kRows, half = rp.head_dim / 2;
-    const int head = int(blockIdx.x / per_head);
-    const int i = int(blockIdx.x % per_head) * (kRows / 2) + r;  // the dim in the first half
+    const int quarter = rp.head_dim / 4, half = rp.head_dim / 2;
+    const int head = int(blockIdx.x / quarter);
+    const int i = int(blockIdx.x % quarter) * 2 + r;  // the dim in the first half
     // As kStore and then cuda::RopeAppendKv: the sums rounded to T, the rotation in fp32.
-    const float lo = vec::RoundTo<T>(total[r][t]);
-    const float hi = vec::RoundTo<T>(total[r + kRows / 2][t]);
+    const float lo = vec::RoundTo<T>(total[r][t]), hi = vec::RoundTo<T>(total[r + 2][t]);
     T* dst;
     if (head < rp.num_heads) {
       dst = static_cast<T*>(a.y) + (int64_t(t) * rp.num_heads + head) * rp.head_dim;
@@ -312,31 +260,20 @@ __global__ void __launch_bounds__(kThreads,
   }
 }
 
-template <typename T, GemvEpilogue E, bool Norm, int R>
-void LaunchR(const GemvArgs& a, cudaStream_t stream) {
-  // kRopeAppendKv: m = heads * head_dim, R rows per CTA as WeightRow maps them.
-  const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
-  const int64_t per_cta = E == GemvEpilogue::kSiluMul ? R / 2 : R;
-  const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));
-  if (a.n <= 1) {
-    Launch(GemvKernel<T, E, Norm, 1, R>, grid, dim3(kThreads), 0, stream, a);
-  } else if constexpr (R == 4) {  // 8 rows only at n = 1 (GemvRowsPerCta)
-    if (a.n <= 2) {
-      Launch(GemvKernel<T, E, Norm, 2, R>, grid, dim3(kThreads), 0, stream, a);
-    } else if (a.n <= 4) {
-      Launch(GemvKernel<T, E, Norm, 4, R>, grid, dim3(kThreads), 0, stream, a);
-    } else {
-      Launch(GemvKernel<T, E, Norm, 8, R>, grid, dim3(kThreads), 0, stream, a);
-    }
-  }
-}
-
 template <typename T, GemvEpilogue E, bool Norm>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
-  if (GemvRowsPerCta(a) == 8) {
-    LaunchR<T, E, Norm, 8>(a, stream);
+  const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
+  const int64_t per_cta = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
+  const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));  // kRopeAppendKv:
+  // m = heads * head_dim, 4 rows per CTA: heads * head_dim / 4 CTAs as WeightRow maps them
+  if (a.n <= 1) {
+    Launch(GemvKernel<T, E, Norm, 1>, grid, dim3(kThreads), 0, stream, a);
+  } else if (a.n <= 2) {
+    Launch(GemvKernel<T, E, Norm, 2>, grid, dim3(kThreads), 0, stream, a);
+  } else if (a.n <= 4) {
+    Launch(GemvKernel<T, E, Norm, 4>, grid, dim3(kThreads), 0, stream, a);
   } else {
-    LaunchR<T, E, Norm, 4>(a, stream);
+    Launch(GemvKernel<T, E, Norm, 8>, grid, dim3(kThreads), 0, stream, a);
   }
 }
 
@@ -364,20 +301,13 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool RopeOk(const GemvArgs& a) {
   const GemvRope& r = a.rope;
-  return r.head_dim > 0 && r.head_dim % GemvRowsPerCta(a) == 0 && r.num_heads > 0 &&
-         r.num_kv_heads > 0 && a.m == int64_t(r.num_heads + 2 * r.num_kv_heads) * r.head_dim &&
-         r.positions && r.slot_mapping && r.inv_freq && r.k_cache && r.v_cache &&
+  return r.head_dim > 0 && r.head_dim % 4 == 0 && r.num_heads > 0 && r.num_kv_heads > 0 &&
+         a.m == int64_t(r.num_heads + 2 * r.num_kv_heads) * r.head_dim && r.positions &&
+         r.slot_mapping && r.inv_freq && r.k_cache && r.v_cache &&
          r.layout.head_dim == r.head_dim && r.layout.num_kv_heads == r.num_kv_heads;
 }
 
 }  // namespace
-
-int GemvRowsPerCta(const GemvArgs& a) {
-  if (a.n > 1) return 4;
-  if (a.rows_per_cta == 4 || a.rows_per_cta == 8) return a.rows_per_cta;
-  const bool rope8 = a.epilogue != GemvEpilogue::kRopeAppendKv || a.rope.head_dim % 8 == 0;
-  return rope8 ? kGemvAutoRows : 4;
-}
 
 bool GemvSupports(const GemvArgs& a) {
   using E = GemvEpilogue;
@@ -386,7 +316,6 @@ bool GemvSupports(const GemvArgs& a) {
       ((a.epilogue == E::kStore || a.epilogue == E::kSiluMul || a.epilogue == E::kRopeAppendKv) &&
        Aligned16(a.norm_weight));
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % kChunk == 0 && a.m > 0 &&
-         (a.rows_per_cta == 0 || a.rows_per_cta == 4 || a.rows_per_cta == 8) &&
          (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
          a.y != nullptr && norm_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));

@@ -61,17 +61,6 @@ struct GemvRope {
 
 inline constexpr int kGemvMaxTokens = 8;
 
-// kAccumulateF32 only: after the residual add, the CTA that finishes last computes the RMSNorm
-// of the updated residual rows (y, fp32 [n, m]) into out (dtype [n, m]), with the code of
-// cuda::AddRmsNorm (bit-identical), so the decode step needs no separate RMSNorm kernel.
-// counter: a device uint32 that is zero before the call; the call leaves it zero.
-struct GemvNextNorm {
-  const float* weight = nullptr;  // fp32 [m]; null: no next norm
-  void* out = nullptr;
-  unsigned* counter = nullptr;
-  float eps = 1e-6f;
-};
-
 struct GemvArgs {
   GemvEpilogue epilogue = GemvEpilogue::kStore;
   const void* x = nullptr;             // dtype [n, k]; fp32 [n, k] with norm_weight
@@ -82,15 +71,7 @@ struct GemvArgs {
   int64_t n = 0, m = 0, k = 0;
   DType dtype = DType::kBF16;  // of x, w (and y for kStore / kSiluMul / kRopeAppendKv)
   GemvRope rope;               // kRopeAppendKv
-  GemvNextNorm next_norm;      // kAccumulateF32
-  int rows_per_cta = 0;        // 0: automatic; 4 or 8 (8 only at n = 1): benchmarks, tests
 };
-
-// Rows per CTA of the automatic choice at n = 1 (larger n: 4).
-inline constexpr int kGemvAutoRows = 8;
-
-// The rows per CTA a call runs with (4 or 8).
-int GemvRowsPerCta(const GemvArgs& a);
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
 // kSiluMul, bf16/f16, 16-byte aligned x, w and norm_weight; the prologue only with kStore or

@@ -35,7 +35,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
-#include "kernels/cuda/rmsnorm_row.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace llm::cuda {
@@ -76,11 +75,24 @@ __global__ void __launch_bounds__(kGatherThreads)
 }
 
 // ---- AddRmsNorm ---------------------------------------------------------------------------
-using norm::kNormThreads;
+constexpr int kNormThreads = 256;
+constexpr int kNormCached = 4;  // register-cached chunks per thread: 8192 elements at kVec 8
+
+// Sum over the CTA (kNormThreads threads), result in every thread. Fixed order: deterministic.
+__device__ __forceinline__ float NormBlockSum(float v) {
+  __shared__ float warp_sums[kNormThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
 
 // residual fp32 [*, hidden]; delta T [*, hidden] or null; weight fp32 [hidden];
-// out T [num_rows, hidden]; rows int32 [num_rows] or null. One CTA per output row
-// (norm::AddRmsNormRow).
+// out T [num_rows, hidden]; rows int32 [num_rows] or null. One CTA per output row.
 template <typename T, int N>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(float* __restrict__ residual, const T* __restrict__ delta,
@@ -89,8 +101,65 @@ __global__ void __launch_bounds__(kNormThreads)
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
-  norm::AddRmsNormRow<T, N>(residual + r * hidden, delta ? delta + r * hidden : nullptr, weight,
-                            out + int64_t(blockIdx.x) * hidden, hidden, eps);
+  float* res = residual + r * hidden;
+  const T* del = delta ? delta + r * hidden : nullptr;
+  T* dst = out + int64_t(blockIdx.x) * hidden;
+  const int64_t num_chunks = hidden / N;
+  float cache[kNormCached][N];
+  float sum_sq = 0.f;
+  // Pass 1: residual += delta (written back), sum of squares; chunk c = threadIdx + j·threads.
+  int64_t c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
+    if (c < num_chunks) {
+      LoadF32<N>(res + c * N, cache[j]);
+      if (del) {
+        float d[N];
+        Load<T, N>(del + c * N, d);
+#pragma unroll
+        for (int i = 0; i < N; ++i) cache[j][i] += d[i];
+        StoreF32<N>(res + c * N, cache[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i) sum_sq += cache[j][i] * cache[j][i];
+    }
+  }
+  for (; c < num_chunks; c += kNormThreads) {  // rows longer than the register cache
+    float x[N];
+    LoadF32<N>(res + c * N, x);
+    if (del) {
+      float d[N];
+      Load<T, N>(del + c * N, d);
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] += d[i];
+      StoreF32<N>(res + c * N, x);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) sum_sq += x[i] * x[i];
+  }
+  // 1 / sqrt (IEEE sqrt and division, as the CPU twin), not rsqrtf: costs nothing once per row.
+  const float inv_rms = 1.f / sqrtf(NormBlockSum(sum_sq) / static_cast<float>(hidden) + eps);
+  // Pass 2: out = weight * (x * inv_rms), the CPU twin's operation order. A thread re-reads
+  // only residual chunks it wrote itself, so no barrier is needed between the passes.
+  c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
+    if (c < num_chunks) {
+      float w[N], y[N];
+      LoadF32<N>(weight + c * N, w);
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] = w[i] * (cache[j][i] * inv_rms);
+      Store<T, N>(dst + c * N, y);
+    }
+  }
+  for (; c < num_chunks; c += kNormThreads) {
+    float x[N], w[N];
+    LoadF32<N>(res + c * N, x);
+    LoadF32<N>(weight + c * N, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = w[i] * (x[i] * inv_rms);
+    Store<T, N>(dst + c * N, x);
+  }
 }
 
 // ---- RopeAppendKv -------------------------------------------------------------------------

@@ -28,7 +28,6 @@ struct Case {
   E epilogue;
   int n, m, k;
   bool norm = false;  // the RMSNorm prologue over an fp32 residual
-  int rows = 0;       // rows per CTA (0: automatic, 8 at n = 1)
 };
 
 std::string Name(const Case& c) {
@@ -38,7 +37,7 @@ std::string Name(const Case& c) {
                                                     : "silumul";
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_" + e + "_n" +
          std::to_string(c.n) + "_m" + std::to_string(c.m) + "_k" + std::to_string(c.k) +
-         (c.norm ? "_rmsnorm" : "") + (c.rows ? "_rows" + std::to_string(c.rows) : "");
+         (c.norm ? "_rmsnorm" : "");
 }
 
 uint16_t ToHalf(DType t, float x) { return t == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x); }
@@ -127,7 +126,6 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   a.x = dx;
   a.norm_weight = c.norm ? dgain : nullptr;
   a.eps = eps;
-  a.rows_per_cta = c.rows;
   a.w = dw;
   a.y = dy;
   a.n = n;
@@ -210,11 +208,6 @@ std::vector<Case> Cases() {
       out.push_back({d, e, 8, 64, 1000, true});
     }
   }
-  for (E e : {E::kStore, E::kStoreF32, E::kAccumulateF32, E::kSiluMul}) {
-    out.push_back({DType::kBF16, e, 1, 1000, 4096, false, 4});  // 4 rows per CTA at n = 1
-    out.push_back({DType::kF16, e, 1, 78, 11008, false, 4});
-  }
-  out.push_back({DType::kBF16, E::kStore, 1, 1000, 4096, true, 4});
   out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 8});
   out.push_back({DType::kBF16, E::kSiluMul, 7, 10, 40});
   out.push_back({DType::kF16, E::kStore, 4, 1, 8200});
@@ -298,7 +291,6 @@ struct RopeCase {
   DType dtype;
   int n, num_heads, num_kv_heads, head_dim, k;
   bool norm;
-  int rows = 0;  // rows per CTA (0: automatic)
 };
 
 class GemvRopeGpu : public ::testing::TestWithParam<RopeCase> {
@@ -372,7 +364,6 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
   a.rope.layout = layout;
   a.rope.k_cache = dk[1];
   a.rope.v_cache = dv[1];
-  a.rows_per_cta = c.rows;
   ASSERT_TRUE(cuda::GemvSupports(a));
   cuda::Gemv(a, nullptr);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -402,81 +393,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvRopeGpu,
                          ::testing::Values(RopeCase{DType::kBF16, 1, 4, 2, 128, 512, true},
                                            RopeCase{DType::kBF16, 3, 8, 8, 64, 1024, false},
                                            RopeCase{DType::kF16, 8, 4, 1, 128, 256, true},
-                                           RopeCase{DType::kF16, 5, 2, 2, 64, 4096, false},
-                                           RopeCase{DType::kBF16, 1, 4, 2, 64, 512, false, 4},
-                                           RopeCase{DType::kF16, 1, 2, 1, 64, 1024, false}),
+                                           RopeCase{DType::kF16, 5, 2, 2, 64, 4096, false}),
                          [](const auto& info) {
                            const RopeCase& c = info.param;
                            return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_n" +
                                   std::to_string(c.n) + "_h" + std::to_string(c.num_heads) + "_kv" +
                                   std::to_string(c.num_kv_heads) + "_hd" +
-                                  std::to_string(c.head_dim) + (c.norm ? "_rmsnorm" : "") +
-                                  (c.rows ? "_rows" + std::to_string(c.rows) : "");
+                                  std::to_string(c.head_dim) + (c.norm ? "_rmsnorm" : "");
                          });
-
-// kAccumulateF32 with next_norm: the residual add, then the last CTA's RMSNorm of the updated
-// rows, bit-identical to kAccumulateF32 followed by the AddRmsNorm kernel; called three times
-// in a row (the arrival counter returns to zero each time), at 4 and 8 rows per CTA.
-TEST(GemvNextNorm, EqualsAccumulateThenAddRmsNormBitForBit) {
-  std::string why;
-  if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
-  for (const int n : {1, 3}) {
-    for (const int rows : {0, 4}) {
-      const DType dt = DType::kBF16;
-      const int64_t m = 4096, k = 1024;
-      std::mt19937 rng(11 + n + rows);
-      std::normal_distribution<float> dist(0.f, 1.f);
-      std::vector<float> resid(static_cast<size_t>(n * m)), gain(static_cast<size_t>(m));
-      for (float& v : resid) v = dist(rng);
-      for (float& v : gain) v = 1.f + 0.2f * dist(rng);
-      uint16_t* dx = Upload(RandomHalf(dt, size_t(n * k), 1.f, rng));
-      uint16_t* dw = Upload(RandomHalf(dt, size_t(m * k), 0.05f, rng));
-      float* dgain = Upload(gain);
-      float* dres[2] = {Upload(resid), Upload(resid)};
-      uint16_t* dout[2] = {Upload(std::vector<uint16_t>(size_t(n * m), 0x7fc0)),
-                           Upload(std::vector<uint16_t>(size_t(n * m), 0x7fc0))};
-      unsigned* dcounter = Upload(std::vector<unsigned>(1, 0u));
-      cuda::GemvArgs a;
-      a.epilogue = E::kAccumulateF32;
-      a.x = dx;
-      a.w = dw;
-      a.n = n;
-      a.m = m;
-      a.k = k;
-      a.dtype = dt;
-      a.rows_per_cta = rows;
-      for (int call = 0; call < 3; ++call) {
-        a.y = dres[0];  // two kernels
-        a.next_norm = {};
-        cuda::Gemv(a, nullptr);
-        cuda::AddRmsNorm(dres[0], nullptr, dgain, dout[0], dt, nullptr, n, m, 1e-5f, nullptr);
-        a.y = dres[1];  // one kernel
-        a.next_norm.weight = dgain;
-        a.next_norm.out = dout[1];
-        a.next_norm.counter = dcounter;
-        a.next_norm.eps = 1e-5f;
-        ASSERT_TRUE(cuda::GemvSupports(a));
-        cuda::Gemv(a, nullptr);
-        LLM_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto r0 = Download<float>(dres[0], size_t(n * m));
-        const auto r1 = Download<float>(dres[1], size_t(n * m));
-        const auto o0 = Download<uint16_t>(dout[0], size_t(n * m));
-        const auto o1 = Download<uint16_t>(dout[1], size_t(n * m));
-        size_t dr = 0, dout_count = 0;
-        for (size_t i = 0; i < r0.size(); ++i) dr += r0[i] != r1[i];
-        for (size_t i = 0; i < o0.size(); ++i) dout_count += o0[i] != o1[i];
-        EXPECT_EQ(dr, 0u) << "residual, n " << n << " rows " << rows << " call " << call;
-        EXPECT_EQ(dout_count, 0u) << "normed, n " << n << " rows " << rows << " call " << call;
-        EXPECT_EQ(Download<unsigned>(dcounter, 1)[0], 0u) << "the counter is left at zero";
-      }
-      for (void* p :
-           {static_cast<void*>(dx), static_cast<void*>(dw), static_cast<void*>(dgain),
-            static_cast<void*>(dres[0]), static_cast<void*>(dres[1]), static_cast<void*>(dout[0]),
-            static_cast<void*>(dout[1]), static_cast<void*>(dcounter)})
-        cudaFree(p);
-    }
-  }
-}
 
 TEST(GemvApi, RejectsWhatItCannotRun) {
   cuda::GemvArgs a;
