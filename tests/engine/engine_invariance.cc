@@ -176,8 +176,16 @@ struct Agreement {
   int64_t num_equal = 0;   // equal to the run's token at the same position
   int64_t num_prefix = 0;  // in the common prefix (before the first difference)
   int64_t num_logprobs = 0, num_logprobs_identical = 0;  // over the common prefix
+  // Where the context agreed: the largest logprob difference (sampled token, top-N), and
+  // how many positions were beyond the tolerance; the first of them, for the failure message.
   double max_logprob_diff = 0;
-  double max_tie_gap = 0;  // greedy divergences: how far below the top the other token was
+  int64_t num_logprobs_beyond = 0;
+  std::string first_logprobs_beyond;
+  // Greedy divergences: how far below the top the other run's token was; how many were
+  // beyond the tolerance; the first of them.
+  double max_tie_gap = 0;
+  int64_t num_ties_beyond = 0;
+  std::string first_tie_beyond;
 };
 
 }  // namespace
@@ -220,8 +228,9 @@ void EngineInvariance::ExpectAgreement(const std::string& what,
         }
         diff = std::max(diff, TopDisagreement(rl[t], cl[t]));
         a.max_logprob_diff = std::max(a.max_logprob_diff, diff);
-        if (!exact) {
-          EXPECT_LE(diff, tol) << where << ", token " << t << ": logprobs differ";
+        if (!exact && diff > tol && a.num_logprobs_beyond++ == 0) {
+          a.first_logprobs_beyond =
+              where + ", token " + std::to_string(t) + ": " + std::to_string(diff) + " nats apart";
         }
       }
       if (exact) {
@@ -239,22 +248,35 @@ void EngineInvariance::ExpectAgreement(const std::string& what,
         const double gap =
             std::max(GapBelowTop(rl[prefix], ct[prefix]), GapBelowTop(cl[prefix], rt[prefix]));
         a.max_tie_gap = std::max(a.max_tie_gap, gap);
-        EXPECT_LE(gap, tol) << where << ": diverged at token " << prefix << " (" << rt[prefix]
-                            << " vs " << ct[prefix] << "), not at a near-tie";
+        if (gap > tol && a.num_ties_beyond++ == 0) {
+          a.first_tie_beyond = where + ": token " + std::to_string(prefix) + " is " +
+                               std::to_string(rt[prefix]) + " vs " + std::to_string(ct[prefix]) +
+                               ", " + std::to_string(gap) + " nats below the top";
+        }
       }
     }
   }
   std::printf(
       "[invariance] %s, %s: tokens %lld/%lld equal, common prefix %lld/%lld, %lld/%lld "
-      "sequences diverged; logprobs over the common prefix %lld/%lld bit-identical, max |diff| "
-      "%.3g; largest gap at a divergence %.3g (tolerance %.3g)\n",
+      "sequences diverged; logprobs over the common prefix %lld/%lld bit-identical; max |diff| "
+      "where the context agreed %.3g, largest gap below the top at a greedy divergence %.3g "
+      "(tolerance %.3g)\n",
       backend().name.c_str(), what.c_str(), (long long)a.num_equal, (long long)a.num_tokens,
       (long long)a.num_prefix, (long long)a.num_tokens, (long long)a.num_diverged,
       (long long)a.num_seqs, (long long)a.num_logprobs_identical, (long long)a.num_logprobs,
       a.max_logprob_diff, a.max_tie_gap, tol);
   if (exact) {
     EXPECT_EQ(a.num_logprobs_identical, a.num_logprobs) << what << ": logprobs not bit-identical";
+    return;
   }
+  EXPECT_EQ(a.num_logprobs_beyond, 0)
+      << what << ": positions where the runs saw the same context but their logprobs differ by "
+      << "more than " << tol
+      << " nats (KV or logits corrupted?); first: " << a.first_logprobs_beyond;
+  EXPECT_EQ(a.num_ties_beyond, 0) << what
+                                  << ": greedy runs diverged where the two tokens were not within "
+                                  << tol
+                                  << " nats (not a rounding flip); first: " << a.first_tie_beyond;
 }
 
 // 64 requests alone vs together: a pool too small for all (preemption) and a small token

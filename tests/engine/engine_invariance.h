@@ -7,7 +7,8 @@
 //
 //   engine_test      (label cpu)  the CPU backend: every invariance exact, demanded bit for
 //                                 bit (tokens, texts, finish reasons, logprobs and their top
-//                                 alternatives)
+//                                 alternatives); and the CPU backend with noisy logits, which
+//                                 runs the GPU's measured comparisons in CI (see below)
 //   engine_gpu_test  (label gpu)  the CUDA backend, bf16/fp16, stories260K and a random hd128
 //                                 model, batch-invariant and throughput modes: agreement
 //                                 measured and printed (one line per comparison), floors
@@ -24,12 +25,20 @@
 // The floors (non-exact backends), chosen to pass rounding and fail real bugs:
 //  - every request finishes once, with no error, with the tokens its limits imply; every KV
 //    block is free at the end (all backends);
-//  - over the common prefix of two runs (identical tokens so far), every sampled token's
-//    logprob agrees within `tolerance` nats: KV corruption after a preemption, a prefix-cache
-//    mix-up or a wrong block table shows as a logprob far off long before it flips a token;
+//  - where two runs saw the same context (their common prefix, and the first position where
+//    they differ) they saw the same distribution up to rounding: the sampled token's logprob
+//    (common prefix) and the top-N alternatives agree within `tolerance` nats, and a token
+//    one run lists but the other does not is at most `tolerance` above the other's last
+//    listed one. KV corruption (a chunk's KV written to the wrong slots, a copy-on-write not
+//    done), prefix-cache mix-ups and garbage logits show up here;
 //  - greedy runs may diverge only at a near-tie: at the first differing position each run's
-//    token is within `tolerance` of the other run's top logprob there (garbage tokens are not);
-//  - comparisons of >= 8 greedy sequences keep >= 50% of the tokens equal position by position.
+//    token is within `tolerance` of the other run's top logprob there.
+// Position-by-position token agreement is printed, not floored: after a legitimate flip at a
+// near-tie the rest of that sequence differs, so the fraction says little about bugs. With the
+// CPU executor plus +-0.12 of batch-shape-dependent noise on stories260K's logits (engine_test's
+// cpu_noisy_logits instantiation) 901 of 1,869 tokens agree, every divergence at a near-tie,
+// and all floors pass; the same comparisons failed each of these bugs injected into the CPU
+// executor: chunks' KV written one slot off, copy-on-write skipped, one row of garbage logits.
 // Stop conditions are also checked against the backend's own alone run without them; that
 // pair has identical step shapes, so it is demanded exactly on every backend.
 #pragma once

@@ -51,7 +51,46 @@ test::EngineBackend CpuBackend() {
   return b;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, EngineInvariance, ::testing::Values(CpuBackend()),
+// The CPU executor plus up to +-kNoise on every logit, a function of the step's shape (token
+// and sequence counts): a stand-in for the GPU's bf16 rounding, which depends on the batch
+// shape. It runs the measured comparisons the GPU backend gets here in CI too, where they
+// must pass.
+class NoisyLogitsExecutor final : public ModelExecutor {
+ public:
+  static constexpr float kNoise = 0.12f;
+  NoisyLogitsExecutor(int64_t num_blocks, int64_t block_size)
+      : cpu_(test::StoriesModel(), num_blocks, block_size) {}
+  const ModelConfig& config() const override { return cpu_.config(); }
+  std::string Describe() const override { return cpu_.Describe() + ", noisy logits"; }
+  int64_t num_kv_blocks() const override { return cpu_.num_kv_blocks(); }
+  int64_t block_size() const override { return cpu_.block_size(); }
+  void CopyBlocks(std::span<const BlockCopy> copies) override { cpu_.CopyBlocks(copies); }
+  std::vector<float> Forward(const ForwardBatch& batch) override {
+    std::vector<float> logits = cpu_.Forward(batch);
+    std::mt19937 rng(static_cast<uint32_t>(batch.num_tokens() * 7919 + batch.num_seqs()));
+    std::uniform_real_distribution<float> noise(-kNoise, kNoise);
+    for (float& x : logits) x += noise(rng);
+    return logits;
+  }
+
+ private:
+  CpuExecutor cpu_;
+};
+
+test::EngineBackend NoisyCpuBackend() {
+  test::EngineBackend b = CpuBackend();
+  b.name = "cpu_noisy_logits";
+  b.make_executor = [](const EngineConfig& c) -> std::unique_ptr<ModelExecutor> {
+    return std::make_unique<NoisyLogitsExecutor>(c.num_kv_blocks, c.block_size);
+  };
+  b.is_exact = false;
+  // Two logits of one token differ by up to 2 kNoise between shapes, a logprob (logit minus
+  // logsumexp) by up to 4 kNoise, and two tokens can swap as argmax within 4 kNoise.
+  b.tolerance = [] { return 4.0 * NoisyLogitsExecutor::kNoise + 1e-3; };
+  return b;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, EngineInvariance, ::testing::Values(CpuBackend(), NoisyCpuBackend()),
                          EngineInvariance::Name);
 
 // Throughput mode (batch_invariant off): decodes take the split-KV decode kernel; greedy
