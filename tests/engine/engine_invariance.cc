@@ -116,8 +116,9 @@ void ExpectFinishedCleanly(const Request& r, const Collected& c, const std::stri
     }
     if (sp.logprobs) {
       EXPECT_EQ(c.logprobs[i].size(), c.tokens[i].size()) << what;
-      for (const OutputLogprob& lp : c.logprobs[i]) {
-        EXPECT_TRUE(std::isfinite(lp.logprob) && lp.logprob <= 0) << what << ": " << lp.logprob;
+      for (const OutputLogprob& lp : c.logprobs[i]) {  // a log-probability (rounding aside)
+        EXPECT_TRUE(std::isfinite(lp.logprob) && lp.logprob <= 1e-4f) << what << ": " << lp.logprob;
+        EXPECT_EQ(std::ssize(lp.top), *sp.logprobs) << what;
       }
     }
   }
