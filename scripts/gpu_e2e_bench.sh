@@ -5,7 +5,8 @@
 #   E2E_PHASE=tests OUT=... bash scripts/gpu_e2e_bench.sh
 #       build (scripts/gpu_run.sh), make the tiny random models, measure Hugging Face's own
 #       bf16/fp16-vs-fp32 logit differences (tests/tools/hf_bf16_tolerance.py ->
-#       $OUT/hf_half_precision_tolerance.json), run the GPU tests (ctest -L gpu)
+#       $OUT/hf_half_precision_tolerance.json), run the GPU tests (ctest -L gpu; engine_gpu_test's
+#       token agreement lines -> $OUT/engine_invariance_gpu.txt)
 #   E2E_PHASE=bench OUT=... bash scripts/gpu_e2e_bench.sh
 #       ceilings (copy bandwidth, cuBLASLt bf16 GEMM), then `llm bench --device cuda
 #       --load-format dummy` runs: batch-1 decode latency (Llama-2-7B, 128 + 256 tokens),
@@ -29,7 +30,7 @@ shared=$(pwd)/.shared
 if [ "$PHASE" = tests ]; then
   # Build only (no tests yet: the executor test reads the tolerance measured next).
   GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh \
-    llm cuda_executor_gpu_test gemv_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
+    llm cuda_executor_gpu_test engine_gpu_test gemv_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
     bench_decode_attention_gpu \
     demo_model 2>&1 | tail -30
@@ -47,6 +48,8 @@ if [ "$PHASE" = tests ]; then
   (cd build && ctest -L gpu -R "${GPU_TEST_REGEX:-.}" --output-on-failure --timeout 300) 2>&1 \
     | tee "$OUT/gpu_tests.log" | grep -vE "^\s+[0-9]+/[0-9]+ Test.*Passed" | tail -60
   build/cuda_executor_gpu_test 2>&1 | grep -E "^  (stories|hd)" | tee "$OUT/executor_numbers.txt"
+  # engine_gpu_test's measured token agreement (one line per comparison), from ctest's log.
+  grep -h '^\[invariance\]' build/Testing/Temporary/LastTest.log | tee "$OUT/engine_invariance_gpu.txt"
   timeout 60 build/llm generate --device cuda --model "$shared/models/stories260K" \
     --prompt "Once upon a time" --temperature 0 --max-tokens 40 2>&1 | tail -4
   exit 0

@@ -11,6 +11,7 @@
 
 #include "engine/error.h"
 #include "engine/llama_model.h"
+#include "engine/make_model.h"
 #include "engine/tokenizer.h"
 
 namespace llm::test {
@@ -39,6 +40,22 @@ const LlamaModel& StoriesModel() {
 const Tokenizer& StoriesTokenizer() {
   static const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::Load(StoriesDir());
   return *tokenizer;
+}
+
+std::string TestModelDir(const std::string& name) {
+  if (name == "stories260K") return StoriesDir();
+  static TempDir dir;
+  const std::filesystem::path out = dir.path() / name;
+  if (!std::filesystem::exists(out / "model.safetensors")) {
+    MakeModelOptions o;
+    o.config_path = (SourceDir() / "tests" / "data" / "tiny_models" / (name + ".json")).string();
+    o.out_dir = out.string();
+    o.tokenizer_path = StoriesDir() + "/tokenizer.model";
+    o.seed = 7;
+    o.dtype = DType::kF32;
+    MakeRandomModel(o);
+  }
+  return out.string();
 }
 
 TempDir::TempDir() {

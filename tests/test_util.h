@@ -36,6 +36,11 @@ class TempDir {
 std::string StoriesDir();
 const LlamaModel& StoriesModel();
 const Tokenizer& StoriesTokenizer();
+// A model folder by name: "stories260K" (StoriesDir()), or a tiny random model of
+// tests/data/tiny_models/<name>.json ("hd128", "hd64": seed 7, fp32 weights, stories260K's
+// tokenizer; `llm make-model --seed 7`, as tests/tools/hf_bf16_tolerance.py measures them),
+// made once per process in a temporary folder.
+std::string TestModelDir(const std::string& name);
 
 // Reads a whole file; writes a whole file.
 std::string ReadFile(const std::filesystem::path& path);

@@ -24,7 +24,6 @@
 #include "engine/cuda/cuda_executor.h"
 #include "engine/engine.h"
 #include "engine/llama_model.h"
-#include "engine/make_model.h"
 #include "engine/sequence_runner.h"
 #include "engine/tokenizer.h"
 #include "tests/test_util.h"
@@ -58,24 +57,8 @@ std::vector<int> ReferenceIds() {
   return ids;
 }
 
-// The tiny random models of tests/data/tiny_models/<name>.json, seed 7, fp32 weights (the
-// same folders tests/tools/hf_bf16_tolerance.py measures: `llm make-model --seed 7`).
-std::string ModelDir(const std::string& name) {
-  if (name == "stories260K") return test::StoriesDir();
-  static test::TempDir dir;
-  const fs::path out = dir.path() / name;
-  if (!fs::exists(out / "model.safetensors")) {
-    MakeModelOptions o;
-    o.config_path =
-        (test::SourceDir() / "tests" / "data" / "tiny_models" / (name + ".json")).string();
-    o.out_dir = out.string();
-    o.tokenizer_path = test::StoriesDir() + "/tokenizer.model";
-    o.seed = 7;
-    o.dtype = DType::kF32;
-    MakeRandomModel(o);
-  }
-  return out.string();
-}
+// stories260K or a tiny random model of tests/data/tiny_models (test::TestModelDir).
+std::string ModelDir(const std::string& name) { return test::TestModelDir(name); }
 
 CudaExecutorOptions SmallOptions(DType dtype = DType::kBF16, bool graphs = true) {
   CudaExecutorOptions o;
