@@ -292,12 +292,14 @@ constexpr EngineConfig kTight{
 TEST_F(EngineAsyncTest, GreedyUnderChunkingAndPreemptionMatchesSync) {
   std::vector<Request> requests;
   std::mt19937 rng(5);
-  for (auto& p : MixedPrompts(*tokenizer_, 48, 11)) {
+  for (auto& p : MixedPrompts(*tokenizer_, test::Scaled(48, 12), 11)) {
     requests.push_back(Greedy(std::move(p), std::uniform_int_distribution<int>(5, 60)(rng)));
   }
-  const EngineStats s = ExpectAsyncMatchesSync(requests, kTight);
+  EngineConfig config = kTight;
+  if (test::IsSmallScale()) config.num_kv_blocks = 24;  // fewer requests: a smaller pool
+  const EngineStats s = ExpectAsyncMatchesSync(requests, config);
   EXPECT_GT(s.num_preemptions, 0) << "the pool was meant to force preemption";
-  std::printf("[async] 48 greedy requests: %lld steps, %lld preemptions\n",
+  std::printf("[async] %zu greedy requests: %lld steps, %lld preemptions\n", requests.size(),
               (long long)s.num_steps, (long long)s.num_preemptions);
 }
 
@@ -308,7 +310,7 @@ TEST_F(EngineAsyncTest, SeededSamplingStopsAndLengthsMatchSync) {
   std::mt19937 rng(7);
   auto uni = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
   int i = 0;
-  for (auto& p : MixedPrompts(*tokenizer_, 40, 12)) {
+  for (auto& p : MixedPrompts(*tokenizer_, test::Scaled(40, 10), 12)) {
     Request r;
     r.prompt_ids = std::move(p);
     r.sampling.max_tokens = i % 7 == 0 ? 1 : uni(2, 50);
@@ -338,7 +340,7 @@ TEST_F(EngineAsyncTest, SeededSamplingStopsAndLengthsMatchSync) {
 TEST_F(EngineAsyncTest, PenaltiesMatchSync) {
   std::vector<Request> requests;
   int i = 0;
-  for (auto& p : MixedPrompts(*tokenizer_, 16, 13)) {
+  for (auto& p : MixedPrompts(*tokenizer_, test::Scaled(16, 6), 13)) {
     Request r = Greedy(std::move(p), 30);
     r.sampling.temperature = i % 2 == 0 ? 0.8 : 0.0;
     r.sampling.seed = static_cast<uint64_t>(i);
@@ -436,7 +438,7 @@ TEST_F(EngineAsyncTest, AbortMidStreamFreesEverything) {
 TEST_F(EngineAsyncTest, DeadlineWhileInFlight) {
   Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .async_scheduling = true});
   Request r = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 400);
-  r.deadline = Clock::now() + std::chrono::milliseconds(30 * test::SlowFactor());
+  r.deadline = Clock::now() + std::chrono::milliseconds(30);
   auto ch = engine.AddRequest(r);
   engine.RunUntilIdle();
   EXPECT_EQ(Drain(*ch, 1).finish[0], FinishReason::kTimeout);
