@@ -238,6 +238,11 @@ class WaitFailingExecutor final : public ModelExecutor {
   std::vector<int64_t> fail_steps_;
 };
 
+// What an OverlapExecutor counted (read before the engine that owns it is destroyed).
+struct OverlapCounts {
+  int64_t num_launched = 0, num_waits = 0, num_waits_after_next_launch = 0;
+};
+
 class EngineAsyncTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -250,10 +255,10 @@ class EngineAsyncTest : public ::testing::Test {
   // Every request added at once, run to the end; the outputs in request order.
   std::vector<Collected> RunAll(const std::vector<Request>& requests, EngineConfig config,
                                 bool is_async, EngineStats* stats = nullptr,
-                                OverlapExecutor** overlap = nullptr) {
+                                OverlapCounts* counts = nullptr) {
     config.async_scheduling = is_async;
     auto executor = std::make_unique<OverlapExecutor>(Cpu(config));
-    if (overlap) *overlap = executor.get();
+    const OverlapExecutor* overlap = executor.get();
     Engine engine(std::move(executor), *tokenizer_, config);
     std::vector<std::shared_ptr<OutputChannel>> channels;
     for (const Request& r : requests) channels.push_back(engine.AddRequest(r));
@@ -266,14 +271,17 @@ class EngineAsyncTest : public ::testing::Test {
     EXPECT_EQ(s.num_free_kv_blocks, s.num_kv_blocks) << "a KV block leaked";
     EXPECT_EQ(s.num_running + s.num_waiting, 0);
     if (stats) *stats = s;
+    if (counts) {
+      *counts = {overlap->num_launched(), overlap->num_waits(),
+                 overlap->num_waits_after_next_launch()};
+    }
     return out;
   }
   // Sync and async give the same outputs; returns the async run's stats.
   EngineStats ExpectAsyncMatchesSync(const std::vector<Request>& requests, EngineConfig config) {
     const std::vector<Collected> sync = RunAll(requests, config, false);
     EngineStats stats;
-    OverlapExecutor* overlap = nullptr;
-    const std::vector<Collected> async = RunAll(requests, config, true, &stats, &overlap);
+    const std::vector<Collected> async = RunAll(requests, config, true, &stats);
     for (size_t i = 0; i < requests.size(); ++i) {
       ExpectSame(async[i], sync[i], "request " + std::to_string(i));
     }
@@ -395,16 +403,16 @@ TEST_F(EngineAsyncTest, NextStepIsLaunchedBeforeThePreviousResultsAreConsumed) {
     requests.push_back(Greedy(tokenizer_->EncodePrompt(p), 16));
   }
   const EngineConfig config{.num_kv_blocks = 64};
-  OverlapExecutor* overlap = nullptr;
+  OverlapCounts counts;
   EngineStats stats;
-  const std::vector<Collected> async = RunAll(requests, config, true, &stats, &overlap);
+  const std::vector<Collected> async = RunAll(requests, config, true, &stats, &counts);
   // One prefill step and 15 decode steps; only the last one's wait has no successor.
-  EXPECT_EQ(overlap->num_launched(), 16);
-  EXPECT_EQ(overlap->num_waits(), 16);
-  EXPECT_EQ(overlap->num_waits_after_next_launch(), 15);
+  EXPECT_EQ(counts.num_launched, 16);
+  EXPECT_EQ(counts.num_waits, 16);
+  EXPECT_EQ(counts.num_waits_after_next_launch, 15);
   EXPECT_EQ(stats.num_steps, 16);
-  const std::vector<Collected> sync = RunAll(requests, config, false, nullptr, &overlap);
-  EXPECT_EQ(overlap->num_launched(), 0) << "synchronous mode calls ForwardAndSample";
+  const std::vector<Collected> sync = RunAll(requests, config, false, nullptr, &counts);
+  EXPECT_EQ(counts.num_launched, 0) << "synchronous mode calls ForwardAndSample";
   for (size_t i = 0; i < requests.size(); ++i) ExpectSame(async[i], sync[i], std::to_string(i));
 }
 
