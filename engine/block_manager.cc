@@ -318,6 +318,15 @@ void BlockManager::Append(SeqId seq, std::span<const int> token_ids,
   }
 }
 
+void BlockManager::SetToken(SeqId seq, int64_t position, int token_id) {
+  Sequence& s = impl_->Get(seq);
+  if (position < s.num_computed_tokens || position >= static_cast<int64_t>(s.token_ids.size())) {
+    Fail("SetToken at position " + std::to_string(position) + " of sequence " +
+         std::to_string(seq) + " (computed tokens are fixed)");
+  }
+  s.token_ids[static_cast<size_t>(position)] = token_id;
+}
+
 void BlockManager::MarkComputed(SeqId seq, int64_t num_computed_tokens) {
   Impl& im = *impl_;
   Sequence& s = im.Get(seq);

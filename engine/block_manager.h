@@ -75,6 +75,10 @@ class BlockManager {
   // or std::span(&token_id, 1).)
   void Append(SeqId seq, std::span<const int> token_ids, std::vector<BlockCopy>* copies);
 
+  // Async scheduling appends a token before it is sampled (a placeholder id); this sets its
+  // id once known. Only tokens not yet marked computed may change (they have no hash yet).
+  void SetToken(SeqId seq, int64_t position, int token_id);
+
   // The first `num_computed_tokens` tokens of `seq` now have their KV written: full blocks
   // among them become cacheable (hashed) for other sequences. Never decreases the count;
   // past NumTokens(seq) is an invariant violation.

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <unordered_set>
 
 #include "engine/error.h"
@@ -163,28 +164,22 @@ bool Engine::Step() {
   DrainInbox();
   if (!is_healthy_) FailAllRequests();
   ExpireDeadlines();
+  // Penalties and n > 1 forks need the launched step's tokens before the next is scheduled.
+  if (!in_flight_.empty() && in_flight_.back().needs_sync) FinishOldestStep();
+  bool worked = !in_flight_.empty();
   SchedulerOutput sched = scheduler_.Schedule();
-  if (sched.empty()) {
-    PublishStats();
-    return false;
+  bool launched = false;
+  if (!sched.empty()) {
+    worked = true;
+    launched = LaunchStep(std::move(sched));
   }
-  const ForwardBatch batch = BuildBatch(sched);
-  const SamplingPlan plan = PrepareSampling(sched);
-  std::vector<SampleResult> results;
-  try {
-    executor_->CopyBlocks(sched.copies);
-    results = executor_->ForwardAndSample(batch, plan.tasks);
-  } catch (...) {
-    FailStep(sched, std::current_exception());
-    PublishStats();
-    return true;
-  }
-  num_consecutive_step_failures_ = 0;
-  CommitComputed(sched, plan);
-  Emit(plan.task_seqs, results);
-  ++counters_.num_steps;
+  // Synchronous: the step just launched is processed before the next is scheduled. Async:
+  // it runs while this thread processes the one before it and schedules the next.
+  const size_t num_kept = config_.async_scheduling && launched ? 1 : 0;
+  while (in_flight_.size() > num_kept) FinishOldestStep();
+  CollectGraves();
   PublishStats();
-  return true;
+  return worked;
 }
 
 ForwardBatch Engine::BuildBatch(const SchedulerOutput& sched) const {
@@ -200,6 +195,13 @@ ForwardBatch Engine::BuildBatch(const SchedulerOutput& sched) const {
     const std::span<const int> tokens(seq.token_ids.data() + start,
                                       static_cast<size_t>(c.num_tokens));
     batch.AddSequence(tokens, start, blocks_.BlockTable(seq.id), slots, c.samples, c.is_decode);
+    if (std::find(tokens.begin(), tokens.end(), kPendingToken) == tokens.end()) continue;
+    // Async: the token the step in flight samples for this sequence, fed on the device.
+    if (!c.is_decode || seq.num_pending != 1 || seq.pending_step != next_step_id_ - 1) {
+      throw std::logic_error("Engine: sequence " + std::to_string(seq.id) +
+                             " is scheduled with a pending token that is not its last one");
+    }
+    batch.FeedLastTokenFromPreviousStep(seq.pending_task);
   }
   return batch;
 }
@@ -230,10 +232,12 @@ void Engine::Stop() {
   stop_ = true;
   inbox_->cv.notify_all();
   if (thread_.joinable()) thread_.join();
+  while (!in_flight_.empty()) FinishOldestStep();  // async: the last step's tokens
   DrainInbox();
   std::vector<RequestState*> left;
   for (auto& [id, req] : requests_) left.push_back(req.get());
   for (RequestState* req : left) FinishRequest(req, FinishReason::kAbort);
+  CollectGraves();
   PublishStats();
 }
 

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -52,6 +53,10 @@ struct EngineConfig {
   // This many failed steps in a row (no successful step between them) turn the engine
   // unhealthy: the device is failing every step. 0: never (only a FatalExecutorError does).
   int max_consecutive_step_failures = 5;
+  // vLLM's --async-scheduling: step N+1 is scheduled and launched while the executor runs
+  // step N, and only then are N's tokens processed (see engine_step.cc). Outputs are the
+  // same tokens as without it; off by default until measured on the GPU.
+  bool async_scheduling = false;
 };
 
 // A consistent snapshot for metrics and tests.
@@ -122,10 +127,32 @@ class Engine {
   };
   // Lists what to sample; creates the children of n > 1 requests whose prompt completes.
   SamplingPlan PrepareSampling(const SchedulerOutput& sched);
-  // After a successful forward: the chunks' KV exists now, so their sequences advance and
-  // their full blocks enter the prefix cache; new children share their parent's blocks.
-  void CommitComputed(const SchedulerOutput& sched, const SamplingPlan& plan);
+  // A launched step, until its results are processed (engine_step.cc).
+  struct InFlightStep {
+    int64_t id = 0;
+    SchedulerOutput sched;
+    SamplingPlan plan;
+    StepHandle handle;
+    bool has_results = false;  // synchronous: ForwardAndSample's results are in `results`
+    std::vector<SampleResult> results;
+    std::vector<int64_t> computed_after;  // per chunk: its sequence's computed tokens after it
+    std::vector<int64_t> allocations;     // per chunk: its sequence's allocation at launch
+    bool needs_sync = false;  // the next step must not be scheduled before these tokens
+  };
+  // Runs the executor on `sched` (Launch, or ForwardAndSample when synchronous). False when
+  // it threw: the steps in flight are finished first, then this step's requests fail.
+  bool LaunchStep(SchedulerOutput sched);
+  // Sequences advance as if the step had run: computed tokens, a placeholder per sample.
+  void MarkLaunched(InFlightStep* step);
+  // Waits for the oldest launched step and processes its tokens (or its failure).
+  void FinishOldestStep();
+  // After a successful forward: the chunks' KV exists now, so their full blocks enter the
+  // prefix cache; new children share their parent's blocks.
+  void CommitComputed(const InFlightStep& step);
   void Emit(std::span<Sequence* const> task_seqs, std::span<const SampleResult> results);
+  // A finished request's objects live on until no launched step can refer to them.
+  void Bury(RequestState* req);
+  void CollectGraves();
   void AppendToken(Sequence* seq, const SampleResult& sample, RequestOutput* out);
   void CreateChildren(RequestState* req, Sequence* parent);
   void StartChildren(Sequence* parent);
@@ -150,6 +177,14 @@ class Engine {
   SeqId next_seq_id_ = 0;
   EngineStats counters_;  // engine thread's running totals
   int num_consecutive_step_failures_ = 0;
+  std::deque<InFlightStep> in_flight_;  // launched, results not processed (at most 2)
+  int64_t next_step_id_ = 0;
+  struct Grave {
+    int64_t last_step = 0;  // the newest step launched when the request ended
+    std::unique_ptr<RequestState> request;
+    std::vector<std::unique_ptr<Sequence>> seqs;
+  };
+  std::deque<Grave> graves_;
 
   std::unique_ptr<Inbox> inbox_;
   mutable std::mutex stats_mu_;

@@ -45,6 +45,8 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error) {
   ++num_consecutive_step_failures_;
   std::vector<RequestState*> failed;  // each request once (n > 1 has several chunks)
   for (const ScheduledChunk& c : sched.chunks) {
+    // Async: a sequence that finished after the launch (its request may be gone) is done.
+    if (c.seq->status == SeqStatus::kFinished) continue;
     if (std::find(failed.begin(), failed.end(), c.seq->request) == failed.end()) {
       failed.push_back(c.seq->request);
     }

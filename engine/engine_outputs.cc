@@ -1,6 +1,7 @@
 // The engine's postprocessing: sampling from the step's logits, appending tokens, stop and
 // length checks, streaming text deltas, finishing sequences and requests.
 #include <algorithm>
+#include <stdexcept>
 
 #include "engine/engine.h"
 
@@ -53,22 +54,12 @@ Engine::SamplingPlan Engine::PrepareSampling(const SchedulerOutput& sched) {
   return plan;
 }
 
-// Only here, after the forward returned, do the new tokens count as computed: MarkComputed
-// offers full blocks to the prefix cache, and a step that throws must leave none of its
-// blocks there (a later request with the same prefix would read what the failed step left).
-void Engine::CommitComputed(const SchedulerOutput& sched, const SamplingPlan& plan) {
-  for (const ScheduledChunk& c : sched.chunks) {
-    Sequence* seq = c.seq;
-    seq->num_computed_tokens += c.num_tokens;
-    if (!c.is_decode) counters_.num_prompt_tokens_computed += c.num_tokens;
-    blocks_.MarkComputed(seq->id, seq->num_computed_tokens);
-  }
-  for (Sequence* parent : plan.forked) StartChildren(parent);
-}
-
 void Engine::Emit(std::span<Sequence* const> task_seqs, std::span<const SampleResult> results) {
   for (size_t i = 0; i < task_seqs.size(); ++i) {
     Sequence* s = task_seqs[i];
+    // Async: a sequence that finished (at the step before, or aborted) was still in this
+    // step; its extra token is never emitted.
+    if (s->status == SeqStatus::kFinished) continue;
     RequestState* req = s->request;
     RequestOutput out;
     out.index = s->index;
@@ -104,7 +95,15 @@ void Engine::AppendToken(Sequence* seq, const SampleResult& sample, RequestOutpu
     req->first_token = Clock::now();
   }
   const int token = sample.token;
-  seq->token_ids.push_back(token);
+  // The oldest placeholder (MarkLaunched) becomes the token, in the block manager too when
+  // a later step already appended it there.
+  const int64_t position = seq->num_known_tokens();
+  if (seq->num_pending <= 0) throw std::logic_error("Engine: a token without a placeholder");
+  seq->token_ids[static_cast<size_t>(position)] = token;
+  --seq->num_pending;
+  if (blocks_.Has(seq->id) && position < blocks_.NumTokens(seq->id)) {
+    blocks_.SetToken(seq->id, position, token);
+  }
   ++counters_.num_generated_tokens;
   const SamplingParams& sp = req->request.sampling;
   if (IsStopToken(*seq, executor_->config(), token)) {
@@ -122,8 +121,8 @@ void Engine::AppendToken(Sequence* seq, const SampleResult& sample, RequestOutpu
     FinishSequence(seq, FinishReason::kStop, out);
     return;
   }
-  if (seq->num_output_tokens() >= sp.max_tokens ||
-      seq->num_tokens() >= executor_->config().max_position_embeddings) {
+  if (seq->num_known_tokens() - seq->num_prompt_tokens >= sp.max_tokens ||
+      seq->num_known_tokens() >= executor_->config().max_position_embeddings) {
     FinishSequence(seq, FinishReason::kLength, out);
   }
 }
@@ -136,6 +135,8 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, RequestOutput* o
     out->text += tail.text;
     if (!tail.stopped) out->text += seq->stop->Flush();
   }
+  seq->token_ids.resize(static_cast<size_t>(seq->num_known_tokens()));  // async placeholders
+  seq->num_pending = 0;
   seq->finish_reason = reason;
   seq->status = SeqStatus::kFinished;
   out->index = seq->index;
@@ -161,8 +162,7 @@ void Engine::EmitLastIfDone(RequestState* req, RequestOutput* out) {
   req->channel->Push(std::move(*out));
   if (!is_last) return;
   ++counters_.num_finished_requests;
-  for (const Sequence* s : req->seqs) seqs_.erase(s->id);
-  requests_.erase(id);  // req is gone from here on
+  Bury(req);  // out of requests_ and seqs_; freed once no launched step refers to it
   ReleaseId(id);
 }
 

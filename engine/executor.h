@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -38,7 +39,12 @@ class FatalExecutorError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A step (CopyBlocks, Forward, ForwardAndSample) may throw: the engine survives it. What the
+// A launched step (ModelExecutor::Launch); Wait for it to get its results.
+struct StepHandle {
+  int64_t id = -1;
+};
+
+// A step (CopyBlocks, Forward, ForwardAndSample, Launch, Wait) may throw: the engine survives it. What the
 // step was writing into the KV cache is then treated as garbage (its blocks are never offered
 // to the prefix cache), and its requests end with finish reason "error".
 class ModelExecutor {
@@ -63,6 +69,30 @@ class ModelExecutor {
   // Sampler::Sample does (the default: Forward, then Sample on the host).
   virtual std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                                      std::span<const SampleTask> tasks);
+
+  // ---- Asynchronous steps (the engine's async scheduling) ----------------------------------
+  // Launch starts the same step as ForwardAndSample and returns without waiting where the
+  // backend can (CUDA: the device runs it while the host schedules the next step); Wait
+  // returns its results. Steps are waited for in launch order; at most two are in flight.
+  // A token with batch.prev_sample_rows[t] = r >= 0 is the token sampled by task r of the
+  // previously launched step (filled on the device, or from the host's copy of the results).
+  // Samplers: each task's draw is taken at Launch (seeded streams stay exact); the sampled
+  // token is recorded for the penalties at Launch (CPU) or at Wait (CUDA), so a step whose
+  // samplers apply repetition / presence / frequency penalties must be launched only after
+  // the previous step of the same sequences was waited for (the engine does so).
+  // The default runs ForwardAndSample inside Launch (synchronous) and keeps its results.
+  virtual StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks);
+  virtual std::vector<SampleResult> Wait(StepHandle step);
+
+ protected:
+  // `batch` with every fed token (prev_sample_rows) replaced by the token it names in
+  // `previous` (the previous step's sampled ids). Throws std::logic_error for a bad row.
+  static ForwardBatch ResolveFedTokens(const ForwardBatch& batch, std::span<const int> previous);
+
+ private:
+  int64_t next_step_id_ = 0;
+  std::deque<std::pair<int64_t, std::vector<SampleResult>>> done_;  // the default's results
+  std::vector<int> last_tokens_;  // the last launched step's sampled ids (the default's)
 };
 
 // The CPU backend: fp32 compute over a LlamaModel (not owned) and an fp32 KV pool.

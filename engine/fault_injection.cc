@@ -25,6 +25,7 @@ void FaultInjectingExecutor::MaybeFail(const ForwardBatch& batch) {
   ++num_failures_;
   if (plan_.is_corrupting_kv) {
     ForwardBatch garbage = batch;
+    garbage.prev_sample_rows.clear();  // (async) fed tokens: 0 here, changed below
     const int32_t vocab = static_cast<int32_t>(config().vocab_size);
     for (int32_t& id : garbage.token_ids) id = (id + 1) % vocab;
     (void)inner_->Forward(garbage);
@@ -51,6 +52,16 @@ std::vector<SampleResult> FaultInjectingExecutor::ForwardAndSample(
     const ForwardBatch& batch, std::span<const SampleTask> tasks) {
   MaybeFail(batch);
   return inner_->ForwardAndSample(batch, tasks);
+}
+
+}  // namespace llm
+
+namespace llm {
+
+StepHandle FaultInjectingExecutor::Launch(const ForwardBatch& batch,
+                                          std::span<const SampleTask> tasks) {
+  MaybeFail(batch);
+  return inner_->Launch(batch, tasks);
 }
 
 }  // namespace llm

@@ -1,7 +1,7 @@
 // A ModelExecutor that makes chosen steps fail: the way tests (and the server's test-only
 // hook LLM_TEST_FAIL_FORWARD_ON_TOKEN, server/backend.cc) reach the engine's step-failure
 // path with a real model underneath. It wraps another executor and, on the steps its plan
-// names, throws from Forward / ForwardAndSample instead of returning. Not for production.
+// names, throws from Forward / ForwardAndSample / Launch instead of returning. Not for production.
 #pragma once
 
 #include <atomic>
@@ -41,6 +41,8 @@ class FaultInjectingExecutor final : public ModelExecutor {
   std::vector<float> Forward(const ForwardBatch& batch) override;
   std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                              std::span<const SampleTask> tasks) override;
+  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override;
+  std::vector<SampleResult> Wait(StepHandle step) override { return inner_->Wait(step); }
 
   int64_t num_steps() const { return num_steps_.load(); }
   int64_t num_failures() const { return num_failures_.load(); }

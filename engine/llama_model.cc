@@ -169,6 +169,14 @@ void ForwardBatch::AddSequence(std::span<const int> tokens, int64_t context_len,
   }
   block_tables.insert(block_tables.end(), block_table.begin(), block_table.end());
   block_tables.resize(static_cast<size_t>(num_seqs() * max_blocks_per_seq), -1);
+  if (has_fed_tokens()) prev_sample_rows.resize(token_ids.size(), -1);
+}
+
+void ForwardBatch::FeedLastTokenFromPreviousStep(int32_t task) {
+  if (token_ids.empty() || task < 0) throw std::logic_error("ForwardBatch: nothing to feed");
+  prev_sample_rows.resize(token_ids.size(), -1);
+  prev_sample_rows.back() = task;
+  token_ids.back() = 0;
 }
 
 void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
@@ -227,6 +235,9 @@ std::vector<float> LlamaModel::Forward(const ForwardBatch& batch, KvCachePool& k
   const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens(), hidden = c.hidden_size;
   if (n == 0) throw Error("Forward: no tokens");
+  if (batch.has_fed_tokens()) {
+    throw std::logic_error("LlamaModel::Forward: fed tokens (ModelExecutor::Launch resolves them)");
+  }
   std::vector<float> x(static_cast<size_t>(n * hidden));
   for (int64_t t = 0; t < n; ++t) {
     const int id = batch.token_ids[static_cast<size_t>(t)];

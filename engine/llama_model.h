@@ -46,6 +46,11 @@ struct ForwardBatch {
   int64_t max_blocks_per_seq = 0;
   std::vector<int32_t> logits_indices;  // token rows whose logits Forward returns
   bool is_batch_invariant = false;      // see LlamaModel::Attention
+  // Asynchronous scheduling (ModelExecutor::Launch): [num_tokens], or empty when no token
+  // is fed. prev_sample_rows[t] >= 0: token t is the one sampled by task prev_sample_rows[t]
+  // of the previously launched step, not yet known on the host (token_ids[t] holds 0); -1:
+  // token_ids[t].
+  std::vector<int32_t> prev_sample_rows;
 
   int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
@@ -54,6 +59,9 @@ struct ForwardBatch {
   void AddSequence(std::span<const int> tokens, int64_t context_len,
                    std::span<const int32_t> block_table, std::span<const int64_t> slots,
                    bool wants_logits, bool is_decode);
+  // The last token added takes the token sampled by task `task` of the previous step.
+  void FeedLastTokenFromPreviousStep(int32_t task);
+  bool has_fed_tokens() const { return !prev_sample_rows.empty(); }
 };
 
 class KvCachePool;

@@ -174,6 +174,11 @@ void Sampler::ApplyBiasAndPenalties(std::span<float> logits) const {
   }
 }
 
+bool Sampler::depends_on_output() const {
+  return params_.repetition_penalty != 1.0 || params_.presence_penalty != 0.0 ||
+         params_.frequency_penalty != 0.0;
+}
+
 void Sampler::RecordSample(int token) {
   Observe(token);
   ++num_draws_;

@@ -121,6 +121,13 @@ class Sampler {
   void AppendAdjustments(int64_t vocab, std::vector<TokenAdjust>* out) const;
   // Records a token the device sampled: an output token for the penalties, one more draw.
   void RecordSample(int token);
+  // The same in two halves, for a step launched before the previous one's tokens are back
+  // (async scheduling): TakeDraw at launch returns this draw's counter (num_draws() before
+  // it), Observe(token) once the token is known.
+  uint64_t TakeDraw() { return num_draws_++; }
+  // True when the processed logits depend on the tokens generated so far (repetition,
+  // presence or frequency penalty): such a sequence's next step needs its last token first.
+  bool depends_on_output() const;
 
  private:
   void ApplyBiasAndPenalties(std::span<float> logits) const;

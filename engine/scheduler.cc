@@ -58,6 +58,7 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
   std::erase(running_, seq);
   blocks_->Free(seq->id);
   seq->num_computed_tokens = 0;
+  ++seq->allocation;
   seq->status = SeqStatus::kWaiting;
   waiting_.push_front(seq);
   out->preempted.push_back(seq);
@@ -68,6 +69,11 @@ void Scheduler::ScheduleDecodes(SchedulerOutput* out, int64_t* budget) {
   const std::vector<Sequence*> snapshot = running_;  // Preempt() edits running_
   for (Sequence* seq : snapshot) {
     if (seq->status != SeqStatus::kRunning || !seq->is_decode()) continue;
+    // Async: a pending token that reaches max_tokens ends the sequence; no step after it.
+    if (seq->num_pending > 0 &&
+        seq->num_output_tokens() >= seq->request->request.sampling.max_tokens) {
+      continue;
+    }
     if (*budget == 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
     const bool needs_slot = blocks_->NumTokens(seq->id) < seq->num_tokens();
     while (needs_slot && !blocks_->CanAppend(seq->id, 1)) {
@@ -101,7 +107,8 @@ void Scheduler::Admit(SchedulerOutput* out, int64_t* budget) {
   while (!waiting_.empty() && *budget > 0 && num_running() < config_.max_num_seqs &&
          std::ssize(out->chunks) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
-    if (!blocks_->CanAllocate(seq->token_ids)) break;  // FCFS: the head waits for room
+    // Preempted with a token still pending (async): it waits for the token, and for room.
+    if (seq->num_pending > 0 || !blocks_->CanAllocate(seq->token_ids)) break;  // FCFS
     waiting_.pop_front();
     const int64_t cached = blocks_->Allocate(seq->id, seq->token_ids);
     seq->num_computed_tokens = cached;

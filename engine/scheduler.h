@@ -12,6 +12,10 @@
 //     not overtaken when it does not fit), admitted while blocks for ALL their tokens can
 //     be allocated. Prompt tokens found in the prefix cache are not recomputed and do not
 //     count against the token budget.
+// Async scheduling (a step is scheduled while the previous one runs): a running sequence
+// whose last token is still pending (Sequence::num_pending) decodes it like any token (its id
+// is fed on the device); one whose pending token reaches max_tokens is not scheduled; a
+// preempted one is not readmitted before its pending token is known.
 // Requests that could never fit (prompt + max_tokens beyond the pool) are rejected by the
 // engine before they get here, so a lone sequence always fits and nothing deadlocks.
 #pragma once

@@ -19,15 +19,29 @@ struct RequestState;
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
 
+// Async scheduling: the id in token_ids of a token sampled by a launched step whose results
+// are not back yet (a placeholder, vLLM's "output placeholder").
+constexpr int kPendingToken = -1;
+
 struct Sequence {
   SeqId id = 0;
   RequestState* request = nullptr;
   int index = 0;               // completion index within the request (n > 1)
-  std::vector<int> token_ids;  // prompt + generated
+  std::vector<int> token_ids;  // prompt + generated; the last num_pending are kPendingToken
   int64_t num_prompt_tokens = 0;
-  int64_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
+  // Tokens whose K/V are in the cache, or will be once the launched steps complete (the
+  // engine commits them to the block manager when a step's results are back).
+  int64_t num_computed_tokens = 0;
   SeqStatus status = SeqStatus::kWaiting;
   int64_t admit_order = 0;  // larger = admitted more recently (preempted first)
+  // Async scheduling: sampled tokens not back on the host yet (0, 1, or 2 while the step
+  // after is launched), the launched step that samples the newest one and its task index.
+  int64_t num_pending = 0;
+  int64_t pending_step = -1;
+  int32_t pending_task = -1;
+  // Bumped when the sequence loses its blocks (preemption): KV that a launched step computes
+  // for an older allocation is never committed.
+  int64_t allocation = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<IncrementalDecoder> decoder;
   std::unique_ptr<StopStringMatcher> stop;
@@ -35,6 +49,7 @@ struct Sequence {
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  int64_t num_known_tokens() const { return num_tokens() - num_pending; }  // no placeholders
   bool has_output() const { return num_output_tokens() > 0; }
   // Tokens still to compute before the next token can be sampled.
   int64_t num_uncomputed() const { return num_tokens() - num_computed_tokens; }

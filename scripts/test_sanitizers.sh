@@ -126,7 +126,7 @@ run_address() {
 # nothing of the reactor checked. The engine side of a gRPC stream (OutputChannel, cancel) is
 # the same code http_server_test and engine_test run under TSan; the reactor's own lifetime
 # (OnDone joins the pump thread, then deletes) is checked for use after free by the ASan stage.
-TSAN_TESTS=${LLM_TSAN_TESTS:-engine_test|engine_step_failure_test|http_server_test}
+TSAN_TESTS=${LLM_TSAN_TESTS:-engine_test|engine_async_test|engine_step_failure_test|http_server_test}
 # Left out under TSan until the test is fixed (tests/server/http_server_test.cc): it expects
 # the request to be running once the first response bytes arrive, but those are the server's
 # probes, written while the request still waits for the (TSan-slowed) engine thread, so it

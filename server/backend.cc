@@ -37,6 +37,9 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
+  cmd->add_flag("--async-scheduling", async_scheduling,
+                "schedule and prepare step N+1 while the model runs step N (same outputs; "
+                "penalties and n > 1 forks still wait for the previous step; off by default)");
   cmd->add_option("--dummy-seed", dummy_seed, "seed of --load-format dummy weights")
       ->capture_default_str();
 }
@@ -135,6 +138,7 @@ Backend SelectBackend(const std::string& model_path, const BackendFlags& f, Engi
 
 Backend MakeBackend(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   Backend b = SelectBackend(model_path, f, engine);
+  engine->async_scheduling = f.async_scheduling;
   InjectTestFaults(&b);
   return b;
 }

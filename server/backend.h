@@ -1,6 +1,6 @@
 // Choosing and building the model backend for `llm serve`, `llm bench` and `llm generate`:
 // --device cpu|cuda|auto, --dtype, --load-format auto|dummy, --gpu-memory-utilization,
-// --enforce-eager (vLLM's names). The result is a ModelExecutor for the Engine.
+// --enforce-eager, --async-scheduling (vLLM's names). The result is a ModelExecutor for the Engine.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -22,6 +22,8 @@ struct BackendFlags {
   int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the GEMV kernel
   bool disable_pdl = false;     // cuda: no programmatic dependent launch
   uint64_t dummy_seed = 0;
+  // vLLM's --async-scheduling: schedule step N+1 while step N runs (EngineConfig).
+  bool async_scheduling = false;
 
   void AddTo(CLI::App* cmd);
 };

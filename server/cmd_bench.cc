@@ -162,12 +162,13 @@ int RunBench(const BenchFlags& f) {
       "\"generated_tokens_per_s\": %.1f, \"total_tokens_per_s\": %.1f, \"steps\": %lld, "
       "\"preemptions\": %lld, \"ttft_ms_mean\": %.3f, \"ttft_ms_p50\": %.3f, "
       "\"ttft_ms_p99\": %.3f, \"tpot_ms_mean\": %.4f, \"tpot_ms_p50\": %.4f, "
-      "\"threads\": %d%s}\n",
+      "\"threads\": %d, \"async_scheduling\": %s%s}\n",
       f.model_dir.c_str(), f.num_requests, seconds, f.num_requests / seconds,
       (long long)prompt_tokens, (long long)generated, prompt_tokens / seconds, generated / seconds,
       (prompt_tokens + generated) / seconds, (long long)s.num_steps, (long long)s.num_preemptions,
       Mean(ttft_ms), Percentile(ttft_ms, 50), Percentile(ttft_ms, 99), Mean(tpot_ms),
-      Percentile(tpot_ms, 50), omp_get_max_threads(), device_json.c_str());
+      Percentile(tpot_ms, 50), omp_get_max_threads(),
+      engine.config().async_scheduling ? "true" : "false", device_json.c_str());
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <tuple>
@@ -93,7 +94,6 @@ struct CudaExecutor::Impl {
   DType dtype = DType::kBF16;
   size_t esize = 2;
   cudaStream_t stream = nullptr;
-  cudaEvent_t ev_start = nullptr, ev_stop = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   std::vector<void*> allocations;
   int64_t allocated_bytes = 0;
@@ -143,8 +143,34 @@ struct CudaExecutor::Impl {
   Pinned<cuda::LogitAdjust> h_adjust;
   void* sample_ws = nullptr;
   cuda::SampleOutputs d_out;
-  Pinned<int32_t> h_token, h_top_ids;
-  Pinned<float> h_logprob, h_top_lp;
+  // Where a step's sampled ids and logprobs come back, and the events around its device
+  // work: two, since an async step is launched before the one before it is waited for.
+  struct OutSlot {
+    Pinned<int32_t> token, top_ids;
+    Pinned<float> logprob, top_lp;
+    cudaEvent_t start = nullptr, stop = nullptr;
+  };
+  OutSlot out[2];
+
+  // Async steps. The sampler writes every step's ids to d_sampled [sampled_cap], which the
+  // next step's fed tokens (ForwardBatch::prev_sample_rows, copied to d_feed) read on the
+  // device before the embedding. ev_inputs follows a step's host-to-device copies: pinned
+  // input buffers are rewritten only after it (the step before may still be copying them).
+  int32_t* d_sampled = nullptr;
+  int64_t sampled_cap = 0, num_last_sampled = 0;
+  int32_t* d_feed = nullptr;
+  Pinned<int32_t> h_feed;
+  cudaEvent_t ev_inputs = nullptr;
+  struct PendingStep {
+    int64_t id = 0;
+    int slot = 0;
+    std::vector<SampleTask> tasks;
+    std::vector<int32_t> num_logprobs;  // per task
+    bool has_results = false;           // sampled synchronously (more tasks than max_seqs)
+    std::vector<SampleResult> results;
+  };
+  std::deque<PendingStep> pending;
+  int64_t next_step_id = 0;
 
   // Graphs, keyed by (padded batch, decode splits, table width).
   std::map<std::tuple<int64_t, int, int64_t>, cudaGraphExec_t> graphs;
@@ -157,14 +183,19 @@ struct CudaExecutor::Impl {
     int64_t num_tokens = 0, num_seqs = 0, num_decode = 0, num_rows = 0, width = 0;
     int64_t max_q_len = 0, max_keys_prefill = 0, max_keys_decode = 0;
     int splits = 1;
+    bool has_feed = false;  // some tokens come from the previous step's sampled ids
   };
 
   ~Impl() {
+    if (stream) cudaStreamSynchronize(stream);  // a launched step may still use the buffers
     for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
     gemm.reset();
     for (void* p : allocations) cudaFree(p);
-    if (ev_start) cudaEventDestroy(ev_start);
-    if (ev_stop) cudaEventDestroy(ev_stop);
+    for (OutSlot& o : out) {
+      if (o.start) cudaEventDestroy(o.start);
+      if (o.stop) cudaEventDestroy(o.stop);
+    }
+    if (ev_inputs) cudaEventDestroy(ev_inputs);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -353,10 +384,16 @@ struct CudaExecutor::Impl {
     d_out.logprob = Alloc<float>(S * 4);
     d_out.top_ids = Alloc<int32_t>(S * cuda::kMaxTopLogprobs * 4);
     d_out.top_logprobs = Alloc<float>(S * cuda::kMaxTopLogprobs * 4);
-    h_token.Alloc(S);
-    h_logprob.Alloc(S);
-    h_top_ids.Alloc(S * cuda::kMaxTopLogprobs);
-    h_top_lp.Alloc(S * cuda::kMaxTopLogprobs);
+    for (OutSlot& o : out) {
+      o.token.Alloc(S);
+      o.logprob.Alloc(S);
+      o.top_ids.Alloc(S * cuda::kMaxTopLogprobs);
+      o.top_lp.Alloc(S * cuda::kMaxTopLogprobs);
+    }
+    sampled_cap = max_rows * SamplingParams::kMaxN;  // every row sampled n times at most
+    d_sampled = Alloc<int32_t>(sampled_cap * 4);
+    d_feed = Alloc<int32_t>(T * 4);
+    h_feed.Alloc(T);
     ReserveAdjust(4096);
     activation_bytes = allocated_bytes - before;
   }
@@ -410,7 +447,9 @@ struct CudaExecutor::Impl {
   // ---- one step ------------------------------------------------------------------------
   // Fills the input buffers for `b`. padded > 0: a decode graph's batch of `padded` rows
   // (the extra rows attend to key 0 of block 0, write no KV and their logits are ignored).
-  Shape Upload(const ForwardBatch& b, int64_t padded, int64_t width) {
+  // wait_inputs false: the caller waited for the previous step's copies already (Launch).
+  Shape Upload(const ForwardBatch& b, int64_t padded, int64_t width, bool wait_inputs = true) {
+    if (wait_inputs) WaitInputsCopied();
     Shape s;
     const int64_t n = b.num_tokens(), ns = b.num_seqs();
     // Decode rows take the split-KV decode kernel unless the batch asks for batch-invariant
@@ -430,9 +469,20 @@ struct CudaExecutor::Impl {
                   std::to_string(max_tokens) + ", " + std::to_string(max_seqs) + ", " +
                   std::to_string(max_rows) + ", " + std::to_string(table_cap) + ")");
     }
+    s.has_feed = b.has_fed_tokens();
     for (int64_t t = 0; t < s.num_tokens; ++t) {
       const bool real = t < n;
       const int id = real ? b.token_ids[size_t(t)] : 0;
+      if (s.has_feed) {
+        const int32_t row = real ? b.prev_sample_rows[size_t(t)] : -1;
+        if (row >= num_last_sampled) {
+          throw std::logic_error("CUDA executor: token " + std::to_string(t) +
+                                 " is fed from task " + std::to_string(row) +
+                                 " of the previous step, which sampled " +
+                                 std::to_string(num_last_sampled) + " tokens");
+        }
+        h_feed.p[t] = row;
+      }
       if (id < 0 || id >= vocab) {
         throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                     std::to_string(vocab) + ")");
@@ -494,6 +544,8 @@ struct CudaExecutor::Impl {
     copy(d_ctx, h_ctx.p, s.num_seqs * 4);
     copy(d_tables, h_tables.p, s.num_seqs * width * 4);
     copy(d_rows, h_rows.p, s.num_rows * 4);
+    if (s.has_feed) copy(d_feed, h_feed.p, s.num_tokens * 4);
+    LLM_CUDA_CHECK(cudaEventRecord(ev_inputs, stream));
     return s;
   }
 
@@ -657,100 +709,215 @@ struct CudaExecutor::Impl {
     return exec;
   }
 
+  // The previous step's host-to-device copies are done: its pinned inputs may be rewritten.
+  void WaitInputsCopied() { LLM_CUDA_CHECK(cudaEventSynchronize(ev_inputs)); }
+
   // Runs the model for `b`; the logits of its rows are in `logits` afterwards (on stream).
-  void Run(const ForwardBatch& b) {
+  // Fed tokens (async) are gathered from d_sampled into d_tokens first, outside any graph:
+  // the graph reads d_tokens like any other input buffer.
+  void Run(const ForwardBatch& b, bool wait_inputs = true) {
     if (b.num_tokens() == 0) throw Error("Forward: no tokens");
-    LLM_CUDA_CHECK(cudaEventRecord(ev_start, stream));
     if (GraphEligible(b)) {
       const int64_t padded = PaddedBatch(b.num_seqs());
-      const Shape s = Upload(b, padded, GraphWidth(b.max_blocks_per_seq));
+      const Shape s = Upload(b, padded, GraphWidth(b.max_blocks_per_seq), wait_inputs);
+      if (s.has_feed) cuda::FeedSampledTokens(d_tokens, d_feed, d_sampled, s.num_tokens, stream);
       const auto key = std::make_tuple(padded, s.splits, s.width);
       auto it = graphs.find(key);
       if (it == graphs.end()) it = graphs.emplace(key, Capture(s)).first;
       LLM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
       ++stats.graph_steps;
     } else {
-      RunModel(Upload(b, 0, std::max<int64_t>(1, b.max_blocks_per_seq)));
+      const Shape s = Upload(b, 0, std::max<int64_t>(1, b.max_blocks_per_seq), wait_inputs);
+      if (s.has_feed) cuda::FeedSampledTokens(d_tokens, d_feed, d_sampled, s.num_tokens, stream);
+      RunModel(s);
     }
     ++stats.steps;
   }
 
   // Ends a step's device span (call after its last device-to-host copy is enqueued) and
   // waits for it.
-  void StopAndWait() {
-    LLM_CUDA_CHECK(cudaEventRecord(ev_stop, stream));
-    LLM_CUDA_CHECK(cudaEventSynchronize(ev_stop));
+  void StopAndWait(OutSlot& o) {
+    LLM_CUDA_CHECK(cudaEventRecord(o.stop, stream));
+    LLM_CUDA_CHECK(cudaEventSynchronize(o.stop));
   }
 
-  void FinishTiming(Clock::time_point start) {
+  // Device time of the step between o.start and o.stop (each event completes when the stream
+  // reaches it, so an async step's span starts after the step before it: spans never
+  // overlap, and their sum over a run's wall time is the device-busy fraction); host time
+  // spent inside the executor's calls.
+  void FinishTiming(const OutSlot& o, double host_ms) {
     float ms = 0;
-    LLM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start, ev_stop));
+    LLM_CUDA_CHECK(cudaEventElapsedTime(&ms, o.start, o.stop));
     stats.device_ms += ms;
-    stats.wall_ms += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    stats.wall_ms += host_ms;
   }
 
-  std::vector<SampleResult> Sample(std::span<const SampleTask> tasks) {
-    std::vector<SampleResult> results(tasks.size());
-    if (tasks.empty()) StopAndWait();
+  // Fills and uploads the sampling parameters of tasks [begin, begin + count) (count <=
+  // max_seqs), taking each sampler's draw.
+  void UploadSampleParams(std::span<const SampleTask> tasks, size_t begin, size_t count,
+                          bool wait_inputs = true) {
+    if (wait_inputs) WaitInputsCopied();
     std::vector<TokenAdjust> adjust;
+    for (size_t i = 0; i < count; ++i) {
+      Sampler& sm = *tasks[begin + i].sampler;
+      const SamplingParams& sp = sm.params();
+      cuda::SampleRowParams& r = h_params.p[i];
+      r.logits_row = int32_t(tasks[begin + i].logits_row);
+      r.temperature = float(sp.temperature);
+      r.top_k = sp.top_k;
+      r.top_p = float(sp.top_p);
+      r.min_p = float(sp.min_p);
+      r.seed = sm.device_seed();
+      r.offset = sm.TakeDraw();
+      r.num_logprobs = sp.logprobs ? *sp.logprobs : -1;
+      r.adjust_begin = int32_t(adjust.size());
+      sm.AppendAdjustments(vocab, &adjust);
+      r.adjust_end = int32_t(adjust.size());
+    }
+    ReserveAdjust(int64_t(adjust.size()));
+    for (size_t i = 0; i < adjust.size(); ++i) {
+      h_adjust.p[i] = {adjust[i].token, adjust[i].bias, adjust[i].repetition, adjust[i].subtract};
+    }
+    LLM_CUDA_CHECK(cudaMemcpyAsync(d_params, h_params.p, count * sizeof(cuda::SampleRowParams),
+                                   cudaMemcpyHostToDevice, stream));
+    if (!adjust.empty()) {
+      LLM_CUDA_CHECK(cudaMemcpyAsync(d_adjust, h_adjust.p, adjust.size() * sizeof(TokenAdjust),
+                                     cudaMemcpyHostToDevice, stream));
+    }
+    LLM_CUDA_CHECK(cudaEventRecord(ev_inputs, stream));
+  }
+
+  // Samples tasks [begin, begin + count) from `logits` (after the forward, on stream): the
+  // ids into d_sampled + begin (the next step may be fed from them), everything into `o`.
+  void EnqueueSample(size_t begin, size_t count, OutSlot& o) {
+    cuda::SampleOutputs dst = d_out;
+    dst.token = d_sampled + begin;
+    cuda::SampleTokens(logits, vocab, d_params, int64_t(count), d_adjust, sample_ws, dst, stream);
+    auto back = [&](void* host, const void* src, size_t bytes) {
+      LLM_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream));
+    };
+    back(o.token.p, dst.token, count * 4);
+    back(o.logprob.p, d_out.logprob, count * 4);
+    back(o.top_ids.p, d_out.top_ids, count * cuda::kMaxTopLogprobs * 4);
+    back(o.top_lp.p, d_out.top_logprobs, count * cuda::kMaxTopLogprobs * 4);
+  }
+
+  // The results of tasks [begin, begin + count) from `o` (copied back), recorded in their
+  // samplers for the penalties (their draws were taken at upload).
+  void ReadSampleResults(std::span<const SampleTask> tasks, size_t begin, size_t count,
+                         const int32_t* num_logprobs, const OutSlot& o,
+                         std::vector<SampleResult>* results) {
+    for (size_t i = 0; i < count; ++i) {
+      SampleResult& res = (*results)[begin + i];
+      res.token = o.token.p[i];
+      const int n = num_logprobs[i];
+      if (n >= 0) {
+        res.logprob = o.logprob.p[i];
+        for (int k = 0; k < std::min(n, int(vocab)); ++k) {
+          res.top_logprobs.push_back({o.top_ids.p[i * cuda::kMaxTopLogprobs + size_t(k)],
+                                      o.top_lp.p[i * cuda::kMaxTopLogprobs + size_t(k)]});
+        }
+      }
+      tasks[begin + i].sampler->Observe(res.token);
+    }
+  }
+
+  // Samples every task after the forward and waits: in rounds of max_seqs tasks (n > 1 can
+  // ask for more), each round's pinned buffers read before the next reuses them.
+  std::vector<SampleResult> Sample(std::span<const SampleTask> tasks, OutSlot& o) {
+    if (int64_t(tasks.size()) > sampled_cap) {
+      throw Error("CUDA executor: " + std::to_string(tasks.size()) +
+                  " samples in one step exceed what was sized at start-up (" +
+                  std::to_string(sampled_cap) + ")");
+    }
+    std::vector<SampleResult> results(tasks.size());
+    num_last_sampled = int64_t(tasks.size());
+    if (tasks.empty()) StopAndWait(o);
+    std::vector<int32_t> num_logprobs;
     for (size_t begin = 0; begin < tasks.size(); begin += size_t(max_seqs)) {
       const size_t count = std::min(tasks.size() - begin, size_t(max_seqs));
-      adjust.clear();
-      for (size_t i = 0; i < count; ++i) {
-        const Sampler& sm = *tasks[begin + i].sampler;
-        const SamplingParams& sp = sm.params();
-        cuda::SampleRowParams& r = h_params.p[i];
-        r.logits_row = int32_t(tasks[begin + i].logits_row);
-        r.temperature = float(sp.temperature);
-        r.top_k = sp.top_k;
-        r.top_p = float(sp.top_p);
-        r.min_p = float(sp.min_p);
-        r.seed = sm.device_seed();
-        r.offset = sm.num_draws();
-        r.num_logprobs = sp.logprobs ? *sp.logprobs : -1;
-        r.adjust_begin = int32_t(adjust.size());
-        sm.AppendAdjustments(vocab, &adjust);
-        r.adjust_end = int32_t(adjust.size());
-      }
-      ReserveAdjust(int64_t(adjust.size()));
-      for (size_t i = 0; i < adjust.size(); ++i) {
-        h_adjust.p[i] = {adjust[i].token, adjust[i].bias, adjust[i].repetition, adjust[i].subtract};
-      }
-      LLM_CUDA_CHECK(cudaMemcpyAsync(d_params, h_params.p, count * sizeof(cuda::SampleRowParams),
-                                     cudaMemcpyHostToDevice, stream));
-      if (!adjust.empty()) {
-        LLM_CUDA_CHECK(cudaMemcpyAsync(d_adjust, h_adjust.p, adjust.size() * sizeof(TokenAdjust),
-                                       cudaMemcpyHostToDevice, stream));
-      }
-      cuda::SampleTokens(logits, vocab, d_params, int64_t(count), d_adjust, sample_ws, d_out,
-                         stream);
-      auto back = [&](void* dst, const void* src, size_t bytes) {
-        LLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
-      };
-      back(h_token.p, d_out.token, count * 4);
-      back(h_logprob.p, d_out.logprob, count * 4);
-      back(h_top_ids.p, d_out.top_ids, count * cuda::kMaxTopLogprobs * 4);
-      back(h_top_lp.p, d_out.top_logprobs, count * cuda::kMaxTopLogprobs * 4);
+      UploadSampleParams(tasks, begin, count);
+      num_logprobs.resize(count);
+      for (size_t i = 0; i < count; ++i) num_logprobs[i] = h_params.p[i].num_logprobs;
+      EnqueueSample(begin, count, o);
       if (begin + count == tasks.size()) {
-        StopAndWait();
+        StopAndWait(o);
       } else {
         LLM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the pinned buffers are reused
       }
-      for (size_t i = 0; i < count; ++i) {
-        SampleResult& res = results[begin + i];
-        res.token = h_token.p[i];
-        const int n = h_params.p[i].num_logprobs;
-        if (n >= 0) {
-          res.logprob = h_logprob.p[i];
-          for (int k = 0; k < std::min(n, int(vocab)); ++k) {
-            res.top_logprobs.push_back({h_top_ids.p[i * cuda::kMaxTopLogprobs + size_t(k)],
-                                        h_top_lp.p[i * cuda::kMaxTopLogprobs + size_t(k)]});
-          }
-        }
-        tasks[begin + i].sampler->RecordSample(res.token);
-      }
+      ReadSampleResults(tasks, begin, count, num_logprobs.data(), o, &results);
     }
     return results;
+  }
+
+  // ---- asynchronous steps (Launch / Wait) -------------------------------------------------
+  // Order on the stream: sampling parameters and batch inputs (host to device), the fed
+  // tokens' gather, the forward (graph or eager), the sampler, the copies back, o.stop.
+  // Nothing waits for the device here, except for the previous step's input copies.
+  StepHandle Launch(const ForwardBatch& b, std::span<const SampleTask> tasks) {
+    const auto host_start = Clock::now();
+    if (pending.size() >= 2) {
+      throw std::logic_error("CUDA executor: at most two steps in flight (Wait first)");
+    }
+    PendingStep p;
+    p.id = next_step_id++;
+    p.slot = pending.empty() ? 0 : 1 - pending.back().slot;
+    OutSlot& o = out[p.slot];
+    p.tasks.assign(tasks.begin(), tasks.end());
+    if (int64_t(tasks.size()) > max_seqs) {  // rounds of max_seqs: synchronous
+      LLM_CUDA_CHECK(cudaEventRecord(o.start, stream));
+      Run(b);
+      p.results = Sample(tasks, o);
+      p.has_results = true;
+    } else {
+      if (b.num_tokens() == 0) throw Error("Forward: no tokens");
+      // The one wait of a launch: the previous step's input copies (at the head of what the
+      // stream still holds), not its forward. The copies enqueued below may not be waited
+      // for again before the forward: they sit behind the previous step's work.
+      WaitInputsCopied();
+      LLM_CUDA_CHECK(cudaEventRecord(o.start, stream));
+      if (!tasks.empty()) UploadSampleParams(tasks, 0, tasks.size(), /*wait_inputs=*/false);
+      p.num_logprobs.resize(tasks.size());
+      for (size_t i = 0; i < tasks.size(); ++i) p.num_logprobs[i] = h_params.p[i].num_logprobs;
+      Run(b, /*wait_inputs=*/false);  // validates fed rows against num_last_sampled
+      num_last_sampled = int64_t(tasks.size());
+      if (!tasks.empty()) EnqueueSample(0, tasks.size(), o);
+      LLM_CUDA_CHECK(cudaEventRecord(o.stop, stream));
+    }
+    pending.push_back(std::move(p));
+    stats.wall_ms += std::chrono::duration<double, std::milli>(Clock::now() - host_start).count();
+    return {pending.back().id};
+  }
+
+  std::vector<SampleResult> Wait(StepHandle step) {
+    const auto host_start = Clock::now();
+    if (pending.empty() || pending.front().id != step.id) {
+      throw std::logic_error("CUDA executor: Wait for step " + std::to_string(step.id) +
+                             ", which is not the oldest launched step");
+    }
+    PendingStep p = std::move(pending.front());
+    pending.pop_front();
+    OutSlot& o = out[p.slot];
+    std::vector<SampleResult> results;
+    if (p.has_results) {
+      results = std::move(p.results);
+    } else {
+      LLM_CUDA_CHECK(cudaEventSynchronize(o.stop));
+      results.resize(p.tasks.size());
+      ReadSampleResults(p.tasks, 0, p.tasks.size(), p.num_logprobs.data(), o, &results);
+    }
+    const double host_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - host_start).count();
+    FinishTiming(o, host_ms);
+    return results;
+  }
+
+  // The synchronous calls use slot 0; they may not run while async steps are in flight.
+  void CheckNothingInFlight(const char* what) const {
+    if (!pending.empty()) {
+      throw std::logic_error(std::string("CUDA executor: ") + what +
+                             " while launched steps are not waited for");
+    }
   }
 
   // The profiling pass: a step of `tokens` fresh tokens in as few sequences as the model's
@@ -770,8 +937,9 @@ struct CudaExecutor::Impl {
       b.AddSequence(ids, 0, table, slots, /*wants_logits=*/true, /*is_decode=*/false);
       block += blocks;
     }
+    LLM_CUDA_CHECK(cudaEventRecord(out[0].start, stream));
     Run(b);
-    StopAndWait();
+    StopAndWait(out[0]);
   }
 
   // Captures the decode graphs for short contexts (split count 1, narrowest table).
@@ -859,8 +1027,11 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
     cuda::SetProgrammaticLaunch(options.programmatic_launch && major >= 9);
   }
   LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-  LLM_CUDA_CHECK(cudaEventCreate(&m.ev_start));
-  LLM_CUDA_CHECK(cudaEventCreate(&m.ev_stop));
+  for (CudaExecutor::Impl::OutSlot& o : m.out) {
+    LLM_CUDA_CHECK(cudaEventCreate(&o.start));
+    LLM_CUDA_CHECK(cudaEventCreate(&o.stop));
+  }
+  LLM_CUDA_CHECK(cudaEventCreateWithFlags(&m.ev_inputs, cudaEventDisableTiming));
   m.gemm = std::make_unique<cuda::Gemm>();
   m.allocated_bytes += int64_t{32} << 20;
 
@@ -967,14 +1138,16 @@ void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {
 
 std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
   Impl& m = *impl_;
+  m.CheckNothingInFlight("Forward");
   const auto start = Clock::now();
+  LLM_CUDA_CHECK(cudaEventRecord(m.out[0].start, m.stream));
   m.Run(batch);
   const size_t rows = batch.logits_indices.size();
   std::vector<float> out(rows * size_t(m.vocab));
   LLM_CUDA_CHECK(
       cudaMemcpyAsync(out.data(), m.logits, out.size() * 4, cudaMemcpyDeviceToHost, m.stream));
-  m.StopAndWait();
-  m.FinishTiming(start);
+  m.StopAndWait(m.out[0]);
+  m.FinishTiming(m.out[0], std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   return out;
 } catch (...) {
   RethrowClassifyingCudaErrors();
@@ -983,11 +1156,26 @@ std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
 std::vector<SampleResult> CudaExecutor::ForwardAndSample(const ForwardBatch& batch,
                                                          std::span<const SampleTask> tasks) try {
   Impl& m = *impl_;
+  m.CheckNothingInFlight("ForwardAndSample");
   const auto start = Clock::now();
+  LLM_CUDA_CHECK(cudaEventRecord(m.out[0].start, m.stream));
   m.Run(batch);
-  std::vector<SampleResult> results = m.Sample(tasks);
-  m.FinishTiming(start);
+  std::vector<SampleResult> results = m.Sample(tasks, m.out[0]);
+  m.FinishTiming(m.out[0],
+                 std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   return results;
+} catch (...) {
+  RethrowClassifyingCudaErrors();
+}
+
+StepHandle CudaExecutor::Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) try {
+  return impl_->Launch(batch, tasks);
+} catch (...) {
+  RethrowClassifyingCudaErrors();
+}
+
+std::vector<SampleResult> CudaExecutor::Wait(StepHandle step) try {
+  return impl_->Wait(step);
 } catch (...) {
   RethrowClassifyingCudaErrors();
 }

@@ -18,6 +18,11 @@
 // gpu_memory_utilization × total memory minus what is in use after it. Nothing is allocated
 // per step, so a step never runs out of memory.
 //
+// Async scheduling (Launch / Wait): a step's decode tokens may be "the id the previous step
+// sampled for task r" (ForwardBatch::prev_sample_rows); a small kernel copies them from the
+// sampler's output buffer into the token-id input buffer before the graph (or eager forward)
+// runs, so the host never waits for them.
+//
 // CUDA graphs: decode-only steps run as graphs captured per (padded batch size, decode split
 // count, block-table width bucket); batch sizes 1, 2, 4, 8, 16, 24, 32, … (steps of 8, then
 // 16 past 64) up to max_graph_batch, captured on first use and at start-up for the split
@@ -59,8 +64,8 @@ struct CudaExecutorOptions {
 // What the executor measured (the benchmarks read it).
 struct CudaExecutorStats {
   int64_t steps = 0, graph_steps = 0, graphs_captured = 0;
-  double device_ms = 0;  // CUDA-event time of the device work of all steps
-  double wall_ms = 0;    // host wall time inside ForwardAndSample / Forward
+  double device_ms = 0;  // CUDA-event time of the device work of all steps (never overlapping)
+  double wall_ms = 0;    // host wall time inside ForwardAndSample / Forward / Launch / Wait
   int64_t weight_bytes = 0, kv_cache_bytes = 0, activation_bytes = 0;
   // Weight bytes a decode step streams: every layer and lm_head (the embedding table only
   // when tied to lm_head; otherwise one row per token).
@@ -85,6 +90,12 @@ class CudaExecutor final : public ModelExecutor {
   std::vector<float> Forward(const ForwardBatch& batch) override;
   std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                              std::span<const SampleTask> tasks) override;
+  // Async steps: Launch enqueues the inputs, the fed tokens' gather (from the previous
+  // step's sampled ids, on the device), the forward, the sampler and the copies back, and
+  // returns; Wait synchronises on the step's end event. Two steps may be in flight; Forward
+  // and ForwardAndSample may not run while one is.
+  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override;
+  std::vector<SampleResult> Wait(StepHandle step) override;
 
   CudaExecutorStats stats() const;
   void ResetStats();

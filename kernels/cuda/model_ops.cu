@@ -74,6 +74,22 @@ __global__ void __launch_bounds__(kGatherThreads)
   }
 }
 
+// ---- FeedSampledTokens ---------------------------------------------------------------------
+// A grid-stride loop over the tokens; a few blocks at most (a step has <= 8k tokens).
+constexpr int kFeedThreads = 256;
+
+__global__ void __launch_bounds__(kFeedThreads)
+    FeedSampledTokensKernel(int32_t* __restrict__ token_ids, const int32_t* __restrict__ feed,
+                            const int32_t* __restrict__ sampled, int64_t num_tokens) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  for (int64_t t = int64_t(blockIdx.x) * kFeedThreads + threadIdx.x; t < num_tokens;
+       t += int64_t(gridDim.x) * kFeedThreads) {
+    const int32_t row = feed[t];
+    if (row >= 0) token_ids[t] = sampled[row];
+  }
+}
+
 // ---- AddRmsNorm ---------------------------------------------------------------------------
 constexpr int kNormThreads = 256;
 constexpr int kNormCached = 4;  // register-cached chunks per thread: 8192 elements at kVec 8
@@ -323,6 +339,15 @@ void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids, i
   } else {
     LaunchEmbeddingGather<__half>(table, token_ids, num_tokens, hidden, out, vec, stream);
   }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void FeedSampledTokens(int32_t* token_ids, const int32_t* feed, const int32_t* sampled,
+                       int64_t num_tokens, cudaStream_t stream) {
+  if (num_tokens <= 0) return;
+  const int64_t blocks = std::min<int64_t>((num_tokens + kFeedThreads - 1) / kFeedThreads, 64);
+  Launch(FeedSampledTokensKernel, dim3(unsigned(blocks)), dim3(kFeedThreads), 0, stream, token_ids,
+         feed, sampled, num_tokens);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 

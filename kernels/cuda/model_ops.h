@@ -23,6 +23,13 @@ namespace llm::cuda {
 void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids,
                      int64_t num_tokens, int64_t hidden, float* out, cudaStream_t stream);
 
+// Async scheduling: token_ids[t] = sampled[feed[t]] for every t with feed[t] >= 0 (the ids the
+// previous step sampled, still on the device); other tokens are unchanged. All int32
+// [num_tokens] (sampled: as many as feed's largest entry needs). Capturable. CPU twin:
+// ModelExecutor::ResolveFedTokens (engine/executor.h).
+void FeedSampledTokens(int32_t* token_ids, const int32_t* feed, const int32_t* sampled,
+                       int64_t num_tokens, cudaStream_t stream);
+
 // Fused residual add + RMSNorm, one CTA per output row:
 //   r = rows ? rows[i] : i
 //   if delta:  residual[r, :] += float(delta[r, :])      (written back)

@@ -62,7 +62,8 @@ Request Greedy(std::vector<int> prompt, int max_tokens) {
   return r;
 }
 
-class EngineStepFailureTest : public ::testing::Test {
+// Every test runs with synchronous and with asynchronous scheduling (the parameter).
+class EngineStepFailureTest : public ::testing::TestWithParam<bool> {
  protected:
   static void SetUpTestSuite() {
     model_ = &test::StoriesModel();
@@ -70,6 +71,7 @@ class EngineStepFailureTest : public ::testing::Test {
   }
   // An engine over the CPU backend whose steps fail as `plan` says; injector_ watches it.
   std::unique_ptr<Engine> FaultyEngine(FaultPlan plan, EngineConfig config = {}) {
+    config.async_scheduling = GetParam();
     auto cpu = std::make_unique<CpuExecutor>(*model_, 128, config.block_size);
     auto faulty = std::make_unique<FaultInjectingExecutor>(std::move(cpu), std::move(plan));
     injector_ = faulty.get();
@@ -103,7 +105,7 @@ const Tokenizer* EngineStepFailureTest::tokenizer_ = nullptr;
 
 // A running decode and a new poisoned prompt share the failing step: both end with "error".
 // The requests still waiting then run, and give exactly a fresh engine's tokens.
-TEST_F(EngineStepFailureTest, FailedStepFailsItsRequestsAndTheRestGoOn) {
+TEST_P(EngineStepFailureTest, FailedStepFailsItsRequestsAndTheRestGoOn) {
   for (const auto kind : {FaultPlan::Kind::kRuntimeError, FaultPlan::Kind::kBadAlloc}) {
     auto engine = FaultyEngine({.fail_on_token = kPoison, .kind = kind}, {.max_num_seqs = 2});
     auto decoding = engine->AddRequest(Greedy(Prompt("Once upon a time"), 30));
@@ -150,7 +152,7 @@ TEST_F(EngineStepFailureTest, FailedStepFailsItsRequestsAndTheRestGoOn) {
 // The failed step wrote garbage into its blocks (the injector runs the forward on other
 // token ids, then throws). None of them may be found in the prefix cache: the same prompt
 // again must recompute, and give a fresh engine's tokens and bit-identical logprobs.
-TEST_F(EngineStepFailureTest, PrefixCacheNeverServesTheFailedStepsBlocks) {
+TEST_P(EngineStepFailureTest, PrefixCacheNeverServesTheFailedStepsBlocks) {
   auto engine = FaultyEngine({.fail_steps = {0}});
   std::vector<int> prompt = Prompt(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -181,7 +183,7 @@ TEST_F(EngineStepFailureTest, PrefixCacheNeverServesTheFailedStepsBlocks) {
 
 // Chunked prefill (16 tokens a step): the first two chunks succeed, the third fails. The
 // blocks of the successful chunks hold sound KV and stay cached; the failed chunk's do not.
-TEST_F(EngineStepFailureTest, ChunksComputedBeforeTheFailureStayCached) {
+TEST_P(EngineStepFailureTest, ChunksComputedBeforeTheFailureStayCached) {
   auto engine = FaultyEngine({.fail_steps = {2}}, {.max_num_batched_tokens = 16});
   std::vector<int> prompt = Prompt("One day, a big red ball");
   std::mt19937 rng(3);
@@ -205,7 +207,7 @@ TEST_F(EngineStepFailureTest, ChunksComputedBeforeTheFailureStayCached) {
 
 // n > 1: a failure in the prompt's step (children created for sampling, never started) and
 // one in a decode step (after the fork) both end every completion once, with no leak.
-TEST_F(EngineStepFailureTest, NCompletionsFailTogetherOnce) {
+TEST_P(EngineStepFailureTest, NCompletionsFailTogetherOnce) {
   for (const int64_t failing_step : {0, 3}) {
     auto engine = FaultyEngine({.fail_steps = {failing_step}});
     Request r = Greedy(Prompt("The little dog"), 12);
@@ -230,7 +232,7 @@ TEST_F(EngineStepFailureTest, NCompletionsFailTogetherOnce) {
 
 // A fatal error (a sticky CUDA error): unhealthy at once; every request held fails, new ones
 // are refused with EngineUnavailableError; health listeners run once.
-TEST_F(EngineStepFailureTest, FatalErrorTurnsTheEngineUnhealthy) {
+TEST_P(EngineStepFailureTest, FatalErrorTurnsTheEngineUnhealthy) {
   auto engine = FaultyEngine({.fail_on_token = kPoison, .kind = FaultPlan::Kind::kFatal},
                              {.max_num_seqs = 1});
   std::atomic<int> num_calls{0};
@@ -257,7 +259,7 @@ TEST_F(EngineStepFailureTest, FatalErrorTurnsTheEngineUnhealthy) {
 
 // Non-fatal failures turn the engine unhealthy only when max_consecutive_step_failures steps
 // fail in a row; a successful step in between resets the count.
-TEST_F(EngineStepFailureTest, ConsecutiveFailuresTurnTheEngineUnhealthy) {
+TEST_P(EngineStepFailureTest, ConsecutiveFailuresTurnTheEngineUnhealthy) {
   auto engine = FaultyEngine({.fail_on_token = kPoison}, {.max_consecutive_step_failures = 3});
   auto run = [&](const Request& r) {
     auto ch = engine->AddRequest(r);
@@ -285,7 +287,7 @@ TEST_F(EngineStepFailureTest, ConsecutiveFailuresTurnTheEngineUnhealthy) {
 // two sequences a step. Every channel ends exactly once; a poisoned request always fails,
 // an ordinary one fails only when it shared a step with a poisoned one and otherwise gives
 // a fresh engine's tokens; then a fatal failure seen through a health listener.
-TEST_F(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
+TEST_P(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
   auto engine = FaultyEngine({.fail_on_token = kPoison},
                              {.max_num_seqs = 2, .max_consecutive_step_failures = 0});
   const char* openings[] = {"Once upon a time", "The little dog", "Tom had a", "Lily saw"};
@@ -345,6 +347,11 @@ TEST_F(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
   fatal->Stop();
   ExpectIdle(*fatal);
 }
+
+INSTANTIATE_TEST_SUITE_P(Scheduling, EngineStepFailureTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Async" : "Sync";
+                         });
 
 }  // namespace
 }  // namespace llm

@@ -1,0 +1,131 @@
+// The engine's step pipeline: launching a scheduled step on the executor, and processing its
+// results once they are back (committing its KV, emitting its tokens).
+//
+// Synchronous (the default): schedule N, run N (ForwardAndSample), process N, schedule N+1.
+//
+// Asynchronous (EngineConfig::async_scheduling, vLLM's --async-scheduling): one step stays
+// in flight while the host works. Each Step() does
+//     schedule N+1 ─ launch N+1 ─ wait for N ─ process N (emit, stop checks, finish, free)
+// so the device runs N+1 while this thread processes N and then schedules N+2. To schedule
+// N+1 before N's tokens are known, launching N advances its sequences as if it had run
+// (MarkLaunched): their computed-token counts move on, and every sampled token gets a
+// placeholder (kPendingToken) in Sequence::token_ids. A decode of a placeholder is fed on the
+// device from the previous step's sampled ids (ForwardBatch::prev_sample_rows). Processing N
+// turns the placeholders into tokens, and only then commits N's KV to the prefix cache (a
+// failed step leaves nothing hashed). A sequence that finishes at N was still in N+1: that
+// extra token is never emitted, and the blocks it wrote are freed (vLLM does the same).
+//
+// What still serializes (the step after such a step waits for its tokens: needs_sync):
+//   - samplers with repetition / presence / frequency penalties (the device sampler needs
+//     every previous token to build the penalty entries);
+//   - the step that completes the prompt of an n > 1 request (its children are forked from
+//     the parent's blocks when that step's results are processed).
+// Everything else (greedy, seeded and unseeded sampling, top-k/p, min-p, logit_bias,
+// logprobs, stop tokens and strings, max_tokens, chunked prefill, preemption, prefix caching,
+// aborts, deadlines, failed steps) keeps one step in flight, and gives the same tokens as
+// synchronous scheduling (seeded streams draw one number per step, in order, either way).
+#include <algorithm>
+
+#include "engine/engine.h"
+
+namespace llm {
+
+bool Engine::LaunchStep(SchedulerOutput sched) {
+  const ForwardBatch batch = BuildBatch(sched);
+  InFlightStep step;
+  step.plan = PrepareSampling(sched);
+  try {
+    executor_->CopyBlocks(sched.copies);
+    if (config_.async_scheduling) {
+      step.handle = executor_->Launch(batch, step.plan.tasks);
+    } else {
+      step.results = executor_->ForwardAndSample(batch, step.plan.tasks);
+      step.has_results = true;
+    }
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    // The step before it first (its tokens come before this failure, as when synchronous).
+    while (!in_flight_.empty()) FinishOldestStep();
+    FailStep(sched, error);
+    return false;
+  }
+  step.id = next_step_id_++;
+  step.sched = std::move(sched);
+  MarkLaunched(&step);
+  in_flight_.push_back(std::move(step));
+  return true;
+}
+
+void Engine::MarkLaunched(InFlightStep* step) {
+  for (const ScheduledChunk& c : step->sched.chunks) {
+    c.seq->num_computed_tokens += c.num_tokens;
+    step->computed_after.push_back(c.seq->num_computed_tokens);
+    step->allocations.push_back(c.seq->allocation);
+  }
+  const std::vector<Sequence*>& seqs = step->plan.task_seqs;
+  step->needs_sync = !step->plan.forked.empty();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence* s = seqs[i];
+    s->token_ids.push_back(kPendingToken);
+    ++s->num_pending;
+    s->pending_step = step->id;
+    s->pending_task = static_cast<int32_t>(i);
+    step->needs_sync = step->needs_sync || s->sampler->depends_on_output();
+  }
+}
+
+void Engine::FinishOldestStep() {
+  InFlightStep step = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  std::vector<SampleResult> results;
+  try {
+    results = step.has_results ? std::move(step.results) : executor_->Wait(step.handle);
+  } catch (...) {
+    FailStep(step.sched, std::current_exception());
+    return;
+  }
+  num_consecutive_step_failures_ = 0;
+  CommitComputed(step);
+  Emit(step.plan.task_seqs, results);
+  ++counters_.num_steps;
+}
+
+// Only here, after the step's results are back, does its KV count as computed: MarkComputed
+// offers full blocks to the prefix cache, and a step that throws must leave none of its
+// blocks there (a later request with the same prefix would read what the failed step left).
+// A sequence that finished or was preempted since the launch has no use for that KV.
+void Engine::CommitComputed(const InFlightStep& step) {
+  for (size_t i = 0; i < step.sched.chunks.size(); ++i) {
+    const ScheduledChunk& c = step.sched.chunks[i];
+    if (!c.is_decode) counters_.num_prompt_tokens_computed += c.num_tokens;
+    const Sequence* seq = c.seq;
+    if (seq->status == SeqStatus::kFinished || seq->allocation != step.allocations[i]) continue;
+    blocks_.MarkComputed(seq->id, step.computed_after[i]);
+  }
+  for (Sequence* parent : step.plan.forked) {
+    if (parent->status != SeqStatus::kFinished) StartChildren(parent);
+  }
+}
+
+void Engine::Bury(RequestState* req) {
+  Grave grave;
+  grave.last_step = next_step_id_ - 1;
+  for (const Sequence* s : req->seqs) {
+    auto it = seqs_.find(s->id);
+    grave.seqs.push_back(std::move(it->second));
+    seqs_.erase(it);
+  }
+  auto it = requests_.find(req->request.request_id);
+  grave.request = std::move(it->second);
+  requests_.erase(it);
+  graves_.push_back(std::move(grave));
+}
+
+void Engine::CollectGraves() {
+  while (!graves_.empty() &&
+         (in_flight_.empty() || graves_.front().last_step < in_flight_.front().id)) {
+    graves_.pop_front();
+  }
+}
+
+}  // namespace llm
