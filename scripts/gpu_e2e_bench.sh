@@ -32,7 +32,7 @@ if [ "$PHASE" = tests ]; then
   GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh \
     llm cuda_executor_gpu_test engine_gpu_test gemv_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
-    bench_decode_attention_gpu \
+    bench_decode_attention_gpu cuda_async_gpu_test cuda_step_failure_gpu_test \
     demo_model 2>&1 | tail -30
   tiny=/tmp/tiny_models && mkdir -p $tiny
   for m in hd128 hd64; do
@@ -87,15 +87,23 @@ run latency_7b_b1_cublaslt 150 --model $C7 --num-requests 1 --min-input 128 --ma
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-max-tokens 0
 run latency_7b_b1_no_pdl 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --disable-pdl
+run latency_7b_b1_async 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --async-scheduling
 run latency_8b_b1 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run ttft_8b_2048 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
   --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048
 run decode_8b_256seq 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
   --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup
+run decode_8b_256seq_async 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
+  --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup \
+  --async-scheduling
 run throughput_8b 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
   --max-num-batched-tokens 8192 --temperature 1.0
+run throughput_8b_async 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
+  --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --async-scheduling
 run throughput_8b_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0
