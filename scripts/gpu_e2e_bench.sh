@@ -13,6 +13,8 @@
 #       time to first token (Llama-3-8B, 2,048-token prompt, idle engine), offline throughput
 #       (Llama-3-8B, E2E_REQUESTS x (1,000 prompt + 1,000 output), ignore_eos), decode-heavy
 #       throughput at 256 concurrent sequences (GPU busy fraction), long context (Llama-3.1-8B,
+#       (async scheduling is the cuda default; the *_sync runs are the --no-async-scheduling
+#       baselines, *_cublaslt --gemv-max-tokens 0, *_no_pdl --disable-pdl)
 #       one 131,008-token prompt + 64 tokens); bench/e2e_report.py -> $OUT/e2e-h200.json +
 #       $OUT/e2e-summary.md
 # Every run is bounded by `timeout`; a failed run is recorded and the next goes on.
@@ -87,23 +89,23 @@ run latency_7b_b1_cublaslt 150 --model $C7 --num-requests 1 --min-input 128 --ma
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-max-tokens 0
 run latency_7b_b1_no_pdl 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --disable-pdl
-run latency_7b_b1_async 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
-  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --async-scheduling
+run latency_7b_b1_sync 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --no-async-scheduling
 run latency_8b_b1 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run ttft_8b_2048 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
   --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048
 run decode_8b_256seq 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
   --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup
-run decode_8b_256seq_async 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
+run decode_8b_256seq_sync 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
   --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup \
-  --async-scheduling
+  --no-async-scheduling
 run throughput_8b 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
   --max-num-batched-tokens 8192 --temperature 1.0
-run throughput_8b_async 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
+run throughput_8b_sync 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
-  --max-num-batched-tokens 8192 --temperature 1.0 --async-scheduling
+  --max-num-batched-tokens 8192 --temperature 1.0 --no-async-scheduling
 run throughput_8b_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0

@@ -37,9 +37,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
-  cmd->add_flag("--async-scheduling", async_scheduling,
+  cmd->add_flag("--async-scheduling,!--no-async-scheduling", async_scheduling,
                 "schedule and prepare step N+1 while the model runs step N (same outputs; "
-                "penalties and n > 1 forks still wait for the previous step; off by default)");
+                "penalties and n > 1 forks still wait for the previous step); default: on for "
+                "--device cuda, off on the cpu (where the host runs the model itself)");
   cmd->add_option("--dummy-seed", dummy_seed, "seed of --load-format dummy weights")
       ->capture_default_str();
 }
@@ -138,7 +139,7 @@ Backend SelectBackend(const std::string& model_path, const BackendFlags& f, Engi
 
 Backend MakeBackend(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   Backend b = SelectBackend(model_path, f, engine);
-  engine->async_scheduling = f.async_scheduling;
+  engine->async_scheduling = f.async_scheduling.value_or(b.device == "cuda");
   InjectTestFaults(&b);
   return b;
 }

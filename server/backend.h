@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/engine.h"
@@ -23,7 +24,8 @@ struct BackendFlags {
   bool disable_pdl = false;     // cuda: no programmatic dependent launch
   uint64_t dummy_seed = 0;
   // vLLM's --async-scheduling: schedule step N+1 while step N runs (EngineConfig).
-  bool async_scheduling = false;
+  // Unset: on for cuda (measured: GPU busy 0.94 -> 0.998 at 256 sequences), off for cpu.
+  std::optional<bool> async_scheduling;
 
   void AddTo(CLI::App* cmd);
 };
