@@ -37,10 +37,16 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
-  cmd->add_flag("--async-scheduling,!--no-async-scheduling", async_scheduling,
-                "schedule and prepare step N+1 while the model runs step N (same outputs; "
-                "penalties and n > 1 forks still wait for the previous step); default: on for "
-                "--device cuda, off on the cpu (where the host runs the model itself)");
+  // Two callbacks, not a negatable flag: CLI11 fills an optional<bool> flag with false when
+  // neither spelling is given, and "not given" must mean "the device's default".
+  cmd->add_flag_callback(
+      "--async-scheduling", [this] { async_scheduling = true; },
+      "schedule and prepare step N+1 while the model runs step N (same outputs; penalties and "
+      "n > 1 forks still wait for the previous step); default: on for --device cuda, off on "
+      "the cpu (where the host runs the model itself)");
+  cmd->add_flag_callback(
+      "--no-async-scheduling", [this] { async_scheduling = false; },
+      "schedule step N+1 only after step N's results are processed");
   cmd->add_option("--dummy-seed", dummy_seed, "seed of --load-format dummy weights")
       ->capture_default_str();
 }
