@@ -24,7 +24,7 @@
 // every chunk of x once (the chunks they multiply), reduce, and then multiply.
 // Design: a CTA of 256 threads computes 4 output rows (kSiluMul: 2 gate rows and their 2 up
 // rows), splitting k over all its threads: thread i takes 16-byte chunks i, i + 256, ... of
-// every row, so a 4096-wide row is one 16-byte load per thread per row and the CTA's whole
+// every row, so a 4096-wide row is two 16-byte loads per thread and the CTA's whole
 // share of W (32 KiB) is in flight at once. Longer rows run in stages of 2 chunks per row with
 // the next stage's loads issued before the current one's FMAs (register double buffering).
 // The first stage of weights is loaded before PdlWait() (kernels/cuda/launch.h): under
