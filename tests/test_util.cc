@@ -106,4 +106,14 @@ void ExpectError(const std::function<void()>& fn, const std::vector<std::string>
   ADD_FAILURE() << "did not throw";
 }
 
+Request GreedyRequest(std::vector<int> prompt, int max_tokens, int top_logprobs) {
+  Request r;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  r.sampling.logprobs = top_logprobs;
+  return r;
+}
+
 }  // namespace llm::test

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/request.h"
+
 namespace llm {
 class LlamaModel;
 class Tokenizer;
@@ -41,6 +43,10 @@ const Tokenizer& StoriesTokenizer();
 // tokenizer; `llm make-model --seed 7`, as tests/tools/hf_bf16_tolerance.py measures them),
 // made once per process in a temporary folder.
 std::string TestModelDir(const std::string& name);
+
+// A greedy request with ignore_eos (exactly max_tokens tokens), returning the sampled token's
+// logprob (a bit-exact view of the logits) and `top_logprobs` alternatives per token.
+Request GreedyRequest(std::vector<int> prompt, int max_tokens, int top_logprobs = 0);
 
 // Reads a whole file; writes a whole file.
 std::string ReadFile(const std::filesystem::path& path);

@@ -85,16 +85,6 @@ void ExpectSame(const Collected& a, const Collected& b, const std::string& what)
   EXPECT_EQ(a.usage.prompt_tokens, b.usage.prompt_tokens) << what;
 }
 
-Request Greedy(std::vector<int> prompt, int max_tokens) {
-  Request r;
-  r.prompt_ids = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  r.sampling.logprobs = 0;  // the sampled token's logprob: a bit-exact view of the logits
-  return r;
-}
-
 // Prompts of mixed lengths: story openings plus random token ids.
 std::vector<std::vector<int>> MixedPrompts(const Tokenizer& tok, int count, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -301,7 +291,8 @@ TEST_F(EngineAsyncTest, GreedyUnderChunkingAndPreemptionMatchesSync) {
   std::vector<Request> requests;
   std::mt19937 rng(5);
   for (auto& p : MixedPrompts(*tokenizer_, test::Scaled(48, 12), 11)) {
-    requests.push_back(Greedy(std::move(p), std::uniform_int_distribution<int>(5, 60)(rng)));
+    requests.push_back(
+        test::GreedyRequest(std::move(p), std::uniform_int_distribution<int>(5, 60)(rng)));
   }
   EngineConfig config = kTight;
   if (test::IsSmallScale()) config.num_kv_blocks = 24;  // fewer requests: a smaller pool
@@ -349,7 +340,7 @@ TEST_F(EngineAsyncTest, PenaltiesMatchSync) {
   std::vector<Request> requests;
   int i = 0;
   for (auto& p : MixedPrompts(*tokenizer_, test::Scaled(16, 6), 13)) {
-    Request r = Greedy(std::move(p), 30);
+    Request r = test::GreedyRequest(std::move(p), 30);
     r.sampling.temperature = i % 2 == 0 ? 0.8 : 0.0;
     r.sampling.seed = static_cast<uint64_t>(i);
     if (i % 3 == 0) r.sampling.repetition_penalty = 1.3;
@@ -365,7 +356,7 @@ TEST_F(EngineAsyncTest, NCompletionsMatchSync) {
   std::vector<Request> requests;
   int i = 0;
   for (auto& p : MixedPrompts(*tokenizer_, 10, 14)) {
-    Request r = Greedy(std::move(p), 20);
+    Request r = test::GreedyRequest(std::move(p), 20);
     r.sampling.n = 1 + i % 3;
     r.sampling.temperature = i % 2 == 0 ? 1.0 : 0.0;
     r.sampling.seed = static_cast<uint64_t>(i);
@@ -384,10 +375,10 @@ TEST_F(EngineAsyncTest, PrefixCacheHitsMatchSync) {
   for (const bool is_async : {false, true}) {
     EngineConfig config{.num_kv_blocks = 256, .async_scheduling = is_async};
     Engine engine(*model_, *tokenizer_, config);
-    auto first = engine.AddRequest(Greedy(prompt, 20));
+    auto first = engine.AddRequest(test::GreedyRequest(prompt, 20));
     engine.RunUntilIdle();
     const Collected a = Drain(*first, 1);
-    auto second = engine.AddRequest(Greedy(prompt, 20));
+    auto second = engine.AddRequest(test::GreedyRequest(prompt, 20));
     engine.RunUntilIdle();
     const Collected b = Drain(*second, 1);
     ExpectSame(b, a, is_async ? "async" : "sync");
@@ -400,7 +391,7 @@ TEST_F(EngineAsyncTest, PrefixCacheHitsMatchSync) {
 TEST_F(EngineAsyncTest, NextStepIsLaunchedBeforeThePreviousResultsAreConsumed) {
   std::vector<Request> requests;
   for (const char* p : {"Once upon a time", "The little dog", "Tom had a", "Lily saw"}) {
-    requests.push_back(Greedy(tokenizer_->EncodePrompt(p), 16));
+    requests.push_back(test::GreedyRequest(tokenizer_->EncodePrompt(p), 16));
   }
   const EngineConfig config{.num_kv_blocks = 64};
   OverlapCounts counts;
@@ -420,8 +411,8 @@ TEST_F(EngineAsyncTest, NextStepIsLaunchedBeforeThePreviousResultsAreConsumed) {
 // extra token of the step in flight is never emitted, every block is freed, and a request
 // running beside it is untouched.
 TEST_F(EngineAsyncTest, AbortMidStreamFreesEverything) {
-  const Request other = Greedy(tokenizer_->EncodePrompt("Tom had a"), 30);
-  Request slow = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 60);
+  const Request other = test::GreedyRequest(tokenizer_->EncodePrompt("Tom had a"), 30);
+  Request slow = test::GreedyRequest(tokenizer_->EncodePrompt("Once upon a time"), 60);
   slow.request_id = "cancel-me";
   const std::vector<Collected> full = RunAll({slow, other}, {.num_kv_blocks = 64}, false);
   for (const int steps_before : {1, 2, 3, 7}) {
@@ -445,7 +436,7 @@ TEST_F(EngineAsyncTest, AbortMidStreamFreesEverything) {
 // A deadline that passes while a step is in flight ends the request like an abort.
 TEST_F(EngineAsyncTest, DeadlineWhileInFlight) {
   Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .async_scheduling = true});
-  Request r = Greedy(tokenizer_->EncodePrompt("Once upon a time"), 400);
+  Request r = test::GreedyRequest(tokenizer_->EncodePrompt("Once upon a time"), 400);
   r.deadline = Clock::now() + std::chrono::milliseconds(30);
   auto ch = engine.AddRequest(r);
   engine.RunUntilIdle();
@@ -460,14 +451,14 @@ TEST_F(EngineAsyncTest, FailureAtWaitFailsOnlyThatStepsRequests) {
   const std::vector<int> prompt = tokenizer_->EncodePrompt(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park with her friends.");
-  const Request later = Greedy(tokenizer_->EncodePrompt("Tom had a"), 12);
-  const std::vector<Collected> fresh = RunAll({Greedy(prompt, 16), later}, {.num_kv_blocks = 64},
-                                              false);
+  const Request later = test::GreedyRequest(tokenizer_->EncodePrompt("Tom had a"), 12);
+  const std::vector<Collected> fresh =
+      RunAll({test::GreedyRequest(prompt, 16), later}, {.num_kv_blocks = 64}, false);
   for (const int64_t failing : {0, 1, 4}) {
     EngineConfig config{.num_kv_blocks = 64, .max_num_seqs = 1, .async_scheduling = true};
     auto executor = std::make_unique<WaitFailingExecutor>(Cpu(config), std::vector{failing});
     Engine engine(std::move(executor), *tokenizer_, config);
-    auto failed = engine.AddRequest(Greedy(prompt, 16));
+    auto failed = engine.AddRequest(test::GreedyRequest(prompt, 16));
     auto waiting = engine.AddRequest(later);
     engine.RunUntilIdle();
     const Collected f = Drain(*failed, 1);
@@ -483,7 +474,7 @@ TEST_F(EngineAsyncTest, FailureAtWaitFailsOnlyThatStepsRequests) {
     EXPECT_EQ(s.num_free_kv_blocks, s.num_kv_blocks);
     // The failed prompt again: recomputed (or served from blocks of steps that succeeded),
     // with the fresh tokens.
-    auto again = engine.AddRequest(Greedy(prompt, 16));
+    auto again = engine.AddRequest(test::GreedyRequest(prompt, 16));
     engine.RunUntilIdle();
     const Collected a = Drain(*again, 1);
     ExpectSame(a, fresh[0], "the prompt again");
@@ -496,7 +487,9 @@ TEST_F(EngineAsyncTest, FailureAtWaitFailsOnlyThatStepsRequests) {
 // The engine thread with producers, in async mode: every channel ends exactly once, and no
 // block leaks (the soak of engine_test.cc, smaller, with the overlap executor's thread).
 TEST_F(EngineAsyncTest, SoakWithEngineThread) {
-  EngineConfig config{.num_kv_blocks = 40, .max_num_batched_tokens = 128, .max_num_seqs = 24,
+  EngineConfig config{.num_kv_blocks = 40,
+                      .max_num_batched_tokens = 128,
+                      .max_num_seqs = 24,
                       .async_scheduling = true};
   Engine engine(std::make_unique<OverlapExecutor>(Cpu(config)), *tokenizer_, config);
   engine.Start();

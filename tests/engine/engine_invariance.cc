@@ -10,6 +10,8 @@
 #include <limits>
 #include <random>
 
+#include "tests/test_util.h"
+
 namespace llm::test {
 
 Collected Drain(OutputChannel& channel, int n) {
@@ -36,13 +38,7 @@ Collected Drain(OutputChannel& channel, int n) {
 }
 
 Request Greedy(std::vector<int> prompt, int max_tokens) {
-  Request r;
-  r.prompt_ids = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  r.sampling.logprobs = kNumTopLogprobs;  // the logits' bit-exact view, and the near-ties
-  return r;
+  return GreedyRequest(std::move(prompt), max_tokens, kNumTopLogprobs);  // + the near-ties
 }
 
 std::vector<Request> MixedRequests(const Tokenizer& tokenizer, int count) {

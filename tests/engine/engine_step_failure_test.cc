@@ -52,16 +52,6 @@ Collected Drain(OutputChannel& channel, int n = 1) {
   return c;
 }
 
-Request Greedy(std::vector<int> prompt, int max_tokens) {
-  Request r;
-  r.prompt_ids = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  r.sampling.logprobs = 0;  // the sampled token's logprob: a bit-exact view of the logits
-  return r;
-}
-
 // Every test runs with synchronous and with asynchronous scheduling (the parameter).
 class EngineStepFailureTest : public ::testing::TestWithParam<bool> {
  protected:
@@ -108,12 +98,12 @@ const Tokenizer* EngineStepFailureTest::tokenizer_ = nullptr;
 TEST_P(EngineStepFailureTest, FailedStepFailsItsRequestsAndTheRestGoOn) {
   for (const auto kind : {FaultPlan::Kind::kRuntimeError, FaultPlan::Kind::kBadAlloc}) {
     auto engine = FaultyEngine({.fail_on_token = kPoison, .kind = kind}, {.max_num_seqs = 2});
-    auto decoding = engine->AddRequest(Greedy(Prompt("Once upon a time"), 30));
+    auto decoding = engine->AddRequest(test::GreedyRequest(Prompt("Once upon a time"), 30));
     ASSERT_TRUE(engine->Step());
     ASSERT_TRUE(engine->Step());  // decoding
-    auto poisoned = engine->AddRequest(Greedy(Poisoned("The little dog"), 10));
-    const Request waiting_a = Greedy(Prompt("Tom had a"), 20);
-    const Request waiting_b = Greedy(Prompt("Lily and Ben went to the"), 20);
+    auto poisoned = engine->AddRequest(test::GreedyRequest(Poisoned("The little dog"), 10));
+    const Request waiting_a = test::GreedyRequest(Prompt("Tom had a"), 20);
+    const Request waiting_b = test::GreedyRequest(Prompt("Lily and Ben went to the"), 20);
     auto a = engine->AddRequest(waiting_a);
     auto b = engine->AddRequest(waiting_b);
     ASSERT_TRUE(engine->Step());  // the decode + the poisoned prompt (max_num_seqs 2): fails
@@ -158,22 +148,22 @@ TEST_P(EngineStepFailureTest, PrefixCacheNeverServesTheFailedStepsBlocks) {
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park with her friends.");
   ASSERT_GE(std::ssize(prompt), 33) << "at least two full blocks before the last token";
-  auto failed = engine->AddRequest(Greedy(prompt, 16));
+  auto failed = engine->AddRequest(test::GreedyRequest(prompt, 16));
   engine->RunUntilIdle();
   EXPECT_EQ(Drain(*failed).finish[0], FinishReason::kError);
   EXPECT_EQ(engine->Stats().num_cached_kv_blocks, 0) << "a failed step's block was hashed";
   ExpectIdle(*engine);
 
-  auto again = engine->AddRequest(Greedy(prompt, 16));
+  auto again = engine->AddRequest(test::GreedyRequest(prompt, 16));
   engine->RunUntilIdle();
   const Collected c = Drain(*again);
-  const Collected fresh = Fresh(Greedy(prompt, 16));
+  const Collected fresh = Fresh(test::GreedyRequest(prompt, 16));
   EXPECT_EQ(c.finish[0], FinishReason::kLength);
   EXPECT_EQ(c.usage.cached_prompt_tokens, 0);
   EXPECT_EQ(c.tokens, fresh.tokens);
   EXPECT_EQ(c.logprobs, fresh.logprobs);
   // Now that a step computed them, the prompt's blocks are cached and serve a third request.
-  auto third = engine->AddRequest(Greedy(prompt, 16));
+  auto third = engine->AddRequest(test::GreedyRequest(prompt, 16));
   engine->RunUntilIdle();
   const Collected t = Drain(*third);
   EXPECT_EQ(t.usage.cached_prompt_tokens, (std::ssize(prompt) - 1) / 16 * 16);
@@ -190,15 +180,15 @@ TEST_P(EngineStepFailureTest, ChunksComputedBeforeTheFailureStayCached) {
   while (std::ssize(prompt) < 60) {
     prompt.push_back(std::uniform_int_distribution<int>(300, 511)(rng));
   }
-  auto failed = engine->AddRequest(Greedy(prompt, 8));
+  auto failed = engine->AddRequest(test::GreedyRequest(prompt, 8));
   engine->RunUntilIdle();
   EXPECT_EQ(Drain(*failed).finish[0], FinishReason::kError);
   EXPECT_EQ(engine->Stats().num_cached_kv_blocks, 2);
   ExpectIdle(*engine);
-  auto again = engine->AddRequest(Greedy(prompt, 8));
+  auto again = engine->AddRequest(test::GreedyRequest(prompt, 8));
   engine->RunUntilIdle();
   const Collected c = Drain(*again);
-  const Collected fresh = Fresh(Greedy(prompt, 8));
+  const Collected fresh = Fresh(test::GreedyRequest(prompt, 8));
   EXPECT_EQ(c.usage.cached_prompt_tokens, 32) << "the two chunks that succeeded are reused";
   EXPECT_EQ(c.tokens, fresh.tokens);
   EXPECT_EQ(c.logprobs, fresh.logprobs);
@@ -210,7 +200,7 @@ TEST_P(EngineStepFailureTest, ChunksComputedBeforeTheFailureStayCached) {
 TEST_P(EngineStepFailureTest, NCompletionsFailTogetherOnce) {
   for (const int64_t failing_step : {0, 3}) {
     auto engine = FaultyEngine({.fail_steps = {failing_step}});
-    Request r = Greedy(Prompt("The little dog"), 12);
+    Request r = test::GreedyRequest(Prompt("The little dog"), 12);
     r.sampling.n = 3;
     r.sampling.temperature = 1.0;
     r.sampling.seed = 5;
@@ -237,8 +227,8 @@ TEST_P(EngineStepFailureTest, FatalErrorTurnsTheEngineUnhealthy) {
                              {.max_num_seqs = 1});
   std::atomic<int> num_calls{0};
   const int handle = engine->AddHealthListener([&] { ++num_calls; });
-  auto poisoned = engine->AddRequest(Greedy(Poisoned("Once upon a time"), 10));
-  auto waiting = engine->AddRequest(Greedy(Prompt("Tom had a"), 10));
+  auto poisoned = engine->AddRequest(test::GreedyRequest(Poisoned("Once upon a time"), 10));
+  auto waiting = engine->AddRequest(test::GreedyRequest(Prompt("Tom had a"), 10));
   engine->RunUntilIdle();
   EXPECT_EQ(Drain(*poisoned).finish[0], FinishReason::kError);
   const Collected w = Drain(*waiting);
@@ -249,7 +239,8 @@ TEST_P(EngineStepFailureTest, FatalErrorTurnsTheEngineUnhealthy) {
   EXPECT_FALSE(engine->Stats().is_healthy);
   EXPECT_EQ(engine->Stats().num_failed_requests, 2);
   EXPECT_EQ(num_calls.load(), 1);
-  EXPECT_THROW(engine->AddRequest(Greedy(Prompt("Tom had a"), 10)), EngineUnavailableError);
+  EXPECT_THROW(engine->AddRequest(test::GreedyRequest(Prompt("Tom had a"), 10)),
+               EngineUnavailableError);
   ExpectIdle(*engine);
   std::atomic<int> late_calls{0};
   engine->RemoveHealthListener(engine->AddHealthListener([&] { ++late_calls; }));
@@ -266,8 +257,8 @@ TEST_P(EngineStepFailureTest, ConsecutiveFailuresTurnTheEngineUnhealthy) {
     engine->RunUntilIdle();
     return Drain(*ch).finish[0];
   };
-  const Request bad = Greedy(Poisoned("Once upon a time"), 4);
-  const Request good = Greedy(Prompt("Tom had a"), 4);
+  const Request bad = test::GreedyRequest(Poisoned("Once upon a time"), 4);
+  const Request good = test::GreedyRequest(Prompt("Tom had a"), 4);
   EXPECT_EQ(run(bad), FinishReason::kError);
   EXPECT_EQ(run(bad), FinishReason::kError);
   EXPECT_EQ(run(good), FinishReason::kLength);  // resets the count
@@ -292,15 +283,15 @@ TEST_P(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
                              {.max_num_seqs = 2, .max_consecutive_step_failures = 0});
   const char* openings[] = {"Once upon a time", "The little dog", "Tom had a", "Lily saw"};
   std::vector<Collected> fresh;
-  for (const char* o : openings) fresh.push_back(Fresh(Greedy(Prompt(o), 12)));
+  for (const char* o : openings) fresh.push_back(Fresh(test::GreedyRequest(Prompt(o), 12)));
   engine->Start();
   const int num_requests = test::Scaled(120, 40);
   std::vector<std::shared_ptr<OutputChannel>> channels(static_cast<size_t>(num_requests));
   auto producer = [&](int begin, int end) {
     for (int i = begin; i < end; ++i) {
       const char* opening = openings[i % 4];
-      channels[static_cast<size_t>(i)] =
-          engine->AddRequest(Greedy(i % 10 == 0 ? Poisoned(opening) : Prompt(opening), 12));
+      channels[static_cast<size_t>(i)] = engine->AddRequest(
+          test::GreedyRequest(i % 10 == 0 ? Poisoned(opening) : Prompt(opening), 12));
     }
   };
   std::thread a(producer, 0, num_requests / 2), b(producer, num_requests / 2, num_requests);
@@ -335,14 +326,15 @@ TEST_P(EngineStepFailureTest, EngineThreadSurvivesFailuresUnderLoad) {
     cv.notify_all();
   });
   fatal->Start();
-  auto ch = fatal->AddRequest(Greedy(Poisoned("Once upon a time"), 8));
+  auto ch = fatal->AddRequest(test::GreedyRequest(Poisoned("Once upon a time"), 8));
   {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return is_notified; }));
   }
   EXPECT_EQ(Drain(*ch).finish[0], FinishReason::kError);
   EXPECT_FALSE(fatal->IsHealthy());
-  EXPECT_THROW(fatal->AddRequest(Greedy(Prompt("Tom had a"), 4)), EngineUnavailableError);
+  EXPECT_THROW(fatal->AddRequest(test::GreedyRequest(Prompt("Tom had a"), 4)),
+               EngineUnavailableError);
   fatal->RemoveHealthListener(handle);
   fatal->Stop();
   ExpectIdle(*fatal);
