@@ -56,6 +56,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/vec.cuh"
 #include "kernels/online_softmax.h"
 
 namespace llm::cuda {
@@ -177,14 +178,6 @@ __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
   } else {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
   }
 }
 
@@ -473,7 +466,7 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
       const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
       if (a.num_splits == 1) {
         const float inv_l = l_cta > 0.f ? 1.f / l_cta : 0.f;  // OnlineSoftmax::Finalize
-        static_cast<T*>(a.out)[head * D + d] = FromFloat<T>(acc * inv_l);
+        static_cast<T*>(a.out)[head * D + d] = vec::FromF32<T>(acc * inv_l);
       } else {
         const int64_t part = head * a.num_splits + split;
         a.part_acc[part * D + d] = acc;

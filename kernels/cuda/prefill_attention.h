@@ -92,21 +92,13 @@ void LaunchPrefillWgmma(const PrefillArgs& a, cudaStream_t stream);
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/vec.cuh"
+
 // Device helpers shared by the rungs (CUDA translation units only).
 namespace llm::cuda::detail {
 
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
+using vec::FromF32;  // bf16 / fp16 <-> fp32 (kernels/cuda/vec.cuh)
+using vec::ToF32;
 // 2^x by one MUFU.EX2 (flush-to-zero: results below 2^-126 become 0, far below the
 // softmax's rounding; 2^-inf = 0).
 __device__ __forceinline__ float FastExp2(float x) {

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
   float qv[Tr::kMaxDimsPerLane], acc[Tr::kMaxDimsPerLane];
 #pragma unroll
   for (int i = 0; i < Tr::kMaxDimsPerLane; ++i) {
-    qv[i] = has(i) ? ToFloat(q[lane + 32 * i]) : 0.f;
+    qv[i] = has(i) ? ToF32(q[lane + 32 * i]) : 0.f;
     acc[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-      if (has(i)) dot = fmaf(qv[i], ToFloat(kp[off + lane + 32 * i]), dot);
+      if (has(i)) dot = fmaf(qv[i], ToF32(kp[off + lane + 32 * i]), dot);
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
     const float s2 = dot * a.scale_log2;  // log2-domain score
@@ -57,14 +57,14 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
     l = l * alpha + p;
 #pragma unroll
     for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-      if (has(i)) acc[i] = fmaf(p, ToFloat(vp[off + lane + 32 * i]), acc[i] * alpha);
+      if (has(i)) acc[i] = fmaf(p, ToF32(vp[off + lane + 32 * i]), acc[i] * alpha);
     m = m_new;
   }
   T* out = static_cast<T*>(a.out) + (int64_t(c.q_start + r) * a.num_heads + c.head) * hd;
   const float inv_l = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
   for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-    if (has(i)) out[lane + 32 * i] = FromFloat<T>(acc[i] * inv_l);
+    if (has(i)) out[lane + 32 * i] = FromF32<T>(acc[i] * inv_l);
 }
 
 }  // namespace

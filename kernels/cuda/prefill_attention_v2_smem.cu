@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(SmemTraits::kThreads) PrefillSmemKernel(Prefil
     const int qr = i / hd, d = i % hd;
     sQ[qr * Tr::kPad + d] =
         c.q0 + qr < c.q_len
-            ? ToFloat(q[(int64_t(c.q_start + c.q0 + qr) * a.num_heads + c.head) * hd + d])
+            ? ToF32(q[(int64_t(c.q_start + c.q0 + qr) * a.num_heads + c.head) * hd + d])
             : 0.f;
   }
   float acc[Tr::kMaxDimsPerThread];
@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(SmemTraits::kThreads) PrefillSmemKernel(Prefil
       float kv = 0.f, vv = 0.f;  // keys past the sequence: zeros (stale slots may hold NaN)
       if (key < c.num_keys) {
         const int64_t off = KvRowOffset(a, table, key, c.kv_head) + d;
-        kv = ToFloat(kp[off]);
-        vv = ToFloat(vp[off]);
+        kv = ToF32(kp[off]);
+        vv = ToF32(vp[off]);
       }
       sK[kr * Tr::kPad + d] = kv;
       sV[kr * Tr::kMaxHd + d] = vv;
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(SmemTraits::kThreads) PrefillSmemKernel(Prefil
 #pragma unroll
   for (int i = 0; i < Tr::kMaxDimsPerThread; ++i)
     if (sub + Tr::kThreadsPerRow * i < hd)
-      out[sub + Tr::kThreadsPerRow * i] = FromFloat<T>(acc[i] * inv_l);
+      out[sub + Tr::kThreadsPerRow * i] = FromF32<T>(acc[i] * inv_l);
 }
 
 template <typename T>
