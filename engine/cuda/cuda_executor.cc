@@ -622,23 +622,25 @@ struct CudaExecutor::Impl {
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
       const Layer& l = layers[size_t(i)];
-      if (small && config.head_dim % 4 == 0) {  // q|k|v, RoPE and the KV append in 1 kernel
-        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-        cuda::GemvArgs g =
-            SmallArgs(E::kRopeAppendKv, normed, nullptr, l.qkv, q, n, qkv_dim, hidden);
+      // Small steps: q|k|v, RoPE and the KV append in one GEMV where it takes the head layout.
+      cuda::GemvArgs rope =
+          SmallArgs(E::kRopeAppendKv, normed, nullptr, l.qkv, q, n, qkv_dim, hidden);
+      if (small) {
         const PagedKvView<void> kv = Kv(i);
-        g.rope.positions = d_positions;
-        g.rope.slot_mapping = d_slots;
-        g.rope.inv_freq = inv_freq;
-        g.rope.num_heads = int(config.num_heads);
-        g.rope.num_kv_heads = int(config.num_kv_heads);
-        g.rope.head_dim = int(config.head_dim);
-        g.rope.layout = kv.layout;
-        g.rope.k_cache = kv.k;
-        g.rope.v_cache = kv.v;
-        cuda::Gemv(g, stream);
+        rope.rope = {.positions = d_positions,
+                     .slot_mapping = d_slots,
+                     .inv_freq = inv_freq,
+                     .num_heads = int(config.num_heads),
+                     .num_kv_heads = int(config.num_kv_heads),
+                     .head_dim = int(config.head_dim),
+                     .layout = kv.layout,
+                     .k_cache = kv.k,
+                     .v_cache = kv.v};
+      }
+      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      if (small && cuda::GemvSupports(rope)) {
+        cuda::Gemv(rope, stream);
       } else {
-        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         if (small) {
           SmallLinear(E::kStore, normed, nullptr, l.qkv, qkv, n, qkv_dim, hidden);
         } else {
@@ -1113,8 +1115,8 @@ namespace {
     what = e.what();
   } catch (...) {
   }
-  throw FatalExecutorError(what + " (the CUDA context is unusable: " +
-                           cudaGetErrorString(sticky) + ")");
+  throw FatalExecutorError(what + " (the CUDA context is unusable: " + cudaGetErrorString(sticky) +
+                           ")");
 }
 
 }  // namespace
@@ -1161,8 +1163,7 @@ std::vector<SampleResult> CudaExecutor::ForwardAndSample(const ForwardBatch& bat
   LLM_CUDA_CHECK(cudaEventRecord(m.out[0].start, m.stream));
   m.Run(batch);
   std::vector<SampleResult> results = m.Sample(tasks, m.out[0]);
-  m.FinishTiming(m.out[0],
-                 std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  m.FinishTiming(m.out[0], std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   return results;
 } catch (...) {
   RethrowClassifyingCudaErrors();
