@@ -1,5 +1,6 @@
 // Element conversions and 16-byte vector accesses shared by the CUDA kernels of kernels/cuda
-// (model_ops.cu, gemv.cu): bf16 / fp16 <-> fp32, rounding to nearest even.
+// (model_ops.cu, gemv.cu, the attention kernels): bf16 / fp16 <-> fp32, rounding to nearest
+// even.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -437,7 +437,9 @@ TEST_F(EngineAsyncTest, AbortMidStreamFreesEverything) {
 TEST_F(EngineAsyncTest, DeadlineWhileInFlight) {
   Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .async_scheduling = true});
   Request r = test::GreedyRequest(tokenizer_->EncodePrompt("Once upon a time"), 400);
-  r.deadline = Clock::now() + std::chrono::milliseconds(30);
+  // 2 ms: well inside the 400 tokens (stories260K can produce them in under 30 ms on an idle
+  // machine, which made a 30 ms deadline flaky), and past the first step's launch.
+  r.deadline = Clock::now() + std::chrono::milliseconds(2);
   auto ch = engine.AddRequest(r);
   engine.RunUntilIdle();
   EXPECT_EQ(Drain(*ch, 1).finish[0], FinishReason::kTimeout);
