@@ -19,8 +19,13 @@ shared=$(pwd)/.shared
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   cmake --version | head -1; nvcc --version | tail -1
 } 2>&1 | tee "$OUT/env.txt"
+# NCCL (tensor parallelism): the CUDA toolkit's, else the one in PyTorch's nvidia-nccl wheel.
+nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+echo "NCCL wheel: ${nccl_root:-none}; toolkit: $(ls /usr/local/cuda/lib*/libnccl.so* 2>/dev/null | head -1)" \
+  >> "$OUT/env.txt"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt/deps/usr \
   -DProtobuf_PROTOC_EXECUTABLE=/opt/deps/usr/bin/protoc -DLLM_SHARED_DIR="$shared" \
+  -DLLM_NCCL_ROOT="$nccl_root" \
   > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build -- "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' -A5 "$OUT/build.log" | head -60; exit 1; }
 # GPU_TEST_REGEX narrows the GPU tests (ctest -R); GPU_POST runs afterwards (e.g. a bench).

@@ -49,6 +49,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       "schedule step N+1 only after step N's results are processed");
   cmd->add_option("--dummy-seed", dummy_seed, "seed of --load-format dummy weights")
       ->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", tensor_parallel_size,
+                  "cuda: split the model over GPUs 0..N-1 (Megatron-style, NCCL all-reduce); "
+                  "N must divide the attention heads, KV heads and intermediate size")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
 }
 
 bool CudaDevicePresent() {
@@ -63,6 +68,7 @@ namespace {
 
 Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   if (f.load_format == "dummy") throw Error("--load-format dummy needs --device cuda");
+  if (f.tensor_parallel_size > 1) throw Error("--tensor-parallel-size needs --device cuda");
   Backend b;
   LoadOptions load;
   if (f.dtype == "f32") load.weight_dtype = DType::kF32;
@@ -90,6 +96,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;
+  o.tensor_parallel_size = f.tensor_parallel_size;
   Backend b;
   b.executor = CudaExecutor::Create(model_path, o);
   b.device = "cuda";

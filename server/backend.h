@@ -1,6 +1,6 @@
 // Choosing and building the model backend for `llm serve`, `llm bench` and `llm generate`:
 // --device cpu|cuda|auto, --dtype, --load-format auto|dummy, --gpu-memory-utilization,
-// --enforce-eager, --async-scheduling (vLLM's names). The result is a ModelExecutor for the Engine.
+// --enforce-eager, --async-scheduling, --tensor-parallel-size (vLLM's names). The result is a ModelExecutor for the Engine.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -23,6 +23,7 @@ struct BackendFlags {
   int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the GEMV kernel
   bool disable_pdl = false;     // cuda: no programmatic dependent launch
   uint64_t dummy_seed = 0;
+  int tensor_parallel_size = 1;  // cuda: GPUs 0..N-1, one shard each over NCCL
   // vLLM's --async-scheduling: schedule step N+1 while step N runs (EngineConfig).
   // Unset: on for cuda (measured: GPU busy 0.94 -> 0.998 at 256 sequences), off for cpu.
   std::optional<bool> async_scheduling;

@@ -8,17 +8,29 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <tuple>
+
+#if defined(LLM_HAS_NCCL)
+#include <nccl.h>
+#endif
 
 #include "engine/checkpoint_check.h"
 #include "engine/cuda/gemm.h"
 #include "engine/error.h"
 #include "engine/json_file.h"
 #include "engine/safetensors.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
@@ -86,6 +98,19 @@ struct Pinned {
   ~Pinned() { Free(); }
 };
 
+#if defined(LLM_HAS_NCCL)
+#define LLM_NCCL_CHECK(expr)                                                              \
+  do {                                                                                    \
+    ncclResult_t llm_nccl_ = (expr);                                                      \
+    if (llm_nccl_ != ncclSuccess) {                                                       \
+      throw Error(std::string("NCCL: ") + #expr + ": " + ncclGetErrorString(llm_nccl_)); \
+    }                                                                                     \
+  } while (0)
+using NcclComm = ncclComm_t;
+#else
+using NcclComm = void*;
+#endif
+
 }  // namespace
 
 struct CudaExecutor::Impl {
@@ -99,7 +124,22 @@ struct CudaExecutor::Impl {
   int64_t allocated_bytes = 0;
   std::string device_name;
 
-  // Sizes.
+  // Tensor parallelism: this Impl is rank `shard.rank` of shard.size, on GPU `device`.
+  TensorParallelShard shard;
+  int device = 0;
+  NcclComm comm = nullptr;
+  struct Peer;  // another rank and the worker thread that drives it (rank 0 only)
+  std::vector<std::unique_ptr<Peer>> peers;
+  bool drive_peers = false;  // rank 0 hands every step to the peers (after start-up)
+  bool comms_aborted = false;
+  int64_t kv_budget_blocks = 0;  // what this GPU's memory holds (Setup)
+
+  void Configure(const ModelConfig& c, const CudaExecutorOptions& options, int rank, int world);
+  void Setup(const std::string& model_path);
+  void Finish(int64_t num_blocks);
+
+  // Sizes (this rank's: heads, q_dim, kv_dim, qkv_dim and inter are its shard's).
+  int64_t heads = 0, kv_heads = 0;
   int64_t hidden = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0, vocab = 0;
   int64_t max_tokens = 0, max_seqs = 0, max_rows = 0, table_cap = 0;
   bool decode_kernel_ok = true;  // head_dim 64 / 128
@@ -161,6 +201,7 @@ struct CudaExecutor::Impl {
   int32_t* d_feed = nullptr;
   Pinned<int32_t> h_feed;
   cudaEvent_t ev_inputs = nullptr;
+  cudaEvent_t ev_sync = nullptr;  // SyncStream's
   struct PendingStep {
     int64_t id = 0;
     int slot = 0;
@@ -186,9 +227,16 @@ struct CudaExecutor::Impl {
     bool has_feed = false;  // some tokens come from the previous step's sampled ids
   };
 
-  ~Impl() {
+  ~Impl();
+  void StopPeers();
+  // Frees everything this rank holds, on its GPU (idempotent; the caller's device is kept).
+  void Release() {
+    int caller_device = 0;
+    cudaGetDevice(&caller_device);
+    cudaSetDevice(device);
     if (stream) cudaStreamSynchronize(stream);  // a launched step may still use the buffers
     for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
+    graphs.clear();
     gemm.reset();
     for (void* p : allocations) cudaFree(p);
     for (OutSlot& o : out) {
@@ -196,7 +244,18 @@ struct CudaExecutor::Impl {
       if (o.stop) cudaEventDestroy(o.stop);
     }
     if (ev_inputs) cudaEventDestroy(ev_inputs);
+    if (ev_sync) cudaEventDestroy(ev_sync);
+    ev_sync = nullptr;
+#if defined(LLM_HAS_NCCL)
+    if (comm) ncclCommDestroy(comm);
+#endif
+    comm = nullptr;
     if (stream) cudaStreamDestroy(stream);
+    stream = nullptr;
+    allocations.clear();
+    for (OutSlot& o : out) o.start = o.stop = nullptr;
+    ev_inputs = nullptr;
+    cudaSetDevice(caller_device);
   }
 
   template <typename T = void>
@@ -214,7 +273,12 @@ struct CudaExecutor::Impl {
   }
 
   void Log(const std::string& line) const {
-    if (opt.log) std::fprintf(stderr, "[cuda] %s\n", line.c_str());
+    if (!opt.log) return;
+    if (shard.size > 1) {
+      std::fprintf(stderr, "[cuda %d/%d] %s\n", shard.rank, shard.size, line.c_str());
+    } else {
+      std::fprintf(stderr, "[cuda] %s\n", line.c_str());
+    }
   }
 
   // ---- weights -----------------------------------------------------------------------
@@ -242,6 +306,26 @@ struct CudaExecutor::Impl {
         h[size_t(i)] = to == DType::kBF16 ? F32ToBf16(f[size_t(i)]) : F32ToF16(f[size_t(i)]);
       LLM_CUDA_CHECK(cudaMemcpy(out, h.data(), size_t(len) * 2, cudaMemcpyHostToDevice));
     }
+  }
+
+  // Uploads `slice` of a checkpoint matrix with `cols` columns (the whole tensor at N = 1).
+  void UploadSlice(const TensorView& t, int64_t cols, const TpSlice& sl, DType to, void* dst) {
+    const int64_t count = sl.num_rows * sl.num_cols;
+    if (count == t.num_elements()) return Upload(t, count, to, dst);
+    const size_t es = DTypeSize(t.dtype);
+    if (t.dtype == to) {
+      LLM_CUDA_CHECK(cudaMemcpy2D(dst, size_t(sl.num_cols) * es,
+                                  t.data + (size_t(sl.row_begin) * size_t(cols) +
+                                            size_t(sl.col_begin)) * es,
+                                  size_t(cols) * es, size_t(sl.num_cols) * es,
+                                  size_t(sl.num_rows), cudaMemcpyHostToDevice));
+      return;
+    }
+    std::vector<std::byte> host(size_t(count) * es);
+    CopySlice(t.data, cols, sl, es, host.data());
+    TensorView part = t;
+    part.data = host.data();
+    Upload(part, count, to, dst);
   }
 
   void AllocWeights() {
@@ -276,34 +360,44 @@ struct CudaExecutor::Impl {
     ValidateCheckpoint(config, *ckpt);
     const ModelConfig& c = config;
     const bool has_head = ckpt->Find("lm_head.weight") != nullptr;
+    const bool head_here = shard.rank == 0;  // the other ranks compute no logits
     AllocWeights();
-    if (!lm_head) lm_head = has_head ? Alloc(vocab * hidden * int64_t(esize)) : embed;
-    if (lm_head != embed) weight_bytes += vocab * hidden * int64_t(esize);
+    if (!lm_head && head_here) lm_head = has_head ? Alloc(vocab * hidden * int64_t(esize)) : embed;
+    if (lm_head && lm_head != embed) weight_bytes += vocab * hidden * int64_t(esize);
     auto put = [&](const std::string& name, std::vector<int64_t> shape, DType to, void* dst) {
       const TensorView& t = ckpt->GetWithShape(name, shape);
       Upload(t, t.num_elements(), to, dst);
     };
+    // A split weight: this rank's slice of the full [rows, cols] checkpoint tensor.
+    auto put_part = [&](const std::string& name, int64_t rows, int64_t cols, TpWeight w,
+                        void* dst) {
+      UploadSlice(ckpt->GetWithShape(name, {rows, cols}), cols, shard.Slice(w), dtype, dst);
+    };
     put("model.embed_tokens.weight", {vocab, hidden}, dtype, embed);
-    if (lm_head != embed) put("lm_head.weight", {vocab, hidden}, dtype, lm_head);
+    if (lm_head && lm_head != embed) put("lm_head.weight", {vocab, hidden}, dtype, lm_head);
     put("model.norm.weight", {hidden}, DType::kF32, final_norm);
+    const int64_t full_q = c.num_heads * c.head_dim, full_kv = c.num_kv_heads * c.head_dim;
+    const int64_t full_inter = c.intermediate_size;
     const auto start = Clock::now();
     for (int64_t i = 0; i < c.num_layers; ++i) {
       Layer& l = layers[size_t(i)];
       auto* qkv_bytes = static_cast<std::byte*>(l.qkv);
-      put(LayerName(i, "self_attn.q_proj.weight"), {q_dim, hidden}, dtype, qkv_bytes);
-      put(LayerName(i, "self_attn.k_proj.weight"), {kv_dim, hidden}, dtype,
-          qkv_bytes + q_dim * hidden * int64_t(esize));
-      put(LayerName(i, "self_attn.v_proj.weight"), {kv_dim, hidden}, dtype,
-          qkv_bytes + (q_dim + kv_dim) * hidden * int64_t(esize));
-      put(LayerName(i, "self_attn.o_proj.weight"), {hidden, q_dim}, dtype, l.o);
+      put_part(LayerName(i, "self_attn.q_proj.weight"), full_q, hidden, TpWeight::kQProj,
+               qkv_bytes);
+      put_part(LayerName(i, "self_attn.k_proj.weight"), full_kv, hidden, TpWeight::kKProj,
+               qkv_bytes + q_dim * hidden * int64_t(esize));
+      put_part(LayerName(i, "self_attn.v_proj.weight"), full_kv, hidden, TpWeight::kVProj,
+               qkv_bytes + (q_dim + kv_dim) * hidden * int64_t(esize));
+      put_part(LayerName(i, "self_attn.o_proj.weight"), hidden, full_q, TpWeight::kOProj, l.o);
       auto* gu = static_cast<std::byte*>(l.gate_up);
-      put(LayerName(i, "mlp.gate_proj.weight"), {inter, hidden}, dtype, gu);
-      put(LayerName(i, "mlp.up_proj.weight"), {inter, hidden}, dtype,
-          gu + inter * hidden * int64_t(esize));
-      put(LayerName(i, "mlp.down_proj.weight"), {hidden, inter}, dtype, l.down);
+      put_part(LayerName(i, "mlp.gate_proj.weight"), full_inter, hidden, TpWeight::kGateProj, gu);
+      put_part(LayerName(i, "mlp.up_proj.weight"), full_inter, hidden, TpWeight::kUpProj,
+               gu + inter * hidden * int64_t(esize));
+      put_part(LayerName(i, "mlp.down_proj.weight"), hidden, full_inter, TpWeight::kDownProj,
+               l.down);
       put(LayerName(i, "input_layernorm.weight"), {hidden}, DType::kF32, l.input_norm);
       put(LayerName(i, "post_attention_layernorm.weight"), {hidden}, DType::kF32, l.post_norm);
-      if (opt.log && isatty(fileno(stderr))) {
+      if (opt.log && head_here && isatty(fileno(stderr))) {
         std::fprintf(stderr, "\r[cuda] loading weights: layer %lld/%lld", (long long)(i + 1),
                      (long long)c.num_layers);
         if (i + 1 == c.num_layers) std::fprintf(stderr, "\n");
@@ -315,8 +409,10 @@ struct CudaExecutor::Impl {
   }
 
   void FillDummy() {
+    const ModelConfig& c = config;
+    const bool head_here = shard.rank == 0;  // the other ranks compute no logits
     AllocWeights();
-    if (!lm_head) {
+    if (!lm_head && head_here) {
       lm_head = Alloc(vocab * hidden * int64_t(esize));
       weight_bytes += vocab * hidden * int64_t(esize);
     }
@@ -326,18 +422,58 @@ struct CudaExecutor::Impl {
       cuda::FillUniform(p, dtype, count, 1e-3f, seed++, stream);
     };
     auto ones = [&](float* p) { cuda::FillConstant(p, DType::kF32, hidden, 1.f, stream); };
+    // A split weight: the full tensor with the seed it has at N = 1, generated into a scratch
+    // buffer, of which this rank keeps its blocks (concatenated by rows, as the fused q|k|v
+    // and gate|up weights are).
+    const int64_t full_q = c.num_heads * c.head_dim, full_kv = c.num_kv_heads * c.head_dim;
+    const int64_t full_inter = c.intermediate_size;
+    std::byte* scratch = nullptr;
+    if (shard.size > 1) {
+      const int64_t most = std::max(full_q + 2 * full_kv, 2 * full_inter) * hidden;
+      LLM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), size_t(most) * esize));
+    }
+    auto rnd_parts = [&](void* dst, int64_t rows, int64_t cols,
+                         std::initializer_list<TpSlice> parts) {
+      if (!scratch) return rnd(dst, rows * cols);
+      cuda::FillUniform(scratch, dtype, rows * cols, 1e-3f, seed++, stream);
+      auto* out = static_cast<std::byte*>(dst);
+      for (const TpSlice& sl : parts) {
+        LLM_CUDA_CHECK(cudaMemcpy2DAsync(
+            out, size_t(sl.num_cols) * esize,
+            scratch + (size_t(sl.row_begin) * size_t(cols) + size_t(sl.col_begin)) * esize,
+            size_t(cols) * esize, size_t(sl.num_cols) * esize, size_t(sl.num_rows),
+            cudaMemcpyDeviceToDevice, stream));
+        out += size_t(sl.num_rows * sl.num_cols) * esize;
+      }
+    };
+    auto rows_from = [](TpSlice sl, int64_t offset) {
+      sl.row_begin += offset;
+      return sl;
+    };
+    const TpSlice q = shard.Slice(TpWeight::kQProj), k = shard.Slice(TpWeight::kKProj);
+    const TpSlice v = shard.Slice(TpWeight::kVProj), o = shard.Slice(TpWeight::kOProj);
+    const TpSlice gate = shard.Slice(TpWeight::kGateProj), up = shard.Slice(TpWeight::kUpProj);
+    const TpSlice down = shard.Slice(TpWeight::kDownProj);
     rnd(embed, vocab * hidden);
-    if (lm_head != embed) rnd(lm_head, vocab * hidden);
+    if (lm_head != embed) {
+      if (lm_head) {
+        rnd(lm_head, vocab * hidden);
+      } else {
+        ++seed;  // rank > 0: no lm_head, the same seeds for the layers
+      }
+    }
     ones(final_norm);
     for (Layer& l : layers) {
       ones(l.input_norm);
       ones(l.post_norm);
-      rnd(l.qkv, qkv_dim * hidden);
-      rnd(l.o, hidden * q_dim);
-      rnd(l.gate_up, 2 * inter * hidden);
-      rnd(l.down, hidden * inter);
+      rnd_parts(l.qkv, full_q + 2 * full_kv, hidden,
+                {q, rows_from(k, full_q), rows_from(v, full_q + full_kv)});
+      rnd_parts(l.o, hidden, full_q, {o});
+      rnd_parts(l.gate_up, 2 * full_inter, hidden, {gate, rows_from(up, full_inter)});
+      rnd_parts(l.down, hidden, full_inter, {down});
     }
     LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (scratch) cudaFree(scratch);
     Log("weights: " + Gib(double(weight_bytes)) + " of dummy " + std::string(DTypeName(dtype)) +
         " values generated on the device (seed " + std::to_string(opt.dummy_seed) + ")");
   }
@@ -402,7 +538,7 @@ struct CudaExecutor::Impl {
     if (count <= adjust_capacity) return;
     const int64_t cap = NextPow2(count);
     if (d_adjust) {
-      LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      SyncStream();
       auto it = std::find(allocations.begin(), allocations.end(), static_cast<void*>(d_adjust));
       if (it != allocations.end()) allocations.erase(it);
       cudaFree(d_adjust);
@@ -415,7 +551,7 @@ struct CudaExecutor::Impl {
   }
 
   void AllocKv(int64_t num_blocks) {
-    layout = {num_blocks, opt.block_size, config.num_kv_heads, config.head_dim};
+    layout = {num_blocks, opt.block_size, kv_heads, config.head_dim};
     const int64_t pool_bytes = layout.pool_elements() * int64_t(esize);
     k_pool.clear();
     v_pool.clear();
@@ -427,7 +563,7 @@ struct CudaExecutor::Impl {
   }
 
   void FreeKv() {
-    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    SyncStream();
     for (auto* pools : {&k_pool, &v_pool}) {
       for (void* p : *pools) {
         allocations.erase(std::find(allocations.begin(), allocations.end(), p));
@@ -440,7 +576,7 @@ struct CudaExecutor::Impl {
   }
 
   int64_t BytesPerBlock() const {
-    return 2 * config.num_layers * config.num_kv_heads * opt.block_size * config.head_dim *
+    return 2 * config.num_layers * kv_heads * opt.block_size * config.head_dim *
            int64_t(esize);
   }
 
@@ -475,7 +611,7 @@ struct CudaExecutor::Impl {
       const int id = real ? b.token_ids[size_t(t)] : 0;
       if (s.has_feed) {
         const int32_t row = real ? b.prev_sample_rows[size_t(t)] : -1;
-        if (row >= num_last_sampled) {
+        if (shard.rank == 0 && row >= num_last_sampled) {  // (rank 0 validated it for the rest)
           throw std::logic_error("CUDA executor: token " + std::to_string(t) +
                                  " is fed from task " + std::to_string(row) +
                                  " of the previous step, which sampled " +
@@ -528,8 +664,8 @@ struct CudaExecutor::Impl {
     s.max_keys_decode = std::max<int64_t>(s.max_keys_decode, 1);
     if (nd > 0) {
       const size_t per_split =
-          size_t(nd) * size_t(config.num_heads) * size_t(config.head_dim + 2) * sizeof(float);
-      s.splits = cuda::DecodeAutoSplits(nd, config.num_kv_heads, s.max_keys_decode, config.head_dim,
+          size_t(nd) * size_t(heads) * size_t(config.head_dim + 2) * sizeof(float);
+      s.splits = cuda::DecodeAutoSplits(nd, kv_heads, s.max_keys_decode, config.head_dim,
                                         int64_t(kDecodeWorkspaceBytes / per_split));
     }
     auto copy = [&](void* dst, const void* src, int64_t bytes) {
@@ -549,6 +685,21 @@ struct CudaExecutor::Impl {
     return s;
   }
 
+  // The block manager's copy-on-write copies, in every layer of this rank's KV pool.
+  void CopyBlocks(std::span<const BlockCopy> copies) {
+    const size_t block_bytes = size_t(layout.block_stride()) * esize;
+    for (const BlockCopy& c : copies) {
+      for (int64_t l = 0; l < config.num_layers; ++l) {
+        for (void* pool : {k_pool[size_t(l)], v_pool[size_t(l)]}) {
+          auto* base = static_cast<std::byte*>(pool);
+          LLM_CUDA_CHECK(cudaMemcpyAsync(base + size_t(c.dst_block) * block_bytes,
+                                         base + size_t(c.src_block) * block_bytes, block_bytes,
+                                         cudaMemcpyDeviceToDevice, stream));
+        }
+      }
+    }
+  }
+
   PagedKvView<void> Kv(int64_t layer) const {
     return {k_pool[size_t(layer)], v_pool[size_t(layer)], layout};
   }
@@ -557,7 +708,7 @@ struct CudaExecutor::Impl {
     cuda::AttentionParams p;
     const PagedKvView<void> kv = Kv(layer);
     p.kv = {kv.k, kv.v, kv.layout};
-    p.num_heads = config.num_heads;
+    p.num_heads = heads;
     p.scale = 1.f / std::sqrt(float(config.head_dim));
     p.dtype = dtype;
     const int64_t nd = s.num_decode;
@@ -630,8 +781,8 @@ struct CudaExecutor::Impl {
         rope.rope = {.positions = d_positions,
                      .slot_mapping = d_slots,
                      .inv_freq = inv_freq,
-                     .num_heads = int(config.num_heads),
-                     .num_kv_heads = int(config.num_kv_heads),
+                     .num_heads = int(heads),
+                     .num_kv_heads = int(kv_heads),
                      .head_dim = int(config.head_dim),
                      .layout = kv.layout,
                      .k_cache = kv.k,
@@ -646,24 +797,32 @@ struct CudaExecutor::Impl {
         } else {
           gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
         }
-        cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(config.num_heads),
-                           int(config.num_kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
+        cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(heads),
+                           int(kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
       }
       Attention(i, s);
+      // o and down add their output to the residual stream x. Tensor parallel: each rank's is
+      // a partial sum; rank 0 adds its partial to x, the others store theirs in x, and the
+      // all-reduce leaves x + Σ partials on every rank.
+      const bool add = shard.rank == 0;
+      const E residual = add ? E::kAccumulateF32 : E::kStoreF32;
       if (small) {
-        SmallLinear(E::kAccumulateF32, attn, nullptr, l.o, x, n, hidden, q_dim);
+        SmallLinear(residual, attn, nullptr, l.o, x, n, hidden, q_dim);
+        AllReduceResidual(n);
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, act, n, 2 * inter, hidden);
-        SmallLinear(E::kAccumulateF32, act, nullptr, l.down, x, n, hidden, inter);
+        SmallLinear(residual, act, nullptr, l.down, x, n, hidden, inter);
       } else {
-        gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, true, stream);
+        gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, add, stream);
+        AllReduceResidual(n);
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
         cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
-        gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, true, stream);
+        gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, add, stream);
       }
+      AllReduceResidual(n);
     }
-    if (s.num_rows == 0) return;
+    if (s.num_rows == 0 || shard.rank != 0) return;  // rank 0 alone computes logits
     cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
                      stream);
     if (SmallStep(s.num_rows)) {
@@ -672,6 +831,22 @@ struct CudaExecutor::Impl {
       gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
                    stream);
     }
+  }
+
+  // ---- tensor parallel collectives (no-ops at N = 1) ---------------------------------------
+  void AllReduceResidual(int64_t tokens) {
+    if (shard.size == 1) return;
+#if defined(LLM_HAS_NCCL)
+    LLM_NCCL_CHECK(ncclAllReduce(x, x, size_t(tokens * hidden), ncclFloat32, ncclSum, comm, stream));
+#endif
+  }
+
+  // The step's token ids, from rank 0 (where async scheduling's fed tokens are gathered).
+  void BroadcastTokens(int64_t tokens) {
+    if (shard.size == 1) return;
+#if defined(LLM_HAS_NCCL)
+    LLM_NCCL_CHECK(ncclBroadcast(d_tokens, d_tokens, size_t(tokens), ncclInt32, 0, comm, stream));
+#endif
   }
 
   // Graph-eligible: decode rows only, each wanting its logits in order.
@@ -712,35 +887,83 @@ struct CudaExecutor::Impl {
   }
 
   // The previous step's host-to-device copies are done: its pinned inputs may be rewritten.
-  void WaitInputsCopied() { LLM_CUDA_CHECK(cudaEventSynchronize(ev_inputs)); }
+  void WaitInputsCopied() { Sync(ev_inputs); }
 
   // Runs the model for `b`; the logits of its rows are in `logits` afterwards (on stream).
   // Fed tokens (async) are gathered from d_sampled into d_tokens first, outside any graph:
   // the graph reads d_tokens like any other input buffer.
+  // Tensor parallel: rank 0 uploads (and so validates) the batch first, then hands it to the
+  // peers, which run the same Run on their GPUs: every rank takes the same graph / eager
+  // decision and enqueues the same collectives in the same order.
   void Run(const ForwardBatch& b, bool wait_inputs = true) {
     if (b.num_tokens() == 0) throw Error("Forward: no tokens");
-    if (GraphEligible(b)) {
-      const int64_t padded = PaddedBatch(b.num_seqs());
-      const Shape s = Upload(b, padded, GraphWidth(b.max_blocks_per_seq), wait_inputs);
-      if (s.has_feed) cuda::FeedSampledTokens(d_tokens, d_feed, d_sampled, s.num_tokens, stream);
+    CheckPeers();
+    const bool graph = GraphEligible(b);
+    const int64_t padded = graph ? PaddedBatch(b.num_seqs()) : 0;
+    const int64_t width =
+        graph ? GraphWidth(b.max_blocks_per_seq) : std::max<int64_t>(1, b.max_blocks_per_seq);
+    const Shape s = Upload(b, padded, width, wait_inputs);
+    if (drive_peers) {
+      auto copy = std::make_shared<const ForwardBatch>(b);
+      PostToPeers([copy](Impl& peer) { peer.Run(*copy); });
+    }
+    if (s.has_feed) {
+      if (shard.rank == 0) {
+        cuda::FeedSampledTokens(d_tokens, d_feed, d_sampled, s.num_tokens, stream);
+      }
+      BroadcastTokens(s.num_tokens);
+    }
+    if (graph) {
       const auto key = std::make_tuple(padded, s.splits, s.width);
       auto it = graphs.find(key);
       if (it == graphs.end()) it = graphs.emplace(key, Capture(s)).first;
       LLM_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
       ++stats.graph_steps;
     } else {
-      const Shape s = Upload(b, 0, std::max<int64_t>(1, b.max_blocks_per_seq), wait_inputs);
-      if (s.has_feed) cuda::FeedSampledTokens(d_tokens, d_feed, d_sampled, s.num_tokens, stream);
       RunModel(s);
     }
     ++stats.steps;
+  }
+
+  // ---- tensor parallel: the peers and their worker threads ---------------------------------
+  void PostToPeers(std::function<void(Impl&)> job);
+  // Runs f on every rank at once (rank 0 here, the peers on their threads) and waits; the
+  // first failure is rethrown (after aborting the communicators, so no rank stays blocked in
+  // a collective its failed partner never joins).
+  void RunOnAllRanks(const std::function<void(Impl&)>& f);
+  // Throws FatalExecutorError when a peer's step failed (its communicators are then aborted:
+  // the ranks' collectives can no longer pair up).
+  void CheckPeers();
+  void AbortComms();
+  // Waits for `ev`; with peers, polls, so that a failed peer ends the wait with an error
+  // instead of a collective that never completes.
+  void Sync(cudaEvent_t ev) {
+    if (peers.empty()) {
+      LLM_CUDA_CHECK(cudaEventSynchronize(ev));
+      return;
+    }
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(ev);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) LLM_CUDA_CHECK(q);
+      CheckPeers();
+      std::this_thread::yield();
+    }
+  }
+  void SyncStream() {
+    if (peers.empty()) {
+      LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return;
+    }
+    LLM_CUDA_CHECK(cudaEventRecord(ev_sync, stream));
+    Sync(ev_sync);
   }
 
   // Ends a step's device span (call after its last device-to-host copy is enqueued) and
   // waits for it.
   void StopAndWait(OutSlot& o) {
     LLM_CUDA_CHECK(cudaEventRecord(o.stop, stream));
-    LLM_CUDA_CHECK(cudaEventSynchronize(o.stop));
+    Sync(o.stop);
   }
 
   // Device time of the step between o.start and o.stop (each event completes when the stream
@@ -845,7 +1068,7 @@ struct CudaExecutor::Impl {
       if (begin + count == tasks.size()) {
         StopAndWait(o);
       } else {
-        LLM_CUDA_CHECK(cudaStreamSynchronize(stream));  // the pinned buffers are reused
+        SyncStream();  // the pinned buffers are reused
       }
       ReadSampleResults(tasks, begin, count, num_logprobs.data(), o, &results);
     }
@@ -904,7 +1127,7 @@ struct CudaExecutor::Impl {
     if (p.has_results) {
       results = std::move(p.results);
     } else {
-      LLM_CUDA_CHECK(cudaEventSynchronize(o.stop));
+      Sync(o.stop);
       results.resize(p.tasks.size());
       ReadSampleResults(p.tasks, 0, p.tasks.size(), p.num_logprobs.data(), o, &results);
     }
@@ -963,10 +1186,166 @@ struct CudaExecutor::Impl {
   }
 };
 
+// Another rank: its Impl, driven by a worker thread of its own that runs the jobs rank 0
+// posts (steps, block copies, start-up phases) in order, on the rank's GPU.
+struct CudaExecutor::Impl::Peer {
+  std::unique_ptr<Impl> impl;
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void(Impl&)>> jobs;  // guarded by mu
+  bool quit = false;                            // guarded by mu
+  std::exception_ptr error;                     // the first failed job (guarded by mu)
+
+  void Post(std::function<void(Impl&)> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      jobs.push_back(std::move(job));
+    }
+    cv.notify_one();
+  }
+
+  std::exception_ptr Failure() {
+    std::lock_guard<std::mutex> lock(mu);
+    return error;
+  }
+
+  // Runs the jobs until quit (after the queue drains); after a failed job the rest are
+  // skipped (rank 0 sees the error and fails). Releases the rank's resources, its NCCL
+  // communicator included, in this thread, while rank 0 releases its own.
+  void Loop() {
+    cudaSetDevice(impl->device);
+    for (;;) {
+      std::function<void(Impl&)> job;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [this] { return quit || !jobs.empty(); });
+        if (jobs.empty()) break;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+        if (error) continue;
+      }
+      try {
+        job(*impl);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        error = std::current_exception();
+      }
+    }
+    impl->Release();
+  }
+};
+
+CudaExecutor::Impl::~Impl() {
+  // The peers drain their queues and release their resources while this rank releases its
+  // own: each NCCL communicator is destroyed by its own thread, all at once.
+  for (auto& p : peers) {
+    {
+      std::lock_guard<std::mutex> lock(p->mu);
+      p->quit = true;
+    }
+    p->cv.notify_one();
+  }
+  Release();
+  for (auto& p : peers) {
+    if (p->thread.joinable()) p->thread.join();
+  }
+}
+
+void CudaExecutor::Impl::PostToPeers(std::function<void(Impl&)> job) {
+  for (auto& p : peers) p->Post(job);
+}
+
+void CudaExecutor::Impl::RunOnAllRanks(const std::function<void(Impl&)>& f) {
+  std::vector<std::shared_ptr<std::promise<void>>> done;
+  for (auto& p : peers) {
+    auto promise = std::make_shared<std::promise<void>>();
+    done.push_back(promise);
+    p->Post([f, promise](Impl& peer) {
+      try {
+        f(peer);
+        promise->set_value();
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    });
+  }
+  std::exception_ptr first;
+  try {
+    f(*this);
+  } catch (...) {
+    first = std::current_exception();
+    AbortComms();
+  }
+  for (size_t i = 0; i < done.size(); ++i) {
+    std::future<void> fut = done[i]->get_future();
+    // A failed rank leaves the others waiting in a collective: abort them all.
+    while (!first && fut.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+      for (auto& p : peers) {
+        if (p->Failure()) AbortComms();
+      }
+    }
+    try {
+      fut.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      AbortComms();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void CudaExecutor::Impl::AbortComms() {
+#if defined(LLM_HAS_NCCL)
+  if (comms_aborted) return;
+  comms_aborted = true;
+  if (comm) ncclCommAbort(comm);
+  comm = nullptr;
+  for (auto& p : peers) {
+    if (p->impl->comm) ncclCommAbort(p->impl->comm);
+    p->impl->comm = nullptr;
+  }
+#endif
+}
+
+void CudaExecutor::Impl::CheckPeers() {
+  for (auto& p : peers) {
+    std::exception_ptr e = p->Failure();
+    if (!e) continue;
+    AbortComms();
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    throw FatalExecutorError("tensor-parallel rank " + std::to_string(p->impl->shard.rank) +
+                             " failed: " + what);
+  }
+}
+
 CudaExecutor::CudaExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaExecutor::~CudaExecutor() = default;
 
 bool CudaBackendAvailable(std::string* why_not) { return cuda::DeviceAvailable(why_not); }
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+bool CudaTensorParallelAvailable() {
+#if defined(LLM_HAS_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
 
 namespace {
 
@@ -977,6 +1356,111 @@ ModelConfig LoadConfig(const std::string& path) {
 }
 
 }  // namespace
+
+// ---- start-up ------------------------------------------------------------------------------
+// Sizes and options of rank `rank` of `world` (no device work).
+void CudaExecutor::Impl::Configure(const ModelConfig& c, const CudaExecutorOptions& options,
+                                   int rank, int world) {
+  opt = options;
+  config = c;
+  shard = MakeTensorParallelShard(c, rank, world);
+  device = rank;
+  dtype = options.dtype;
+  esize = DTypeSize(dtype);
+  heads = shard.num_heads;
+  kv_heads = shard.num_kv_heads;
+  hidden = c.hidden_size;
+  q_dim = shard.q_dim();
+  kv_dim = shard.kv_dim();
+  qkv_dim = q_dim + 2 * kv_dim;
+  inter = shard.intermediate;
+  vocab = c.vocab_size;
+  max_tokens = std::max<int64_t>(options.max_num_batched_tokens, 1);
+  max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
+  max_rows = std::max(max_seqs, options.max_logits_rows);
+  decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
+  gemv_ok = hidden % 8 == 0 && q_dim % 8 == 0 && inter % 8 == 0;
+  table_cap = (c.max_position_embeddings + options.block_size - 1) / options.block_size;
+}
+
+// Everything up to the KV pool: stream, weights, activations and the profiling pass (which
+// holds collectives: at N > 1 every rank runs Setup at once). Sets kv_budget_blocks.
+void CudaExecutor::Impl::Setup(const std::string& model_path) {
+  LLM_CUDA_CHECK(cudaSetDevice(device));
+  if (shard.rank == 0 && !decode_kernel_ok) {
+    Log("head_dim " + std::to_string(config.head_dim) +
+        ": attention on the naive prefill kernel (the tuned kernels take 64 and 128)");
+  }
+  device_name = cuda::DeviceDescription(device);
+  {
+    int major = 0;
+    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cuda::SetProgrammaticLaunch(opt.programmatic_launch && major >= 9);
+  }
+  LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (OutSlot& o : out) {
+    LLM_CUDA_CHECK(cudaEventCreate(&o.start));
+    LLM_CUDA_CHECK(cudaEventCreate(&o.stop));
+  }
+  LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_inputs, cudaEventDisableTiming));
+  LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_sync, cudaEventDisableTiming));
+  gemm = std::make_unique<cuda::Gemm>();
+  allocated_bytes += int64_t{32} << 20;
+
+  if (opt.dummy_weights) {
+    FillDummy();
+  } else {
+    LoadCheckpoint(model_path);
+  }
+  AllocActivations();
+
+  // Profiling pass: the largest step over a temporary KV pool, so that lazily loaded kernels,
+  // cuBLASLt's plans and the driver's own allocations are in place before we measure.
+  AllocKv((max_tokens + opt.block_size - 1) / opt.block_size);
+  RunPrefillOnly(max_tokens);
+  FreeKv();
+
+  size_t free_bytes = 0, total_bytes = 0;
+  LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t in_use = int64_t(total_bytes) - int64_t(free_bytes);
+  const int64_t budget = int64_t(opt.gpu_memory_utilization * double(total_bytes)) - in_use -
+                         (int64_t{256} << 20);  // graphs, cuBLAS and sampler reserve
+  kv_budget_blocks = opt.num_kv_blocks > 0 ? opt.num_kv_blocks : budget / BytesPerBlock();
+  if (kv_budget_blocks < 1) {
+    throw Error("not enough GPU memory for the KV cache on GPU " + std::to_string(device) + ": " +
+                Gib(double(total_bytes)) + " total, " + Gib(double(in_use)) +
+                " in use after loading the model and profiling a " + std::to_string(max_tokens) +
+                "-token step; raise --gpu-memory-utilization (" +
+                std::to_string(opt.gpu_memory_utilization) + ") or lower --max-num-batched-tokens");
+  }
+}
+
+// The KV pool (the same block count on every rank) and the start-up graphs.
+void CudaExecutor::Impl::Finish(int64_t num_blocks) {
+  AllocKv(num_blocks);
+  size_t free_bytes = 0, total_bytes = 0;
+  LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  stats.peak_device_bytes = int64_t(total_bytes) - int64_t(free_bytes);
+  stats.weight_bytes = weight_bytes;
+  stats.weight_bytes_per_token =
+      weight_bytes - (lm_head && lm_head != embed ? vocab * hidden * int64_t(esize) : 0);
+  stats.kv_cache_bytes = kv_bytes;
+  stats.activation_bytes = activation_bytes;
+  Log(device_name + ": weights " + Gib(double(weight_bytes)) + ", activations " +
+      Gib(double(activation_bytes)) + ", KV cache " + Gib(double(kv_bytes)) + " = " +
+      std::to_string(num_blocks * opt.block_size) + " tokens (" + std::to_string(num_blocks) +
+      " blocks of " + std::to_string(opt.block_size) +
+      (shard.size > 1 ? ", " + std::to_string(kv_heads) + " KV heads per GPU" : std::string()) +
+      ")");
+  if (opt.cuda_graphs) {
+    const int64_t max_graph =
+        std::min(max_seqs, opt.max_graph_batch > 0 ? opt.max_graph_batch : max_seqs);
+    graph_sizes = GraphBatchSizes(std::min(max_graph, max_tokens));
+    CaptureStartupGraphs();
+  }
+  stats.steps = stats.graph_steps = 0;
+  stats.device_ms = stats.wall_ms = 0;
+}
 
 std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path,
                                                    const CudaExecutorOptions& options) {
@@ -989,110 +1473,78 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
   if (options.gpu_memory_utilization <= 0 || options.gpu_memory_utilization > 1) {
     throw Error("--gpu-memory-utilization must be in (0, 1]");
   }
+  const ModelConfig config = LoadConfig(model_path);
+  if (config.head_dim > 128) {
+    throw Error("the CUDA backend supports head_dim up to 128 (the model has " +
+                std::to_string(config.head_dim) + ")");
+  }
+  if (config.sliding_window) {
+    throw Error("the CUDA backend has no sliding-window attention (the model sets " +
+                std::to_string(*config.sliding_window) + ")");
+  }
+  const int world = options.tensor_parallel_size;
+  MakeTensorParallelShard(config, 0, world);  // validates the split
+  if (world > 1) {
+    if (!CudaTensorParallelAvailable()) {
+      throw Error("--tensor-parallel-size " + std::to_string(world) +
+                  ": this build has no NCCL (configure with NCCL installed)");
+    }
+    if (CudaDeviceCount() < world) {
+      throw Error("--tensor-parallel-size " + std::to_string(world) + " needs " +
+                  std::to_string(world) + " GPUs; this process sees " +
+                  std::to_string(CudaDeviceCount()));
+    }
+  }
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
-  m.opt = options;
-  m.config = LoadConfig(model_path);
-  const ModelConfig& c = m.config;
-  if (c.head_dim > 128) {
-    throw Error("the CUDA backend supports head_dim up to 128 (the model has " +
-                std::to_string(c.head_dim) + ")");
+  m.Configure(config, options, 0, world);
+  if (world == 1) {
+    m.Setup(model_path);
+    m.Finish(m.kv_budget_blocks);
+    return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
   }
-  if (c.sliding_window) {
-    throw Error("the CUDA backend has no sliding-window attention (the model sets " +
-                std::to_string(*c.sliding_window) + ")");
+#if defined(LLM_HAS_NCCL)
+  // NVLink multicast (NVLS) stays off: on shared hosts it can take the GPUs out of service.
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  std::vector<ncclComm_t> comms(static_cast<size_t>(world), nullptr);
+  std::vector<int> devices(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) devices[size_t(r)] = r;
+  LLM_NCCL_CHECK(ncclCommInitAll(comms.data(), world, devices.data()));
+  LLM_CUDA_CHECK(cudaSetDevice(0));
+  m.comm = comms[0];
+  for (int r = 1; r < world; ++r) {
+    auto peer = std::make_unique<Impl::Peer>();
+    peer->impl = std::make_unique<Impl>();
+    peer->impl->Configure(config, options, r, world);
+    peer->impl->comm = comms[size_t(r)];
+    Impl::Peer* raw = peer.get();
+    peer->thread = std::thread([raw] { raw->Loop(); });
+    m.peers.push_back(std::move(peer));
   }
-  m.dtype = options.dtype;
-  m.esize = DTypeSize(m.dtype);
-  m.hidden = c.hidden_size;
-  m.q_dim = c.num_heads * c.head_dim;
-  m.kv_dim = c.num_kv_heads * c.head_dim;
-  m.qkv_dim = m.q_dim + 2 * m.kv_dim;
-  m.inter = c.intermediate_size;
-  m.vocab = c.vocab_size;
-  m.max_tokens = std::max<int64_t>(options.max_num_batched_tokens, 1);
-  m.max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
-  m.max_rows = std::max(m.max_seqs, options.max_logits_rows);
-  m.decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
-  m.gemv_ok =
-      c.hidden_size % 8 == 0 && (c.num_heads * c.head_dim) % 8 == 0 && c.intermediate_size % 8 == 0;
-  if (!m.decode_kernel_ok) {
-    m.Log("head_dim " + std::to_string(c.head_dim) +
-          ": attention on the naive prefill kernel (the tuned kernels take 64 and 128)");
-  }
-  m.table_cap = (c.max_position_embeddings + options.block_size - 1) / options.block_size;
-  m.device_name = cuda::DeviceDescription(0);
-  {
-    int device = 0, major = 0;
-    LLM_CUDA_CHECK(cudaGetDevice(&device));
-    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    cuda::SetProgrammaticLaunch(options.programmatic_launch && major >= 9);
-  }
-  LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-  for (CudaExecutor::Impl::OutSlot& o : m.out) {
-    LLM_CUDA_CHECK(cudaEventCreate(&o.start));
-    LLM_CUDA_CHECK(cudaEventCreate(&o.stop));
-  }
-  LLM_CUDA_CHECK(cudaEventCreateWithFlags(&m.ev_inputs, cudaEventDisableTiming));
-  m.gemm = std::make_unique<cuda::Gemm>();
-  m.allocated_bytes += int64_t{32} << 20;
-
-  if (options.dummy_weights) {
-    m.FillDummy();
-  } else {
-    m.LoadCheckpoint(model_path);
-  }
-  m.AllocActivations();
-
-  // Profiling pass: the largest step over a temporary KV pool, so that lazily loaded kernels,
-  // cuBLASLt's plans and the driver's own allocations are in place before we measure.
-  m.AllocKv((m.max_tokens + options.block_size - 1) / options.block_size);
-  m.RunPrefillOnly(m.max_tokens);
-  m.FreeKv();
-
-  size_t free_bytes = 0, total_bytes = 0;
-  LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const int64_t in_use = int64_t(total_bytes) - int64_t(free_bytes);
-  const int64_t budget = int64_t(options.gpu_memory_utilization * double(total_bytes)) - in_use -
-                         (int64_t{256} << 20);  // graphs, cuBLAS and sampler reserve
-  int64_t num_blocks = options.num_kv_blocks;
-  if (num_blocks <= 0) num_blocks = budget / m.BytesPerBlock();
-  if (num_blocks < 1) {
-    throw Error("not enough GPU memory for the KV cache: " + Gib(double(total_bytes)) + " total, " +
-                Gib(double(in_use)) + " in use after loading the model and " + "profiling a " +
-                std::to_string(m.max_tokens) + "-token step; raise --gpu-memory-utilization (" +
-                std::to_string(options.gpu_memory_utilization) +
-                ") or lower --max-num-batched-tokens");
-  }
-  m.AllocKv(num_blocks);
-  LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  m.stats.peak_device_bytes = int64_t(total_bytes) - int64_t(free_bytes);
-  m.stats.weight_bytes = m.weight_bytes;
-  m.stats.weight_bytes_per_token =
-      m.weight_bytes - (m.lm_head != m.embed ? m.vocab * m.hidden * int64_t(m.esize) : 0);
-  m.stats.kv_cache_bytes = m.kv_bytes;
-  m.stats.activation_bytes = m.activation_bytes;
-  m.Log(m.device_name + ": weights " + Gib(double(m.weight_bytes)) + ", activations " +
-        Gib(double(m.activation_bytes)) + ", KV cache " + Gib(double(m.kv_bytes)) + " = " +
-        std::to_string(num_blocks * options.block_size) + " tokens (" + std::to_string(num_blocks) +
-        " blocks of " + std::to_string(options.block_size) + ")");
-
-  if (options.cuda_graphs) {
-    const int64_t max_graph =
-        std::min(m.max_seqs, options.max_graph_batch > 0 ? options.max_graph_batch : m.max_seqs);
-    m.graph_sizes = GraphBatchSizes(std::min(max_graph, m.max_tokens));
-    m.CaptureStartupGraphs();
-  }
-  m.stats.steps = m.stats.graph_steps = 0;
-  m.stats.device_ms = m.stats.wall_ms = 0;
+  m.RunOnAllRanks([&](Impl& rank) { rank.Setup(model_path); });
+  int64_t blocks = m.kv_budget_blocks;
+  for (const auto& p : m.peers) blocks = std::min(blocks, p->impl->kv_budget_blocks);
+  m.RunOnAllRanks([blocks](Impl& rank) { rank.Finish(blocks); });
+  LLM_CUDA_CHECK(cudaSetDevice(0));
+  m.drive_peers = true;
+  m.Log("tensor parallel over " + std::to_string(world) + " GPUs (NCCL " +
+        std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "): " +
+        std::to_string(m.heads) + " query / " + std::to_string(m.kv_heads) + " KV heads and " +
+        std::to_string(m.inter) + " MLP features per GPU, " + std::to_string(blocks) +
+        " KV blocks each");
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
+#else
+  throw Error("--tensor-parallel-size needs a build with NCCL");
+#endif
 }
 
 const ModelConfig& CudaExecutor::config() const { return impl_->config; }
 
 std::string CudaExecutor::Describe() const {
+  const int tp = impl_->shard.size;
   return "cuda: " + impl_->device_name + ", " + std::string(DTypeName(impl_->dtype)) +
-         " weights and KV cache";
+         " weights and KV cache" +
+         (tp > 1 ? ", tensor parallel over " + std::to_string(tp) + " GPUs" : std::string());
 }
 
 int64_t CudaExecutor::num_kv_blocks() const { return impl_->layout.num_blocks; }
@@ -1123,17 +1575,12 @@ namespace {
 
 void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {
   Impl& m = *impl_;
-  const size_t block_bytes = size_t(m.layout.block_stride()) * m.esize;
-  for (const BlockCopy& c : copies) {
-    for (int64_t l = 0; l < m.config.num_layers; ++l) {
-      for (void* pool : {m.k_pool[size_t(l)], m.v_pool[size_t(l)]}) {
-        auto* base = static_cast<std::byte*>(pool);
-        LLM_CUDA_CHECK(cudaMemcpyAsync(base + size_t(c.dst_block) * block_bytes,
-                                       base + size_t(c.src_block) * block_bytes, block_bytes,
-                                       cudaMemcpyDeviceToDevice, m.stream));
-      }
-    }
+  m.CheckPeers();
+  if (m.drive_peers && !copies.empty()) {
+    auto list = std::make_shared<const std::vector<BlockCopy>>(copies.begin(), copies.end());
+    m.PostToPeers([list](Impl& peer) { peer.CopyBlocks(*list); });
   }
+  m.CopyBlocks(copies);
 } catch (...) {
   RethrowClassifyingCudaErrors();
 }

@@ -11,6 +11,17 @@
 //   GEMMs: cuBLASLt (engine/cuda/gemm.h); fused ops and sampler: kernels/cuda/model_ops.h;
 //   attention: kernels/cuda/{prefill,decode}_attention.h.
 //
+// Tensor parallelism (options.tensor_parallel_size = N > 1; engine/tensor_parallel.h): one
+// Impl per GPU 0..N-1 holding its shard (heads, MLP features, KV heads), rank 0 driven by the
+// caller's thread and each other rank by a worker thread of its own. A step is uploaded and
+// validated by rank 0 first, then handed to the workers (the batch broadcast), which upload
+// and enqueue the same step on their GPUs; the ranks meet only on the device, in NCCL: the
+// tokens that async scheduling feeds from rank 0's sampler are broadcast from rank 0, and the
+// partial outputs of o_proj and down_proj are all-reduced (fp32, in place on the residual
+// stream: rank 0 adds its partial to the residual, the others store theirs). Rank 0 alone
+// computes the logits and samples. Decode graphs are captured on every rank, NCCL calls
+// included.
+//
 // Memory: weights first (from safetensors, converted on the host when the checkpoint's dtype
 // differs, uploaded layer by layer; or generated on the device for --load-format dummy), then
 // every activation buffer for the largest step (max_num_batched_tokens tokens, max_num_seqs
@@ -58,6 +69,10 @@ struct CudaExecutorOptions {
   int64_t max_graph_batch = 0;  // 0: max_num_seqs
   bool dummy_weights = false;   // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;
+  // GPUs 0..N-1 of this process (CUDA_VISIBLE_DEVICES picks them), one shard each, over
+  // NCCL; needs a build with NCCL. Dummy weights are the same values as at N = 1 (each rank
+  // generates the full tensor and keeps its slice), so N = 1 and N > 1 compare exactly.
+  int tensor_parallel_size = 1;
   bool log = true;  // progress and the memory plan on stderr
 };
 
@@ -109,5 +124,11 @@ class CudaExecutor final : public ModelExecutor {
 
 // True when the CUDA backend can run here (a device and a driver); otherwise why not.
 bool CudaBackendAvailable(std::string* why_not = nullptr);
+
+// How many CUDA devices this process sees (0 without a driver).
+int CudaDeviceCount();
+
+// True when this build can run tensor parallelism (it was built with NCCL).
+bool CudaTensorParallelAvailable();
 
 }  // namespace llm
