@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -564,21 +565,28 @@ struct KernelInfo {
   int ctas_per_sm = 0;
 };
 
-// Opts the instantiation into its dynamic shared memory once and caches its occupancy.
+// Opts the instantiation into its dynamic shared memory once per device (a function
+// attribute belongs to the device's context: tensor parallelism launches on several) and
+// caches its occupancy.
 template <typename T, int D>
 const KernelInfo& PrepareKernel() {
-  static const KernelInfo info = [] {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static KernelInfo info[kMaxDevices];
+  int device = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) throw std::runtime_error("decode attention: device id over 63");
+  std::call_once(once[device], [device] {
     using Tr = DecodeTraits<D>;
     LLM_CUDA_CHECK(cudaFuncSetAttribute(DecodeKernel<T, D>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(Tr::kSmemBytes)));
-    KernelInfo k;
+    KernelInfo& k = info[device];
     LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &k.ctas_per_sm, DecodeKernel<T, D>, Tr::kThreads, Tr::kSmemBytes));
     k.ctas_per_sm = std::max(1, k.ctas_per_sm);
-    return k;
-  }();
-  return info;
+  });
+  return info[device];
 }
 
 int NumSms() {
