@@ -1,5 +1,6 @@
 #include "engine/tensor_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -25,13 +26,19 @@ TensorParallelShard MakeTensorParallelShard(const ModelConfig& c, int rank, int 
                 std::to_string(size) + ")");
   }
   CheckDivides(size, c.num_heads, "attention heads");
-  CheckDivides(size, c.num_kv_heads, "key-value heads");
+  if (c.num_kv_heads % size != 0 && size % c.num_kv_heads != 0) {
+    throw Error("--tensor-parallel-size " + std::to_string(size) +
+                " neither divides nor is a multiple of the model's key-value heads (" +
+                std::to_string(c.num_kv_heads) + ")");
+  }
   CheckDivides(size, c.intermediate_size, "intermediate size");
   TensorParallelShard s;
   s.rank = rank;
   s.size = size;
   s.num_heads = c.num_heads / size;
-  s.num_kv_heads = c.num_kv_heads / size;
+  // More ranks than KV heads: each KV head is replicated on size / KV ranks (vLLM does so).
+  s.num_kv_heads = std::max<int64_t>(1, c.num_kv_heads / size);
+  s.kv_head_begin = int64_t(rank) * c.num_kv_heads / size;
   s.intermediate = c.intermediate_size / size;
   s.head_dim = c.head_dim;
   s.hidden = c.hidden_size;
@@ -44,7 +51,7 @@ TpSlice TensorParallelShard::Slice(TpWeight w) const {
       return {rank * q_dim(), q_dim(), 0, hidden};
     case TpWeight::kKProj:
     case TpWeight::kVProj:
-      return {rank * kv_dim(), kv_dim(), 0, hidden};
+      return {kv_head_begin * head_dim, kv_dim(), 0, hidden};
     case TpWeight::kOProj:
       return {0, hidden, rank * q_dim(), q_dim()};
     case TpWeight::kGateProj:

@@ -4,8 +4,10 @@
 //
 //   attention: q/k/v projections split by rows = by heads (rank r holds query heads
 //              [r·H/N, (r+1)·H/N) and KV heads [r·KV/N, (r+1)·KV/N), so every query head's KV
-//              head is on the same rank: H/KV is the same locally); o_proj split by columns
-//              (the same heads); the KV cache holds the rank's KV heads only
+//              head is on the same rank: H/KV is the same locally; with N > KV, a multiple of
+//              KV, rank r holds KV head r·KV/N alone, each KV head replicated on N/KV ranks);
+//              o_proj split by columns (the same heads); the KV cache holds the rank's KV
+//              heads only
 //   MLP:       gate/up split by rows, down by columns (the same intermediate features)
 //   replicated: embeddings, norms, lm_head (sampling runs on rank 0, which alone computes
 //              the logits)
@@ -35,6 +37,7 @@ struct TensorParallelShard {
   int size = 1;
   int64_t num_heads = 0;     // query heads on this rank
   int64_t num_kv_heads = 0;  // KV heads on this rank (and in its KV cache)
+  int64_t kv_head_begin = 0;  // its first KV head (global numbering)
   int64_t intermediate = 0;  // MLP features on this rank
   int64_t head_dim = 0;
   int64_t hidden = 0;
@@ -46,9 +49,9 @@ struct TensorParallelShard {
   TpSlice Slice(TpWeight w) const;
 };
 
-// Throws llm::Error, naming the model's numbers, when `size` does not divide the query heads,
-// the KV heads or the intermediate size (KV heads are not replicated across ranks), or when
-// rank is outside [0, size).
+// Throws llm::Error, naming the model's numbers, when `size` does not divide the query heads or
+// the intermediate size, neither divides nor is a multiple of the KV heads, or when rank is
+// outside [0, size).
 TensorParallelShard MakeTensorParallelShard(const ModelConfig& config, int rank, int size);
 
 // Copies `slice` of a row-major matrix with `cols` columns of `elem_size`-byte elements into

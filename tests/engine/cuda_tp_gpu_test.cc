@@ -1,8 +1,9 @@
 // Tensor parallelism on the CUDA backend (--tensor-parallel-size, engine/tensor_parallel.h):
 // the model split over 2 GPUs gives the logits and greedy tokens of the model on one GPU.
 //   - logits of a prefill step and of decode steps, TP=2 against TP=1 (stories260K, the tiny
-//     random hd128 / hd64 models, and a Llama-3-8B-shaped model with dummy weights, which are
-//     the same values at TP=1 and TP=2), within a bound far below bf16's own error;
+//     random hd128 / hd64 models (hd64 has one KV head: both ranks hold a replica), and a
+//     Llama-3-8B-shaped model with dummy weights, which are the same values at TP=1 and
+//     TP=2), within a bound far below bf16's own error;
 //   - the engine (async scheduling, decode CUDA graphs, an n = 2 request whose copy-on-write
 //     block copies must reach every rank's KV cache): greedy tokens equal TP=1's, or differ
 //     first where TP=1's top two candidates are a near-tie (bf16 rounding may flip those).
@@ -221,10 +222,9 @@ class CudaTpErrorsTest : public ::testing::Test {
 };
 
 TEST_F(CudaTpErrorsTest, RejectsSplitsTheModelCannotTake) {
-  // hd128 has 4 query heads and 2 KV heads: 4 GPUs cannot split its KV heads.
-  test::ExpectError(
-      [] { CudaExecutor::Create(test::TestModelDir("hd128"), Options(4)); },
-      {"--tensor-parallel-size 4", "key-value heads", "2"});
+  // hd128 has 4 query heads: 3 GPUs cannot split them.
+  test::ExpectError([] { CudaExecutor::Create(test::TestModelDir("hd128"), Options(3)); },
+                    {"--tensor-parallel-size 3", "attention heads", "(4)"});
   if (CudaDeviceCount() < 8) {
     test::ExpectError([] { CudaExecutor::Create(Llama3Config(), Options(8, true)); },
                       {"--tensor-parallel-size 8", "needs 8 GPUs"});

@@ -152,7 +152,19 @@ void ExpectClose(const Mat& got, const Mat& want) {
 TEST(TensorParallelTest, ValidatesAndCountsLocally) {
   const ModelConfig c = Llama3_8B();
   ExpectError([&] { MakeTensorParallelShard(c, 0, 3); }, {"3", "attention heads", "(32)"});
-  ExpectError([&] { MakeTensorParallelShard(c, 0, 16); }, {"16", "key-value heads", "(8)"});
+  ExpectError([&] { MakeTensorParallelShard(Config(768, 12, 3, 64, 3072), 0, 2); },
+              {"2", "key-value heads", "(3)"});
+  // 16 ranks over 8 KV heads: each rank holds one, each KV head on two ranks, and a rank's
+  // two query heads are both in that KV head's group.
+  for (int rank = 0; rank < 16; ++rank) {
+    const TensorParallelShard s = MakeTensorParallelShard(c, rank, 16);
+    EXPECT_EQ(std::tuple(s.num_heads, s.num_kv_heads, s.kv_head_begin), std::tuple(2, 1, rank / 2));
+    const TpSlice k = s.Slice(TpWeight::kKProj);
+    EXPECT_EQ(std::tuple(k.row_begin, k.num_rows), std::tuple(int64_t(rank / 2) * 128, 128));
+    const int64_t first_q = s.Slice(TpWeight::kQProj).row_begin / 128;
+    EXPECT_EQ(first_q / 4, rank / 2);
+    EXPECT_EQ((first_q + 1) / 4, rank / 2);
+  }
   ExpectError([&] { MakeTensorParallelShard(Config(4096, 32, 8, 128, 14340), 0, 8); },
               {"intermediate size", "(14340)"});
   ExpectError([&] { MakeTensorParallelShard(c, 4, 4); }, {"rank 4", "[0, 4)"});
