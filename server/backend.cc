@@ -54,6 +54,9 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "N must divide the attention heads, KV heads and intermediate size")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_flag("--disable-custom-all-reduce", disable_custom_all_reduce,
+                "cuda, --tensor-parallel-size > 1: every all-reduce through NCCL (default: "
+                "small steps take our one-shot kernel over peer access)");
 }
 
 bool CudaDevicePresent() {
@@ -97,6 +100,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;
   o.tensor_parallel_size = f.tensor_parallel_size;
+  o.custom_all_reduce = !f.disable_custom_all_reduce;
   Backend b;
   b.executor = CudaExecutor::Create(model_path, o);
   b.device = "cuda";

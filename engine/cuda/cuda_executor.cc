@@ -32,6 +32,7 @@
 #include "engine/safetensors.h"
 #include "engine/tensor_parallel.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cuda/all_reduce.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/fill.h"
@@ -132,6 +133,11 @@ struct CudaExecutor::Impl {
   std::vector<std::unique_ptr<Peer>> peers;
   bool drive_peers = false;  // rank 0 hands every step to the peers (after start-up)
   bool comms_aborted = false;
+  // The one-shot peer-access all-reduce of small steps (kernels/cuda/all_reduce.h), when
+  // every pair of GPUs has peer access and options.custom_all_reduce.
+  cuda::P2PAllReduceArgs p2p;
+  bool p2p_ok = false;
+  void SetupP2P(const std::vector<Impl*>& ranks);
   int64_t kv_budget_blocks = 0;  // what this GPU's memory holds (Setup)
 
   void Configure(const ModelConfig& c, const CudaExecutorOptions& options, int rank, int world);
@@ -836,6 +842,11 @@ struct CudaExecutor::Impl {
   // ---- tensor parallel collectives (no-ops at N = 1) ---------------------------------------
   void AllReduceResidual(int64_t tokens) {
     if (shard.size == 1) return;
+    const int64_t count = tokens * hidden;
+    if (p2p_ok && count <= cuda::kP2PAllReduceMaxElements && count % 4 == 0) {
+      cuda::P2PAllReduce(p2p, count, stream);
+      return;
+    }
 #if defined(LLM_HAS_NCCL)
     LLM_NCCL_CHECK(ncclAllReduce(x, x, size_t(tokens * hidden), ncclFloat32, ncclSum, comm, stream));
 #endif
@@ -1295,6 +1306,49 @@ void CudaExecutor::Impl::RunOnAllRanks(const std::function<void(Impl&)>& f) {
   if (first) std::rethrow_exception(first);
 }
 
+// Peer access between every pair of GPUs, and every rank's flags: the one-shot all-reduce's
+// arguments on each rank. Leaves p2p_ok false (NCCL only) where a pair has no peer access.
+void CudaExecutor::Impl::SetupP2P(const std::vector<Impl*>& ranks) {
+  const int world = int(ranks.size());
+  if (world > cuda::kP2PMaxRanks) return;
+  for (const Impl* a : ranks) {
+    for (const Impl* b : ranks) {
+      int ok = 0;
+      if (a != b && (cudaDeviceCanAccessPeer(&ok, a->device, b->device) != cudaSuccess || !ok)) {
+        Log("no peer access between GPUs " + std::to_string(a->device) + " and " +
+            std::to_string(b->device) + ": all-reduce over NCCL only");
+        return;
+      }
+    }
+  }
+  RunOnAllRanks([&ranks](Impl& m) {
+    for (const Impl* other : ranks) {
+      if (other == &m) continue;
+      const cudaError_t err = cudaDeviceEnablePeerAccess(other->device, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else {
+        LLM_CUDA_CHECK(err);
+      }
+    }
+    auto* flags = m.Alloc<uint32_t>(int64_t(cuda::P2PFlagBytes()));
+    m.p2p.epochs = m.Alloc<uint32_t>(int64_t(cuda::P2PEpochBytes()));
+    LLM_CUDA_CHECK(cudaMemsetAsync(flags, 0, cuda::P2PFlagBytes(), m.stream));
+    LLM_CUDA_CHECK(cudaMemsetAsync(m.p2p.epochs, 0, cuda::P2PEpochBytes(), m.stream));
+    LLM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    m.p2p.flags[m.shard.rank] = flags;
+  });
+  for (Impl* m : ranks) {
+    m->p2p.world = world;
+    m->p2p.rank = m->shard.rank;
+    for (const Impl* r : ranks) {
+      m->p2p.bufs[r->shard.rank] = r->x;
+      m->p2p.flags[r->shard.rank] = r->p2p.flags[r->shard.rank];
+    }
+    m->p2p_ok = true;
+  }
+}
+
 void CudaExecutor::Impl::AbortComms() {
 #if defined(LLM_HAS_NCCL)
   if (comms_aborted) return;
@@ -1522,6 +1576,11 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
     m.peers.push_back(std::move(peer));
   }
   m.RunOnAllRanks([&](Impl& rank) { rank.Setup(model_path); });
+  if (options.custom_all_reduce) {  // before any graph is captured
+    std::vector<Impl*> ranks = {&m};
+    for (const auto& p : m.peers) ranks.push_back(p->impl.get());
+    m.SetupP2P(ranks);
+  }
   int64_t blocks = m.kv_budget_blocks;
   for (const auto& p : m.peers) blocks = std::min(blocks, p->impl->kv_budget_blocks);
   m.RunOnAllRanks([blocks](Impl& rank) { rank.Finish(blocks); });
@@ -1531,7 +1590,11 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
         std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "): " +
         std::to_string(m.heads) + " query / " + std::to_string(m.kv_heads) + " KV heads and " +
         std::to_string(m.inter) + " MLP features per GPU, " + std::to_string(blocks) +
-        " KV blocks each");
+        " KV blocks each; all-reduce: " +
+        (m.p2p_ok ? "one-shot over peer access up to " +
+                        std::to_string(cuda::kP2PAllReduceMaxElements / m.hidden) +
+                        " tokens, NCCL above"
+                  : std::string("NCCL")));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
 #else
   throw Error("--tensor-parallel-size needs a build with NCCL");

@@ -106,8 +106,10 @@ double RelativeDiff(const std::vector<float>& a, const std::vector<float>& ref) 
   return diff / scale;
 }
 
-std::vector<float> LogitsAt(const std::string& model, int tp, bool dummy) {
-  std::unique_ptr<CudaExecutor> ex = CudaExecutor::Create(model, Options(tp, dummy));
+std::vector<float> LogitsAt(const std::string& model, int tp, bool dummy, bool custom = true) {
+  CudaExecutorOptions o = Options(tp, dummy);
+  o.custom_all_reduce = custom;
+  std::unique_ptr<CudaExecutor> ex = CudaExecutor::Create(model, o);
   if (tp > 1) {
     EXPECT_NE(ex->Describe().find("tensor parallel over 2 GPUs"), std::string::npos)
         << ex->Describe();
@@ -127,12 +129,14 @@ TEST_F(CudaTpTest, LogitsMatchOneGpu) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::vector<float> one = LogitsAt(c.path, 1, c.dummy);
-    const std::vector<float> two = LogitsAt(c.path, 2, c.dummy);
-    ASSERT_EQ(one.size(), two.size());
-    const double rel = RelativeDiff(two, one);
-    std::printf("[tp] %s: TP=2 vs TP=1 logits, max|diff|/max|logit| = %.3g\n", c.name.c_str(),
-                rel);
-    EXPECT_LE(rel, kLogitTolerance);
+    for (const bool custom : {true, false}) {  // one-shot peer all-reduce, or NCCL only
+      const std::vector<float> two = LogitsAt(c.path, 2, c.dummy, custom);
+      ASSERT_EQ(one.size(), two.size());
+      const double rel = RelativeDiff(two, one);
+      std::printf("[tp] %s (%s): TP=2 vs TP=1 logits, max|diff|/max|logit| = %.3g\n",
+                  c.name.c_str(), custom ? "peer all-reduce" : "NCCL", rel);
+      EXPECT_LE(rel, kLogitTolerance) << (custom ? "peer all-reduce" : "NCCL");
+    }
   }
 }
 
