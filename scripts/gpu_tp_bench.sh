@@ -6,7 +6,8 @@
 #   cuda --load-format dummy` at TP=1 and TP=2 on the same machine: batch-1 decode latency and
 #   decode-heavy throughput (Llama-3-8B shape), offline throughput (TP_REQUESTS x (1,000 +
 #   1,000)), and a Llama-3-70B shape at TP=2 (which one H200 cannot hold in bf16 with a KV
-#   cache). Results: $OUT/tp-runs.jsonl, $OUT/tp-summary.md (scaling efficiency).
+#   cache); the *_nccl runs turn the one-shot peer all-reduce off (--disable-custom-all-reduce).
+#   Results: $OUT/tp-runs.jsonl, $OUT/tp-summary.md (scaling efficiency).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0): the device tool's rule for shared hosts.
 #   TP_PHASE=all|tests|bench   TP_RUNS="name ..." selects bench runs
 set -uo pipefail
@@ -21,8 +22,10 @@ shared=$(pwd)/.shared
 { nvidia-smi topo -m; nvidia-smi --query-gpu=index,name,memory.total --format=csv; } \
   > "$OUT/topology.txt" 2>&1
 if [ "$PHASE" != bench ]; then
-  GPU_TEST_REGEX='cuda_tp' OUT=$OUT bash scripts/gpu_run.sh llm cuda_tp_gpu_test \
+  GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh llm cuda_tp_gpu_test all_reduce_gpu_test \
     bench_copy_bandwidth_gpu 2>&1 | tail -25
+  (cd build && ctest -L gpu -R 'cuda_tp|all_reduce' --output-on-failure --timeout 200) 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -25
   grep -h '^\[tp\]' build/Testing/Temporary/LastTest.log | tee "$OUT/tp_test_numbers.txt"
   [ "$PHASE" = tests ] && exit 0
 fi
@@ -58,7 +61,11 @@ for tp in 1 2; do
   run decode_8b_256seq_tp$tp 200 --model $C8 $DEC --tensor-parallel-size $tp
   run throughput_8b_tp$tp 300 --model $C8 $THR --tensor-parallel-size $tp
 done
+# The same TP=2 runs with every all-reduce through NCCL (no one-shot peer kernel).
+run latency_8b_b1_tp2_nccl 150 --model $C8 $B1 --tensor-parallel-size 2 --disable-custom-all-reduce
+run decode_8b_256seq_tp2_nccl 200 --model $C8 $DEC --tensor-parallel-size 2 --disable-custom-all-reduce
 run latency_70b_b1_tp2 200 --model $C70 $B1 --tensor-parallel-size 2
+run latency_70b_b1_tp2_nccl 200 --model $C70 $B1 --tensor-parallel-size 2 --disable-custom-all-reduce
 run decode_70b_256seq_tp2 300 --model $C70 $DEC --tensor-parallel-size 2
 python3 - "$RESULTS" "$OUT/ceilings.txt" > "$OUT/tp-summary.md" <<'PY'
 import json, re, sys
@@ -68,7 +75,7 @@ for line in open(sys.argv[1]):
     runs[r["name"]] = r.get("result")
 bw = None
 for line in open(sys.argv[2]):
-    m = re.search(r"([0-9.]+)\s*TB/s", line)
+    m = re.search(r'"tb_per_s":([0-9.]+)', line)
     if m and bw is None:
         bw = float(m.group(1))
 print(f"copy bandwidth (one GPU): {bw} TB/s\n")
