@@ -23,7 +23,7 @@ shared=$(pwd)/.shared
   > "$OUT/topology.txt" 2>&1
 if [ "$PHASE" != bench ]; then
   GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh llm cuda_tp_gpu_test all_reduce_gpu_test \
-    bench_copy_bandwidth_gpu 2>&1 | tail -25
+    bench_copy_bandwidth_gpu bench_all_reduce_gpu 2>&1 | tail -25
   (cd build && ctest -L gpu -R 'cuda_tp|all_reduce' --output-on-failure --timeout 200) 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -25
   grep -h '^\[tp\]' build/Testing/Temporary/LastTest.log | tee "$OUT/tp_test_numbers.txt"
@@ -51,6 +51,7 @@ run() {  # name, timeout, llm bench args...
   fi
 }
 timeout 60 build/bench_copy_bandwidth_gpu > "$OUT/ceilings.txt" 2>&1
+timeout 120 build/bench_all_reduce_gpu 2>&1 | tee "$OUT/all_reduce.txt"
 C8=engine/configs/llama-3-8b.json
 C70=engine/configs/llama-3-70b.json
 B1="--num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256"

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 
 namespace llm::cuda {
 namespace {
@@ -38,6 +39,10 @@ __device__ void Barrier(const P2PAllReduceArgs& a, int which, uint32_t e) {
 
 __global__ void __launch_bounds__(kP2PThreads) P2PAllReduceKernel(P2PAllReduceArgs a,
                                                                  int64_t count4) {
+  // Launched with PDL (kernels/cuda/launch.h): the CTAs are resident while the GEMV before
+  // finishes; the next kernel may launch as soon as this one runs (it waits for completion).
+  PdlWait();
+  PdlTrigger();
   __shared__ uint32_t epoch;
   if (threadIdx.x == 0) epoch = ++a.epochs[blockIdx.x];
   __syncthreads();
@@ -80,8 +85,7 @@ void P2PAllReduce(const P2PAllReduceArgs& a, int64_t count, cudaStream_t stream)
     throw std::invalid_argument("P2PAllReduce: " + std::to_string(count) + " elements over " +
                                 std::to_string(a.world) + " ranks is outside what it takes");
   }
-  P2PAllReduceKernel<<<kP2PBlocks, kP2PThreads, 0, stream>>>(a, count / 4);
-  LLM_CUDA_CHECK(cudaGetLastError());
+  Launch(P2PAllReduceKernel, dim3(kP2PBlocks), dim3(kP2PThreads), 0, stream, a, count / 4);
 }
 
 }  // namespace llm::cuda
