@@ -99,27 +99,18 @@ int main() {
   }
   const int world = 2;
   std::vector<Rank> ranks(world);
+  std::vector<P2PAllReduceArgs> args = CreateP2PAllReduce(world);
+  if (args.empty()) {
+    std::printf("bench_all_reduce_gpu: no peer access between GPUs 0 and 1\n");
+    return 0;
+  }
   for (int r = 0; r < world; ++r) {
     LLM_CUDA_CHECK(cudaSetDevice(r));
-    const cudaError_t err = cudaDeviceEnablePeerAccess(1 - r, 0);
-    if (err != cudaErrorPeerAccessAlreadyEnabled) LLM_CUDA_CHECK(err);
-    cudaGetLastError();
     Rank& k = ranks[size_t(r)];
     LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
     LLM_CUDA_CHECK(cudaMalloc(&k.buf, kP2PAllReduceMaxElements * 4));
-    LLM_CUDA_CHECK(cudaMalloc(&k.args.flags[r], P2PFlagBytes()));
-    LLM_CUDA_CHECK(cudaMalloc(&k.args.epochs, P2PEpochBytes()));
-    LLM_CUDA_CHECK(cudaMemset(k.args.flags[r], 0, P2PFlagBytes()));
-    LLM_CUDA_CHECK(cudaMemset(k.args.epochs, 0, P2PEpochBytes()));
-  }
-  for (int r = 0; r < world; ++r) {
-    P2PAllReduceArgs& a = ranks[size_t(r)].args;
-    a.world = world;
-    a.rank = r;
-    for (int o = 0; o < world; ++o) {
-      a.bufs[o] = ranks[size_t(o)].buf;
-      a.flags[o] = ranks[size_t(o)].args.flags[o];
-    }
+    k.args = args[size_t(r)];
+    k.args.buf = k.buf;
   }
 #if defined(LLM_HAS_NCCL)
   {

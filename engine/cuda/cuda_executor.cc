@@ -137,6 +137,7 @@ struct CudaExecutor::Impl {
   // every pair of GPUs has peer access and options.custom_all_reduce.
   cuda::P2PAllReduceArgs p2p;
   bool p2p_ok = false;
+  std::vector<cuda::P2PAllReduceArgs> p2p_group;  // every rank's (rank 0 owns the buffers)
   void SetupP2P(const std::vector<Impl*>& ranks);
   int64_t kv_budget_blocks = 0;  // what this GPU's memory holds (Setup)
 
@@ -1261,6 +1262,7 @@ CudaExecutor::Impl::~Impl() {
   for (auto& p : peers) {
     if (p->thread.joinable()) p->thread.join();
   }
+  cuda::DestroyP2PAllReduce(p2p_group);  // every rank's stream is synchronised by now
 }
 
 void CudaExecutor::Impl::PostToPeers(std::function<void(Impl&)> job) {
@@ -1306,45 +1308,17 @@ void CudaExecutor::Impl::RunOnAllRanks(const std::function<void(Impl&)>& f) {
   if (first) std::rethrow_exception(first);
 }
 
-// Peer access between every pair of GPUs, and every rank's flags: the one-shot all-reduce's
-// arguments on each rank. Leaves p2p_ok false (NCCL only) where a pair has no peer access.
+// The one-shot all-reduce's buffers on every rank (kernels/cuda/all_reduce.h), or NCCL only
+// where a pair of GPUs has no peer access. Rank 0 owns them (p2p_group) and frees them last.
 void CudaExecutor::Impl::SetupP2P(const std::vector<Impl*>& ranks) {
-  const int world = int(ranks.size());
-  if (world > cuda::kP2PMaxRanks) return;
-  for (const Impl* a : ranks) {
-    for (const Impl* b : ranks) {
-      int ok = 0;
-      if (a != b && (cudaDeviceCanAccessPeer(&ok, a->device, b->device) != cudaSuccess || !ok)) {
-        Log("no peer access between GPUs " + std::to_string(a->device) + " and " +
-            std::to_string(b->device) + ": all-reduce over NCCL only");
-        return;
-      }
-    }
+  p2p_group = cuda::CreateP2PAllReduce(int(ranks.size()));
+  if (p2p_group.empty()) {
+    Log("no peer access between every pair of GPUs: every all-reduce over NCCL");
+    return;
   }
-  RunOnAllRanks([&ranks](Impl& m) {
-    for (const Impl* other : ranks) {
-      if (other == &m) continue;
-      const cudaError_t err = cudaDeviceEnablePeerAccess(other->device, 0);
-      if (err == cudaErrorPeerAccessAlreadyEnabled) {
-        cudaGetLastError();
-      } else {
-        LLM_CUDA_CHECK(err);
-      }
-    }
-    auto* flags = m.Alloc<uint32_t>(int64_t(cuda::P2PFlagBytes()));
-    m.p2p.epochs = m.Alloc<uint32_t>(int64_t(cuda::P2PEpochBytes()));
-    LLM_CUDA_CHECK(cudaMemsetAsync(flags, 0, cuda::P2PFlagBytes(), m.stream));
-    LLM_CUDA_CHECK(cudaMemsetAsync(m.p2p.epochs, 0, cuda::P2PEpochBytes(), m.stream));
-    LLM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    m.p2p.flags[m.shard.rank] = flags;
-  });
   for (Impl* m : ranks) {
-    m->p2p.world = world;
-    m->p2p.rank = m->shard.rank;
-    for (const Impl* r : ranks) {
-      m->p2p.bufs[r->shard.rank] = r->x;
-      m->p2p.flags[r->shard.rank] = r->p2p.flags[r->shard.rank];
-    }
+    m->p2p = p2p_group[size_t(m->shard.rank)];
+    m->p2p.buf = m->x;
     m->p2p_ok = true;
   }
 }

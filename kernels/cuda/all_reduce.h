@@ -3,37 +3,51 @@
 // latency (~16 µs per call measured on an H200 pair, 2 per layer) dominates batch-1 decode.
 //
 // Every rank runs the kernel on its own buffer; CTA b of every rank owns the same slice of
-// the elements. It signals the peers' CTA b that its buffer is ready, waits for theirs, sums
-// the slice over ranks 0..N-1 in that order (so every rank gets bit-identical sums), signals
-// that it has read, waits until the peers have read its slice, and writes the sums in place.
-// The barriers count epochs kept on the device (one per CTA), so the kernel replays inside
-// CUDA graphs. Buffers at most kP2PAllReduceMaxElements; larger steps take NCCL.
+// the elements. It copies its slice into this call's staging buffer (two, alternating by
+// call), signals the peers' CTA b, waits for theirs (one barrier), sums the slice of every
+// rank's staging buffer over ranks 0..N-1 in that order (so every rank gets bit-identical
+// sums) and writes the sums in place. A rank reuses a staging buffer two calls later, after
+// the next call's barrier, which every peer passes only after it finished reading it. The
+// barrier counts epochs kept on the device (one per CTA), so the kernel replays inside CUDA
+// graphs. Buffers at most kP2PAllReduceMaxElements; larger steps take NCCL.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace llm::cuda {
 
 constexpr int kP2PMaxRanks = 8;
-constexpr int kP2PBlocks = 32;
-constexpr int kP2PThreads = 512;
-constexpr int64_t kP2PAllReduceMaxElements = int64_t{kP2PBlocks} * kP2PThreads * 16;
+constexpr int kP2PBlocks = 32;   // at most; fewer for small buffers
+constexpr int kP2PThreads = 256;
+constexpr int64_t kP2PAllReduceMaxElements = int64_t{1} << 18;  // 64 tokens × 4096
 
 struct P2PAllReduceArgs {
   int world = 0, rank = 0;
-  float* bufs[kP2PMaxRanks] = {};  // every rank's buffer (bufs[rank] is this rank's)
-  // Every rank's flags: [2 barriers][kP2PBlocks][kP2PMaxRanks] uint32, zeroed once.
+  float* buf = nullptr;  // this rank's buffer
+  // Every rank's staging: [2][kP2PAllReduceMaxElements] fp32 (P2PStagingBytes()).
+  float* staging[kP2PMaxRanks] = {};
+  // Every rank's flags: [kP2PBlocks][kP2PMaxRanks] uint32, zeroed once.
   uint32_t* flags[kP2PMaxRanks] = {};
   uint32_t* epochs = nullptr;  // this rank's [kP2PBlocks], zeroed once
 };
 
-// Bytes of flags and epochs one rank allocates (zeroed) for P2PAllReduceArgs.
-constexpr size_t P2PFlagBytes() { return size_t{2} * kP2PBlocks * kP2PMaxRanks * 4; }
+// Bytes of staging, flags and epochs one rank allocates (flags and epochs zeroed).
+constexpr size_t P2PStagingBytes() { return size_t{2} * kP2PAllReduceMaxElements * 4; }
+constexpr size_t P2PFlagBytes() { return size_t{kP2PBlocks} * kP2PMaxRanks * 4; }
 constexpr size_t P2PEpochBytes() { return size_t{kP2PBlocks} * 4; }
 
-// bufs[rank][0, count) = Σ_r bufs[r][0, count), on every rank (each calls it with its args on
+// Enables peer access between GPUs 0..world-1 and allocates every rank's staging, flags and
+// epochs on its GPU: rank r's arguments are [r] (each sets .buf to its own buffer). Returns
+// an empty vector, allocating nothing, when a pair of GPUs has no peer access or world is
+// outside [2, kP2PMaxRanks]. The caller's current device is kept.
+std::vector<P2PAllReduceArgs> CreateP2PAllReduce(int world);
+// Frees what CreateP2PAllReduce allocated (after every launch using it has completed).
+void DestroyP2PAllReduce(std::vector<P2PAllReduceArgs>& ranks);
+
+// buf[0, count) = Σ_r (rank r's buf)[0, count), on every rank (each calls it with its args on
 // its own stream; all ranks must call it the same number of times). count % 4 == 0.
 void P2PAllReduce(const P2PAllReduceArgs& a, int64_t count, cudaStream_t stream);
 

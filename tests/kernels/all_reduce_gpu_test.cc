@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -25,45 +26,19 @@ class P2PAllReduceTest : public ::testing::Test {
     cudaGetLastError();
     if (n < 2) GTEST_SKIP() << "the peer all-reduce needs 2 GPUs; this machine has " << n;
     world_ = std::min(n, kP2PMaxRanks);
-    for (int a = 0; a < world_; ++a) {
-      for (int b = 0; b < world_; ++b) {
-        int ok = 1;
-        if (a != b) cudaDeviceCanAccessPeer(&ok, a, b);
-        if (!ok) GTEST_SKIP() << "no peer access between GPUs " << a << " and " << b;
-      }
-    }
-    args_.resize(size_t(world_));
+    args_ = CreateP2PAllReduce(world_);
+    if (args_.empty()) GTEST_SKIP() << "no peer access between every pair of " << world_ << " GPUs";
     for (int r = 0; r < world_; ++r) {
       LLM_CUDA_CHECK(cudaSetDevice(r));
-      for (int o = 0; o < world_; ++o) {
-        if (o == r) continue;
-        const cudaError_t err = cudaDeviceEnablePeerAccess(o, 0);
-        if (err != cudaErrorPeerAccessAlreadyEnabled) LLM_CUDA_CHECK(err);
-        cudaGetLastError();
-      }
       cudaStream_t s = nullptr;
       LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       streams_.push_back(s);
       float* buf = nullptr;
-      uint32_t *flags = nullptr, *epochs = nullptr;
       LLM_CUDA_CHECK(cudaMalloc(&buf, kP2PAllReduceMaxElements * 4));
-      LLM_CUDA_CHECK(cudaMalloc(&flags, P2PFlagBytes()));
-      LLM_CUDA_CHECK(cudaMalloc(&epochs, P2PEpochBytes()));
-      LLM_CUDA_CHECK(cudaMemset(flags, 0, P2PFlagBytes()));
-      LLM_CUDA_CHECK(cudaMemset(epochs, 0, P2PEpochBytes()));
       bufs_.push_back(buf);
-      args_[size_t(r)].epochs = epochs;
-      args_[size_t(r)].flags[r] = flags;
+      args_[size_t(r)].buf = buf;
     }
-    for (int r = 0; r < world_; ++r) {
-      P2PAllReduceArgs& a = args_[size_t(r)];
-      a.world = world_;
-      a.rank = r;
-      for (int o = 0; o < world_; ++o) {
-        a.bufs[o] = bufs_[size_t(o)];
-        a.flags[o] = args_[size_t(o)].flags[o];
-      }
-    }
+    LLM_CUDA_CHECK(cudaSetDevice(0));
   }
 
   void TearDown() override {
@@ -71,10 +46,9 @@ class P2PAllReduceTest : public ::testing::Test {
       cudaSetDevice(r);
       cudaDeviceSynchronize();
       cudaFree(bufs_[size_t(r)]);
-      cudaFree(args_[size_t(r)].flags[r]);
-      cudaFree(args_[size_t(r)].epochs);
       cudaStreamDestroy(streams_[size_t(r)]);
     }
+    DestroyP2PAllReduce(args_);
     cudaSetDevice(0);
   }
 
