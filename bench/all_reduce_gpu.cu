@@ -134,8 +134,8 @@ int main() {
         std::vector<float> h(static_cast<size_t>(count));
         for (int64_t i = 0; i < count; ++i) h[size_t(i)] = float(r + 1 + i % 7);
         LLM_CUDA_CHECK(cudaSetDevice(r));
-        LLM_CUDA_CHECK(cudaMemcpy(ranks[size_t(r)].buf, h.data(), h.size() * 4,
-                                  cudaMemcpyHostToDevice));
+        LLM_CUDA_CHECK(cudaMemcpyAsync(ranks[size_t(r)].buf, h.data(), h.size() * 4,
+                                       cudaMemcpyHostToDevice, ranks[size_t(r)].stream));
       }
       for (int r = 0; r < world; ++r) {
         LLM_CUDA_CHECK(cudaSetDevice(r));

@@ -410,6 +410,9 @@ struct CudaExecutor::Impl {
         if (i + 1 == c.num_layers) std::fprintf(stderr, "\n");
       }
     }
+    // The uploads ran on the legacy stream (a pageable cudaMemcpy may return before its DMA
+    // lands); the kernels run on `stream`, which does not wait for it.
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
     Log("weights: " + Gib(double(weight_bytes)) + " (" + std::string(DTypeName(dtype)) +
         ") loaded from " + dir + " in " + std::to_string(secs).substr(0, 5) + " s");
@@ -844,7 +847,7 @@ struct CudaExecutor::Impl {
   void AllReduceResidual(int64_t tokens) {
     if (shard.size == 1) return;
     const int64_t count = tokens * hidden;
-    if (p2p_ok && count <= cuda::kP2PAllReduceMaxElements && count % 4 == 0) {
+    if (p2p_ok && count <= cuda::kP2PFasterThanNccl && count % 4 == 0) {
       cuda::P2PAllReduce(p2p, count, stream);
       return;
     }
@@ -1566,7 +1569,7 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
         std::to_string(m.inter) + " MLP features per GPU, " + std::to_string(blocks) +
         " KV blocks each; all-reduce: " +
         (m.p2p_ok ? "one-shot over peer access up to " +
-                        std::to_string(cuda::kP2PAllReduceMaxElements / m.hidden) +
+                        std::to_string(cuda::kP2PFasterThanNccl / m.hidden) +
                         " tokens, NCCL above"
                   : std::string("NCCL")));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));

@@ -73,7 +73,7 @@ struct CudaExecutorOptions {
   // NCCL; needs a build with NCCL. Dummy weights are the same values as at N = 1 (each rank
   // generates the full tensor and keeps its slice), so N = 1 and N > 1 compare exactly.
   int tensor_parallel_size = 1;
-  // N > 1: all-reduce small steps (<= cuda::kP2PAllReduceMaxElements values) with our one-shot
+  // N > 1: all-reduce small steps (<= cuda::kP2PFasterThanNccl values) with our one-shot
   // kernel over peer access (kernels/cuda/all_reduce.h) instead of NCCL; vLLM's custom
   // all-reduce. --disable-custom-all-reduce turns it off.
   bool custom_all_reduce = true;

@@ -23,6 +23,10 @@ constexpr int kP2PMaxRanks = 8;
 constexpr int kP2PBlocks = 32;   // at most; fewer for small buffers
 constexpr int kP2PThreads = 256;
 constexpr int64_t kP2PAllReduceMaxElements = int64_t{1} << 18;  // 64 tokens × 4096
+// Up to here the one-shot kernel beats NCCL's all-reduce (bench_all_reduce_gpu, H200 pair,
+// 2026-11-29, graphs of 64 calls: 4.3 vs 6.5 µs at 16 KiB, 5.5 vs 7.1 µs at 128 KiB; at 1 MiB
+// NCCL wins, 12.5 vs 14.3 µs); the executor takes NCCL above it.
+constexpr int64_t kP2PFasterThanNccl = int64_t{1} << 15;  // 8 tokens × 4096
 
 struct P2PAllReduceArgs {
   int world = 0, rank = 0;

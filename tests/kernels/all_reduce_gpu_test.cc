@@ -62,7 +62,10 @@ class P2PAllReduceTest : public ::testing::Test {
       for (float& v : h) v = u(rng);
       for (size_t i = 0; i < h.size(); ++i) sum[i] = r == 0 ? h[i] : sum[i] + h[i];
       LLM_CUDA_CHECK(cudaSetDevice(r));
-      LLM_CUDA_CHECK(cudaMemcpy(bufs_[size_t(r)], h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+      // On the rank's stream: a pageable cudaMemcpy may return before its DMA lands, and the
+      // legacy stream does not order the non-blocking stream's kernel after it.
+      LLM_CUDA_CHECK(cudaMemcpyAsync(bufs_[size_t(r)], h.data(), h.size() * 4,
+                                     cudaMemcpyHostToDevice, streams_[size_t(r)]));
     }
     return sum;
   }
