@@ -35,7 +35,7 @@ if [ "$PHASE" = tests ]; then
     llm cuda_executor_gpu_test engine_gpu_test gemv_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
     bench_decode_attention_gpu cuda_async_gpu_test cuda_step_failure_gpu_test \
-    demo_model 2>&1 | tail -30
+    demo_model cuda_tp_gpu_test all_reduce_gpu_test bench_all_reduce_gpu 2>&1 | tail -30
   tiny=/tmp/tiny_models && mkdir -p $tiny
   for m in hd128 hd64; do
     build/llm make-model --config tests/data/tiny_models/$m.json --out $tiny/$m --seed 7 \
