@@ -912,6 +912,11 @@ struct CudaExecutor::Impl {
   // decision and enqueues the same collectives in the same order.
   void Run(const ForwardBatch& b, bool wait_inputs = true) {
     if (b.num_tokens() == 0) throw Error("Forward: no tokens");
+    if (shard.rank > 0 && opt.test_fail_peer_on_token >= 0 &&
+        std::count(b.token_ids.begin(), b.token_ids.end(), opt.test_fail_peer_on_token) > 0) {
+      throw Error("test: tensor-parallel rank " + std::to_string(shard.rank) +
+                  " fails on token " + std::to_string(opt.test_fail_peer_on_token));
+    }
     CheckPeers();
     const bool graph = GraphEligible(b);
     const int64_t padded = graph ? PaddedBatch(b.num_seqs()) : 0;
@@ -1327,9 +1332,10 @@ void CudaExecutor::Impl::SetupP2P(const std::vector<Impl*>& ranks) {
 }
 
 void CudaExecutor::Impl::AbortComms() {
-#if defined(LLM_HAS_NCCL)
   if (comms_aborted) return;
   comms_aborted = true;
+  cuda::AbortP2PAllReduce(p2p_group);
+#if defined(LLM_HAS_NCCL)
   if (comm) ncclCommAbort(comm);
   comm = nullptr;
   for (auto& p : peers) {
@@ -1597,6 +1603,12 @@ namespace {
 // call fail, so the engine must report itself unhealthy and the process be restarted. Other
 // errors (cudaErrorMemoryAllocation, a bad token id) pass unchanged: they fail only the step.
 [[noreturn]] void RethrowClassifyingCudaErrors() {
+  try {
+    throw;
+  } catch (const FatalExecutorError&) {
+    throw;  // already classified (a failed tensor-parallel rank): the device may still be busy
+  } catch (...) {
+  }
   cudaGetLastError();  // clears a non-sticky error; a sticky one stays, and shows again here:
   const cudaError_t sticky = cudaDeviceSynchronize();
   if (sticky == cudaSuccess) throw;

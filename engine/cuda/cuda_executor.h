@@ -77,6 +77,9 @@ struct CudaExecutorOptions {
   // kernel over peer access (kernels/cuda/all_reduce.h) instead of NCCL; vLLM's custom
   // all-reduce. --disable-custom-all-reduce turns it off.
   bool custom_all_reduce = true;
+  // TEST ONLY (cuda_tp_gpu_test): ranks > 0 fail every step whose batch holds this token,
+  // after rank 0 has enqueued its side of the step. -1: never.
+  int test_fail_peer_on_token = -1;
   bool log = true;  // progress and the memory plan on stderr
 };
 

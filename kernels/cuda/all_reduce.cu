@@ -44,7 +44,10 @@ __global__ void __launch_bounds__(kP2PThreads) P2PAllReduceKernel(P2PAllReduceAr
     __threadfence_system();
     StoreRelease(a.flags[t] + slot + a.rank, e);
     const uint32_t* flag = a.flags[a.rank] + slot + t;
-    while (LoadAcquire(flag) < e) {
+    // The abort word lives in host memory: read it only once the wait has gone on for a
+    // while (a barrier normally completes within a few µs), not on every poll.
+    for (uint32_t polls = 1; LoadAcquire(flag) < e; ++polls) {
+      if ((polls & 4095) == 0 && *a.abort != 0) break;
     }
   }
   __syncthreads();
@@ -76,6 +79,10 @@ std::vector<P2PAllReduceArgs> CreateP2PAllReduce(int world) {
   }
   int caller = 0;
   LLM_CUDA_CHECK(cudaGetDevice(&caller));
+  uint32_t* abort = nullptr;  // mapped into every device (unified addressing: one pointer)
+  LLM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&abort), sizeof(uint32_t),
+                               cudaHostAllocMapped | cudaHostAllocPortable));
+  *abort = 0;
   std::vector<P2PAllReduceArgs> ranks(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     LLM_CUDA_CHECK(cudaSetDevice(r));
@@ -91,6 +98,7 @@ std::vector<P2PAllReduceArgs> CreateP2PAllReduce(int world) {
     P2PAllReduceArgs& a = ranks[size_t(r)];
     a.world = world;
     a.rank = r;
+    a.abort = abort;
     LLM_CUDA_CHECK(cudaMalloc(&a.staging[r], P2PStagingBytes()));
     LLM_CUDA_CHECK(cudaMalloc(&a.flags[r], P2PFlagBytes()));
     LLM_CUDA_CHECK(cudaMalloc(&a.epochs, P2PEpochBytes()));
@@ -116,12 +124,17 @@ void DestroyP2PAllReduce(std::vector<P2PAllReduceArgs>& ranks) {
     cudaFree(a.flags[a.rank]);
     cudaFree(a.epochs);
   }
+  if (!ranks.empty()) cudaFreeHost(const_cast<uint32_t*>(ranks[0].abort));
   ranks.clear();
   cudaSetDevice(caller);
 }
 
+void AbortP2PAllReduce(const std::vector<P2PAllReduceArgs>& ranks) {
+  if (!ranks.empty()) *const_cast<volatile uint32_t*>(ranks[0].abort) = 1;
+}
+
 void P2PAllReduce(const P2PAllReduceArgs& a, int64_t count, cudaStream_t stream) {
-  if (count % 4 != 0 || count > kP2PAllReduceMaxElements || a.world < 2 || !a.buf ||
+  if (count % 4 != 0 || count > kP2PAllReduceMaxElements || a.world < 2 || !a.buf || !a.abort ||
       a.world > kP2PMaxRanks) {
     throw std::invalid_argument("P2PAllReduce: " + std::to_string(count) + " elements over " +
                                 std::to_string(a.world) + " ranks is outside what it takes");

@@ -36,6 +36,10 @@ struct P2PAllReduceArgs {
   // Every rank's flags: [kP2PBlocks][kP2PMaxRanks] uint32, zeroed once.
   uint32_t* flags[kP2PMaxRanks] = {};
   uint32_t* epochs = nullptr;  // this rank's [kP2PBlocks], zeroed once
+  // A host-mapped word every rank shares: once AbortP2PAllReduce sets it, a CTA waiting at
+  // the barrier for a rank that will never come gives up (its sums are garbage), so a failed
+  // rank cannot leave the others' streams spinning forever.
+  const volatile uint32_t* abort = nullptr;
 };
 
 // Bytes of staging, flags and epochs one rank allocates (flags and epochs zeroed).
@@ -50,6 +54,8 @@ constexpr size_t P2PEpochBytes() { return size_t{kP2PBlocks} * 4; }
 std::vector<P2PAllReduceArgs> CreateP2PAllReduce(int world);
 // Frees what CreateP2PAllReduce allocated (after every launch using it has completed).
 void DestroyP2PAllReduce(std::vector<P2PAllReduceArgs>& ranks);
+// Makes every launch of this group, running or to come, give up waiting at its barrier.
+void AbortP2PAllReduce(const std::vector<P2PAllReduceArgs>& ranks);
 
 // buf[0, count) = Σ_r (rank r's buf)[0, count), on every rank (each calls it with its args on
 // its own stream; all ranks must call it the same number of times). count % 4 == 0.

@@ -217,6 +217,50 @@ TEST_F(CudaTpTest, GreedyTokensMatchOneGpuOnLlama3Shape) {
   ExpectSameGreedy(one, two, "llama-3-8b dummy", kTokens);
 }
 
+// A rank that fails mid-step (after rank 0 has enqueued its half of the step's collectives)
+// must not leave rank 0 waiting forever: the executor aborts the communicators and the
+// one-shot all-reduce, the step ends with FatalExecutorError, the engine fails the request,
+// turns unhealthy, and shuts down (ctest's timeout catches a hang). Both all-reduce paths.
+TEST_F(CudaTpTest, AFailedRankFailsTheEngineWithoutHanging) {
+  constexpr int kPoison = 499;
+  for (const bool custom : {true, false}) {
+    SCOPED_TRACE(custom ? "peer all-reduce" : "NCCL");
+    CudaExecutorOptions o = Options(2);
+    o.custom_all_reduce = custom;
+    o.test_fail_peer_on_token = kPoison;
+    EngineConfig cfg;
+    cfg.block_size = kBlockSize;
+    cfg.max_num_seqs = 8;
+    cfg.max_num_batched_tokens = 512;
+    cfg.batch_invariant = false;
+    cfg.async_scheduling = true;
+    auto engine =
+        std::make_unique<Engine>(CudaExecutor::Create(test::StoriesDir(), o), test::StoriesTokenizer(), cfg);
+    auto drain = [](OutputChannel& ch) {
+      std::string error;
+      int tokens = 0;
+      RequestOutput out;
+      while (ch.TryPop(&out)) {
+        tokens += int(out.token_ids.size());
+        if (!out.error.empty()) error = out.error;
+      }
+      return std::make_pair(tokens, error);
+    };
+    auto good = engine->AddRequest(test::GreedyRequest({1, 403, 407, 261}, 16));
+    engine->RunUntilIdle();
+    EXPECT_EQ(drain(*good), std::make_pair(16, std::string()));
+    auto bad = engine->AddRequest(test::GreedyRequest({1, 403, kPoison, 261}, 16));
+    engine->RunUntilIdle();
+    const auto [tokens, error] = drain(*bad);
+    EXPECT_EQ(tokens, 0);
+    EXPECT_NE(error, "");
+    EXPECT_FALSE(engine->IsHealthy());
+    EXPECT_NE(engine->UnhealthyReason().find("tensor-parallel rank 1"), std::string::npos)
+        << engine->UnhealthyReason();
+    engine.reset();  // joins the worker thread and releases both GPUs: must return
+  }
+}
+
 // Needs one GPU only: the errors come before any rank starts.
 class CudaTpErrorsTest : public ::testing::Test {
  protected:
