@@ -237,7 +237,14 @@ struct CudaExecutor::Impl {
   ~Impl();
   void StopPeers();
   // Frees everything this rank holds, on its GPU (idempotent; the caller's device is kept).
+  // After a failed tensor-parallel rank (comms_aborted) it frees nothing: this rank's stream
+  // may hold a collective that never completes, and every free would wait for it. The
+  // engine is unhealthy by then and the process is meant to be restarted.
   void Release() {
+    if (comms_aborted) {
+      LeakDeviceState();
+      return;
+    }
     int caller_device = 0;
     cudaGetDevice(&caller_device);
     cudaSetDevice(device);
@@ -263,6 +270,28 @@ struct CudaExecutor::Impl {
     for (OutSlot& o : out) o.start = o.stop = nullptr;
     ev_inputs = nullptr;
     cudaSetDevice(caller_device);
+  }
+
+  // Forgets every device and pinned allocation, stream, event and handle without freeing it.
+  void LeakDeviceState() {
+    for (auto* pinned : {&h_tokens, &h_positions, &h_cu, &h_cu_prefill, &h_ctx, &h_tables,
+                         &h_rows, &h_feed}) {
+      pinned->p = nullptr;
+    }
+    h_slots.p = nullptr;
+    h_params.p = nullptr;
+    h_adjust.p = nullptr;
+    for (OutSlot& o : out) {
+      o.token.p = o.top_ids.p = nullptr;
+      o.logprob.p = o.top_lp.p = nullptr;
+      o.start = o.stop = nullptr;
+    }
+    (void)gemm.release();
+    graphs.clear();
+    allocations.clear();
+    stream = nullptr;
+    ev_inputs = ev_sync = nullptr;
+    comm = nullptr;
   }
 
   template <typename T = void>
@@ -964,7 +993,12 @@ struct CudaExecutor::Impl {
     }
     for (;;) {
       const cudaError_t q = cudaEventQuery(ev);
-      if (q == cudaSuccess) return;
+      if (q == cudaSuccess) {
+        // Work that completed after a rank failed may have summed garbage (an aborted
+        // all-reduce): it is not a result.
+        CheckPeers();
+        return;
+      }
       if (q != cudaErrorNotReady) LLM_CUDA_CHECK(q);
       CheckPeers();
       std::this_thread::yield();
@@ -1270,7 +1304,7 @@ CudaExecutor::Impl::~Impl() {
   for (auto& p : peers) {
     if (p->thread.joinable()) p->thread.join();
   }
-  cuda::DestroyP2PAllReduce(p2p_group);  // every rank's stream is synchronised by now
+  if (!comms_aborted) cuda::DestroyP2PAllReduce(p2p_group);  // every stream is idle by now
 }
 
 void CudaExecutor::Impl::PostToPeers(std::function<void(Impl&)> job) {
@@ -1343,6 +1377,9 @@ void CudaExecutor::Impl::AbortComms() {
     p->impl->comm = nullptr;
   }
 #endif
+  // The peers leave their device state alone too (read by their threads after quit, which
+  // is posted under their mutex after this).
+  for (auto& p : peers) p->impl->comms_aborted = true;
 }
 
 void CudaExecutor::Impl::CheckPeers() {
