@@ -146,8 +146,8 @@ int main() {
         LLM_CUDA_CHECK(cudaSetDevice(r));
         LLM_CUDA_CHECK(cudaStreamSynchronize(ranks[size_t(r)].stream));
         std::vector<float> h(static_cast<size_t>(count));
-        LLM_CUDA_CHECK(cudaMemcpy(h.data(), ranks[size_t(r)].buf, h.size() * 4,
-                                  cudaMemcpyDeviceToHost));
+        LLM_CUDA_CHECK(
+            cudaMemcpy(h.data(), ranks[size_t(r)].buf, h.size() * 4, cudaMemcpyDeviceToHost));
         for (int64_t i = 0; i < count; ++i) ok &= h[size_t(i)] == float(3 + 2 * (i % 7));
       }
       Capture(ranks, [&] {
@@ -180,8 +180,8 @@ int main() {
           "JSON {\"kind\":\"all_reduce\",\"ranks\":%d,\"tokens\":%lld,\"bytes\":%lld,\"pdl\":%s,"
           "\"calls_per_graph\":%d,\"p2p_us\":%.2f,\"nccl_us\":%.2f,\"empty_kernel_us\":%.2f,"
           "\"verified\":%s}\n",
-          world, (long long)tokens, (long long)(count * 4), pdl ? "true" : "false",
-          kCallsPerGraph, p2p_us, nccl_us, empty_us, ok ? "true" : "false");
+          world, (long long)tokens, (long long)(count * 4), pdl ? "true" : "false", kCallsPerGraph,
+          p2p_us, nccl_us, empty_us, ok ? "true" : "false");
     }
   }
   return 0;

@@ -35,10 +35,10 @@ enum class TpWeight { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownP
 struct TensorParallelShard {
   int rank = 0;
   int size = 1;
-  int64_t num_heads = 0;     // query heads on this rank
-  int64_t num_kv_heads = 0;  // KV heads on this rank (and in its KV cache)
+  int64_t num_heads = 0;      // query heads on this rank
+  int64_t num_kv_heads = 0;   // KV heads on this rank (and in its KV cache)
   int64_t kv_head_begin = 0;  // its first KV head (global numbering)
-  int64_t intermediate = 0;  // MLP features on this rank
+  int64_t intermediate = 0;   // MLP features on this rank
   int64_t head_dim = 0;
   int64_t hidden = 0;
 

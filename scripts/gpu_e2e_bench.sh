@@ -57,26 +57,13 @@ if [ "$PHASE" = tests ]; then
   exit 0
 fi
 
-LLM=build/llm
-TOK="--tokenizer $shared/models/stories260K"
 RESULTS=$OUT/e2e-runs.jsonl
 : > "$RESULTS"
-run() {  # name, timeout, llm bench args...   (E2E_RUNS="name ..." selects runs)
-  local name=$1 t=$2
-  shift 2
-  if [ -n "${E2E_RUNS:-}" ] && [[ " $E2E_RUNS " != *" $name "* ]]; then return; fi
-  echo "== $name: llm bench $*" | tee -a "$OUT/e2e.log"
-  local line
-  line=$(timeout "$t" $LLM bench --device cuda --load-format dummy $TOK "$@" 2>>"$OUT/e2e.log" | tail -1)
-  local rc=$?
-  if [ $rc -ne 0 ] || [ -z "$line" ]; then
-    echo "{\"name\": \"$name\", \"error\": \"exit $rc\"}" >> "$RESULTS"
-    echo "   FAILED (exit $rc)"
-  else
-    echo "{\"name\": \"$name\", \"result\": $line}" >> "$RESULTS"
-    echo "   $line" | cut -c1-400
-  fi
-}
+# run NAME TIMEOUT ARGS...   (E2E_RUNS="name ..." selects runs)
+source scripts/bench_run.sh
+BENCH_RESULTS=$RESULTS BENCH_LOG=$OUT/e2e.log BENCH_SELECT=${E2E_RUNS:-}
+BENCH_TOKENIZER=$shared/models/stories260K
+run() { bench_run "$@"; }
 timeout 60 build/bench_copy_bandwidth_gpu > "$OUT/ceilings.txt" 2>&1
 timeout 120 build/bench_gemm_peak_gpu >> "$OUT/ceilings.txt" 2>&1
 cat "$OUT/ceilings.txt"

@@ -33,23 +33,10 @@ export PATH=/opt/deps/usr/bin:$PATH
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 RESULTS=$OUT/tp-runs.jsonl
 : > "$RESULTS"
-run() {  # name, timeout, llm bench args...
-  local name=$1 t=$2
-  shift 2
-  if [ -n "${TP_RUNS:-}" ] && [[ " $TP_RUNS " != *" $name "* ]]; then return; fi
-  echo "== $name: llm bench $*" | tee -a "$OUT/tp.log"
-  local line
-  line=$(timeout "$t" build/llm bench --device cuda --load-format dummy \
-    --tokenizer "$shared/models/stories260K" "$@" 2>>"$OUT/tp.log" | tail -1)
-  local rc=$?
-  if [ $rc -ne 0 ] || [ -z "$line" ]; then
-    echo "{\"name\": \"$name\", \"error\": \"exit $rc\"}" >> "$RESULTS"
-    echo "   FAILED (exit $rc)"
-  else
-    echo "{\"name\": \"$name\", \"result\": $line}" >> "$RESULTS"
-    echo "   $line" | cut -c1-300
-  fi
-}
+source scripts/bench_run.sh
+BENCH_RESULTS=$RESULTS BENCH_LOG=$OUT/tp.log BENCH_SELECT=${TP_RUNS:-}
+BENCH_TOKENIZER=$shared/models/stories260K
+run() { bench_run "$@"; }
 timeout 60 build/bench_copy_bandwidth_gpu > "$OUT/ceilings.txt" 2>&1
 timeout 120 build/bench_all_reduce_gpu 2>&1 | tee "$OUT/all_reduce.txt"
 C8=engine/configs/llama-3-8b.json

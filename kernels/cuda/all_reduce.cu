@@ -1,9 +1,8 @@
-#include "kernels/cuda/all_reduce.h"
-
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/all_reduce.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 
@@ -20,8 +19,8 @@ __device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* p) {
   return v;
 }
 
-__global__ void __launch_bounds__(kP2PThreads) P2PAllReduceKernel(P2PAllReduceArgs a,
-                                                                 int64_t count4) {
+__global__ void __launch_bounds__(kP2PThreads)
+    P2PAllReduceKernel(P2PAllReduceArgs a, int64_t count4) {
   // Launched with PDL (kernels/cuda/launch.h): the CTAs are resident while the GEMV before
   // finishes; the next kernel may launch as soon as this one runs (it waits for completion).
   PdlWait();

@@ -20,7 +20,7 @@
 namespace llm::cuda {
 
 constexpr int kP2PMaxRanks = 8;
-constexpr int kP2PBlocks = 32;   // at most; fewer for small buffers
+constexpr int kP2PBlocks = 32;  // at most; fewer for small buffers
 constexpr int kP2PThreads = 256;
 constexpr int64_t kP2PAllReduceMaxElements = int64_t{1} << 18;  // 64 tokens × 4096
 // Up to here the one-shot kernel beats NCCL's all-reduce (bench_all_reduce_gpu, H200 pair,

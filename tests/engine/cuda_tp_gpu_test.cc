@@ -34,14 +34,25 @@ constexpr double kLogitTolerance = 1e-2;
 // A greedy divergence is accepted only where TP=1's top two logprobs are this close.
 constexpr double kNearTie = 0.05;
 
-std::string Llama3Config() { return (test::SourceDir() / "engine/configs/llama-3-8b.json").string(); }
+std::string Llama3Config() {
+  return (test::SourceDir() / "engine/configs/llama-3-8b.json").string();
+}
 
-class CudaTpTest : public ::testing::Test {
+// A GPU and a build with NCCL (the split errors come before any rank starts: one GPU will do).
+class CudaTpErrorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
     if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
     if (!CudaTensorParallelAvailable()) GTEST_SKIP() << "this build has no NCCL";
+  }
+};
+
+class CudaTpTest : public CudaTpErrorsTest {
+ protected:
+  void SetUp() override {
+    CudaTpErrorsTest::SetUp();
+    if (IsSkipped()) return;
     if (CudaDeviceCount() < 2) {
       GTEST_SKIP() << "tensor parallelism needs 2 GPUs; this machine has " << CudaDeviceCount();
     }
@@ -86,7 +97,8 @@ std::vector<float> StepLogits(CudaExecutor& ex) {
     for (size_t s = 0; s < lens.size(); ++s) {
       const int pos = lengths[s]++;
       const int id = int((7 + step * 13 + int(s) * 5) % vocab);
-      const int64_t slot = int64_t(tables[s][size_t(pos) / kBlockSize]) * kBlockSize + pos % kBlockSize;
+      const int64_t slot =
+          int64_t(tables[s][size_t(pos) / kBlockSize]) * kBlockSize + pos % kBlockSize;
       decode.AddSequence(std::vector<int>{id}, pos, tables[s], std::vector<int64_t>{slot}, true,
                          true);
     }
@@ -147,14 +159,20 @@ struct Completion {
 
 // Greedy requests through the engine (async scheduling, graphs): 3 prompts of n = 1 and one
 // of n = 2 (its two completions share the prompt's last partial block: copy-on-write).
-std::vector<Completion> Generate(const std::string& model, int tp, bool dummy, int max_tokens) {
+// The engine as the server runs the GPU: async scheduling, decode steps replaying graphs.
+EngineConfig ServerLikeConfig() {
   EngineConfig cfg;
   cfg.block_size = kBlockSize;
   cfg.max_num_seqs = 8;
   cfg.max_num_batched_tokens = 512;
   cfg.batch_invariant = false;
   cfg.async_scheduling = true;
-  Engine engine(CudaExecutor::Create(model, Options(tp, dummy)), test::StoriesTokenizer(), cfg);
+  return cfg;
+}
+
+std::vector<Completion> Generate(const std::string& model, int tp, bool dummy, int max_tokens) {
+  Engine engine(CudaExecutor::Create(model, Options(tp, dummy)), test::StoriesTokenizer(),
+                ServerLikeConfig());
   std::vector<Request> requests;
   for (int i = 0; i < 4; ++i) {
     std::vector<int> prompt;
@@ -228,14 +246,8 @@ TEST_F(CudaTpTest, AFailedRankFailsTheEngineWithoutHanging) {
     CudaExecutorOptions o = Options(2);
     o.custom_all_reduce = custom;
     o.test_fail_peer_on_token = kPoison;
-    EngineConfig cfg;
-    cfg.block_size = kBlockSize;
-    cfg.max_num_seqs = 8;
-    cfg.max_num_batched_tokens = 512;
-    cfg.batch_invariant = false;
-    cfg.async_scheduling = true;
-    auto engine =
-        std::make_unique<Engine>(CudaExecutor::Create(test::StoriesDir(), o), test::StoriesTokenizer(), cfg);
+    auto engine = std::make_unique<Engine>(CudaExecutor::Create(test::StoriesDir(), o),
+                                           test::StoriesTokenizer(), ServerLikeConfig());
     auto drain = [](OutputChannel& ch) {
       std::string error;
       int tokens = 0;
@@ -260,16 +272,6 @@ TEST_F(CudaTpTest, AFailedRankFailsTheEngineWithoutHanging) {
     engine.reset();  // joins the worker thread and releases both GPUs: must return
   }
 }
-
-// Needs one GPU only: the errors come before any rank starts.
-class CudaTpErrorsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
-    if (!CudaTensorParallelAvailable()) GTEST_SKIP() << "this build has no NCCL";
-  }
-};
 
 TEST_F(CudaTpErrorsTest, RejectsSplitsTheModelCannotTake) {
   // hd128 has 4 query heads: 3 GPUs cannot split them.

@@ -4,8 +4,8 @@
 // largest it takes, and a CUDA graph replayed several times. Label gpu: skips with a message
 // without 2 GPUs with peer access.
 //   ninja -C build all_reduce_gpu_test && (cd build && ctest -L gpu -R all_reduce)
-#include <gtest/gtest.h>
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
@@ -75,7 +75,8 @@ class P2PAllReduceTest : public ::testing::Test {
       LLM_CUDA_CHECK(cudaSetDevice(r));
       LLM_CUDA_CHECK(cudaStreamSynchronize(streams_[size_t(r)]));
       std::vector<float> got(want.size());
-      LLM_CUDA_CHECK(cudaMemcpy(got.data(), bufs_[size_t(r)], got.size() * 4, cudaMemcpyDeviceToHost));
+      LLM_CUDA_CHECK(
+          cudaMemcpy(got.data(), bufs_[size_t(r)], got.size() * 4, cudaMemcpyDeviceToHost));
       ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << "rank " << r;
     }
   }
