@@ -59,6 +59,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "small steps take our one-shot kernel over peer access)");
 }
 
+void CheckCpuFlags(const BackendFlags& f) {
+  if (f.load_format == "dummy") throw Error("--load-format dummy needs --device cuda");
+  if (f.tensor_parallel_size > 1) throw Error("--tensor-parallel-size needs --device cuda");
+}
+
 bool CudaDevicePresent() {
 #if defined(LLM_HAS_CUDA)
   return CudaBackendAvailable();
@@ -70,8 +75,7 @@ bool CudaDevicePresent() {
 namespace {
 
 Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
-  if (f.load_format == "dummy") throw Error("--load-format dummy needs --device cuda");
-  if (f.tensor_parallel_size > 1) throw Error("--tensor-parallel-size needs --device cuda");
+  CheckCpuFlags(f);
   Backend b;
   LoadOptions load;
   if (f.dtype == "f32") load.weight_dtype = DType::kF32;

@@ -41,6 +41,10 @@ struct Backend {
 // True when this build has the CUDA backend and a GPU can be used.
 bool CudaDevicePresent();
 
+// Throws llm::Error for flags only the CUDA backend takes (--load-format dummy,
+// --tensor-parallel-size > 1), for paths that run the CPU backend.
+void CheckCpuFlags(const BackendFlags& flags);
+
 // Builds the backend for `model_path` (a model folder; with --load-format dummy also a
 // config .json). On the CPU the KV pool comes from engine.kv_cache_bytes; on the GPU from the
 // memory left, and `engine` is adjusted to what the GPU path wants (no batch-invariant

@@ -117,6 +117,7 @@ int RunGenerate(GenerateFlags f) {
     Backend backend = MakeBackend(f.model_dir, f.backend, &probe);
     if (backend.device == "cuda") return RunGenerateOnEngine(f, std::move(backend), probe);
   }
+  CheckCpuFlags(f.backend);
   LoadOptions load;
   if (f.backend.dtype == "f32") load.weight_dtype = DType::kF32;
   if (f.backend.dtype == "bf16") load.weight_dtype = DType::kBF16;

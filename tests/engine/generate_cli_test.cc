@@ -73,6 +73,16 @@ TEST(GenerateCli, BadFlagsAreRejected) {
   EXPECT_NE(RunLlm("nonsense").exit_code, 0);
 }
 
+TEST(GenerateCli, TensorParallelismNeedsCudaAndAPositiveSize) {
+  RunResult r = RunLlm("generate --device cpu --model " + Stories() +
+                       " --prompt hi --tensor-parallel-size 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--tensor-parallel-size needs --device cuda"), std::string::npos) << r.err;
+  EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --tensor-parallel-size 0")
+                .exit_code,
+            0);
+}
+
 TEST(MakeModelCli, WritesALoadableCheckpoint) {
   test::TempDir dir;
   const std::string config = (test::SourceDir() / "engine/configs/demo.json").string();
