@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -132,7 +133,13 @@ struct CudaExecutor::Impl {
   struct Peer;  // another rank and the worker thread that drives it (rank 0 only)
   std::vector<std::unique_ptr<Peer>> peers;
   bool drive_peers = false;  // rank 0 hands every step to the peers (after start-up)
-  bool comms_aborted = false;
+  // Set (by rank 0's thread) when the ranks' collectives can no longer pair up; read by every
+  // rank's thread before each NCCL call (under comm_mu) and at teardown.
+  std::atomic<bool> comms_aborted{false};
+  // Held around each NCCL call on this rank, so that AbortComms (rank 0's thread) does not
+  // free a communicator a worker is about to use; a call blocked inside NCCL is instead
+  // released by the abort (ncclCommAbort from another thread is NCCL's way to do that).
+  std::timed_mutex comm_mu;
   // The one-shot peer-access all-reduce of small steps (kernels/cuda/all_reduce.h), when
   // every pair of GPUs has peer access and options.custom_all_reduce.
   cuda::P2PAllReduceArgs p2p;
@@ -881,14 +888,24 @@ struct CudaExecutor::Impl {
       return;
     }
 #if defined(LLM_HAS_NCCL)
-    LLM_NCCL_CHECK(ncclAllReduce(x, x, size_t(tokens * hidden), ncclFloat32, ncclSum, comm, stream));
+    std::lock_guard<std::timed_mutex> lock(comm_mu);
+    ThrowIfAborted();
+    LLM_NCCL_CHECK(ncclAllReduce(x, x, size_t(count), ncclFloat32, ncclSum, comm, stream));
 #endif
+  }
+
+  void ThrowIfAborted() const {
+    if (comms_aborted) {
+      throw FatalExecutorError("tensor parallel: the communicators were aborted after a failure");
+    }
   }
 
   // The step's token ids, from rank 0 (where async scheduling's fed tokens are gathered).
   void BroadcastTokens(int64_t tokens) {
     if (shard.size == 1) return;
 #if defined(LLM_HAS_NCCL)
+    std::lock_guard<std::timed_mutex> lock(comm_mu);
+    ThrowIfAborted();
     LLM_NCCL_CHECK(ncclBroadcast(d_tokens, d_tokens, size_t(tokens), ncclInt32, 0, comm, stream));
 #endif
   }
@@ -955,7 +972,27 @@ struct CudaExecutor::Impl {
     if (drive_peers) {
       auto copy = std::make_shared<const ForwardBatch>(b);
       PostToPeers([copy](Impl& peer) { peer.Run(*copy); });
+      // From here on the peers enqueue this step's collectives: a failure on this rank
+      // would leave them unpaired, so it is fatal (and the communicators are aborted).
+      try {
+        Enqueue(s, graph, padded);
+      } catch (const FatalExecutorError&) {
+        AbortComms();
+        throw;
+      } catch (const std::exception& e) {
+        AbortComms();
+        throw FatalExecutorError(std::string("tensor-parallel rank 0 failed mid-step: ") +
+                                 e.what());
+      }
+    } else {
+      Enqueue(s, graph, padded);
     }
+    ++stats.steps;
+  }
+
+  // The device work of a step uploaded as `s`: the fed tokens' gather (and broadcast), then
+  // the decode graph or the eager forward.
+  void Enqueue(const Shape& s, bool graph, int64_t padded) {
     if (s.has_feed) {
       if (shard.rank == 0) {
         cuda::FeedSampledTokens(d_tokens, d_feed, d_sampled, s.num_tokens, stream);
@@ -971,7 +1008,6 @@ struct CudaExecutor::Impl {
     } else {
       RunModel(s);
     }
-    ++stats.steps;
   }
 
   // ---- tensor parallel: the peers and their worker threads ---------------------------------
@@ -984,6 +1020,7 @@ struct CudaExecutor::Impl {
   // the ranks' collectives can no longer pair up).
   void CheckPeers();
   void AbortComms();
+  [[noreturn]] void RethrowClassified();
   // Waits for `ev`; with peers, polls, so that a failed peer ends the wait with an error
   // instead of a collective that never completes.
   void Sync(cudaEvent_t ev) {
@@ -1322,6 +1359,7 @@ void CudaExecutor::Impl::RunOnAllRanks(const std::function<void(Impl&)>& f) {
         promise->set_value();
       } catch (...) {
         promise->set_exception(std::current_exception());
+        throw;  // recorded by the worker too: rank 0's waits see it (CheckPeers) and abort
       }
     });
   }
@@ -1366,20 +1404,21 @@ void CudaExecutor::Impl::SetupP2P(const std::vector<Impl*>& ranks) {
 }
 
 void CudaExecutor::Impl::AbortComms() {
-  if (comms_aborted) return;
-  comms_aborted = true;
+  if (comms_aborted.exchange(true)) return;
+  // Every rank leaves its device state alone from now on (Release), and no rank's thread
+  // starts another NCCL call (ThrowIfAborted under comm_mu).
+  for (auto& p : peers) p->impl->comms_aborted = true;
   cuda::AbortP2PAllReduce(p2p_group);
 #if defined(LLM_HAS_NCCL)
-  if (comm) ncclCommAbort(comm);
-  comm = nullptr;
-  for (auto& p : peers) {
-    if (p->impl->comm) ncclCommAbort(p->impl->comm);
-    p->impl->comm = nullptr;
+  std::vector<Impl*> ranks = {this};
+  for (auto& p : peers) ranks.push_back(p->impl.get());
+  for (Impl* r : ranks) {
+    std::unique_lock<std::timed_mutex> lock(r->comm_mu, std::defer_lock);
+    const bool idle = lock.try_lock_for(std::chrono::seconds(1));
+    if (r->comm) ncclCommAbort(r->comm);  // also releases a call blocked inside NCCL
+    if (idle) r->comm = nullptr;  // else its thread owns the pointer; teardown leaks it
   }
 #endif
-  // The peers leave their device state alone too (read by their threads after quit, which
-  // is posted under their mutex after this).
-  for (auto& p : peers) p->impl->comms_aborted = true;
 }
 
 void CudaExecutor::Impl::CheckPeers() {
@@ -1633,21 +1672,32 @@ std::string CudaExecutor::Describe() const {
 int64_t CudaExecutor::num_kv_blocks() const { return impl_->layout.num_blocks; }
 int64_t CudaExecutor::block_size() const { return impl_->layout.block_size; }
 
-namespace {
-
 // Rethrows the exception in flight, as FatalExecutorError when the CUDA context is poisoned: a
 // sticky error (cudaErrorIllegalAddress, a launch failure, a kernel fault) makes every later
 // call fail, so the engine must report itself unhealthy and the process be restarted. Other
 // errors (cudaErrorMemoryAllocation, a bad token id) pass unchanged: they fail only the step.
-[[noreturn]] void RethrowClassifyingCudaErrors() {
+// Tensor parallel: a fatal error aborts the communicators (no rank may wait for this one),
+// and the device is polled rather than synchronised (a peer may have failed meanwhile).
+void CudaExecutor::Impl::RethrowClassified() {
   try {
     throw;
   } catch (const FatalExecutorError&) {
-    throw;  // already classified (a failed tensor-parallel rank): the device may still be busy
+    if (!peers.empty()) AbortComms();
+    throw;
   } catch (...) {
   }
   cudaGetLastError();  // clears a non-sticky error; a sticky one stays, and shows again here:
-  const cudaError_t sticky = cudaDeviceSynchronize();
+  cudaError_t sticky = cudaSuccess;
+  if (peers.empty()) {
+    sticky = cudaDeviceSynchronize();
+  } else {
+    sticky = cudaEventRecord(ev_sync, stream);
+    while (sticky == cudaSuccess && (sticky = cudaEventQuery(ev_sync)) == cudaErrorNotReady) {
+      CheckPeers();  // a failed peer: FatalExecutorError (communicators aborted)
+      std::this_thread::yield();
+      sticky = cudaSuccess;
+    }
+  }
   if (sticky == cudaSuccess) throw;
   std::string what = "unknown exception";
   try {
@@ -1656,11 +1706,10 @@ namespace {
     what = e.what();
   } catch (...) {
   }
+  if (!peers.empty()) AbortComms();
   throw FatalExecutorError(what + " (the CUDA context is unusable: " + cudaGetErrorString(sticky) +
                            ")");
 }
-
-}  // namespace
 
 void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {
   Impl& m = *impl_;
@@ -1671,7 +1720,7 @@ void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {
   }
   m.CopyBlocks(copies);
 } catch (...) {
-  RethrowClassifyingCudaErrors();
+  impl_->RethrowClassified();
 }
 
 std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
@@ -1688,7 +1737,7 @@ std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
   m.FinishTiming(m.out[0], std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   return out;
 } catch (...) {
-  RethrowClassifyingCudaErrors();
+  impl_->RethrowClassified();
 }
 
 std::vector<SampleResult> CudaExecutor::ForwardAndSample(const ForwardBatch& batch,
@@ -1702,19 +1751,19 @@ std::vector<SampleResult> CudaExecutor::ForwardAndSample(const ForwardBatch& bat
   m.FinishTiming(m.out[0], std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   return results;
 } catch (...) {
-  RethrowClassifyingCudaErrors();
+  impl_->RethrowClassified();
 }
 
 StepHandle CudaExecutor::Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) try {
   return impl_->Launch(batch, tasks);
 } catch (...) {
-  RethrowClassifyingCudaErrors();
+  impl_->RethrowClassified();
 }
 
 std::vector<SampleResult> CudaExecutor::Wait(StepHandle step) try {
   return impl_->Wait(step);
 } catch (...) {
-  RethrowClassifyingCudaErrors();
+  impl_->RethrowClassified();
 }
 
 CudaExecutorStats CudaExecutor::stats() const { return impl_->stats; }

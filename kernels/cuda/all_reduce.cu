@@ -45,7 +45,9 @@ __global__ void __launch_bounds__(kP2PThreads)
     const uint32_t* flag = a.flags[a.rank] + slot + t;
     // The abort word lives in host memory: read it only once the wait has gone on for a
     // while (a barrier normally completes within a few µs), not on every poll.
-    for (uint32_t polls = 1; LoadAcquire(flag) < e; ++polls) {
+    // Epochs wrap after 2^32 calls (days at batch-1 decode): compare them as a signed
+    // difference (a peer is at most one epoch ahead or behind here).
+    for (uint32_t polls = 1; int32_t(LoadAcquire(flag) - e) < 0; ++polls) {
       if ((polls & 4095) == 0 && *a.abort != 0) break;
     }
   }
