@@ -29,7 +29,7 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt
   > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build -- "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' -A5 "$OUT/build.log" | head -60; exit 1; }
 # GPU_TEST_REGEX narrows the GPU tests (ctest -R); GPU_POST runs afterwards (e.g. a bench).
-(cd build && ctest -L gpu -R "${GPU_TEST_REGEX:-.}" --output-on-failure) 2>&1 \
+(cd build && ctest -L gpu -R "${GPU_TEST_REGEX:-.}" --output-on-failure --timeout 300) 2>&1 \
   | tee "$OUT/gpu_tests.log" | tail -40
 if [ -n "${GPU_POST:-}" ]; then
   bash -c "$GPU_POST" 2>&1 | tee "$OUT/post.log" | tail -60
