@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/fp8.h"
 #include "kernels/online_softmax.h"
 
 namespace llm::cpu {
@@ -49,7 +50,12 @@ constexpr int64_t kKeys = TileTraits::kTileKeys;
 // What every work item of one call shares.
 struct Problem {
   const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
-  PagedKvView<const float> kv;
+  PagedKvView<const float> kv;  // fp32 pools (null with fp8 pools; the layout always)
+  // FP8 pools: e4m3 codes, dequantized key tile by key tile through these tables (the code's
+  // value times the layer's scale), so the arithmetic after the gather is the fp32 path's.
+  const uint8_t* k8 = nullptr;
+  const uint8_t* v8 = nullptr;
+  float k_lut[256] = {}, v_lut[256] = {};
   const AttentionBatch* batch = nullptr;
   int64_t num_heads = 0;
   int64_t group = 0;  // query heads per KV head
@@ -72,15 +78,18 @@ struct TileWork {
 // Per-thread buffers, sized by head_dim and the KV group only (never by sequence length):
 // rows = max(kTileRows, group), since one tile holds at least one token's whole group.
 struct Scratch {
-  Scratch(int64_t head_dim, int64_t group)
+  Scratch(int64_t head_dim, int64_t group, bool fp8 = false)
       : rows(std::max(kRows, group)),
         q(rows * head_dim),
         acc(rows * head_dim),
         kt(head_dim * kKeys),
         s(rows * kKeys),
-        state(rows) {}
+        state(rows),
+        k_tile(fp8 ? kKeys * head_dim : 0),
+        v_tile(fp8 ? kKeys * head_dim : 0) {}
   size_t Bytes() const {
-    return (q.size() + acc.size() + kt.size() + s.size()) * sizeof(float) +
+    return (q.size() + acc.size() + kt.size() + s.size() + k_tile.size() + v_tile.size()) *
+               sizeof(float) +
            state.size() * sizeof(OnlineSoftmax) + sizeof(k_rows) + sizeof(v_rows);
   }
   int64_t rows;
@@ -89,7 +98,8 @@ struct Scratch {
   std::vector<float> kt;             // [head_dim, kKeys] the key tile transposed
   std::vector<float> s;              // [rows, kKeys]     scores, then probabilities
   std::vector<OnlineSoftmax> state;  // [rows]
-  const float* k_rows[kKeys];        // the key tile's rows in the paged pool
+  std::vector<float> k_tile, v_tile;  // fp8 pools: [kKeys, head_dim] the dequantized tile
+  const float* k_rows[kKeys];        // the key tile's rows in the paged pool (or k_tile)
   const float* v_rows[kKeys];
 };
 
@@ -128,21 +138,41 @@ void ForEachKey(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Fn
   }
 }
 
-// Points k_rows / v_rows at keys key0 .. key0 + n - 1.
+// Points k_rows / v_rows at keys key0 .. key0 + n - 1 (fp8: at their rows dequantized into
+// the scratch tile).
 void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Scratch& sc) {
+  if (p.k8 == nullptr) {
+    ForEachKey(p, w, key0, n, [&](int64_t j, int64_t offset) {
+      sc.k_rows[j] = p.kv.k + offset;
+      sc.v_rows[j] = p.kv.v + offset;
+    });
+    return;
+  }
+  const int64_t hd = p.head_dim;
   ForEachKey(p, w, key0, n, [&](int64_t j, int64_t offset) {
-    sc.k_rows[j] = p.kv.k + offset;
-    sc.v_rows[j] = p.kv.v + offset;
+    float* __restrict k = sc.k_tile.data() + j * hd;
+    float* __restrict v = sc.v_tile.data() + j * hd;
+    const uint8_t* __restrict k8 = p.k8 + offset;
+    const uint8_t* __restrict v8 = p.v8 + offset;
+    for (int64_t d = 0; d < hd; ++d) {
+      k[d] = p.k_lut[k8[d]];
+      v[d] = p.v_lut[v8[d]];
+    }
+    sc.k_rows[j] = k;
+    sc.v_rows[j] = v;
   });
 }
 
 // Asks for the K and V rows of keys key0 .. key0 + n - 1 ahead of use: a key tile spans
 // several blocks scattered over the pool, which the hardware prefetcher cannot follow.
 void PrefetchKeys(const Problem& p, const TileWork& w, int64_t key0, int64_t n) {
-  const int64_t row_bytes = p.head_dim * static_cast<int64_t>(sizeof(float));
+  const bool fp8 = p.k8 != nullptr;
+  const int64_t row_bytes = p.head_dim * static_cast<int64_t>(fp8 ? 1 : sizeof(float));
   ForEachKey(p, w, key0, n, [&](int64_t, int64_t offset) {
-    const char* k = reinterpret_cast<const char*>(p.kv.k + offset);
-    const char* v = reinterpret_cast<const char*>(p.kv.v + offset);
+    const char* k = fp8 ? reinterpret_cast<const char*>(p.k8 + offset)
+                        : reinterpret_cast<const char*>(p.kv.k + offset);
+    const char* v = fp8 ? reinterpret_cast<const char*>(p.v8 + offset)
+                        : reinterpret_cast<const char*>(p.kv.v + offset);
     for (int64_t b = 0; b < row_bytes; b += 64) {
       __builtin_prefetch(k + b);
       __builtin_prefetch(v + b);
@@ -343,16 +373,25 @@ void MergeSplits(const Problem& p, const DecodePlan& plan, int64_t seq_head,
   }
 }
 
-}  // namespace
+// The fp8 pools' problem: the fp32 one over the same layout, with the dequantization tables.
+Problem MakeFp8Problem(const float* q, PagedKvView<const uint8_t> kv, Fp8KvScales scales,
+                       const AttentionBatch& batch, int64_t num_heads, float scale) {
+  Problem p = MakeProblem(q, {nullptr, nullptr, kv.layout}, batch, num_heads, scale);
+  p.k8 = kv.k;
+  p.v8 = kv.v;
+  for (int c = 0; c < 256; ++c) {
+    p.k_lut[c] = E4m3ToF32(uint8_t(c)) * scales.k;
+    p.v_lut[c] = E4m3ToF32(uint8_t(c)) * scales.v;
+  }
+  return p;
+}
 
-void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
-                           int64_t num_heads, float scale, float* out, AttentionStats* stats) {
-  const Problem p = MakeProblem(q, kv, batch, num_heads, scale);
+void RunPrefill(const Problem& p, float* out, AttentionStats* stats) {
   const std::vector<TileWork> work = PrefillWork(p);
   size_t scratch_bytes = 0;
 #pragma omp parallel
   {
-    Scratch sc(p.head_dim, p.group);
+    Scratch sc(p.head_dim, p.group, p.k8 != nullptr);
 #pragma omp single nowait
     scratch_bytes = sc.Bytes();
 #pragma omp for schedule(dynamic, 1)
@@ -367,10 +406,7 @@ void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const At
   }
 }
 
-void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
-                          int64_t num_heads, float scale, float* out, int64_t num_splits,
-                          AttentionStats* stats) {
-  Problem p = MakeProblem(q, kv, batch, num_heads, scale);
+void RunDecode(Problem& p, float* out, int64_t num_splits, AttentionStats* stats) {
   p.is_decode = true;
   const DecodePlan plan = PlanDecode(p, num_splits);
   const int64_t num_items = static_cast<int64_t>(plan.work.size());
@@ -378,11 +414,11 @@ void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const Att
   // Partials: O(num_seqs · num_kv_heads · splits · group · head_dim), not per thread.
   std::vector<float> partial_acc(num_items * p.group * hd);
   std::vector<OnlineSoftmax> partial_state(num_items * p.group);
-  const int64_t num_seq_heads = batch.num_seqs * kv.layout.num_kv_heads;
+  const int64_t num_seq_heads = p.batch->num_seqs * p.kv.layout.num_kv_heads;
   size_t scratch_bytes = 0;
 #pragma omp parallel
   {
-    Scratch sc(hd, p.group);
+    Scratch sc(hd, p.group, p.k8 != nullptr);
 #pragma omp single nowait
     scratch_bytes = sc.Bytes();
 #pragma omp for schedule(dynamic, 1)
@@ -402,6 +438,33 @@ void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const Att
   }
 }
 
+}  // namespace
+
+void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
+                           int64_t num_heads, float scale, float* out, AttentionStats* stats) {
+  RunPrefill(MakeProblem(q, kv, batch, num_heads, scale), out, stats);
+}
+
+void PagedPrefillAttention(const float* q, PagedKvView<const uint8_t> kv, Fp8KvScales scales,
+                           const AttentionBatch& batch, int64_t num_heads, float scale, float* out,
+                           AttentionStats* stats) {
+  RunPrefill(MakeFp8Problem(q, kv, scales, batch, num_heads, scale), out, stats);
+}
+
+void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const AttentionBatch& batch,
+                          int64_t num_heads, float scale, float* out, int64_t num_splits,
+                          AttentionStats* stats) {
+  Problem p = MakeProblem(q, kv, batch, num_heads, scale);
+  RunDecode(p, out, num_splits, stats);
+}
+
+void PagedDecodeAttention(const float* q, PagedKvView<const uint8_t> kv, Fp8KvScales scales,
+                          const AttentionBatch& batch, int64_t num_heads, float scale, float* out,
+                          int64_t num_splits, AttentionStats* stats) {
+  Problem p = MakeFp8Problem(q, kv, scales, batch, num_heads, scale);
+  RunDecode(p, out, num_splits, stats);
+}
+
 void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
               PagedKvView<float> kv) {
   const PagedKvLayout& layout = kv.layout;
@@ -415,6 +478,25 @@ void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64
       const int64_t dst = layout.SlotOffset(slot, h);
       std::memcpy(kv.k + dst, k + src, hd * sizeof(float));
       std::memcpy(kv.v + dst, v + src, hd * sizeof(float));
+    }
+  }
+}
+
+void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
+              PagedKvView<uint8_t> kv, Fp8KvScales scales) {
+  const PagedKvLayout& layout = kv.layout;
+  const int64_t hd = layout.head_dim;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;  // padding / skipped token
+    for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
+      const int64_t src = (t * layout.num_kv_heads + h) * hd;
+      const int64_t dst = layout.SlotOffset(slot, h);
+      for (int64_t d = 0; d < hd; ++d) {
+        kv.k[dst + d] = F32ToE4m3(k[src + d] / scales.k);
+        kv.v[dst + d] = F32ToE4m3(v[src + d] / scales.v);
+      }
     }
   }
 }

@@ -39,4 +39,28 @@ void PagedDecodeAttention(const float* q, PagedKvView<const float> kv, const Att
 void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
               PagedKvView<float> kv);
 
+// ---- FP8 KV cache (e4m3, kernels/fp8.h) ---------------------------------------------------
+// The pools hold e4m3 codes: code c stands for E4m3ToF32(c) · scale, with one scale for all of
+// a layer's keys and one for its values (vLLM's per-tensor k_scale / v_scale; 1 when not
+// calibrated). Half the bytes of bf16, a quarter of fp32: what decode attention streams.
+struct Fp8KvScales {
+  float k = 1.f;
+  float v = 1.f;
+};
+
+// The same kernels over fp8 pools: each key tile is dequantized into the thread's scratch as
+// it is gathered, and the rest is the fp32 path's arithmetic, so the result equals the fp32
+// kernel's over a pool holding the dequantized values, bit for bit.
+void PagedPrefillAttention(const float* q, PagedKvView<const uint8_t> kv, Fp8KvScales scales,
+                           const AttentionBatch& batch, int64_t num_heads, float scale, float* out,
+                           AttentionStats* stats = nullptr);
+void PagedDecodeAttention(const float* q, PagedKvView<const uint8_t> kv, Fp8KvScales scales,
+                          const AttentionBatch& batch, int64_t num_heads, float scale, float* out,
+                          int64_t num_splits = 0, AttentionStats* stats = nullptr);
+
+// Quantizes and writes: code = F32ToE4m3(x / scale) (round to nearest even, saturating at
+// ±448 · scale).
+void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
+              PagedKvView<uint8_t> kv, Fp8KvScales scales);
+
 }  // namespace llm::cpu
