@@ -49,7 +49,7 @@ constexpr int64_t kKeys = TileTraits::kTileKeys;
 
 // What every work item of one call shares.
 struct Problem {
-  const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
+  const float* q = nullptr;     // [num_tokens, num_heads, head_dim]
   PagedKvView<const float> kv;  // fp32 pools (null with fp8 pools; the layout always)
   // FP8 pools: e4m3 codes, dequantized key tile by key tile through these tables (the code's
   // value times the layer's scale), so the arithmetic after the gather is the fp32 path's.
@@ -93,13 +93,13 @@ struct Scratch {
            state.size() * sizeof(OnlineSoftmax) + sizeof(k_rows) + sizeof(v_rows);
   }
   int64_t rows;
-  std::vector<float> q;              // [rows, head_dim]  pre-scaled queries
-  std::vector<float> acc;            // [rows, head_dim]  unnormalised output
-  std::vector<float> kt;             // [head_dim, kKeys] the key tile transposed
-  std::vector<float> s;              // [rows, kKeys]     scores, then probabilities
-  std::vector<OnlineSoftmax> state;  // [rows]
+  std::vector<float> q;               // [rows, head_dim]  pre-scaled queries
+  std::vector<float> acc;             // [rows, head_dim]  unnormalised output
+  std::vector<float> kt;              // [head_dim, kKeys] the key tile transposed
+  std::vector<float> s;               // [rows, kKeys]     scores, then probabilities
+  std::vector<OnlineSoftmax> state;   // [rows]
   std::vector<float> k_tile, v_tile;  // fp8 pools: [kKeys, head_dim] the dequantized tile
-  const float* k_rows[kKeys];        // the key tile's rows in the paged pool (or k_tile)
+  const float* k_rows[kKeys];         // the key tile's rows in the paged pool (or k_tile)
   const float* v_rows[kKeys];
 };
 

@@ -491,7 +491,8 @@ TEST(Fp8Test, E4m3DecodesEveryCodeAndRoundTrips) {
       EXPECT_TRUE(std::isnan(E4m3ToF32(F32ToE4m3(got))));
       continue;
     }
-    const double mag = e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+    const double mag =
+        e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
     EXPECT_EQ(double(got), (c & 0x80) ? -mag : mag) << c;
     EXPECT_EQ(F32ToE4m3(got), uint8_t(c)) << c;
   }
@@ -574,10 +575,12 @@ TEST(Fp8KvAttentionTest, EqualsFp32OverTheDequantizedPools) {
     std::vector<float> got(d.q.size()), want(d.q.size()), exact(d.q.size());
     for (int64_t splits : decode ? std::vector<int64_t>{0, 1, 5} : std::vector<int64_t>{-1}) {
       if (decode) {
-        PagedDecodeAttention(d.q.data(), fp8, scales, d.batch, c.num_heads, scale, got.data(), splits);
+        PagedDecodeAttention(d.q.data(), fp8, scales, d.batch, c.num_heads, scale, got.data(),
+                             splits);
         PagedDecodeAttention(d.q.data(), q.dequantized.View(), d.batch, c.num_heads, scale,
                              want.data(), splits);
-        PagedDecodeAttention(d.q.data(), d.View(), d.batch, c.num_heads, scale, exact.data(), splits);
+        PagedDecodeAttention(d.q.data(), d.View(), d.batch, c.num_heads, scale, exact.data(),
+                             splits);
       } else {
         PagedPrefillAttention(d.q.data(), fp8, scales, d.batch, c.num_heads, scale, got.data());
         PagedPrefillAttention(d.q.data(), q.dequantized.View(), d.batch, c.num_heads, scale,
@@ -594,8 +597,7 @@ TEST(Fp8KvAttentionTest, EqualsFp32OverTheDequantizedPools) {
       worst_vs_unquantized = std::max(worst_vs_unquantized, diff / mag);
     }
   }
-  std::printf("fp8 KV vs fp32 KV attention: worst max|diff|/max|out| %.3g\n",
-              worst_vs_unquantized);
+  std::printf("fp8 KV vs fp32 KV attention: worst max|diff|/max|out| %.3g\n", worst_vs_unquantized);
   // Measured 0.12 (q of stddev 2 over up to 256 dims: e4m3's ~3.6% rms error in K moves the
   // scores by ~0.07 before the softmax). A wrong scale or code is an error of order 1.
   EXPECT_LT(worst_vs_unquantized, 0.25);
