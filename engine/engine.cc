@@ -24,14 +24,14 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t NumBlocks(const ModelConfig& model, const EngineConfig& c) {
   if (c.num_kv_blocks > 0) return c.num_kv_blocks;
-  return KvCachePool::NumBlocksForBytes(model, c.block_size, c.kv_cache_bytes);
+  return KvCachePool::NumBlocksForBytes(model, c.block_size, c.kv_cache_bytes, c.kv_cache_dtype);
 }
 
 }  // namespace
 
 Engine::Engine(const LlamaModel& model, const Tokenizer& tokenizer, const EngineConfig& config)
     : Engine(std::make_unique<CpuExecutor>(model, NumBlocks(model.config(), config),
-                                           config.block_size),
+                                           config.block_size, config.kv_cache_dtype),
              tokenizer, config) {}
 
 Engine::Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokenizer,

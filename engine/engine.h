@@ -42,6 +42,9 @@ struct EngineConfig {
   int64_t block_size = 16;
   int64_t num_kv_blocks = 0;  // 0: from kv_cache_bytes
   int64_t kv_cache_bytes = 1 << 30;
+  // The CPU backend's KV element type (--kv-cache-dtype): fp32, or fp8 e4m3 (4× the tokens in
+  // the same bytes). Used where the engine builds its CpuExecutor itself.
+  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
   int max_n = 16;  // largest n (completions per request) accepted

@@ -98,7 +98,8 @@ class ModelExecutor {
 // The CPU backend: fp32 compute over a LlamaModel (not owned) and an fp32 KV pool.
 class CpuExecutor final : public ModelExecutor {
  public:
-  CpuExecutor(const LlamaModel& model, int64_t num_blocks, int64_t block_size);
+  CpuExecutor(const LlamaModel& model, int64_t num_blocks, int64_t block_size,
+              KvCacheDType kv_dtype = KvCacheDType::kF32);
 
   const ModelConfig& config() const override { return model_.config(); }
   std::string Describe() const override;

@@ -39,6 +39,7 @@ GenerateResult GenerateFromIds(const LlamaModel& model, const Tokenizer& tokeniz
   EngineConfig engine_config;
   engine_config.num_kv_blocks = (num_prompt + max_new) / engine_config.block_size + 2;
   engine_config.enable_prefix_caching = false;
+  engine_config.kv_cache_dtype = options.kv_cache_dtype;
   Engine engine(model, tokenizer, engine_config);
   Request request;
   request.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/kv_cache.h"
 #include "engine/llama_model.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -19,6 +20,7 @@ struct GenerateOptions {
   int max_tokens = 128;
   SamplingParams sampling;
   bool ignore_eos = false;  // keep going past EOS (benchmarks)
+  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
 };
 
 struct GenerateResult {

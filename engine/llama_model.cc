@@ -191,10 +191,20 @@ void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float*
   cpu::Linear(normed, layer.v, v.data(), n);
   cpu::ApplyRope(q.data(), n, c.num_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
   cpu::ApplyRope(k.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
-  PagedKvView<float> layer_kv = kv.Layer(layer_index);
-  cpu::AppendKv(k.data(), v.data(), batch.slot_mapping.data(), n, layer_kv);
-
+  // fp32 pools, or fp8 pools (--kv-cache-dtype fp8: quantized on append, dequantized tile by
+  // tile inside the attention kernels).
+  const bool fp8 = kv.dtype() == KvCacheDType::kFp8E4m3;
+  PagedKvView<float> layer_kv{};
+  PagedKvView<uint8_t> layer_kv8{};
+  if (fp8) {
+    layer_kv8 = kv.Fp8Layer(layer_index);
+    cpu::AppendKv(k.data(), v.data(), batch.slot_mapping.data(), n, layer_kv8, kv.fp8_scales());
+  } else {
+    layer_kv = kv.Layer(layer_index);
+    cpu::AppendKv(k.data(), v.data(), batch.slot_mapping.data(), n, layer_kv);
+  }
   const PagedKvView<const float> read_kv{layer_kv.k, layer_kv.v, layer_kv.layout};
+  const PagedKvView<const uint8_t> read_kv8{layer_kv8.k, layer_kv8.v, layer_kv8.layout};
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   // Batch-invariant mode runs decode tokens through the prefill kernel too: one code path
   // per query row, so a token's logits are bit-identical alone, batched, chunked or
@@ -204,7 +214,12 @@ void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float*
   if (num_decode > 0) {
     AttentionBatch decode{num_decode, batch.cu_seqlens_q.data(), batch.context_lens.data(),
                           batch.block_tables.data(), batch.max_blocks_per_seq};
-    cpu::PagedDecodeAttention(q.data(), read_kv, decode, c.num_heads, scale, attn.data());
+    if (fp8) {
+      cpu::PagedDecodeAttention(q.data(), read_kv8, kv.fp8_scales(), decode, c.num_heads, scale,
+                                attn.data());
+    } else {
+      cpu::PagedDecodeAttention(q.data(), read_kv, decode, c.num_heads, scale, attn.data());
+    }
   }
   if (batch.num_seqs() > num_decode) {
     // The prefill chunks follow the decode tokens: rebase their query offsets to 0.
@@ -214,8 +229,13 @@ void LlamaModel::Attention(const Layer& layer, int64_t layer_index, const float*
                            batch.context_lens.data() + num_decode,
                            batch.block_tables.data() + num_decode * batch.max_blocks_per_seq,
                            batch.max_blocks_per_seq};
-    cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv, prefill, c.num_heads, scale,
-                               attn.data() + num_decode * q_dim);
+    if (fp8) {
+      cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv8, kv.fp8_scales(), prefill,
+                                 c.num_heads, scale, attn.data() + num_decode * q_dim);
+    } else {
+      cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv, prefill, c.num_heads,
+                                 scale, attn.data() + num_decode * q_dim);
+    }
   }
   cpu::Linear(attn.data(), layer.o, out, n);
 }

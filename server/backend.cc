@@ -54,6 +54,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "N must divide the attention heads, KV heads and intermediate size")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "KV cache element type: auto (cpu: f32, cuda: the model's dtype) or fp8 / "
+                  "fp8_e4m3 (e4m3 with per-tensor scales of 1; cpu backend)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}))
+      ->capture_default_str();
   cmd->add_flag("--disable-custom-all-reduce", disable_custom_all_reduce,
                 "cuda, --tensor-parallel-size > 1: every all-reduce through NCCL (default: "
                 "small steps take our one-shot kernel over peer access)");
@@ -82,9 +87,11 @@ Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConf
   if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
   if (f.dtype == "f16") load.weight_dtype = DType::kF16;
   b.cpu_model = LlamaModel::Load(model_path, load);
-  const int64_t blocks = KvCachePool::NumBlocksForBytes(b.cpu_model->config(), engine->block_size,
-                                                        engine->kv_cache_bytes);
-  b.executor = std::make_unique<CpuExecutor>(*b.cpu_model, blocks, engine->block_size);
+  engine->kv_cache_dtype = ParseKvCacheDType(f.kv_cache_dtype);
+  const int64_t blocks = KvCachePool::NumBlocksForBytes(
+      b.cpu_model->config(), engine->block_size, engine->kv_cache_bytes, engine->kv_cache_dtype);
+  b.executor = std::make_unique<CpuExecutor>(*b.cpu_model, blocks, engine->block_size,
+                                             engine->kv_cache_dtype);
   b.device = "cpu";
   return b;
 }
@@ -92,6 +99,11 @@ Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConf
 #if defined(LLM_HAS_CUDA)
 Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   if (f.dtype == "f32") throw Error("--device cuda runs bf16 or f16 (not f32)");
+  if (ParseKvCacheDType(f.kv_cache_dtype) != KvCacheDType::kF32) {
+    throw Error("--kv-cache-dtype " + f.kv_cache_dtype +
+                ": the CUDA backend's fp8 KV kernels are not written yet (the CPU backend "
+                "runs it: --device cpu)");
+  }
   CudaExecutorOptions o;
   o.dtype = f.dtype == "f16" ? DType::kF16 : DType::kBF16;
   o.block_size = engine->block_size;

@@ -24,6 +24,7 @@ struct BackendFlags {
   bool disable_pdl = false;     // cuda: no programmatic dependent launch
   uint64_t dummy_seed = 0;
   int tensor_parallel_size = 1;  // cuda: GPUs 0..N-1, one shard each over NCCL
+  std::string kv_cache_dtype = "auto";  // auto (cpu f32, cuda the model dtype) or fp8 (cpu)
   bool disable_custom_all_reduce = false;  // cuda, N > 1: NCCL for every all-reduce
   // vLLM's --async-scheduling: schedule step N+1 while step N runs (EngineConfig).
   // Unset: on for cuda (measured: GPU busy 0.94 -> 0.998 at 256 sequences), off for cpu.

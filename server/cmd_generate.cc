@@ -129,6 +129,7 @@ int RunGenerate(GenerateFlags f) {
   options.max_tokens = f.max_tokens;
   options.sampling = ResolveSampling(f, model->config());
   options.ignore_eos = f.ignore_eos;
+  options.kv_cache_dtype = ParseKvCacheDType(f.backend.kv_cache_dtype);
   if (const std::string problem = options.sampling.Validate(); !problem.empty()) {
     throw Error(problem);
   }

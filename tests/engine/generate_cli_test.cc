@@ -78,8 +78,18 @@ TEST(GenerateCli, TensorParallelismNeedsCudaAndAPositiveSize) {
                        " --prompt hi --tensor-parallel-size 2");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--tensor-parallel-size needs --device cuda"), std::string::npos) << r.err;
-  EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --tensor-parallel-size 0")
-                .exit_code,
+  EXPECT_NE(
+      RunLlm("generate --model " + Stories() + " --prompt hi --tensor-parallel-size 0").exit_code,
+      0);
+}
+
+TEST(GenerateCli, Fp8KvCacheRunsOnTheCpu) {
+  RunResult r = RunLlm("generate --device cpu --model " + Stories() +
+                       " --prompt 'Once upon a time' --temperature 0 --max-tokens 16 "
+                       "--kv-cache-dtype fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --kv-cache-dtype fp9").exit_code,
             0);
 }
 
