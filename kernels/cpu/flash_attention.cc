@@ -465,40 +465,44 @@ void PagedDecodeAttention(const float* q, PagedKvView<const uint8_t> kv, Fp8KvSc
   RunDecode(p, out, num_splits, stats);
 }
 
-void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
-              PagedKvView<float> kv) {
-  const PagedKvLayout& layout = kv.layout;
-  const int64_t hd = layout.head_dim;
+namespace {
+
+// Calls store(src, dst) for every appended row: src the element offset of (token t, KV head h)
+// in k / v [num_tokens, num_kv_heads, head_dim], dst its offset in the pools; tokens with a
+// negative slot (padding, skipped) are left out.
+template <typename Store>
+void ForEachAppendedRow(const int64_t* slot_mapping, int64_t num_tokens,
+                        const PagedKvLayout& layout, Store&& store) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
-    if (slot < 0) continue;  // padding / skipped token
+    if (slot < 0) continue;
     for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
-      const int64_t src = (t * layout.num_kv_heads + h) * hd;
-      const int64_t dst = layout.SlotOffset(slot, h);
-      std::memcpy(kv.k + dst, k + src, hd * sizeof(float));
-      std::memcpy(kv.v + dst, v + src, hd * sizeof(float));
+      store((t * layout.num_kv_heads + h) * layout.head_dim, layout.SlotOffset(slot, h));
     }
   }
 }
 
+}  // namespace
+
+void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
+              PagedKvView<float> kv) {
+  const size_t row_bytes = size_t(kv.layout.head_dim) * sizeof(float);
+  ForEachAppendedRow(slot_mapping, num_tokens, kv.layout, [&](int64_t src, int64_t dst) {
+    std::memcpy(kv.k + dst, k + src, row_bytes);
+    std::memcpy(kv.v + dst, v + src, row_bytes);
+  });
+}
+
 void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
               PagedKvView<uint8_t> kv, Fp8KvScales scales) {
-  const PagedKvLayout& layout = kv.layout;
-  const int64_t hd = layout.head_dim;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const int64_t slot = slot_mapping[t];
-    if (slot < 0) continue;  // padding / skipped token
-    for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
-      const int64_t src = (t * layout.num_kv_heads + h) * hd;
-      const int64_t dst = layout.SlotOffset(slot, h);
-      for (int64_t d = 0; d < hd; ++d) {
-        kv.k[dst + d] = F32ToE4m3(k[src + d] / scales.k);
-        kv.v[dst + d] = F32ToE4m3(v[src + d] / scales.v);
-      }
+  const int64_t hd = kv.layout.head_dim;
+  ForEachAppendedRow(slot_mapping, num_tokens, kv.layout, [&](int64_t src, int64_t dst) {
+    for (int64_t d = 0; d < hd; ++d) {
+      kv.k[dst + d] = F32ToE4m3(k[src + d] / scales.k);
+      kv.v[dst + d] = F32ToE4m3(v[src + d] / scales.v);
     }
-  }
+  });
 }
 
 }  // namespace llm::cpu
