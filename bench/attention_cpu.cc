@@ -4,7 +4,9 @@
 // Prefill reports tokens/s and GFLOP/s (4·L²·head_dim·num_heads / 2 causal, plus the
 // context's pairs in chunked prefill); decode
 // reports tokens/s and GB/s of K+V read (2 · context · num_kv_heads · head_dim · 4 bytes per
-// sequence). Prints a table and one JSON line per measurement.
+// sequence; 1 byte per element for the fp8 (e4m3) variants, which are validated against the
+// naive fp32 kernel with e4m3's rounding allowed). Prints a table and one JSON line per
+// measurement.
 //   ninja -C build bench_attention_cpu && ./build/bench_attention_cpu [repeats=5] [prefill|decode]
 #include <omp.h>
 #include <sys/mman.h>
@@ -23,6 +25,7 @@
 
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/fp8.h"
 
 namespace {
 
@@ -126,15 +129,15 @@ double MaxRelDiff(const std::vector<float>& got, const std::vector<float>& ref) 
 }
 
 void Report(const char* kind, const char* variant, const Shape& s, Timing t, double err,
-            int64_t splits) {
+            int64_t splits, int kv_bytes_per_element = 4) {
   const double tokens = double(s.num_seqs * s.q_len);
   const bool is_prefill = std::string(kind) == "prefill";
   // Prefill: 4·head_dim·num_heads FLOPs per visible (query, key) pair; query r of a sequence
   // sees context + r + 1 keys, so with no context this is 4·L²·head_dim·num_heads / 2.
   const double num_pairs = double(s.q_len) * s.context + double(s.q_len) * (s.q_len + 1) / 2;
   const double work = is_prefill ? 4.0 * num_pairs * s.head_dim * s.num_heads * s.num_seqs
-                                 : 2.0 * (s.context + 1) * s.num_kv_heads * s.head_dim * 4 *
-                                       s.num_seqs;  // bytes of K and V read
+                                 : 2.0 * (s.context + 1) * s.num_kv_heads * s.head_dim *
+                                       kv_bytes_per_element * s.num_seqs;  // K and V bytes read
   const double rate = work / t.best / 1e9;          // GFLOP/s or GB/s
   char shape[96];
   std::snprintf(shape, sizeof(shape), "%lldx%lld ctx %lld h %lld/%lld hd %lld",
@@ -177,19 +180,33 @@ void Bench(const char* kind, const Shape& s, int repeats, const std::string& onl
   struct Variant {
     const char* name;
     int64_t splits;  // decode only; -1: prefill kernel
+    bool fp8 = false;
   };
   std::vector<Variant> variants;
   if (std::string(kind) == "prefill") {
-    variants = {{"tiled_paged", -1}};
+    variants = {{"tiled_paged", -1}, {"tiled_paged_fp8", -1, true}};
   } else {
-    variants = {{"paged_split1", 1}, {"paged_split_auto", 0}};
+    variants = {{"paged_split1", 1}, {"paged_split_auto", 0}, {"paged_fp8_split_auto", 0, true}};
   }
+  // The same pools in e4m3 (scales of 1: the values have stddev 1).
+  std::vector<uint8_t> k8(in.layout.pool_elements()), v8(in.layout.pool_elements());
+  for (size_t i = 0; i < k8.size(); ++i) {
+    k8[i] = llm::F32ToE4m3(in.k_pool->data[i]);
+    v8[i] = llm::F32ToE4m3(in.v_pool->data[i]);
+  }
+  const llm::PagedKvView<const uint8_t> kv8{k8.data(), v8.data(), in.layout};
   for (const Variant& v : variants) {
     llm::cpu::AttentionStats stats;
     const auto run = [&] {
-      if (v.splits < 0) {
+      if (v.splits < 0 && v.fp8) {
+        llm::cpu::PagedPrefillAttention(in.q.data(), kv8, {}, in.batch, s.num_heads, scale,
+                                        out.data(), &stats);
+      } else if (v.splits < 0) {
         llm::cpu::PagedPrefillAttention(in.q.data(), kv, in.batch, s.num_heads, scale, out.data(),
                                         &stats);
+      } else if (v.fp8) {
+        llm::cpu::PagedDecodeAttention(in.q.data(), kv8, {}, in.batch, s.num_heads, scale,
+                                       out.data(), v.splits, &stats);
       } else {
         llm::cpu::PagedDecodeAttention(in.q.data(), kv, in.batch, s.num_heads, scale, out.data(),
                                        v.splits, &stats);
@@ -198,11 +215,11 @@ void Bench(const char* kind, const Shape& s, int repeats, const std::string& onl
     std::fill(out.begin(), out.end(), NAN);
     run();
     const double err = MaxRelDiff(out, ref);
-    if (!(err < 1e-4)) {
+    if (!(err < (v.fp8 ? 0.25 : 1e-4))) {  // fp8: e4m3 keeps 3 mantissa bits
       std::printf("VALIDATION FAILED: %s %s max rel err %.3g\n", kind, v.name, err);
       std::exit(1);
     }
-    Report(kind, v.name, s, TimeIt(run, repeats), err, stats.num_splits);
+    Report(kind, v.name, s, TimeIt(run, repeats), err, stats.num_splits, v.fp8 ? 1 : 4);
   }
 }
 
