@@ -21,6 +21,9 @@
 #include "kernels/cpu/flash_attention.h"
 
 #include <omp.h>
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cassert>
@@ -56,6 +59,7 @@ struct Problem {
   const uint8_t* k8 = nullptr;
   const uint8_t* v8 = nullptr;
   float k_lut[256] = {}, v_lut[256] = {};
+  float k_scale = 1.f, v_scale = 1.f;
   const AttentionBatch* batch = nullptr;
   int64_t num_heads = 0;
   int64_t group = 0;  // query heads per KV head
@@ -138,6 +142,33 @@ void ForEachKey(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Fn
   }
 }
 
+// dst[0, n) = E4m3ToF32(src[i]) · scale, exactly (the table holds E4m3ToF32(c) · scale).
+// With AVX2 + F16C, 8 codes at a time: an e4m3 code's bits, moved into an f16's
+// (sign << 8 | (code & 0x7f) << 7), are the same value times 2^-8 (f16's exponent bias is 8
+// more, its subnormals cover e4m3's), so f16 -> f32 and a multiplication by 2^8 are exact;
+// S.1111.111 is patched to NaN; then the scale, as the table does it.
+void DequantizeRow(const uint8_t* __restrict src, int64_t n, const float* __restrict table,
+                   float scale, float* __restrict dst) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+  const __m256 two8 = _mm256_set1_ps(256.f), vscale = _mm256_set1_ps(scale);
+  const __m256 nan = _mm256_set1_ps(NAN);
+  const __m128i low7 = _mm_set1_epi16(0x7f), sign = _mm_set1_epi16(0x80);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+    const __m128i em = _mm_and_si128(c, low7);
+    const __m128i h =
+        _mm_or_si128(_mm_slli_epi16(em, 7), _mm_slli_epi16(_mm_and_si128(c, sign), 8));
+    __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), two8);
+    const __m256 is_nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(em, low7)));
+    f = _mm256_blendv_ps(f, nan, is_nan);
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(f, vscale));
+  }
+#endif
+  (void)scale;
+  for (; i < n; ++i) dst[i] = table[src[i]];
+}
+
 // Points k_rows / v_rows at keys key0 .. key0 + n - 1 (fp8: at their rows dequantized into
 // the scratch tile).
 void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Scratch& sc) {
@@ -154,10 +185,8 @@ void GatherKeyRows(const Problem& p, const TileWork& w, int64_t key0, int64_t n,
     float* __restrict v = sc.v_tile.data() + j * hd;
     const uint8_t* __restrict k8 = p.k8 + offset;
     const uint8_t* __restrict v8 = p.v8 + offset;
-    for (int64_t d = 0; d < hd; ++d) {
-      k[d] = p.k_lut[k8[d]];
-      v[d] = p.v_lut[v8[d]];
-    }
+    DequantizeRow(k8, hd, p.k_lut, p.k_scale, k);
+    DequantizeRow(v8, hd, p.v_lut, p.v_scale, v);
     sc.k_rows[j] = k;
     sc.v_rows[j] = v;
   });
@@ -379,6 +408,8 @@ Problem MakeFp8Problem(const float* q, PagedKvView<const uint8_t> kv, Fp8KvScale
   Problem p = MakeProblem(q, {nullptr, nullptr, kv.layout}, batch, num_heads, scale);
   p.k8 = kv.k;
   p.v8 = kv.v;
+  p.k_scale = scales.k;
+  p.v_scale = scales.v;
   for (int c = 0; c < 256; ++c) {
     p.k_lut[c] = E4m3ToF32(uint8_t(c)) * scales.k;
     p.v_lut[c] = E4m3ToF32(uint8_t(c)) * scales.v;
@@ -484,6 +515,12 @@ void ForEachAppendedRow(const int64_t* slot_mapping, int64_t num_tokens,
 }
 
 }  // namespace
+
+void DequantizeE4m3(const uint8_t* src, int64_t n, float scale, float* dst) {
+  float table[256];
+  for (int c = 0; c < 256; ++c) table[c] = E4m3ToF32(uint8_t(c)) * scale;
+  DequantizeRow(src, n, table, scale, dst);
+}
 
 void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
               PagedKvView<float> kv) {

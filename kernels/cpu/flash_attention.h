@@ -58,6 +58,10 @@ void PagedDecodeAttention(const float* q, PagedKvView<const uint8_t> kv, Fp8KvSc
                           const AttentionBatch& batch, int64_t num_heads, float scale, float* out,
                           int64_t num_splits = 0, AttentionStats* stats = nullptr);
 
+// dst[i] = E4m3ToF32(src[i]) · scale, bit for bit, as the kernels above dequantize a key tile
+// (8 codes at a time with AVX2 + F16C).
+void DequantizeE4m3(const uint8_t* src, int64_t n, float scale, float* dst);
+
 // Quantizes and writes: code = F32ToE4m3(x / scale) (round to nearest even, saturating at
 // ±448 · scale).
 void AppendKv(const float* k, const float* v, const int64_t* slot_mapping, int64_t num_tokens,
