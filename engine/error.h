@@ -2,6 +2,7 @@
 // the field at fault). Loading code throws it; the CLI and server catch it at the top.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -18,5 +19,16 @@ class EngineUnavailableError : public Error {
  public:
   using Error::Error;
 };
+
+// e's what(), or "unknown exception" when e is not a std::exception.
+inline std::string ExceptionMessage(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+  }
+  return "unknown exception";
+}
 
 }  // namespace llm

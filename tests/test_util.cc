@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -104,6 +106,57 @@ void ExpectError(const std::function<void()>& fn, const std::vector<std::string>
     return;
   }
   ADD_FAILURE() << "did not throw";
+}
+
+std::vector<Completion> DrainCompletions(
+    const std::vector<std::shared_ptr<OutputChannel>>& channels) {
+  std::vector<Completion> out;
+  for (const auto& channel : channels) {
+    std::vector<Completion> by_index;
+    RequestOutput o;
+    while (channel->TryPop(&o)) {
+      EXPECT_TRUE(o.error.empty()) << o.error;
+      if (size_t(o.index) >= by_index.size()) by_index.resize(size_t(o.index) + 1);
+      Completion& c = by_index[size_t(o.index)];
+      c.tokens.insert(c.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      c.logprobs.insert(c.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    }
+    out.insert(out.end(), by_index.begin(), by_index.end());
+  }
+  return out;
+}
+
+GreedyAgreement CompareGreedy(const std::vector<Completion>& ref,
+                              const std::vector<Completion>& got, int expected_tokens,
+                              double near_tie) {
+  GreedyAgreement a;
+  EXPECT_EQ(ref.size(), got.size());
+  for (size_t i = 0; i < std::min(ref.size(), got.size()); ++i) {
+    const std::vector<int>& r = ref[i].tokens;
+    const std::vector<int>& g = got[i].tokens;
+    EXPECT_EQ(int(r.size()), expected_tokens) << "completion " << i;
+    EXPECT_EQ(g.size(), r.size()) << "completion " << i;
+    if (r.size() != g.size() || ref[i].logprobs.size() != r.size() ||
+        got[i].logprobs.size() != g.size()) {
+      continue;
+    }
+    size_t t = 0;
+    for (; t < r.size() && r[t] == g[t]; ++t) {
+      a.max_logprob_diff =
+          std::max(a.max_logprob_diff,
+                   double(std::abs(ref[i].logprobs[t].logprob - got[i].logprobs[t].logprob)));
+    }
+    a.agree += int(t);
+    a.total += int(r.size());
+    if (t == r.size()) continue;
+    const std::vector<TokenLogprob>& top = ref[i].logprobs[t].top;
+    EXPECT_GE(top.size(), 2u) << "completion " << i;
+    if (top.size() < 2) continue;
+    EXPECT_LT(top[0].logprob - top[1].logprob, near_tie)
+        << "completion " << i << " diverges at token " << t << " (" << r[t] << " vs " << g[t]
+        << "), which is not a near-tie";
+  }
+  return a;
 }
 
 Request GreedyRequest(std::vector<int> prompt, int max_tokens, int top_logprobs) {

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,28 @@ std::string TestModelDir(const std::string& name);
 // A greedy request with ignore_eos (exactly max_tokens tokens), returning the sampled token's
 // logprob (a bit-exact view of the logits) and `top_logprobs` alternatives per token.
 Request GreedyRequest(std::vector<int> prompt, int max_tokens, int top_logprobs = 0);
+
+// One completion's tokens and logprobs, as a request's channel delivered them.
+struct Completion {
+  std::vector<int> tokens;
+  std::vector<OutputLogprob> logprobs;
+};
+// Every completion of each channel's request (its n by index), channel after channel; fails
+// the test on an error event.
+std::vector<Completion> DrainCompletions(
+    const std::vector<std::shared_ptr<OutputChannel>>& channels);
+
+// Two greedy runs of the same requests (`ref` asked for top-2 logprobs), each completion of
+// `expected_tokens` tokens: equal, or first different where `ref`'s top two logprobs are
+// within `near_tie` (rounding may flip those, nothing else may). Returns the tokens that agree
+// before any divergence, of how many, and the largest chosen-token logprob difference there.
+struct GreedyAgreement {
+  int agree = 0, total = 0;
+  double max_logprob_diff = 0;
+};
+GreedyAgreement CompareGreedy(const std::vector<Completion>& ref,
+                              const std::vector<Completion>& got, int expected_tokens,
+                              double near_tie);
 
 // Reads a whole file; writes a whole file.
 std::string ReadFile(const std::filesystem::path& path);

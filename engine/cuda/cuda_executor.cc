@@ -1426,15 +1426,8 @@ void CudaExecutor::Impl::CheckPeers() {
     std::exception_ptr e = p->Failure();
     if (!e) continue;
     AbortComms();
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      what = ex.what();
-    } catch (...) {
-    }
     throw FatalExecutorError("tensor-parallel rank " + std::to_string(p->impl->shard.rank) +
-                             " failed: " + what);
+                             " failed: " + ExceptionMessage(e));
   }
 }
 
@@ -1699,16 +1692,9 @@ void CudaExecutor::Impl::RethrowClassified() {
     }
   }
   if (sticky == cudaSuccess) throw;
-  std::string what = "unknown exception";
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-  }
   if (!peers.empty()) AbortComms();
-  throw FatalExecutorError(what + " (the CUDA context is unusable: " + cudaGetErrorString(sticky) +
-                           ")");
+  throw FatalExecutorError(ExceptionMessage(std::current_exception()) +
+                           " (the CUDA context is unusable: " + cudaGetErrorString(sticky) + ")");
 }
 
 void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {

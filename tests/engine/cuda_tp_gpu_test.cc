@@ -152,13 +152,6 @@ TEST_F(CudaTpTest, LogitsMatchOneGpu) {
   }
 }
 
-struct Completion {
-  std::vector<int> tokens;
-  std::vector<OutputLogprob> logprobs;
-};
-
-// Greedy requests through the engine (async scheduling, graphs): 3 prompts of n = 1 and one
-// of n = 2 (its two completions share the prompt's last partial block: copy-on-write).
 // The engine as the server runs the GPU: async scheduling, decode steps replaying graphs.
 EngineConfig ServerLikeConfig() {
   EngineConfig cfg;
@@ -170,7 +163,8 @@ EngineConfig ServerLikeConfig() {
   return cfg;
 }
 
-std::vector<Completion> Generate(const std::string& model, int tp, bool dummy, int max_tokens) {
+std::vector<test::Completion> Generate(const std::string& model, int tp, bool dummy,
+                                       int max_tokens) {
   Engine engine(CudaExecutor::Create(model, Options(tp, dummy)), test::StoriesTokenizer(),
                 ServerLikeConfig());
   std::vector<Request> requests;
@@ -183,42 +177,16 @@ std::vector<Completion> Generate(const std::string& model, int tp, bool dummy, i
   std::vector<std::shared_ptr<OutputChannel>> channels;
   for (const Request& r : requests) channels.push_back(engine.AddRequest(r));
   engine.RunUntilIdle();
-  std::vector<Completion> out;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    std::vector<Completion> per_index(size_t(requests[i].sampling.n));
-    RequestOutput o;
-    while (channels[i]->TryPop(&o)) {
-      EXPECT_TRUE(o.error.empty()) << o.error;
-      Completion& c = per_index[size_t(o.index)];
-      c.tokens.insert(c.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      c.logprobs.insert(c.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    }
-    out.insert(out.end(), per_index.begin(), per_index.end());
-  }
-  return out;
+  return test::DrainCompletions(channels);
 }
 
 // Equal tokens, or the first difference at a near-tie of the TP=1 run.
-void ExpectSameGreedy(const std::vector<Completion>& one, const std::vector<Completion>& two,
-                      const std::string& name, int max_tokens) {
-  ASSERT_EQ(one.size(), two.size());
-  int agree = 0, total = 0;
-  for (size_t i = 0; i < one.size(); ++i) {
-    ASSERT_EQ(int(one[i].tokens.size()), max_tokens) << "completion " << i;
-    ASSERT_EQ(two[i].tokens.size(), one[i].tokens.size()) << "completion " << i;
-    size_t t = 0;
-    while (t < one[i].tokens.size() && one[i].tokens[t] == two[i].tokens[t]) ++t;
-    agree += int(t);
-    total += int(one[i].tokens.size());
-    if (t == one[i].tokens.size()) continue;
-    const std::vector<TokenLogprob>& top = one[i].logprobs[t].top;
-    ASSERT_GE(top.size(), 2u);
-    EXPECT_LT(top[0].logprob - top[1].logprob, kNearTie)
-        << name << " completion " << i << " diverges at token " << t << " (" << one[i].tokens[t]
-        << " vs " << two[i].tokens[t] << "), which is not a near-tie";
-  }
+void ExpectSameGreedy(const std::vector<test::Completion>& one,
+                      const std::vector<test::Completion>& two, const std::string& name,
+                      int max_tokens) {
+  const test::GreedyAgreement a = test::CompareGreedy(one, two, max_tokens, kNearTie);
   std::printf("[tp] %s: greedy tokens TP=2 vs TP=1 agree on %d/%d before any divergence\n",
-              name.c_str(), agree, total);
+              name.c_str(), a.agree, a.total);
 }
 
 TEST_F(CudaTpTest, GreedyTokensMatchOneGpuOnStories) {

@@ -50,12 +50,7 @@ TEST(KvCacheFp8Test, CopiesFp8BlocksInEveryLayer) {
   EXPECT_THROW(pool.Layer(0), std::logic_error);  // no fp32 view of fp8 pools
 }
 
-struct Completion {
-  std::vector<int> tokens;
-  std::vector<OutputLogprob> logprobs;
-};
-
-std::vector<Completion> Generate(KvCacheDType dtype) {
+std::vector<test::Completion> Generate(KvCacheDType dtype) {
   EngineConfig cfg;
   cfg.kv_cache_dtype = dtype;
   cfg.num_kv_blocks = 256;
@@ -69,16 +64,7 @@ std::vector<Completion> Generate(KvCacheDType dtype) {
     channels.push_back(engine.AddRequest(test::GreedyRequest(prompt, 48, /*top_logprobs=*/2)));
   }
   engine.RunUntilIdle();
-  std::vector<Completion> out(channels.size());
-  for (size_t i = 0; i < channels.size(); ++i) {
-    RequestOutput o;
-    while (channels[i]->TryPop(&o)) {
-      EXPECT_TRUE(o.error.empty()) << o.error;
-      out[i].tokens.insert(out[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      out[i].logprobs.insert(out[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    }
-  }
-  return out;
+  return test::DrainCompletions(channels);
 }
 
 // Greedy continuations through the engine (chunked prefill, decode): fp8 against fp32, six
@@ -90,34 +76,16 @@ std::vector<Completion> Generate(KvCacheDType dtype) {
 // wiring bug does: a wrong scale or code moves logprobs by whole units from the first token,
 // and a cache that silently stayed fp32 gives identical logprobs.
 TEST(KvCacheFp8Test, GreedyTokensMatchTheFp32CacheUpToNearTies) {
-  const std::vector<Completion> f32 = Generate(KvCacheDType::kF32);
-  const std::vector<Completion> fp8 = Generate(KvCacheDType::kFp8E4m3);
-  int agree = 0, total = 0;
-  double max_lp_diff = 0;
-  for (size_t i = 0; i < f32.size(); ++i) {
-    ASSERT_EQ(f32[i].tokens.size(), 48u);
-    ASSERT_EQ(fp8[i].tokens.size(), 48u);
-    size_t t = 0;
-    while (t < 48 && f32[i].tokens[t] == fp8[i].tokens[t]) {
-      max_lp_diff = std::max(
-          max_lp_diff, double(std::abs(f32[i].logprobs[t].logprob - fp8[i].logprobs[t].logprob)));
-      ++t;
-    }
-    agree += int(t);
-    total += 48;
-    if (t == 48) continue;
-    const std::vector<TokenLogprob>& top = f32[i].logprobs[t].top;
-    ASSERT_GE(top.size(), 2u);
-    EXPECT_LT(top[0].logprob - top[1].logprob, 1.0)
-        << "completion " << i << " diverges at token " << t << ", not a near-tie";
-  }
+  const std::vector<test::Completion> f32 = Generate(KvCacheDType::kF32);
+  const std::vector<test::Completion> fp8 = Generate(KvCacheDType::kFp8E4m3);
+  const test::GreedyAgreement a = test::CompareGreedy(f32, fp8, 48, /*near_tie=*/1.0);
   std::printf(
       "fp8 vs fp32 KV: greedy tokens agree on %d/%d before any divergence; "
       "max |logprob diff| where they agree %.3g\n",
-      agree, total, max_lp_diff);
-  EXPECT_LT(max_lp_diff, 1.0);
-  EXPECT_GT(max_lp_diff, 0.0);  // the fp8 path ran
-  EXPECT_GE(agree, total / 3);
+      a.agree, a.total, a.max_logprob_diff);
+  EXPECT_LT(a.max_logprob_diff, 1.0);
+  EXPECT_GT(a.max_logprob_diff, 0.0);  // the fp8 path ran
+  EXPECT_GE(a.agree, a.total / 3);
 }
 
 }  // namespace
