@@ -7,6 +7,9 @@ Reads every line that starts with `JSON ` (one JSON object each) from the logs:
   kind "copy"    copy bandwidth (ours: build/bench_copy_bandwidth_gpu; torch: variant torch_copy)
   kind "decode"  batch, context, num_heads, num_kv_heads, head_dim, ms, tb_per_s, ...
   kind "prefill" batch, seq_len, num_heads, head_dim, causal, ms, tflops, ...
+Decode lines with "kv" other than "bf16" (bench_decode_attention_gpu's fp8 KV cache) are kept
+out of the bf16 tables, ratios and plot: listed as-is under "decode_fp8" (their failures are
+still reported). Lines without "kv" are bf16.
 Variants named torch_* are the baselines; every other variant is ours. Lines with an "error"
 key, or ok/pass false, or no usable time, are listed as failures and left out of the ratios.
 Also reads `STEP {...}` lines (written by scripts/gpu_attention_bench.sh: one per step with
@@ -401,7 +404,17 @@ def main():
     args = ap.parse_args()
 
     records, steps, envs, bad = read_logs(args.logs)
+    is_fp8 = lambda r: r.get("kind") == "decode" and str(r.get("kv", "bf16")) != "bf16"  # noqa: E731
+    decode_fp8 = [r for r in records if is_fp8(r)]
+    records = [r for r in records if not is_fp8(r)]
     prefill, decode, failures, ignored, copy = build(records)
+    for r in decode_fp8:
+        why = failure_reason(r)
+        if why:
+            failures.append({"kind": "decode", "kv": r.get("kv"),
+                             "variant": f"{r.get('variant')} (kv {r.get('kv')})",
+                             "shape": [r.get("batch"), r.get("context")], "error": why,
+                             "source": r.get("_source")})
     for e in envs:
         if e.get("error"):
             failures.insert(0, {"kind": "torch_env", "variant": "torch", "error": e["error"],
@@ -423,6 +436,7 @@ def main():
                  "prefill FLOPs = 4*B*H*L^2*d, halved for causal; ours = best non-torch variant",
         "prefill": [r for r, _ in prefill_rows],
         "decode": [r for r, _ in decode_rows],
+        "decode_fp8": [public(r) for r in decode_fp8],
         "failures": failures,
         "steps": [public(s) for s in steps],
         "unparsed_lines": bad[:50], "unparsed_count": len(bad), "other_kinds_ignored": ignored,

@@ -17,13 +17,28 @@
 //       indices fetched as one cp.async group; programmatic dependent launch (PDL) capable.
 //   "v3-nosplit" is v3 with num_splits forced to 1, to show what split-KV buys.
 //
-// Method: bytes = K + V bytes read (batch × context × kv_heads × head_dim × 2 B × 2); each
-// shape rotates among enough disjoint KV sets (each with its own shuffled block table and
-// query) to exceed 512 MB, so every timed launch reads from HBM, not the 50 MB L2; 5 warm-up
-// launches, then the median of 30 launches, each timed by its own CUDA events. The copy
+// KV cache formats (--kv, default both; every JSON line carries "kv"):
+//   bf16  the pools hold bf16 (2 B per K/V element), q/out bf16.
+//   fp8   the pools hold FP8 E4M3 codes (kernels/fp8.h, 1 B per element; AttentionParams::
+//         kv_format, k_scale 0.5, v_scale 0.25), q/out bf16; the kernel dequantizes to fp16 and
+//         runs the tensor cores in fp16. Codes are F32ToE4m3(normal / scale) (never the NaN
+//         codes 0x7f / 0xff). Validated against the CPU fp8 reference (cpu::PagedDecodeAttention
+//         over PagedKvView<const uint8_t> with cpu::Fp8KvScales) with the bf16 tolerance, timed
+//         the same way; v3-nosplit is added when v3's own split count is > 1 (fp8 occupancy
+//         differs from bf16's, which DecodeAutoSplits assumes). When both formats run, each fp8
+//         line also gives time_ratio_fp8_bf16 (per-launch median ms, fp8 / bf16) and
+//         graph_ratio_fp8_bf16 (graph_pdl_us, fp8 / bf16) against the same variant and shape.
+//         bench/attention_report.py keeps fp8 lines out of its bf16 tables (under "decode_fp8").
+//
+// Method: bytes = K + V bytes read (batch × context × kv_heads × head_dim × 2 (K and V) ×
+// 2 B for bf16, 1 B for fp8); each shape rotates among enough disjoint KV sets (each with its
+// own shuffled block table and query) to exceed 512 MB of K+V, so every timed launch reads
+// from HBM, not the 50 MB L2; 5 warm-up launches, then the median of 30 launches, each timed
+// by its own CUDA events. The copy
 // ceiling is cudaMemcpy device-to-device of 2 GiB (read + write bytes / time), median of 10,
 // measured in the same run. max_err: sequence 0 of set 0 against cpu::PagedDecodeAttention
-// on the same bf16 values in fp32 (max abs error / max |ref| is printed as rel_err).
+// on the same bf16 values (fp8: the same e4m3 codes and scales) in fp32 (max abs error /
+// max |ref| is printed as rel_err).
 // Also per shape (fields graph_us, graph_pdl_us): 30 launches over the rotating sets captured
 // into one CUDA graph, replayed (median of 5 replays / 30), with PDL off and on: the kernel time
 // without the host launch and event overhead that the per-launch median includes, as the
@@ -32,6 +47,8 @@
 //   --sanitize-small   validation plus one small shape with a few launches (for
 //                      compute-sanitizer; scripts/gpu_attention_bench.sh), then exit
 //   --shapes BxC,...   time these batch × context shapes instead of the six above
+//   --kv fp8|bf16|both KV cache formats to validate and time (default both: bf16 first, then
+//                      fp8, per shape)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -50,6 +67,7 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/dtype.h"
+#include "kernels/fp8.h"
 
 namespace {
 
@@ -75,6 +93,62 @@ __global__ void FillKernel(uint16_t* p, size_t n, uint32_t seed) {
 
 void Fill(void* p, size_t n, uint32_t seed) {
   FillKernel<<<4096, 256>>>(static_cast<uint16_t*>(p), n, seed);
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+// The fp8 cache's per-tensor scales (code c stands for E4m3ToF32(c) · scale); not 1, so the
+// kernel's folding of k_scale / v_scale is checked too.
+constexpr float kKScale = 0.5f, kVScale = 0.25f;
+
+llm::cuda::KvCacheFormat KvFormat(bool fp8) {
+  llm::cuda::KvCacheFormat f;
+  f.fp8 = fp8;
+  f.k_scale = fp8 ? kKScale : 1.f;
+  f.v_scale = fp8 ? kVScale : 1.f;
+  return f;
+}
+
+llm::cpu::Fp8KvScales CpuScales() {
+  llm::cpu::Fp8KvScales s;
+  s.k = kKScale;
+  s.v = kVScale;
+  return s;
+}
+
+const char* KvName(bool fp8) { return fp8 ? "fp8" : "bf16"; }
+
+// F32ToE4m3, never a NaN code (0x7f / 0xff): those become ±448 (unreachable for finite x,
+// which F32ToE4m3 saturates, but the pools must never hold NaN).
+__host__ __device__ inline uint8_t E4m3Code(float x) {
+  const uint8_t c = llm::F32ToE4m3(x);
+  return (c & 0x7f) == 0x7f ? uint8_t((c & 0x80) | 0x7e) : c;
+}
+
+__device__ inline uint32_t Mix(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// Deterministic pseudo-random e4m3 codes: F32ToE4m3(z / scale), z standard normal
+// (Box-Muller on two hashed uniforms; u1 in (0, 1], so |z| <= 5.8 and finite).
+__global__ void FillE4m3Kernel(uint8_t* p, size_t n, uint32_t seed, float inv_scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t a = Mix(uint32_t(i) * 2654435761u ^ (uint32_t(i >> 32) + seed) * 0x9e3779b9u);
+    const uint32_t b = Mix(a ^ 0x68e31da4u);
+    const float u1 = (float(a >> 8) + 1.f) * (1.f / 16777216.f);  // (0, 1]
+    const float u2 = float(b >> 8) * (1.f / 16777216.f);          // [0, 1)
+    const float z = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    p[i] = E4m3Code(z * inv_scale);
+  }
+}
+
+void FillE4m3(void* p, size_t n, uint32_t seed, float scale) {
+  FillE4m3Kernel<<<4096, 256>>>(static_cast<uint8_t*>(p), n, seed, 1.f / scale);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -116,6 +190,7 @@ struct Shape {
 
 struct Result {
   std::string variant;
+  bool fp8;  // KV cache format: e4m3 pools (else bf16)
   Shape shape;
   float ms;
   double tbs;
@@ -125,13 +200,16 @@ struct Result {
   float rel_err;
   float graph_ms;      // per launch inside a captured graph, PDL off (0 = not measured)
   float graph_pdl_ms;  // same, PDL on
+  float fp8_over_bf16 = 0.f;  // fp8 only: ms / the same variant's bf16 ms (0 = no bf16 run)
 };
 
-constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+int kBlock = 16;  // tokens per KV page (--block-size)
 
 // One shape: `sets` disjoint KV sets in one pool, each with its own shuffled block table.
 struct Problem {
   Shape shape;
+  bool fp8 = false;  // e4m3 pools (1 B per element) instead of bf16 (2 B)
   int sets = 1;
   int64_t blocks_per_seq = 0;
   PagedKvLayout layout;
@@ -146,16 +224,23 @@ struct Problem {
   void* ws = nullptr;
   size_t ws_bytes = 0;
 
-  Problem(Shape s, int64_t min_bytes) : shape(s) {
-    const double kv_bytes = double(s.batch) * s.context * kKvHeads * kHeadDim * 2 * 2;
+  int ElemBytes() const { return fp8 ? 1 : 2; }
+
+  Problem(Shape s, int64_t min_bytes, bool fp8_cache) : shape(s), fp8(fp8_cache) {
+    const double kv_bytes = double(s.batch) * s.context * kKvHeads * kHeadDim * ElemBytes() * 2;
     sets = std::max<int>(1, int(std::ceil(double(min_bytes) / kv_bytes)));
     blocks_per_seq = (s.context + kBlock - 1) / kBlock;
     const int64_t num_blocks = int64_t(sets) * s.batch * blocks_per_seq;
     layout = PagedKvLayout{num_blocks, kBlock, kKvHeads, kHeadDim};
-    LLM_CUDA_CHECK(cudaMalloc(&k, layout.pool_elements() * 2));
-    LLM_CUDA_CHECK(cudaMalloc(&v, layout.pool_elements() * 2));
-    Fill(k, layout.pool_elements(), 1);
-    Fill(v, layout.pool_elements(), 2);
+    LLM_CUDA_CHECK(cudaMalloc(&k, layout.pool_elements() * ElemBytes()));
+    LLM_CUDA_CHECK(cudaMalloc(&v, layout.pool_elements() * ElemBytes()));
+    if (fp8) {
+      FillE4m3(k, layout.pool_elements(), 1, kKScale);
+      FillE4m3(v, layout.pool_elements(), 2, kVScale);
+    } else {
+      Fill(k, layout.pool_elements(), 1);
+      Fill(v, layout.pool_elements(), 2);
+    }
     const size_t q_elems = size_t(sets) * s.batch * kHeads * kHeadDim;
     LLM_CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
     Fill(q, q_elems, 3);
@@ -194,6 +279,7 @@ struct Problem {
     p.num_heads = kHeads;
     p.scale = 1.f / std::sqrt(float(kHeadDim));
     p.dtype = llm::DType::kBF16;
+    p.kv_format = KvFormat(fp8);
     p.max_q_len = 1;
     p.max_num_keys = shape.context;
     return p;
@@ -206,15 +292,30 @@ struct Problem {
     std::vector<uint16_t> got(kHeads * kHeadDim), qh(kHeads * kHeadDim);
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), out, got.size() * 2, cudaMemcpyDeviceToHost));
     LLM_CUDA_CHECK(cudaMemcpy(qh.data(), q, qh.size() * 2, cudaMemcpyDeviceToHost));
-    // Gather the sequence's blocks into a compact fp32 pool, blocks renumbered 0..n-1.
+    // Gather the sequence's blocks into a compact pool (fp32; fp8: the e4m3 codes), blocks
+    // renumbered 0..n-1.
     const int64_t n = blocks_per_seq;
     const int64_t bstride = layout.block_stride();
     PagedKvLayout small{n, kBlock, kKvHeads, kHeadDim};
-    std::vector<float> kf(small.pool_elements()), vf(small.pool_elements());
+    std::vector<float> kf, vf;
+    std::vector<uint8_t> kc, vc;
+    if (fp8) {
+      kc.resize(small.pool_elements());
+      vc.resize(small.pool_elements());
+    } else {
+      kf.resize(small.pool_elements());
+      vf.resize(small.pool_elements());
+    }
     std::vector<uint16_t> tmp(bstride);
     for (int64_t b = 0; b < n; ++b) {
       const int64_t src = host_tables[b];
       for (int kv = 0; kv < 2; ++kv) {
+        if (fp8) {
+          const uint8_t* pool = static_cast<const uint8_t*>(kv == 0 ? k : v);
+          uint8_t* dst = (kv == 0 ? kc.data() : vc.data()) + b * bstride;
+          LLM_CUDA_CHECK(cudaMemcpy(dst, pool + src * bstride, bstride, cudaMemcpyDeviceToHost));
+          continue;
+        }
         const uint16_t* pool = static_cast<const uint16_t*>(kv == 0 ? k : v);
         LLM_CUDA_CHECK(cudaMemcpy(tmp.data(), pool + src * bstride, bstride * 2,
                                   cudaMemcpyDeviceToHost));
@@ -227,8 +328,14 @@ struct Problem {
     std::vector<float> qf(qh.size()), ref(qh.size());
     for (size_t i = 0; i < qh.size(); ++i) qf[i] = llm::Bf16ToF32(qh[i]);
     AttentionBatch b{1, cu_h.data(), ctx_h.data(), table.data(), n};
-    llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), small},
-                                   b, kHeads, 1.f / std::sqrt(float(kHeadDim)), ref.data(), 1);
+    if (fp8) {
+      llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const uint8_t>{kc.data(), vc.data(), small},
+                                     CpuScales(), b, kHeads, 1.f / std::sqrt(float(kHeadDim)),
+                                     ref.data(), 1);
+    } else {
+      llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), small},
+                                     b, kHeads, 1.f / std::sqrt(float(kHeadDim)), ref.data(), 1);
+    }
     float err = 0, mx = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
       const float g = llm::Bf16ToF32(got[i]);
@@ -296,17 +403,19 @@ struct Problem {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     const float med = Median(ms);
-    const double bytes = double(shape.batch) * shape.context * kKvHeads * kHeadDim * 2 * 2;
+    // K + V bytes actually read: 2 B per element for bf16, 1 B for fp8.
+    const double bytes = double(shape.batch) * shape.context * kKvHeads * kHeadDim * ElemBytes() * 2;
     const float g = graphs ? GraphTime(splits, false, 30, 5) : 0.f;
     const float gp = graphs ? GraphTime(splits, true, 30, 5) : 0.f;
     const auto [err, mx] = Check(splits);
-    return Result{variant, shape, med, bytes / (med * 1e-3) / 1e12, info.num_splits,
+    return Result{variant, fp8, shape, med, bytes / (med * 1e-3) / 1e12, info.num_splits,
                   info.num_ctas, err, mx > 0 ? err / mx : err, g, gp};
   }
 };
 
-// Small ragged validation against the CPU on every element (splits 1, auto, 8).
-bool Validate() {
+// Small ragged validation against the CPU on every element (splits 1, auto, 8); fp8: e4m3
+// pools of F32ToE4m3(normal / scale) against the CPU fp8 reference.
+bool Validate(bool fp8) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.f, 1.f);
   const std::vector<int32_t> keys = {1000, 37, 2500};
@@ -327,13 +436,28 @@ bool Validate() {
     for (int64_t b = 0; b < (keys[s] + kBlock - 1) / kBlock; ++b) tables[s * maxb + b] = perm[next++];
   }
   cu[ns] = int32_t(ns);
-  std::vector<uint16_t> kb(layout.pool_elements()), vb(kb.size()), qb(ns * kHeads * kHeadDim);
-  std::vector<float> kf(kb.size()), vf(kb.size()), qf(qb.size()), ref(qb.size());
-  for (size_t i = 0; i < kb.size(); ++i) {
-    kb[i] = llm::F32ToBf16(normal(rng));
-    vb[i] = llm::F32ToBf16(normal(rng));
-    kf[i] = llm::Bf16ToF32(kb[i]);
-    vf[i] = llm::Bf16ToF32(vb[i]);
+  const size_t pool = size_t(layout.pool_elements());
+  std::vector<uint16_t> kb, vb, qb(ns * kHeads * kHeadDim);
+  std::vector<uint8_t> kc, vc;  // fp8 pools
+  std::vector<float> kf, vf, qf(qb.size()), ref(qb.size());
+  if (fp8) {
+    kc.resize(pool);
+    vc.resize(pool);
+    for (size_t i = 0; i < pool; ++i) {
+      kc[i] = E4m3Code(normal(rng) / kKScale);
+      vc[i] = E4m3Code(normal(rng) / kVScale);
+    }
+  } else {
+    kb.resize(pool);
+    vb.resize(pool);
+    kf.resize(pool);
+    vf.resize(pool);
+    for (size_t i = 0; i < pool; ++i) {
+      kb[i] = llm::F32ToBf16(normal(rng));
+      vb[i] = llm::F32ToBf16(normal(rng));
+      kf[i] = llm::Bf16ToF32(kb[i]);
+      vf[i] = llm::Bf16ToF32(vb[i]);
+    }
   }
   for (size_t i = 0; i < qb.size(); ++i) {
     qb[i] = llm::F32ToBf16(normal(rng));
@@ -341,15 +465,20 @@ bool Validate() {
   }
   const float scale = 1.f / std::sqrt(float(kHeadDim));
   AttentionBatch hb{ns, cu.data(), ctx.data(), tables.data(), maxb};
-  llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), layout},
-                                 hb, kHeads, scale, ref.data(), 1);
+  if (fp8) {
+    llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const uint8_t>{kc.data(), vc.data(), layout},
+                                   CpuScales(), hb, kHeads, scale, ref.data(), 1);
+  } else {
+    llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), layout},
+                                   hb, kHeads, scale, ref.data(), 1);
+  }
   auto up = [](const auto& h) {
     void* d = nullptr;
     LLM_CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(h[0])));
     LLM_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(h[0]), cudaMemcpyHostToDevice));
     return d;
   };
-  void *dk = up(kb), *dv = up(vb), *dq = up(qb), *dt = up(tables), *dc = up(ctx), *du = up(cu);
+  void *dk = fp8 ? up(kc) : up(kb), *dv = fp8 ? up(vc) : up(vb), *dq = up(qb), *dt = up(tables), *dc = up(ctx), *du = up(cu);
   void* dout = nullptr;
   LLM_CUDA_CHECK(cudaMalloc(&dout, qb.size() * 2));
   const size_t ws_bytes = llm::cuda::DecodeWorkspaceBytes(ns, kHeads, kHeadDim, 8);
@@ -365,6 +494,7 @@ bool Validate() {
   p.num_heads = kHeads;
   p.scale = scale;
   p.dtype = llm::DType::kBF16;
+  p.kv_format = KvFormat(fp8);
   p.max_q_len = 1;
   p.max_num_keys = 2500;
   float mx = 0;
@@ -383,22 +513,68 @@ bool Validate() {
     }
     const bool pass = err <= 2e-2f * mx;
     ok = ok && pass;
-    std::printf("validate splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n", splits,
-                info.num_splits, err, mx, pass ? "ok" : "FAIL");
+    std::printf("validate kv=%s splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n",
+                KvName(fp8), splits, info.num_splits, err, mx, pass ? "ok" : "FAIL");
   }
   for (void* d : {dk, dv, dq, dt, dc, du, dout, ws}) cudaFree(d);
   return ok;
+}
+
+// One result line. `bf16`: the same shape and variant timed with the bf16 cache (fp8 lines
+// then carry the fp8 / bf16 time ratios), or null.
+void PrintJson(const Result& r, int sets, double copy_tbs, bool pass, const Result* bf16) {
+  std::string extra;
+  if (r.fp8 && bf16 != nullptr && bf16->ms > 0) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), ",\"time_ratio_fp8_bf16\":%.3f", r.ms / bf16->ms);
+    extra += buf;
+    if (r.graph_pdl_ms > 0 && bf16->graph_pdl_ms > 0) {
+      std::snprintf(buf, sizeof(buf), ",\"graph_ratio_fp8_bf16\":%.3f",
+                    r.graph_pdl_ms / bf16->graph_pdl_ms);
+      extra += buf;
+    }
+  }
+  std::printf(
+      "JSON {\"kind\":\"decode\",\"variant\":\"%s\",\"batch\":%d,\"context\":%d,"
+      "\"num_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"dtype\":\"bf16\",\"kv\":\"%s\","
+      "\"block_size\":%d,\"ms\":%.4f,\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%.3f,\"splits\":%d,"
+      "\"ctas\":%d,\"graph_us\":%.2f,\"graph_pdl_us\":%.2f,"
+      "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d%s%s}\n",
+      r.variant.c_str(), r.shape.batch, r.shape.context, kHeads, kKvHeads, kHeadDim, KvName(r.fp8),
+      kBlock, r.ms, r.tbs, copy_tbs, r.tbs / copy_tbs, r.splits, r.ctas, r.graph_ms * 1e3,
+      r.graph_pdl_ms * 1e3, r.max_err, r.rel_err, sets, extra.c_str(),
+      pass ? "" : ",\"ok\":false");
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   bool sanitize_small = false;
+  std::vector<bool> kvs = {false, true};  // KV formats, in run order: bf16, then fp8
   std::vector<Shape> shapes = {{1, 4096}, {1, 32768}, {16, 4096},
                                {64, 4096}, {64, 16384}, {256, 2048}};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--sanitize-small") == 0) {
       sanitize_small = true;
+    } else if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
+      const char* kv = argv[++i];
+      if (std::strcmp(kv, "both") == 0) {
+        kvs = {false, true};
+      } else if (std::strcmp(kv, "bf16") == 0) {
+        kvs = {false};
+      } else if (std::strcmp(kv, "fp8") == 0) {
+        kvs = {true};
+      } else {
+        std::fprintf(stderr, "bad --kv '%s' (fp8, bf16 or both)\n", kv);
+        return 2;
+      }
+    } else if (std::strcmp(argv[i], "--block-size") == 0 && i + 1 < argc) {
+      kBlock = std::atoi(argv[++i]);
+      if (kBlock < 1) {
+        std::fprintf(stderr, "bad --block-size\n");
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
       shapes.clear();  // BxC[,BxC...]: batch × context
       for (const char* q = argv[++i]; *q;) {
@@ -414,60 +590,81 @@ int main(int argc, char** argv) {
         if (*q == ',') ++q;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]] [--kv fp8|bf16|both] [--block-size N]\n",
+                   argv[0]);
       return 2;
     }
   }
   std::printf("device: %s\n", llm::cuda::DeviceDescription().c_str());
-  if (!Validate()) {
-    std::printf("validation FAILED\n");
-    return 1;
+  // A format that fails validation is not timed (the other still is); the exit status is 1.
+  bool ok = true;
+  {
+    std::vector<bool> passed;
+    for (const bool fp8 : kvs) {
+      if (Validate(fp8)) {
+        passed.push_back(fp8);
+      } else {
+        std::printf("validation FAILED (kv=%s)\n", KvName(fp8));
+        ok = false;
+      }
+    }
+    kvs = passed;
   }
+  if (kvs.empty()) return 1;
   if (sanitize_small) {  // one small shape, a few launches per variant, checks on
-    bool ok = true;
-    Problem prob(Shape{2, 1000}, 0);
-    for (int splits : {0, 1, 7}) {
-      const Result r = prob.Time("v3", splits, 2, false);
-      const bool pass = r.rel_err <= 2e-2f;
-      ok = ok && pass;
-      std::printf("sanitize-small 2x1000 splits=%d (used %d): rel_err %.3g: %s\n", splits,
-                  r.splits, r.rel_err, pass ? "ok" : "FAIL");
+    for (const bool fp8 : kvs) {
+      Problem prob(Shape{2, 1000}, 0, fp8);
+      for (int splits : {0, 1, 7}) {
+        const Result r = prob.Time("v3", splits, 2, false);
+        const bool pass = r.rel_err <= 2e-2f;
+        ok = ok && pass;
+        std::printf("sanitize-small 2x1000 kv=%s splits=%d (used %d): rel_err %.3g: %s\n",
+                    KvName(fp8), splits, r.splits, r.rel_err, pass ? "ok" : "FAIL");
+      }
     }
     return ok ? 0 : 1;
   }
   const double copy_tbs = CopyBandwidthTBs();
   std::printf("copy bandwidth (cudaMemcpy D2D 2 GiB, read+write): %.3f TB/s\n", copy_tbs);
   std::vector<Result> results;
-  bool ok = true;
   for (const Shape& s : shapes) {
-    Problem prob(s, int64_t(512) << 20);
-    std::vector<std::pair<std::string, int>> variants = {{"v3", 0}};
-    const int auto_splits = llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context, kHeadDim, 128);
-    if (auto_splits > 1) variants.push_back({"v3-nosplit", 1});
-    for (const auto& [name, splits] : variants) {
-      const Result r = prob.Time(name, splits);
-      results.push_back(r);
-      const bool pass = r.rel_err <= 2e-2f;
-      ok = ok && pass;
-      std::printf(
-          "JSON {\"kind\":\"decode\",\"variant\":\"%s\",\"batch\":%d,\"context\":%d,"
-          "\"num_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"dtype\":\"bf16\",\"ms\":%.4f,"
-          "\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%.3f,\"splits\":%d,"
-          "\"ctas\":%d,\"graph_us\":%.2f,\"graph_pdl_us\":%.2f,"
-          "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d%s}\n",
-          r.variant.c_str(), s.batch, s.context, kHeads, kKvHeads, kHeadDim, r.ms, r.tbs,
-          copy_tbs, r.tbs / copy_tbs, r.splits, r.ctas, r.graph_ms * 1e3, r.graph_pdl_ms * 1e3,
-          r.max_err, r.rel_err, prob.sets, pass ? "" : ",\"ok\":false");
-      std::fflush(stdout);
+    std::vector<Result> bf16_here;  // this shape's bf16 results, for the fp8 / bf16 ratios
+    for (const bool fp8 : kvs) {
+      Problem prob(s, int64_t(512) << 20, fp8);
+      auto run = [&](const std::string& name, int splits) {
+        Result r = prob.Time(name, splits);
+        const Result* base = nullptr;
+        if (fp8)
+          for (const Result& b : bf16_here)
+            if (b.variant == r.variant) base = &b;
+        if (base != nullptr && base->ms > 0) r.fp8_over_bf16 = r.ms / base->ms;
+        const bool pass = r.rel_err <= 2e-2f;
+        ok = ok && pass;
+        PrintJson(r, prob.sets, copy_tbs, pass, base);
+        results.push_back(r);
+        if (!fp8) bf16_here.push_back(r);
+        return r;
+      };
+      const Result v3 = run("v3", 0);
+      // bf16: as before, from the selector; fp8: from the split count v3 actually used (the
+      // fp8 config's occupancy differs from the bf16 one DecodeAutoSplits assumes).
+      const bool split = fp8 ? v3.splits > 1
+                             : llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context,
+                                                           kHeadDim, 128) > 1;
+      if (split) run("v3-nosplit", 1);
     }
   }
-  std::printf("\n%-11s %6s %7s %7s %6s %9s %8s %7s %9s %9s %9s\n", "variant", "batch",
-              "context", "splits", "ctas", "ms", "TB/s", "ratio", "graph_us", "g+pdl_us",
-              "rel_err");
+  std::printf("\n%-11s %4s %6s %7s %7s %6s %9s %8s %7s %9s %9s %9s %9s\n", "variant", "kv",
+              "batch", "context", "splits", "ctas", "ms", "TB/s", "ratio", "graph_us",
+              "g+pdl_us", "rel_err", "fp8/bf16");
   for (const Result& r : results) {
-    std::printf("%-11s %6d %7d %7d %6d %9.4f %8.3f %7.3f %9.2f %9.2f %9.2e\n", r.variant.c_str(),
-                r.shape.batch, r.shape.context, r.splits, r.ctas, r.ms, r.tbs, r.tbs / copy_tbs,
-                r.graph_ms * 1e3, r.graph_pdl_ms * 1e3, r.rel_err);
+    char vs[16] = "";
+    if (r.fp8_over_bf16 > 0) std::snprintf(vs, sizeof(vs), "%.3f", r.fp8_over_bf16);
+    std::printf("%-11s %4s %6d %7d %7d %6d %9.4f %8.3f %7.3f %9.2f %9.2f %9.2e %9s\n",
+                r.variant.c_str(), KvName(r.fp8), r.shape.batch, r.shape.context, r.splits, r.ctas,
+                r.ms, r.tbs, r.tbs / copy_tbs, r.graph_ms * 1e3, r.graph_pdl_ms * 1e3, r.rel_err,
+                vs);
   }
   std::printf("copy %.3f TB/s\n", copy_tbs);
   return ok ? 0 : 1;

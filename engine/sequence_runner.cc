@@ -11,10 +11,11 @@ int64_t BlocksFor(int64_t tokens, int64_t block_size) {
 
 }  // namespace
 
-SequenceRunner::SequenceRunner(const LlamaModel& model, int64_t max_tokens, int64_t block_size)
+SequenceRunner::SequenceRunner(const LlamaModel& model, int64_t max_tokens, int64_t block_size,
+                               KvCacheDType kv_dtype)
     : model_(model),
       blocks_(BlocksFor(max_tokens, block_size), block_size, /*enable_prefix_caching=*/false),
-      kv_(model.config(), BlocksFor(max_tokens, block_size), block_size) {}
+      kv_(model.config(), BlocksFor(max_tokens, block_size), block_size, kv_dtype) {}
 
 std::vector<float> SequenceRunner::Feed(std::span<const int> tokens, bool all_logits) {
   if (tokens.empty()) throw Error("no tokens to run");

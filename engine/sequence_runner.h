@@ -15,7 +15,8 @@ namespace llm {
 
 class SequenceRunner {
  public:
-  SequenceRunner(const LlamaModel& model, int64_t max_tokens, int64_t block_size = 16);
+  SequenceRunner(const LlamaModel& model, int64_t max_tokens, int64_t block_size = 16,
+                 KvCacheDType kv_dtype = KvCacheDType::kF32);
 
   // Feeds tokens (the prompt, a chunk of it, or one sampled token) and returns the logits of
   // the last one [vocab], or of every fed token [n, vocab] when all_logits. Throws

@@ -35,7 +35,8 @@ if [ "$PHASE" = tests ]; then
     llm cuda_executor_gpu_test engine_gpu_test gemv_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
     bench_decode_attention_gpu cuda_async_gpu_test cuda_step_failure_gpu_test \
-    demo_model cuda_tp_gpu_test all_reduce_gpu_test bench_all_reduce_gpu 2>&1 | tail -30
+    demo_model cuda_tp_gpu_test all_reduce_gpu_test bench_all_reduce_gpu kv_fp8_gpu_test \
+    2>&1 | tail -30
   tiny=/tmp/tiny_models && mkdir -p $tiny
   for m in hd128 hd64; do
     build/llm make-model --config tests/data/tiny_models/$m.json --out $tiny/$m --seed 7 \
@@ -49,7 +50,7 @@ if [ "$PHASE" = tests ]; then
   fi
   (cd build && ctest -L gpu -R "${GPU_TEST_REGEX:-.}" --output-on-failure --timeout 300) 2>&1 \
     | tee "$OUT/gpu_tests.log" | grep -vE "^\s+[0-9]+/[0-9]+ Test.*Passed" | tail -60
-  build/cuda_executor_gpu_test 2>&1 | grep -E "^  (stories|hd)" | tee "$OUT/executor_numbers.txt"
+  build/cuda_executor_gpu_test 2>&1 | grep -E "^  (stories|hd|KV blocks)" | tee "$OUT/executor_numbers.txt"
   # engine_gpu_test's measured token agreement (one line per comparison), from ctest's log.
   grep -h '^\[invariance\]' build/Testing/Temporary/LastTest.log | tee "$OUT/engine_invariance_gpu.txt"
   timeout 60 build/llm generate --device cuda --model "$shared/models/stories260K" \
@@ -96,6 +97,25 @@ run throughput_8b_sync 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --
 run throughput_8b_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
   --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0
+# --kv-cache-dtype fp8 (e4m3 KV cache: half the bytes per token, twice the tokens in memory)
+run throughput_8b_fp8 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --min-input 1000 \
+  --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8
+run throughput_8b_fp8_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8
+run throughput_8b_fp8_768seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 768 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8
+run decode_8b_256seq_fp8 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
+  --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup \
+  --kv-cache-dtype fp8
+run latency_8b_b1_fp8 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
+  --kv-cache-dtype fp8
+run long_context_8b_128k_fp8 300 --model $C31 --num-requests 1 --min-input 131008 \
+  --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
+  --max-num-batched-tokens 8192 --temperature 0 --kv-cache-dtype fp8
 run long_context_8b_128k 300 --model $C31 --num-requests 1 --min-input 131008 \
   --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
   --max-num-batched-tokens 8192 --temperature 0

@@ -120,6 +120,8 @@ struct CudaExecutor::Impl {
   CudaExecutorOptions opt;
   DType dtype = DType::kBF16;
   size_t esize = 2;
+  size_t kv_esize = 2;               // bytes per KV cache element: esize, or 1 for fp8
+  cuda::KvCacheFormat kv_format;     // fp8 (e4m3) or the model dtype
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   std::vector<void*> allocations;
@@ -598,7 +600,7 @@ struct CudaExecutor::Impl {
 
   void AllocKv(int64_t num_blocks) {
     layout = {num_blocks, opt.block_size, kv_heads, config.head_dim};
-    const int64_t pool_bytes = layout.pool_elements() * int64_t(esize);
+    const int64_t pool_bytes = layout.pool_elements() * int64_t(kv_esize);
     k_pool.clear();
     v_pool.clear();
     for (int64_t l = 0; l < config.num_layers; ++l) {
@@ -623,7 +625,7 @@ struct CudaExecutor::Impl {
 
   int64_t BytesPerBlock() const {
     return 2 * config.num_layers * kv_heads * opt.block_size * config.head_dim *
-           int64_t(esize);
+           int64_t(kv_esize);
   }
 
   // ---- one step ------------------------------------------------------------------------
@@ -733,7 +735,7 @@ struct CudaExecutor::Impl {
 
   // The block manager's copy-on-write copies, in every layer of this rank's KV pool.
   void CopyBlocks(std::span<const BlockCopy> copies) {
-    const size_t block_bytes = size_t(layout.block_stride()) * esize;
+    const size_t block_bytes = size_t(layout.block_stride()) * kv_esize;
     for (const BlockCopy& c : copies) {
       for (int64_t l = 0; l < config.num_layers; ++l) {
         for (void* pool : {k_pool[size_t(l)], v_pool[size_t(l)]}) {
@@ -757,6 +759,7 @@ struct CudaExecutor::Impl {
     p.num_heads = heads;
     p.scale = 1.f / std::sqrt(float(config.head_dim));
     p.dtype = dtype;
+    p.kv_format = kv_format;
     const int64_t nd = s.num_decode;
     if (nd > 0) {
       p.q = q;
@@ -832,7 +835,8 @@ struct CudaExecutor::Impl {
                      .head_dim = int(config.head_dim),
                      .layout = kv.layout,
                      .k_cache = kv.k,
-                     .v_cache = kv.v};
+                     .v_cache = kv.v,
+                     .kv_format = kv_format};
       }
       cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (small && cuda::GemvSupports(rope)) {
@@ -844,7 +848,8 @@ struct CudaExecutor::Impl {
           gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
         }
         cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(heads),
-                           int(kv_heads), int(config.head_dim), Kv(i), dtype, q, stream);
+                           int(kv_heads), int(config.head_dim), Kv(i), dtype, q, stream,
+                           kv_format);
       }
       Attention(i, s);
       // o and down add their output to the residual stream x. Tensor parallel: each rank's is
@@ -1473,6 +1478,8 @@ void CudaExecutor::Impl::Configure(const ModelConfig& c, const CudaExecutorOptio
   device = rank;
   dtype = options.dtype;
   esize = DTypeSize(dtype);
+  kv_format.fp8 = opt.kv_cache_fp8;
+  kv_esize = opt.kv_cache_fp8 ? 1 : esize;
   heads = shard.num_heads;
   kv_heads = shard.num_kv_heads;
   hidden = c.hidden_size;
@@ -1553,7 +1560,8 @@ void CudaExecutor::Impl::Finish(int64_t num_blocks) {
   stats.kv_cache_bytes = kv_bytes;
   stats.activation_bytes = activation_bytes;
   Log(device_name + ": weights " + Gib(double(weight_bytes)) + ", activations " +
-      Gib(double(activation_bytes)) + ", KV cache " + Gib(double(kv_bytes)) + " = " +
+      Gib(double(activation_bytes)) + ", KV cache " + (kv_format.fp8 ? "(fp8 e4m3) " : "") +
+      Gib(double(kv_bytes)) + " = " +
       std::to_string(num_blocks * opt.block_size) + " tokens (" + std::to_string(num_blocks) +
       " blocks of " + std::to_string(opt.block_size) +
       (shard.size > 1 ? ", " + std::to_string(kv_heads) + " KV heads per GPU" : std::string()) +
@@ -1657,8 +1665,9 @@ const ModelConfig& CudaExecutor::config() const { return impl_->config; }
 
 std::string CudaExecutor::Describe() const {
   const int tp = impl_->shard.size;
-  return "cuda: " + impl_->device_name + ", " + std::string(DTypeName(impl_->dtype)) +
-         " weights and KV cache" +
+  const std::string dt(DTypeName(impl_->dtype));
+  return "cuda: " + impl_->device_name + ", " + dt + " weights, " +
+         (impl_->kv_format.fp8 ? std::string("fp8 (e4m3)") : dt) + " KV cache" +
          (tp > 1 ? ", tensor parallel over " + std::to_string(tp) + " GPUs" : std::string());
 }
 

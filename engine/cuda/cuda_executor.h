@@ -50,6 +50,10 @@ namespace llm {
 
 struct CudaExecutorOptions {
   DType dtype = DType::kBF16;  // weights, activations and KV cache (kBF16 / kF16)
+  // --kv-cache-dtype fp8: the KV cache holds FP8 E4M3 codes (kernels/cuda/attention.h,
+  // KvCacheFormat; per-tensor scales of 1), half the bytes of bf16: twice the tokens in the
+  // same memory, half the bytes decode attention streams.
+  bool kv_cache_fp8 = false;
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers
   int64_t max_num_seqs = 256;

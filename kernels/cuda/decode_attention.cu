@@ -40,12 +40,17 @@
 //  - Prologue: the Q fragment loads, the context length, then the page indices of the first
 //    kStages - 1 tiles as ONE cp.async group (v2 loaded them with plain loads tile by tile,
 //    dependent round trips before the first K/V copy could be issued).
-// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} = 4.
+// FP8 (e4m3) caches (KvCacheFormat::fp8, kFp8): the same kernel reading half the bytes; each
+// thread dequantizes the chunks it copied into an fp16 tile (exact: every e4m3 value is an fp16
+// value) and the tensor cores run in fp16 (q converted once, saturating); k_scale is folded into
+// the softmax scale, v_scale into the output normalisation.
+// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} × {cache dtype, fp8} = 8.
 //
 // Test: ninja -C build decode_attention_gpu_test && (cd build && ctest -L gpu -R decode_attention)
 // Bench: ninja -C build bench_decode_attention_gpu && ./build/bench_decode_attention_gpu
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -65,26 +70,38 @@ namespace {
 
 constexpr int kMaxSplits = 128;  // split cap
 
-// Tile configuration per head_dim.
-template <int kHeadDim>
+// Tile configuration per head_dim and cache format (kFp8: e4m3 pools, 1 byte per element).
+template <int kHeadDim, bool kFp8 = false>
 struct DecodeTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKeysPerWarp = 16;                   // one k16 step of P·V per tile
   static constexpr int kTileKeys = kWarps * kKeysPerWarp;   // 64 keys per pipeline stage
-  static constexpr int kStages = kHeadDim == 128 ? 3 : 4;   // 96 KiB / 64 KiB of K+V stages
-  static constexpr int kChunksPerRow = kHeadDim / 8;        // 16-byte chunks per key row
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;           // bytes per cached element
+  // K+V stages in flight: 96 KiB / 64 KiB (bf16, hd 128 / 64: 2 / 3 CTAs per SM); fp8 4 / 6
+  // stages of half the bytes (64 / 48 KiB: 3 CTAs per SM, what its registers allow).
+  static constexpr int kStages = kFp8 ? (kHeadDim == 128 ? 4 : 6) : (kHeadDim == 128 ? 3 : 4);
+  static constexpr int kMinCtasPerSm = kFp8 ? 3 : 1;  // __launch_bounds__: fp8 caps registers
+  static constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;  // 16-byte copies per row
+  static constexpr int kChunkElems = 16 / kElemBytes;               // elements per copy
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static constexpr int kPasses = kTileKeys / kRowsPerPass;  // cp.async per thread per K tile
   static constexpr int kTileElems = kTileKeys * kHeadDim;   // one K (or V) tile
+  static constexpr size_t kStageBytes = size_t(2) * kTileElems * kElemBytes;  // K + V as cached
   static constexpr int kKSteps = kHeadDim / 16;             // k16 steps of Q·Kᵀ
   static constexpr int kNTiles = kHeadDim / 8;              // n8 tiles of the output
   static constexpr int kPageSlots = 2 * kStages;            // page-index ring (see kernel)
   static constexpr int kPageSlotInts = kTileKeys + 2;       // pages one tile can touch (bs>=1)
   static constexpr int kRows = 16;                          // mma M: query rows, padded
   static constexpr int kRedStride = kHeadDim + 8;  // fp32 epilogue row, padded vs bank conflicts
-  static constexpr size_t kKvSmemBytes = size_t(kStages) * 2 * kTileElems * 2;
-  static constexpr size_t kSmemBytes = kKvSmemBytes + size_t(kPageSlots) * kPageSlotInts * 4;
+  static constexpr size_t kKvSmemBytes = size_t(kStages) * kStageBytes;
+  // fp8: every warp streams only its own 16 keys of each tile (its rows of the stages, of the
+  // fp16 tile and its own page-index ring), so the main loop needs no CTA barrier.
+  static constexpr int kWarpRowsPerPass = 32 / kChunksPerRow;  // fp8: rows per warp-wide pass
+  static constexpr int kWarpPageInts = kKeysPerWarp + 2;       // pages 16 keys can touch
+  static constexpr size_t kPageBytes = kFp8 ? size_t(kWarps) * kPageSlots * kWarpPageInts * 4
+                                            : size_t(kPageSlots) * kPageSlotInts * 4;
+  static constexpr size_t kSmemBytes = kKvSmemBytes + kPageBytes;
   // Epilogue reuse of the K/V stages: the 4 warps' fp32 accumulators for the cross-warp merge.
   static constexpr size_t kRedBytes = size_t(kWarps) * kRows * kRedStride * 4;
 
@@ -96,6 +113,9 @@ struct DecodeTraits {
                 "the epilogue reuses the K/V stages for the cross-warp merge");
   static_assert(kHeadDim % 4 == 0, "the split merge works in float4s");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
+  static_assert(!kFp8 || 3 * (kSmemBytes + 1024 + 640) <= 228 * 1024, "fp8: 3 CTAs per SM");
+  static_assert(!kFp8 || kWarpRowsPerPass * kPasses == kKeysPerWarp,
+                "fp8: a warp's passes cover exactly its 16 keys");
 };
 
 struct KernelArgs {
@@ -114,7 +134,8 @@ struct KernelArgs {
   int num_kv_heads;
   int group;
   int num_splits;
-  float scale_log2;  // scale · log2(e)
+  float scale_log2;  // scale · log2(e) (fp8: · k_scale)
+  float out_scale;   // 1, or the fp8 cache's v_scale
   float* part_acc;   // [num_seqs, num_heads, num_splits, D] (num_splits > 1)
   float* part_ml;    // [num_seqs, num_heads, num_splits, 2]  (m, l)
   unsigned* counters;  // [num_seqs * num_kv_heads] arrivals, zero between calls (num_splits > 1)
@@ -182,12 +203,45 @@ __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
   }
 }
 
+// A packed pair of T as a pair of the mma type M: as is, or (fp8 caches, M = fp16) through
+// fp32, saturated to ±65504 so that no finite query becomes infinite.
+template <typename T, typename M>
+__device__ __forceinline__ uint32_t ToMmaPair(uint32_t x) {
+  if constexpr (std::is_same_v<T, M>) {
+    return x;
+  } else {
+    const T* e = reinterpret_cast<const T*>(&x);
+    constexpr float kMax = 65504.f;
+    return Pack2<M>(fminf(fmaxf(vec::ToF32(e[0]), -kMax), kMax),
+                    fminf(fmaxf(vec::ToF32(e[1]), -kMax), kMax));
+  }
+}
+
+// Two e4m3 codes (low byte first) -> their exact fp16 values, packed (one cvt on sm_89+).
+__device__ __forceinline__ uint32_t E4m3x2ToHalf2(uint32_t codes) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, D] tile: chunks
 // are XOR-permuted by row % 8 so that 8 consecutive rows at one logical chunk (an ldmatrix
 // 8x8 matrix) hit 8 different 16-byte bank groups.
 template <int D>
 __device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled fp8 [rows, D] tile (D bytes
+// per row: 8 chunks at D = 128, 4 at D = 64), such that the 8 rows one ldmatrix 8x8 matrix
+// reads (8 consecutive rows, one logical chunk) hit 8 different 16-byte bank groups.
+template <int D>
+__device__ __forceinline__ int SwizzledOffsetFp8(int row, int chunk) {
+  if constexpr (D == 128) {
+    return row * 128 + ((chunk ^ (row & 7)) << 4);
+  } else {
+    return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
+  }
 }
 
 // ---- the attention kernel ---------------------------------------------------------------
@@ -203,12 +257,27 @@ __device__ __forceinline__ void SplitTiles(int total, int splits, int split, int
 }
 
 // Grid: num_seqs × num_kv_heads × num_splits CTAs (flattened, split fastest); 128 threads.
-template <typename T, int D>
-__global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
+// kFp8: e4m3 pools, read as they are: the tiles stay e4m3 in shared memory (half the bytes)
+// and the tensor cores run in fp16 on fragments converted in registers (exact; q converted
+// once, saturating; P rounded to fp16). ldmatrix moves 16-bit units, i.e. pairs of codes:
+//  - K: a non-transposed 8x8 matrix of 8 keys × 16 bytes gives thread (g, c) key g, codes
+//    4c..4c+3 of that 16-dim chunk. The head dimensions are permuted (identically in Q, which
+//    is loaded once): k16 step ks's logical dims {2c, 2c+1} and {2c+8, 2c+9} are the physical
+//    dims 16ks + 4c + {0, 1} and + {2, 3}, so b0 / b1 are the low / high code pairs.
+//  - V: a transposed 8x8 matrix gives thread (g, c) keys 2c, 2c+1 × dims 2g, 2g+1 of the
+//    chunk; a byte permute regroups them into {key 2c, key 2c+1} pairs for dim 2g (an "even"
+//    n8 tile of the output) and for dim 2g + 1 (an "odd" one). The output columns are thus
+//    permuted as well: tile (chunk h, parity p) column n is dim 16h + 2n + p; the epilogue
+//    undoes it.
+template <typename T, int D, bool kFp8>
+__global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
+                                  DecodeTraits<D, kFp8>::kMinCtasPerSm)
     DecodeKernel(const __grid_constant__ KernelArgs a) {
-  using Tr = DecodeTraits<D>;
+  using Tr = DecodeTraits<D, kFp8>;
+  using M = std::conditional_t<kFp8, __half, T>;  // the tensor-core operand type
   extern __shared__ __align__(128) unsigned char smem[];
-  T* kv_smem = reinterpret_cast<T*>(smem);  // stage s: K at 2s·tile, V at (2s+1)·tile
+  // Stage s: K at s·kStageBytes, V after it (cached element type).
+  unsigned char* kv_smem = smem;
   int* page_smem = reinterpret_cast<int*>(smem + Tr::kKvSmemBytes);  // [kPageSlots][slot ints]
 
   // PDL: let the next kernel start launching now (its PdlWait still waits for our completion),
@@ -251,12 +320,15 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
     const uint32_t* row1 = reinterpret_cast<const uint32_t*>(q_group + (g + 8) * D);
     const bool has0 = g < a.group;
     const bool has1 = g + 8 < a.group;
+    // fp8: the permuted head dims (see above): logical 2c.. -> 16s + 4c, 2c+8.. -> 16s + 4c + 2.
+    constexpr int kLo = kFp8 ? 4 : 2, kHi = kFp8 ? 2 : 8;
 #pragma unroll
     for (int s = 0; s < Tr::kKSteps; ++s) {
-      qa[s][0] = has0 ? row0[(16 * s + 2 * c) / 2] : 0u;
-      qa[s][1] = has1 ? row1[(16 * s + 2 * c) / 2] : 0u;
-      qa[s][2] = has0 ? row0[(16 * s + 8 + 2 * c) / 2] : 0u;
-      qa[s][3] = has1 ? row1[(16 * s + 8 + 2 * c) / 2] : 0u;
+      const int lo = (16 * s + kLo * c) / 2, hi = (16 * s + kLo * c + kHi) / 2;
+      qa[s][0] = has0 ? ToMmaPair<T, M>(row0[lo]) : 0u;
+      qa[s][1] = has1 ? ToMmaPair<T, M>(row1[lo]) : 0u;
+      qa[s][2] = has0 ? ToMmaPair<T, M>(row0[hi]) : 0u;
+      qa[s][3] = has1 ? ToMmaPair<T, M>(row1[hi]) : 0u;
     }
   }
 
@@ -268,57 +340,86 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   const int key_begin = tile_begin * Tr::kTileKeys;
   const int key_end = min(num_keys, key_begin + num_tiles * Tr::kTileKeys);
 
-  const T* k_head = static_cast<const T*>(a.k) + kv_head * a.head_stride;
-  const T* v_head = static_cast<const T*>(a.v) + kv_head * a.head_stride;
+  // Byte pointers to this KV head's rows (element offsets × kElemBytes).
+  const unsigned char* k_head =
+      static_cast<const unsigned char*>(a.k) + kv_head * a.head_stride * Tr::kElemBytes;
+  const unsigned char* v_head =
+      static_cast<const unsigned char*>(a.v) + kv_head * a.head_stride * Tr::kElemBytes;
   auto page_of = [&](int key) { return a.block_shift >= 0 ? key >> a.block_shift : key / a.block_size; };
 
-  // Page indices of tile j (relative to tile_begin) -> ring slot j % kPageSlots.
-  auto tile_pages = [&](int j, int& first, int& count) {
-    const int k0 = key_begin + j * Tr::kTileKeys;
-    const int k1 = min(key_end, k0 + Tr::kTileKeys) - 1;
-    first = page_of(k0);
-    count = page_of(k1) - first + 1;
+  // Who streams what. bf16 / fp16: the CTA streams each tile together (thread tid copies chunk
+  // tid % kChunks of rows tid / kChunks + kRowsPerPass·p) and CTA barriers order the pipeline.
+  // fp8: warp w streams only keys [16w, 16w + 16) of each tile, the keys it computes on (lane
+  // copies chunk lane % kChunks of rows 16w + lane / kChunks + kWarpRowsPerPass·p), stages its
+  // own page indices, and orders its pipeline with warp barriers: the warps run decoupled,
+  // hiding each other's latency (the fp8 tile streams in half the bf16 time, so a CTA-wide
+  // lockstep of copy, dequantize and compute would bound the kernel instead of the memory).
+  constexpr int kGroupKeys = kFp8 ? Tr::kKeysPerWarp : Tr::kTileKeys;
+  constexpr int kSlotInts = kFp8 ? Tr::kWarpPageInts : Tr::kPageSlotInts;
+  const int group_key0 = kFp8 ? warp * Tr::kKeysPerWarp : 0;  // first key of the group in a tile
+  const int me = kFp8 ? lane : tid;                           // index within the group
+  constexpr int kGroupThreads = kFp8 ? 32 : Tr::kThreads;
+  int* group_pages = page_smem + (kFp8 ? warp * Tr::kPageSlots * Tr::kWarpPageInts : 0);
+  auto pipeline_sync = [] {
+    if constexpr (kFp8) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
   };
+  auto row_of = [&](int p) {
+    return kFp8 ? group_key0 + me / Tr::kChunksPerRow + p * Tr::kWarpRowsPerPass
+                : me / Tr::kChunksPerRow + p * Tr::kRowsPerPass;
+  };
+
+  // Page indices of the group's keys of tile j (relative to tile_begin) -> ring slot
+  // j % kPageSlots of the group's ring.
   auto stage_pages_async = [&](int j) {
     if (j >= num_tiles) return;
-    int first, count;
-    tile_pages(j, first, count);
-    int* slot = page_smem + (j % Tr::kPageSlots) * Tr::kPageSlotInts;
-    for (int i = tid; i < count; i += Tr::kThreads) CpAsync4(SmemAddr(slot + i), table + first + i);
+    const int k0 = key_begin + j * Tr::kTileKeys + group_key0;
+    const int k1 = min(key_end, k0 + kGroupKeys) - 1;
+    if (k1 < k0) return;
+    const int first = page_of(k0);
+    const int count = page_of(k1) - first + 1;
+    int* slot = group_pages + (j % Tr::kPageSlots) * kSlotInts;
+    for (int i = me; i < count; i += kGroupThreads) CpAsync4(SmemAddr(slot + i), table + first + i);
   };
-  // K and V rows of tile j -> pipeline stage `stage`. Thread tid copies chunk tid % kChunks
-  // of rows tid / kChunks + kRowsPerPass·p: kPasses 16-byte copies each for K and for V.
+  // The group's K and V rows of tile j -> pipeline stage `stage`: kPasses 16-byte copies per
+  // thread each for K and for V.
   auto issue_tile = [&](int j, int stage) {
     if (j >= num_tiles) return;
     const int k0 = key_begin + j * Tr::kTileKeys;
-    const int first_page = page_of(k0);
-    const int* slot = page_smem + (j % Tr::kPageSlots) * Tr::kPageSlotInts;
-    const uint32_t k_dst = SmemAddr(kv_smem + (2 * stage) * Tr::kTileElems);
-    const uint32_t v_dst = SmemAddr(kv_smem + (2 * stage + 1) * Tr::kTileElems);
-    const int chunk = tid % Tr::kChunksPerRow;
+    const int first_page = page_of(k0 + group_key0);
+    const int* slot = group_pages + (j % Tr::kPageSlots) * kSlotInts;
+    const uint32_t k_dst = SmemAddr(kv_smem + stage * Tr::kStageBytes);
+    const uint32_t v_dst = k_dst + Tr::kTileElems * Tr::kElemBytes;
+    const int chunk = me % Tr::kChunksPerRow;
 #pragma unroll
     for (int p = 0; p < Tr::kPasses; ++p) {
-      const int row = tid / Tr::kChunksPerRow + p * Tr::kRowsPerPass;
+      const int row = row_of(p);
       const int key = k0 + row;
       const bool valid = key < key_end;
       int64_t off = 0;
       if (valid) {
         const int page = page_of(key);
         const int64_t block = slot[page - first_page];
-        off = block * a.block_stride + int64_t(key - page * a.block_size) * D + chunk * 8;
+        off = (block * a.block_stride + int64_t(key - page * a.block_size) * D +
+               chunk * Tr::kChunkElems) *
+              Tr::kElemBytes;
       }
-      const uint32_t dst_off = SwizzledOffset<D>(row, chunk) * sizeof(T);
+      // Straight into the swizzled tile ldmatrix reads.
+      const uint32_t dst_off = kFp8 ? uint32_t(SwizzledOffsetFp8<D>(row, chunk))
+                                    : SwizzledOffset<D>(row, chunk) * uint32_t(sizeof(T));
       CpAsync16(k_dst + dst_off, k_head + off, valid ? 16 : 0);
       CpAsync16(v_dst + dst_off, v_head + off, valid ? 16 : 0);
     }
   };
-
   // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together,
   // beside the Q loads), waited for here since the first K/V copies need them.
   for (int j = 0; j < Tr::kStages - 1; ++j) stage_pages_async(j);
   CpAsyncCommit();
   CpAsyncWait<0>();
-  __syncthreads();
+  pipeline_sync();
 
   // Prologue: tiles 0..kStages-2 in flight. Commit group j holds K/V of tile j and the page
   // indices of tile j + kStages - 1 (needed when that tile is issued, after group j landed).
@@ -345,26 +446,47 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
   // V (transposed): matrices {keys 0-7, keys 8-15, keys 0-7, keys 8-15} × {chunk, chunk, +1, +1}.
   const int v_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
   const int v_chunk_lo = lane >> 4;
+  // fp8 tiles: lanes 8i..8i+7 address rows (keys 0-7, 8-15, 0-7, 8-15) of the warp's 16.
+  const int k8_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
+  const int v8_row = k8_row;
 
   for (int i = 0; i < num_tiles; ++i) {
     CpAsyncWait<Tr::kStages - 2>();  // this thread's copies of tile i (group i) landed
-    __syncthreads();                 // everyone's landed; everyone finished tile i - 1
+    pipeline_sync();                 // the group's landed; the group finished tile i - 1
     issue_tile(i + Tr::kStages - 1, (i + Tr::kStages - 1) % Tr::kStages);
     stage_pages_async(i + 2 * Tr::kStages - 2);
     CpAsyncCommit();
 
     const int stage = i % Tr::kStages;
-    const uint32_t k_tile = SmemAddr(kv_smem + (2 * stage) * Tr::kTileElems);
-    const uint32_t v_tile = SmemAddr(kv_smem + (2 * stage + 1) * Tr::kTileElems);
+    const uint32_t k_tile = SmemAddr(kv_smem + stage * Tr::kStageBytes);
+    const uint32_t v_tile = k_tile + Tr::kTileElems * Tr::kElemBytes;
 
     // S = Q·Kᵀ: s[n] covers keys 8n..8n+7 of this warp's 16; fp32.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (kFp8) {
+      // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}: chunk = k16 step (16 codes).
 #pragma unroll
-    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-      uint32_t b[4];
-      LdMatrixX4(b, k_tile + SwizzledOffset<D>(k_row, 2 * ks + k_chunk_lo) * sizeof(T));
-      Mma<T>(s[0], qa[ks], b[0], b[1]);
-      Mma<T>(s[1], qa[ks], b[2], b[3]);
+      for (int j = 0; j < Tr::kKSteps / 2; ++j) {
+        uint32_t b[4];
+        LdMatrixX4(b, k_tile + SwizzledOffsetFp8<D>(k8_row, 2 * j + (lane >> 4)));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int ks = 2 * j + h;
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint32_t r = b[2 * h + n];
+            Mma<M>(s[n], qa[ks], E4m3x2ToHalf2(r), E4m3x2ToHalf2(r >> 16));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+        uint32_t b[4];
+        LdMatrixX4(b, k_tile + SwizzledOffset<D>(k_row, 2 * ks + k_chunk_lo) * sizeof(M));
+        Mma<M>(s[0], qa[ks], b[0], b[1]);
+        Mma<M>(s[1], qa[ks], b[2], b[3]);
+      }
     }
 
     // Online softmax (log2 domain), mirroring OnlineSoftmax::Update per row.
@@ -408,14 +530,36 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
 
     // O += P·V: P is the A operand straight from the S accumulators (rows g / g+8, keys
     // 2c.., 8+2c..); V through ldmatrix.trans, two n8 tiles of head_dim per x4.
-    const uint32_t pa[4] = {Pack2<T>(s[0][0], s[0][1]), Pack2<T>(s[0][2], s[0][3]),
-                            Pack2<T>(s[1][0], s[1][1]), Pack2<T>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {Pack2<M>(s[0][0], s[0][1]), Pack2<M>(s[0][2], s[0][3]),
+                            Pack2<M>(s[1][0], s[1][1]), Pack2<M>(s[1][2], s[1][3])};
+    if constexpr (kFp8) {
+      // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}, transposed: b[2h + t] holds keys
+      // (8t + 2c, 8t + 2c + 1) × dims (2g, 2g + 1) of chunk 2j + h, low key first. Byte
+      // permutes make the even-dim pair (bytes 0, 2) and the odd-dim pair (bytes 1, 3);
+      // output tile 4j + 2h + p is (chunk 2j + h, parity p).
 #pragma unroll
-    for (int n2 = 0; n2 < Tr::kNTiles / 2; ++n2) {
-      uint32_t b[4];
-      LdMatrixX4Trans(b, v_tile + SwizzledOffset<D>(v_row, 2 * n2 + v_chunk_lo) * sizeof(T));
-      Mma<T>(o[2 * n2], pa, b[0], b[1]);
-      Mma<T>(o[2 * n2 + 1], pa, b[2], b[3]);
+      for (int j = 0; j < Tr::kNTiles / 4; ++j) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, v_tile + SwizzledOffsetFp8<D>(v8_row, 2 * j + (lane >> 4)));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const uint32_t sel = p == 0 ? 0x5420u : 0x5431u;  // bytes {0,2} or {1,3}
+            const uint32_t lo = __byte_perm(b[2 * h], 0u, sel);
+            const uint32_t hi = __byte_perm(b[2 * h + 1], 0u, sel);
+            Mma<M>(o[4 * j + 2 * h + p], pa, E4m3x2ToHalf2(lo), E4m3x2ToHalf2(hi));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n2 = 0; n2 < Tr::kNTiles / 2; ++n2) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, v_tile + SwizzledOffset<D>(v_row, 2 * n2 + v_chunk_lo) * sizeof(M));
+        Mma<M>(o[2 * n2], pa, b[0], b[1]);
+        Mma<M>(o[2 * n2 + 1], pa, b[2], b[3]);
+      }
     }
   }
 
@@ -437,12 +581,26 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
     red_l[warp][g + 8] = l[1];
   }
   float* my_o = red_o + warp * Tr::kRows * Tr::kRedStride;
+  if constexpr (kFp8) {
+    // Undo the output permutation: tiles 2h and 2h + 1 (chunk h, parity 0 / 1) hold dims
+    // 16h + 4c + {0, 2} and + {1, 3} of rows g (elements 0, 1) and g + 8 (2, 3).
 #pragma unroll
-  for (int n = 0; n < Tr::kNTiles; ++n) {
-    *reinterpret_cast<float2*>(my_o + g * Tr::kRedStride + 8 * n + 2 * c) =
-        make_float2(o[n][0], o[n][1]);
-    *reinterpret_cast<float2*>(my_o + (g + 8) * Tr::kRedStride + 8 * n + 2 * c) =
-        make_float2(o[n][2], o[n][3]);
+    for (int h = 0; h < Tr::kNTiles / 2; ++h) {
+      const float* e = o[2 * h];
+      const float* f = o[2 * h + 1];
+      *reinterpret_cast<float4*>(my_o + g * Tr::kRedStride + 16 * h + 4 * c) =
+          make_float4(e[0], f[0], e[1], f[1]);
+      *reinterpret_cast<float4*>(my_o + (g + 8) * Tr::kRedStride + 16 * h + 4 * c) =
+          make_float4(e[2], f[2], e[3], f[3]);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < Tr::kNTiles; ++n) {
+      *reinterpret_cast<float2*>(my_o + g * Tr::kRedStride + 8 * n + 2 * c) =
+          make_float2(o[n][0], o[n][1]);
+      *reinterpret_cast<float2*>(my_o + (g + 8) * Tr::kRedStride + 8 * n + 2 * c) =
+          make_float2(o[n][2], o[n][3]);
+    }
   }
   __syncthreads();
 
@@ -467,7 +625,8 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
       const int64_t head = int64_t(seq) * a.num_heads + kv_head * a.group + row;
       if (a.num_splits == 1) {
         const float inv_l = l_cta > 0.f ? 1.f / l_cta : 0.f;  // OnlineSoftmax::Finalize
-        static_cast<T*>(a.out)[head * D + d] = vec::FromF32<T>(acc * inv_l);
+        const float o_scale = kFp8 ? inv_l * a.out_scale : inv_l;
+        static_cast<T*>(a.out)[head * D + d] = vec::FromF32<T>(acc * o_scale);
       } else {
         const int64_t part = head * a.num_splits + split;
         a.part_acc[part * D + d] = acc;
@@ -552,7 +711,7 @@ __global__ void __launch_bounds__(DecodeTraits<D>::kThreads)
         l_run += w * part_ml[k].y;
       }
     }
-    const float inv_l = l_run > 0.f ? 1.f / l_run : 0.f;
+    const float inv_l = (l_run > 0.f ? 1.f / l_run : 0.f) * (kFp8 ? a.out_scale : 1.f);
     uint2 packed;
     packed.x = Pack2<T>(acc.x * inv_l, acc.y * inv_l);
     packed.y = Pack2<T>(acc.z * inv_l, acc.w * inv_l);
@@ -568,7 +727,7 @@ struct KernelInfo {
 // Opts the instantiation into its dynamic shared memory once per device (a function
 // attribute belongs to the device's context: tensor parallelism launches on several) and
 // caches its occupancy.
-template <typename T, int D>
+template <typename T, int D, bool kFp8>
 const KernelInfo& PrepareKernel() {
   constexpr int kMaxDevices = 64;
   static std::once_flag once[kMaxDevices];
@@ -577,13 +736,13 @@ const KernelInfo& PrepareKernel() {
   LLM_CUDA_CHECK(cudaGetDevice(&device));
   if (device >= kMaxDevices) throw std::runtime_error("decode attention: device id over 63");
   std::call_once(once[device], [device] {
-    using Tr = DecodeTraits<D>;
-    LLM_CUDA_CHECK(cudaFuncSetAttribute(DecodeKernel<T, D>,
+    using Tr = DecodeTraits<D, kFp8>;
+    LLM_CUDA_CHECK(cudaFuncSetAttribute(DecodeKernel<T, D, kFp8>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(Tr::kSmemBytes)));
     KernelInfo& k = info[device];
     LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &k.ctas_per_sm, DecodeKernel<T, D>, Tr::kThreads, Tr::kSmemBytes));
+        &k.ctas_per_sm, DecodeKernel<T, D, kFp8>, Tr::kThreads, Tr::kSmemBytes));
     k.ctas_per_sm = std::max(1, k.ctas_per_sm);
   });
   return info[device];
@@ -598,7 +757,9 @@ int NumSms() {
 }
 
 constexpr int kTileKeys = DecodeTraits<128>::kTileKeys;
-static_assert(DecodeTraits<64>::kTileKeys == kTileKeys, "one tile size for the split math");
+static_assert(DecodeTraits<64>::kTileKeys == kTileKeys && DecodeTraits<64, true>::kTileKeys ==
+                  kTileKeys && DecodeTraits<128, true>::kTileKeys == kTileKeys,
+              "one tile size for the split math");
 
 // Per-CTA fixed cost in units of one tile's streaming time, for the split selector: the
 // prologue (context length, then page indices, then the first K/V round trip) and the
@@ -630,15 +791,15 @@ int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_spli
   return static_cast<int>(best_s);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kFp8>
 void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, cudaStream_t stream,
                   DecodeLaunchInfo* info) {
-  using Tr = DecodeTraits<D>;
-  const KernelInfo& k = PrepareKernel<T, D>();
+  using Tr = DecodeTraits<D, kFp8>;
+  const KernelInfo& k = PrepareKernel<T, D, kFp8>();
   const int64_t num_ctas = num_seqs * args.num_kv_heads * num_splits;
   if (num_ctas > 0x7fffffff) throw std::invalid_argument("PagedDecodeAttention: grid too large");
   args.num_splits = num_splits;
-  Launch(DecodeKernel<T, D>, dim3(static_cast<unsigned>(num_ctas)), dim3(Tr::kThreads),
+  Launch(DecodeKernel<T, D, kFp8>, dim3(static_cast<unsigned>(num_ctas)), dim3(Tr::kThreads),
          Tr::kSmemBytes, stream, args);
   if (info != nullptr) {
     info->num_splits = num_splits;
@@ -647,14 +808,45 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, cudaStream_
   }
 }
 
-int CtasPerSm(DType dtype, int64_t head_dim) {
-  if (dtype == DType::kF16) {
-    return head_dim == 64 ? PrepareKernel<__half, 64>().ctas_per_sm
-                          : PrepareKernel<__half, 128>().ctas_per_sm;
-  }
-  return head_dim == 64 ? PrepareKernel<__nv_bfloat16, 64>().ctas_per_sm
-                        : PrepareKernel<__nv_bfloat16, 128>().ctas_per_sm;
+// The one dispatch from (dtype, head_dim, cache format) to an instantiation: calls
+// f.template Run<T, D, kFp8>() (nvcc compiles this file as C++17: no template lambdas).
+template <typename T, bool kFp8, typename F>
+auto DispatchDim(int64_t head_dim, F& f) {
+  return head_dim == 64 ? f.template Run<T, 64, kFp8>() : f.template Run<T, 128, kFp8>();
 }
+template <typename F>
+auto Dispatch(DType dtype, int64_t head_dim, bool fp8, F& f) {
+  if (dtype == DType::kF16) {
+    return fp8 ? DispatchDim<__half, true>(head_dim, f) : DispatchDim<__half, false>(head_dim, f);
+  }
+  return fp8 ? DispatchDim<__nv_bfloat16, true>(head_dim, f)
+             : DispatchDim<__nv_bfloat16, false>(head_dim, f);
+}
+
+struct OccupancyOf {
+  template <typename T, int D, bool kFp8>
+  int Run() const {
+    return PrepareKernel<T, D, kFp8>().ctas_per_sm;
+  }
+};
+
+int CtasPerSm(DType dtype, int64_t head_dim, bool fp8) {
+  OccupancyOf f;
+  return Dispatch(dtype, head_dim, fp8, f);
+}
+
+struct LaunchOf {
+  const KernelArgs& args;
+  int64_t num_seqs;
+  int splits;
+  cudaStream_t stream;
+  DecodeLaunchInfo* info;
+  template <typename T, int D, bool kFp8>
+  int Run() const {
+    LaunchDecode<T, D, kFp8>(args, num_seqs, splits, stream, info);
+    return 0;
+  }
+};
 
 size_t PartialBytesPerSplit(int64_t num_seqs, int64_t num_heads, int64_t head_dim) {
   return size_t(num_seqs) * size_t(num_heads) * size_t(head_dim + 2) * sizeof(float);
@@ -673,7 +865,7 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 
 int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
                      int64_t head_dim, int64_t max_splits) {
-  const int slots = NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 ? 64 : 128);
+  const int slots = NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 ? 64 : 128, false);
   return SelectSplits(num_seqs * num_kv_heads, max_num_keys, slots, max_splits);
 }
 
@@ -720,7 +912,7 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   const int64_t tiles = (std::max<int64_t>(p.max_num_keys, 1) + kTileKeys - 1) / kTileKeys;
   int splits = num_splits;
   if (splits == 0) {
-    const int slots = NumSms() * CtasPerSm(p.dtype, head_dim);
+    const int slots = NumSms() * CtasPerSm(p.dtype, head_dim, p.kv_format.fp8);
     splits = SelectSplits(base, p.max_num_keys, slots, ws_splits);
   } else {
     splits = static_cast<int>(std::min<int64_t>({splits, tiles, kMaxSplits, ws_splits}));
@@ -744,7 +936,8 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   args.num_heads = static_cast<int>(p.num_heads);
   args.num_kv_heads = static_cast<int>(layout.num_kv_heads);
   args.group = static_cast<int>(group);
-  args.scale_log2 = p.scale * kLog2e;
+  args.scale_log2 = p.scale * kLog2e * (p.kv_format.fp8 ? p.kv_format.k_scale : 1.f);
+  args.out_scale = p.kv_format.fp8 ? p.kv_format.v_scale : 1.f;
   if (splits > 1) {  // workspace: [counters][part_acc][part_ml]
     unsigned char* ws = static_cast<unsigned char*>(workspace);
     args.counters = reinterpret_cast<unsigned*>(ws);
@@ -753,19 +946,8 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
                    size_t(num_seqs) * size_t(p.num_heads) * size_t(splits) * size_t(head_dim);
   }
 
-  if (p.dtype == DType::kBF16) {
-    if (head_dim == 64) {
-      LaunchDecode<__nv_bfloat16, 64>(args, num_seqs, splits, stream, info);
-    } else {
-      LaunchDecode<__nv_bfloat16, 128>(args, num_seqs, splits, stream, info);
-    }
-  } else {
-    if (head_dim == 64) {
-      LaunchDecode<__half, 64>(args, num_seqs, splits, stream, info);
-    } else {
-      LaunchDecode<__half, 128>(args, num_seqs, splits, stream, info);
-    }
-  }
+  LaunchOf launch{args, num_seqs, splits, stream, info};
+  Dispatch(p.dtype, head_dim, p.kv_format.fp8, launch);
 }
 
 }  // namespace llm::cuda

@@ -45,7 +45,9 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 
 // Decode: exactly one query token per sequence (cu_seqlens_q[i] = i; q and out rows are the
 // sequence index), attending over context_lens[i] + 1 keys through the block table.
-//   p.dtype kBF16 or kF16; head_dim 64 or 128; num_heads a multiple of num_kv_heads with at
+//   p.dtype kBF16 or kF16; p.kv_format.fp8: e4m3 pools (the tensor-core math then runs in fp16:
+//   q is converted to fp16 saturating at ±65504, K/V dequantize exactly, P is rounded to fp16;
+//   the output is written in p.dtype); head_dim 64 or 128; num_heads a multiple of num_kv_heads with at
 //   most 16 query heads per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes
 //   the split selector's choice; the kernel reads the true lengths on the device).
 // num_splits: 0 = automatic (from the batch shape and the SM count), 1 = no split, n = n key
@@ -69,8 +71,10 @@ int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_key
 // Writes new keys and values (same semantics as cpu::AppendKv):
 //   k, v: [num_tokens, num_kv_heads, head_dim] of `dtype` (device)
 //   slot_mapping: [num_tokens] device int64 flat slots (block * block_size + offset); < 0 skips
-//   kv: the layer's pools (device), same dtype.
+//   kv: the layer's pools (device), same dtype; with format.fp8 e4m3 pools, each element
+//       written as F32ToE4m3(float(x) / scale) (kernels/fp8.h, as cpu::AppendKv's fp8 overload).
 void AppendKv(const void* k, const void* v, const int64_t* slot_mapping, int64_t num_tokens,
-              PagedKvView<void> kv, DType dtype, cudaStream_t stream);
+              PagedKvView<void> kv, DType dtype, cudaStream_t stream,
+              const KvCacheFormat& format = {});
 
 }  // namespace llm::cuda

@@ -11,6 +11,7 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/vec.cuh"
+#include "kernels/fp8.h"
 
 namespace llm::cuda {
 namespace {
@@ -217,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKerne
     const int i = int(blockIdx.x % quarter) * 2 + r;  // the dim in the first half
     // As kStore and then cuda::RopeAppendKv: the sums rounded to T, the rotation in fp32.
     const float lo = vec::RoundTo<T>(total[r][t]), hi = vec::RoundTo<T>(total[r + 2][t]);
+    const KvCacheFormat& fmt = rp.kv_format;
     T* dst;
     if (head < rp.num_heads) {
       dst = static_cast<T*>(a.y) + (int64_t(t) * rp.num_heads + head) * rp.head_dim;
@@ -224,13 +226,29 @@ __global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKerne
       const int64_t slot = rp.slot_mapping[t];
       if (slot < 0) return;
       const int kv_head = head - rp.num_heads;
-      if (kv_head >= rp.num_kv_heads) {  // v: copied unchanged
-        dst = static_cast<T*>(rp.v_cache) + rp.layout.SlotOffset(slot, kv_head - rp.num_kv_heads);
+      if (kv_head >= rp.num_kv_heads) {  // v: copied unchanged (fp8: quantized from T)
+        const int64_t off = rp.layout.SlotOffset(slot, kv_head - rp.num_kv_heads);
+        if (fmt.fp8) {
+          uint8_t* d8 = static_cast<uint8_t*>(rp.v_cache) + off;
+          d8[i] = F32ToE4m3(lo / fmt.v_scale);
+          d8[i + half] = F32ToE4m3(hi / fmt.v_scale);
+          return;
+        }
+        dst = static_cast<T*>(rp.v_cache) + off;
         dst[i] = vec::FromF32<T>(lo);
         dst[i + half] = vec::FromF32<T>(hi);
         return;
       }
-      dst = static_cast<T*>(rp.k_cache) + rp.layout.SlotOffset(slot, kv_head);
+      const int64_t off = rp.layout.SlotOffset(slot, kv_head);
+      if (fmt.fp8) {  // k: the fp32 rotation quantized, as cuda::RopeAppendKv
+        float sn, cs;
+        sincosf(static_cast<float>(rp.positions[t]) * rp.inv_freq[i], &sn, &cs);
+        uint8_t* d8 = static_cast<uint8_t*>(rp.k_cache) + off;
+        d8[i] = F32ToE4m3((lo * cs - hi * sn) / fmt.k_scale);
+        d8[i + half] = F32ToE4m3((hi * cs + lo * sn) / fmt.k_scale);
+        return;
+      }
+      dst = static_cast<T*>(rp.k_cache) + off;
     }
     float sn, cs;
     sincosf(static_cast<float>(rp.positions[t]) * rp.inv_freq[i], &sn, &cs);

@@ -37,6 +37,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/dtype.h"
 #include "kernels/paged_kv.h"
 
@@ -55,8 +56,9 @@ struct GemvRope {
   const float* inv_freq = nullptr;                    // [head_dim / 2]
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;  // head_dim % 4 == 0
   PagedKvLayout layout;
-  void* k_cache = nullptr;  // the layer's pools (dtype)
+  void* k_cache = nullptr;  // the layer's pools (dtype, or e4m3 with kv_format.fp8)
   void* v_cache = nullptr;
+  KvCacheFormat kv_format;  // fp8: quantized as cuda::RopeAppendKv does, bit for bit
 };
 
 inline constexpr int kGemvMaxTokens = 8;

@@ -8,9 +8,16 @@
 // tests/kernels/decode_attention_gpu_test.cc).
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/vec.cuh"
+#include "kernels/fp8.h"
 
 namespace llm::cuda {
 namespace {
@@ -58,13 +65,58 @@ void Launch(const void* k, const void* v, const int64_t* slot_mapping, int64_t n
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 
+// FP8 pools: one thread per element pair (k and v of one (token, head, dim)), quantized as
+// F32ToE4m3(float(x) / scale), the bit-exact rule of cpu::AppendKv's fp8 overload.
+template <typename T>
+__global__ void AppendKvFp8Kernel(const T* __restrict__ k, const T* __restrict__ v,
+                                  const int64_t* __restrict__ slot_mapping, int64_t num_tokens,
+                                  PagedKvLayout layout, float k_scale, float v_scale,
+                                  uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
+  const int64_t row = layout.num_kv_heads * layout.head_dim;
+  const int64_t total = num_tokens * row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t token = i / row;
+    const int64_t slot = slot_mapping[token];
+    if (slot < 0) continue;
+    const int64_t head = (i % row) / layout.head_dim;
+    const int64_t dst = layout.SlotOffset(slot, head) + i % layout.head_dim;
+    kc[dst] = F32ToE4m3(vec::ToF32(k[i]) / k_scale);
+    vc[dst] = F32ToE4m3(vec::ToF32(v[i]) / v_scale);
+  }
+}
+
+template <typename T>
+void LaunchFp8(const void* k, const void* v, const int64_t* slot_mapping, int64_t num_tokens,
+               const PagedKvView<void>& kv, const KvCacheFormat& f, cudaStream_t stream) {
+  const int64_t total = num_tokens * kv.layout.num_kv_heads * kv.layout.head_dim;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, 65536);
+  AppendKvFp8Kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<const T*>(k), static_cast<const T*>(v), slot_mapping, num_tokens, kv.layout,
+      f.k_scale, f.v_scale, static_cast<uint8_t*>(kv.k), static_cast<uint8_t*>(kv.v));
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
 void AppendKv(const void* k, const void* v, const int64_t* slot_mapping, int64_t num_tokens,
-              PagedKvView<void> kv, DType dtype, cudaStream_t stream) {
+              PagedKvView<void> kv, DType dtype, cudaStream_t stream,
+              const KvCacheFormat& format) {
   if (num_tokens <= 0 || kv.layout.num_kv_heads <= 0 || kv.layout.head_dim <= 0) return;
+  if (format.fp8) {
+    if (dtype == DType::kBF16) {
+      LaunchFp8<__nv_bfloat16>(k, v, slot_mapping, num_tokens, kv, format, stream);
+    } else if (dtype == DType::kF16) {
+      LaunchFp8<__half>(k, v, slot_mapping, num_tokens, kv, format, stream);
+    } else {
+      throw std::invalid_argument("AppendKv: fp8 cache needs BF16 or F16 inputs, got " +
+                                  std::string(DTypeName(dtype)));
+    }
+    return;
+  }
   const size_t row_bytes = size_t(kv.layout.head_dim) * DTypeSize(dtype);
   const bool vec16 = row_bytes % 16 == 0 && Aligned16(k) && Aligned16(v) && Aligned16(kv.k) &&
                      Aligned16(kv.v);

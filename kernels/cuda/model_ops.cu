@@ -36,6 +36,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/vec.cuh"
+#include "kernels/fp8.h"
 
 namespace llm::cuda {
 namespace {
@@ -186,12 +187,31 @@ constexpr int kMaxHeadDim = 512;
 // head_dim]; kc / vc: the pools. One CTA per token. A work item is N consecutive dims
 // [i, i + N) of the first half of a head together with [i + half, i + half + N) (the rotate-half
 // partners), or for v heads two such plain chunks.
-template <typename T, int N>
+// N codes F32ToE4m3(x / scale) at dst (one 8-byte store for N = 8: dst is then 8-aligned).
+template <int N>
+__device__ __forceinline__ void StoreE4m3(uint8_t* dst, const float (&x)[N], float scale) {
+  uint8_t c[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) c[j] = F32ToE4m3(x[j] / scale);
+  if constexpr (N == 8) {
+    uint2 packed;
+    memcpy(&packed, c, 8);
+    *reinterpret_cast<uint2*>(dst) = packed;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = c[j];
+  }
+}
+
+// kFp8: the pools hold e4m3 codes (KvCacheFormat): the rotated k is quantized from fp32, the v
+// from its dtype value, both as F32ToE4m3(x / scale).
+template <typename T, int N, bool kFp8>
 __global__ void __launch_bounds__(kRopeThreads)
     RopeAppendKvKernel(const T* __restrict__ qkv, const int32_t* __restrict__ positions,
                        const int64_t* __restrict__ slot_mapping, const float* __restrict__ inv_freq,
                        int num_heads, int num_kv_heads, int head_dim, PagedKvLayout layout,
-                       T* __restrict__ kc, T* __restrict__ vc, T* __restrict__ q_out) {
+                       void* __restrict__ kc, void* __restrict__ vc, T* __restrict__ q_out,
+                       KvCacheFormat format) {
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
@@ -214,15 +234,22 @@ __global__ void __launch_bounds__(kRopeThreads)
     float a[N], b[N];
     Load<T, N>(src + i, a);
     Load<T, N>(src + i + half, b);
-    T* dst;
+    int64_t dst_off;  // element offset in q_out or in the pool
     if (head < num_heads) {
-      dst = q_out + (t * num_heads + head) * int64_t(head_dim);
+      dst_off = (t * num_heads + head) * int64_t(head_dim);
     } else if (head < num_heads + num_kv_heads) {
-      dst = kc + layout.SlotOffset(slot, head - num_heads);
+      dst_off = layout.SlotOffset(slot, head - num_heads);
     } else {  // v: copied unchanged (bf16/fp16 -> fp32 -> same type is exact)
-      dst = vc + layout.SlotOffset(slot, head - num_heads - num_kv_heads);
-      Store<T, N>(dst + i, a);
-      Store<T, N>(dst + i + half, b);
+      dst_off = layout.SlotOffset(slot, head - num_heads - num_kv_heads);
+      if constexpr (kFp8) {
+        uint8_t* dst = static_cast<uint8_t*>(vc) + dst_off;
+        StoreE4m3<N>(dst + i, a, format.v_scale);
+        StoreE4m3<N>(dst + i + half, b, format.v_scale);
+      } else {
+        T* dst = static_cast<T*>(vc) + dst_off;
+        Store<T, N>(dst + i, a);
+        Store<T, N>(dst + i + half, b);
+      }
       continue;
     }
     float lo[N], hi[N];
@@ -232,8 +259,15 @@ __global__ void __launch_bounds__(kRopeThreads)
       lo[j] = a[j] * c - b[j] * s;
       hi[j] = b[j] * c + a[j] * s;
     }
-    Store<T, N>(dst + i, lo);
-    Store<T, N>(dst + i + half, hi);
+    if (kFp8 && head >= num_heads) {
+      uint8_t* dst = static_cast<uint8_t*>(kc) + dst_off;
+      StoreE4m3<N>(dst + i, lo, format.k_scale);
+      StoreE4m3<N>(dst + i + half, hi, format.k_scale);
+    } else {
+      T* dst = (head < num_heads ? q_out : static_cast<T*>(kc)) + dst_off;
+      Store<T, N>(dst + i, lo);
+      Store<T, N>(dst + i + half, hi);
+    }
   }
 }
 
@@ -293,24 +327,25 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const float* weight, v
   }
 }
 
+template <typename T, int N, bool kFp8>
+void LaunchRope(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                int head_dim, const PagedKvView<void>& kv, void* q_out,
+                const KvCacheFormat& format, cudaStream_t stream) {
+  Launch(RopeAppendKvKernel<T, N, kFp8>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0,
+         stream, static_cast<const T*>(qkv), positions, slot_mapping, inv_freq, num_heads,
+         num_kv_heads, head_dim, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format);
+}
+
 template <typename T>
 void LaunchRopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                         const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                         int head_dim, const PagedKvView<void>& kv, void* q_out, bool vec,
-                        cudaStream_t stream) {
-  const T* src = static_cast<const T*>(qkv);
-  T* kc = static_cast<T*>(kv.k);
-  T* vc = static_cast<T*>(kv.v);
-  T* q = static_cast<T*>(q_out);
-  if (vec) {
-    Launch(RopeAppendKvKernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0, stream,
-           src, positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout, kc,
-           vc, q);
-  } else {
-    Launch(RopeAppendKvKernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0, stream, src,
-           positions, slot_mapping, inv_freq, num_heads, num_kv_heads, head_dim, kv.layout, kc, vc,
-           q);
-  }
+                        const KvCacheFormat& format, cudaStream_t stream) {
+  auto* launch = vec ? (format.fp8 ? LaunchRope<T, kVec, true> : LaunchRope<T, kVec, false>)
+                     : (format.fp8 ? LaunchRope<T, 1, true> : LaunchRope<T, 1, false>);
+  launch(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads, num_kv_heads, head_dim, kv,
+         q_out, format, stream);
 }
 
 template <typename T>
@@ -371,7 +406,7 @@ void AddRmsNorm(float* residual, const void* delta, const float* weight, void* o
 void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                   const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                   int head_dim, PagedKvView<void> kv, DType dtype, void* q_out,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const KvCacheFormat& format) {
   CheckDType(dtype, "RopeAppendKv");
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim ||
       kv.layout.head_dim != head_dim || kv.layout.num_kv_heads != num_kv_heads) {
@@ -385,10 +420,10 @@ void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot
                    Aligned16(kv.k) && Aligned16(kv.v);
   if (dtype == DType::kBF16) {
     LaunchRopeAppendKv<__nv_bfloat16>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
-                                      num_kv_heads, head_dim, kv, q_out, vec, stream);
+                                      num_kv_heads, head_dim, kv, q_out, vec, format, stream);
   } else {
     LaunchRopeAppendKv<__half>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
-                               num_kv_heads, head_dim, kv, q_out, vec, stream);
+                               num_kv_heads, head_dim, kv, q_out, vec, format, stream);
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }

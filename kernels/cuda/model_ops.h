@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/dtype.h"
 #include "kernels/paged_kv.h"
 
@@ -46,11 +47,13 @@ void AddRmsNorm(float* residual, const void* delta, const float* weight, void* o
 //   q_out: dtype [num_tokens, num_heads, head_dim] = rotated q
 //   the rotated k and the unchanged v are written to the cache slot slot_mapping[t] of
 //   kv (layout kernels/paged_kv.h, same dtype); slot < 0 skips the token's K/V.
+//   format.fp8: e4m3 pools; the rotated k (fp32, before any rounding to dtype) and the v
+//   (dtype) are written as F32ToE4m3(x / scale) (kernels/cuda/attention.h: KvCacheFormat).
 // positions int32 [num_tokens]; inv_freq fp32 [head_dim / 2].
 void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                   const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                   int head_dim, PagedKvView<void> kv, DType dtype, void* q_out,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const KvCacheFormat& format = {});
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]   (fp32 math, one rounding)
 // gate_up dtype [num_tokens, 2 * inter], out dtype [num_tokens, inter].

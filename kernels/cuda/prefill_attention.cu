@@ -2,7 +2,8 @@
 // rung of the ladder (prefill_attention.h lists the rungs) and its argument block; each rung's
 // file instantiates its kernels (the tile traits live there, with static_asserts).
 //   kBest = v4 (wgmma, TMA one box per page) when the page size suits TMA boxes
-//           (block_size a multiple of 8 that divides the 128-key tile), else v3 (mma.sync).
+//           (block_size a multiple of 8 that divides the 128-key tile), else v3 (mma.sync);
+//           fp8 (e4m3) caches: v3, which dequantizes each tile in shared memory.
 // Test:  ctest -L gpu -R prefill_attention   (tests/kernels/prefill_attention_gpu_test.cc)
 // Bench: ./build/bench_prefill_attention_gpu (bench/prefill_attention_gpu.cu)
 #include <stdexcept>
@@ -74,6 +75,15 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
                                 " not a multiple of num_kv_heads " +
                                 std::to_string(p.kv.layout.num_kv_heads));
   }
+  if (p.kv_format.fp8) {  // e4m3 pools: v1 and v3 dequantize as they load
+    if (requested == PrefillVariant::kBest) return PrefillVariant::kMma;
+    if (requested != PrefillVariant::kNaive && requested != PrefillVariant::kMma) {
+      throw std::invalid_argument(std::string("PagedPrefillAttention: ") +
+                                  PrefillVariantName(requested) +
+                                  " does not read fp8 KV caches (v1_naive and v3_mma do)");
+    }
+    return requested;
+  }
   if (requested == PrefillVariant::kBest) {
     return WgmmaSupports(p) ? PrefillVariant::kWgmma : PrefillVariant::kMma;
   }
@@ -106,7 +116,9 @@ void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, Prefil
   a.head_dim = static_cast<int>(p.kv.layout.head_dim);
   a.block_size = static_cast<int>(p.kv.layout.block_size);
   a.max_q_len = static_cast<int>(p.max_q_len);
-  a.scale_log2 = p.scale * 1.44269504088896340736f;
+  a.kv_fp8 = p.kv_format.fp8;
+  a.scale_log2 = p.scale * 1.44269504088896340736f * (a.kv_fp8 ? p.kv_format.k_scale : 1.f);
+  a.out_scale = a.kv_fp8 ? p.kv_format.v_scale : 1.f;
   a.is_bf16 = p.dtype == DType::kBF16;
   a.v4_flags = detail::g_v4_flags;
   switch (v) {

@@ -40,7 +40,8 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p,
 
 // Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128 on every
 // rung, any other head_dim up to 128 on kNaive only (kBest picks it); std::invalid_argument
-// otherwise, naming the value. Asynchronous on `stream`.
+// otherwise, naming the value. p.kv_format.fp8 (e4m3 pools) runs on kNaive and kMma (kBest
+// picks kMma for head_dim 64 / 128); kSmem and kWgmma reject it. Asynchronous on `stream`.
 void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
                            PrefillVariant variant = PrefillVariant::kBest);
 
@@ -64,8 +65,10 @@ struct PrefillArgs {
   int head_dim = 0;
   int block_size = 0;
   int max_q_len = 0;
-  float scale_log2 = 0;  // scale · log2(e): scores live in the log2 domain
+  float scale_log2 = 0;  // scale · log2(e) (fp8: · k_scale): scores live in the log2 domain
   bool is_bf16 = true;
+  bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive and v3_mma only
+  float out_scale = 1.f;  // fp8: v_scale, applied with the final 1 / l
   int v4_flags = 0;  // kV4* bits below (0 in production)
 };
 
@@ -92,13 +95,26 @@ void LaunchPrefillWgmma(const PrefillArgs& a, cudaStream_t stream);
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/vec.cuh"
+#include "kernels/fp8.h"
 
 // Device helpers shared by the rungs (CUDA translation units only).
 namespace llm::cuda::detail {
 
 using vec::FromF32;  // bf16 / fp16 <-> fp32 (kernels/cuda/vec.cuh)
 using vec::ToF32;
+// A cached K/V element as fp32: bf16 / fp16, or an e4m3 code (fp8 caches; the scale is applied
+// by the caller).
+template <typename KV>
+__device__ __forceinline__ float KvToF32(KV x) {
+  if constexpr (std::is_same_v<KV, uint8_t>) {
+    return E4m3ToF32(x);
+  } else {
+    return ToF32(x);
+  }
+}
 // 2^x by one MUFU.EX2 (flush-to-zero: results below 2^-126 become 0, far below the
 // softmax's rounding; 2^-inf = 0).
 __device__ __forceinline__ float FastExp2(float x) {

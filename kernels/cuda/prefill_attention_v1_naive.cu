@@ -21,7 +21,8 @@ struct NaiveTraits {
   static constexpr int kMaxDimsPerLane = 4;  // head_dim ≤ 128
 };
 
-template <typename T>
+// KV: T, or uint8_t for e4m3 caches (k_scale is in scale_log2, v_scale in out_scale).
+template <typename T, typename KV>
 __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(PrefillArgs a) {
   using Tr = NaiveTraits;
   const TileCoords c = GetTileCoords(a, Tr::kWarps);
@@ -31,8 +32,8 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
   const int hd = a.head_dim;
   auto has = [&](int i) { return lane + 32 * i < hd; };
   const T* q = static_cast<const T*>(a.q) + (int64_t(c.q_start + r) * a.num_heads + c.head) * hd;
-  const T* kp = static_cast<const T*>(a.k);
-  const T* vp = static_cast<const T*>(a.v);
+  const KV* kp = static_cast<const KV*>(a.k);
+  const KV* vp = static_cast<const KV*>(a.v);
   const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
   float qv[Tr::kMaxDimsPerLane], acc[Tr::kMaxDimsPerLane];
 #pragma unroll
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-      if (has(i)) dot = fmaf(qv[i], ToF32(kp[off + lane + 32 * i]), dot);
+      if (has(i)) dot = fmaf(qv[i], KvToF32(kp[off + lane + 32 * i]), dot);
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
     const float s2 = dot * a.scale_log2;  // log2-domain score
@@ -57,11 +58,11 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
     l = l * alpha + p;
 #pragma unroll
     for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
-      if (has(i)) acc[i] = fmaf(p, ToF32(vp[off + lane + 32 * i]), acc[i] * alpha);
+      if (has(i)) acc[i] = fmaf(p, KvToF32(vp[off + lane + 32 * i]), acc[i] * alpha);
     m = m_new;
   }
   T* out = static_cast<T*>(a.out) + (int64_t(c.q_start + r) * a.num_heads + c.head) * hd;
-  const float inv_l = l > 0.f ? 1.f / l : 0.f;
+  const float inv_l = (l > 0.f ? 1.f / l : 0.f) * a.out_scale;
 #pragma unroll
   for (int i = 0; i < Tr::kMaxDimsPerLane; ++i)
     if (has(i)) out[lane + 32 * i] = FromF32<T>(acc[i] * inv_l);
@@ -72,10 +73,19 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
 void LaunchPrefillNaive(const PrefillArgs& a, cudaStream_t stream) {
   const dim3 grid(a.num_seqs * a.num_heads,
                   (a.max_q_len + NaiveTraits::kWarps - 1) / NaiveTraits::kWarps);
+  constexpr int kThreads = NaiveTraits::kThreads;
   if (a.is_bf16) {
-    PrefillNaiveKernel<__nv_bfloat16><<<grid, NaiveTraits::kThreads, 0, stream>>>(a);
+    if (a.kv_fp8) {
+      PrefillNaiveKernel<__nv_bfloat16, uint8_t><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      PrefillNaiveKernel<__nv_bfloat16, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+    }
   } else {
-    PrefillNaiveKernel<__half><<<grid, NaiveTraits::kThreads, 0, stream>>>(a);
+    if (a.kv_fp8) {
+      PrefillNaiveKernel<__half, uint8_t><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      PrefillNaiveKernel<__half, __half><<<grid, kThreads, 0, stream>>>(a);
+    }
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }

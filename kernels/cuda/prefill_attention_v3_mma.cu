@@ -17,7 +17,10 @@
 // Test:  ctest -L gpu -R prefill_attention     Bench: ./build/bench_prefill_attention_gpu
 // Change from v2: tensor cores (bf16 in, fp32 accumulate) instead of fp32 FMA; S and P never
 // touch shared memory; asynchronous, double-buffered, swizzled tile loads.
+#include <cuda_fp8.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -25,18 +28,26 @@
 namespace llm::cuda::detail {
 namespace {
 
-template <int HD>
+// kFp8: e4m3 caches. K/V tiles arrive as codes (half the bytes) in row-major staging; each
+// thread dequantizes the 16-byte chunks it copied into fp16 swizzled tiles (exact), a barrier
+// publishes them, and the tensor cores run in fp16 (Q fragments converted once, saturating).
+template <int HD, bool kFp8 = false>
 struct MmaTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBr = kWarps * 16;  // 16 query rows per warp (one m16 row block)
   static constexpr int kBc = 64;           // keys per tile
-  static constexpr int kChunks = HD / 8;   // 16-byte chunks per row
+  static constexpr int kChunks = HD / 8;   // 16-byte chunks per row of a 2-byte tile
+  static constexpr int kKvElemBytes = kFp8 ? 1 : 2;
+  static constexpr int kKvChunks = HD * kKvElemBytes / 16;  // 16-byte copies per cached row
   static constexpr int kStages = 2;
-  static constexpr size_t kSmemBytes = 2 * (kBr * HD + kStages * 2 * kBc * HD);  // 2-byte types
+  static constexpr size_t kQBytes = size_t(2) * kBr * HD;
+  static constexpr size_t kStageTileBytes = size_t(kBc) * HD * kKvElemBytes;  // one K or V tile
+  static constexpr size_t kCvtBytes = kFp8 ? size_t(2) * 2 * kBc * HD : 0;   // fp16 K and V
+  static constexpr size_t kSmemBytes = kQBytes + kStages * 2 * kStageTileBytes + kCvtBytes;
   static_assert(HD % 64 == 0 && HD <= 128, "head_dim 64 or 128");
   static_assert(kBc % 16 == 0 && kChunks >= 8, "swizzle spans 8 chunks");
-  static_assert((kBc * kChunks) % kThreads == 0 && (kBr * kChunks) % kThreads == 0,
+  static_assert((kBc * kKvChunks) % kThreads == 0 && (kBr * kChunks) % kThreads == 0,
                 "whole cp.async rounds");
 };
 
@@ -87,19 +98,47 @@ __device__ __forceinline__ int Swz(int row, int ch) {
   return row * HD + ((ch ^ (row & 7)) << 3);
 }
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(MmaTraits<HD>::kThreads) PrefillMmaKernel(PrefillArgs a) {
-  using Tr = MmaTraits<HD>;
-  constexpr int kBr = Tr::kBr, kBc = Tr::kBc, kChunks = Tr::kChunks;
+// A packed pair of T as a pair of the mma type M: as is, or (fp8 caches: M = fp16) through fp32,
+// saturated to ±65504.
+template <typename T, typename M>
+__device__ __forceinline__ uint32_t ToMmaPair(uint32_t x) {
+  if constexpr (std::is_same_v<T, M>) {
+    return x;
+  } else {
+    const T* e = reinterpret_cast<const T*>(&x);
+    constexpr float kMax = 65504.f;
+    return PackPair<M>(fminf(fmaxf(ToF32(e[0]), -kMax), kMax),
+                       fminf(fmaxf(ToF32(e[1]), -kMax), kMax));
+  }
+}
+
+// Two e4m3 codes (low byte first) -> their exact fp16 values, packed (one cvt on sm_89+).
+__device__ __forceinline__ uint32_t E4m3x2ToHalf2(uint32_t codes) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+template <typename T, int HD, bool kFp8>
+__global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKernel(PrefillArgs a) {
+  using Tr = MmaTraits<HD, kFp8>;
+  using M = std::conditional_t<kFp8, __half, T>;  // the tensor-core operand type
+  using KV = std::conditional_t<kFp8, uint8_t, T>;  // the cached element type
+  constexpr int kBr = Tr::kBr, kBc = Tr::kBc, kChunks = Tr::kChunks, kKvChunks = Tr::kKvChunks;
+  constexpr int kKvChunkElems = 16 / Tr::kKvElemBytes;
   const TileCoords c = GetTileCoords(a, kBr);
   if (c.q0 >= c.q_len) return;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [kBr][HD] swizzled
-  T* sK = sQ + kBr * HD;                   // [kStages][kBc][HD] swizzled
-  T* sV = sK + Tr::kStages * kBc * HD;     // [kStages][kBc][HD] swizzled
+  // [kStages][kBc][HD] each: swizzled (2-byte caches) or row-major codes (fp8).
+  KV* sK = reinterpret_cast<KV*>(smem_raw + Tr::kQBytes);
+  KV* sV = sK + Tr::kStages * kBc * HD;
+  // fp8: the current tile dequantized to fp16, swizzled.
+  M* cK = reinterpret_cast<M*>(smem_raw + Tr::kQBytes + Tr::kStages * 2 * Tr::kStageTileBytes);
+  M* cV = cK + kBc * HD;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const T* kp = static_cast<const T*>(a.k);
-  const T* vp = static_cast<const T*>(a.v);
+  const KV* kp = static_cast<const KV*>(a.k);
+  const KV* vp = static_cast<const KV*>(a.v);
   const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
 
   // Q tile: rows past the chunk zero-filled.
@@ -116,16 +155,38 @@ __global__ void __launch_bounds__(MmaTraits<HD>::kThreads) PrefillMmaKernel(Pref
   }
   // One K/V tile (keys k0 … k0+kBc-1) into stage `st`, through the block table.
   auto load_kv = [&](int k0, int st) {
-    T* dk = sK + st * kBc * HD;
-    T* dv = sV + st * kBc * HD;
+    KV* dk = sK + st * kBc * HD;
+    KV* dv = sV + st * kBc * HD;
 #pragma unroll
-    for (int i = 0; i < kBc * kChunks / Tr::kThreads; ++i) {
-      const int idx = tid + i * Tr::kThreads, row = idx / kChunks, ch = idx % kChunks;
+    for (int i = 0; i < kBc * kKvChunks / Tr::kThreads; ++i) {
+      const int idx = tid + i * Tr::kThreads, row = idx / kKvChunks, ch = idx % kKvChunks;
       const int key = k0 + row;
       const bool ok = key < c.num_keys;  // past the sequence: zeros (stale slots may be NaN)
-      const int64_t off = ok ? KvRowOffset(a, table, key, c.kv_head) + ch * 8 : 0;
-      CpAsync16(SmemAddr(dk + Swz<HD>(row, ch)), kp + off, ok ? 16 : 0);
-      CpAsync16(SmemAddr(dv + Swz<HD>(row, ch)), vp + off, ok ? 16 : 0);
+      const int64_t off = ok ? KvRowOffset(a, table, key, c.kv_head) + ch * kKvChunkElems : 0;
+      const int dst = kFp8 ? (row * kKvChunks + ch) * kKvChunkElems : Swz<HD>(row, ch);
+      CpAsync16(SmemAddr(dk + dst), kp + off, ok ? 16 : 0);
+      CpAsync16(SmemAddr(dv + dst), vp + off, ok ? 16 : 0);
+    }
+  };
+  // fp8: this thread's copies of stage `st` -> the fp16 tiles (copy (row, ch) = elements
+  // [16·ch, 16·ch + 16): fp16 chunks 2·ch, 2·ch + 1).
+  auto dequantize_kv = [&](int st) {
+#pragma unroll
+    for (int i = 0; i < kBc * kKvChunks / Tr::kThreads; ++i) {
+      const int idx = tid + i * Tr::kThreads, row = idx / kKvChunks, ch = idx % kKvChunks;
+      const int src = (row * kKvChunks + ch) * kKvChunkElems;
+#pragma unroll
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint4 codes =
+            *reinterpret_cast<const uint4*>((kv == 0 ? sK : sV) + st * kBc * HD + src);
+        M* dst = kv == 0 ? cK : cV;
+        *reinterpret_cast<uint4*>(dst + Swz<HD>(row, 2 * ch)) =
+            make_uint4(E4m3x2ToHalf2(codes.x), E4m3x2ToHalf2(codes.x >> 16),
+                       E4m3x2ToHalf2(codes.y), E4m3x2ToHalf2(codes.y >> 16));
+        *reinterpret_cast<uint4*>(dst + Swz<HD>(row, 2 * ch + 1)) =
+            make_uint4(E4m3x2ToHalf2(codes.z), E4m3x2ToHalf2(codes.z >> 16),
+                       E4m3x2ToHalf2(codes.w), E4m3x2ToHalf2(codes.w >> 16));
+      }
     }
   };
 
@@ -147,13 +208,27 @@ __global__ void __launch_bounds__(MmaTraits<HD>::kThreads) PrefillMmaKernel(Pref
     __syncthreads();  // tile j resident for all; everyone is done with tile j-1's stage
     if (j == 0) {
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
+      for (int kk = 0; kk < HD / 16; ++kk) {
         LdMatrixX4(qf[kk], SmemAddr(sQ + Swz<HD>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qf[kk][e] = ToMmaPair<T, M>(qf[kk][e]);
+      }
     }
     if (j + 1 < n_tiles) load_kv((j + 1) * kBc, (j + 1) & 1);
     CpAsyncCommit();
-    const T* tk = sK + (j & 1) * kBc * HD;
-    const T* tv = sV + (j & 1) * kBc * HD;
+    const M* tk;
+    const M* tv;
+    if constexpr (kFp8) {
+      // Own copies of tile j landed (the wait above) and everyone finished tile j - 1 (the
+      // barrier above), so the fp16 tiles are free; a second barrier publishes them.
+      dequantize_kv(j & 1);
+      __syncthreads();
+      tk = cK;
+      tv = cV;
+    } else {
+      tk = sK + (j & 1) * kBc * HD;
+      tv = sV + (j & 1) * kBc * HD;
+    }
 
     // S = Q K^T: 16 × kBc per warp.
     float s[kBc / 8][4];
@@ -166,8 +241,8 @@ __global__ void __launch_bounds__(MmaTraits<HD>::kThreads) PrefillMmaKernel(Pref
         uint32_t b[4];
         LdMatrixX4(b, SmemAddr(tk + Swz<HD>(n2 * 16 + (lane & 7) + ((lane >> 4) << 3),
                                             kk * 2 + ((lane >> 3) & 1))));
-        Mma16816<T>(s[2 * n2], qf[kk], b[0], b[1]);
-        Mma16816<T>(s[2 * n2 + 1], qf[kk], b[2], b[3]);
+        Mma16816<M>(s[2 * n2], qf[kk], b[0], b[1]);
+        Mma16816<M>(s[2 * n2 + 1], qf[kk], b[2], b[3]);
       }
     }
     // Causal mask, only where some key of the tile is past some row's diagonal.
@@ -214,17 +289,17 @@ __global__ void __launch_bounds__(MmaTraits<HD>::kThreads) PrefillMmaKernel(Pref
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
       uint32_t pa[4];
-      pa[0] = PackPair<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = PackPair<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pa[0] = PackPair<M>(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = PackPair<M>(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = PackPair<M>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = PackPair<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int d2 = 0; d2 < HD / 16; ++d2) {
         uint32_t b[4];
         LdMatrixX4Trans(b, SmemAddr(tv + Swz<HD>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
                                                  d2 * 2 + (lane >> 4))));
-        Mma16816<T>(o[2 * d2], pa, b[0], b[1]);
-        Mma16816<T>(o[2 * d2 + 1], pa, b[2], b[3]);
+        Mma16816<M>(o[2 * d2], pa, b[0], b[1]);
+        Mma16816<M>(o[2 * d2 + 1], pa, b[2], b[3]);
       }
     }
   }
@@ -236,7 +311,7 @@ __global__ void __launch_bounds__(MmaTraits<HD>::kThreads) PrefillMmaKernel(Pref
     float lt = l[h];
     lt += __shfl_xor_sync(0xffffffffu, lt, 1);
     lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const float inv = (lt > 0.f ? 1.f / lt : 0.f) * (kFp8 ? a.out_scale : 1.f);
     const int row = row0 + h * 8;
     if (row < c.q_len) {
       T* dst = out + (int64_t(c.q_start + row) * a.num_heads + c.head) * HD + 2 * t;
@@ -249,10 +324,10 @@ __global__ void __launch_bounds__(MmaTraits<HD>::kThreads) PrefillMmaKernel(Pref
   }
 }
 
-template <typename T, int HD>
+template <typename T, int HD, bool kFp8>
 void Launch(const PrefillArgs& a, cudaStream_t stream) {
-  using Tr = MmaTraits<HD>;
-  auto kernel = PrefillMmaKernel<T, HD>;
+  using Tr = MmaTraits<HD, kFp8>;
+  auto kernel = PrefillMmaKernel<T, HD, kFp8>;
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   const dim3 grid(a.num_seqs * a.num_heads, (a.max_q_len + Tr::kBr - 1) / Tr::kBr);
@@ -262,11 +337,16 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+template <typename T, bool kFp8>
+void LaunchDim(const PrefillArgs& a, cudaStream_t stream) {
+  a.head_dim == 64 ? Launch<T, 64, kFp8>(a, stream) : Launch<T, 128, kFp8>(a, stream);
+}
+
 void LaunchPrefillMma(const PrefillArgs& a, cudaStream_t stream) {
   if (a.is_bf16) {
-    a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, stream) : Launch<__nv_bfloat16, 128>(a, stream);
+    a.kv_fp8 ? LaunchDim<__nv_bfloat16, true>(a, stream) : LaunchDim<__nv_bfloat16, false>(a, stream);
   } else {
-    a.head_dim == 64 ? Launch<__half, 64>(a, stream) : Launch<__half, 128>(a, stream);
+    a.kv_fp8 ? LaunchDim<__half, true>(a, stream) : LaunchDim<__half, false>(a, stream);
   }
 }
 

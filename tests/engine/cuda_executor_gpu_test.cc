@@ -98,12 +98,25 @@ std::vector<float> AllLogits(ModelExecutor& ex, const std::vector<int>& ids, int
   return out;
 }
 
-std::vector<float> CpuLogits(const std::string& dir, const std::vector<int>& ids) {
+std::vector<float> CpuLogits(const std::string& dir, const std::vector<int>& ids,
+                             KvCacheDType kv_dtype = KvCacheDType::kF32) {
   LoadOptions o;
   o.weight_dtype = DType::kF32;
   auto model = LlamaModel::Load(dir, o);
-  SequenceRunner runner(*model, 4096);
+  SequenceRunner runner(*model, 4096, 16, kv_dtype);
   return runner.Feed(ids, /*all_logits=*/true);
+}
+
+// max |a - b| / max |b|, every element of `a` finite.
+double Relative(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(a[i])) << "element " << i;
+    max_diff = std::max(max_diff, std::fabs(double(a[i]) - b[i]));
+    max_ref = std::max(max_ref, std::fabs(double(b[i])));
+  }
+  return max_diff / max_ref;
 }
 
 // Hugging Face's own half-vs-fp32 relative logit difference for this model (measured data).
@@ -164,6 +177,69 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
                                   (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
                                   (info.param.gemv ? "_gemv" : "_cublaslt");
                          });
+
+// --kv-cache-dtype fp8 on the GPU (e4m3 pools: the fp8 append, the fp8 decode kernel, the fp8
+// prefill rungs) against the CPU backend's fp8 cache, the specification. Both quantize every
+// K/V element to e4m3, the GPU from bf16/fp16 activations and the CPU from fp32 ones, so
+// besides the half-precision rounding (bounded by HF's own half-vs-fp32 difference, as above)
+// an element may land on the neighbouring e4m3 code: an error of the size of the quantization
+// error itself, which the CPU measures as fp8-vs-fp32. Bound: 2·HF + that fp8 cost. A wrong
+// scale, code, slot or dequantization gives errors of the order of the logits themselves.
+class CudaFp8Logits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
+
+TEST_P(CudaFp8Logits, EveryPositionMatchesTheCpuFp8Cache) {
+  const LogitsCase& c = GetParam();
+  const std::string dir = ModelDir(c.model);
+  const std::vector<int> ids = ReferenceIds();
+  const std::vector<float> cpu_f32 = CpuLogits(dir, ids);
+  const std::vector<float> cpu_fp8 = CpuLogits(dir, ids, KvCacheDType::kFp8E4m3);
+  CudaExecutorOptions o = SmallOptions(c.dtype);
+  o.kv_cache_fp8 = true;
+  o.gemv_max_tokens = c.gemv ? 8 : 0;
+  auto ex = CudaExecutor::Create(dir, o);
+  EXPECT_NE(ex->Describe().find("fp8"), std::string::npos) << ex->Describe();
+  const std::vector<float> got = AllLogits(*ex, ids, 40);
+  const char* dtype = c.dtype == DType::kBF16 ? "bf16" : "fp16";
+  const double rel = Relative(got, cpu_fp8), fp8_cost = Relative(cpu_fp8, cpu_f32);
+  const double hf = HfRelative(c.model, dtype);
+  std::printf("  %s %s fp8 KV: gpu vs cpu-fp8 %.3e; cpu fp8-vs-f32 %.3e; HF %s-vs-fp32 %.3e; "
+              "gpu-fp8 vs cpu-f32 %.3e\n",
+              c.model, dtype, rel, fp8_cost, dtype, hf, Relative(got, cpu_f32));
+  EXPECT_LE(rel, 2 * hf + fp8_cost);
+  EXPECT_GT(ex->stats().graph_steps, 0) << "decode steps should replay CUDA graphs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaFp8Logits,
+                         ::testing::Values(LogitsCase{"stories260K", DType::kBF16},
+                                           LogitsCase{"hd128", DType::kBF16},
+                                           LogitsCase{"hd128", DType::kF16},
+                                           LogitsCase{"hd64", DType::kBF16},
+                                           LogitsCase{"hd128", DType::kBF16, true},
+                                           LogitsCase{"hd64", DType::kF16, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.model) +
+                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
+                                  (info.param.gemv ? "_gemv" : "_cublaslt");
+                         });
+
+// The point of fp8 (e4m3) KV: the same memory holds twice the tokens of the bf16 cache.
+TEST_F(CudaExecutorTest, Fp8KvCacheHoldsTwiceTheTokens) {
+  auto blocks = [](bool fp8) {
+    CudaExecutorOptions o = SmallOptions(DType::kBF16, /*graphs=*/false);
+    o.num_kv_blocks = 0;  // from memory
+    o.gpu_memory_utilization = 0.25;
+    o.kv_cache_fp8 = fp8;
+    auto ex = CudaExecutor::Create(ModelDir("hd128"), o);
+    return std::pair(ex->num_kv_blocks(), ex->stats().kv_cache_bytes);
+  };
+  const auto [bf16_blocks, bf16_bytes] = blocks(false);
+  const auto [fp8_blocks, fp8_bytes] = blocks(true);
+  std::printf("  KV blocks at 0.25 of memory: bf16 %lld (%lld bytes), fp8 %lld (%lld bytes)\n",
+              (long long)bf16_blocks, (long long)bf16_bytes, (long long)fp8_blocks,
+              (long long)fp8_bytes);
+  EXPECT_NEAR(double(fp8_bytes) / double(bf16_bytes), 1.0, 0.01);
+  EXPECT_NEAR(double(fp8_blocks) / double(bf16_blocks), 2.0, 0.02);
+}
 
 TEST_F(CudaExecutorTest, GraphReplayIsBitIdenticalToEager) {
   for (const char* name : {"hd128", "stories260K"}) {
