@@ -80,8 +80,8 @@ struct DecodeTraits {
   static constexpr int kElemBytes = kFp8 ? 1 : 2;           // bytes per cached element
   // K+V stages in flight: 96 KiB / 64 KiB (bf16, hd 128 / 64: 2 / 3 CTAs per SM); fp8 4 / 6
   // stages of half the bytes (64 / 48 KiB: 3 CTAs per SM, what its registers allow).
-  static constexpr int kStages = kFp8 ? (kHeadDim == 128 ? 4 : 6) : (kHeadDim == 128 ? 3 : 4);
-  static constexpr int kMinCtasPerSm = kFp8 ? 3 : 1;  // __launch_bounds__: fp8 caps registers
+  static constexpr int kStages = kFp8 ? (kHeadDim == 128 ? 3 : 6) : (kHeadDim == 128 ? 3 : 4);
+  static constexpr int kMinCtasPerSm = kFp8 ? 4 : 1;  // __launch_bounds__: fp8 caps registers
   static constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;  // 16-byte copies per row
   static constexpr int kChunkElems = 16 / kElemBytes;               // elements per copy
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
@@ -113,7 +113,7 @@ struct DecodeTraits {
                 "the epilogue reuses the K/V stages for the cross-warp merge");
   static_assert(kHeadDim % 4 == 0, "the split merge works in float4s");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
-  static_assert(!kFp8 || 3 * (kSmemBytes + 1024 + 640) <= 228 * 1024, "fp8: 3 CTAs per SM");
+  static_assert(!kFp8 || 4 * (kSmemBytes + 1024 + 640) <= 228 * 1024, "fp8: 4 CTAs per SM");
   static_assert(!kFp8 || kWarpRowsPerPass * kPasses == kKeysPerWarp,
                 "fp8: a warp's passes cover exactly its 16 keys");
 };
