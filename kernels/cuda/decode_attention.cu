@@ -217,11 +217,15 @@ __device__ __forceinline__ uint32_t ToMmaPair(uint32_t x) {
   }
 }
 
-// Two e4m3 codes (low byte first) -> their exact fp16 values, packed (one cvt on sm_89+).
-__device__ __forceinline__ uint32_t E4m3x2ToHalf2(uint32_t codes) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+// The four e4m3 codes of `codes` as two fp16 pairs, exactly: lo <- bytes 0, 1 and hi <- bytes
+// 2, 3 (the first of each pair in the low half). One cvt.f16x2.e4m3x2 per pair, fed the 16-bit
+// halves of the register directly (the cuda_fp8.h intrinsic truncates and shifts first: two
+// more integer instructions per pair in the hot loop).
+__device__ __forceinline__ void E4m3x4ToHalf2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
 }
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, D] tile: chunks
@@ -474,8 +478,9 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
           const int ks = 2 * j + h;
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
-            const uint32_t r = b[2 * h + n];
-            Mma<M>(s[n], qa[ks], E4m3x2ToHalf2(r), E4m3x2ToHalf2(r >> 16));
+            uint32_t b0, b1;
+            E4m3x4ToHalf2x2(b[2 * h + n], b0, b1);
+            Mma<M>(s[n], qa[ks], b0, b1);
           }
         }
       }
@@ -520,12 +525,17 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
         l[e >> 1] += s[n][e];
       }
     }
+    // Rescale the accumulators only when some row's max moved in this warp (alpha != 1; once
+    // the max has settled, most tiles skip these kNTiles × 4 multiplies; multiplying by 1 is
+    // exact, so the result is the same either way).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < Tr::kNTiles; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+      for (int n = 0; n < Tr::kNTiles; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
     }
 
     // O += P·V: P is the A operand straight from the S accumulators (rows g / g+8, keys
@@ -534,22 +544,20 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
                             Pack2<M>(s[1][0], s[1][1]), Pack2<M>(s[1][2], s[1][3])};
     if constexpr (kFp8) {
       // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}, transposed: b[2h + t] holds keys
-      // (8t + 2c, 8t + 2c + 1) × dims (2g, 2g + 1) of chunk 2j + h, low key first. Byte
-      // permutes make the even-dim pair (bytes 0, 2) and the odd-dim pair (bytes 1, 3);
-      // output tile 4j + 2h + p is (chunk 2j + h, parity p).
+      // (8t + 2c, 8t + 2c + 1) × dims (2g, 2g + 1) of chunk 2j + h, low key first. One byte
+      // permute per matrix makes the even-dim pair (bytes 0, 2) the low half and the odd-dim
+      // pair (bytes 1, 3) the high half; output tile 4j + 2h + p is (chunk 2j + h, parity p).
 #pragma unroll
       for (int j = 0; j < Tr::kNTiles / 4; ++j) {
         uint32_t b[4];
         LdMatrixX4Trans(b, v_tile + SwizzledOffsetFp8<D>(v8_row, 2 * j + (lane >> 4)));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int p = 0; p < 2; ++p) {
-            const uint32_t sel = p == 0 ? 0x5420u : 0x5431u;  // bytes {0,2} or {1,3}
-            const uint32_t lo = __byte_perm(b[2 * h], 0u, sel);
-            const uint32_t hi = __byte_perm(b[2 * h + 1], 0u, sel);
-            Mma<M>(o[4 * j + 2 * h + p], pa, E4m3x2ToHalf2(lo), E4m3x2ToHalf2(hi));
-          }
+          uint32_t even0, odd0, even1, odd1;  // keys 2c.. (t = 0) and 8 + 2c.. (t = 1)
+          E4m3x4ToHalf2x2(__byte_perm(b[2 * h], 0u, 0x3120u), even0, odd0);
+          E4m3x4ToHalf2x2(__byte_perm(b[2 * h + 1], 0u, 0x3120u), even1, odd1);
+          Mma<M>(o[4 * j + 2 * h], pa, even0, even1);
+          Mma<M>(o[4 * j + 2 * h + 1], pa, odd0, odd1);
         }
       }
     } else {
