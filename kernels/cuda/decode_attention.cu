@@ -40,10 +40,15 @@
 //  - Prologue: the Q fragment loads, the context length, then the page indices of the first
 //    kStages - 1 tiles as ONE cp.async group (v2 loaded them with plain loads tile by tile,
 //    dependent round trips before the first K/V copy could be issued).
-// FP8 (e4m3) caches (KvCacheFormat::fp8, kFp8): the same kernel reading half the bytes; each
-// thread dequantizes the chunks it copied into an fp16 tile (exact: every e4m3 value is an fp16
-// value) and the tensor cores run in fp16 (q converted once, saturating); k_scale is folded into
-// the softmax scale, v_scale into the output normalisation.
+// FP8 (e4m3) caches (KvCacheFormat::fp8, kFp8): the same kernel reading half the bytes. The
+// tiles stay e4m3 in shared memory; ldmatrix fragments are converted in registers (exact: every
+// e4m3 value is an fp16 value) and the tensor cores run in fp16 (q converted once, saturating);
+// k_scale is folded into the softmax scale, v_scale into the output normalisation. Each warp
+// streams its own 16 keys of a tile with its own page indices and warp barriers only, and 4
+// CTAs share an SM (3 stages, registers capped at 128). The ladder that got here (bench/
+// RESULTS.md, "FP8 KV cache on the H200"): a dequantize pass into an fp16 tile behind CTA
+// barriers ran at the bf16 time (1.00x: instruction- and latency-bound, not memory-bound);
+// registers-only conversion 0.66-0.76x; cvt fed register halves + lazy rescale 0.58-0.61x.
 // Instantiations: DecodeKernel {bf16, fp16} × {64, 128} × {cache dtype, fp8} = 8.
 //
 // Test: ninja -C build decode_attention_gpu_test && (cd build && ctest -L gpu -R decode_attention)
