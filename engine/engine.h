@@ -6,9 +6,13 @@
 // (the one running Step(), usually started by Start()) touches sequences, blocks and the model.
 //
 // A step that throws (the executor: std::bad_alloc, a CUDA error, any exception) does not end
-// the engine: the requests in that step end with finish reason "error", their blocks are
-// freed and none of the KV that step was computing enters the prefix cache; every other
-// request goes on. A FatalExecutorError, or max_consecutive_step_failures failed steps in a
+// the engine: none of the KV that step was computing enters the prefix cache, and every
+// request outside it goes on. When the step failed at launch and held several requests, they
+// are retried one request per step (isolate_failed_requests): the one that fails alone ends
+// with finish reason "error", the others go on as if nothing had happened (an out-of-memory
+// step, or one poisoned request, fails that request only). Otherwise (one request, n > 1, a
+// failure only seen when waiting for an asynchronous step) the step's requests end with
+// "error" and their blocks are freed. A FatalExecutorError, or max_consecutive_step_failures failed steps in a
 // row, turns the engine unhealthy for good: every request then fails, AddRequest throws
 // EngineUnavailableError, and the front ends report it (HTTP /health 503, gRPC NOT_SERVING)
 // so that an orchestrator restarts the process.
@@ -56,6 +60,11 @@ struct EngineConfig {
   // This many failed steps in a row (no successful step between them) turn the engine
   // unhealthy: the device is failing every step. 0: never (only a FatalExecutorError does).
   int max_consecutive_step_failures = 5;
+  // A step that fails at launch holding several requests: requeue them (recomputing what they
+  // had, as after a preemption) and run each alone, one step, before it rejoins the batch, so
+  // that only a request that fails by itself ends with "error". false: the step's requests all
+  // end with "error" (the behaviour before).
+  bool isolate_failed_requests = true;
   // vLLM's --async-scheduling: step N+1 is scheduled and launched while the executor runs
   // step N, and only then are N's tokens processed (see engine_step.cc). Outputs are the
   // same tokens as without it; off by default until measured on the GPU.
@@ -75,6 +84,7 @@ struct EngineStats {
   int64_t num_finished_requests = 0;
   int64_t num_failed_steps = 0;     // steps whose executor call threw
   int64_t num_failed_requests = 0;  // requests ended with "error" (failed step, unhealthy)
+  int64_t num_isolated_retries = 0;  // requests of failed steps requeued to run alone
   bool is_healthy = true;
 };
 
@@ -143,7 +153,7 @@ class Engine {
     bool needs_sync = false;  // the next step must not be scheduled before these tokens
   };
   // Runs the executor on `sched` (Launch, or ForwardAndSample when synchronous). False when
-  // it threw: the steps in flight are finished first, then this step's requests fail.
+  // it threw: the steps in flight are finished first, then this step fails (FailStep).
   bool LaunchStep(SchedulerOutput sched);
   // Sequences advance as if the step had run: computed tokens, a placeholder per sample.
   void MarkLaunched(InFlightStep* step);
@@ -159,8 +169,10 @@ class Engine {
   void AppendToken(Sequence* seq, const SampleResult& sample, RequestOutput* out);
   void CreateChildren(RequestState* req, Sequence* parent);
   void StartChildren(Sequence* parent);
-  // A step's executor call threw `error`: its requests fail; maybe the engine turns unhealthy.
-  void FailStep(const SchedulerOutput& sched, std::exception_ptr error);
+  // A step's executor call threw `error`: its requests fail, or (at_launch: nothing of the
+  // step ran, nothing is in flight; several requests) are requeued to run alone; maybe the
+  // engine turns unhealthy.
+  void FailStep(const SchedulerOutput& sched, std::exception_ptr error, bool at_launch);
   void MarkUnhealthy(const std::string& reason);
   void FailAllRequests();  // an unhealthy engine ends everything it holds with "error"
   void FinishSequence(Sequence* seq, FinishReason reason, RequestOutput* out);

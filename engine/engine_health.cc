@@ -1,6 +1,17 @@
 // The engine's failure handling: a step whose executor call throws fails only its own
 // requests; a fatal error, or too many failed steps in a row, turns the engine unhealthy.
 //
+// Isolation (EngineConfig::isolate_failed_requests): a step that failed at launch, holding
+// several requests, does not fail them. Nothing of it ran and nothing is in flight (LaunchStep
+// finished the steps before it first), so each of its requests is requeued, like a preempted
+// one (its blocks freed, what it had recomputed, the prefix cache serving what earlier steps
+// committed), and marked isolated: the scheduler runs it alone until one of its steps succeeds.
+// A request whose lone step fails is the culprit and ends with "error"; the others continue
+// with the tokens they would have had (a transient failure such as an out-of-memory step
+// fails nobody). Not retried: n > 1 requests (children may exist already), failures seen only
+// when waiting for an asynchronous step (a later step was launched over its placeholders),
+// fatal errors.
+//
 // What a failed step leaves behind: its sequences' new tokens were never marked computed
 // (CommitComputed runs only after a successful forward), so none of the blocks it was
 // writing has a prefix-cache hash; finishing its requests frees those blocks as plain free
@@ -13,6 +24,10 @@
 
 namespace llm {
 namespace {
+
+// How often one request may be requeued by isolation: a bound on retries whatever happens
+// (a request that keeps sharing failing steps ends with "error" after this many).
+constexpr int kMaxIsolations = 3;
 
 void Log(const std::string& line) { std::fprintf(stderr, "[llm] engine: %s\n", line.c_str()); }
 
@@ -29,7 +44,7 @@ std::string DescribeRequests(const std::vector<RequestState*>& reqs) {
 
 }  // namespace
 
-void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error) {
+void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error, bool at_launch) {
   std::string what = "unknown exception";
   bool is_fatal = false;
   try {
@@ -51,9 +66,24 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error) {
       failed.push_back(c.seq->request);
     }
   }
-  Log("step failed (" + std::to_string(failed.size()) + " requests: " + DescribeRequests(failed) +
-      "; " + std::to_string(sched.num_batched_tokens) + " tokens" + (is_fatal ? "; fatal" : "") +
-      "): " + what);
+  std::vector<RequestState*> retried;
+  if (at_launch && !is_fatal && config_.isolate_failed_requests && failed.size() > 1) {
+    for (RequestState* req : failed) {
+      if (req->request.sampling.n == 1 && req->num_isolations < kMaxIsolations) {
+        retried.push_back(req);
+      }
+    }
+    std::erase_if(failed, [&](RequestState* r) {
+      return std::find(retried.begin(), retried.end(), r) != retried.end();
+    });
+  }
+  Log("step failed (" + std::to_string(failed.size() + retried.size()) + " requests: " +
+      DescribeRequests(failed.empty() ? retried : failed) + "; " +
+      std::to_string(sched.num_batched_tokens) + " tokens" + (is_fatal ? "; fatal" : "") +
+      "): " + what +
+      (retried.empty() ? std::string()
+                       : "; " + std::to_string(retried.size()) +
+                             " requests requeued to run one at a time (isolation)"));
   // Unhealthy before the step's requests end: a front end that reads their error then sees
   // the engine's state too (a 503 for them, not a 500).
   const int max_failures = config_.max_consecutive_step_failures;
@@ -67,6 +97,15 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error) {
     FinishRequest(req, FinishReason::kError, "the model step running this request failed: " + what);
   }
   counters_.num_failed_requests += std::ssize(failed);
+  // Backwards, so that they keep their order at the front of the queue.
+  for (auto it = retried.rbegin(); it != retried.rend(); ++it) {
+    (*it)->isolated = true;
+    ++(*it)->num_isolations;
+    for (Sequence* seq : (*it)->seqs) {
+      if (seq->status != SeqStatus::kFinished) scheduler_.Requeue(seq);
+    }
+  }
+  counters_.num_isolated_retries += std::ssize(retried);
 }
 
 void Engine::MarkUnhealthy(const std::string& reason) {

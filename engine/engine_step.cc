@@ -46,7 +46,7 @@ bool Engine::LaunchStep(SchedulerOutput sched) {
     const std::exception_ptr error = std::current_exception();
     // The step before it first (its tokens come before this failure, as when synchronous).
     while (!in_flight_.empty()) FinishOldestStep();
-    FailStep(sched, error);
+    FailStep(sched, error, /*at_launch=*/true);
     return false;
   }
   step.id = next_step_id_++;
@@ -81,10 +81,11 @@ void Engine::FinishOldestStep() {
   try {
     results = step.has_results ? std::move(step.results) : executor_->Wait(step.handle);
   } catch (...) {
-    FailStep(step.sched, std::current_exception());
+    FailStep(step.sched, std::current_exception(), /*at_launch=*/false);
     return;
   }
   num_consecutive_step_failures_ = 0;
+  for (const ScheduledChunk& c : step.sched.chunks) c.seq->request->isolated = false;
   CommitComputed(step);
   Emit(step.plan.task_seqs, results);
   ++counters_.num_steps;

@@ -37,12 +37,36 @@ void Scheduler::Remove(Sequence* seq) {
   if (blocks_->Has(seq->id)) blocks_->Free(seq->id);
 }
 
+void Scheduler::Requeue(Sequence* seq) {
+  std::erase(running_, seq);
+  std::erase(waiting_, seq);
+  if (blocks_->Has(seq->id)) blocks_->Free(seq->id);
+  seq->num_computed_tokens = 0;
+  ++seq->allocation;
+  seq->status = SeqStatus::kWaiting;
+  waiting_.push_front(seq);
+}
+
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int64_t budget = config_.max_num_batched_tokens;
+  focus_ = nullptr;
+  for (const Sequence* s : running_) {
+    if (s->request->isolated) {
+      focus_ = s->request;
+      break;
+    }
+  }
+  for (auto it = waiting_.begin(); focus_ == nullptr && it != waiting_.end(); ++it) {
+    if ((*it)->request->isolated) focus_ = (*it)->request;
+  }
   ScheduleDecodes(&out, &budget);
   SchedulePrefills(&out, &budget);
-  Admit(&out, &budget);
+  if (focus_ != nullptr) {
+    AdmitIsolated(&out, &budget);
+  } else {
+    Admit(&out, &budget);
+  }
   out.num_batched_tokens = config_.max_num_batched_tokens - budget;
   return out;
 }
@@ -68,7 +92,7 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
 void Scheduler::ScheduleDecodes(SchedulerOutput* out, int64_t* budget) {
   const std::vector<Sequence*> snapshot = running_;  // Preempt() edits running_
   for (Sequence* seq : snapshot) {
-    if (seq->status != SeqStatus::kRunning || !seq->is_decode()) continue;
+    if (seq->status != SeqStatus::kRunning || !seq->is_decode() || !Eligible(seq)) continue;
     // Async: a pending token that reaches max_tokens ends the sequence; no step after it.
     if (seq->num_pending > 0 &&
         seq->num_output_tokens() >= seq->request->request.sampling.max_tokens) {
@@ -93,7 +117,7 @@ void Scheduler::ScheduleDecodes(SchedulerOutput* out, int64_t* budget) {
 
 void Scheduler::SchedulePrefills(SchedulerOutput* out, int64_t* budget) {
   for (Sequence* seq : running_) {
-    if (seq->is_decode() || Contains(*out, seq)) continue;
+    if (seq->is_decode() || Contains(*out, seq) || !Eligible(seq)) continue;
     if (*budget == 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
     const int64_t n = std::min(seq->prefill_target() - seq->num_computed_tokens, *budget);
     if (n <= 0) continue;
@@ -110,17 +134,43 @@ void Scheduler::Admit(SchedulerOutput* out, int64_t* budget) {
     // Preempted with a token still pending (async): it waits for the token, and for room.
     if (seq->num_pending > 0 || !blocks_->CanAllocate(seq->token_ids)) break;  // FCFS
     waiting_.pop_front();
-    const int64_t cached = blocks_->Allocate(seq->id, seq->token_ids);
-    seq->num_computed_tokens = cached;
-    if (!seq->has_output() && !seq->request->has_first_scheduled) {
-      seq->request->cached_prompt_tokens = cached;
+    Start(seq, out, budget);
+  }
+}
+
+void Scheduler::Start(Sequence* seq, SchedulerOutput* out, int64_t* budget) {
+  const int64_t cached = blocks_->Allocate(seq->id, seq->token_ids);
+  seq->num_computed_tokens = cached;
+  if (!seq->has_output() && !seq->request->has_first_scheduled) {
+    seq->request->cached_prompt_tokens = cached;
+  }
+  AddRunning(seq);
+  const int64_t n = std::min(seq->prefill_target() - cached, *budget);
+  if (n <= 0) return;  // a recomputed sequence fully cached: it decodes next step
+  const bool samples = cached + n == seq->num_tokens();
+  out->chunks.push_back({seq, n, /*is_decode=*/false, samples});
+  *budget -= n;
+}
+
+// The isolated request's waiting sequences, wherever they are in the queue (requeued at its
+// front, though a later preemption may have gone in front of them), ahead of everyone: the
+// running sequences of other requests, which are not scheduled meanwhile, are preempted
+// (newest first) when their blocks are needed.
+void Scheduler::AdmitIsolated(SchedulerOutput* out, int64_t* budget) {
+  std::vector<Sequence*> mine;
+  for (Sequence* seq : waiting_) {
+    if (seq->request == focus_) mine.push_back(seq);
+  }
+  for (Sequence* seq : mine) {
+    if (*budget <= 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
+    if (seq->num_pending > 0) break;  // async: waits for its pending token
+    while (!blocks_->CanAllocate(seq->token_ids) || num_running() >= config_.max_num_seqs) {
+      Sequence* victim = PickVictim(*out);
+      if (victim == nullptr) return;  // cannot happen: a lone request always fits
+      Preempt(victim, out);
     }
-    AddRunning(seq);
-    const int64_t n = std::min(seq->prefill_target() - cached, *budget);
-    if (n <= 0) continue;  // a recomputed sequence fully cached: it decodes next step
-    const bool samples = cached + n == seq->num_tokens();
-    out->chunks.push_back({seq, n, /*is_decode=*/false, samples});
-    *budget -= n;
+    std::erase(waiting_, seq);
+    Start(seq, out, budget);
   }
 }
 

@@ -16,6 +16,10 @@
 // whose last token is still pending (Sequence::num_pending) decodes it like any token (its id
 // is fed on the device); one whose pending token reaches max_tokens is not scheduled; a
 // preempted one is not readmitted before its pending token is known.
+// Isolation (RequestState::isolated, set by the engine after a failed step): while such a
+// request exists, a step holds only its sequences (the first isolated request running, else
+// the first waiting); running sequences of other requests are preempted if it needs their
+// blocks to be admitted.
 // Requests that could never fit (prompt + max_tokens beyond the pool) are rejected by the
 // engine before they get here, so a lone sequence always fits and nothing deadlocks.
 #pragma once
@@ -57,6 +61,9 @@ class Scheduler {
   void AddRunning(Sequence* seq);  // a forked child whose blocks the manager already holds
   // Drops the sequence (finished, aborted) and frees its blocks.
   void Remove(Sequence* seq);
+  // Back to the FRONT of the waiting queue without its blocks, to be recomputed (a preemption
+  // the engine asks for: the sequence's step failed and it will be retried alone).
+  void Requeue(Sequence* seq);
 
   SchedulerOutput Schedule();
 
@@ -68,6 +75,13 @@ class Scheduler {
   void ScheduleDecodes(SchedulerOutput* out, int64_t* budget);
   void SchedulePrefills(SchedulerOutput* out, int64_t* budget);
   void Admit(SchedulerOutput* out, int64_t* budget);
+  void AdmitIsolated(SchedulerOutput* out, int64_t* budget);
+  // Admits `seq` (already out of the queue): blocks for all its tokens, its first chunk.
+  void Start(Sequence* seq, SchedulerOutput* out, int64_t* budget);
+  // Whether `seq` may be scheduled this step (all, or only the isolated request's).
+  bool Eligible(const Sequence* seq) const {
+    return focus_ == nullptr || seq->request == focus_;
+  }
   void Preempt(Sequence* seq, SchedulerOutput* out);
   Sequence* PickVictim(const SchedulerOutput& out) const;
 
@@ -77,6 +91,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // admission order
   int64_t next_admit_order_ = 0;
   int64_t num_preemptions_ = 0;
+  const RequestState* focus_ = nullptr;  // the isolated request this step runs, if any
 };
 
 }  // namespace llm

@@ -71,6 +71,10 @@ struct RequestState {
   int num_finished = 0;
   int64_t cached_prompt_tokens = 0;
   bool is_forked = false;  // n > 1: children created after the prompt was computed
+  // Its last step failed at launch together with other requests: it runs alone (the
+  // scheduler schedules no other request beside it) until one of its steps succeeds.
+  bool isolated = false;
+  int num_isolations = 0;  // times requeued so; bounded (kMaxIsolations), so retries end
   Clock::time_point arrival, first_scheduled, first_token;
   bool has_first_scheduled = false, has_first_token = false;
 };

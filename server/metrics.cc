@@ -119,8 +119,12 @@ std::string Metrics::Render(const EngineStats& s) const {
   metric("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the cache.",
          double(s.prefix_hit_tokens));
   metric("llm:engine_failed_steps_total", "counter",
-         "Engine steps whose model execution threw (their requests failed).",
+         "Engine steps whose model execution threw (their requests failed, or were retried "
+         "one at a time).",
          double(s.num_failed_steps));
+  metric("llm:engine_isolated_retries_total", "counter",
+         "Requests of failed steps requeued to run alone (isolation) instead of failing.",
+         double(s.num_isolated_retries));
   metric("llm:engine_failed_requests_total", "counter",
          "Requests the engine ended with an error (a failed step, or the engine unhealthy).",
          double(s.num_failed_requests));

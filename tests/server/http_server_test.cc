@@ -473,6 +473,7 @@ TEST_F(HttpServerTest, FailedStepGives5xxAndTheServerGoesOn) {
   for (const char* line :
        {"llm:engine_failed_steps_total{model_name=\"stories260K\"} 2",
         "llm:engine_failed_requests_total{model_name=\"stories260K\"} 2",
+        "llm:engine_isolated_retries_total{model_name=\"stories260K\"} 0",
         "llm:engine_healthy{model_name=\"stories260K\"} 1", "finished_reason=\"error\"} 2",
         "llm:http_responses_total{model_name=\"stories260K\",status=\"500\"} 1"}) {
     EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics;
