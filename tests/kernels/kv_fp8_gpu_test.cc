@@ -190,6 +190,35 @@ struct Fp8Pools {
   }
 };
 
+// One attention problem on the device: q, the output, the fp8 pools, the block tables and the
+// batch arrays, and the parameter block over them (the caller adds max_q_len, max_num_keys).
+struct DeviceProblem {
+  DevBuf q, out, k, v, tables, ctx, cu;
+  DeviceProblem(const std::vector<uint16_t>& q16, const Fp8Pools& pools,
+                const std::vector<int32_t>& context_lens, const std::vector<int32_t>& cu_seqlens)
+      : q(q16),
+        out(q16.size() * 2),
+        k(pools.k_gpu),
+        v(pools.v_gpu),
+        tables(pools.tables),
+        ctx(context_lens),
+        cu(cu_seqlens) {}
+  cuda::AttentionParams Params(const Fp8Pools& pools, int64_t num_seqs, int64_t num_heads,
+                               float scale, DType dtype, const ScaleSet& sc) const {
+    cuda::AttentionParams p;
+    p.q = q.p;
+    p.out = out.p;
+    p.kv = PagedKvView<const void>{k.p, v.p, pools.layout};
+    p.batch = AttentionBatch{num_seqs, cu.as<int32_t>(), ctx.as<int32_t>(), tables.as<int32_t>(),
+                             pools.max_blocks};
+    p.num_heads = num_heads;
+    p.scale = scale;
+    p.dtype = dtype;
+    p.kv_format = cuda::KvCacheFormat{true, sc.k, sc.v};
+    return p;
+  }
+};
+
 // q [num_tokens · num_heads · head_dim] ~ normal(0, 1.5) rounded to the dtype: bits for the GPU,
 // the same values as floats for the CPU.
 void RandomQ(size_t n, DType t, std::mt19937& rng, std::vector<uint16_t>* bits,
@@ -294,8 +323,8 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
       q32.data(), PagedKvView<const uint8_t>{pools.k_cpu.data(), pools.v_cpu.data(), pools.layout},
       cpu::Fp8KvScales{sc.k, sc.v}, host_batch, num_heads, scale, ref.data(), 1);
 
-  DevBuf dq(q16), dout(q16.size() * 2), dk(pools.k_gpu), dv(pools.v_gpu), dtab(pools.tables),
-      dctx(context_lens), dcu(cu);
+  const DeviceProblem dev(q16, pools, context_lens, cu);
+  const DevBuf& dout = dev.out;
   constexpr int kManySplits = 16;
   const size_t ws_bytes = cuda::DecodeWorkspaceBytes(num_seqs, num_heads, hd, kManySplits);
   DevBuf ws(ws_bytes);
@@ -305,16 +334,7 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
   LLM_CUDA_CHECK(cudaMemset(static_cast<char*>(ws.p) + cuda::kDecodeCounterBytes, 0xff,
                             ws_bytes - cuda::kDecodeCounterBytes));
 
-  cuda::AttentionParams p;
-  p.q = dq.p;
-  p.out = dout.p;
-  p.kv = PagedKvView<const void>{dk.p, dv.p, pools.layout};
-  p.batch = AttentionBatch{num_seqs, dcu.as<int32_t>(), dctx.as<int32_t>(), dtab.as<int32_t>(),
-                           pools.max_blocks};
-  p.num_heads = num_heads;
-  p.scale = scale;
-  p.dtype = c.dtype;
-  p.kv_format = cuda::KvCacheFormat{true, sc.k, sc.v};
+  cuda::AttentionParams p = dev.Params(pools, num_seqs, num_heads, scale, c.dtype, sc);
   p.max_q_len = 1;
   p.max_num_keys = *std::max_element(num_keys.begin(), num_keys.end());
 
@@ -407,18 +427,9 @@ TEST_P(PrefillFp8Gpu, RungsMatchCpuFp8Reference) {
       q32.data(), PagedKvView<const uint8_t>{pools.k_cpu.data(), pools.v_cpu.data(), pools.layout},
       cpu::Fp8KvScales{sc.k, sc.v}, host_batch, nh, scale, ref.data());
 
-  DevBuf dq(q16), dout(q16.size() * 2), dk(pools.k_gpu), dv(pools.v_gpu), dtab(pools.tables),
-      dctx(c.ctx_lens), dcu(cu);
-  cuda::AttentionParams p;
-  p.q = dq.p;
-  p.out = dout.p;
-  p.kv = PagedKvView<const void>{dk.p, dv.p, pools.layout};
-  p.batch = AttentionBatch{num_seqs, dcu.as<int32_t>(), dctx.as<int32_t>(), dtab.as<int32_t>(),
-                           pools.max_blocks};
-  p.num_heads = nh;
-  p.scale = scale;
-  p.dtype = c.dtype;
-  p.kv_format = cuda::KvCacheFormat{true, sc.k, sc.v};
+  const DeviceProblem dev(q16, pools, c.ctx_lens, cu);
+  const DevBuf& dout = dev.out;
+  cuda::AttentionParams p = dev.Params(pools, num_seqs, nh, scale, c.dtype, sc);
   p.max_q_len = max_q;
   p.max_num_keys = max_keys;
 
