@@ -168,6 +168,10 @@ bool Engine::Step() {
   if (!in_flight_.empty() && in_flight_.back().needs_sync) FinishOldestStep();
   bool worked = !in_flight_.empty();
   SchedulerOutput sched = scheduler_.Schedule();
+  if (num_step_calls_++ == config_.test_throw_in_step) {
+    throw std::logic_error("injected engine error in step " +
+                           std::to_string(config_.test_throw_in_step));
+  }
   bool launched = false;
   if (!sched.empty()) {
     worked = true;
@@ -218,7 +222,15 @@ void Engine::Start() {
   stop_ = false;
   thread_ = std::thread([this] {
     while (!stop_) {
-      if (Step()) continue;
+      bool worked = false;
+      try {
+        worked = Step();
+      } catch (const std::exception& e) {
+        OnEngineError(e.what());
+      } catch (...) {
+        OnEngineError("unknown exception");
+      }
+      if (worked) continue;
       std::unique_lock<std::mutex> lock(inbox_->mu);
       // Idle: wake for new work, or every 50 ms to expire deadlines.
       inbox_->cv.wait_for(lock, std::chrono::milliseconds(50), [&] {

@@ -15,7 +15,10 @@
 // "error" and their blocks are freed. A FatalExecutorError, or max_consecutive_step_failures failed steps in a
 // row, turns the engine unhealthy for good: every request then fails, AddRequest throws
 // EngineUnavailableError, and the front ends report it (HTTP /health 503, gRPC NOT_SERVING)
-// so that an orchestrator restarts the process.
+// so that an orchestrator restarts the process. An exception from the engine's own code (not
+// the executor's: a bug, host memory exhaustion) cannot be pinned on a step: the engine thread
+// catches it, turns the engine unhealthy ("engine error: ...") and fails every request, rather
+// than letting it end the process.
 #pragma once
 
 #include <atomic>
@@ -65,6 +68,10 @@ struct EngineConfig {
   // that only a request that fails by itself ends with "error". false: the step's requests all
   // end with "error" (the behaviour before).
   bool isolate_failed_requests = true;
+  // TEST ONLY (engine_step_failure_test): the Step() call with this index (0-based) throws
+  // std::logic_error after scheduling, outside any executor call, as an engine bug would.
+  // -1: never.
+  int64_t test_throw_in_step = -1;
   // vLLM's --async-scheduling: step N+1 is scheduled and launched while the executor runs
   // step N, and only then are N's tokens processed (see engine_step.cc). Outputs are the
   // same tokens as without it; off by default until measured on the GPU.
@@ -155,6 +162,8 @@ class Engine {
   // Runs the executor on `sched` (Launch, or ForwardAndSample when synchronous). False when
   // it threw: the steps in flight are finished first, then this step fails (FailStep).
   bool LaunchStep(SchedulerOutput sched);
+  // Throws std::logic_error when `results` break the executor's contract for `plan`.
+  void CheckResults(const SamplingPlan& plan, std::span<const SampleResult> results) const;
   // Sequences advance as if the step had run: computed tokens, a placeholder per sample.
   void MarkLaunched(InFlightStep* step);
   // Waits for the oldest launched step and processes its tokens (or its failure).
@@ -174,6 +183,8 @@ class Engine {
   // engine turns unhealthy.
   void FailStep(const SchedulerOutput& sched, std::exception_ptr error, bool at_launch);
   void MarkUnhealthy(const std::string& reason);
+  // The engine thread caught `what` escaping Step(): unhealthy, every request fails.
+  void OnEngineError(const std::string& what);
   void FailAllRequests();  // an unhealthy engine ends everything it holds with "error"
   void FinishSequence(Sequence* seq, FinishReason reason, RequestOutput* out);
   void FinishRequest(RequestState* req, FinishReason reason, const std::string& error = "");
@@ -193,6 +204,7 @@ class Engine {
   EngineStats counters_;  // engine thread's running totals
   int num_consecutive_step_failures_ = 0;
   std::deque<InFlightStep> in_flight_;  // launched, results not processed (at most 2)
+  int64_t num_step_calls_ = 0;  // Step() calls (test_throw_in_step)
   int64_t next_step_id_ = 0;
   struct Grave {
     int64_t last_step = 0;  // the newest step launched when the request ended

@@ -117,6 +117,20 @@ void Engine::MarkUnhealthy(const std::string& reason) {
   for (auto& [handle, listener] : health_listeners_) listener();
 }
 
+void Engine::OnEngineError(const std::string& what) {
+  Log("engine error outside the model step: " + what);
+  MarkUnhealthy("engine error: " + what);
+  // What the throw left half done cannot be trusted: end every request now (a second throw
+  // is logged and the next Step() tries again).
+  try {
+    FailAllRequests();
+  } catch (const std::exception& e) {
+    Log("failing the requests after an engine error threw too: " + std::string(e.what()));
+  } catch (...) {
+    Log("failing the requests after an engine error threw too");
+  }
+}
+
 void Engine::FailAllRequests() {
   std::vector<RequestState*> all;
   for (auto& [id, req] : requests_) all.push_back(req.get());

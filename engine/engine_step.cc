@@ -25,10 +25,28 @@
 // aborts, deadlines, failed steps) keeps one step in flight, and gives the same tokens as
 // synchronous scheduling (seeded streams draw one number per step, in order, either way).
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "engine/engine.h"
 
 namespace llm {
+
+// The executor's side of the contract, before any of its results is used: one sample per task,
+// token ids inside the vocabulary. A violation fails the step like any executor error.
+void Engine::CheckResults(const SamplingPlan& plan, std::span<const SampleResult> results) const {
+  if (results.size() != plan.tasks.size()) {
+    throw std::logic_error("the executor returned " + std::to_string(results.size()) +
+                           " samples for " + std::to_string(plan.tasks.size()) + " tasks");
+  }
+  const int64_t vocab = executor_->config().vocab_size;
+  for (const SampleResult& r : results) {
+    if (r.token < 0 || r.token >= vocab) {
+      throw std::logic_error("the executor sampled token id " + std::to_string(r.token) +
+                             " outside the vocabulary (" + std::to_string(vocab) + ")");
+    }
+  }
+}
 
 bool Engine::LaunchStep(SchedulerOutput sched) {
   const ForwardBatch batch = BuildBatch(sched);
@@ -80,6 +98,7 @@ void Engine::FinishOldestStep() {
   std::vector<SampleResult> results;
   try {
     results = step.has_results ? std::move(step.results) : executor_->Wait(step.handle);
+    CheckResults(step.plan, results);
   } catch (...) {
     FailStep(step.sched, std::current_exception(), /*at_launch=*/false);
     return;

@@ -212,6 +212,103 @@ TEST_P(EngineStepFailureTest, IsolationTurnsATransientFailureIntoNoFailure) {
   ExpectIdle(*engine);
 }
 
+// An executor that breaks its contract: on the chosen results (0-based, counting the calls
+// that return samples) the first sample's token id lies outside the vocabulary.
+class OutOfVocabExecutor final : public ModelExecutor {
+ public:
+  OutOfVocabExecutor(std::unique_ptr<ModelExecutor> inner, int64_t bad_call)
+      : inner_(std::move(inner)), bad_call_(bad_call) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t block_size() const override { return inner_->block_size(); }
+  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
+  std::vector<float> Forward(const ForwardBatch& batch) override { return inner_->Forward(batch); }
+  std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
+                                             std::span<const SampleTask> tasks) override {
+    return Corrupt(inner_->ForwardAndSample(batch, tasks));
+  }
+  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override {
+    return inner_->Launch(batch, tasks);
+  }
+  std::vector<SampleResult> Wait(StepHandle step) override { return Corrupt(inner_->Wait(step)); }
+
+ private:
+  std::vector<SampleResult> Corrupt(std::vector<SampleResult> r) {
+    if (calls_++ == bad_call_ && !r.empty()) r[0].token = int(config().vocab_size) + 3;
+    return r;
+  }
+  std::unique_ptr<ModelExecutor> inner_;
+  int64_t bad_call_;
+  int64_t calls_ = 0;
+};
+
+// Results that break the executor's contract (a token id outside the vocabulary) are caught
+// before any of them is used: the step fails like any executor error (its requests end with
+// "error" naming the id), the engine stays healthy and serves the next request.
+TEST_P(EngineStepFailureTest, ExecutorResultsOutsideTheVocabularyFailTheStep) {
+  EngineConfig config{.max_num_seqs = 2};
+  config.async_scheduling = GetParam();
+  auto cpu = std::make_unique<CpuExecutor>(*model_, 128, config.block_size);
+  Engine engine(std::make_unique<OutOfVocabExecutor>(std::move(cpu), 2), *tokenizer_, config);
+  auto a = engine.AddRequest(test::GreedyRequest(Prompt("Once upon a time"), 10));
+  auto b = engine.AddRequest(test::GreedyRequest(Prompt("Tom had a"), 10));
+  engine.RunUntilIdle();
+  for (auto* ch : {&a, &b}) {
+    const Collected c = Drain(**ch);
+    EXPECT_EQ(c.finish[0], FinishReason::kError);
+    EXPECT_EQ(std::ssize(c.tokens[0]), 2) << "the two good steps' tokens were streamed";
+    EXPECT_NE(c.error.find("outside the vocabulary"), std::string::npos) << c.error;
+  }
+  EXPECT_TRUE(engine.IsHealthy());
+  const Request next = test::GreedyRequest(Prompt("Lily saw"), 8);
+  auto n = engine.AddRequest(next);
+  engine.RunUntilIdle();
+  EXPECT_EQ(Drain(*n).tokens, Fresh(next).tokens);
+  ExpectIdle(engine);
+}
+
+// An exception from the engine's own code (not the executor's), on the engine thread: the
+// process must not end (an escaping exception would std::terminate it). The engine turns
+// unhealthy ("engine error"), its health listener runs, every request ends once with "error",
+// new ones are refused, no block leaks, and Stop() joins the thread.
+TEST_P(EngineStepFailureTest, EngineErrorOnTheEngineThreadTurnsItUnhealthyWithoutACrash) {
+  EngineConfig config{.max_num_seqs = 2, .test_throw_in_step = 3};
+  config.async_scheduling = GetParam();
+  Engine engine(*model_, *tokenizer_, config);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool is_notified = false;
+  const int handle = engine.AddHealthListener([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    is_notified = true;
+    cv.notify_all();
+  });
+  auto a = engine.AddRequest(test::GreedyRequest(Prompt("Once upon a time"), 40));
+  auto b = engine.AddRequest(test::GreedyRequest(Prompt("Tom had a"), 40));
+  engine.Start();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return is_notified; }));
+  }
+  for (auto* ch : {&a, &b}) {
+    const Collected c = Drain(**ch);
+    EXPECT_EQ(c.num_last, 1);
+    EXPECT_EQ(c.num_events_after_last, 0);
+    EXPECT_EQ(c.finish[0], FinishReason::kError);
+    EXPECT_NE(c.error.find("unhealthy"), std::string::npos) << c.error;
+  }
+  EXPECT_FALSE(engine.IsHealthy());
+  EXPECT_NE(engine.UnhealthyReason().find("engine error: injected engine error in step 3"),
+            std::string::npos)
+      << engine.UnhealthyReason();
+  EXPECT_THROW(engine.AddRequest(test::GreedyRequest(Prompt("Lily saw"), 4)),
+               EngineUnavailableError);
+  engine.RemoveHealthListener(handle);
+  engine.Stop();
+  ExpectIdle(engine);
+}
+
 // The failed step wrote garbage into its blocks (the injector runs the forward on other
 // token ids, then throws). None of them may be found in the prefix cache: the same prompt
 // again must recompute, and give a fresh engine's tokens and bit-identical logprobs.
