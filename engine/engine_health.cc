@@ -66,8 +66,16 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error, bo
       failed.push_back(c.seq->request);
     }
   }
+  // Requests in the step, counting those that finished meanwhile (the drain before this):
+  // with two or more, the one left may be innocent, so it is retried too.
+  std::vector<const RequestState*> in_step;
+  for (const ScheduledChunk& c : sched.chunks) {
+    if (std::find(in_step.begin(), in_step.end(), c.seq->request) == in_step.end()) {
+      in_step.push_back(c.seq->request);
+    }
+  }
   std::vector<RequestState*> retried;
-  if (at_launch && !is_fatal && config_.isolate_failed_requests && failed.size() > 1) {
+  if (at_launch && !is_fatal && config_.isolate_failed_requests && in_step.size() > 1) {
     for (RequestState* req : failed) {
       if (req->request.sampling.n == 1 && req->num_isolations < kMaxIsolations) {
         retried.push_back(req);

@@ -52,6 +52,8 @@ bool Engine::LaunchStep(SchedulerOutput sched) {
   const ForwardBatch batch = BuildBatch(sched);
   InFlightStep step;
   step.plan = PrepareSampling(sched);
+  std::vector<uint64_t> draws;  // each task's device draw counter before the launch
+  for (const SampleTask& t : step.plan.tasks) draws.push_back(t.sampler->num_draws());
   try {
     executor_->CopyBlocks(sched.copies);
     if (config_.async_scheduling) {
@@ -62,8 +64,15 @@ bool Engine::LaunchStep(SchedulerOutput sched) {
     }
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
+    // What the launch drew before it threw (a device executor takes its draws up front), to be
+    // given back: nothing was sampled, and a request retried alone must draw the same numbers.
+    std::vector<uint64_t> taken;
+    for (size_t i = 0; i < draws.size(); ++i) {
+      taken.push_back(step.plan.tasks[i].sampler->num_draws() - draws[i]);
+    }
     // The step before it first (its tokens come before this failure, as when synchronous).
     while (!in_flight_.empty()) FinishOldestStep();
+    for (size_t i = 0; i < taken.size(); ++i) step.plan.tasks[i].sampler->UndoDraws(taken[i]);
     FailStep(sched, error, /*at_launch=*/true);
     return false;
   }
@@ -103,8 +112,15 @@ void Engine::FinishOldestStep() {
     FailStep(step.sched, std::current_exception(), /*at_launch=*/false);
     return;
   }
-  num_consecutive_step_failures_ = 0;
-  for (const ScheduledChunk& c : step.sched.chunks) c.seq->request->isolated = false;
+  // A lone step of an isolated request proves little about the device: it does not reset the
+  // count of failed steps in a row. Isolation ends once the request has sampled (its whole
+  // prompt, or its last token and its sampling, ran alone: what may have failed before).
+  bool is_isolation_step = false;
+  for (const ScheduledChunk& c : step.sched.chunks) {
+    is_isolation_step = is_isolation_step || c.seq->request->isolated;
+    if (c.samples) c.seq->request->isolated = false;
+  }
+  if (!is_isolation_step) num_consecutive_step_failures_ = 0;
   CommitComputed(step);
   Emit(step.plan.task_seqs, results);
   ++counters_.num_steps;

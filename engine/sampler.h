@@ -125,6 +125,9 @@ class Sampler {
   // (async scheduling): TakeDraw at launch returns this draw's counter (num_draws() before
   // it), Observe(token) once the token is known.
   uint64_t TakeDraw() { return num_draws_++; }
+  // Gives back `count` draws taken for a step that failed at launch (nothing was sampled): a
+  // seeded request retried after it draws what it would have drawn.
+  void UndoDraws(uint64_t count) { num_draws_ -= count; }
   // True when the processed logits depend on the tokens generated so far (repetition,
   // presence or frequency penalty): such a sequence's next step needs its last token first.
   bool depends_on_output() const;

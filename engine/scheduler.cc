@@ -71,7 +71,13 @@ SchedulerOutput Scheduler::Schedule() {
   return out;
 }
 
+// The most recently admitted running sequence not scheduled this step, preferring one that may
+// not be scheduled this step anyway (isolation: another request's), so that an isolated
+// request does not preempt itself while others sit idle.
 Sequence* Scheduler::PickVictim(const SchedulerOutput& out) const {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (!Eligible(*it) && !Contains(out, *it)) return *it;
+  }
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
     if (!Contains(out, *it)) return *it;
   }

@@ -309,6 +309,104 @@ TEST_P(EngineStepFailureTest, EngineErrorOnTheEngineThreadTurnsItUnhealthyWithou
   ExpectIdle(engine);
 }
 
+// An executor that samples as a device does: each task's draw counter is taken at launch
+// (Sampler::TakeDraw) and the token is a function of (the request's seed, that counter), so a
+// sequence's tokens depend only on its own draws, alone or in any batch. The chosen call takes
+// its draws and then throws, as a device launch that fails after uploading its parameters.
+class DrawingExecutor final : public ModelExecutor {
+ public:
+  DrawingExecutor(std::unique_ptr<ModelExecutor> inner, int64_t fail_call)
+      : inner_(std::move(inner)), fail_call_(fail_call) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string Describe() const override { return "drawing " + inner_->Describe(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t block_size() const override { return inner_->block_size(); }
+  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
+  std::vector<float> Forward(const ForwardBatch& batch) override { return inner_->Forward(batch); }
+  std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
+                                             std::span<const SampleTask> tasks) override {
+    std::vector<SampleResult> results;
+    for (const SampleTask& t : tasks) {
+      const uint64_t draw = t.sampler->TakeDraw();
+      SampleResult r;
+      r.token = 300 + int((t.sampler->device_seed() * 31 + draw * 7919) % 200);
+      results.push_back(r);
+    }
+    if (calls_++ == fail_call_) throw std::runtime_error("launch failed after taking its draws");
+    (void)inner_->Forward(batch);
+    for (size_t i = 0; i < tasks.size(); ++i) tasks[i].sampler->Observe(results[i].token);
+    return results;
+  }
+  // Launch / Wait: ModelExecutor's (ForwardAndSample on the fed tokens resolved).
+
+ private:
+  std::unique_ptr<ModelExecutor> inner_;
+  int64_t fail_call_;
+  int64_t calls_ = 0;
+};
+
+// Seeded requests keep their streams across a retry: the failed launch had taken a draw for
+// each of them; the engine gives it back, so each retried request draws exactly what it draws
+// on an engine where nothing fails (tokens equal, not just the count).
+TEST_P(EngineStepFailureTest, IsolationRetryKeepsSeededDrawStreams) {
+  auto run = [&](int64_t fail_call) {
+    EngineConfig config{.max_num_seqs = 4};
+    config.async_scheduling = GetParam();
+    auto cpu = std::make_unique<CpuExecutor>(*model_, 128, config.block_size);
+    Engine engine(std::make_unique<DrawingExecutor>(std::move(cpu), fail_call), *tokenizer_,
+                  config);
+    std::vector<std::shared_ptr<OutputChannel>> channels;
+    int seed = 11;
+    for (const char* o : {"Once upon a time", "The little dog", "Tom had a"}) {
+      Request r = test::GreedyRequest(Prompt(o), 10);
+      r.sampling.temperature = 1.0;
+      r.sampling.seed = seed++;
+      r.sampling.ignore_eos = true;
+      channels.push_back(engine.AddRequest(r));
+    }
+    engine.RunUntilIdle();
+    std::vector<std::vector<int>> tokens;
+    for (auto& ch : channels) {
+      const Collected c = Drain(*ch);
+      EXPECT_EQ(c.finish[0], FinishReason::kLength) << c.error;
+      tokens.push_back(c.tokens[0]);
+    }
+    EXPECT_EQ(engine.Stats().num_isolated_retries, fail_call >= 0 ? 3 : 0);
+    ExpectIdle(engine);
+    return tokens;
+  };
+  const auto clean = run(-1);
+  EXPECT_EQ(run(2), clean) << "the third step (three decodes) failed after taking its draws";
+}
+
+// Isolation lasts until the request has sampled alone: a decode requeued by a failed step
+// recomputes its tokens in a step that does not sample the last one, so that step alone does
+// not clear it; the sampling step must run alone too. Here every step that samples for the
+// poisoned request beside another request fails (the poison is its sampling, not its prompt):
+// it must end with "error" on its own, and the other request must not fail with it.
+TEST_P(EngineStepFailureTest, IsolationEndsOnlyAfterTheRequestSampledAlone) {
+  // Prefix caching off: otherwise the retried prompt's clean first chunk comes from the cache
+  // and its lone step is the poisoned one anyway.
+  auto engine = FaultyEngine({.fail_on_token = kPoison}, {.max_num_batched_tokens = 16,
+                                                          .max_num_seqs = 2,
+                                                          .enable_prefix_caching = false});
+  // A prompt longer than one chunk ending in the poison: its first chunk is clean, the
+  // sampling chunk holds the poison.
+  std::vector<int> long_prompt = Prompt("Once upon a time, there was a little girl named Lily.");
+  while (std::ssize(long_prompt) < 24) long_prompt.push_back(long_prompt[1]);
+  long_prompt.push_back(kPoison);
+  const Request other = test::GreedyRequest(Prompt("Tom had a"), 12);
+  auto o = engine->AddRequest(other);
+  auto p = engine->AddRequest(test::GreedyRequest(long_prompt, 4));
+  engine->RunUntilIdle();
+  EXPECT_EQ(Drain(*p).finish[0], FinishReason::kError);
+  const Collected c = Drain(*o);
+  EXPECT_EQ(c.finish[0], FinishReason::kLength) << c.error;
+  EXPECT_EQ(c.tokens, Fresh(other).tokens);
+  EXPECT_EQ(engine->Stats().num_failed_requests, 1);
+  ExpectIdle(*engine);
+}
+
 // The failed step wrote garbage into its blocks (the injector runs the forward on other
 // token ids, then throws). None of them may be found in the prefix cache: the same prompt
 // again must recompute, and give a fresh engine's tokens and bit-identical logprobs.
