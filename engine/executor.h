@@ -95,6 +95,35 @@ class ModelExecutor {
   std::vector<int> last_tokens_;  // the last launched step's sampled ids (the default's)
 };
 
+// Passes every call to another executor: the base of wrappers that change one behaviour
+// (FaultInjectingExecutor, the tests' executors), each overriding only what it changes.
+class ForwardingExecutor : public ModelExecutor {
+ public:
+  explicit ForwardingExecutor(std::unique_ptr<ModelExecutor> inner) : inner_(std::move(inner)) {}
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t block_size() const override { return inner_->block_size(); }
+  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
+  std::vector<float> Forward(const ForwardBatch& batch) override { return inner_->Forward(batch); }
+  std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
+                                             std::span<const SampleTask> tasks) override {
+    return inner_->ForwardAndSample(batch, tasks);
+  }
+  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override {
+    return inner_->Launch(batch, tasks);
+  }
+  std::vector<SampleResult> Wait(StepHandle step) override { return inner_->Wait(step); }
+
+ protected:
+  ModelExecutor& inner() { return *inner_; }
+  const ModelExecutor& inner() const { return *inner_; }
+
+ private:
+  std::unique_ptr<ModelExecutor> inner_;
+};
+
 // The CPU backend: fp32 compute over a LlamaModel (not owned) and an fp32 KV pool.
 class CpuExecutor final : public ModelExecutor {
  public:

@@ -8,10 +8,10 @@
 namespace llm {
 
 FaultInjectingExecutor::FaultInjectingExecutor(std::unique_ptr<ModelExecutor> inner, FaultPlan plan)
-    : inner_(std::move(inner)), plan_(std::move(plan)) {}
+    : ForwardingExecutor(std::move(inner)), plan_(std::move(plan)) {}
 
 std::string FaultInjectingExecutor::Describe() const {
-  return inner_->Describe() + ", WITH INJECTED STEP FAILURES (test hook)";
+  return inner().Describe() + ", WITH INJECTED STEP FAILURES (test hook)";
 }
 
 void FaultInjectingExecutor::MaybeFail(const ForwardBatch& batch) {
@@ -28,7 +28,7 @@ void FaultInjectingExecutor::MaybeFail(const ForwardBatch& batch) {
     garbage.prev_sample_rows.clear();  // (async) fed tokens: 0 here, changed below
     const int32_t vocab = static_cast<int32_t>(config().vocab_size);
     for (int32_t& id : garbage.token_ids) id = (id + 1) % vocab;
-    (void)inner_->Forward(garbage);
+    (void)inner().Forward(garbage);
   }
   const std::string what = "injected failure of step " + std::to_string(step) + " (" +
                            std::to_string(batch.num_tokens()) + " tokens)";
@@ -45,13 +45,13 @@ void FaultInjectingExecutor::MaybeFail(const ForwardBatch& batch) {
 
 std::vector<float> FaultInjectingExecutor::Forward(const ForwardBatch& batch) {
   MaybeFail(batch);
-  return inner_->Forward(batch);
+  return inner().Forward(batch);
 }
 
 std::vector<SampleResult> FaultInjectingExecutor::ForwardAndSample(
     const ForwardBatch& batch, std::span<const SampleTask> tasks) {
   MaybeFail(batch);
-  return inner_->ForwardAndSample(batch, tasks);
+  return inner().ForwardAndSample(batch, tasks);
 }
 
 }  // namespace llm
@@ -61,7 +61,7 @@ namespace llm {
 StepHandle FaultInjectingExecutor::Launch(const ForwardBatch& batch,
                                           std::span<const SampleTask> tasks) {
   MaybeFail(batch);
-  return inner_->Launch(batch, tasks);
+  return inner().Launch(batch, tasks);
 }
 
 }  // namespace llm

@@ -29,20 +29,15 @@ struct FaultPlan {
   bool is_corrupting_kv = true;
 };
 
-class FaultInjectingExecutor final : public ModelExecutor {
+class FaultInjectingExecutor final : public ForwardingExecutor {
  public:
   FaultInjectingExecutor(std::unique_ptr<ModelExecutor> inner, FaultPlan plan);
 
-  const ModelConfig& config() const override { return inner_->config(); }
   std::string Describe() const override;
-  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
-  int64_t block_size() const override { return inner_->block_size(); }
-  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
   std::vector<float> Forward(const ForwardBatch& batch) override;
   std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                              std::span<const SampleTask> tasks) override;
   StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override;
-  std::vector<SampleResult> Wait(StepHandle step) override { return inner_->Wait(step); }
 
   int64_t num_steps() const { return num_steps_.load(); }
   int64_t num_failures() const { return num_failures_.load(); }
@@ -50,7 +45,6 @@ class FaultInjectingExecutor final : public ModelExecutor {
  private:
   void MaybeFail(const ForwardBatch& batch);  // throws when the plan says this step fails
 
-  std::unique_ptr<ModelExecutor> inner_;
   FaultPlan plan_;
   std::atomic<int64_t> num_steps_{0}, num_failures_{0};
 };

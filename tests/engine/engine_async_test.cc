@@ -202,21 +202,12 @@ class OverlapExecutor final : public ModelExecutor {
 };
 
 // Wait throws for the chosen steps (as a CUDA error surfaces at the synchronisation).
-class WaitFailingExecutor final : public ModelExecutor {
+class WaitFailingExecutor final : public ForwardingExecutor {
  public:
   WaitFailingExecutor(std::unique_ptr<ModelExecutor> inner, std::vector<int64_t> fail_steps)
-      : inner_(std::move(inner)), fail_steps_(std::move(fail_steps)) {}
-  const ModelConfig& config() const override { return inner_->config(); }
-  std::string Describe() const override { return inner_->Describe(); }
-  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
-  int64_t block_size() const override { return inner_->block_size(); }
-  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
-  std::vector<float> Forward(const ForwardBatch& batch) override { return inner_->Forward(batch); }
-  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override {
-    return inner_->Launch(batch, tasks);
-  }
+      : ForwardingExecutor(std::move(inner)), fail_steps_(std::move(fail_steps)) {}
   std::vector<SampleResult> Wait(StepHandle step) override {
-    std::vector<SampleResult> results = inner_->Wait(step);
+    std::vector<SampleResult> results = inner().Wait(step);
     if (std::count(fail_steps_.begin(), fail_steps_.end(), step.id) > 0) {
       throw std::runtime_error("injected failure at the wait for step " + std::to_string(step.id));
     }
@@ -224,7 +215,6 @@ class WaitFailingExecutor final : public ModelExecutor {
   }
 
  private:
-  std::unique_ptr<ModelExecutor> inner_;
   std::vector<int64_t> fail_steps_;
 };
 

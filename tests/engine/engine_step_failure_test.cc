@@ -214,31 +214,21 @@ TEST_P(EngineStepFailureTest, IsolationTurnsATransientFailureIntoNoFailure) {
 
 // An executor that breaks its contract: on the chosen results (0-based, counting the calls
 // that return samples) the first sample's token id lies outside the vocabulary.
-class OutOfVocabExecutor final : public ModelExecutor {
+class OutOfVocabExecutor final : public ForwardingExecutor {
  public:
   OutOfVocabExecutor(std::unique_ptr<ModelExecutor> inner, int64_t bad_call)
-      : inner_(std::move(inner)), bad_call_(bad_call) {}
-  const ModelConfig& config() const override { return inner_->config(); }
-  std::string Describe() const override { return inner_->Describe(); }
-  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
-  int64_t block_size() const override { return inner_->block_size(); }
-  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
-  std::vector<float> Forward(const ForwardBatch& batch) override { return inner_->Forward(batch); }
+      : ForwardingExecutor(std::move(inner)), bad_call_(bad_call) {}
   std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                              std::span<const SampleTask> tasks) override {
-    return Corrupt(inner_->ForwardAndSample(batch, tasks));
+    return Corrupt(inner().ForwardAndSample(batch, tasks));
   }
-  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override {
-    return inner_->Launch(batch, tasks);
-  }
-  std::vector<SampleResult> Wait(StepHandle step) override { return Corrupt(inner_->Wait(step)); }
+  std::vector<SampleResult> Wait(StepHandle step) override { return Corrupt(inner().Wait(step)); }
 
  private:
   std::vector<SampleResult> Corrupt(std::vector<SampleResult> r) {
     if (calls_++ == bad_call_ && !r.empty()) r[0].token = int(config().vocab_size) + 3;
     return r;
   }
-  std::unique_ptr<ModelExecutor> inner_;
   int64_t bad_call_;
   int64_t calls_ = 0;
 };
@@ -313,16 +303,10 @@ TEST_P(EngineStepFailureTest, EngineErrorOnTheEngineThreadTurnsItUnhealthyWithou
 // (Sampler::TakeDraw) and the token is a function of (the request's seed, that counter), so a
 // sequence's tokens depend only on its own draws, alone or in any batch. The chosen call takes
 // its draws and then throws, as a device launch that fails after uploading its parameters.
-class DrawingExecutor final : public ModelExecutor {
+class DrawingExecutor final : public ForwardingExecutor {
  public:
   DrawingExecutor(std::unique_ptr<ModelExecutor> inner, int64_t fail_call)
-      : inner_(std::move(inner)), fail_call_(fail_call) {}
-  const ModelConfig& config() const override { return inner_->config(); }
-  std::string Describe() const override { return "drawing " + inner_->Describe(); }
-  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
-  int64_t block_size() const override { return inner_->block_size(); }
-  void CopyBlocks(std::span<const BlockCopy> copies) override { inner_->CopyBlocks(copies); }
-  std::vector<float> Forward(const ForwardBatch& batch) override { return inner_->Forward(batch); }
+      : ForwardingExecutor(std::move(inner)), fail_call_(fail_call) {}
   std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                              std::span<const SampleTask> tasks) override {
     std::vector<SampleResult> results;
@@ -333,14 +317,18 @@ class DrawingExecutor final : public ModelExecutor {
       results.push_back(r);
     }
     if (calls_++ == fail_call_) throw std::runtime_error("launch failed after taking its draws");
-    (void)inner_->Forward(batch);
+    (void)inner().Forward(batch);
     for (size_t i = 0; i < tasks.size(); ++i) tasks[i].sampler->Observe(results[i].token);
     return results;
   }
-  // Launch / Wait: ModelExecutor's (ForwardAndSample on the fed tokens resolved).
+  // Launch / Wait: ModelExecutor's (this ForwardAndSample on the fed tokens resolved), not the
+  // inner executor's.
+  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override {
+    return ModelExecutor::Launch(batch, tasks);
+  }
+  std::vector<SampleResult> Wait(StepHandle step) override { return ModelExecutor::Wait(step); }
 
  private:
-  std::unique_ptr<ModelExecutor> inner_;
   int64_t fail_call_;
   int64_t calls_ = 0;
 };
