@@ -5,12 +5,15 @@
 // several requests, does not fail them. Nothing of it ran and nothing is in flight (LaunchStep
 // finished the steps before it first), so each of its requests is requeued, like a preempted
 // one (its blocks freed, what it had recomputed, the prefix cache serving what earlier steps
-// committed), and marked isolated: the scheduler runs it alone until one of its steps succeeds.
-// A request whose lone step fails is the culprit and ends with "error"; the others continue
-// with the tokens they would have had (a transient failure such as an out-of-memory step
-// fails nobody). Not retried: n > 1 requests (children may exist already), failures seen only
-// when waiting for an asynchronous step (a later step was launched over its placeholders),
-// fatal errors.
+// committed), and marked isolated: the scheduler runs it alone until it has sampled alone (a
+// step that samples for it succeeded: its whole prompt, or its last token and its sampling,
+// ran with nothing beside it). The draws the failed launch took from its samplers are given
+// back (LaunchStep), so a seeded request draws the same stream. A request whose lone step fails
+// is the culprit and ends with "error"; the others continue with the tokens they would have
+// had (a transient failure such as an out-of-memory step fails nobody). Lone steps do not reset
+// the count of failed steps in a row; a request is isolated at most kMaxIsolations times. Not
+// retried: n > 1 requests (children may exist already), failures seen only when waiting for an
+// asynchronous step (a later step was launched over its placeholders), fatal errors.
 //
 // What a failed step leaves behind: its sequences' new tokens were never marked computed
 // (CommitComputed runs only after a successful forward), so none of the blocks it was

@@ -72,7 +72,7 @@ struct RequestState {
   int64_t cached_prompt_tokens = 0;
   bool is_forked = false;  // n > 1: children created after the prompt was computed
   // Its last step failed at launch together with other requests: it runs alone (the
-  // scheduler schedules no other request beside it) until one of its steps succeeds.
+  // scheduler schedules no other request beside it) until a step that samples for it succeeds.
   bool isolated = false;
   int num_isolations = 0;  // times requeued so; bounded (kMaxIsolations), so retries end
   Clock::time_point arrival, first_scheduled, first_token;
