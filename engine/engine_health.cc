@@ -7,13 +7,14 @@
 // one (its blocks freed, what it had recomputed, the prefix cache serving what earlier steps
 // committed), and marked isolated: the scheduler runs it alone until it has sampled alone (a
 // step that samples for it succeeded: its whole prompt, or its last token and its sampling,
-// ran with nothing beside it). The draws the failed launch took from its samplers are given
-// back (LaunchStep), so a seeded request draws the same stream. A request whose lone step fails
-// is the culprit and ends with "error"; the others continue with the tokens they would have
-// had (a transient failure such as an out-of-memory step fails nobody). Lone steps do not reset
-// the count of failed steps in a row; a request is isolated at most kMaxIsolations times. Not
-// retried: n > 1 requests (children may exist already), failures seen only when waiting for an
-// asynchronous step (a later step was launched over its placeholders), fatal errors.
+// ran with nothing beside it). Draws the failed launch took from its samplers were given back
+// by the executor (executor.h), so a seeded request draws the same stream. A request whose
+// lone step fails is the culprit and ends with "error"; the others continue with the tokens
+// they would have had (a transient failure such as an out-of-memory step fails nobody). Lone
+// steps do not reset the count of failed steps in a row; a request is isolated at most
+// kMaxIsolations times. Not retried: n > 1 requests (children may exist already), failures
+// seen only when waiting for an asynchronous step (a later step was launched over its
+// placeholders), fatal errors.
 //
 // What a failed step leaves behind: its sequences' new tokens were never marked computed
 // (CommitComputed runs only after a successful forward), so none of the blocks it was

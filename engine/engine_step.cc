@@ -52,8 +52,6 @@ bool Engine::LaunchStep(SchedulerOutput sched) {
   const ForwardBatch batch = BuildBatch(sched);
   InFlightStep step;
   step.plan = PrepareSampling(sched);
-  std::vector<uint64_t> draws;  // each task's device draw counter before the launch
-  for (const SampleTask& t : step.plan.tasks) draws.push_back(t.sampler->num_draws());
   try {
     executor_->CopyBlocks(sched.copies);
     if (config_.async_scheduling) {
@@ -64,15 +62,9 @@ bool Engine::LaunchStep(SchedulerOutput sched) {
     }
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
-    // What the launch drew before it threw (a device executor takes its draws up front), to be
-    // given back: nothing was sampled, and a request retried alone must draw the same numbers.
-    std::vector<uint64_t> taken;
-    for (size_t i = 0; i < draws.size(); ++i) {
-      taken.push_back(step.plan.tasks[i].sampler->num_draws() - draws[i]);
-    }
     // The step before it first (its tokens come before this failure, as when synchronous).
+    // (The executor gave back any draws the failed call took: executor.h.)
     while (!in_flight_.empty()) FinishOldestStep();
-    for (size_t i = 0; i < taken.size(); ++i) step.plan.tasks[i].sampler->UndoDraws(taken[i]);
     FailStep(sched, error, /*at_launch=*/true);
     return false;
   }

@@ -80,6 +80,9 @@ class ModelExecutor {
   // token is recorded for the penalties at Launch (CPU) or at Wait (CUDA), so a step whose
   // samplers apply repetition / presence / frequency penalties must be launched only after
   // the previous step of the same sequences was waited for (the engine does so).
+  // A Launch or ForwardAndSample that throws leaves every task's sampler as it was: draws it
+  // took are given back (Sampler::UndoDraws), so a request retried after the failure (the
+  // engine's isolation) draws exactly the numbers it would have drawn.
   // The default runs ForwardAndSample inside Launch (synchronous) and keeps its results.
   virtual StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks);
   virtual std::vector<SampleResult> Wait(StepHandle step);

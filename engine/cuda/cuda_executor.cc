@@ -1200,10 +1200,16 @@ struct CudaExecutor::Impl {
       if (!tasks.empty()) UploadSampleParams(tasks, 0, tasks.size(), /*wait_inputs=*/false);
       p.num_logprobs.resize(tasks.size());
       for (size_t i = 0; i < tasks.size(); ++i) p.num_logprobs[i] = h_params.p[i].num_logprobs;
-      Run(b, /*wait_inputs=*/false);  // validates fed rows against num_last_sampled
-      num_last_sampled = int64_t(tasks.size());
-      if (!tasks.empty()) EnqueueSample(0, tasks.size(), o);
-      LLM_CUDA_CHECK(cudaEventRecord(o.stop, stream));
+      try {
+        Run(b, /*wait_inputs=*/false);  // validates fed rows against num_last_sampled
+        num_last_sampled = int64_t(tasks.size());
+        if (!tasks.empty()) EnqueueSample(0, tasks.size(), o);
+        LLM_CUDA_CHECK(cudaEventRecord(o.stop, stream));
+      } catch (...) {
+        // Nothing was sampled: give back the draw each task took above (executor.h).
+        for (const SampleTask& t : tasks) t.sampler->UndoDraws(1);
+        throw;
+      }
     }
     pending.push_back(std::move(p));
     stats.wall_ms += std::chrono::duration<double, std::milli>(Clock::now() - host_start).count();

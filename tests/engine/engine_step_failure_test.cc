@@ -302,7 +302,8 @@ TEST_P(EngineStepFailureTest, EngineErrorOnTheEngineThreadTurnsItUnhealthyWithou
 // An executor that samples as a device does: each task's draw counter is taken at launch
 // (Sampler::TakeDraw) and the token is a function of (the request's seed, that counter), so a
 // sequence's tokens depend only on its own draws, alone or in any batch. The chosen call takes
-// its draws and then throws, as a device launch that fails after uploading its parameters.
+// its draws and then throws, as a CUDA launch that fails after uploading its parameters, and
+// gives them back as the executor contract says (executor.h; the CUDA executor does the same).
 class DrawingExecutor final : public ForwardingExecutor {
  public:
   DrawingExecutor(std::unique_ptr<ModelExecutor> inner, int64_t fail_call)
@@ -316,7 +317,10 @@ class DrawingExecutor final : public ForwardingExecutor {
       r.token = 300 + int((t.sampler->device_seed() * 31 + draw * 7919) % 200);
       results.push_back(r);
     }
-    if (calls_++ == fail_call_) throw std::runtime_error("launch failed after taking its draws");
+    if (calls_++ == fail_call_) {
+      for (const SampleTask& t : tasks) t.sampler->UndoDraws(1);
+      throw std::runtime_error("launch failed after taking its draws");
+    }
     (void)inner().Forward(batch);
     for (size_t i = 0; i < tasks.size(); ++i) tasks[i].sampler->Observe(results[i].token);
     return results;
@@ -333,9 +337,10 @@ class DrawingExecutor final : public ForwardingExecutor {
   int64_t calls_ = 0;
 };
 
-// Seeded requests keep their streams across a retry: the failed launch had taken a draw for
-// each of them; the engine gives it back, so each retried request draws exactly what it draws
-// on an engine where nothing fails (tokens equal, not just the count).
+// Seeded requests keep their streams across a retry: the failed launch gave back the draw it
+// had taken for each of them, and the engine's requeue and lone steps draw nothing extra, so
+// each retried request draws exactly what it draws on an engine where nothing fails (tokens
+// equal, not just the count).
 TEST_P(EngineStepFailureTest, IsolationRetryKeepsSeededDrawStreams) {
   auto run = [&](int64_t fail_call) {
     EngineConfig config{.max_num_seqs = 4};
