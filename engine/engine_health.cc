@@ -62,21 +62,18 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error, bo
   }
   ++counters_.num_failed_steps;
   ++num_consecutive_step_failures_;
-  std::vector<RequestState*> failed;  // each request once (n > 1 has several chunks)
-  for (const ScheduledChunk& c : sched.chunks) {
-    // Async: a sequence that finished after the launch (its request may be gone) is done.
-    if (c.seq->status == SeqStatus::kFinished) continue;
-    if (std::find(failed.begin(), failed.end(), c.seq->request) == failed.end()) {
-      failed.push_back(c.seq->request);
-    }
-  }
-  // Requests in the step, counting those that finished meanwhile (the drain before this):
-  // with two or more, the one left may be innocent, so it is retried too.
+  // Each request once (n > 1 has several chunks). in_step also counts the requests that
+  // finished meanwhile (async, or the drain before this): with two or more in the step, the one
+  // left may be innocent, so it is retried too. failed: those still open.
   std::vector<const RequestState*> in_step;
+  std::vector<RequestState*> failed;
+  auto add_once = [](auto& list, RequestState* req) {
+    if (std::find(list.begin(), list.end(), req) == list.end()) list.push_back(req);
+  };
   for (const ScheduledChunk& c : sched.chunks) {
-    if (std::find(in_step.begin(), in_step.end(), c.seq->request) == in_step.end()) {
-      in_step.push_back(c.seq->request);
-    }
+    add_once(in_step, c.seq->request);
+    // A sequence that finished after the launch (its request may be gone) is done.
+    if (c.seq->status != SeqStatus::kFinished) add_once(failed, c.seq->request);
   }
   std::vector<RequestState*> retried;
   if (at_launch && !is_fatal && config_.isolate_failed_requests && in_step.size() > 1) {

@@ -85,12 +85,7 @@ Sequence* Scheduler::PickVictim(const SchedulerOutput& out) const {
 }
 
 void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
-  std::erase(running_, seq);
-  blocks_->Free(seq->id);
-  seq->num_computed_tokens = 0;
-  ++seq->allocation;
-  seq->status = SeqStatus::kWaiting;
-  waiting_.push_front(seq);
+  Requeue(seq);
   out->preempted.push_back(seq);
   ++num_preemptions_;
 }

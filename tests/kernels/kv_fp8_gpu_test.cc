@@ -82,6 +82,7 @@
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 #include "kernels/paged_kv.h"
+#include "tests/kernels/dev_buf.h"
 
 namespace llm {
 namespace {
@@ -94,36 +95,7 @@ float FromBits(uint16_t h, DType t) { return t == DType::kBF16 ? Bf16ToF32(h) : 
 const char* Name(DType t) { return t == DType::kBF16 ? "bf16" : "f16"; }
 float AttentionTol(DType t) { return t == DType::kBF16 ? 2e-2f : 4e-3f; }
 
-// RAII device buffer.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n) : bytes(n) {
-    if (n) LLM_CUDA_CHECK(cudaMalloc(&p, n));
-  }
-  template <typename T>
-  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size() * sizeof(T)) {
-    Upload(h);
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  void Upload(const std::vector<T>& h) const {
-    LLM_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  std::vector<T> Download() const {
-    std::vector<T> h(bytes / sizeof(T));
-    LLM_CUDA_CHECK(cudaDeviceSynchronize());
-    LLM_CUDA_CHECK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using test::DevBuf;
 
 // Per-tensor scales and the code-domain spread of the random K/V codes.
 struct ScaleSet {

@@ -31,6 +31,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/dtype.h"
+#include "tests/kernels/dev_buf.h"
 
 namespace llm {
 namespace {
@@ -46,32 +47,7 @@ float Tolerance(float ref, DType t) {
                            : std::ldexp(1.f, -10) * std::fabs(ref) + 1e-5f;
 }
 
-// RAII device buffer.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n) : bytes(n) {
-    if (n) LLM_CUDA_CHECK(cudaMalloc(&p, n));
-  }
-  template <typename T>
-  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size() * sizeof(T)) {
-    LLM_CUDA_CHECK(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  std::vector<T> Download() const {
-    std::vector<T> h(bytes / sizeof(T));
-    LLM_CUDA_CHECK(cudaDeviceSynchronize());
-    LLM_CUDA_CHECK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using test::DevBuf;
 
 // Random values rounded to the dtype: bits for the GPU, the exact floats for the CPU.
 void RandomRounded(size_t n, DType t, float scale, std::mt19937& rng, std::vector<uint16_t>* bits,
