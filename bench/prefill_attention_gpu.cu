@@ -11,6 +11,10 @@
 // overlap) and, as a profiling ablation with wrong output, without exp2.
 // Prints one JSON line per (variant, shape) and a table last.
 //   ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
+// Options (for profiling one shape): --shapes HD:L[,HD:L...] (default every hd × length),
+// --block-size N (default 16), --variants v1,v2,v3,v4 (default all), --no-ablations,
+// --reps N (default 10).
+#include <cstring>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -131,8 +135,8 @@ struct Problem {
 };
 
 // Max |gpu - cpu| / max |cpu| of one rung on a small ragged problem.
-float Validate(PrefillVariant v, int hd, int v4_flags = llm::cuda::detail::kV4Default) {
-  Problem pr({300, 77, 1, 129}, {0, 40, 500, 16}, 8, hd, 16, 99 + hd);
+float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detail::kV4Default) {
+  Problem pr({300, 77, 1, 129}, {0, 40, 500, 16}, 8, hd, bs, 99 + hd);
   std::vector<float> qf(pr.q.size()), kf(pr.k.size()), vf(pr.v.size()), ref(pr.q.size());
   for (size_t i = 0; i < qf.size(); ++i) qf[i] = llm::Bf16ToF32(pr.q[i]);
   for (size_t i = 0; i < kf.size(); ++i) kf[i] = llm::Bf16ToF32(pr.k[i]);
@@ -160,7 +164,62 @@ float Validate(PrefillVariant v, int hd, int v4_flags = llm::cuda::detail::kV4De
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  std::vector<std::pair<int, int>> shapes;  // (head_dim, length); empty: all
+  int bs = 16, reps_default = 10;
+  bool ablations_on = true;
+  std::vector<PrefillVariant> variants(std::begin(kVariants), std::end(kVariants));
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--block-size") == 0 && i + 1 < argc) {
+      bs = std::atoi(argv[++i]);
+      if (bs < 1) {
+        std::fprintf(stderr, "bad --block-size\n");
+        return 2;
+      }
+    } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps_default = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--no-ablations") == 0) {
+      ablations_on = false;
+    } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
+      for (const char* q = argv[++i]; *q;) {
+        int hd = 0, len = 0, used = 0;
+        if (std::sscanf(q, "%d:%d%n", &hd, &len, &used) != 2 || hd <= 0 || len <= 0) {
+          std::fprintf(stderr, "bad --shapes entry at '%s' (HD:L)\n", q);
+          return 2;
+        }
+        shapes.emplace_back(hd, len);
+        q += used;
+        if (*q == ',') ++q;
+      }
+    } else if (std::strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
+      variants.clear();
+      for (const char* q = argv[++i]; *q;) {
+        if (q[0] != 'v' || q[1] < '1' || q[1] > '4') {
+          std::fprintf(stderr, "bad --variants entry at '%s' (v1..v4)\n", q);
+          return 2;
+        }
+        variants.push_back(kVariants[q[1] - '1']);
+        q += 2;
+        if (*q == ',') ++q;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--shapes HD:L,...] [--block-size N] [--variants v1,v2,v3,v4] "
+                   "[--no-ablations] [--reps N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  auto wanted = [&](int hd, int L) {
+    if (shapes.empty()) return true;
+    return std::find(shapes.begin(), shapes.end(), std::make_pair(hd, L)) != shapes.end();
+  };
+  auto hd_wanted = [&](int hd) {
+    if (shapes.empty()) return true;
+    for (const auto& sh : shapes)
+      if (sh.first == hd) return true;
+    return false;
+  };
   std::string why;
   if (!llm::cuda::DeviceAvailable(&why)) {
     std::printf("no GPU: %s\n", why.c_str());
@@ -172,22 +231,25 @@ int main() {
   std::map<std::pair<int, int>, std::map<std::string, double>> table;  // (hd, L) -> variant
   bool all_ok = true;
   for (int hd : {128, 64}) {
+    if (!hd_wanted(hd)) continue;
     std::map<PrefillVariant, float> errs;
-    for (PrefillVariant v : kVariants) {
-      errs[v] = Validate(v, hd);
+    for (PrefillVariant v : kVariants) errs[v] = INFINITY;
+    for (PrefillVariant v : variants) {
+      errs[v] = Validate(v, hd, bs);
       const bool ok = errs[v] <= 2e-2f;
       all_ok &= ok;
       std::printf("validate %-9s hd %3d: max_err/max|ref| %.3e %s\n",
                   llm::cuda::PrefillVariantName(v), hd, errs[v], ok ? "ok" : "FAILED");
     }
     for (int L : lengths) {
+      if (!wanted(hd, L)) continue;
       const int B = kTokens / L;
       // Two input sets alternate (each 4 × 64 MiB at hd 128: far past the 50 MB L2).
-      Problem a(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, 16, 7 + L);
-      Problem b(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, 16, 8 + L);
+      Problem a(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, bs, 7 + L);
+      Problem b(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, bs, 8 + L);
       const double flops = 4.0 * B * kHeads * double(L) * L * hd / 2;
       auto time_one = [&](PrefillVariant v, int v4_flags, const std::string& name, float err) {
-        const int reps = (v == PrefillVariant::kNaive && L >= 4096) ? 5 : 10;
+        const int reps = (v == PrefillVariant::kNaive && L >= 4096) ? 5 : reps_default;
         std::vector<float> ms;
         cudaEvent_t e0, e1;
         LLM_CUDA_CHECK(cudaEventCreate(&e0));
@@ -213,18 +275,18 @@ int main() {
         table[{hd, L}][name] = tflops;
         std::printf(
             "JSON {\"kind\":\"prefill\",\"variant\":\"%s\",\"batch\":%d,\"seq_len\":%d,"
-            "\"num_heads\":%d,\"head_dim\":%d,\"causal\":true,\"dtype\":\"bf16\",\"block_size\":16,"
+            "\"num_heads\":%d,\"head_dim\":%d,\"causal\":true,\"dtype\":\"bf16\",\"block_size\":%d,"
             "\"ms\":%.4f,\"tflops\":%.1f,\"max_err\":%.3e}\n",
-            name.c_str(), B, L, kHeads, hd, med, tflops, err);
+            name.c_str(), B, L, kHeads, hd, bs, med, tflops, err);
         std::fflush(stdout);
       };
-      for (PrefillVariant v : kVariants) {
-        if (errs[v] > 2e-2f) continue;
+      for (PrefillVariant v : variants) {
+        if (!(errs[v] <= 2e-2f)) continue;
         time_one(v, llm::cuda::detail::kV4Default, llm::cuda::PrefillVariantName(v), errs[v]);
       }
       // v4 schedule ablations on the long shapes: ping-pong + intra-warpgroup overlap, each
       // alone, and (profiling, wrong output) the production schedule without exp2.
-      if (L >= 2048 && errs[PrefillVariant::kWgmma] <= 2e-2f) {
+      if (ablations_on && L >= 2048 && errs[PrefillVariant::kWgmma] <= 2e-2f) {
         using namespace llm::cuda::detail;
         const std::pair<int, const char*> ablations[] = {{0, "v4/pp+ovl"},
                                                          {kV4NoPingPong, "v4/ovl"},
@@ -232,7 +294,7 @@ int main() {
                                                          {kV4Default | kV4SkipExp, "v4/noexp"}};
         for (const auto& [flags, name] : ablations) {
           const bool profiling = flags & kV4SkipExp;
-          const float err = profiling ? NAN : Validate(PrefillVariant::kWgmma, hd, flags);
+          const float err = profiling ? NAN : Validate(PrefillVariant::kWgmma, hd, bs, flags);
           if (!profiling && !(err <= 2e-2f)) {
             std::printf("validate %s hd %d: FAILED (%.3e)\n", name, hd, err);
             all_ok = false;
@@ -244,8 +306,9 @@ int main() {
     }
   }
   std::printf(
-      "\nprefill TFLOP/s (bf16, causal, 16 heads, 16k tokens, paged bs 16; "
-      "torch FA2 308 / cuDNN 595 at hd128 8k on this H200)\n");
+      "\nprefill TFLOP/s (bf16, causal, 16 heads, 16k tokens, paged bs %d; "
+      "torch FA2 308 / cuDNN 595 at hd128 8k on this H200)\n",
+      bs);
   std::printf("%4s %6s %9s %9s %9s %9s | v4 ablations: %7s %7s %7s %7s\n", "hd", "L", "v1_naive",
               "v2_smem", "v3_mma", "v4_wgmma", "pp+ovl", "ovl", "pp", "noexp");
   for (const auto& [key, row] : table) {

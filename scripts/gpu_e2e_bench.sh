@@ -36,6 +36,7 @@ if [ "$PHASE" = tests ]; then
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
     bench_decode_attention_gpu cuda_async_gpu_test cuda_step_failure_gpu_test \
     demo_model cuda_tp_gpu_test all_reduce_gpu_test bench_all_reduce_gpu kv_fp8_gpu_test \
+    bench_prefill_attention_gpu \
     2>&1 | tail -30
   tiny=/tmp/tiny_models && mkdir -p $tiny
   for m in hd128 hd64; do

@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_k(s), 1);
       MbarInit(full_v(s), 1);
-      MbarInit(empty(s), 128 * Tr::kConsumers);
+      MbarInit(empty(s), 4 * Tr::kConsumers);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -458,6 +458,12 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(p[kk][i])::"memory");
   };
+  // A warp gives a stage back once its wgmmas that read it have completed (wait_group is
+  // per warp): one elected arrival per warp, not 32 same-address atomics.
+  auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(empty(st));
+  };
   // One steady-state step: S_j and P_{j-1}·V_{j-1} issued together on this warpgroup's turn.
   // With overlap, the softmax of S_j runs while P_{j-1}·V_{j-1} is still accumulating (two P
   // register sets, cur / prev); O is rescaled once that GEMM has landed.
@@ -479,14 +485,14 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       WgmmaWait<0>();
       FenceRegs(o);
       fence_p(prev);
-      MbarArrive(empty(pst));  // this thread is done with stage j-1 (K and V)
+      release(pst);  // this warp is done with stage j-1 (K and V)
       rescale_o();
     } else {
       WgmmaWait<0>();
       FenceRegs(s);
       FenceRegs(o);
       fence_p(prev);
-      MbarArrive(empty(pst));
+      release(pst);
       softmax(j, cur);
       rescale_o();
     }
@@ -539,7 +545,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     FenceRegs(o);
     fence_p(pa0);
     fence_p(pa1);
-    MbarArrive(empty(st));
+    release(st);
   }
 
   // Normalise and store (rows past the chunk are dropped).
