@@ -291,9 +291,13 @@ int main(int argc, char** argv) {
         const std::pair<int, const char*> ablations[] = {{0, "v4/pp+ovl"},
                                                          {kV4NoPingPong, "v4/ovl"},
                                                          {kV4NoOverlap, "v4/pp"},
-                                                         {kV4Default | kV4SkipExp, "v4/noexp"}};
+                                                         {kV4Default | kV4SkipExp, "v4/noexp"},
+                                                         {kV4Default | kV4LoadsOnly, "v4/loads"},
+                                                         {kV4Default | kV4ComputeOnly, "v4/compute"},
+                                                         {kV4NoOverlap | kV4ComputeOnly, "v4/pp-compute"},
+                                                         {kV4ComputeOnly, "v4/ppovl-compute"}};
         for (const auto& [flags, name] : ablations) {
-          const bool profiling = flags & kV4SkipExp;
+          const bool profiling = flags & (kV4SkipExp | kV4LoadsOnly | kV4ComputeOnly);
           const float err = profiling ? NAN : Validate(PrefillVariant::kWgmma, hd, bs, flags);
           if (!profiling && !(err <= 2e-2f)) {
             std::printf("validate %s hd %d: FAILED (%.3e)\n", name, hd, err);
@@ -309,12 +313,13 @@ int main(int argc, char** argv) {
       "\nprefill TFLOP/s (bf16, causal, 16 heads, 16k tokens, paged bs %d; "
       "torch FA2 308 / cuDNN 595 at hd128 8k on this H200)\n",
       bs);
-  std::printf("%4s %6s %9s %9s %9s %9s | v4 ablations: %7s %7s %7s %7s\n", "hd", "L", "v1_naive",
-              "v2_smem", "v3_mma", "v4_wgmma", "pp+ovl", "ovl", "pp", "noexp");
+  std::printf("%4s %6s %9s %9s %9s %9s | v4 ablations: %7s %7s %7s %7s %7s %7s\n", "hd", "L",
+              "v1_naive", "v2_smem", "v3_mma", "v4_wgmma", "pp+ovl", "ovl", "pp", "noexp", "loads",
+              "compute");
   for (const auto& [key, row] : table) {
     std::printf("%4d %6d", key.first, key.second);
     for (const char* n : {"v1_naive", "v2_smem", "v3_mma", "v4_wgmma", "v4/pp+ovl", "v4/ovl",
-                          "v4/pp", "v4/noexp"}) {
+                          "v4/pp", "v4/noexp", "v4/loads", "v4/compute"}) {
       auto it = row.find(n);
       const bool abl = n[2] == '/';
       if (std::string(n) == "v4/pp+ovl") std::printf(" |              ");

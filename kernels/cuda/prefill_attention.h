@@ -79,6 +79,11 @@ struct PrefillArgs {
 inline constexpr int kV4NoPingPong = 1;  // consumer warpgroups issue GEMMs without taking turns
 inline constexpr int kV4NoOverlap = 2;   // wait for P·V before the softmax (no intra-WG overlap)
 inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no exp2 (wrong output)
+// Profiling only (wrong output): the load pipeline alone (consumers wait for each K/V tile and
+// give it back, no math), and the math alone (the first kStages tiles are loaded, later tiles
+// reuse those stages without waiting for loads).
+inline constexpr int kV4LoadsOnly = 8;
+inline constexpr int kV4ComputeOnly = 16;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 void SetPrefillV4Flags(int flags);  // applies to later PagedPrefillAttention calls
 

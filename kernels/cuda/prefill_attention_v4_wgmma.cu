@@ -139,6 +139,20 @@ __device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t s
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
          (1ull << 62);
 }
+// A descriptor as two 32-bit words, built once per kernel: the start address (bits 0-13, in
+// 16-byte units) of every later operand is this base plus an offset, one 32-bit add on the low
+// word (shared memory ends below 2^18 bytes, so the field never carries). Rebuilding each
+// descriptor from its address cost ~20% of the consumers' instructions (ncu, RESULTS.md).
+struct DescBase {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ DescBase MakeDescBase(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  const uint64_t d = Desc(addr, lbo, sbo);
+  return {uint32_t(d), uint32_t(d >> 32)};
+}
+__device__ __forceinline__ uint64_t DescAt(DescBase b, uint32_t byte_offset) {
+  return (uint64_t(b.hi) << 32) | (b.lo + (byte_offset >> 4));
+}
 
 // ---- wgmma wrappers (generated: 64 or 32 accumulator registers per thread) ----
 // D[64×128] (+)= A[64×16] (smem, K-major) · B[16×128] (smem, K-major), bf16.
@@ -302,7 +316,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     const int lane = threadIdx.x;
     const int bs = a.block_size, pages_per_tile = kBc / bs;
     const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
-    for (int j = 0; j < n_tiles; ++j) {
+    const int load_tiles = (a.v4_flags & kV4ComputeOnly) ? min(n_tiles, kStages) : n_tiles;
+    for (int j = 0; j < load_tiles; ++j) {
       const int st = j % kStages, use = j / kStages, k0 = j * kBc;
       const bool mine = lane < pages_per_tile && k0 + lane * bs < c.num_keys;
       const int box = mine ? table[k0 / bs + lane] * a.num_kv_heads + c.kv_head : 0;
@@ -365,6 +380,20 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const bool ping_pong = !(a.v4_flags & kV4NoPingPong);
   const bool overlap = !(a.v4_flags & kV4NoOverlap);
   const bool skip_exp = a.v4_flags & kV4SkipExp;
+  const bool compute_only = a.v4_flags & kV4ComputeOnly;
+  // Waits for tile j's K or V (profiling: compute-only runs wait for the first kStages only).
+  auto wait_full = [&](uint32_t bar, int j) {
+    if (!compute_only || j < kStages) MbarWait(bar, (j / kStages) & 1);
+  };
+  if (a.v4_flags & kV4LoadsOnly) {  // profiling: the load pipeline alone
+    for (int j = 0; j < n_tiles; ++j) {
+      MbarWait(full_k(j % kStages), (j / kStages) & 1);
+      MbarWait(full_v(j % kStages), (j / kStages) & 1);
+      __syncwarp();
+      if (lane == 0) MbarArrive(empty(j % kStages));
+    }
+    return;
+  }
 
   // Ping-pong: a warpgroup issues its GEMMs only on its turn (named barrier 3 + w), then hands
   // the turn over (arrive on 3 + other), so one warpgroup's softmax runs under the other's
@@ -381,21 +410,24 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   };
   if (ping_pong && w == 1) NamedBarrierArrive(3, 256);
 
+  const DescBase dq = MakeDescBase(q_base, 16, 1024);
+  const DescBase dk = MakeDescBase(sK, 16, 1024);
+  const DescBase dv = MakeDescBase(sV, Tr::kKvHalfBytes, 1024);
   auto issue_s = [&](int j) {  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel
-    const uint32_t k_base = sK + (j % kStages) * Tr::kKvBytes;
+    const uint32_t k_stage = (j % kStages) * Tr::kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       const uint32_t off = (kk / 4) * Tr::kQHalfBytes + (kk % 4) * 32;
       const uint32_t koff = (kk / 4) * Tr::kKvHalfBytes + (kk % 4) * 32;
-      WgmmaSS128(s, Desc(q_base + off, 16, 1024), Desc(k_base + koff, 16, 1024), kk > 0, T{});
+      WgmmaSS128(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
     }
   };
   // O += P V_j: 8 wgmmas of 16 keys, V read N-major.
   auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4]) {
-    const uint32_t v_base = sV + (j % kStages) * Tr::kKvBytes;
+    const uint32_t v_stage = (j % kStages) * Tr::kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaPV<T, HD>(o, p[kk], Desc(v_base + kk * 16 * 128, Tr::kKvHalfBytes, 1024));
+      WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + kk * 16 * 128));
   };
   // Mask (diagonal tiles) and online softmax of S_j; P_j packed into p; alpha for O. O itself
   // is not touched (a P·V may still be accumulating into it).
@@ -412,27 +444,32 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // h = 0: row0, h = 1: row0 + 8; a row lives in 4 threads
-      float mx = -INFINITY;
+      // Max and sum as trees of 4 independent chains (a single chain of 32 dependent
+      // FMNMX / FADD was the consumers' most-stalled code: ncu, RESULTS.md).
+      float mq[4];
 #pragma unroll
-      for (int n = 0; n < kBc / 8; ++n)
-        mx = fmaxf(mx, fmaxf(s[n * 4 + 2 * h], s[n * 4 + 2 * h + 1]));
+      for (int i = 0; i < 4; ++i) mq[i] = fmaxf(s[i * 4 + 2 * h], s[i * 4 + 2 * h + 1]);
+#pragma unroll
+      for (int n = 4; n < kBc / 8; ++n)
+        mq[n % 4] = fmaxf(mq[n % 4], fmaxf(s[n * 4 + 2 * h], s[n * 4 + 2 * h + 1]));
+      float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[h], mx * a.scale_log2);
       const float offset = m_new == -INFINITY ? 0.f : m_new;
       alpha[h] = FastExp2(m[h] - offset);
       m[h] = m_new;
-      float sum = 0.f;
+      float sq[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int n = 0; n < kBc / 8; ++n) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
           const float x = fmaf(s[n * 4 + e], a.scale_log2, -offset);
           s[n * 4 + e] = skip_exp ? x : FastExp2(x);
-          sum += s[n * 4 + e];
+          sq[(n % 2) * 2 + (e - 2 * h)] += s[n * 4 + e];
         }
       }
-      l[h] = l[h] * alpha[h] + sum;
+      l[h] = l[h] * alpha[h] + ((sq[0] + sq[1]) + (sq[2] + sq[3]));
     }
     // The S accumulator of keys 16kk … 16kk+15, packed in pairs, is the m64k16 A fragment.
 #pragma unroll
@@ -444,6 +481,9 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     }
   };
   auto rescale_o = [&] {
+    // Lazy: once the running maxima settle most tiles leave every alpha of the warp at exactly
+    // 1, and multiplying by 1 changes nothing, so the 64 FMULs are skipped (warp-uniform).
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
       o[n * 4 + 0] *= alpha[0];
@@ -469,8 +509,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // register sets, cur / prev); O is rescaled once that GEMM has landed.
   auto step = [&](int j, uint32_t(&cur)[kBc / 16][4], uint32_t(&prev)[kBc / 16][4]) {
     const int st = j % kStages, pst = (j - 1) % kStages;
-    MbarWait(full_k(st), (j / kStages) & 1);
-    MbarWait(full_v(pst), ((j - 1) / kStages) & 1);  // tile j-1 < n_tiles-1: never partial
+    wait_full(full_k(st), j);
+    wait_full(full_v(pst), j - 1);  // tile j-1 < n_tiles-1: never partial
     take_turn();
     WgmmaFence();
     issue_s(j);
@@ -499,7 +539,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   };
 
   // Tile 0: S only.
-  MbarWait(full_k(0), 0);
+  wait_full(full_k(0), 0);
   take_turn();
   WgmmaFence();
   issue_s(0);
@@ -516,7 +556,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // Last P·V.
   {
     const int j = n_tiles - 1, st = j % kStages, k0 = j * kBc;
-    MbarWait(full_v(st), (j / kStages) & 1);
+    wait_full(full_v(st), j);
     if (k0 + kBc > c.num_keys) {
       // Rows past the sequence: zero them (stale or never-loaded V would give 0·NaN). Both
       // warpgroups write the same zeros; each fences and syncs before its own wgmma.
