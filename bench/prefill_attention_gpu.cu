@@ -295,7 +295,10 @@ int main(int argc, char** argv) {
                                                          {kV4Default | kV4LoadsOnly, "v4/loads"},
                                                          {kV4Default | kV4ComputeOnly, "v4/compute"},
                                                          {kV4NoOverlap | kV4ComputeOnly, "v4/pp-compute"},
-                                                         {kV4ComputeOnly, "v4/ppovl-compute"}};
+                                                         {kV4ComputeOnly, "v4/ppovl-compute"},
+                                                         {kV4Default | kV4NoCluster, "v4/nocluster"},
+                                                         {kV4NoCluster, "v4/ppovl-nocl"},
+                                                         {kV4Default | kV4LoadsOnly | kV4NoCluster, "v4/loads-nocl"}};
         for (const auto& [flags, name] : ablations) {
           const bool profiling = flags & (kV4SkipExp | kV4LoadsOnly | kV4ComputeOnly);
           const float err = profiling ? NAN : Validate(PrefillVariant::kWgmma, hd, bs, flags);

@@ -108,6 +108,38 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
+// The same box multicast to the CTAs of `mask` in the cluster: each receives it at this CTA-relative
+// shared address and signals its own mbarrier at the same offset.
+__device__ __forceinline__ void TmaLoad3dMulticast(uint32_t dst, const CUtensorMap* map, int c0,
+                                                   int c1, int c2, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrives on the mbarrier at the same offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+__device__ __forceinline__ void MbarArriveCount(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -279,6 +311,38 @@ __device__ __forceinline__ void WgmmaPV(float (&o)[HD / 2], const uint32_t (&a)[
   }
 }
 
+// Where this CTA's query tile sits, heaviest first (as GetTileCoords), with blockIdx.y past the
+// last tile idle (the grid is padded to whole clusters), and how many K/V tiles it and its
+// cluster peer (the neighbouring query tile of the same sequence and head) read.
+struct PairCoords {
+  TileCoords c;
+  int n_tiles;  // K/V tiles this CTA reads (0: idle)
+  int common;   // tiles 0 … common-1 are read by both CTAs of the pair: loaded once, multicast
+  uint32_t rank, peer;
+};
+template <int kBr, int kBc>
+__device__ __forceinline__ PairCoords GetPairCoords(const PrefillArgs& a, bool cluster) {
+  PairCoords pc;
+  TileCoords& c = pc.c;
+  c.seq = blockIdx.x / a.num_heads;
+  c.head = blockIdx.x % a.num_heads;
+  c.kv_head = c.head / a.group;
+  c.q_start = a.cu_seqlens_q[c.seq];
+  c.q_len = a.cu_seqlens_q[c.seq + 1] - c.q_start;
+  c.ctx = a.context_lens[c.seq];
+  c.num_keys = c.ctx + c.q_len;
+  const int ny = (a.max_q_len + kBr - 1) / kBr;
+  auto tiles = [&](int q0) {
+    return q0 < 0 || q0 >= c.q_len ? 0 : (min(c.num_keys, c.ctx + q0 + kBr) + kBc - 1) / kBc;
+  };
+  c.q0 = (ny - 1 - int(blockIdx.y)) * kBr;
+  pc.n_tiles = tiles(c.q0);
+  pc.rank = cluster ? ClusterCtaRank() : 0;
+  pc.peer = pc.rank ^ 1;
+  pc.common = cluster ? min(pc.n_tiles, tiles(pc.rank == 0 ? c.q0 - kBr : c.q0 + kBr)) : 0;
+  return pc;
+}
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     PrefillWgmmaKernel(const __grid_constant__ CUtensorMap tmap_k,
@@ -295,24 +359,35 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
   auto empty = [&](int s) { return bars + 8 * (2 * kStages + s); };
 
+  // Cluster mode: a pair of CTAs (neighbouring query tiles of one head) shares the K/V tiles
+  // both read: each loads half of every such tile's boxes and multicasts it to both, halving
+  // the L2 -> SM traffic, which bounds this kernel at block size 16 (RESULTS.md). A stage is
+  // refilled once the consumer warps of both CTAs gave it back: each empty barrier counts 16
+  // arrivals, 8 local + 8 from the peer (tiles past `common`: 8 local arrivals of 2).
+  const bool cluster = !(a.v4_flags & kV4NoCluster);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_k(s), 1);
       MbarInit(full_v(s), 1);
-      MbarInit(empty(s), 4 * Tr::kConsumers);  // one arrival per consumer warp
+      MbarInit(empty(s), 2 * 4 * Tr::kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  if (cluster) {  // the peer's barriers are initialised before anything is multicast to them
+    ClusterArrive();
+    ClusterWait();
+  }
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {  // ---------------- producer ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     // The tile's coordinates are read after the split, so that few values live across the
     // register reallocation (ptxas spills what is live there).
-    const TileCoords c = GetTileCoords(a, kBr);
-    if (threadIdx.x >= 32 || c.q0 >= c.q_len) return;
-    const int n_tiles = (min(c.num_keys, c.ctx + c.q0 + kBr) + kBc - 1) / kBc;
+    const PairCoords pc = GetPairCoords<kBr, kBc>(a, cluster);
+    const TileCoords& c = pc.c;
+    if (threadIdx.x >= 32 || pc.n_tiles == 0) return;
+    const int n_tiles = pc.n_tiles;
     const int lane = threadIdx.x;
     const int bs = a.block_size, pages_per_tile = kBc / bs;
     const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
@@ -330,11 +405,17 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       }
       __syncwarp();
       if (mine) {
+        const bool shared_tile = j < pc.common;
 #pragma unroll
         for (int h = 0; h < Tr::kHalves; ++h) {
           const uint32_t off = st * Tr::kKvBytes + h * Tr::kKvHalfBytes + lane * bs * 128;
-          TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
-          TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
+          if (!shared_tile) {
+            TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
+            TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
+          } else if (((lane * Tr::kHalves + h) & 1) == int(pc.rank)) {  // boxes alternate
+            TmaLoad3dMulticast(sK + off, &tmap_k, h * 64, 0, box, full_k(st), 3);
+            TmaLoad3dMulticast(sV + off, &tmap_v, h * 64, 0, box, full_v(st), 3);
+          }
         }
       }
     }
@@ -343,10 +424,10 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 
   // ---------------- consumers ----------------
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const TileCoords c = GetTileCoords(a, kBr);
-  if (c.q0 >= c.q_len) return;  // uniform over the CTA (the producer returns too)
-  const int kv_end = min(c.num_keys, c.ctx + c.q0 + kBr);  // keys any row of the tile sees
-  const int n_tiles = (kv_end + kBc - 1) / kBc;
+  const PairCoords pc = GetPairCoords<kBr, kBc>(a, cluster);
+  const TileCoords& c = pc.c;
+  if (pc.n_tiles == 0) return;  // uniform over the CTA (the producer returns too)
+  const int n_tiles = pc.n_tiles;
   const int w = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int wq0 = c.q0 + w * 64;         // this warpgroup's first query row
@@ -381,6 +462,24 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const bool overlap = !(a.v4_flags & kV4NoOverlap);
   const bool skip_exp = a.v4_flags & kV4SkipExp;
   const bool compute_only = a.v4_flags & kV4ComputeOnly;
+  // A warp gives stage st (tile j) back once its wgmmas that read it have completed (wait_group
+  // is per warp): one elected arrival per warp, on this CTA's empty barrier and, for a tile the
+  // pair shares, on the peer's (whose producer multicasts into this CTA's stage too). Once
+  // this CTA's last shared tile is given back it arrives on the cluster barrier, so that the
+  // peer may exit before this CTA's own remaining tiles; both wait on it before exiting.
+  auto release = [&](int st, int j) {
+    __syncwarp();
+    if (lane == 0) {
+      if (j < pc.common) {
+        MbarArrive(empty(st));
+        MbarArriveRemote(empty(st), pc.peer);
+      } else {
+        MbarArriveCount(empty(st), 2);
+      }
+    }
+    if (cluster && j == pc.common - 1) ClusterArrive();
+  };
+  if (cluster && pc.common == 0) ClusterArrive();
   // Waits for tile j's K or V (profiling: compute-only runs wait for the first kStages only).
   auto wait_full = [&](uint32_t bar, int j) {
     if (!compute_only || j < kStages) MbarWait(bar, (j / kStages) & 1);
@@ -389,9 +488,9 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     for (int j = 0; j < n_tiles; ++j) {
       MbarWait(full_k(j % kStages), (j / kStages) & 1);
       MbarWait(full_v(j % kStages), (j / kStages) & 1);
-      __syncwarp();
-      if (lane == 0) MbarArrive(empty(j % kStages));
+      release(j % kStages, j);
     }
+    if (cluster) ClusterWait();
     return;
   }
 
@@ -498,12 +597,6 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(p[kk][i])::"memory");
   };
-  // A warp gives a stage back once its wgmmas that read it have completed (wait_group is
-  // per warp): one elected arrival per warp, not 32 same-address atomics.
-  auto release = [&](int st) {
-    __syncwarp();
-    if (lane == 0) MbarArrive(empty(st));
-  };
   // One steady-state step: S_j and P_{j-1}·V_{j-1} issued together on this warpgroup's turn.
   // With overlap, the softmax of S_j runs while P_{j-1}·V_{j-1} is still accumulating (two P
   // register sets, cur / prev); O is rescaled once that GEMM has landed.
@@ -525,14 +618,14 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       WgmmaWait<0>();
       FenceRegs(o);
       fence_p(prev);
-      release(pst);  // this warp is done with stage j-1 (K and V)
+      release(pst, j - 1);  // this warp is done with stage j-1 (K and V)
       rescale_o();
     } else {
       WgmmaWait<0>();
       FenceRegs(s);
       FenceRegs(o);
       fence_p(prev);
-      release(pst);
+      release(pst, j - 1);
       softmax(j, cur);
       rescale_o();
     }
@@ -585,7 +678,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     FenceRegs(o);
     fence_p(pa0);
     fence_p(pa1);
-    release(st);
+    release(st, j);
   }
 
   // Normalise and store (rows past the chunk are dropped).
@@ -606,6 +699,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       }
     }
   }
+  if (cluster) ClusterWait();  // the peer no longer arrives on this CTA's barriers
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
@@ -648,9 +742,21 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   const CUtensorMap mk = PoolMap(a.k, a), mv = PoolMap(a.v, a);
-  const dim3 grid(a.num_seqs * a.num_heads, (a.max_q_len + Tr::kBr - 1) / Tr::kBr);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mk, mv, a);
-  LLM_CUDA_CHECK(cudaGetLastError());
+  const bool cluster = !(a.v4_flags & kV4NoCluster);
+  const int tiles = (a.max_q_len + Tr::kBr - 1) / Tr::kBr;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(a.num_seqs * a.num_heads, cluster ? (tiles + 1) / 2 * 2 : tiles);
+  cfg.blockDim = dim3(Tr::kThreads);
+  cfg.dynamicSmemBytes = Tr::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 2;  // neighbouring query tiles of one (sequence, head)
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cluster ? 1 : 0;
+  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, a));
 }
 
 }  // namespace
