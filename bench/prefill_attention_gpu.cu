@@ -296,9 +296,9 @@ int main(int argc, char** argv) {
                                                          {kV4Default | kV4ComputeOnly, "v4/compute"},
                                                          {kV4NoOverlap | kV4ComputeOnly, "v4/pp-compute"},
                                                          {kV4ComputeOnly, "v4/ppovl-compute"},
-                                                         {kV4Default | kV4NoCluster, "v4/nocluster"},
-                                                         {kV4NoCluster, "v4/ppovl-nocl"},
-                                                         {kV4Default | kV4LoadsOnly | kV4NoCluster, "v4/loads-nocl"}};
+                                                         {kV4Default | kV4Cluster, "v4/cluster"},
+                                                         {kV4Cluster, "v4/ppovl-cl"},
+                                                         {kV4Default | kV4LoadsOnly | kV4Cluster, "v4/loads-cl"}};
         for (const auto& [flags, name] : ablations) {
           const bool profiling = flags & (kV4SkipExp | kV4LoadsOnly | kV4ComputeOnly);
           const float err = profiling ? NAN : Validate(PrefillVariant::kWgmma, hd, bs, flags);

@@ -84,9 +84,11 @@ inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no
 // reuse those stages without waiting for loads).
 inline constexpr int kV4LoadsOnly = 8;
 inline constexpr int kV4ComputeOnly = 16;
-// One CTA per query tile, no cluster: every CTA loads all of its K/V tiles itself (the default
-// pairs neighbouring query tiles in a 2-CTA cluster that multicasts the K/V tiles both read).
-inline constexpr int kV4NoCluster = 32;
+// Pairs neighbouring query tiles in a 2-CTA cluster that multicasts the K/V tiles both read
+// (half the L2 -> SM traffic). Off in production: on the H200 the loads alone get 15% faster,
+// but pairs of CTAs launch only when two SMs of a GPC are free at once, which costs more
+// (bench/RESULTS.md); a persistent grid would keep the clusters resident.
+inline constexpr int kV4Cluster = 32;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 void SetPrefillV4Flags(int flags);  // applies to later PagedPrefillAttention calls
 

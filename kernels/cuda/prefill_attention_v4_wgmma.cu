@@ -2,13 +2,13 @@
 // recipe (sm_90a), as far as this rung takes it.
 //
 // Algorithm: one CTA per (128-row query tile, head, sequence), 3 warpgroups (384 threads):
-//  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 40); its first warp streams
+//  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 24); its first warp streams
 //    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
 //    tile (cp.async.bulk.tensor.3d, one box per page and 64-column half: a page's block_size
 //    rows of one KV head are contiguous in the pool), all completing on the stage's "full"
 //    mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once both
 //    consumer warpgroups have arrived on its "empty" mbarrier.
-//  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 232) own 64 query rows each. Their Q rows
+//  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 240) own 64 query rows each. Their Q rows
 //    arrive once by cp.async into 128-byte-swizzled shared memory. Per key tile j:
 //      S_j = Q·K_j^T    wgmma m64n128k16, A and B from shared memory (K-major, 128B swizzle)
 //      O += P_{j-1}·V_{j-1}  wgmma m64n{d}k16, P from registers (bf16/fp16), V from shared
@@ -65,7 +65,7 @@ struct WgmmaTraits {
   static_assert(kBc == 128, "S = Q K^T is one m64n128k16 chain");
   static_assert(kQHalfBytes % 1024 == 0 && kKvHalfBytes % 1024 == 0, "1024-byte swizzle atoms");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM");
-  static_assert(128 * 40 + kConsumers * 128 * 232 <= 65536, "setmaxnreg budget");
+  static_assert(128 * 24 + kConsumers * 128 * 240 <= 65536, "setmaxnreg budget");
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -359,12 +359,12 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
   auto empty = [&](int s) { return bars + 8 * (2 * kStages + s); };
 
-  // Cluster mode: a pair of CTAs (neighbouring query tiles of one head) shares the K/V tiles
-  // both read: each loads half of every such tile's boxes and multicasts it to both, halving
-  // the L2 -> SM traffic, which bounds this kernel at block size 16 (RESULTS.md). A stage is
+  // Cluster mode (kV4Cluster, off by default): a pair of CTAs (neighbouring query tiles of one
+  // head) shares the K/V tiles both read: each loads half of every such tile's boxes and
+  // multicasts it to both, halving the L2 -> SM traffic (RESULTS.md). A stage is
   // refilled once the consumer warps of both CTAs gave it back: each empty barrier counts 16
   // arrivals, 8 local + 8 from the peer (tiles past `common`: 8 local arrivals of 2).
-  const bool cluster = !(a.v4_flags & kV4NoCluster);
+  const bool cluster = a.v4_flags & kV4Cluster;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_k(s), 1);
@@ -378,10 +378,12 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     ClusterArrive();
     ClusterWait();
   }
-  const int wg = threadIdx.x / 128;
+  // Warp-uniform by construction (the shuffle tells the compiler so): the descriptors derived
+  // from it then live in uniform registers instead of being moved there before every wgmma.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
 
   if (wg == 0) {  // ---------------- producer ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     // The tile's coordinates are read after the split, so that few values live across the
     // register reallocation (ptxas spills what is live there).
     const PairCoords pc = GetPairCoords<kBr, kBc>(a, cluster);
@@ -423,7 +425,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   }
 
   // ---------------- consumers ----------------
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const PairCoords pc = GetPairCoords<kBr, kBc>(a, cluster);
   const TileCoords& c = pc.c;
   if (pc.n_tiles == 0) return;  // uniform over the CTA (the producer returns too)
@@ -742,7 +744,7 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   const CUtensorMap mk = PoolMap(a.k, a), mv = PoolMap(a.v, a);
-  const bool cluster = !(a.v4_flags & kV4NoCluster);
+  const bool cluster = a.v4_flags & kV4Cluster;
   const int tiles = (a.max_q_len + Tr::kBr - 1) / Tr::kBr;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(a.num_seqs * a.num_heads, cluster ? (tiles + 1) / 2 * 2 : tiles);

@@ -166,7 +166,7 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
     for (int i = 0; i < (v4 ? 8 : 1); ++i) {
-      const int flags = (i & 3) | ((i & 4) ? cuda::detail::kV4NoCluster : 0);
+      const int flags = (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0);
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       if (v4) cuda::detail::SetPrefillV4Flags(flags);
