@@ -296,6 +296,7 @@ int main(int argc, char** argv) {
                                                          {kV4Default | kV4ComputeOnly, "v4/compute"},
                                                          {kV4NoOverlap | kV4ComputeOnly, "v4/pp-compute"},
                                                          {kV4ComputeOnly, "v4/ppovl-compute"},
+                                                         {kV4Default | kV4NoPersist, "v4/nopersist"},
                                                          {kV4Default | kV4Cluster, "v4/cluster"},
                                                          {kV4Cluster, "v4/ppovl-cl"},
                                                          {kV4Default | kV4LoadsOnly | kV4Cluster, "v4/loads-cl"}};

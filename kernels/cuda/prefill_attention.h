@@ -89,6 +89,10 @@ inline constexpr int kV4ComputeOnly = 16;
 // but pairs of CTAs launch only when two SMs of a GPC are free at once, which costs more
 // (bench/RESULTS.md); a persistent grid would keep the clusters resident.
 inline constexpr int kV4Cluster = 32;
+// One CTA (or cluster) per query tile (pair), launched as a grid of them; the default is a
+// persistent grid of as many as fit at once, each walking its share of the tiles heaviest
+// first with the K/V ring running on from one tile to the next.
+inline constexpr int kV4NoPersist = 64;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 void SetPrefillV4Flags(int flags);  // applies to later PagedPrefillAttention calls
 

@@ -2,7 +2,7 @@
 // recipe (sm_90a), as far as this rung takes it.
 //
 // Algorithm: one CTA per (128-row query tile, head, sequence), 3 warpgroups (384 threads):
-//  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 24); its first warp streams
+//  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 32); its first warp streams
 //    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
 //    tile (cp.async.bulk.tensor.3d, one box per page and 64-column half: a page's block_size
 //    rows of one KV head are contiguous in the pool), all completing on the stage's "full"
@@ -37,6 +37,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -65,7 +66,7 @@ struct WgmmaTraits {
   static_assert(kBc == 128, "S = Q K^T is one m64n128k16 chain");
   static_assert(kQHalfBytes % 1024 == 0 && kKvHalfBytes % 1024 == 0, "1024-byte swizzle atoms");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM");
-  static_assert(128 * 24 + kConsumers * 128 * 240 <= 65536, "setmaxnreg budget");
+  static_assert(128 * 32 + kConsumers * 128 * 240 <= 65536, "setmaxnreg budget");
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -311,21 +312,48 @@ __device__ __forceinline__ void WgmmaPV(float (&o)[HD / 2], const uint32_t (&a)[
   }
 }
 
-// Where this CTA's query tile sits, heaviest first (as GetTileCoords), with blockIdx.y past the
-// last tile idle (the grid is padded to whole clusters), and how many K/V tiles it and its
-// cluster peer (the neighbouring query tile of the same sequence and head) read.
-struct PairCoords {
+// The work: items of kPair neighbouring query tiles of one (sequence, head) — a 2-CTA cluster
+// (kV4Cluster) takes one item per trip, its CTA of rank r the tile p·kPair + r counted from the
+// last (heaviest) tile of the sequence; a lone CTA, one tile. Items run heaviest first: item
+// i = p · (sequences · heads) + sequence · heads + head. A persistent grid (the default) has
+// as many units (CTAs or clusters) as fit on the GPU at once, and unit u takes items
+// r·U + u for even r and r·U + U-1-u for odd r (a snake order, which evens out the causal
+// tiles' unequal work); kV4NoPersist launches one unit per item instead.
+struct ItemCoords {
   TileCoords c;
-  int n_tiles;  // K/V tiles this CTA reads (0: idle)
-  int common;   // tiles 0 … common-1 are read by both CTAs of the pair: loaded once, multicast
-  uint32_t rank, peer;
+  int n_tiles;  // K/V tiles this CTA reads in this item (0: its query tile is past the chunk)
+  int n_slots;  // pipeline slots of the item, the same in both CTAs of a pair: max of theirs
+  int common;   // tiles 0 … common-1 are read by both CTAs of a pair: loaded once, multicast
 };
+struct WorkSplit {
+  int kpair, units, unit, items;
+  uint32_t rank;
+  __device__ __forceinline__ int Item(int trip) const {
+    const int i = trip * units + ((trip & 1) ? units - 1 - unit : unit);
+    return i < items ? i : -1;
+  }
+};
+template <int kBr>
+__device__ __forceinline__ WorkSplit GetWorkSplit(const PrefillArgs& a, bool cluster,
+                                                  bool persist) {
+  WorkSplit w;
+  w.kpair = cluster ? 2 : 1;
+  w.rank = cluster ? ClusterCtaRank() : 0;
+  w.units = gridDim.x / w.kpair;
+  w.unit = blockIdx.x / w.kpair;
+  const int ny = (a.max_q_len + kBr - 1) / kBr;
+  w.items = a.num_seqs * a.num_heads * ((ny + w.kpair - 1) / w.kpair);
+  if (!persist) w.items = min(w.items, w.units);  // one item per unit (the grid covers all)
+  return w;
+}
 template <int kBr, int kBc>
-__device__ __forceinline__ PairCoords GetPairCoords(const PrefillArgs& a, bool cluster) {
-  PairCoords pc;
-  TileCoords& c = pc.c;
-  c.seq = blockIdx.x / a.num_heads;
-  c.head = blockIdx.x % a.num_heads;
+__device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const WorkSplit& w,
+                                                    int item) {
+  ItemCoords ic;
+  TileCoords& c = ic.c;
+  const int bh = item % (a.num_seqs * a.num_heads), p = item / (a.num_seqs * a.num_heads);
+  c.seq = bh / a.num_heads;
+  c.head = bh % a.num_heads;
   c.kv_head = c.head / a.group;
   c.q_start = a.cu_seqlens_q[c.seq];
   c.q_len = a.cu_seqlens_q[c.seq + 1] - c.q_start;
@@ -335,12 +363,18 @@ __device__ __forceinline__ PairCoords GetPairCoords(const PrefillArgs& a, bool c
   auto tiles = [&](int q0) {
     return q0 < 0 || q0 >= c.q_len ? 0 : (min(c.num_keys, c.ctx + q0 + kBr) + kBc - 1) / kBc;
   };
-  c.q0 = (ny - 1 - int(blockIdx.y)) * kBr;
-  pc.n_tiles = tiles(c.q0);
-  pc.rank = cluster ? ClusterCtaRank() : 0;
-  pc.peer = pc.rank ^ 1;
-  pc.common = cluster ? min(pc.n_tiles, tiles(pc.rank == 0 ? c.q0 - kBr : c.q0 + kBr)) : 0;
-  return pc;
+  const int first = (ny - 1 - p * w.kpair) * kBr;  // rank 0's (the heavier) tile
+  c.q0 = first - int(w.rank) * kBr;
+  ic.n_tiles = tiles(c.q0);
+  if (w.kpair == 2) {
+    const int peer_tiles = tiles(w.rank == 0 ? first - kBr : first);
+    ic.common = min(ic.n_tiles, peer_tiles);
+    ic.n_slots = max(ic.n_tiles, peer_tiles);
+  } else {
+    ic.common = 0;
+    ic.n_slots = ic.n_tiles;
+  }
+  return ic;
 }
 
 template <typename T, int HD>
@@ -359,12 +393,18 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
   auto empty = [&](int s) { return bars + 8 * (2 * kStages + s); };
 
-  // Cluster mode (kV4Cluster, off by default): a pair of CTAs (neighbouring query tiles of one
-  // head) shares the K/V tiles both read: each loads half of every such tile's boxes and
-  // multicasts it to both, halving the L2 -> SM traffic (RESULTS.md). A stage is
-  // refilled once the consumer warps of both CTAs gave it back: each empty barrier counts 16
-  // arrivals, 8 local + 8 from the peer (tiles past `common`: 8 local arrivals of 2).
+  // The K/V ring runs through all of a CTA's items: slot g (the g-th K/V tile the CTA handles,
+  // counted over its items) uses stage g % kStages with parity (g / kStages) & 1, so the
+  // producer streams the next item's first tiles while the consumers finish the last one.
+  // Cluster mode (kV4Cluster): the pair's CTAs share the K/V tiles both read: each loads half of
+  // every such tile's boxes and multicasts it to both, halving the L2 -> SM traffic
+  // (RESULTS.md). A stage is refilled once the consumer warps of both CTAs gave it back: each
+  // empty barrier counts 16 arrivals, 8 local + 8 from the peer (other slots: 8 local arrivals
+  // of 2). The lighter CTA of a pair passes the heavier's extra slots as empty slots (its
+  // producer completes their full barriers without data), so both walk the same slots.
   const bool cluster = a.v4_flags & kV4Cluster;
+  const bool persist = !(a.v4_flags & kV4NoPersist);
+  const bool compute_only = a.v4_flags & kV4ComputeOnly;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_k(s), 1);
@@ -383,40 +423,49 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
 
   if (wg == 0) {  // ---------------- producer ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    // The tile's coordinates are read after the split, so that few values live across the
-    // register reallocation (ptxas spills what is live there).
-    const PairCoords pc = GetPairCoords<kBr, kBc>(a, cluster);
-    const TileCoords& c = pc.c;
-    if (threadIdx.x >= 32 || pc.n_tiles == 0) return;
-    const int n_tiles = pc.n_tiles;
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
+    if (threadIdx.x >= 32) return;
+    const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
     const int lane = threadIdx.x;
     const int bs = a.block_size, pages_per_tile = kBc / bs;
-    const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
-    const int load_tiles = (a.v4_flags & kV4ComputeOnly) ? min(n_tiles, kStages) : n_tiles;
-    for (int j = 0; j < load_tiles; ++j) {
-      const int st = j % kStages, use = j / kStages, k0 = j * kBc;
-      const bool mine = lane < pages_per_tile && k0 + lane * bs < c.num_keys;
-      const int box = mine ? table[k0 / bs + lane] * a.num_kv_heads + c.kv_head : 0;
-      const int valid_pages = min(pages_per_tile, (c.num_keys - k0 + bs - 1) / bs);
-      const uint32_t bytes = uint32_t(valid_pages) * bs * HD * 2;
-      if (use > 0) MbarWait(empty(st), (use - 1) & 1);
-      if (lane == 0) {
-        MbarExpectTx(full_k(st), bytes);
-        MbarExpectTx(full_v(st), bytes);
-      }
-      __syncwarp();
-      if (mine) {
-        const bool shared_tile = j < pc.common;
+    uint32_t g = 0;  // slots so far
+    for (int trip = 0;; ++trip) {
+      const int item = ws.Item(trip);
+      if (item < 0) break;
+      const ItemCoords ic = GetItemCoords<kBr, kBc>(a, ws, item);
+      const TileCoords& c = ic.c;
+      const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
+      for (int j = 0; j < ic.n_slots; ++j, ++g) {
+        const int st = g % kStages, use = g / kStages, k0 = j * kBc;
+        if (use > 0) MbarWait(empty(st), (use - 1) & 1);
+        if (j >= ic.n_tiles || (compute_only && g >= kStages)) {
+          if (lane == 0) {  // no data: complete the stage's phase (profiling: no more loads)
+            MbarArrive(full_k(st));
+            MbarArrive(full_v(st));
+          }
+          continue;
+        }
+        const bool mine = lane < pages_per_tile && k0 + lane * bs < c.num_keys;
+        const int box = mine ? table[k0 / bs + lane] * a.num_kv_heads + c.kv_head : 0;
+        const int valid_pages = min(pages_per_tile, (c.num_keys - k0 + bs - 1) / bs);
+        const uint32_t bytes = uint32_t(valid_pages) * bs * HD * 2;
+        if (lane == 0) {
+          MbarExpectTx(full_k(st), bytes);
+          MbarExpectTx(full_v(st), bytes);
+        }
+        __syncwarp();
+        if (mine) {
+          const bool shared_tile = j < ic.common;
 #pragma unroll
-        for (int h = 0; h < Tr::kHalves; ++h) {
-          const uint32_t off = st * Tr::kKvBytes + h * Tr::kKvHalfBytes + lane * bs * 128;
-          if (!shared_tile) {
-            TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
-            TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
-          } else if (((lane * Tr::kHalves + h) & 1) == int(pc.rank)) {  // boxes alternate
-            TmaLoad3dMulticast(sK + off, &tmap_k, h * 64, 0, box, full_k(st), 3);
-            TmaLoad3dMulticast(sV + off, &tmap_v, h * 64, 0, box, full_v(st), 3);
+          for (int h = 0; h < Tr::kHalves; ++h) {
+            const uint32_t off = st * Tr::kKvBytes + h * Tr::kKvHalfBytes + lane * bs * 128;
+            if (!shared_tile) {
+              TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
+              TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
+            } else if (((lane * Tr::kHalves + h) & 1) == int(ws.rank)) {  // boxes alternate
+              TmaLoad3dMulticast(sK + off, &tmap_k, h * 64, 0, box, full_k(st), 3);
+              TmaLoad3dMulticast(sV + off, &tmap_v, h * 64, 0, box, full_v(st), 3);
+            }
           }
         }
       }
@@ -426,88 +475,52 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 
   // ---------------- consumers ----------------
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-  const PairCoords pc = GetPairCoords<kBr, kBc>(a, cluster);
-  const TileCoords& c = pc.c;
-  if (pc.n_tiles == 0) return;  // uniform over the CTA (the producer returns too)
-  const int n_tiles = pc.n_tiles;
   const int w = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int wq0 = c.q0 + w * 64;         // this warpgroup's first query row
-  const int row0 = wq0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
-  {
-    const T* q = static_cast<const T*>(a.q);
-    constexpr int kChunks = HD / 8;
-#pragma unroll
-    for (int i = 0; i < 64 * kChunks / 128; ++i) {
-      const int idx = tid + i * 128, r = idx / kChunks, ch = idx % kChunks;
-      const bool ok = wq0 + r < c.q_len;
-      const T* src =
-          q + (int64_t(c.q_start + (ok ? wq0 + r : 0)) * a.num_heads + c.head) * HD + ch * 8;
-      const uint32_t dst =
-          sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
-      CpAsync16(dst, src, ok ? 16 : 0);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    FenceProxyAsync();  // generic-proxy writes, read next by wgmma (async proxy)
-    NamedBarrier(1 + w, 128);
-  }
-
-  float o[HD / 2];
-#pragma unroll
-  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's partial sums
+  const int g4 = lane / 4, t = lane % 4;
   const uint32_t q_base = sQ + w * 64 * 128;
-  float s[64];                                  // S of the current tile (64 × 128 per warpgroup)
+  float o[HD / 2];
+  float m[2], l[2];  // l: this thread's partial sums
+  float s[64];       // S of the current tile (64 × 128 per warpgroup)
   uint32_t pa0[kBc / 16][4], pa1[kBc / 16][4];  // P of two tiles: register A operands of P·V
   float alpha[2];  // O's rescale factor for the current tile (rows row0, +8)
   const bool ping_pong = !(a.v4_flags & kV4NoPingPong);
   const bool overlap = !(a.v4_flags & kV4NoOverlap);
   const bool skip_exp = a.v4_flags & kV4SkipExp;
-  const bool compute_only = a.v4_flags & kV4ComputeOnly;
-  // A warp gives stage st (tile j) back once its wgmmas that read it have completed (wait_group
-  // is per warp): one elected arrival per warp, on this CTA's empty barrier and, for a tile the
-  // pair shares, on the peer's (whose producer multicasts into this CTA's stage too). Once
-  // this CTA's last shared tile is given back it arrives on the cluster barrier, so that the
-  // peer may exit before this CTA's own remaining tiles; both wait on it before exiting.
+  const bool loads_only = a.v4_flags & kV4LoadsOnly;
+  // Per-item values the main loop reads, as plain scalars (the item's other coordinates are
+  // recomputed for the epilogue: a persistent loop must not hold more registers than one tile).
+  uint32_t g0 = 0;  // slots before this item
+  int common = 0;   // tiles shared with the cluster peer
+  int diag = 0;     // ctx + this warpgroup's first row: key > diag + r masks row r
+  const uint32_t peer = cluster ? ClusterCtaRank() ^ 1 : 0;
+  // A warp gives slot j of the item (stage st) back once its wgmmas that read it have
+  // completed (wait_group is per warp): one elected arrival per warp, on this CTA's empty
+  // barrier and, for a tile the pair shares, on the peer's (whose producer multicasts into
+  // this CTA's stage too).
   auto release = [&](int st, int j) {
     __syncwarp();
     if (lane == 0) {
-      if (j < pc.common) {
+      if (j < common) {
         MbarArrive(empty(st));
-        MbarArriveRemote(empty(st), pc.peer);
+        MbarArriveRemote(empty(st), peer);
       } else {
         MbarArriveCount(empty(st), 2);
       }
     }
-    if (cluster && j == pc.common - 1) ClusterArrive();
   };
-  if (cluster && pc.common == 0) ClusterArrive();
-  // Waits for tile j's K or V (profiling: compute-only runs wait for the first kStages only).
-  auto wait_full = [&](uint32_t bar, int j) {
-    if (!compute_only || j < kStages) MbarWait(bar, (j / kStages) & 1);
-  };
-  if (a.v4_flags & kV4LoadsOnly) {  // profiling: the load pipeline alone
-    for (int j = 0; j < n_tiles; ++j) {
-      MbarWait(full_k(j % kStages), (j / kStages) & 1);
-      MbarWait(full_v(j % kStages), (j / kStages) & 1);
-      release(j % kStages, j);
-    }
-    if (cluster) ClusterWait();
-    return;
-  }
+  auto stage = [&](int j) { return int((g0 + j) % kStages); };
+  auto parity = [&](int j) { return ((g0 + j) / kStages) & 1; };
+  auto wait_full = [&](uint32_t bar, int j) { MbarWait(bar, parity(j)); };
 
   // Ping-pong: a warpgroup issues its GEMMs only on its turn (named barrier 3 + w), then hands
   // the turn over (arrive on 3 + other), so one warpgroup's softmax runs under the other's
-  // GEMMs. Warpgroup 0 starts; turns per warpgroup = n_tiles + 1; warpgroup 1 skips its very
-  // last hand-over (nobody waits for it).
-  const int turns = n_tiles + 1;
-  int turn = 0;
+  // GEMMs. Warpgroup 0 starts; warpgroup 1's last hand-over is taken up by warpgroup 0 at
+  // the end of the kernel.
   auto take_turn = [&] {
     if (ping_pong) NamedBarrier(3 + w, 256);
   };
   auto pass_turn = [&] {
-    ++turn;
-    if (ping_pong && !(w == 1 && turn == turns)) NamedBarrierArrive(3 + (1 - w), 256);
+    if (ping_pong) NamedBarrierArrive(3 + (1 - w), 256);
   };
   if (ping_pong && w == 1) NamedBarrierArrive(3, 256);
 
@@ -515,7 +528,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const DescBase dk = MakeDescBase(sK, 16, 1024);
   const DescBase dv = MakeDescBase(sV, Tr::kKvHalfBytes, 1024);
   auto issue_s = [&](int j) {  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel
-    const uint32_t k_stage = (j % kStages) * Tr::kKvBytes;
+    const uint32_t k_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       const uint32_t off = (kk / 4) * Tr::kQHalfBytes + (kk % 4) * 32;
@@ -525,7 +538,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   };
   // O += P V_j: 8 wgmmas of 16 keys, V read N-major.
   auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4]) {
-    const uint32_t v_stage = (j % kStages) * Tr::kKvBytes;
+    const uint32_t v_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
       WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + kk * 16 * 128));
@@ -534,14 +547,13 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // is not touched (a P·V may still be accumulating into it).
   auto softmax = [&](int j, uint32_t(&p)[kBc / 16][4]) {
     const int k0 = j * kBc;
-    if (k0 + kBc - 1 > c.ctx + wq0) {
+    if (k0 + kBc - 1 > diag) {
+      const int lim = diag + warp * 16 + g4 - k0 - 2 * t;  // key - k0 - 2t > lim: masked
 #pragma unroll
       for (int n = 0; n < kBc / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + n * 8 + 2 * t + (e & 1);
-          if (key > c.ctx + row0 + (e >> 1) * 8) s[n * 4 + e] = -INFINITY;
-        }
+        for (int e = 0; e < 4; ++e)
+          if (n * 8 + (e & 1) > lim + (e >> 1) * 8) s[n * 4 + e] = -INFINITY;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // h = 0: row0, h = 1: row0 + 8; a row lives in 4 threads
@@ -603,8 +615,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // With overlap, the softmax of S_j runs while P_{j-1}·V_{j-1} is still accumulating (two P
   // register sets, cur / prev); O is rescaled once that GEMM has landed.
   auto step = [&](int j, uint32_t(&cur)[kBc / 16][4], uint32_t(&prev)[kBc / 16][4]) {
-    const int st = j % kStages, pst = (j - 1) % kStages;
-    wait_full(full_k(st), j);
+    const int pst = stage(j - 1);
+    wait_full(full_k(stage(j)), j);
     wait_full(full_v(pst), j - 1);  // tile j-1 < n_tiles-1: never partial
     take_turn();
     WgmmaFence();
@@ -633,75 +645,134 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     }
   };
 
-  // Tile 0: S only.
-  wait_full(full_k(0), 0);
-  take_turn();
-  WgmmaFence();
-  issue_s(0);
-  WgmmaCommit();
-  pass_turn();
-  WgmmaWait<0>();
-  FenceRegs(s);
-  softmax(0, pa0);  // O is zero: no rescale needed
-  // Steady state, two tiles per trip so that each P register set has a fixed name.
-  for (int j = 1; j < n_tiles; j += 2) {
-    step(j, pa1, pa0);
-    if (j + 1 < n_tiles) step(j + 1, pa0, pa1);
-  }
-  // Last P·V.
-  {
-    const int j = n_tiles - 1, st = j % kStages, k0 = j * kBc;
-    wait_full(full_v(st), j);
-    if (k0 + kBc > c.num_keys) {
-      // Rows past the sequence: zero them (stale or never-loaded V would give 0·NaN). Both
-      // warpgroups write the same zeros; each fences and syncs before its own wgmma.
-      const uint32_t v_base = sV + st * Tr::kKvBytes;
-      const int first = c.num_keys - k0;
-      const int total = (kBc - first) * Tr::kHalves * 8;
-      for (int idx = tid; idx < total; idx += 128) {
-        const int r = first + idx / (Tr::kHalves * 8), rem = idx % (Tr::kHalves * 8);
-        const uint32_t addr = v_base + (rem / 8) * Tr::kKvHalfBytes + r * 128 + (rem % 8) * 16;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+  for (int trip = 0;; ++trip) {
+    int item, n_tiles, n_slots;
+    {
+      const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
+      item = ws.Item(trip);
+      if (item < 0) break;
+      const ItemCoords ic = GetItemCoords<kBr, kBc>(a, ws, item);
+      n_tiles = loads_only ? 0 : ic.n_tiles;
+      n_slots = ic.n_slots;
+      common = ic.common;
+      diag = ic.c.ctx + ic.c.q0 + w * 64;
+    }
+    if (n_tiles > 0) {
+      const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
+      const TileCoords c = GetItemCoords<kBr, kBc>(a, ws, item).c;
+      const int wq0 = c.q0 + w * 64;  // this warpgroup's first query row
+      // Q rows by cp.async (this warpgroup's own 64 rows: its last S GEMM of the previous item
+      // has completed).
+      const T* q = static_cast<const T*>(a.q);
+      constexpr int kChunks = HD / 8;
+#pragma unroll
+      for (int i = 0; i < 64 * kChunks / 128; ++i) {
+        const int idx = tid + i * 128, r = idx / kChunks, ch = idx % kChunks;
+        const bool ok = wq0 + r < c.q_len;
+        const T* src =
+            q + (int64_t(c.q_start + (ok ? wq0 + r : 0)) * a.num_heads + c.head) * HD + ch * 8;
+        const uint32_t dst =
+            sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
+        CpAsync16(dst, src, ok ? 16 : 0);
       }
-      FenceProxyAsync();
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      FenceProxyAsync();  // generic-proxy writes, read next by wgmma (async proxy)
       NamedBarrier(1 + w, 128);
-    }
-    const bool odd = j & 1;  // P_j lives in pa1 for odd j: select it into pa0 (no branch
-#pragma unroll               // around a wgmma, which would make ptxas inject fences)
-    for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) pa0[kk][i] = odd ? pa1[kk][i] : pa0[kk][i];
-    take_turn();
-    WgmmaFence();
-    issue_pv(j, pa0);
-    WgmmaCommit();
-    pass_turn();
-    WgmmaWait<0>();
-    FenceRegs(o);
-    fence_p(pa0);
-    fence_p(pa1);
-    release(st, j);
-  }
+      for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.f;
 
-  // Normalise and store (rows past the chunk are dropped).
-  T* out = static_cast<T*>(a.out);
+      // Tile 0: S only.
+      wait_full(full_k(stage(0)), 0);
+      take_turn();
+      WgmmaFence();
+      issue_s(0);
+      WgmmaCommit();
+      pass_turn();
+      WgmmaWait<0>();
+      FenceRegs(s);
+      softmax(0, pa0);  // O is zero: no rescale needed
+      // Steady state, two tiles per trip so that each P register set has a fixed name.
+      for (int j = 1; j < n_tiles; j += 2) {
+        step(j, pa1, pa0);
+        if (j + 1 < n_tiles) step(j + 1, pa0, pa1);
+      }
+      // Last P·V.
+      {
+        const int j = n_tiles - 1, st = stage(j), k0 = j * kBc;
+        const int num_keys =
+            GetItemCoords<kBr, kBc>(a, GetWorkSplit<kBr>(a, cluster, persist), item).c.num_keys;
+        wait_full(full_v(st), j);
+        if (k0 + kBc > num_keys) {
+          // Rows past the sequence: zero them (stale or never-loaded V would give 0·NaN). Both
+          // warpgroups write the same zeros; each fences and syncs before its own wgmma.
+          const uint32_t v_base = sV + st * Tr::kKvBytes;
+          const int first = num_keys - k0;
+          const int total = (kBc - first) * Tr::kHalves * 8;
+          for (int idx = tid; idx < total; idx += 128) {
+            const int r = first + idx / (Tr::kHalves * 8), rem = idx % (Tr::kHalves * 8);
+            const uint32_t addr =
+                v_base + (rem / 8) * Tr::kKvHalfBytes + r * 128 + (rem % 8) * 16;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0)
+                         : "memory");
+          }
+          FenceProxyAsync();
+          NamedBarrier(1 + w, 128);
+        }
+        const bool odd = j & 1;  // P_j lives in pa1 for odd j: select it into pa0 (no branch
+#pragma unroll                   // around a wgmma, which would make ptxas inject fences)
+        for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float lt = l[h];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-    const int row = row0 + h * 8;
-    if (row < c.q_len) {
-      T* dst = out + (int64_t(c.q_start + row) * a.num_heads + c.head) * HD + 2 * t;
+          for (int i = 0; i < 4; ++i) pa0[kk][i] = odd ? pa1[kk][i] : pa0[kk][i];
+        take_turn();
+        WgmmaFence();
+        issue_pv(j, pa0);
+        WgmmaCommit();
+        pass_turn();
+        WgmmaWait<0>();
+        FenceRegs(o);
+        fence_p(pa0);
+        fence_p(pa1);
+        release(st, j);
+      }
+
+      // Normalise and store (rows past the chunk are dropped).
+      const WorkSplit ws2 = GetWorkSplit<kBr>(a, cluster, persist);
+      const TileCoords c2 = GetItemCoords<kBr, kBc>(a, ws2, item).c;
+      const int row0 = c2.q0 + w * 64 + warp * 16 + g4;  // this thread's rows: row0, row0 + 8
+      T* out = static_cast<T*>(a.out);
 #pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(dst + n * 8) =
-            PackPair<T>(o[n * 4 + 2 * h] * inv, o[n * 4 + 2 * h + 1] * inv);
+      for (int h = 0; h < 2; ++h) {
+        float lt = l[h];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        const int row = row0 + h * 8;
+        if (row < c2.q_len) {
+          T* dst = out + (int64_t(c2.q_start + row) * a.num_heads + c2.head) * HD + 2 * t;
+#pragma unroll
+          for (int n = 0; n < HD / 8; ++n) {
+            *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                PackPair<T>(o[n * 4 + 2 * h] * inv, o[n * 4 + 2 * h + 1] * inv);
+          }
+        }
       }
     }
+    // Slots without a tile of this CTA (the heavier peer's extra ones; profiling: every slot
+    // in a loads-only run): wait for the stage's phase and give it back.
+    for (int j = n_tiles; j < n_slots; ++j) {
+      wait_full(full_k(stage(j)), j);
+      wait_full(full_v(stage(j)), j);
+      release(stage(j), j);
+    }
+    g0 += n_slots;
   }
-  if (cluster) ClusterWait();  // the peer no longer arrives on this CTA's barriers
+  if (ping_pong && w == 0) NamedBarrier(3, 256);  // warpgroup 1's last hand-over
+  if (cluster) {  // the peer no longer multicasts to nor arrives on this CTA's barriers
+    ClusterArrive();
+    ClusterWait();
+  }
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
@@ -745,19 +816,39 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
                                       static_cast<int>(Tr::kSmemBytes)));
   const CUtensorMap mk = PoolMap(a.k, a), mv = PoolMap(a.v, a);
   const bool cluster = a.v4_flags & kV4Cluster;
-  const int tiles = (a.max_q_len + Tr::kBr - 1) / Tr::kBr;
+  const int kpair = cluster ? 2 : 1;
+  const int ny = (a.max_q_len + Tr::kBr - 1) / Tr::kBr;
+  const int items = a.num_seqs * a.num_heads * ((ny + kpair - 1) / kpair);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(a.num_seqs * a.num_heads, cluster ? (tiles + 1) / 2 * 2 : tiles);
   cfg.blockDim = dim3(Tr::kThreads);
   cfg.dynamicSmemBytes = Tr::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 2;  // neighbouring query tiles of one (sequence, head)
+  attr[0].val.clusterDim.x = kpair;  // CTAs 2u, 2u+1: neighbouring query tiles of one head
+  attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = cluster ? 1 : 0;
+  int units = items;
+  if (!(a.v4_flags & kV4NoPersist)) {
+    // As many units as are resident at once (1 CTA per SM; clusters need two SMs of a GPC).
+    static int resident[2] = {0, 0};
+    int& r = resident[cluster ? 1 : 0];
+    if (r == 0) {
+      if (cluster) {
+        cfg.gridDim = dim3(2 * 132);
+        LLM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&r, kernel, &cfg));
+      } else {
+        int dev = 0;
+        LLM_CUDA_CHECK(cudaGetDevice(&dev));
+        LLM_CUDA_CHECK(cudaDeviceGetAttribute(&r, cudaDevAttrMultiProcessorCount, dev));
+      }
+      if (r <= 0) r = 1;
+    }
+    units = std::min(items, r);
+  }
+  cfg.gridDim = dim3(units * kpair);
   LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, a));
 }
 

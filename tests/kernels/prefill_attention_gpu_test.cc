@@ -160,13 +160,14 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
       ASSERT_TRUE(variant == cuda::PrefillVariant::kWgmma || (hd != 64 && hd != 128)) << e.what();
       continue;
     }
-    // v4 runs all four schedules (ping-pong and intra-warpgroup overlap on / off), each with
-    // and without the 2-CTA cluster that multicasts shared K/V tiles; the others (and kBest)
-    // run the production path once.
+    // v4 runs all four schedules (ping-pong and intra-warpgroup overlap on / off), each on a
+    // persistent grid and one CTA per tile, with and without the 2-CTA cluster that multicasts
+    // shared K/V tiles; the others (and kBest) run the production path once.
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
-    for (int i = 0; i < (v4 ? 8 : 1); ++i) {
-      const int flags = (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0);
+    for (int i = 0; i < (v4 ? 16 : 1); ++i) {
+      const int flags = (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0) |
+                        ((i & 8) ? cuda::detail::kV4NoPersist : 0);
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       if (v4) cuda::detail::SetPrefillV4Flags(flags);
