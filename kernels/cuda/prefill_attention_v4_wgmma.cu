@@ -2,13 +2,13 @@
 // recipe (sm_90a), as far as this rung takes it.
 //
 // Algorithm: one CTA per (128-row query tile, head, sequence), 3 warpgroups (384 threads):
-//  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 32); its first warp streams
+//  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 40); its first warp streams
 //    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
 //    tile (cp.async.bulk.tensor.3d, one box per page and 64-column half: a page's block_size
 //    rows of one KV head are contiguous in the pool), all completing on the stage's "full"
 //    mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once both
 //    consumer warpgroups have arrived on its "empty" mbarrier.
-//  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 240) own 64 query rows each. Their Q rows
+//  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 232) own 64 query rows each. Their Q rows
 //    arrive once by cp.async into 128-byte-swizzled shared memory. Per key tile j:
 //      S_j = Q·K_j^T    wgmma m64n128k16, A and B from shared memory (K-major, 128B swizzle)
 //      O += P_{j-1}·V_{j-1}  wgmma m64n{d}k16, P from registers (bf16/fp16), V from shared
@@ -66,7 +66,13 @@ struct WgmmaTraits {
   static_assert(kBc == 128, "S = Q K^T is one m64n128k16 chain");
   static_assert(kQHalfBytes % 1024 == 0 && kKvHalfBytes % 1024 == 0, "1024-byte swizzle atoms");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM");
-  static_assert(128 * 32 + kConsumers * 128 * 240 <= 65536, "setmaxnreg budget");
+  // setmaxnreg: the consumers' increase must come out of what the producer gives back (the
+  // CTA holds its launch allocation, 65536 / kThreads rounded down to 8 per thread; an
+  // increase the pool cannot cover blocks forever — 32 / 240 hung the kernel).
+  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert((kEntryRegs - kProducerRegs) * 128 >= (kConsumerRegs - kEntryRegs) * 128 * kConsumers,
+                "setmaxnreg budget");
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -423,7 +429,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
 
   if (wg == 0) {  // ---------------- producer ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegs));
     if (threadIdx.x >= 32) return;
     const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
     const int lane = threadIdx.x;
@@ -474,7 +480,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   }
 
   // ---------------- consumers ----------------
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
   const int w = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g4 = lane / 4, t = lane % 4;
   const uint32_t q_base = sQ + w * 64 * 128;
