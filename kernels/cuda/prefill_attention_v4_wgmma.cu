@@ -405,8 +405,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // Cluster mode (kV4Cluster): the pair's CTAs share the K/V tiles both read: each loads half of
   // every such tile's boxes and multicasts it to both, halving the L2 -> SM traffic
   // (RESULTS.md). A stage is refilled once the consumer warps of both CTAs gave it back: each
-  // empty barrier counts 16 arrivals, 8 local + 8 from the peer (other slots: 8 local arrivals
-  // of 2). The lighter CTA of a pair passes the heavier's extra slots as empty slots (its
+  // empty barrier counts 16 arrivals, 8 local + 8 from the peer (alone: 8 local arrivals of
+  // 2). The lighter CTA of a pair passes the heavier's extra slots as empty slots (its
   // producer completes their full barriers without data), so both walk the same slots.
   const bool cluster = a.v4_flags & kV4Cluster;
   const bool persist = !(a.v4_flags & kV4NoPersist);
@@ -496,17 +496,17 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // Per-item values the main loop reads, as plain scalars (the item's other coordinates are
   // recomputed for the epilogue: a persistent loop must not hold more registers than one tile).
   uint32_t g0 = 0;  // slots before this item
-  int common = 0;   // tiles shared with the cluster peer
   int diag = 0;     // ctx + this warpgroup's first row: key > diag + r masks row r
   const uint32_t peer = cluster ? ClusterCtaRank() ^ 1 : 0;
   // A warp gives slot j of the item (stage st) back once its wgmmas that read it have
-  // completed (wait_group is per warp): one elected arrival per warp, on this CTA's empty
-  // barrier and, for a tile the pair shares, on the peer's (whose producer multicasts into
-  // this CTA's stage too).
+  // completed (wait_group is per warp): one elected arrival per warp.
+  // In a cluster every slot is given back to both CTAs, shared or not: the peer's producer
+  // may multicast its next shared tile into this stage only once this CTA is done with
+  // whatever the stage held (a tile of its own included). Alone: one arrival of 2.
   auto release = [&](int st, int j) {
     __syncwarp();
     if (lane == 0) {
-      if (j < common) {
+      if (cluster) {
         MbarArrive(empty(st));
         MbarArriveRemote(empty(st), peer);
       } else {
@@ -660,7 +660,6 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       const ItemCoords ic = GetItemCoords<kBr, kBc>(a, ws, item);
       n_tiles = loads_only ? 0 : ic.n_tiles;
       n_slots = ic.n_slots;
-      common = ic.common;
       diag = ic.c.ctx + ic.c.q0 + w * 64;
     }
     if (n_tiles > 0) {
