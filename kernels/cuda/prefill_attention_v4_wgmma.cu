@@ -1,39 +1,49 @@
 // Prefill attention, rung 4 (v4_wgmma): Hopper warpgroup MMA fed by TMA — the FlashAttention-3
 // recipe (sm_90a), as far as this rung takes it.
 //
-// Algorithm: one CTA per (128-row query tile, head, sequence), 3 warpgroups (384 threads):
+// Algorithm: a persistent grid of CTAs (one per SM), 3 warpgroups (384 threads) each; a CTA
+// walks its share of the (128-row query tile, head, sequence) work items, heaviest first in a
+// snake order over the CTAs (GetWorkSplit / GetItemCoords below); kV4NoPersist launches one
+// CTA per item instead (the earlier form, 2-5% slower: RESULTS.md).
 //  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 40); its first warp streams
 //    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
 //    tile (cp.async.bulk.tensor.3d, one box per page and 64-column half: a page's block_size
 //    rows of one KV head are contiguous in the pool), all completing on the stage's "full"
-//    mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once both
-//    consumer warpgroups have arrived on its "empty" mbarrier.
+//    mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once every
+//    consumer warp has arrived on its "empty" mbarrier. The ring runs on from one item to the
+//    next, so the next item's first tiles load while the consumers finish the last one.
 //  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 232) own 64 query rows each. Their Q rows
-//    arrive once by cp.async into 128-byte-swizzled shared memory. Per key tile j:
+//    arrive by cp.async into 128-byte-swizzled shared memory at the start of each item. Per
+//    key tile j:
 //      S_j = Q·K_j^T    wgmma m64n128k16, A and B from shared memory (K-major, 128B swizzle)
 //      O += P_{j-1}·V_{j-1}  wgmma m64n{d}k16, P from registers (bf16/fp16), V from shared
 //                       memory read N-major (transposed B: V tiles stay [key][d] as TMA lands them)
-//    both issued as one batch, then mask (diagonal tiles only) and online
-//    softmax of S_j in registers (exp2, scale·log2e folded into one FMA), O rescaled, P_j packed.
-//  - Schedules (runtime knobs, prefill_attention.h kV4*; the test runs all four):
+//    both issued as one batch, then mask (diagonal tiles only) and online softmax of S_j in
+//    registers (exp2, scale·log2e folded into one FMA; row max and sum as 4-chain trees), O
+//    rescaled only when some row's maximum moved (warp-uniform test), P_j packed. The wgmma
+//    descriptors are built once and offset by one 32-bit add.
+//  - Schedules (runtime knobs, prefill_attention.h kV4*; the test runs all of them):
 //      ping-pong: named barriers 3/4 hand the "issue GEMMs" turn between the two consumer
 //        warpgroups, so one's softmax runs while the other's GEMMs occupy the tensor cores;
 //      overlap: wait only for S_j (wgmma.wait_group 1), run its softmax while P_{j-1}·V_{j-1}
-//        still accumulates (two P register sets), rescale O after it lands.
-//    Production (kV4Default) uses neither: on the H200 both cost 3-4% at head_dim 128 and
-//    a profiling run without exp2 was no faster, i.e. this kernel is not softmax-bound
-//    (bench/RESULTS.md, "Paged prefill attention").
+//        still accumulates (two P register sets), rescale O after it lands;
+//      cluster (kV4Cluster): 2-CTA clusters of neighbouring query tiles multicast the K/V
+//        tiles both read (half the L2 -> SM traffic).
+//    Production (kV4Default) uses none: with block size 16 the load traffic is what the math
+//    waits on, and the schedules that hide the softmax lose more to it than they gain; the
+//    cluster loads faster but its pairs wait for each other (RESULTS.md, "Prefill v4: where
+//    the time goes").
 //  - Keys past the sequence end in the last tile: their pages are not loaded, and those V rows
 //    are zeroed by the consumers (stale slots may hold NaN, and 0·NaN = NaN).
 // Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
 // Test:  ctest -L gpu -R prefill_attention     Bench: ./build/bench_prefill_attention_gpu
+// Profile: scripts/gpu_prefill_profile.sh (ablations: loads alone, math alone; ncu)
 // Change from v3: wgmma (64-row warpgroup MMAs, operands straight from shared memory, async)
 // instead of mma.sync + ldmatrix; TMA + mbarriers instead of cp.async; warp specialisation
 // with register reallocation; 128 × 128 tiles instead of 64 × 64.
-// Not yet (the next rung): a persistent grid (prologue/epilogue overlap, causal balance),
-// fewer and larger TMA boxes (two 64-column panels per box), TMA multicast of K/V across a
-// cluster of query tiles of one head, a TMA store of O; and counters (ncu) to find what the
-// ~0.9 µs per-tile fixed cost is (RESULTS.md).
+// Not yet (the next rung, RESULTS.md): fewer TMA boxes per tile (the loads alone take 0.64 of
+// the kernel's time at block size 16), Q as a register operand (less shared-memory traffic),
+// a TMA store of O.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
