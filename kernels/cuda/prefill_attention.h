@@ -85,9 +85,9 @@ inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no
 inline constexpr int kV4LoadsOnly = 8;
 inline constexpr int kV4ComputeOnly = 16;
 // Pairs neighbouring query tiles in a 2-CTA cluster that multicasts the K/V tiles both read
-// (half the L2 -> SM traffic). Off in production: on the H200 the loads alone get 15% faster,
-// but pairs of CTAs launch only when two SMs of a GPC are free at once, which costs more
-// (bench/RESULTS.md); a persistent grid would keep the clusters resident.
+// (half the L2 -> SM traffic). Off in production: on the H200 the loads alone get 15-25%
+// cheaper, but the pair runs in lockstep (the lighter CTA idles through the heavier one's
+// extra tile) and the whole kernel is slower, persistent or not (bench/RESULTS.md).
 inline constexpr int kV4Cluster = 32;
 // One CTA (or cluster) per query tile (pair), launched as a grid of them; the default is a
 // persistent grid of as many as fit at once, each walking its share of the tiles heaviest

@@ -1,7 +1,8 @@
 // Prefill attention, rung 4 (v4_wgmma): Hopper warpgroup MMA fed by TMA — the FlashAttention-3
 // recipe (sm_90a), as far as this rung takes it.
 //
-// Algorithm: a persistent grid of CTAs (one per SM), 3 warpgroups (384 threads) each; a CTA
+// Algorithm: a persistent grid of CTAs (one per SM; in cluster mode as many pairs as the GPCs
+// hold), 3 warpgroups (384 threads) each; a CTA
 // walks its share of the (128-row query tile, head, sequence) work items, heaviest first in a
 // snake order over the CTAs (GetWorkSplit / GetItemCoords below); kV4NoPersist launches one
 // CTA per item instead (the earlier form, 2-5% slower: RESULTS.md).
@@ -70,7 +71,8 @@ struct WgmmaTraits {
   static constexpr uint32_t kQBytes = kHalves * kQHalfBytes;
   static constexpr uint32_t kKvHalfBytes = kBc * 128;
   static constexpr uint32_t kKvBytes = kHalves * kKvHalfBytes;  // one K (or V) stage
-  static constexpr uint32_t kBarBytes = 64;
+  static constexpr uint32_t kBarBytes = 128;  // 3 · kStages mbarriers of 8 bytes
+  static_assert(kBarBytes >= 3 * kStages * 8, "full K, full V and empty barrier per stage");
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKvBytes + kBarBytes;
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
   static_assert(kBc == 128, "S = Q K^T is one m64n128k16 chain");
@@ -847,21 +849,27 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   cfg.numAttrs = cluster ? 1 : 0;
   int units = items;
   if (!(a.v4_flags & kV4NoPersist)) {
-    // As many units as are resident at once (1 CTA per SM; clusters need two SMs of a GPC).
-    static int resident[2] = {0, 0};
-    int& r = resident[cluster ? 1 : 0];
-    if (r == 0) {
-      if (cluster) {
-        cfg.gridDim = dim3(2 * 132);
-        LLM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&r, kernel, &cfg));
-      } else {
-        int dev = 0;
-        LLM_CUDA_CHECK(cudaGetDevice(&dev));
-        LLM_CUDA_CHECK(cudaDeviceGetAttribute(&r, cudaDevAttrMultiProcessorCount, dev));
-      }
-      if (r <= 0) r = 1;
+    // As many units as are resident at once: 1 CTA per SM, or as many 2-CTA clusters as the
+    // GPCs hold. Counted once per instantiation (thread-safe static initialisation: tensor-
+    // parallel ranks launch from their own threads; their GPUs are of one kind).
+    static const int sms = [] {
+      int dev = 0, n = 0;
+      LLM_CUDA_CHECK(cudaGetDevice(&dev));
+      LLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+      return std::max(n, 1);
+    }();
+    int resident = sms;
+    if (cluster) {
+      static const int clusters = [&] {
+        cudaLaunchConfig_t q = cfg;
+        q.gridDim = dim3(2 * sms);
+        int n = 0;
+        LLM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &q));
+        return std::max(n, 1);
+      }();
+      resident = clusters;
     }
-    units = std::min(items, r);
+    units = std::min(items, resident);
   }
   cfg.gridDim = dim3(units * kpair);
   LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, a));
