@@ -210,8 +210,13 @@ def build(records):
                              "source": r.get("_source")})
             continue
         table = prefill if kind == "prefill" else decode
-        entry = table.setdefault(key, {"variants": {}, "failures": []})
+        entry = table.setdefault(key, {"variants": {}, "failures": [], "profiling": {}})
         value = fill_prefill(r) if kind == "prefill" else fill_decode(r)
+        if as_bool(r.get("profiling"), False):
+            # An ablation that gives wrong output on purpose (e.g. v4 without exp2, loads
+            # alone): kept for the record, never "ours" and never a failure.
+            entry["profiling"][variant] = public(r)
+            continue
         if why or value is None or value <= 0:
             f = {"variant": variant, "error": why or "no usable time", "source": r.get("_source")}
             entry["failures"].append(f)
@@ -258,6 +263,8 @@ def summarize(key, entry, kind, copy_bw):
            "torch_cudnn": clean(vs["torch_cudnn"]) if "torch_cudnn" in vs else None,
            "ratio_ours_to_fa2": ratio(best, fa2), "ratio_ours_to_cudnn": ratio(best, cud),
            "failures": entry["failures"]}
+    if entry.get("profiling"):
+        out["profiling"] = dict(sorted(entry["profiling"].items()))
     if kind == "decode":
         # Above the copy ceiling means the timing or the byte count is off (e.g. L2 reuse).
         out["suspect_over_copy"] = sorted(
