@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU decode benchmark (not a test): tokens/s of batch-1 greedy decode for stories260K and
 # random-weight models of the llama2.c 110M shape and the TinyLlama-1.1B shape, in f32 and
-# bf16 weights, with the ratio to the memory-bandwidth roofline measured in the same run
+# bf16 weights and FP8 linear layers (--quantization fp8 of the bf16 checkpoint), with the
+# ratio to the memory-bandwidth roofline measured in the same run
 # (bench_membw). Writes bench/results/cpu-decode.json and prints a table.
 #   bench/cpu_decode.sh [--tokens N]       (models are generated under build/bench-models)
 set -euo pipefail
@@ -43,6 +44,7 @@ run stories260K-f32 ../shared/models/stories260K ""
 for shape in llama2c-110m tinyllama-1.1b; do
   run $shape-f32 $models/$shape-f32 ""
   run $shape-bf16 $models/$shape-bf16 ""
+  run $shape-fp8 $models/$shape-bf16 "--quantization fp8"  # FP8 linear layers, bf16 lm_head
 done
 read_after=$(membw_gbs)
 read_gbs=$(python3 -c "print(max($read_before, $read_after))")

@@ -67,7 +67,7 @@ CpuExecutor::CpuExecutor(const LlamaModel& model, int64_t num_blocks, int64_t bl
     : model_(model), kv_(model.config(), num_blocks, block_size, kv_dtype) {}
 
 std::string CpuExecutor::Describe() const {
-  return "cpu, " + std::string(DTypeName(model_.weight_dtype())) + " weights, " +
+  return "cpu, " + model_.WeightsDescription() + " weights, " +
          (kv_.dtype() == KvCacheDType::kFp8E4m3 ? "fp8 (e4m3)" : "f32") + " KV cache";
 }
 

@@ -83,6 +83,29 @@ cpu::WeightMatrix LlamaModel::Matrix(const std::string& name, std::vector<int64_
   return m;
 }
 
+cpu::WeightMatrix LlamaModel::LinearMatrix(const std::string& name, std::vector<int64_t> shape) {
+  if (!fp8_weights_) return Matrix(name, shape);
+  const TensorView& t = checkpoint_->GetWithShape(name, shape);
+  const int64_t rows = shape[0], cols = shape[1];
+  std::vector<float> f32(static_cast<size_t>(rows * cols));
+  ToF32(t, f32.data(), rows * cols);
+  owned8_.emplace_back(static_cast<size_t>(rows * cols));
+  owned32_.emplace_back(static_cast<size_t>(rows));
+  if (!cpu::QuantizeFp8Rows(f32.data(), rows, cols, owned8_.back().data(),
+                            owned32_.back().data())) {
+    throw Error(t.file + ": tensor " + name +
+                " holds a NaN or infinite weight (--quantization fp8 cannot scale it)");
+  }
+  cpu::WeightMatrix m{DType::kF8E4M3, owned8_.back().data(), rows, cols};
+  m.scales = owned32_.back().data();
+  return m;
+}
+
+std::string LlamaModel::WeightsDescription() const {
+  const std::string base(DTypeName(weight_dtype_));
+  return fp8_weights_ ? "F8_E4M3 (linear layers, per-row scales) + " + base : base;
+}
+
 std::vector<float> LlamaModel::Vector(const std::string& name, int64_t size) {
   const TensorView& t = checkpoint_->GetWithShape(name, {size});
   std::vector<float> out(static_cast<size_t>(size));
@@ -99,6 +122,7 @@ std::unique_ptr<LlamaModel> LlamaModel::Load(const std::string& model_dir,
   const ModelConfig& c = m->config_;
   const TensorView& embed = m->checkpoint_->Get("model.embed_tokens.weight");
   m->weight_dtype_ = options.weight_dtype.value_or(embed.dtype);
+  m->fp8_weights_ = options.fp8_weights;
 
   const int64_t hidden = c.hidden_size, q_dim = c.num_heads * c.head_dim;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim, inter = c.intermediate_size;
@@ -113,13 +137,13 @@ std::unique_ptr<LlamaModel> LlamaModel::Load(const std::string& model_dir,
     Layer& l = m->layers_[static_cast<size_t>(i)];
     l.input_norm = m->Vector(LayerName(i, "input_layernorm.weight"), hidden);
     l.post_attention_norm = m->Vector(LayerName(i, "post_attention_layernorm.weight"), hidden);
-    l.q = m->Matrix(LayerName(i, "self_attn.q_proj.weight"), {q_dim, hidden});
-    l.k = m->Matrix(LayerName(i, "self_attn.k_proj.weight"), {kv_dim, hidden});
-    l.v = m->Matrix(LayerName(i, "self_attn.v_proj.weight"), {kv_dim, hidden});
-    l.o = m->Matrix(LayerName(i, "self_attn.o_proj.weight"), {hidden, q_dim});
-    l.gate = m->Matrix(LayerName(i, "mlp.gate_proj.weight"), {inter, hidden});
-    l.up = m->Matrix(LayerName(i, "mlp.up_proj.weight"), {inter, hidden});
-    l.down = m->Matrix(LayerName(i, "mlp.down_proj.weight"), {hidden, inter});
+    l.q = m->LinearMatrix(LayerName(i, "self_attn.q_proj.weight"), {q_dim, hidden});
+    l.k = m->LinearMatrix(LayerName(i, "self_attn.k_proj.weight"), {kv_dim, hidden});
+    l.v = m->LinearMatrix(LayerName(i, "self_attn.v_proj.weight"), {kv_dim, hidden});
+    l.o = m->LinearMatrix(LayerName(i, "self_attn.o_proj.weight"), {hidden, q_dim});
+    l.gate = m->LinearMatrix(LayerName(i, "mlp.gate_proj.weight"), {inter, hidden});
+    l.up = m->LinearMatrix(LayerName(i, "mlp.up_proj.weight"), {inter, hidden});
+    l.down = m->LinearMatrix(LayerName(i, "mlp.down_proj.weight"), {hidden, inter});
   }
   m->inv_freq_ = RopeInvFreq(c);
   return m;

@@ -1,4 +1,5 @@
-// The Llama forward pass on the CPU (fp32 compute; weights f32, bf16 or f16).
+// The Llama forward pass on the CPU (fp32 compute; weights f32, bf16 or f16, or FP8 e4m3 linear
+// layers with per-row scales under --quantization fp8).
 //
 //   tokens ─ embed ─┬─ RMSNorm ─ q,k,v proj ─ RoPE ─ KV append ─ attention ─ o proj ─(+)─┐
 //                   └────────────────────────────────────────────────────────────────────┘
@@ -30,6 +31,10 @@ struct LoadOptions {
   // Element type the weight matrices are kept in. nullopt: as stored in the checkpoint
   // (no copy: the matrices point into the memory-mapped files).
   std::optional<DType> weight_dtype;
+  // --quantization fp8: the linear layers' matrices (q, k, v, o, gate, up, down) become e4m3
+  // codes with one fp32 scale per output row (cpu::QuantizeFp8Rows), a quarter of the bytes of
+  // f32 and half of bf16; the embeddings and lm_head stay in weight_dtype (as vLLM keeps them).
+  bool fp8_weights = false;
 };
 
 // One step's tokens for the model, sequences laid out decodes first (one token each), then
@@ -76,6 +81,9 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   DType weight_dtype() const { return weight_dtype_; }
+  bool fp8_weights() const { return fp8_weights_; }
+  // "BF16", or "F8_E4M3 (linear layers, per-row scales) + BF16" under --quantization fp8.
+  std::string WeightsDescription() const;
   // Bytes of weight matrices streamed per decoded token (all linear layers + lm_head).
   int64_t weight_bytes_per_token() const;
 
@@ -91,6 +99,8 @@ class LlamaModel {
   };
   LlamaModel() = default;
   cpu::WeightMatrix Matrix(const std::string& name, std::vector<int64_t> shape);
+  // A linear layer's matrix: Matrix(), or its FP8 quantization under fp8_weights_.
+  cpu::WeightMatrix LinearMatrix(const std::string& name, std::vector<int64_t> shape);
   std::vector<float> Vector(const std::string& name, int64_t size);
   void Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
                  const ForwardBatch& batch, KvCachePool& kv) const;
@@ -98,7 +108,9 @@ class LlamaModel {
 
   ModelConfig config_;
   DType weight_dtype_ = DType::kF32;
+  bool fp8_weights_ = false;
   std::unique_ptr<Checkpoint> checkpoint_;
+  std::vector<std::vector<uint8_t>> owned8_;  // FP8 codes (fp8_weights_; scales in owned32_)
   std::vector<std::vector<uint16_t>> owned16_;  // converted weights (when not as stored)
   std::vector<std::vector<float>> owned32_;
   cpu::WeightMatrix embed_, lm_head_;

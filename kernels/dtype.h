@@ -8,11 +8,15 @@
 
 namespace llm {
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+// kF8E4M3: FP8 e4m3 codes (kernels/fp8.h), the weight format of --quantization fp8 (weights
+// only, each matrix row with its own fp32 scale: cpu::WeightMatrix::scales).
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kF8E4M3 ? 1 : 2;
+}
 
-// The names safetensors uses ("F32", "F16", "BF16").
+// The names safetensors uses ("F32", "F16", "BF16", "F8_E4M3").
 constexpr std::string_view DTypeName(DType t) {
   switch (t) {
     case DType::kF32:
@@ -21,6 +25,8 @@ constexpr std::string_view DTypeName(DType t) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }

@@ -60,9 +60,24 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "quarter of f32 on cpu)")
       ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}))
       ->capture_default_str();
+  cmd->add_option("--quantization", quantization,
+                  "none, or fp8: the linear layers' weights quantized at load to FP8 e4m3 with "
+                  "one scale per output row (a quarter of the bytes of f32, half of bf16; "
+                  "embeddings and lm_head unchanged; cpu only for now)")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
   cmd->add_flag("--disable-custom-all-reduce", disable_custom_all_reduce,
                 "cuda, --tensor-parallel-size > 1: every all-reduce through NCCL (default: "
                 "small steps take our one-shot kernel over peer access)");
+}
+
+LoadOptions CpuLoadOptions(const BackendFlags& f) {
+  LoadOptions load;
+  if (f.dtype == "f32") load.weight_dtype = DType::kF32;
+  if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
+  if (f.dtype == "f16") load.weight_dtype = DType::kF16;
+  load.fp8_weights = f.quantization == "fp8";
+  return load;
 }
 
 void CheckCpuFlags(const BackendFlags& f) {
@@ -83,11 +98,7 @@ namespace {
 Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   CheckCpuFlags(f);
   Backend b;
-  LoadOptions load;
-  if (f.dtype == "f32") load.weight_dtype = DType::kF32;
-  if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
-  if (f.dtype == "f16") load.weight_dtype = DType::kF16;
-  b.cpu_model = LlamaModel::Load(model_path, load);
+  b.cpu_model = LlamaModel::Load(model_path, CpuLoadOptions(f));
   engine->kv_cache_dtype = ParseKvCacheDType(f.kv_cache_dtype);
   const int64_t blocks = KvCachePool::NumBlocksForBytes(
       b.cpu_model->config(), engine->block_size, engine->kv_cache_bytes, engine->kv_cache_dtype);
@@ -100,6 +111,10 @@ Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConf
 #if defined(LLM_HAS_CUDA)
 Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   if (f.dtype == "f32") throw Error("--device cuda runs bf16 or f16 (not f32)");
+  if (f.quantization != "none") {
+    throw Error("--quantization " + f.quantization +
+                " runs on --device cpu only for now (the CUDA backend has no FP8 GEMMs yet)");
+  }
   CudaExecutorOptions o;
   o.dtype = f.dtype == "f16" ? DType::kF16 : DType::kBF16;
   o.kv_cache_fp8 = ParseKvCacheDType(f.kv_cache_dtype) == KvCacheDType::kFp8E4m3;

@@ -1,6 +1,7 @@
 // Choosing and building the model backend for `llm serve`, `llm bench` and `llm generate`:
 // --device cpu|cuda|auto, --dtype, --load-format auto|dummy, --gpu-memory-utilization,
-// --enforce-eager, --async-scheduling, --tensor-parallel-size (vLLM's names). The result is a ModelExecutor for the Engine.
+// --enforce-eager, --async-scheduling, --tensor-parallel-size, --kv-cache-dtype, --quantization
+// (vLLM's names). The result is a ModelExecutor for the Engine.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -26,6 +27,7 @@ struct BackendFlags {
   int tensor_parallel_size = 1;  // cuda: GPUs 0..N-1, one shard each over NCCL
   std::string kv_cache_dtype = "auto";  // auto (cpu f32, cuda the model dtype) or fp8 (cpu)
   bool disable_custom_all_reduce = false;  // cuda, N > 1: NCCL for every all-reduce
+  std::string quantization = "none";       // none, or fp8: FP8 e4m3 linear weights (cpu)
   // vLLM's --async-scheduling: schedule step N+1 while step N runs (EngineConfig).
   // Unset: on for cuda (measured: GPU busy 0.94 -> 0.998 at 256 sequences), off for cpu.
   std::optional<bool> async_scheduling;
@@ -45,6 +47,9 @@ bool CudaDevicePresent();
 // Throws llm::Error for flags only the CUDA backend takes (--load-format dummy,
 // --tensor-parallel-size > 1), for paths that run the CPU backend.
 void CheckCpuFlags(const BackendFlags& flags);
+
+// The CPU backend's LoadOptions from --dtype and --quantization.
+LoadOptions CpuLoadOptions(const BackendFlags& flags);
 
 // Builds the backend for `model_path` (a model folder; with --load-format dummy also a
 // config .json). On the CPU the KV pool comes from engine.kv_cache_bytes; on the GPU from the

@@ -60,7 +60,7 @@ void LogModel(const std::string& dir, const LlamaModel& model) {
                "weights %s, %.1f MB per token, %d threads\n",
                dir.c_str(), c.architecture.c_str(), (long long)c.num_layers,
                (long long)c.hidden_size, (long long)c.num_heads, (long long)c.num_kv_heads,
-               (long long)c.vocab_size, std::string(DTypeName(model.weight_dtype())).c_str(),
+               (long long)c.vocab_size, model.WeightsDescription().c_str(),
                model.weight_bytes_per_token() / 1e6, omp_get_max_threads());
 }
 
@@ -118,11 +118,7 @@ int RunGenerate(GenerateFlags f) {
     if (backend.device == "cuda") return RunGenerateOnEngine(f, std::move(backend), probe);
   }
   CheckCpuFlags(f.backend);
-  LoadOptions load;
-  if (f.backend.dtype == "f32") load.weight_dtype = DType::kF32;
-  if (f.backend.dtype == "bf16") load.weight_dtype = DType::kBF16;
-  if (f.backend.dtype == "f16") load.weight_dtype = DType::kF16;
-  auto model = LlamaModel::Load(f.model_dir, load);
+  auto model = LlamaModel::Load(f.model_dir, CpuLoadOptions(f.backend));
   auto tokenizer = Tokenizer::Load(f.model_dir);
   LogModel(f.model_dir, *model);
   GenerateOptions options;

@@ -11,7 +11,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
+
+#include "kernels/fp8.h"
 
 namespace llm::cpu {
 namespace {
@@ -38,6 +41,8 @@ inline float LoadScalar(const void* base, int64_t index) {
     return static_cast<const float*>(base)[index];
   } else if constexpr (kType == DType::kBF16) {
     return Bf16ToF32(static_cast<const uint16_t*>(base)[index]);
+  } else if constexpr (kType == DType::kF8E4M3) {
+    return E4m3ToF32(static_cast<const uint8_t*>(base)[index]);  // unscaled
   } else {
     return F16ToF32(static_cast<const uint16_t*>(base)[index]);
   }
@@ -50,6 +55,58 @@ inline float HorizontalSum(__m256 v) {
   lo = _mm_hadd_ps(lo, lo);
   lo = _mm_hadd_ps(lo, lo);
   return _mm_cvtss_f32(lo);
+}
+
+// e4m3 codes (zero-extended to 16 bits) as the f16 bit patterns of value · 2^-8: the code's
+// byte moved to the top of the lane, shifted right arithmetically by one (the sign lands on
+// bits 15 and 14, exponent and mantissa on 13..7), bit 14 cleared. f16's exponent bias is 8
+// more than e4m3's and its subnormals cover e4m3's, so every finite code maps exactly (NaN
+// codes do not: the quantizer never writes them). 3 integer operations per 16 weights.
+inline __m256i E4m3ToHalfBits(__m256i c16) {
+  return _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(c16, 8), 1),
+                          _mm256_set1_epi16(static_cast<short>(0xbf80)));
+}
+
+// One row of FP8 weights against one token: Σ x·w = scale · 2^8 · Σ x·(code · 2^-8).
+inline float RowDotFp8(const float* x, const WeightMatrix& w, int64_t r) {
+  const int64_t cols = w.cols;
+  const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * cols;
+  int64_t k = 0;
+  float sum = 0.f;  // in units of 2^-8
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const int64_t vec64 = cols & ~int64_t{63};
+  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+  for (; k < vec64; k += 64) {
+    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k)));
+    const __m512i h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c, 8), 1),
+                                       _mm512_set1_epi16(static_cast<short>(0xbf80)));
+    b0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), _mm512_loadu_ps(x + k), b0);
+    b1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
+                         _mm512_loadu_ps(x + k + 16), b1);
+    const __m512i c2 =
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k + 32)));
+    const __m512i h2 = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c2, 8), 1),
+                                        _mm512_set1_epi16(static_cast<short>(0xbf80)));
+    b2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h2)), _mm512_loadu_ps(x + k + 32),
+                         b2);
+    b3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h2, 1)),
+                         _mm512_loadu_ps(x + k + 48), b3);
+  }
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+#endif
+  const int64_t vec16 = cols & ~int64_t{15};
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (; k < vec16; k += 16) {
+    const __m256i h = E4m3ToHalfBits(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k))));
+    a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)),
+                         _mm256_loadu_ps(x + k + 8), a1);
+  }
+  sum += HorizontalSum(_mm256_add_ps(a0, a1));
+  float tail = 0.f;
+  for (; k < cols; ++k) tail += E4m3ToF32(q[k]) * x[k];
+  return (sum * 256.f + tail) * w.scales[r];
 }
 
 // One row of W against one token, reading W strictly in memory order: rows are contiguous,
@@ -77,6 +134,7 @@ inline __m512 Load16(const void* base, int64_t index) {
 
 template <DType kType>
 inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
+  if constexpr (kType == DType::kF8E4M3) return RowDotFp8(x, w, r);
   const int64_t cols = w.cols, base = r * cols;
   int64_t k = 0;
   float sum = 0.f;
@@ -144,6 +202,8 @@ void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens)
       return LinearTyped<DType::kBF16>(x, w, y, num_tokens);
     case DType::kF16:
       return LinearTyped<DType::kF16>(x, w, y, num_tokens);
+    case DType::kF8E4M3:
+      return LinearTyped<DType::kF8E4M3>(x, w, y, num_tokens);
   }
 }
 
@@ -160,8 +220,27 @@ void LoadRow(const WeightMatrix& w, int64_t row, float* out) {
       case DType::kF16:
         out[k] = LoadScalar<DType::kF16>(w.data, i);
         break;
+      case DType::kF8E4M3:
+        out[k] = LoadScalar<DType::kF8E4M3>(w.data, i) * w.scales[row];
+        break;
     }
   }
+}
+
+bool QuantizeFp8Rows(const float* src, int64_t rows, int64_t cols, uint8_t* codes,
+                     float* scales) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * cols;
+    float amax = 0.f;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (!std::isfinite(row[c])) return false;
+      amax = std::max(amax, std::fabs(row[c]));
+    }
+    const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+    scales[r] = scale;
+    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = F32ToE4m3(row[c] / scale);
+  }
+  return true;
 }
 
 void LinearReference(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens) {

@@ -21,9 +21,23 @@ struct WeightMatrix {
   const void* data = nullptr;
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features
+  // kF8E4M3 only: [rows] fp32 scales, W[r][c] = scales[r] · e4m3(data[r][c]). The codes are
+  // never NaN (QuantizeFp8Rows rejects non-finite weights), which the kernel relies on.
+  const float* scales = nullptr;
 
-  int64_t num_bytes() const { return rows * cols * static_cast<int64_t>(DTypeSize(dtype)); }
+  int64_t num_bytes() const {
+    return rows * cols * static_cast<int64_t>(DTypeSize(dtype)) +
+           (dtype == DType::kF8E4M3 ? rows * int64_t(sizeof(float)) : 0);
+  }
 };
+
+// FP8 weights (vLLM's --quantization fp8 on a bf16/fp32 checkpoint, per output channel):
+// each row's scale is max|w| / 448 (1 for an all-zero row) and each weight becomes the e4m3
+// code of w / scale, rounded to nearest even. `src` is [rows, cols] fp32; writes rows·cols
+// codes and `rows` scales. Returns false (writing nothing useful) if a weight is NaN or
+// infinite: the caller names the tensor.
+bool QuantizeFp8Rows(const float* src, int64_t rows, int64_t cols, uint8_t* codes,
+                     float* scales);
 
 void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens);
 

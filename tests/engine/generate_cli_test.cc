@@ -93,6 +93,20 @@ TEST(GenerateCli, Fp8KvCacheRunsOnTheCpu) {
             0);
 }
 
+// --quantization fp8: the linear layers as FP8 weights, on the CPU path a user takes; the log
+// says so; an unknown scheme is rejected. (On cuda it is a clear error until the CUDA backend
+// has FP8 GEMMs: tested where a GPU is present, the device check comes first otherwise.)
+TEST(GenerateCli, Fp8WeightsRunOnTheCpu) {
+  RunResult r = RunLlm("generate --device cpu --model " + Stories() +
+                       " --prompt 'Once upon a time' --temperature 0 --max-tokens 16 "
+                       "--quantization fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  EXPECT_NE(r.err.find("F8_E4M3 (linear layers"), std::string::npos) << r.err;
+  EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --quantization int4").exit_code,
+            0);
+}
+
 TEST(MakeModelCli, WritesALoadableCheckpoint) {
   test::TempDir dir;
   const std::string config = (test::SourceDir() / "engine/configs/demo.json").string();

@@ -1,13 +1,17 @@
-// cpu::Linear against the double-precision reference for every weight dtype and awkward
-// shapes (rows not a multiple of the 4-row tile, cols not a multiple of 8, 1..70 tokens).
+// cpu::Linear against the double-precision reference for every weight dtype (FP8 e4m3 with
+// per-row scales included) and awkward shapes (rows not a multiple of the 4-row tile, cols not a multiple of 8, 1..70 tokens).
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include <cmath>
 #include <random>
 #include <tuple>
 #include <vector>
+
+#include "kernels/fp8.h"
 
 namespace llm::cpu {
 namespace {
@@ -34,6 +38,13 @@ TEST_P(LinearTest, MatchesReference) {
   }
   WeightMatrix w{c.dtype, c.dtype == DType::kF32 ? (const void*)w32.data() : w16.data(), c.rows,
                  c.cols};
+  std::vector<uint8_t> w8(w32.size());
+  std::vector<float> scales(static_cast<size_t>(c.rows));
+  if (c.dtype == DType::kF8E4M3) {
+    ASSERT_TRUE(QuantizeFp8Rows(w32.data(), c.rows, c.cols, w8.data(), scales.data()));
+    w.data = w8.data();
+    w.scales = scales.data();
+  }
   std::vector<float> got(static_cast<size_t>(c.num_tokens * c.rows), std::nanf(""));
   std::vector<float> want(got.size());
   Linear(x.data(), w, got.data(), c.num_tokens);
@@ -48,7 +59,7 @@ TEST_P(LinearTest, MatchesReference) {
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1},
                               {5, 7},
                               {17, 64},
@@ -74,8 +85,12 @@ TEST(Linear, BitIdenticalAloneOrBatched) {
   for (float& v : w) v = dist(rng);
   std::vector<uint16_t> wb(w.size());
   for (size_t i = 0; i < w.size(); ++i) wb[i] = F32ToBf16(w[i]);
+  std::vector<uint8_t> w8(w.size());
+  std::vector<float> s8(static_cast<size_t>(rows));
+  ASSERT_TRUE(QuantizeFp8Rows(w.data(), rows, cols, w8.data(), s8.data()));
   for (const WeightMatrix m : {WeightMatrix{DType::kF32, w.data(), rows, cols},
-                               WeightMatrix{DType::kBF16, wb.data(), rows, cols}}) {
+                               WeightMatrix{DType::kBF16, wb.data(), rows, cols},
+                               WeightMatrix{DType::kF8E4M3, w8.data(), rows, cols, s8.data()}}) {
     std::vector<float> batched(static_cast<size_t>(tokens * rows));
     Linear(x.data(), m, batched.data(), tokens);
     for (int64_t t = 0; t < tokens; ++t) {
@@ -86,6 +101,66 @@ TEST(Linear, BitIdenticalAloneOrBatched) {
       }
     }
   }
+}
+
+// FP8 weights: the quantizer's codes and scales, and the kernel's exact dequantization. Every
+// finite e4m3 code (all 254 of them, in one row with a power-of-two scale, so each product
+// with x = 1 is exact) sums to what E4m3ToF32 says, and a one-hot x reads each code back.
+TEST(Fp8Weights, KernelDequantizesEveryCodeExactly) {
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7f) != 0x7f) codes.push_back(uint8_t(c));  // NaN codes are never written
+  const int64_t cols = int64_t(codes.size());               // 254: vector body and a tail
+  const float scale = 0.25f;
+  const WeightMatrix w{DType::kF8E4M3, codes.data(), 1, cols, &scale};
+  for (int64_t k = 0; k < cols; ++k) {
+    std::vector<float> x(static_cast<size_t>(cols), 0.f);
+    x[k] = 1.f;
+    float y = NAN;
+    Linear(x.data(), w, &y, 1);
+    ASSERT_EQ(y, E4m3ToF32(codes[k]) * scale) << "code " << int(codes[k]);
+  }
+}
+
+TEST(Fp8Weights, QuantizerScalesEachRowToItsMaximum) {
+  const int64_t rows = 3, cols = 5;
+  const std::vector<float> w = {0.5f, -1.f, 0.25f, 0.f, 0.125f,   // max 1
+                                0.f,  0.f,  0.f,   0.f, 0.f,      // all zero: scale 1
+                                448.f, -896.f, 1e-6f, 3.f, 7.f};  // max 896: scale 2
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  std::vector<float> s(static_cast<size_t>(rows));
+  ASSERT_TRUE(QuantizeFp8Rows(w.data(), rows, cols, q.data(), s.data()));
+  EXPECT_EQ(s[0], 1.f / 448.f);
+  EXPECT_EQ(s[1], 1.f);
+  EXPECT_EQ(s[2], 2.f);
+  // The row maximum maps to the largest code (-448: 0xfe), zeros to zero, and every code is
+  // the nearest-even e4m3 of w / scale, within half a step of w (3 mantissa bits: 2^-4 of
+  // |w| for normal codes, half the smallest subnormal, scale · 2^-10, below them).
+  EXPECT_EQ(q[1], 0xfe);
+  EXPECT_EQ(q[11], 0xfe);
+  for (int64_t i = 5; i < 10; ++i) EXPECT_EQ(q[size_t(i)], 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(r * cols + c);
+      EXPECT_EQ(q[i], F32ToE4m3(w[i] / s[size_t(r)])) << i;
+      const float back = E4m3ToF32(q[i]) * s[size_t(r)];
+      EXPECT_LE(std::fabs(back - w[i]), std::max(std::fabs(w[i]) / 16, s[size_t(r)] / 1024)) << i;
+    }
+  }
+  // The weights the matrix stands for are what LoadRow gives back.
+  const WeightMatrix m{DType::kF8E4M3, q.data(), rows, cols, s.data()};
+  std::vector<float> row(static_cast<size_t>(cols));
+  LoadRow(m, 2, row.data());
+  for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(row[size_t(c)], E4m3ToF32(q[size_t(10 + c)]) * 2.f);
+}
+
+TEST(Fp8Weights, QuantizerRejectsNonFiniteWeights) {
+  std::vector<uint8_t> q(4);
+  std::vector<float> s(2);
+  const std::vector<float> nan = {1.f, 2.f, std::nanf(""), 0.f};
+  const std::vector<float> inf = {1.f, INFINITY, 0.f, 0.f};
+  EXPECT_FALSE(QuantizeFp8Rows(nan.data(), 2, 2, q.data(), s.data()));
+  EXPECT_FALSE(QuantizeFp8Rows(inf.data(), 2, 2, q.data(), s.data()));
 }
 
 TEST(LoadRow, ConvertsEachDtype) {
