@@ -104,9 +104,52 @@ inline float RowDotFp8(const float* x, const WeightMatrix& w, int64_t r) {
                          _mm256_loadu_ps(x + k + 8), a1);
   }
   sum += HorizontalSum(_mm256_add_ps(a0, a1));
+  // Explicit fma: the compiler may contract a plain a * b + c differently where it inlines
+  // this and RowDotFp8Widened, which must give the same bits.
   float tail = 0.f;
-  for (; k < cols; ++k) tail += E4m3ToF32(q[k]) * x[k];
-  return (sum * 256.f + tail) * w.scales[r];
+  for (; k < cols; ++k) tail = std::fma(E4m3ToF32(q[k]), x[k], tail);
+  return std::fma(sum, 256.f, tail) * w.scales[r];
+}
+
+// The same dot product over a row already widened to fp32 (value · 2^-8, the floats RowDotFp8
+// converts the codes into), in the same order of operations: a token's result is bit-identical
+// whether its batch widened the rows first or not (batch invariance).
+inline float RowDotFp8Widened(const float* x, const float* wv, int64_t cols, float scale) {
+  int64_t k = 0;
+  float sum = 0.f;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const int64_t vec64 = cols & ~int64_t{63};
+  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+  for (; k < vec64; k += 64) {
+    b0 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k), _mm512_loadu_ps(x + k), b0);
+    b1 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k + 16), _mm512_loadu_ps(x + k + 16), b1);
+    b2 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k + 32), _mm512_loadu_ps(x + k + 32), b2);
+    b3 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k + 48), _mm512_loadu_ps(x + k + 48), b3);
+  }
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+#endif
+  const int64_t vec16 = cols & ~int64_t{15};
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (; k < vec16; k += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wv + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wv + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+  }
+  sum += HorizontalSum(_mm256_add_ps(a0, a1));
+  float tail = 0.f;
+  for (; k < cols; ++k) tail = std::fma(wv[k] * 256.f, x[k], tail);  // wv·256: the code's value
+  return std::fma(sum, 256.f, tail) * scale;
+}
+
+// Codes -> value · 2^-8 as fp32 (exact), 16 at a time as RowDotFp8 converts them.
+inline void WidenFp8Row(const uint8_t* q, int64_t cols, float* out) {
+  int64_t k = 0;
+  for (; k + 16 <= cols; k += 16) {
+    const __m256i h =
+        E4m3ToHalfBits(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k))));
+    _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+    _mm256_storeu_ps(out + k + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+  }
+  for (; k < cols; ++k) out[k] = E4m3ToF32(q[k]) * (1.f / 256.f);
 }
 
 // One row of W against one token, reading W strictly in memory order: rows are contiguous,
@@ -173,6 +216,25 @@ inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
 template <DType kType>
 void LinearRows(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens,
                 int64_t row_begin, int64_t row_end) {
+  if constexpr (kType == DType::kF8E4M3) {
+    // Several tokens: widen the chunk's rows once (not once per token: converting codes is
+    // what bounds this path once the weights sit in cache), then stream the tokens past them.
+    if (num_tokens > 1) {
+      thread_local std::vector<float> wide;
+      const int64_t cols = w.cols, n = row_end - row_begin;
+      wide.resize(static_cast<size_t>(n * cols));
+      const uint8_t* q = static_cast<const uint8_t*>(w.data);
+      for (int64_t r = 0; r < n; ++r) WidenFp8Row(q + (row_begin + r) * cols, cols, &wide[r * cols]);
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        const float* xt = x + t * cols;
+        float* yt = y + t * w.rows;
+        for (int64_t r = 0; r < n; ++r) {
+          yt[row_begin + r] = RowDotFp8Widened(xt, &wide[r * cols], cols, w.scales[row_begin + r]);
+        }
+      }
+      return;
+    }
+  }
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* xt = x + t * w.cols;
     float* yt = y + t * w.rows;

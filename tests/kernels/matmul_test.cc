@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -76,8 +77,18 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest, ::testing::ValuesIn(Cases()));
 
 // Batch invariance: a token's outputs are bit-identical whether it is computed alone or
 // among others (the engine's same-tokens-alone-or-batched guarantee rests on this).
+void ExpectBitIdenticalAloneOrBatched(int64_t cols);
+// FP8 batches widen each row chunk once and take another code path than a lone token: every
+// column count exercises its vector bodies and scalar tails.
 TEST(Linear, BitIdenticalAloneOrBatched) {
-  const int64_t rows = 67, cols = 300, tokens = 9;
+  for (const int64_t cols : {int64_t{17}, int64_t{64}, int64_t{300}, int64_t{1003}}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    ExpectBitIdenticalAloneOrBatched(cols);
+  }
+}
+
+void ExpectBitIdenticalAloneOrBatched(int64_t cols) {
+  const int64_t rows = 67, tokens = 9;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   std::vector<float> x(static_cast<size_t>(tokens * cols)), w(static_cast<size_t>(rows * cols));
