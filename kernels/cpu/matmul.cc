@@ -67,89 +67,95 @@ inline __m256i E4m3ToHalfBits(__m256i c16) {
                           _mm256_set1_epi16(static_cast<short>(0xbf80)));
 }
 
-// One row of FP8 weights against one token: Σ x·w = scale · 2^8 · Σ x·(code · 2^-8).
-inline float RowDotFp8(const float* x, const WeightMatrix& w, int64_t r) {
-  const int64_t cols = w.cols;
-  const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * cols;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline __m512i E4m3ToHalfBits(__m512i c16) {  // the same, 32 codes at a time
+  return _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c16, 8), 1),
+                          _mm512_set1_epi16(static_cast<short>(0xbf80)));
+}
+#endif
+
+// Where an FP8 row's weights come from, as value · 2^-8 in fp32: its codes (one token), or the
+// row already widened by WidenFp8Row (batches: widened once, used by every token).
+struct Fp8Codes {
+  const uint8_t* q;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  void W32(int64_t k, __m512& lo, __m512& hi) const {
+    const __m512i h = E4m3ToHalfBits(
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k))));
+    lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  }
+#endif
+  void W16(int64_t k, __m256& lo, __m256& hi) const {
+    const __m256i h = E4m3ToHalfBits(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k))));
+    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  }
+  float Value(int64_t k) const { return E4m3ToF32(q[k]); }
+};
+struct Fp8Widened {
+  const float* wv;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  void W32(int64_t k, __m512& lo, __m512& hi) const {
+    lo = _mm512_loadu_ps(wv + k);
+    hi = _mm512_loadu_ps(wv + k + 16);
+  }
+#endif
+  void W16(int64_t k, __m256& lo, __m256& hi) const {
+    lo = _mm256_loadu_ps(wv + k);
+    hi = _mm256_loadu_ps(wv + k + 8);
+  }
+  float Value(int64_t k) const { return wv[k] * 256.f; }  // exact: the code's value
+};
+
+// One row of FP8 weights against one token: Σ x·w = scale · 2^8 · Σ x·(code · 2^-8). One
+// function for both sources, so a token's result is bit-identical whether its batch widened
+// the rows first or not (batch invariance); the tail uses explicit fma, which the compiler
+// cannot contract differently where it inlines one source and the other.
+template <typename Source>
+inline float RowDotFp8(const float* x, const Source& w, int64_t cols, float scale) {
   int64_t k = 0;
   float sum = 0.f;  // in units of 2^-8
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   const int64_t vec64 = cols & ~int64_t{63};
   __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
   for (; k < vec64; k += 64) {
-    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k)));
-    const __m512i h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c, 8), 1),
-                                       _mm512_set1_epi16(static_cast<short>(0xbf80)));
-    b0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), _mm512_loadu_ps(x + k), b0);
-    b1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
-                         _mm512_loadu_ps(x + k + 16), b1);
-    const __m512i c2 =
-        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k + 32)));
-    const __m512i h2 = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c2, 8), 1),
-                                        _mm512_set1_epi16(static_cast<short>(0xbf80)));
-    b2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h2)), _mm512_loadu_ps(x + k + 32),
-                         b2);
-    b3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h2, 1)),
-                         _mm512_loadu_ps(x + k + 48), b3);
+    __m512 w0, w1, w2, w3;
+    w.W32(k, w0, w1);
+    w.W32(k + 32, w2, w3);
+    b0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + k), b0);
+    b1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + k + 16), b1);
+    b2 = _mm512_fmadd_ps(w2, _mm512_loadu_ps(x + k + 32), b2);
+    b3 = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x + k + 48), b3);
   }
   sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
 #endif
   const int64_t vec16 = cols & ~int64_t{15};
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   for (; k < vec16; k += 16) {
-    const __m256i h = E4m3ToHalfBits(
-        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k))));
-    a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)),
-                         _mm256_loadu_ps(x + k + 8), a1);
-  }
-  sum += HorizontalSum(_mm256_add_ps(a0, a1));
-  // Explicit fma: the compiler may contract a plain a * b + c differently where it inlines
-  // this and RowDotFp8Widened, which must give the same bits.
-  float tail = 0.f;
-  for (; k < cols; ++k) tail = std::fma(E4m3ToF32(q[k]), x[k], tail);
-  return std::fma(sum, 256.f, tail) * w.scales[r];
-}
-
-// The same dot product over a row already widened to fp32 (value · 2^-8, the floats RowDotFp8
-// converts the codes into), in the same order of operations: a token's result is bit-identical
-// whether its batch widened the rows first or not (batch invariance).
-inline float RowDotFp8Widened(const float* x, const float* wv, int64_t cols, float scale) {
-  int64_t k = 0;
-  float sum = 0.f;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  const int64_t vec64 = cols & ~int64_t{63};
-  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
-  for (; k < vec64; k += 64) {
-    b0 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k), _mm512_loadu_ps(x + k), b0);
-    b1 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k + 16), _mm512_loadu_ps(x + k + 16), b1);
-    b2 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k + 32), _mm512_loadu_ps(x + k + 32), b2);
-    b3 = _mm512_fmadd_ps(_mm512_loadu_ps(wv + k + 48), _mm512_loadu_ps(x + k + 48), b3);
-  }
-  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
-#endif
-  const int64_t vec16 = cols & ~int64_t{15};
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-  for (; k < vec16; k += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wv + k), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wv + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    __m256 w0, w1;
+    w.W16(k, w0, w1);
+    a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + k + 8), a1);
   }
   sum += HorizontalSum(_mm256_add_ps(a0, a1));
   float tail = 0.f;
-  for (; k < cols; ++k) tail = std::fma(wv[k] * 256.f, x[k], tail);  // wv·256: the code's value
+  for (; k < cols; ++k) tail = std::fma(w.Value(k), x[k], tail);
   return std::fma(sum, 256.f, tail) * scale;
 }
 
-// Codes -> value · 2^-8 as fp32 (exact), 16 at a time as RowDotFp8 converts them.
+// Codes -> value · 2^-8 as fp32 (exact), converted as RowDotFp8 converts them.
 inline void WidenFp8Row(const uint8_t* q, int64_t cols, float* out) {
+  const Fp8Codes codes{q};
   int64_t k = 0;
   for (; k + 16 <= cols; k += 16) {
-    const __m256i h =
-        E4m3ToHalfBits(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k))));
-    _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
-    _mm256_storeu_ps(out + k + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+    __m256 lo, hi;
+    codes.W16(k, lo, hi);
+    _mm256_storeu_ps(out + k, lo);
+    _mm256_storeu_ps(out + k + 8, hi);
   }
-  for (; k < cols; ++k) out[k] = E4m3ToF32(q[k]) * (1.f / 256.f);
+  for (; k < cols; ++k) out[k] = codes.Value(k) * (1.f / 256.f);
 }
 
 // One row of W against one token, reading W strictly in memory order: rows are contiguous,
@@ -177,7 +183,10 @@ inline __m512 Load16(const void* base, int64_t index) {
 
 template <DType kType>
 inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
-  if constexpr (kType == DType::kF8E4M3) return RowDotFp8(x, w, r);
+  if constexpr (kType == DType::kF8E4M3) {
+    return RowDotFp8(x, Fp8Codes{static_cast<const uint8_t*>(w.data) + r * w.cols}, w.cols,
+                     w.scales[r]);
+  }
   const int64_t cols = w.cols, base = r * cols;
   int64_t k = 0;
   float sum = 0.f;
@@ -229,7 +238,7 @@ void LinearRows(const float* x, const WeightMatrix& w, float* y, int64_t num_tok
         const float* xt = x + t * cols;
         float* yt = y + t * w.rows;
         for (int64_t r = 0; r < n; ++r) {
-          yt[row_begin + r] = RowDotFp8Widened(xt, &wide[r * cols], cols, w.scales[row_begin + r]);
+          yt[row_begin + r] = RowDotFp8(xt, Fp8Widened{&wide[r * cols]}, cols, w.scales[row_begin + r]);
         }
       }
       return;
