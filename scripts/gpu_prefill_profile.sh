@@ -20,7 +20,7 @@ done
 python3 - "$OUT/prefill_profile.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
-    try: r = json.loads(line)
+    try: r = json.loads(line.replace(':nan', ':null'))  # profiling rows have no max_err
     except Exception: print(line.strip()); continue
     print(f"hd{r['head_dim']:4d} L{r['seq_len']:6d} bs{r['block_size']:4d} {r['variant']:12s} {r['tflops']:7.1f} TFLOP/s {r['ms']:.4f} ms")
 PY
