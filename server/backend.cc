@@ -63,7 +63,8 @@ void BackendFlags::AddTo(CLI::App* cmd) {
   cmd->add_option("--quantization", quantization,
                   "none, or fp8: the linear layers' weights quantized at load to FP8 e4m3 with "
                   "one scale per output row (a quarter of the bytes of f32, half of bf16; "
-                  "embeddings and lm_head unchanged; cpu only for now)")
+                  "embeddings and lm_head unchanged; cuda also quantizes the activations per "
+                  "token and runs FP8 GEMMs)")
       ->check(CLI::IsMember({"none", "fp8"}))
       ->capture_default_str();
   cmd->add_flag("--disable-custom-all-reduce", disable_custom_all_reduce,
@@ -111,11 +112,8 @@ Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConf
 #if defined(LLM_HAS_CUDA)
 Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   if (f.dtype == "f32") throw Error("--device cuda runs bf16 or f16 (not f32)");
-  if (f.quantization != "none") {
-    throw Error("--quantization " + f.quantization +
-                " runs on --device cpu only for now (the CUDA backend has no FP8 GEMMs yet)");
-  }
   CudaExecutorOptions o;
+  o.fp8_weights = f.quantization == "fp8";
   o.dtype = f.dtype == "f16" ? DType::kF16 : DType::kBF16;
   o.kv_cache_fp8 = ParseKvCacheDType(f.kv_cache_dtype) == KvCacheDType::kFp8E4m3;
   o.block_size = engine->block_size;

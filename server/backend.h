@@ -27,7 +27,7 @@ struct BackendFlags {
   int tensor_parallel_size = 1;  // cuda: GPUs 0..N-1, one shard each over NCCL
   std::string kv_cache_dtype = "auto";  // auto (cpu f32, cuda the model dtype) or fp8 (cpu)
   bool disable_custom_all_reduce = false;  // cuda, N > 1: NCCL for every all-reduce
-  std::string quantization = "none";       // none, or fp8: FP8 e4m3 linear weights (cpu)
+  std::string quantization = "none";       // none, or fp8: FP8 e4m3 linear weights
   // vLLM's --async-scheduling: schedule step N+1 while step N runs (EngineConfig).
   // Unset: on for cuda (measured: GPU busy 0.94 -> 0.998 at 256 sequences), off for cpu.
   std::optional<bool> async_scheduling;

@@ -120,6 +120,8 @@ struct CudaExecutor::Impl {
   CudaExecutorOptions opt;
   DType dtype = DType::kBF16;
   size_t esize = 2;
+  bool fp8 = false;    // --quantization fp8: e4m3 linear weights with per-row scales
+  size_t wesize = 2;   // bytes per linear-layer weight element: esize, or 1 for fp8
   size_t kv_esize = 2;               // bytes per KV cache element: esize, or 1 for fp8
   cuda::KvCacheFormat kv_format;     // fp8 (e4m3) or the model dtype
   cudaStream_t stream = nullptr;
@@ -165,6 +167,8 @@ struct CudaExecutor::Impl {
   struct Layer {
     void *qkv = nullptr, *o = nullptr, *gate_up = nullptr, *down = nullptr;
     float *input_norm = nullptr, *post_norm = nullptr;
+    // fp8: one scale per output row of each matrix.
+    float *qkv_s = nullptr, *o_s = nullptr, *gate_up_s = nullptr, *down_s = nullptr;
   };
   std::vector<Layer> layers;
   void *embed = nullptr, *lm_head = nullptr;
@@ -180,6 +184,10 @@ struct CudaExecutor::Impl {
   float* x = nullptr;  // fp32 residual [T, hidden]
   void *normed = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr;
   void *gate_up = nullptr, *act = nullptr, *rows_normed = nullptr;
+  // fp8: the next GEMM's input as e4m3 codes [T, max(hidden, q_dim, inter)] and its per-token
+  // scales [T].
+  uint8_t* act8 = nullptr;
+  float* act8_scale = nullptr;
   float* logits = nullptr;  // [S, vocab]
   void* decode_ws = nullptr;
   int64_t activation_bytes = 0;
@@ -375,30 +383,83 @@ struct CudaExecutor::Impl {
 
   void AllocWeights() {
     const ModelConfig& c = config;
-    auto matrix = [&](int64_t rows, int64_t cols) {
-      weight_bytes += rows * cols * int64_t(esize);
-      return Alloc(rows * cols * int64_t(esize));
-    };
     auto vec = [&](int64_t n) {
       weight_bytes += n * 4;
       return Alloc<float>(n * 4);
     };
-    embed = matrix(vocab, hidden);
+    auto matrix = [&](int64_t rows, int64_t cols, size_t es) {
+      weight_bytes += rows * cols * int64_t(es);
+      return Alloc(rows * cols * int64_t(es));
+    };
+    // A linear layer's matrix (e4m3 under fp8, with its row scales).
+    auto linear = [&](int64_t rows, int64_t cols, float** scales) {
+      if (fp8) *scales = vec(rows);
+      return matrix(rows, cols, wesize);
+    };
+    embed = matrix(vocab, hidden, esize);
     lm_head = c.tie_word_embeddings ? embed : nullptr;
     final_norm = vec(hidden);
     layers.resize(size_t(c.num_layers));
     for (Layer& l : layers) {
       l.input_norm = vec(hidden);
       l.post_norm = vec(hidden);
-      l.qkv = matrix(qkv_dim, hidden);
-      l.o = matrix(hidden, q_dim);
-      l.gate_up = matrix(2 * inter, hidden);
-      l.down = matrix(hidden, inter);
+      l.qkv = linear(qkv_dim, hidden, &l.qkv_s);
+      l.o = linear(hidden, q_dim, &l.o_s);
+      l.gate_up = linear(2 * inter, hidden, &l.gate_up_s);
+      l.down = linear(hidden, inter, &l.down_s);
     }
     const std::vector<float> freqs = RopeInvFreq(c);
     inv_freq = Alloc<float>(int64_t(freqs.size()) * 4);
     LLM_CUDA_CHECK(cudaMemcpy(inv_freq, freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice));
   }
+
+  std::string WeightsName() const {
+    return fp8 ? "fp8 e4m3 linear layers with per-row scales, " + std::string(DTypeName(dtype)) +
+                     " embeddings"
+               : std::string(DTypeName(dtype));
+  }
+
+  // --quantization fp8 at load: a staging buffer for one weight in its source precision and
+  // the device-side check that it is finite (one flag per tensor, read back after each).
+  struct Fp8Stage {
+    Impl& m;
+    void* buf = nullptr;
+    int64_t bytes = 0;
+    int* bad = nullptr;
+    explicit Fp8Stage(Impl& impl) : m(impl) {}
+    ~Fp8Stage() {
+      cudaFree(buf);
+      cudaFree(bad);
+    }
+    void* Get(int64_t need) {
+      if (need > bytes) {
+        LLM_CUDA_CHECK(cudaDeviceSynchronize());  // the previous quantization may still read it
+        cudaFree(buf);
+        buf = nullptr;
+        LLM_CUDA_CHECK(cudaMalloc(&buf, size_t(need)));
+        bytes = need;
+      }
+      return buf;
+    }
+    // codes/scales of `rows` rows quantized from `src`; throws Error(what + ...) when a weight
+    // is NaN or infinite (the CPU backend's check).
+    void Quantize(const void* src, DType from, int64_t rows, int64_t cols, void* codes,
+                  float* scales, const std::string& what) {
+      // A checkpoint's upload ran on the legacy stream (it may still be landing).
+      LLM_CUDA_CHECK(cudaDeviceSynchronize());
+      if (!bad) LLM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&bad), sizeof(int)));
+      LLM_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), m.stream));
+      cuda::QuantizeRowsE4m3(src, from, rows, cols, static_cast<uint8_t*>(codes), scales, bad,
+                             m.stream);
+      int h = 0;
+      LLM_CUDA_CHECK(cudaMemcpyAsync(&h, bad, sizeof(int), cudaMemcpyDeviceToHost, m.stream));
+      LLM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+      if (h != 0) {
+        throw Error(what + " holds a NaN or infinite weight (--quantization fp8 cannot scale it; " +
+                    std::to_string(h) + " rows affected)");
+      }
+    }
+  };
 
   void LoadCheckpoint(const std::string& dir) {
     std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir);
@@ -413,10 +474,25 @@ struct CudaExecutor::Impl {
       const TensorView& t = ckpt->GetWithShape(name, shape);
       Upload(t, t.num_elements(), to, dst);
     };
-    // A split weight: this rank's slice of the full [rows, cols] checkpoint tensor.
+    // A linear layer's weight: this rank's slice of the full [rows, cols] checkpoint tensor,
+    // at row `row0` of the (fused) matrix `base`. fp8: uploaded as fp32 into a staging buffer
+    // and quantized on the device into codes and row scales, from the same fp32 values and by
+    // the same rule as the CPU backend (cpu::QuantizeFp8Rows).
+    Fp8Stage stage(*this);
     auto put_part = [&](const std::string& name, int64_t rows, int64_t cols, TpWeight w,
-                        void* dst) {
-      UploadSlice(ckpt->GetWithShape(name, {rows, cols}), cols, shard.Slice(w), dtype, dst);
+                        void* base, float* scales, int64_t row0) {
+      const TensorView& t = ckpt->GetWithShape(name, {rows, cols});
+      const TpSlice sl = shard.Slice(w);
+      if (!fp8) {
+        UploadSlice(t, cols, sl, dtype,
+                    static_cast<std::byte*>(base) + row0 * sl.num_cols * int64_t(esize));
+        return;
+      }
+      void* f32 = stage.Get(sl.num_rows * sl.num_cols * 4);
+      UploadSlice(t, cols, sl, DType::kF32, f32);
+      stage.Quantize(f32, DType::kF32, sl.num_rows, sl.num_cols,
+                     static_cast<std::byte*>(base) + row0 * sl.num_cols, scales + row0,
+                     t.file + ": tensor " + name);
     };
     put("model.embed_tokens.weight", {vocab, hidden}, dtype, embed);
     if (lm_head && lm_head != embed) put("lm_head.weight", {vocab, hidden}, dtype, lm_head);
@@ -426,20 +502,20 @@ struct CudaExecutor::Impl {
     const auto start = Clock::now();
     for (int64_t i = 0; i < c.num_layers; ++i) {
       Layer& l = layers[size_t(i)];
-      auto* qkv_bytes = static_cast<std::byte*>(l.qkv);
-      put_part(LayerName(i, "self_attn.q_proj.weight"), full_q, hidden, TpWeight::kQProj,
-               qkv_bytes);
-      put_part(LayerName(i, "self_attn.k_proj.weight"), full_kv, hidden, TpWeight::kKProj,
-               qkv_bytes + q_dim * hidden * int64_t(esize));
-      put_part(LayerName(i, "self_attn.v_proj.weight"), full_kv, hidden, TpWeight::kVProj,
-               qkv_bytes + (q_dim + kv_dim) * hidden * int64_t(esize));
-      put_part(LayerName(i, "self_attn.o_proj.weight"), hidden, full_q, TpWeight::kOProj, l.o);
-      auto* gu = static_cast<std::byte*>(l.gate_up);
-      put_part(LayerName(i, "mlp.gate_proj.weight"), full_inter, hidden, TpWeight::kGateProj, gu);
+      put_part(LayerName(i, "self_attn.q_proj.weight"), full_q, hidden, TpWeight::kQProj, l.qkv,
+               l.qkv_s, 0);
+      put_part(LayerName(i, "self_attn.k_proj.weight"), full_kv, hidden, TpWeight::kKProj, l.qkv,
+               l.qkv_s, q_dim);
+      put_part(LayerName(i, "self_attn.v_proj.weight"), full_kv, hidden, TpWeight::kVProj, l.qkv,
+               l.qkv_s, q_dim + kv_dim);
+      put_part(LayerName(i, "self_attn.o_proj.weight"), hidden, full_q, TpWeight::kOProj, l.o,
+               l.o_s, 0);
+      put_part(LayerName(i, "mlp.gate_proj.weight"), full_inter, hidden, TpWeight::kGateProj,
+               l.gate_up, l.gate_up_s, 0);
       put_part(LayerName(i, "mlp.up_proj.weight"), full_inter, hidden, TpWeight::kUpProj,
-               gu + inter * hidden * int64_t(esize));
+               l.gate_up, l.gate_up_s, inter);
       put_part(LayerName(i, "mlp.down_proj.weight"), hidden, full_inter, TpWeight::kDownProj,
-               l.down);
+               l.down, l.down_s, 0);
       put(LayerName(i, "input_layernorm.weight"), {hidden}, DType::kF32, l.input_norm);
       put(LayerName(i, "post_attention_layernorm.weight"), {hidden}, DType::kF32, l.post_norm);
       if (opt.log && head_here && isatty(fileno(stderr))) {
@@ -452,8 +528,8 @@ struct CudaExecutor::Impl {
     // lands); the kernels run on `stream`, which does not wait for it.
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-    Log("weights: " + Gib(double(weight_bytes)) + " (" + std::string(DTypeName(dtype)) +
-        ") loaded from " + dir + " in " + std::to_string(secs).substr(0, 5) + " s");
+    Log("weights: " + Gib(double(weight_bytes)) + " (" + WeightsName() + ") loaded from " + dir +
+        " in " + std::to_string(secs).substr(0, 5) + " s");
   }
 
   void FillDummy() {
@@ -511,19 +587,29 @@ struct CudaExecutor::Impl {
       }
     }
     ones(final_norm);
+    // fp8: this rank's matrix is generated in dtype into a staging buffer, then quantized.
+    Fp8Stage stage(*this);
+    auto linear = [&](void* dst, float* scales, int64_t rows_here, int64_t cols_here,
+                      int64_t rows, int64_t cols, std::initializer_list<TpSlice> parts) {
+      if (!fp8) return rnd_parts(dst, rows, cols, parts);
+      void* buf = stage.Get(rows_here * cols_here * int64_t(esize));
+      rnd_parts(buf, rows, cols, parts);
+      stage.Quantize(buf, dtype, rows_here, cols_here, dst, scales, "dummy weight");
+    };
     for (Layer& l : layers) {
       ones(l.input_norm);
       ones(l.post_norm);
-      rnd_parts(l.qkv, full_q + 2 * full_kv, hidden,
-                {q, rows_from(k, full_q), rows_from(v, full_q + full_kv)});
-      rnd_parts(l.o, hidden, full_q, {o});
-      rnd_parts(l.gate_up, 2 * full_inter, hidden, {gate, rows_from(up, full_inter)});
-      rnd_parts(l.down, hidden, full_inter, {down});
+      linear(l.qkv, l.qkv_s, qkv_dim, hidden, full_q + 2 * full_kv, hidden,
+             {q, rows_from(k, full_q), rows_from(v, full_q + full_kv)});
+      linear(l.o, l.o_s, hidden, q_dim, hidden, full_q, {o});
+      linear(l.gate_up, l.gate_up_s, 2 * inter, hidden, 2 * full_inter, hidden,
+             {gate, rows_from(up, full_inter)});
+      linear(l.down, l.down_s, hidden, inter, hidden, full_inter, {down});
     }
     LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (scratch) cudaFree(scratch);
-    Log("weights: " + Gib(double(weight_bytes)) + " of dummy " + std::string(DTypeName(dtype)) +
-        " values generated on the device (seed " + std::to_string(opt.dummy_seed) + ")");
+    Log("weights: " + Gib(double(weight_bytes)) + " of dummy values (" + WeightsName() +
+        ") generated on the device (seed " + std::to_string(opt.dummy_seed) + ")");
   }
 
   // ---- buffers -----------------------------------------------------------------------
@@ -538,6 +624,10 @@ struct CudaExecutor::Impl {
     gate_up = Alloc(T * 2 * inter * int64_t(esize));
     act = Alloc(T * inter * int64_t(esize));
     rows_normed = Alloc(max_rows * hidden * int64_t(esize));
+    if (fp8) {
+      act8 = Alloc<uint8_t>(T * std::max({hidden, q_dim, inter}));
+      act8_scale = Alloc<float>(T * 4);
+    }
     logits = Alloc<float>(max_rows * vocab * 4);
     decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
     // Zeroed once: its split arrival counters must start at zero, and every decode attention
@@ -838,6 +928,10 @@ struct CudaExecutor::Impl {
                      .v_cache = kv.v,
                      .kv_format = kv_format};
       }
+      if (fp8 && !small) {
+        RunLayerFp8(i, s);
+        continue;
+      }
       cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (small && cuda::GemvSupports(rope)) {
         cuda::Gemv(rope, stream);
@@ -882,6 +976,35 @@ struct CudaExecutor::Impl {
       gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
                    stream);
     }
+  }
+
+  // One layer with fp8 weights (W8A8): each GEMM's input is quantized per token by the kernel
+  // that produces it (the RMSNorms and SiLU·mul write e4m3 codes and scales; the attention
+  // output takes a quantization pass of its own), and cuBLASLt applies both scale vectors in
+  // its FP8 GEMM's epilogue (engine/cuda/gemm.h).
+  void RunLayerFp8(int64_t i, const Shape& s) {
+    const int64_t n = s.num_tokens;
+    const float eps = float(config.rms_norm_eps);
+    const DType f32 = DType::kF32;
+    const Layer& l = layers[size_t(i)];
+    cuda::AddRmsNormE4m3(x, nullptr, l.input_norm, act8, act8_scale, dtype, nullptr, n, hidden,
+                         eps, stream);
+    gemm->LinearFp8(act8, act8_scale, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden, dtype, false,
+                    stream);
+    cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(heads), int(kv_heads),
+                       int(config.head_dim), Kv(i), dtype, q, stream, kv_format);
+    Attention(i, s);
+    const bool add = shard.rank == 0;  // tensor parallel: see RunModel
+    cuda::QuantizeRowsE4m3(attn, dtype, n, q_dim, act8, act8_scale, nullptr, stream);
+    gemm->LinearFp8(act8, act8_scale, l.o, l.o_s, x, n, hidden, q_dim, f32, add, stream);
+    AllReduceResidual(n);
+    cuda::AddRmsNormE4m3(x, nullptr, l.post_norm, act8, act8_scale, dtype, nullptr, n, hidden,
+                         eps, stream);
+    gemm->LinearFp8(act8, act8_scale, l.gate_up, l.gate_up_s, gate_up, n, 2 * inter, hidden,
+                    dtype, false, stream);
+    cuda::SiluMulE4m3(gate_up, act8, act8_scale, n, inter, dtype, stream);
+    gemm->LinearFp8(act8, act8_scale, l.down, l.down_s, x, n, hidden, inter, f32, add, stream);
+    AllReduceResidual(n);
   }
 
   // ---- tensor parallel collectives (no-ops at N = 1) ---------------------------------------
@@ -1498,7 +1621,16 @@ void CudaExecutor::Impl::Configure(const ModelConfig& c, const CudaExecutorOptio
   max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
   max_rows = std::max(max_seqs, options.max_logits_rows);
   decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
-  gemv_ok = hidden % 8 == 0 && q_dim % 8 == 0 && inter % 8 == 0;
+  fp8 = options.fp8_weights;
+  wesize = fp8 ? 1 : esize;
+  // fp8: small steps stay on cuBLASLt's FP8 GEMMs until the GEMV takes e4m3 weights.
+  gemv_ok = hidden % 8 == 0 && q_dim % 8 == 0 && inter % 8 == 0 && !fp8;
+  if (fp8 && (hidden % 16 != 0 || q_dim % 16 != 0 || inter % 16 != 0)) {
+    throw Error("--quantization fp8 on cuda needs every linear layer's input width to be a "
+                "multiple of 16 (cuBLASLt's FP8 GEMMs): hidden_size " + std::to_string(hidden) +
+                ", attention width " + std::to_string(q_dim) + ", intermediate_size " +
+                std::to_string(inter) + (shard.size > 1 ? " per GPU" : ""));
+  }
   table_cap = (c.max_position_embeddings + options.block_size - 1) / options.block_size;
 }
 
@@ -1672,7 +1804,7 @@ const ModelConfig& CudaExecutor::config() const { return impl_->config; }
 std::string CudaExecutor::Describe() const {
   const int tp = impl_->shard.size;
   const std::string dt(DTypeName(impl_->dtype));
-  return "cuda: " + impl_->device_name + ", " + dt + " weights, " +
+  return "cuda: " + impl_->device_name + ", " + impl_->WeightsName() + " weights, " +
          (impl_->kv_format.fp8 ? std::string("fp8 (e4m3)") : dt) + " KV cache" +
          (tp > 1 ? ", tensor parallel over " + std::to_string(tp) + " GPUs" : std::string());
 }

@@ -54,6 +54,13 @@ struct CudaExecutorOptions {
   // KvCacheFormat; per-tensor scales of 1), half the bytes of bf16: twice the tokens in the
   // same memory, half the bytes decode attention streams.
   bool kv_cache_fp8 = false;
+  // --quantization fp8: the linear layers' weights (q|k|v, o, gate|up, down) become e4m3 codes
+  // with one fp32 scale per output row, quantized on the device at load (as
+  // cpu::QuantizeFp8Rows, bit for bit); activations are quantized per token on the fly (fused
+  // into the RMSNorm and SiLU·mul kernels) and the GEMMs run on cuBLASLt's FP8 path (W8A8,
+  // engine/cuda/gemm.h). Embeddings and lm_head stay dtype. Needs every linear layer's input
+  // width (hidden, q_dim, intermediate per GPU) to be a multiple of 16.
+  bool fp8_weights = false;
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers
   int64_t max_num_seqs = 256;

@@ -62,6 +62,30 @@ const Gemm::Plan& Gemm::GetPlan(const Key& key) {
         "set TRANSB");
   // A = W as stored: column-major [k, m] (ld k), transposed by the op; B = X: [k, n] (ld k);
   // C = D = Y: column-major [m, n] (ld m), i.e. row-major [n, m].
+  if (dtype == DType::kF8E4M3) {
+    // Per-row weight scales (A: one per row of op(A), i.e. per output feature) and per-token
+    // activation scales (B: one per column, i.e. per token); the pointers are set per call.
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer,
+                                         sizeof(outer)),
+          "set A_SCALE_MODE (outer vector: needs cuBLAS >= 12.9 and sm_90)");
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer,
+                                         sizeof(outer)),
+          "set B_SCALE_MODE");
+    const int8_t fast = fast_accum_ ? 1 : 0;
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                         sizeof(fast)),
+          "set FAST_ACCUM");
+    // The heuristic needs scale pointers of the right mode set; any device address does
+    // (the real ones replace them per call).
+    const void* any = workspace_;
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any,
+                                         sizeof(any)),
+          "set A_SCALE_POINTER");
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any,
+                                         sizeof(any)),
+          "set B_SCALE_POINTER");
+  }
   Check(cublasLtMatrixLayoutCreate(&p.a, CudaType(dtype), static_cast<uint64_t>(k),
                                    static_cast<uint64_t>(m), k),
         "layout A");
@@ -102,6 +126,30 @@ void Gemm::Linear(const void* x, const void* w, void* y, int64_t n, int64_t m, i
   Check(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                        workspace_, workspace_bytes_, stream),
         "Matmul");
+}
+
+void Gemm::LinearFp8(const void* x8, const float* x_scale, const void* w8, const float* w_scale,
+                     void* y, int64_t n, int64_t m, int64_t k, DType out_dtype, bool accumulate,
+                     cudaStream_t stream) {
+  if (n == 0) return;
+  if (accumulate && out_dtype != DType::kF32) {
+    throw std::invalid_argument("Gemm::LinearFp8: accumulate needs an fp32 output");
+  }
+  if (k % 16 != 0) {
+    throw std::invalid_argument("Gemm::LinearFp8: k = " + std::to_string(k) +
+                                " is not a multiple of 16 (cuBLASLt's FP8 alignment)");
+  }
+  const Plan& p = GetPlan({n, m, k, DType::kF8E4M3, out_dtype});
+  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale,
+                                       sizeof(w_scale)),
+        "set A_SCALE_POINTER");
+  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale,
+                                       sizeof(x_scale)),
+        "set B_SCALE_POINTER");
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  Check(cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                       workspace_, workspace_bytes_, stream),
+        "Matmul (fp8)");
 }
 
 }  // namespace llm::cuda

@@ -7,6 +7,15 @@
 //
 // Epilogue fusion: with accumulate, D = X·Wᵀ + D in fp32 (beta = 1, C = D): the residual
 // add of the attention output and MLP down projections costs no extra kernel or pass.
+//
+// FP8 (--quantization fp8, LinearFp8): W holds e4m3 codes with one fp32 scale per output row
+// (per channel) and X e4m3 codes with one scale per token (dynamic, from the row's max |x|:
+// cuda::QuantizeRowsE4m3), D = (x_scale[t] · w_scale[j]) · Σ x8·w8 in fp32 on the tensor
+// cores' FP8 path (twice bf16's peak on the H200). Both scale vectors are cuBLASLt's
+// "outer vector" scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, cuBLAS >= 12.9 on
+// sm_90), so the scaling is inside the GEMM's epilogue, not a pass of its own. Accumulation
+// is cuBLASLt's precise mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM off: partial sums are promoted
+// to fp32 periodically) unless fast_accum.
 #pragma once
 
 #include <cublasLt.h>
@@ -32,6 +41,14 @@ class Gemm {
   void Linear(const void* x, const void* w, void* y, int64_t n, int64_t m, int64_t k, DType dtype,
               DType out_dtype, bool accumulate, cudaStream_t stream);
 
+  // y[n, m] = x_scale[t] · w_scale[j] · (x8[n, k] · w8[m, k]ᵀ) (+ y when accumulate): x8, w8
+  // e4m3 codes (k % 16 == 0), x_scale fp32 [n], w_scale fp32 [m]; y: out_dtype (bf16, fp16,
+  // or fp32; accumulate needs fp32).
+  void LinearFp8(const void* x8, const float* x_scale, const void* w8, const float* w_scale,
+                 void* y, int64_t n, int64_t m, int64_t k, DType out_dtype, bool accumulate,
+                 cudaStream_t stream);
+  void set_fast_accum(bool on) { fast_accum_ = on; }
+
   int64_t num_plans() const { return static_cast<int64_t>(plans_.size()); }
 
  private:
@@ -40,7 +57,8 @@ class Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // The plan does not depend on accumulate (beta is a launch argument, not in the heuristic).
+  // The plan does not depend on accumulate (beta is a launch argument, not in the heuristic);
+  // the fp8 plans' scale pointers are set per call (each layer has its own).
   using Key = std::tuple<int64_t, int64_t, int64_t, DType, DType>;
   const Plan& GetPlan(const Key& key);
 
@@ -48,6 +66,7 @@ class Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, Plan> plans_;
+  bool fast_accum_ = false;
 };
 
 }  // namespace llm::cuda

@@ -91,6 +91,158 @@ __global__ void __launch_bounds__(kFeedThreads)
   }
 }
 
+// ---- FP8 rows (dynamic per-row scales) ------------------------------------------------------
+// One CTA of kQuantThreads per row. A source functor yields chunk c (N values, fp32) of the row;
+// the first kQuantCached chunks of each thread stay in registers between the max pass and the
+// code pass (16,384 elements at N = 8: every Llama hidden and intermediate size), the rest are
+// produced again. scale = max|v| / 448 (1 for an all-zero row), code = F32ToE4m3(v / scale):
+// cpu::QuantizeFp8Rows's rule, bit for bit (IEEE division; fmaxf ignores NaN, as std::max
+// there does not matter: a non-finite row is an error for weights).
+constexpr int kQuantThreads = 256;
+constexpr int kQuantCached = 8;
+
+// Max over the CTA (kQuantThreads threads), result in every thread.
+__device__ __forceinline__ float QuantBlockMax(float v) {
+  __shared__ float warp_max[kQuantThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = 0.f;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+  return m;
+}
+
+// N codes F32ToE4m3(x / scale) at dst (one 8-byte store for N = 8: dst is then 8-aligned).
+template <int N>
+__device__ __forceinline__ void StoreE4m3(uint8_t* dst, const float (&x)[N], float scale) {
+  uint8_t c[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) c[j] = F32ToE4m3(x[j] / scale);
+  if constexpr (N == 8) {
+    uint2 packed;
+    memcpy(&packed, c, 8);
+    *reinterpret_cast<uint2*>(dst) = packed;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = c[j];
+  }
+}
+
+
+// Quantizes the row `src` yields (num_chunks chunks of N) into codes [num_chunks * N] and
+// *scale_out. nonfinite (may be null; uniform over the CTA): incremented when the row holds a
+// NaN or an infinity.
+template <int N, typename Src>
+__device__ __forceinline__ void QuantizeRow(const Src& src, int64_t num_chunks,
+                                            uint8_t* __restrict__ codes, float* scale_out,
+                                            int* nonfinite) {
+  float cache[kQuantCached][N];
+  float amax = 0.f;
+  bool bad = false;
+  int64_t c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
+    if (c < num_chunks) {
+      src(c, cache[j]);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        amax = fmaxf(amax, fabsf(cache[j][i]));
+        bad |= !isfinite(cache[j][i]);
+      }
+    }
+  }
+  for (; c < num_chunks; c += kQuantThreads) {
+    float x[N];
+    src(c, x);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      amax = fmaxf(amax, fabsf(x[i]));
+      bad |= !isfinite(x[i]);
+    }
+  }
+  if (nonfinite != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) atomicAdd(nonfinite, 1);
+  amax = QuantBlockMax(amax);
+  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+  if (threadIdx.x == 0) *scale_out = scale;
+  c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
+    if (c < num_chunks) StoreE4m3<N>(codes + c * N, cache[j], scale);
+  }
+  for (; c < num_chunks; c += kQuantThreads) {
+    float x[N];
+    src(c, x);
+    StoreE4m3<N>(codes + c * N, x, scale);
+  }
+}
+
+// Sources: a row of T (bf16 / fp16) or fp32 values; silu(gate) * up of a gate|up row.
+template <typename T, int N>
+struct RowSource {
+  const T* row;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    if constexpr (std::is_same_v<T, float>) {
+      LoadF32<N>(row + c * N, x);
+    } else {
+      Load<T, N>(row + c * N, x);
+    }
+  }
+};
+
+template <typename T, int N>
+struct SiluMulSource {
+  const T* gate;  // the row's gate half; up = gate + inter
+  int64_t inter;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    float u[N];
+    Load<T, N>(gate + c * N, x);
+    Load<T, N>(gate + inter + c * N, u);
+#pragma unroll
+    for (int j = 0; j < N; ++j) x[j] = x[j] / (1.f + expf(-x[j])) * u[j];
+  }
+};
+
+// weight * (residual * inv_rms): AddRmsNorm's normalized row in fp32.
+template <int N>
+struct NormSource {
+  const float* res;
+  const float* weight;
+  float inv_rms;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    float w[N];
+    LoadF32<N>(res + c * N, x);
+    LoadF32<N>(weight + c * N, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = w[i] * (x[i] * inv_rms);
+  }
+};
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsKernel(const T* __restrict__ in, int64_t cols, uint8_t* __restrict__ codes,
+                       float* __restrict__ scales, int* nonfinite) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t r = blockIdx.x;
+  QuantizeRow<N>(RowSource<T, N>{in + r * cols}, cols / N, codes + r * cols, scales + r,
+                 nonfinite);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
+    SiluMulE4m3Kernel(const T* __restrict__ gate_up, int64_t inter, uint8_t* __restrict__ codes,
+                      float* __restrict__ scales) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t t = blockIdx.x;
+  QuantizeRow<N>(SiluMulSource<T, N>{gate_up + t * 2 * inter, inter}, inter / N,
+                 codes + t * inter, scales + t, nullptr);
+}
+
 // ---- AddRmsNorm ---------------------------------------------------------------------------
 constexpr int kNormThreads = 256;
 constexpr int kNormCached = 4;  // register-cached chunks per thread: 8192 elements at kVec 8
@@ -110,11 +262,14 @@ __device__ __forceinline__ float NormBlockSum(float v) {
 
 // residual fp32 [*, hidden]; delta T [*, hidden] or null; weight fp32 [hidden];
 // out T [num_rows, hidden]; rows int32 [num_rows] or null. One CTA per output row.
-template <typename T, int N>
+// kFp8Out: out is e4m3 codes [num_rows, hidden] of the fp32 normalized row with one dynamic
+// scale per row (out_scale), QuantizeRow's rule.
+template <typename T, int N, bool kFp8Out>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(float* __restrict__ residual, const T* __restrict__ delta,
                      const float* __restrict__ weight, T* __restrict__ out,
-                     const int32_t* __restrict__ rows, int64_t hidden, float eps) {
+                     const int32_t* __restrict__ rows, int64_t hidden, float eps,
+                     uint8_t* __restrict__ out8, float* __restrict__ out_scale) {
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
@@ -156,6 +311,14 @@ __global__ void __launch_bounds__(kNormThreads)
   }
   // 1 / sqrt (IEEE sqrt and division, as the CPU twin), not rsqrtf: costs nothing once per row.
   const float inv_rms = 1.f / sqrtf(NormBlockSum(sum_sq) / static_cast<float>(hidden) + eps);
+  if constexpr (kFp8Out) {
+    // Chunk c is handled by the same thread as above (c = threadIdx + j·threads), so the
+    // residual it re-reads is its own write: no barrier needed.
+    static_assert(kQuantThreads == kNormThreads, "the same chunk-to-thread map");
+    QuantizeRow<N>(NormSource<N>{res, weight, inv_rms}, num_chunks,
+                   out8 + int64_t(blockIdx.x) * hidden, out_scale + blockIdx.x, nullptr);
+    return;
+  }
   // Pass 2: out = weight * (x * inv_rms), the CPU twin's operation order. A thread re-reads
   // only residual chunks it wrote itself, so no barrier is needed between the passes.
   c = threadIdx.x;
@@ -187,22 +350,6 @@ constexpr int kMaxHeadDim = 512;
 // head_dim]; kc / vc: the pools. One CTA per token. A work item is N consecutive dims
 // [i, i + N) of the first half of a head together with [i + half, i + half + N) (the rotate-half
 // partners), or for v heads two such plain chunks.
-// N codes F32ToE4m3(x / scale) at dst (one 8-byte store for N = 8: dst is then 8-aligned).
-template <int N>
-__device__ __forceinline__ void StoreE4m3(uint8_t* dst, const float (&x)[N], float scale) {
-  uint8_t c[N];
-#pragma unroll
-  for (int j = 0; j < N; ++j) c[j] = F32ToE4m3(x[j] / scale);
-  if constexpr (N == 8) {
-    uint2 packed;
-    memcpy(&packed, c, 8);
-    *reinterpret_cast<uint2*>(dst) = packed;
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) dst[j] = c[j];
-  }
-}
-
 // kFp8: the pools hold e4m3 codes (KvCacheFormat): the rotated k is quantized from fp32, the v
 // from its dtype value, both as F32ToE4m3(x / scale).
 template <typename T, int N, bool kFp8>
@@ -319,11 +466,52 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const float* weight, v
   const T* d = static_cast<const T*>(delta);
   T* o = static_cast<T*>(out);
   if (vec) {
-    Launch(AddRmsNormKernel<T, kVec>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
-           residual, d, weight, o, rows, hidden, eps);
+    Launch(AddRmsNormKernel<T, kVec, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
+           stream, residual, d, weight, o, rows, hidden, eps, nullptr, nullptr);
   } else {
-    Launch(AddRmsNormKernel<T, 1>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
-           residual, d, weight, o, rows, hidden, eps);
+    Launch(AddRmsNormKernel<T, 1, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
+           stream, residual, d, weight, o, rows, hidden, eps, nullptr, nullptr);
+  }
+}
+
+template <typename T>
+void LaunchAddRmsNormE4m3(float* residual, const void* delta, const float* weight, uint8_t* out,
+                          float* out_scale, const int32_t* rows, int64_t num_rows, int64_t hidden,
+                          float eps, bool vec, cudaStream_t stream) {
+  const T* d = static_cast<const T*>(delta);
+  if (vec) {
+    Launch(AddRmsNormKernel<T, kVec, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
+           stream, residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out,
+           out_scale);
+  } else {
+    Launch(AddRmsNormKernel<T, 1, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
+           residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out, out_scale);
+  }
+}
+
+template <typename T>
+void LaunchQuantizeRows(const void* in, int64_t rows, int64_t cols, uint8_t* codes, float* scales,
+                        int* nonfinite, bool vec, cudaStream_t stream) {
+  const T* p = static_cast<const T*>(in);
+  if (vec) {
+    Launch(QuantizeRowsKernel<T, kVec>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p,
+           cols, codes, scales, nonfinite);
+  } else {
+    Launch(QuantizeRowsKernel<T, 1>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p, cols,
+           codes, scales, nonfinite);
+  }
+}
+
+template <typename T>
+void LaunchSiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
+                       int64_t inter, bool vec, cudaStream_t stream) {
+  const T* p = static_cast<const T*>(gate_up);
+  if (vec) {
+    Launch(SiluMulE4m3Kernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream,
+           p, inter, out, out_scale);
+  } else {
+    Launch(SiluMulE4m3Kernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream, p,
+           inter, out, out_scale);
   }
 }
 
@@ -441,6 +629,57 @@ void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, 
     LaunchSiluMul<__nv_bfloat16>(gate_up, out, num_tokens, inter, blocks, vec, stream);
   } else {
     LaunchSiluMul<__half>(gate_up, out, num_tokens, inter, blocks, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddRmsNormE4m3(float* residual, const void* delta, const float* weight, uint8_t* out,
+                    float* out_scale, DType dtype, const int32_t* rows, int64_t num_rows,
+                    int64_t hidden, float eps, cudaStream_t stream) {
+  CheckDType(dtype, "AddRmsNormE4m3");
+  if (num_rows <= 0 || hidden <= 0) return;
+  // Codes of 8 elements are one 8-byte store: out 8-byte aligned.
+  const bool vec = hidden % kVec == 0 && Aligned16(residual) && Aligned16(weight) &&
+                   reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
+                   (delta == nullptr || Aligned16(delta));
+  if (dtype == DType::kBF16) {
+    LaunchAddRmsNormE4m3<__nv_bfloat16>(residual, delta, weight, out, out_scale, rows, num_rows,
+                                        hidden, eps, vec, stream);
+  } else {
+    LaunchAddRmsNormE4m3<__half>(residual, delta, weight, out, out_scale, rows, num_rows, hidden,
+                                 eps, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void QuantizeRowsE4m3(const void* in, DType dtype, int64_t rows, int64_t cols, uint8_t* codes,
+                      float* scales, int* nonfinite, cudaStream_t stream) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    throw std::invalid_argument("QuantizeRowsE4m3: dtype must be BF16, F16 or F32, got " +
+                                std::string(DTypeName(dtype)));
+  }
+  if (rows <= 0 || cols <= 0) return;
+  const bool vec = cols % kVec == 0 && Aligned16(in) && reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  if (dtype == DType::kBF16) {
+    LaunchQuantizeRows<__nv_bfloat16>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  } else if (dtype == DType::kF16) {
+    LaunchQuantizeRows<__half>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  } else {
+    LaunchQuantizeRows<float>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
+                 int64_t inter, DType dtype, cudaStream_t stream) {
+  CheckDType(dtype, "SiluMulE4m3");
+  if (num_tokens <= 0 || inter <= 0) return;
+  const bool vec = inter % kVec == 0 && Aligned16(gate_up) &&
+                   reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  if (dtype == DType::kBF16) {
+    LaunchSiluMulE4m3<__nv_bfloat16>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
+  } else {
+    LaunchSiluMulE4m3<__half>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }

@@ -41,6 +41,30 @@ void AddRmsNorm(float* residual, const void* delta, const float* weight, void* o
                 DType dtype, const int32_t* rows, int64_t num_rows, int64_t hidden, float eps,
                 cudaStream_t stream);
 
+// ---- FP8 (e4m3) activations and weights (--quantization fp8) ------------------------------
+// Dynamic per-row scales: scale[r] = max_i |v[r, i]| / 448 (1 for an all-zero row) and
+// code[r, i] = F32ToE4m3(v[r, i] / scale[r]) (kernels/fp8.h: nearest even, saturating), the
+// rule of cpu::QuantizeFp8Rows bit for bit. Rows of activations are tokens (the per-token
+// scales cuda's FP8 GEMM takes, engine/cuda/gemm.h); rows of weights are output features.
+// codes: [rows, cols] bytes; scales fp32 [rows].
+
+// v = the values of `in` (dtype bf16, fp16 or fp32 [rows, cols]). nonfinite (device int, may be
+// null): incremented once per row holding a NaN or an infinity (the weights' check at load).
+void QuantizeRowsE4m3(const void* in, DType dtype, int64_t rows, int64_t cols, uint8_t* codes,
+                      float* scales, int* nonfinite, cudaStream_t stream);
+
+// AddRmsNorm whose output is e4m3: v = the fp32 normalized row (before any rounding to dtype),
+// out [num_rows, hidden] codes with out_scale [num_rows]; the residual update as AddRmsNorm.
+void AddRmsNormE4m3(float* residual, const void* delta, const float* weight, uint8_t* out,
+                    float* out_scale, DType dtype, const int32_t* rows, int64_t num_rows,
+                    int64_t hidden, float eps, cudaStream_t stream);
+
+// SiluMul whose output is e4m3: v[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i] in fp32
+// (SiluMul's math without its rounding to dtype); out [num_tokens, inter] codes with
+// out_scale [num_tokens].
+void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
+                 int64_t inter, DType dtype, cudaStream_t stream);
+
 // RoPE (rotate-half pairs (i, i + head_dim/2), angle = float(position) * inv_freq[i] in fp32,
 // as cpu::ApplyRope) fused with the KV append (as cpu::AppendKv):
 //   qkv: dtype [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], q | k | v per token

@@ -18,12 +18,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "engine/cuda/cuda_executor.h"
 #include "engine/engine.h"
 #include "engine/llama_model.h"
+#include "engine/safetensors.h"
 #include "engine/sequence_runner.h"
 #include "engine/tokenizer.h"
 #include "tests/test_util.h"
@@ -99,9 +101,10 @@ std::vector<float> AllLogits(ModelExecutor& ex, const std::vector<int>& ids, int
 }
 
 std::vector<float> CpuLogits(const std::string& dir, const std::vector<int>& ids,
-                             KvCacheDType kv_dtype = KvCacheDType::kF32) {
+                             KvCacheDType kv_dtype = KvCacheDType::kF32, bool fp8_weights = false) {
   LoadOptions o;
   o.weight_dtype = DType::kF32;
+  o.fp8_weights = fp8_weights;
   auto model = LlamaModel::Load(dir, o);
   SequenceRunner runner(*model, 4096, 16, kv_dtype);
   return runner.Feed(ids, /*all_logits=*/true);
@@ -221,6 +224,107 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaFp8Logits,
                                   (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
                                   (info.param.gemv ? "_gemv" : "_cublaslt");
                          });
+
+// --quantization fp8 on the GPU: e4m3 weights with per-row scales (quantized on the device
+// from the checkpoint's fp32 values, the CPU backend's codes bit for bit) and, unlike the CPU
+// backend (weight-only), e4m3 activations with per-token scales into cuBLASLt's FP8 GEMMs.
+// Reference: the CPU backend with fp8 weights. The GPU adds the activations' quantization,
+// whose relative precision is that of the weights' (both e4m3, both scaled to their row's
+// max), so its cost is about the weights' own, which the CPU measures as fp8-vs-f32. Bound:
+// 2·HF + 2 × that cost. A wrong scale, code or layout gives errors of the order of the logits.
+class CudaFp8WeightLogits : public CudaExecutorTest,
+                            public ::testing::WithParamInterface<LogitsCase> {};
+
+TEST_P(CudaFp8WeightLogits, EveryPositionMatchesTheCpuFp8Weights) {
+  const LogitsCase& c = GetParam();
+  const std::string dir = ModelDir(c.model);
+  const std::vector<int> ids = ReferenceIds();
+  const std::vector<float> cpu_f32 = CpuLogits(dir, ids);
+  const std::vector<float> cpu_fp8 = CpuLogits(dir, ids, KvCacheDType::kF32, true);
+  CudaExecutorOptions o = SmallOptions(c.dtype);
+  o.fp8_weights = true;
+  o.gemv_max_tokens = c.gemv ? 8 : 0;
+  auto ex = CudaExecutor::Create(dir, o);
+  EXPECT_NE(ex->Describe().find("fp8"), std::string::npos) << ex->Describe();
+  const std::vector<float> got = AllLogits(*ex, ids, 40);
+  const char* dtype = c.dtype == DType::kBF16 ? "bf16" : "fp16";
+  const double rel = Relative(got, cpu_fp8), fp8_cost = Relative(cpu_fp8, cpu_f32);
+  const double hf = HfRelative(c.model, dtype);
+  std::printf("  %s %s fp8 weights%s: gpu vs cpu-fp8 %.3e; cpu fp8-vs-f32 %.3e; HF %s-vs-fp32 "
+              "%.3e; gpu-fp8 vs cpu-f32 %.3e\n",
+              c.model, dtype, c.gemv ? " (gemv)" : "", rel, fp8_cost, dtype, hf,
+              Relative(got, cpu_f32));
+  EXPECT_LE(rel, 2 * hf + 2 * fp8_cost);
+  EXPECT_GT(ex->stats().graph_steps, 0) << "decode steps should replay CUDA graphs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaFp8WeightLogits,
+                         ::testing::Values(LogitsCase{"hd128", DType::kBF16},
+                                           LogitsCase{"hd128", DType::kF16},
+                                           LogitsCase{"hd64", DType::kBF16},
+                                           LogitsCase{"hd128", DType::kBF16, true},
+                                           LogitsCase{"hd64", DType::kF16, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.model) +
+                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
+                                  (info.param.gemv ? "_gemv" : "_cublaslt");
+                         });
+
+// fp8 weights hold the linear layers in 1 byte per weight plus one fp32 scale per row; the
+// embeddings, norms and lm_head are unchanged. Graph replay stays bit-identical to eager.
+TEST_F(CudaExecutorTest, Fp8WeightsTakeOneBytePerLinearWeightAndReplayBitIdentically) {
+  const std::string dir = ModelDir("hd128");
+  const ModelConfig c = ModelConfig::Load(dir);
+  auto bf16 = CudaExecutor::Create(dir, SmallOptions());
+  CudaExecutorOptions o = SmallOptions();
+  o.fp8_weights = true;
+  auto fp8 = CudaExecutor::Create(dir, o);
+  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const int64_t rows = (q + 2 * kv) + c.hidden_size + 2 * c.intermediate_size + c.hidden_size;
+  const int64_t params = (q + 2 * kv) * c.hidden_size + c.hidden_size * q +
+                         2 * c.intermediate_size * c.hidden_size +
+                         c.hidden_size * c.intermediate_size;
+  EXPECT_EQ(bf16->stats().weight_bytes - fp8->stats().weight_bytes,
+            c.num_layers * (params - 4 * rows));
+  o.cuda_graphs = false;
+  auto eager = CudaExecutor::Create(dir, o);
+  const std::vector<int> ids = ReferenceIds();
+  const std::vector<float> a = AllLogits(*fp8, ids, 17), b = AllLogits(*eager, ids, 17);
+  EXPECT_GT(fp8->stats().graph_steps, 0);
+  EXPECT_EQ(a, b);
+}
+
+// What fp8 weights cannot take is a clear start-up error: widths that are not multiples of 16
+// (stories260K's intermediate_size 172), and a weight that cannot be scaled (named by file and
+// tensor, as the CPU backend does).
+TEST_F(CudaExecutorTest, Fp8WeightsRejectWhatTheyCannotRunClearly) {
+  CudaExecutorOptions o = SmallOptions();
+  o.fp8_weights = true;
+  test::ExpectError([&] { CudaExecutor::Create(test::StoriesDir(), o); },
+                    {"--quantization fp8", "multiple of 16", "172"});
+  test::TempDir dir;
+  const std::string src = ModelDir("hd128");
+  for (const char* f : {"config.json", "tokenizer.model"}) {
+    if (fs::exists(fs::path(src) / f)) fs::copy_file(fs::path(src) / f, dir.path() / f);
+  }
+  auto ckpt = Checkpoint::Open(src);
+  std::vector<TensorData> tensors;
+  const std::string bad = "model.layers.1.self_attn.o_proj.weight";
+  for (const std::string& name : ckpt->names()) {
+    const TensorView& t = ckpt->Get(name);
+    TensorData d{name, t.dtype, t.shape, std::vector<std::byte>(t.data, t.data + t.num_bytes)};
+    if (name == bad) {
+      ASSERT_EQ(t.dtype, DType::kF32);
+      const float nan = NAN;
+      std::memcpy(d.bytes.data() + 4 * 1000, &nan, 4);
+    }
+    tensors.push_back(std::move(d));
+  }
+  WriteSafetensors((dir.path() / "model.safetensors").string(), tensors);
+  test::ExpectError([&] { CudaExecutor::Create(dir.path().string(), o); },
+                    {bad, "model.safetensors", "NaN or infinite"});
+  EXPECT_NO_THROW(CudaExecutor::Create(dir.path().string(), SmallOptions()));  // unquantized
+}
 
 // The point of fp8 (e4m3) KV: the same memory holds twice the tokens of the bf16 cache.
 TEST_F(CudaExecutorTest, Fp8KvCacheHoldsTwiceTheTokens) {
@@ -441,6 +545,17 @@ TEST_F(CudaExecutorTest, DummyWeightsRunAnyShapeFromAConfigFileDeterministically
   EXPECT_NE(la, lc);
   EXPECT_GT(a->stats().weight_bytes, 0);
   EXPECT_GT(a->num_kv_blocks(), 0);
+  // --quantization fp8 with dummy weights (the benchmarks' path): quantized on the device,
+  // deterministic, finite, and close to the bf16 run of the same seed.
+  o.dummy_seed = 5;
+  o.fp8_weights = true;
+  auto d = CudaExecutor::Create(config, o);
+  auto e = CudaExecutor::Create(config, o);
+  const std::vector<float> ld = AllLogits(*d, ids, 30);
+  EXPECT_EQ(ld, AllLogits(*e, ids, 30));
+  const double rel = Relative(ld, la);
+  std::printf("  dummy hd128 fp8 weights vs bf16 weights, same seed: %.3e of max|logit|\n", rel);
+  EXPECT_LT(rel, 0.1);
 }
 
 TEST_F(CudaExecutorTest, BadInputIsAClearError) {
