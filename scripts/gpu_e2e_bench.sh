@@ -36,7 +36,7 @@ if [ "$PHASE" = tests ]; then
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
     bench_decode_attention_gpu cuda_async_gpu_test cuda_step_failure_gpu_test \
     demo_model cuda_tp_gpu_test all_reduce_gpu_test bench_all_reduce_gpu kv_fp8_gpu_test \
-    bench_prefill_attention_gpu \
+    bench_prefill_attention_gpu fp8_linear_gpu_test \
     2>&1 | tail -30
   tiny=/tmp/tiny_models && mkdir -p $tiny
   for m in hd128 hd64; do
@@ -114,6 +114,29 @@ run decode_8b_256seq_fp8 200 --model $C8 --num-requests 256 --min-input 128 --ma
 run latency_8b_b1_fp8 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
   --kv-cache-dtype fp8
+# --quantization fp8 (W8A8: e4m3 linear weights with per-row scales, per-token e4m3
+# activations, cuBLASLt FP8 GEMMs); the *_w8 runs, with the fp8 KV cache where named
+run throughput_8b_w8_fp8kv_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
+run throughput_8b_w8_fp8kv_768seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 768 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
+run throughput_8b_w8_256seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --quantization fp8
+run decode_8b_256seq_w8 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
+  --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup \
+  --quantization fp8
+run ttft_8b_2048_w8 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
+  --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048 \
+  --quantization fp8
+run latency_7b_b1_w8 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
+  --quantization fp8
+run latency_8b_b1_w8 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
+  --quantization fp8
 run long_context_8b_128k_fp8 300 --model $C31 --num-requests 1 --min-input 131008 \
   --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
   --max-num-batched-tokens 8192 --temperature 0 --kv-cache-dtype fp8

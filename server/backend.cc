@@ -37,6 +37,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
+  cmd->add_flag("--fp8-precise-accum", fp8_precise_accum,
+                "cuda, --quantization fp8: GEMMs promote their FP8 partial sums to fp32 "
+                "periodically (cuBLASLt's default) instead of the tensor cores' fast "
+                "accumulation that vLLM's and TensorRT-LLM's FP8 kernels use");
   // Two callbacks, not a negatable flag: CLI11 fills an optional<bool> flag with false when
   // neither spelling is given, and "not given" must mean "the device's default".
   cmd->add_flag_callback(
@@ -114,6 +118,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   if (f.dtype == "f32") throw Error("--device cuda runs bf16 or f16 (not f32)");
   CudaExecutorOptions o;
   o.fp8_weights = f.quantization == "fp8";
+  o.fp8_fast_accum = !f.fp8_precise_accum;
   o.dtype = f.dtype == "f16" ? DType::kF16 : DType::kBF16;
   o.kv_cache_fp8 = ParseKvCacheDType(f.kv_cache_dtype) == KvCacheDType::kFp8E4m3;
   o.block_size = engine->block_size;

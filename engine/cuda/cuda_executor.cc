@@ -1656,6 +1656,7 @@ void CudaExecutor::Impl::Setup(const std::string& model_path) {
   LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_inputs, cudaEventDisableTiming));
   LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_sync, cudaEventDisableTiming));
   gemm = std::make_unique<cuda::Gemm>();
+  gemm->set_fast_accum(opt.fp8_fast_accum);
   allocated_bytes += int64_t{32} << 20;
 
   if (opt.dummy_weights) {

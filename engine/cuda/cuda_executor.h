@@ -61,6 +61,10 @@ struct CudaExecutorOptions {
   // engine/cuda/gemm.h). Embeddings and lm_head stay dtype. Needs every linear layer's input
   // width (hidden, q_dim, intermediate per GPU) to be a multiple of 16.
   bool fp8_weights = false;
+  // fp8: the GEMMs' accumulation on the tensor cores' fast path (CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+  // what vLLM's and TensorRT-LLM's FP8 kernels use) rather than cuBLASLt's periodic promotion
+  // to fp32 (its default; --fp8-precise-accum). Accuracy of both: tests/kernels/fp8_linear_gpu_test.
+  bool fp8_fast_accum = true;
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers
   int64_t max_num_seqs = 256;

@@ -15,7 +15,8 @@
 // "outer vector" scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, cuBLAS >= 12.9 on
 // sm_90), so the scaling is inside the GEMM's epilogue, not a pass of its own. Accumulation
 // is cuBLASLt's precise mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM off: partial sums are promoted
-// to fp32 periodically) unless fast_accum.
+// to fp32 periodically) unless set_fast_accum(true) (the tensor cores' own accumulator
+// throughout, faster; what vLLM's and TensorRT-LLM's FP8 GEMMs do).
 #pragma once
 
 #include <cublasLt.h>
@@ -47,6 +48,7 @@ class Gemm {
   void LinearFp8(const void* x8, const float* x_scale, const void* w8, const float* w_scale,
                  void* y, int64_t n, int64_t m, int64_t k, DType out_dtype, bool accumulate,
                  cudaStream_t stream);
+  // FP8 accumulation mode of the plans made after this call (CUBLASLT_MATMUL_DESC_FAST_ACCUM).
   void set_fast_accum(bool on) { fast_accum_ = on; }
 
   int64_t num_plans() const { return static_cast<int64_t>(plans_.size()); }

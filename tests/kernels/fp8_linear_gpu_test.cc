@@ -10,17 +10,19 @@
 //    round the other way: every code must be within one e4m3 step of the CPU's, at most 1%
 //    of them may differ at all, and the scale within 1e-5 relative;
 //  - cuda::Gemm::LinearFp8 (cuBLASLt, per-row weight and per-token activation scales): against
-//    a double-precision sum over the dequantized codes, for bf16 / fp32 outputs and the fp32
-//    accumulate (residual) epilogue. Bound: 1e-3 of Σ|terms| per output (fp32 accumulation
-//    with periodic promotion) plus the output's own rounding; a dropped scale, a swapped
-//    operand or a wrong layout is off by O(|y|).
+//    a double-precision sum over the dequantized codes, for bf16 / fp16 / fp32 outputs and the
+//    fp32 accumulate (residual) epilogue, in both accumulation modes. Bound per output: the
+//    output's own rounding plus 1e-3 of Σ|terms| with cuBLASLt's precise accumulation (fp32
+//    with periodic promotion), 1e-2 with the tensor cores' fast accumulation (a narrower
+//    accumulator over k up to 14,336; the measured worst case is printed); a dropped scale, a
+//    swapped operand or a wrong layout is off by O(|y|).
 //   ninja -C build fp8_linear_gpu_test && (cd build && ctest -L gpu -R fp8_linear)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,7 +44,8 @@ class Fp8LinearGpu : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
-    if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU, fp8 linear GPU test skipped: " << why;
+    if (!cuda::DeviceAvailable(&why))
+      GTEST_SKIP() << "no GPU, fp8 linear GPU test skipped: " << why;
   }
 };
 
@@ -83,21 +86,22 @@ TEST_F(Fp8LinearGpu, QuantizeRowsEqualsTheCpuRuleBitForBit) {
       const std::vector<std::byte> bytes = Encode(v, t, &exact);
       std::vector<uint8_t> want(v.size());
       std::vector<float> want_scale(size_t(s.rows));
-      ASSERT_TRUE(cpu::QuantizeFp8Rows(exact.data(), s.rows, s.cols, want.data(),
-                                       want_scale.data()));
+      ASSERT_TRUE(
+          cpu::QuantizeFp8Rows(exact.data(), s.rows, s.cols, want.data(), want_scale.data()));
       DevBuf din(bytes), dcodes(v.size()), dscale(size_t(s.rows) * 4), dbad(std::vector<int>{0});
       cuda::QuantizeRowsE4m3(din.p, t, s.rows, s.cols, dcodes.as<uint8_t>(), dscale.as<float>(),
                              dbad.as<int>(), nullptr);
       const std::vector<uint8_t> got = dcodes.Download<uint8_t>();
       const std::vector<float> got_scale = dscale.Download<float>();
-      const std::string what = std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" +
-                               std::to_string(s.cols);
+      const std::string what =
+          std::string(DTypeName(t)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
       EXPECT_EQ(dbad.Download<int>()[0], 0) << what;
       for (int64_t r = 0; r < s.rows; ++r) {
         ASSERT_EQ(got_scale[size_t(r)], want_scale[size_t(r)]) << what << " row " << r;
       }
       EXPECT_EQ(got_scale[0], 1.f) << what << ": an all-zero row's scale";
-      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " element " << i;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << what << " element " << i;
     }
   }
 }
@@ -157,7 +161,8 @@ TEST_F(Fp8LinearGpu, AddRmsNormE4m3MatchesTheCpuNormQuantized) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     for (int64_t hidden : {512, 4096, 20480, 1000}) {  // 20480: past the register cache
       const int64_t rows = 7;
-      std::vector<float> residual(static_cast<size_t>(rows * hidden)), weight(static_cast<size_t>(hidden)), delta(residual.size());
+      std::vector<float> residual(static_cast<size_t>(rows * hidden)),
+          weight(static_cast<size_t>(hidden)), delta(residual.size());
       for (float& v : residual) v = dist(rng);
       for (float& v : weight) v = 1.f + 0.1f * dist(rng);
       for (float& v : delta) v = dist(rng);
@@ -174,7 +179,8 @@ TEST_F(Fp8LinearGpu, AddRmsNormE4m3MatchesTheCpuNormQuantized) {
         }
         const float inv_rms = 1.f / std::sqrt(float(sum / double(hidden)) + eps);
         for (int64_t i = 0; i < hidden; ++i) {
-          ref[size_t(r * hidden + i)] = weight[size_t(i)] * (res_ref[size_t(r * hidden + i)] * inv_rms);
+          ref[size_t(r * hidden + i)] =
+              weight[size_t(i)] * (res_ref[size_t(r * hidden + i)] * inv_rms);
         }
       }
       DevBuf dres(residual), dw(weight), ddelta(delta_bytes), dcodes(residual.size()),
@@ -204,7 +210,8 @@ TEST_F(Fp8LinearGpu, SiluMulE4m3MatchesTheCpuSiluMulQuantized) {
       std::vector<float> ref(static_cast<size_t>(rows * inter));
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t i = 0; i < inter; ++i) {
-          const float g = exact[size_t(r * 2 * inter + i)], u = exact[size_t(r * 2 * inter + inter + i)];
+          const float g = exact[size_t(r * 2 * inter + i)],
+                      u = exact[size_t(r * 2 * inter + inter + i)];
           ref[size_t(r * inter + i)] = g / (1.f + std::exp(-g)) * u;
         }
       }
@@ -237,12 +244,13 @@ Fp8Matrix RandomFp8(int64_t rows, int64_t cols, std::mt19937& rng) {
 
 TEST_F(Fp8LinearGpu, CublasLtFp8LinearMatchesTheDequantizedProduct) {
   std::mt19937 rng(14);
-  cuda::Gemm gemm;
+  cuda::Gemm precise, fast;
+  fast.set_fast_accum(true);
   struct Shape {
     int64_t n, m, k;
   };
   for (Shape s : {Shape{1, 96, 512}, Shape{7, 1376, 512}, Shape{256, 512, 1376},
-                  Shape{33, 4096, 4096}}) {
+                  Shape{33, 4096, 4096}, Shape{16, 256, 14336}}) {
     const Fp8Matrix x = RandomFp8(s.n, s.k, rng), w = RandomFp8(s.m, s.k, rng);
     // Reference: y[t, j] = xs[t] · ws[j] · Σ x8 · w8 in double, and Σ|terms| for the bound.
     std::vector<double> ref(size_t(s.n * s.m)), mag(ref.size());
@@ -261,45 +269,53 @@ TEST_F(Fp8LinearGpu, CublasLtFp8LinearMatchesTheDequantizedProduct) {
       }
     }
     DevBuf dx(x.codes), dxs(x.scales), dw(w.codes), dws(w.scales);
-    for (DType out : {DType::kBF16, DType::kF16, DType::kF32}) {
-      for (bool accumulate : {false, true}) {
-        if (accumulate && out != DType::kF32) continue;
-        std::vector<float> start(size_t(s.n * s.m));
-        for (size_t i = 0; i < start.size(); ++i) start[i] = accumulate ? float(i % 13) - 6.f : 0.f;
-        DevBuf dy(out == DType::kF32 ? start.size() * 4 : start.size() * 2);
-        if (out == DType::kF32) dy.Upload(start);
-        gemm.LinearFp8(dx.p, dxs.as<float>(), dw.p, dws.as<float>(), dy.p, s.n, s.m, s.k, out,
-                       accumulate, nullptr);
-        std::vector<float> got(start.size());
-        if (out == DType::kF32) {
-          got = dy.Download<float>();
-        } else {
-          const std::vector<uint16_t> h = dy.Download<uint16_t>();
-          for (size_t i = 0; i < h.size(); ++i) {
-            got[i] = out == DType::kBF16 ? Bf16ToF32(h[i]) : F16ToF32(h[i]);
+    for (cuda::Gemm* gemm : {&precise, &fast}) {
+      const bool is_fast = gemm == &fast;
+      const double accum_bound = is_fast ? 1e-2 : 1e-3;
+      for (DType out : {DType::kBF16, DType::kF16, DType::kF32}) {
+        for (bool accumulate : {false, true}) {
+          if (accumulate && out != DType::kF32) continue;
+          std::vector<float> start(size_t(s.n * s.m));
+          for (size_t i = 0; i < start.size(); ++i)
+            start[i] = accumulate ? float(i % 13) - 6.f : 0.f;
+          DevBuf dy(out == DType::kF32 ? start.size() * 4 : start.size() * 2);
+          if (out == DType::kF32) dy.Upload(start);
+          gemm->LinearFp8(dx.p, dxs.as<float>(), dw.p, dws.as<float>(), dy.p, s.n, s.m, s.k, out,
+                          accumulate, nullptr);
+          std::vector<float> got(start.size());
+          if (out == DType::kF32) {
+            got = dy.Download<float>();
+          } else {
+            const std::vector<uint16_t> h = dy.Download<uint16_t>();
+            for (size_t i = 0; i < h.size(); ++i) {
+              got[i] = out == DType::kBF16 ? Bf16ToF32(h[i]) : F16ToF32(h[i]);
+            }
           }
+          const double out_ulp = out == DType::kBF16  ? std::ldexp(1.0, -8)
+                                 : out == DType::kF16 ? std::ldexp(1.0, -11)
+                                                      : std::ldexp(1.0, -24);
+          double worst = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double want = ref[i] + start[i];
+            const double err = std::fabs(double(got[i]) - want);
+            const double bound = accum_bound * mag[i] + out_ulp * std::fabs(want) + 1e-7;
+            worst = std::max(worst, std::max(0.0, err - out_ulp * std::fabs(want)) / mag[i]);
+            ASSERT_LE(err, bound) << (is_fast ? "fast " : "precise ") << DTypeName(out)
+                                  << (accumulate ? " accumulate" : "") << " n " << s.n << " m "
+                                  << s.m << " k " << s.k << " element " << i << ": got " << got[i]
+                                  << " want " << want;
+          }
+          std::printf(
+              "  fp8 GEMM %s n %lld m %lld k %lld -> %s%s: worst |error| beyond the "
+              "output rounding %.2e of sum|terms|\n",
+              is_fast ? "fast" : "precise", (long long)s.n, (long long)s.m, (long long)s.k,
+              std::string(DTypeName(out)).c_str(), accumulate ? " (+=)" : "", worst);
         }
-        const double out_ulp = out == DType::kBF16 ? std::ldexp(1.0, -8)
-                               : out == DType::kF16 ? std::ldexp(1.0, -11)
-                                                    : std::ldexp(1.0, -24);
-        double worst = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          const double want = ref[i] + start[i];
-          const double err = std::fabs(double(got[i]) - want);
-          const double bound = 1e-3 * mag[i] + out_ulp * std::fabs(want) + 1e-7;
-          worst = std::max(worst, err / bound);
-          ASSERT_LE(err, bound) << DTypeName(out) << (accumulate ? " accumulate" : "") << " n "
-                                << s.n << " m " << s.m << " k " << s.k << " element " << i
-                                << ": got " << got[i] << " want " << want;
-        }
-        std::printf("  fp8 GEMM n %lld m %lld k %lld -> %s%s: worst error %.3f of the bound\n",
-                    (long long)s.n, (long long)s.m, (long long)s.k,
-                    std::string(DTypeName(out)).c_str(), accumulate ? " (+=)" : "", worst);
       }
     }
   }
-  EXPECT_THROW(gemm.LinearFp8(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 64, 40,
-                              DType::kF32, false, nullptr),
+  EXPECT_THROW(precise.LinearFp8(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 64, 40,
+                                 DType::kF32, false, nullptr),
                std::invalid_argument);  // k % 16 != 0
 }
 
