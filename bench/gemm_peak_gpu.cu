@@ -1,12 +1,15 @@
 // The compute ceiling the end-to-end benchmarks report ratios to: bf16 GEMM throughput of
 // our own cuBLASLt path (engine/cuda/gemm.h, the one every linear layer takes), for a large
 // square GEMM and for the Llama-3-8B layer shapes at prefill-sized token counts. Timed with
-// CUDA events after a warm-up, median of the repeats.
+// CUDA events after a warm-up, median of the repeats. Then the batch-1 decode GEMVs, bf16 and
+// fp8 (e4m3) weights, per matrix and in a 32-layer chain, as weight TB/s.
 //   build/bench_gemm_peak_gpu [--reps R]
-// Prints lines: JSON {"kind":"gemm","n":..,"m":..,"k":..,"ms":..,"tflops":..}
+// Prints lines: JSON {"kind":"gemm","n":..,"m":..,"k":..,"ms":..,"tflops":..},
+// {"kind":"gemv",...} and {"kind":"decode_chain",...}
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +24,16 @@
 #include "kernels/cuda/model_ops.h"
 
 namespace {
+
+// FP8 weights for timing (the GEMV's speed does not depend on the values): e4m3 codes
+// [count] cycling through 1.5, -1.0, 1.0, -0.75 (no NaN code, unlike random bytes), written
+// as fp32 words whose bytes are those codes. The callers fill the per-row scales.
+void FillFp8Codes(void* codes, int64_t count) {
+  const uint32_t pattern = 0xb438b83cu;  // bytes 0x3c, 0xb8, 0x38, 0xb4 (little-endian)
+  float word;
+  std::memcpy(&word, &pattern, 4);
+  llm::cuda::FillConstant(codes, llm::DType::kF32, count / 4, word, nullptr);
+}
 
 double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps) {
   void *x = nullptr, *w = nullptr, *y = nullptr;
@@ -52,28 +65,39 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
   return ms[ms.size() / 2];
 }
 
-// Batch-1 decode GEMVs: cuBLASLt (n = 1) against our fused GEMV (kernels/cuda/gemv.h), as
-// weight-streaming bandwidth (bytes of W per second). The repeats rotate over copies of W
-// totalling >= 256 MB, so that no repeat finds its weights in the 50 MB L2 (a first version
-// reused one W and overstated both sides for the matrices that fit).
+// Batch-1 decode GEMVs: cuBLASLt (n = 1) against our fused GEMV (kernels/cuda/gemv.h) with
+// bf16 weights and with fp8 (e4m3) weights, as weight-streaming bandwidth (bytes of W per
+// second: m·k·2 for bf16, m·k for fp8, whose m fp32 scales are left out). The repeats rotate
+// over copies of W totalling >= 256 MB, so that no repeat finds its weights in the 50 MB L2 (a
+// first version reused one W and overstated both sides for the matrices that fit).
 void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilogue epilogue,
               const char* name, int reps) {
   using llm::DType;
-  void *x = nullptr, *w_all = nullptr, *y = nullptr;
-  const int64_t w_bytes = m * k * 2;
+  void *x = nullptr, *w_all = nullptr, *w8_all = nullptr, *y = nullptr;
+  float* scales = nullptr;
+  const int64_t w_bytes = m * k * 2, w8_bytes = m * k;
   const int copies = int(std::max<int64_t>(2, (int64_t{256} << 20) / w_bytes + 1));
+  const int copies8 = int(std::max<int64_t>(2, (int64_t{256} << 20) / w8_bytes + 1));
   LLM_CUDA_CHECK(cudaMalloc(&x, size_t(2 * k * 4)));
   LLM_CUDA_CHECK(cudaMalloc(&w_all, size_t(w_bytes * copies)));
+  LLM_CUDA_CHECK(cudaMalloc(&w8_all, size_t(w8_bytes * copies8)));
+  LLM_CUDA_CHECK(cudaMalloc(&scales, size_t(m * 4)));
   LLM_CUDA_CHECK(cudaMalloc(&y, size_t(m * 4)));
   llm::cuda::FillUniform(x, DType::kBF16, 2 * k, 1.f, 3, nullptr);
   llm::cuda::FillUniform(w_all, DType::kBF16, m * k * copies, 1.f, 4, nullptr);
+  FillFp8Codes(w8_all, w8_bytes * copies8);
+  llm::cuda::FillConstant(scales, DType::kF32, m, 1.f / 448.f, nullptr);
   int rep = 0;
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int variant = 0; variant < 2; ++variant) {
+  const char* impls[] = {"cublaslt_n1", "fused_gemv", "fused_gemv_fp8"};
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool fp8 = variant == 2;
     auto launch = [&] {
-      const void* w = static_cast<const char*>(w_all) + (rep++ % copies) * w_bytes;
+      const int i = rep++;
+      const void* w = fp8 ? static_cast<const char*>(w8_all) + (i % copies8) * w8_bytes
+                          : static_cast<const char*>(w_all) + (i % copies) * w_bytes;
       if (variant == 0) {
         gemm.Linear(x, w, y, 1, m, k, DType::kBF16, DType::kBF16, false, nullptr);
       } else {
@@ -81,6 +105,7 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
         g.epilogue = epilogue;
         g.x = x;
         g.w = w;
+        g.w_scale = fp8 ? scales : nullptr;
         g.y = y;
         g.n = 1;
         g.m = m;
@@ -102,30 +127,40 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
     std::printf(
         "JSON {\"kind\":\"gemv\",\"name\":\"%s\",\"impl\":\"%s\",\"m\":%lld,\"k\":%lld,"
         "\"us\":%.2f,\"weight_tb_per_s\":%.3f}\n",
-        name, variant == 0 ? "cublaslt_n1" : "fused_gemv", (long long)m, (long long)k, t * 1e3,
-        double(m * k * 2) / (t * 1e-3) / 1e12);
+        name, impls[variant], (long long)m, (long long)k, t * 1e3,
+        double(fp8 ? w8_bytes : w_bytes) / (t * 1e-3) / 1e12);
   }
   cudaFree(x);
   cudaFree(w_all);
+  cudaFree(w8_all);
+  cudaFree(scales);
   cudaFree(y);
 }
 
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. Four ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
-// kernels) with plain launches, the same with programmatic dependent launch, and that with the
-// RMSNorms in the GEMV prologues instead. Reports ms per step and weight TB/s; attention and
-// RoPE are left out, so this is the linear layers' share of the batch-1 roofline.
+// CUDA graph. Five ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
+// kernels) with plain launches, the same with programmatic dependent launch, that with the
+// RMSNorms in the GEMV prologues instead, and the executor's way (PDL) with fp8 weights
+// (--quantization fp8: half the bytes; weight_bytes counts the codes, not the per-row scales).
+// Reports ms per step and weight TB/s; attention and RoPE are left out, so this is the linear
+// layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
                      int64_t qkv_dim, int64_t inter, int reps) {
   using llm::DType;
   namespace cu = llm::cuda;
   const int64_t per_layer =
       (qkv_dim * hidden + hidden * hidden + 2 * inter * hidden + hidden * inter) * 2;
-  void* w_all = nullptr;
+  const int64_t rows_per_layer = qkv_dim + hidden + 2 * inter + hidden;  // fp8: one scale each
+  void *w_all = nullptr, *w8_all = nullptr;
+  float* scales_all = nullptr;
   LLM_CUDA_CHECK(cudaMalloc(&w_all, size_t(per_layer * layers)));
+  LLM_CUDA_CHECK(cudaMalloc(&w8_all, size_t(per_layer / 2 * layers)));
+  LLM_CUDA_CHECK(cudaMalloc(&scales_all, size_t(rows_per_layer * layers * 4)));
   cu::FillUniform(w_all, DType::kBF16, per_layer * layers / 2, 0.02f, 5, nullptr);
+  FillFp8Codes(w8_all, per_layer / 2 * layers);
+  cu::FillConstant(scales_all, DType::kF32, rows_per_layer * layers, 0.02f / 448.f, nullptr);
   void *normed = nullptr, *qkv = nullptr, *gate_up = nullptr, *act = nullptr;
   float *x = nullptr, *norm_w = nullptr;
   LLM_CUDA_CHECK(cudaMalloc(&normed, size_t(hidden * 2)));
@@ -141,17 +176,22 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue"};
-  for (int impl = 0; impl < 4; ++impl) {
+  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue", "gemv_pdl_fp8"};
+  for (int impl = 0; impl < 5; ++impl) {
+    const bool fp8 = impl == 4;
     cu::SetProgrammaticLaunch(impl >= 2);
-    auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, const void* w, void* out,
-                    int64_t m, int64_t k) {
+    // The matrix whose first weight is element `at` of the layer stack and whose first row is
+    // row `row` of it: bf16 weights, or with fp8 the codes and scales at the same positions.
+    auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, int64_t at, int64_t row,
+                    void* out, int64_t m, int64_t k) {
       cu::GemvArgs g;
       g.epilogue = e;
       g.x = in;
       g.norm_weight = norm;
       g.eps = 1e-5f;
-      g.w = w;
+      g.w = fp8 ? static_cast<const void*>(static_cast<const uint8_t*>(w8_all) + at)
+                : static_cast<const void*>(static_cast<const uint16_t*>(w_all) + at);
+      g.w_scale = fp8 ? scales_all + row : nullptr;
       g.y = out;
       g.n = 1;
       g.m = m;
@@ -163,32 +203,33 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
     };
     auto step = [&] {
       for (int64_t l = 0; l < layers; ++l) {
-        const auto* base = static_cast<const uint16_t*>(w_all) + l * per_layer / 2;
-        const uint16_t* wqkv = base;
-        const uint16_t* wo = wqkv + qkv_dim * hidden;
-        const uint16_t* wgu = wo + hidden * hidden;
-        const uint16_t* wd = wgu + 2 * inter * hidden;
+        const int64_t at_qkv = l * per_layer / 2, at_o = at_qkv + qkv_dim * hidden,
+                      at_gu = at_o + hidden * hidden, at_d = at_gu + 2 * inter * hidden;
+        const int64_t row_qkv = l * rows_per_layer, row_o = row_qkv + qkv_dim,
+                      row_gu = row_o + hidden, row_d = row_gu + 2 * inter;
+        const auto* w = static_cast<const uint16_t*>(w_all);
         const DType bf16 = DType::kBF16, f32 = DType::kF32;
+        using E = cu::GemvEpilogue;
         if (impl == 0) {  // cuBLASLt and the separate kernels
           norm();
-          gemm.Linear(normed, wqkv, qkv, 1, qkv_dim, hidden, bf16, bf16, false, stream);
-          gemm.Linear(qkv, wo, x, 1, hidden, hidden, bf16, f32, true, stream);
+          gemm.Linear(normed, w + at_qkv, qkv, 1, qkv_dim, hidden, bf16, bf16, false, stream);
+          gemm.Linear(qkv, w + at_o, x, 1, hidden, hidden, bf16, f32, true, stream);
           norm();
-          gemm.Linear(normed, wgu, gate_up, 1, 2 * inter, hidden, bf16, bf16, false, stream);
+          gemm.Linear(normed, w + at_gu, gate_up, 1, 2 * inter, hidden, bf16, bf16, false, stream);
           cu::SiluMul(gate_up, act, 1, inter, bf16, stream);
-          gemm.Linear(act, wd, x, 1, hidden, inter, bf16, f32, true, stream);
+          gemm.Linear(act, w + at_d, x, 1, hidden, inter, bf16, f32, true, stream);
         } else if (impl == 3) {  // the RMSNorms in the GEMV prologues
-          gemv(cu::GemvEpilogue::kStore, x, norm_w, wqkv, qkv, qkv_dim, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
-          gemv(cu::GemvEpilogue::kSiluMul, x, norm_w, wgu, act, 2 * inter, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
+          gemv(E::kStore, x, norm_w, at_qkv, row_qkv, qkv, qkv_dim, hidden);
+          gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden);
+          gemv(E::kSiluMul, x, norm_w, at_gu, row_gu, act, 2 * inter, hidden);
+          gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
         } else {  // as the executor's small steps (there q|k|v also carries RoPE + KV append)
           norm();
-          gemv(cu::GemvEpilogue::kStore, normed, nullptr, wqkv, qkv, qkv_dim, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, qkv, nullptr, wo, x, hidden, hidden);
+          gemv(E::kStore, normed, nullptr, at_qkv, row_qkv, qkv, qkv_dim, hidden);
+          gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden);
           norm();
-          gemv(cu::GemvEpilogue::kSiluMul, normed, nullptr, wgu, act, 2 * inter, hidden);
-          gemv(cu::GemvEpilogue::kAccumulateF32, act, nullptr, wd, x, hidden, inter);
+          gemv(E::kSiluMul, normed, nullptr, at_gu, row_gu, act, 2 * inter, hidden);
+          gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
         }
       }
     };
@@ -211,17 +252,18 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
     }
     std::sort(ms.begin(), ms.end());
     const double t = ms[ms.size() / 2];
+    const int64_t weight_bytes = fp8 ? per_layer / 2 : per_layer;  // per layer
     std::printf(
         "JSON {\"kind\":\"decode_chain\",\"name\":\"%s\",\"impl\":\"%s\",\"layers\":%lld,"
         "\"weight_bytes\":%lld,\"ms\":%.4f,\"weight_tb_per_s\":%.3f}\n",
-        name, impls[impl], (long long)layers, (long long)(per_layer * layers), t,
-        double(per_layer * layers) / (t * 1e-3) / 1e12);
+        name, impls[impl], (long long)layers, (long long)(weight_bytes * layers), t,
+        double(weight_bytes * layers) / (t * 1e-3) / 1e12);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
   cu::SetProgrammaticLaunch(false);
-  for (void* p :
-       {w_all, normed, qkv, gate_up, act, static_cast<void*>(x), static_cast<void*>(norm_w)})
+  for (void* p : {w_all, w8_all, static_cast<void*>(scales_all), normed, qkv, gate_up, act,
+                  static_cast<void*>(x), static_cast<void*>(norm_w)})
     cudaFree(p);
   cudaStreamDestroy(stream);
   cudaEventDestroy(start);

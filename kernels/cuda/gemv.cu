@@ -1,11 +1,14 @@
 // Small-batch GEMV (design in gemv.h).
-// Instantiations: {bf16, fp16} × (5 epilogues + 3 with the RMSNorm prologue) × N ∈ {1, 2, 4, 8}
-// = 64.
+// Instantiations: {bf16, fp16} × N ∈ {1, 2, 4, 8} × (dtype weights: 5 epilogues + 3 with the
+// RMSNorm prologue; e4m3 weights: 5 epilogues) = 104.
+// Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 both weight formats must stay at
+// <= 80 registers without spills (768 threads/SM: 3 CTAs of 256, 6 of 128; bench/RESULTS.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
@@ -16,12 +19,12 @@
 namespace llm::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kRows = 4;                          // output rows per CTA (kSiluMul: 2 gate + 2 up)
-constexpr int kUnroll = 2;                        // 16-byte chunks per row per thread per stage
-constexpr int kChunk = 8;                         // elements per 16-byte chunk
-constexpr int kStageChunks = kThreads * kUnroll;  // chunks of a row per stage
+constexpr int kRows = 4;    // output rows per CTA (kSiluMul: 2 gate + 2 up)
+constexpr int kUnroll = 2;  // 16-byte chunks per row per thread per stage
+constexpr int kChunk = 8;   // elements of x per 16-byte chunk
+// Threads per SM at n = 1 (3 CTAs of 256 or 6 of 128): <= 80 registers, so that every SM keeps
+// ~96 KiB of weights in flight (bench/RESULTS.md: what this kernel's speed depends on).
+constexpr int kThreadsPerSm = 768;
 static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
 // The weights are read exactly once: stream them past L1.
@@ -39,6 +42,51 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&f)[kChunk]) {
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) f[i] = vec::ToF32(e[i]);
 }
+
+// The weight formats (the kernel's W parameter). A 16-byte chunk of a weight row holds
+// kSubChunks × 8 weights; Unpack gives sub-chunk `sub` as 8 floats, exactly, to pair with one
+// 16-byte chunk of x.
+template <typename T>
+struct DTypeWeights {  // w: dtype [m, k]
+  using Element = T;
+  static constexpr int kSubChunks = 1;
+  static constexpr int kThreads = 256;                     // a 4096-wide row: 2 chunks per thread
+  static constexpr int kStageChunks = kUnroll * kThreads;  // chunks of a row per stage
+  __device__ static __forceinline__ void Unpack(const uint4& v, int /*sub*/, float (&f)[kChunk]) {
+    cuda::Unpack<T>(v, f);
+  }
+};
+
+struct Fp8Weights {  // w: e4m3 codes [m, k], w_scale: fp32 [m], applied after the reduction
+  using Element = uint8_t;
+  static constexpr int kSubChunks = 2;
+  // Half the threads, so that a 4096-wide row is again 2 chunks per thread: as many bytes in
+  // flight per thread as the dtype kernel, and 6 CTAs per SM. With 256 threads (1 chunk per
+  // thread at k = 4096: half the bytes in flight per SM) the Llama-3-8B chain took 2.46 ms
+  // (2.84 TB/s of codes), with 128 2.20 ms (3.17), with 64 2.23 ms (gemv.h).
+  static constexpr int kThreads = 128;
+  static constexpr int kStageChunks = kUnroll * kThreads;
+  // Codes 4i .. 4i + 3 of `word` as floats. One cvt.rn.f16x2.e4m3x2 per pair (exact; sm_89+),
+  // fed the 16-bit halves of the register directly as kernels/cuda/decode_attention.cu does,
+  // then fp16 -> fp32 (exact).
+  __device__ static __forceinline__ void Codes4(uint32_t word, float* f) {
+    uint32_t lo, hi;  // bytes 0, 1 and 2, 3 as fp16 pairs, the first of each in the low half
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(word));
+    const float2 a = __half22float2(reinterpret_cast<const __half2&>(lo));
+    const float2 b = __half22float2(reinterpret_cast<const __half2&>(hi));
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+  }
+  __device__ static __forceinline__ void Unpack(const uint4& v, int sub, float (&f)[kChunk]) {
+    Codes4(sub == 0 ? v.x : v.z, f);
+    Codes4(sub == 0 ? v.y : v.w, f + 4);
+  }
+};
+
+template <typename W>
+constexpr bool kIsFp8 = std::is_same_v<W, Fp8Weights>;
 
 struct Stage {
   uint4 w[kRows][kUnroll];
@@ -64,19 +112,32 @@ __device__ __forceinline__ int64_t WeightRow(const GemvArgs& a, int r) {
   }
 }
 
+template <typename W>
 __device__ __forceinline__ void LoadStage(Stage& s, const uint4* const (&rows)[kRows], int stage,
                                           int64_t chunks) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const int64_t c = int64_t(stage) * kStageChunks + u * kThreads + threadIdx.x;
+    const int64_t c = int64_t(stage) * W::kStageChunks + u * W::kThreads + threadIdx.x;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s.w[r][u] = c < chunks ? LoadStream(rows[r] + c) : uint4{};
   }
 }
 
+// An activation chunk, loaded in program order (volatile: not moved across the weight loads or
+// the other x loads). With plain loads, which the compiler schedules freely, the e4m3 kernel at
+// n = 1 spills (52 bytes at the 80-register cap: two x chunks per weight chunk); the dtype
+// kernel keeps the plain load (it spills with this one).
+__device__ __forceinline__ uint4 LoadInOrder(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // The 8 activations of chunk c of token t: x as is, or with the RMSNorm prologue
 // dtype(g * (x * inv_rms)) from the fp32 residual, as cuda::AddRmsNorm computes them.
-template <typename T, bool Norm>
+template <typename T, typename W, bool Norm>
 __device__ __forceinline__ void LoadX(const GemvArgs& a, const float* inv_rms, int t, int64_t c,
                                       const float (&g)[kChunk], float (&x)[kChunk]) {
   if constexpr (Norm) {
@@ -85,31 +146,42 @@ __device__ __forceinline__ void LoadX(const GemvArgs& a, const float* inv_rms, i
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) x[i] = vec::RoundTo<T>(g[i] * (r[i] * inv_rms[t]));
   } else {
-    Unpack<T>(reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + t * a.k)[c], x);
+    const uint4* row = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + t * a.k);
+    if constexpr (kIsFp8<W>) {
+      Unpack<T>(LoadInOrder(row + c), x);
+    } else {
+      Unpack<T>(row[c], x);
+    }
   }
 }
 
-template <typename T, bool Norm, int N>
+// Weight chunk c (16 bytes of each row) against x chunks c · kSubChunks + sub (the same k
+// range): for e4m3 weights two 16-byte chunks of x per weight chunk.
+template <typename T, typename W, bool Norm, int N>
 __device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, const float* inv_rms,
                                          int n, int stage, int64_t chunks, float (&acc)[kRows][N]) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const int64_t c = int64_t(stage) * kStageChunks + u * kThreads + threadIdx.x;
+    const int64_t c = int64_t(stage) * W::kStageChunks + u * W::kThreads + threadIdx.x;
     if (c >= chunks) continue;
-    float w[kRows][kChunk];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) Unpack<T>(s.w[r][u], w[r]);
-    float g[kChunk];
-    if constexpr (Norm) vec::LoadF32<kChunk>(a.norm_weight + c * kChunk, g);
+    for (int sub = 0; sub < W::kSubChunks; ++sub) {
+      const int64_t xc = c * W::kSubChunks + sub;
+      float w[kRows][kChunk];
 #pragma unroll
-    for (int t = 0; t < N; ++t) {
-      if (t >= n) break;
-      float x[kChunk];
-      LoadX<T, Norm>(a, inv_rms, t, c, g, x);
+      for (int r = 0; r < kRows; ++r) W::Unpack(s.w[r][u], sub, w[r]);
+      float g[kChunk];
+      if constexpr (Norm) vec::LoadF32<kChunk>(a.norm_weight + xc * kChunk, g);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
+      for (int t = 0; t < N; ++t) {
+        if (t >= n) break;
+        float x[kChunk];
+        LoadX<T, W, Norm>(a, inv_rms, t, xc, g, x);
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) acc[r][t] = fmaf(x[i], w[r][i], acc[r][t]);
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) acc[r][t] = fmaf(x[i], w[r][i], acc[r][t]);
+        }
       }
     }
   }
@@ -117,7 +189,7 @@ __device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, cons
 
 // Every token's 1 / rms over its fp32 residual row: each thread sums the squares of its own
 // chunks (the ones it later multiplies), then the CTA reduces in a fixed order.
-template <int N>
+template <int kThreads, int N>
 __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chunks,
                                            float* inv_rms) {
   __shared__ float part[kThreads / 32][N];
@@ -152,23 +224,33 @@ __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chu
   __syncthreads();
 }
 
-template <typename T, GemvEpilogue E, bool Norm, int N>
-__global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKernel(GemvArgs a) {
-  const int64_t chunks = a.k / kChunk;
-  const int stages = static_cast<int>((chunks + kStageChunks - 1) / kStageChunks);
+template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
+__global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm / W::kThreads : 1)
+    GemvKernel(GemvArgs a) {
+  constexpr int kWarps = W::kThreads / 32;
+  static_assert(!(Norm && kIsFp8<W>), "no RMSNorm prologue with e4m3 weights");
+  using Element = typename W::Element;
+  static_assert(sizeof(Element) * kChunk * W::kSubChunks == 16, "16-byte weight chunks");
+  const int64_t chunks = a.k / (kChunk * W::kSubChunks);  // 16-byte chunks per weight row
+  const int stages = static_cast<int>((chunks + W::kStageChunks - 1) / W::kStageChunks);
   const uint4* rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + WeightRow<E>(a, r) * a.k);
+    rows[r] =
+        reinterpret_cast<const uint4*>(static_cast<const Element*>(a.w) + WeightRow<E>(a, r) * a.k);
   }
   // Weights are immutable: the first stage streams in before the previous kernel completes.
   Stage s0, s1;
-  LoadStage(s0, rows, 0, chunks);
+  LoadStage<W>(s0, rows, 0, chunks);
+  __shared__ float row_scale[kRows];  // e4m3: the scales of this CTA's rows
+  if constexpr (kIsFp8<W>) {
+    if (threadIdx.x < kRows) row_scale[threadIdx.x] = a.w_scale[WeightRow<E>(a, threadIdx.x)];
+  }
   PdlWait();
   PdlTrigger();
   const int n = static_cast<int>(a.n);
   __shared__ float inv_rms[N];
-  if constexpr (Norm) InverseRms<N>(a, n, chunks, inv_rms);
+  if constexpr (Norm) InverseRms<W::kThreads, N>(a, n, chunks, inv_rms);
   float acc[kRows][N];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -176,11 +258,11 @@ __global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKerne
     for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
   }
   for (int st = 0; st < stages; st += 2) {
-    if (st + 1 < stages) LoadStage(s1, rows, st + 1, chunks);
-    FmaStage<T, Norm, N>(s0, a, inv_rms, n, st, chunks, acc);
+    if (st + 1 < stages) LoadStage<W>(s1, rows, st + 1, chunks);
+    FmaStage<T, W, Norm, N>(s0, a, inv_rms, n, st, chunks, acc);
     if (st + 1 < stages) {
-      if (st + 2 < stages) LoadStage(s0, rows, st + 2, chunks);
-      FmaStage<T, Norm, N>(s1, a, inv_rms, n, st + 1, chunks, acc);
+      if (st + 2 < stages) LoadStage<W>(s0, rows, st + 2, chunks);
+      FmaStage<T, W, Norm, N>(s1, a, inv_rms, n, st + 1, chunks, acc);
     }
   }
   // Reduce: lanes (shuffles), then warps (shared memory), in a fixed order.
@@ -207,6 +289,7 @@ __global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKerne
   if (mine) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += part[w][r][t];
+    if constexpr (kIsFp8<W>) v *= row_scale[r];  // s = scale · sum, before any rounding
   }
   if constexpr (E == GemvEpilogue::kRopeAppendKv) {
     if (mine) total[r][t] = v;
@@ -278,40 +361,57 @@ __global__ void __launch_bounds__(kThreads, (N == 1 && !Norm) ? 3 : 1) GemvKerne
   }
 }
 
-template <typename T, GemvEpilogue E, bool Norm>
+template <typename T, typename W, GemvEpilogue E, bool Norm>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
   const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
   const int64_t per_cta = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
   const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));  // kRopeAppendKv:
   // m = heads * head_dim, 4 rows per CTA: heads * head_dim / 4 CTAs as WeightRow maps them
   if (a.n <= 1) {
-    Launch(GemvKernel<T, E, Norm, 1>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, W, E, Norm, 1>, grid, dim3(W::kThreads), 0, stream, a);
   } else if (a.n <= 2) {
-    Launch(GemvKernel<T, E, Norm, 2>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, W, E, Norm, 2>, grid, dim3(W::kThreads), 0, stream, a);
   } else if (a.n <= 4) {
-    Launch(GemvKernel<T, E, Norm, 4>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, W, E, Norm, 4>, grid, dim3(W::kThreads), 0, stream, a);
   } else {
-    Launch(GemvKernel<T, E, Norm, 8>, grid, dim3(kThreads), 0, stream, a);
+    Launch(GemvKernel<T, W, E, Norm, 8>, grid, dim3(W::kThreads), 0, stream, a);
   }
 }
 
 template <typename T>
 void LaunchT(const GemvArgs& a, cudaStream_t stream) {
+  using E = GemvEpilogue;
+  using D = DTypeWeights<T>;
   const bool norm = a.norm_weight != nullptr;
+  if (a.w_scale != nullptr) {  // e4m3 weights (never with the prologue: GemvSupports)
+    switch (a.epilogue) {
+      case E::kStore:
+        return LaunchN<T, Fp8Weights, E::kStore, false>(a, stream);
+      case E::kStoreF32:
+        return LaunchN<T, Fp8Weights, E::kStoreF32, false>(a, stream);
+      case E::kAccumulateF32:
+        return LaunchN<T, Fp8Weights, E::kAccumulateF32, false>(a, stream);
+      case E::kSiluMul:
+        return LaunchN<T, Fp8Weights, E::kSiluMul, false>(a, stream);
+      case E::kRopeAppendKv:
+        return LaunchN<T, Fp8Weights, E::kRopeAppendKv, false>(a, stream);
+    }
+    return;
+  }
   switch (a.epilogue) {
-    case GemvEpilogue::kStore:
-      return norm ? LaunchN<T, GemvEpilogue::kStore, true>(a, stream)
-                  : LaunchN<T, GemvEpilogue::kStore, false>(a, stream);
-    case GemvEpilogue::kStoreF32:
-      return LaunchN<T, GemvEpilogue::kStoreF32, false>(a, stream);
-    case GemvEpilogue::kAccumulateF32:
-      return LaunchN<T, GemvEpilogue::kAccumulateF32, false>(a, stream);
-    case GemvEpilogue::kSiluMul:
-      return norm ? LaunchN<T, GemvEpilogue::kSiluMul, true>(a, stream)
-                  : LaunchN<T, GemvEpilogue::kSiluMul, false>(a, stream);
-    case GemvEpilogue::kRopeAppendKv:
-      return norm ? LaunchN<T, GemvEpilogue::kRopeAppendKv, true>(a, stream)
-                  : LaunchN<T, GemvEpilogue::kRopeAppendKv, false>(a, stream);
+    case E::kStore:
+      return norm ? LaunchN<T, D, E::kStore, true>(a, stream)
+                  : LaunchN<T, D, E::kStore, false>(a, stream);
+    case E::kStoreF32:
+      return LaunchN<T, D, E::kStoreF32, false>(a, stream);
+    case E::kAccumulateF32:
+      return LaunchN<T, D, E::kAccumulateF32, false>(a, stream);
+    case E::kSiluMul:
+      return norm ? LaunchN<T, D, E::kSiluMul, true>(a, stream)
+                  : LaunchN<T, D, E::kSiluMul, false>(a, stream);
+    case E::kRopeAppendKv:
+      return norm ? LaunchN<T, D, E::kRopeAppendKv, true>(a, stream)
+                  : LaunchN<T, D, E::kRopeAppendKv, false>(a, stream);
   }
 }
 
@@ -333,8 +433,10 @@ bool GemvSupports(const GemvArgs& a) {
       a.norm_weight == nullptr ||
       ((a.epilogue == E::kStore || a.epilogue == E::kSiluMul || a.epilogue == E::kRopeAppendKv) &&
        Aligned16(a.norm_weight));
-  return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % kChunk == 0 && a.m > 0 &&
-         (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
+  const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk; no prologue
+  const int64_t chunk_elements = fp8 ? 2 * kChunk : kChunk;
+  return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % chunk_elements == 0 && a.m > 0 &&
+         (!fp8 || a.norm_weight == nullptr) && (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
          a.y != nullptr && norm_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
 }
@@ -343,9 +445,10 @@ void Gemv(const GemvArgs& a, cudaStream_t stream) {
   if (!GemvSupports(a)) {
     throw std::invalid_argument("Gemv: unsupported shape n=" + std::to_string(a.n) +
                                 " m=" + std::to_string(a.m) + " k=" + std::to_string(a.k) +
-                                " (n in [1, 8], k % 8 == 0, even m for SiLU·mul, 16-byte "
-                                "aligned, bf16/f16, RMSNorm prologue only with store, SiLU·mul "
-                                "or RoPE, RoPE shapes matching the KV layout)");
+                                " (n in [1, 8], k % 8 == 0 (fp8 weights: k % 16 == 0), even m "
+                                "for SiLU·mul, 16-byte aligned, bf16/f16, RMSNorm prologue only "
+                                "with store, SiLU·mul or RoPE and not with fp8 weights, RoPE "
+                                "shapes matching the KV layout)");
   }
   if (a.dtype == DType::kBF16) {
     LaunchT<__nv_bfloat16>(a, stream);

@@ -1,7 +1,10 @@
 // The small-batch GEMV (kernels/cuda/gemv.h) against a float64 CPU reference of the same
-// math: y = x · wᵀ of half-precision inputs, then each epilogue (store rounded to the dtype,
-// fp32 store, fp32 accumulate, SiLU·mul of the gate and up halves rounded as the unfused
-// kernels round); and a two-GEMV chain under programmatic dependent launch in a CUDA graph,
+// math: y = x · wᵀ of half-precision inputs, with half-precision weights or fp8 (e4m3) codes
+// and row scales from cpu::QuantizeFp8Rows (dequantized as the CPU twin cpu::Linear reads them),
+// then each epilogue (store rounded to the dtype, fp32 store, fp32 accumulate, SiLU·mul of the
+// gate and up halves rounded as the unfused kernels round); every e4m3 code converted exactly;
+// the fused SiLU·mul and RoPE epilogues bit-identical to a kStore GEMV followed by cuda::SiluMul
+// / cuda::RopeAppendKv; and a two-GEMV chain under programmatic dependent launch in a CUDA graph,
 // bit-identical to plain launches. Label gpu (skips without a GPU).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -11,11 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/dtype.h"
+#include "kernels/fp8.h"
 #include "kernels/paged_kv.h"
 
 namespace llm {
@@ -28,6 +33,7 @@ struct Case {
   E epilogue;
   int n, m, k;
   bool norm = false;  // the RMSNorm prologue over an fp32 residual
+  bool fp8 = false;   // e4m3 weights with one scale per row (w_scale)
 };
 
 std::string Name(const Case& c) {
@@ -37,7 +43,7 @@ std::string Name(const Case& c) {
                                                     : "silumul";
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_" + e + "_n" +
          std::to_string(c.n) + "_m" + std::to_string(c.m) + "_k" + std::to_string(c.k) +
-         (c.norm ? "_rmsnorm" : "");
+         (c.norm ? "_rmsnorm" : "") + (c.fp8 ? "_fp8" : "");
 }
 
 uint16_t ToHalf(DType t, float x) { return t == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x); }
@@ -66,6 +72,22 @@ std::vector<uint16_t> RandomHalf(DType t, size_t count, float scale, std::mt1993
   return v;
 }
 
+// Weights as --quantization fp8 stores them: N(0, scale²) weights [rows, cols] quantized by
+// cpu::QuantizeFp8Rows into e4m3 codes and one fp32 scale per row.
+struct Fp8Matrix {
+  std::vector<uint8_t> codes;  // [rows, cols]
+  std::vector<float> scales;   // [rows]
+};
+
+Fp8Matrix RandomFp8(int64_t rows, int64_t cols, float scale, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (float& v : w) v = scale * dist(rng);
+  Fp8Matrix q{std::vector<uint8_t>(w.size()), std::vector<float>(static_cast<size_t>(rows))};
+  EXPECT_TRUE(cpu::QuantizeFp8Rows(w.data(), rows, cols, q.codes.data(), q.scales.data()));
+  return q;
+}
+
 class GemvGpu : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
@@ -82,7 +104,10 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   const bool f32_out = c.epilogue == E::kStoreF32 || c.epilogue == E::kAccumulateF32;
   const int64_t outs = silu ? m / 2 : m;
   const std::vector<uint16_t> x = RandomHalf(c.dtype, size_t(n * k), 1.f, rng);
-  const std::vector<uint16_t> w = RandomHalf(c.dtype, size_t(m * k), 0.05f, rng);
+  // dtype weights, or e4m3 codes with row scales.
+  const std::vector<uint16_t> w =
+      c.fp8 ? std::vector<uint16_t>() : RandomHalf(c.dtype, size_t(m * k), 0.05f, rng);
+  const Fp8Matrix w8 = c.fp8 ? RandomFp8(m, k, 0.05f, rng) : Fp8Matrix{};
   std::normal_distribution<float> dist(0.f, 1.f);
   // The activations the kernel multiplies: x, or the prologue's dtype(g * (x * inv_rms)) of an
   // fp32 residual, computed in float as cuda::AddRmsNorm computes it.
@@ -102,13 +127,22 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   }
   std::vector<float> y0(size_t(n * outs));
   for (float& v : y0) v = dist(rng);
-  // s[t][j] and sum |a w| (the scale of fp32 accumulation-order error).
+  // s[t][j] and sum |a w| (the scale of fp32 accumulation-order error), over the weights as
+  // the CPU twin reads them (cpu::LoadRow: dtype, or scale · E4m3ToF32(code) in fp32).
+  cpu::WeightMatrix wm;
+  wm.dtype = c.fp8 ? DType::kF8E4M3 : c.dtype;
+  wm.data = c.fp8 ? static_cast<const void*>(w8.codes.data()) : w.data();
+  wm.rows = m;
+  wm.cols = k;
+  wm.scales = c.fp8 ? w8.scales.data() : nullptr;
   std::vector<double> sum(size_t(n * m)), mag(size_t(n * m));
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < m; ++j) {
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t j = 0; j < m; ++j) {
+    cpu::LoadRow(wm, j, row.data());
+    for (int64_t t = 0; t < n; ++t) {
       double acc = 0, a = 0;
       for (int64_t i = 0; i < k; ++i) {
-        const double p = double(act[t * k + i]) * FromHalf(c.dtype, w[j * k + i]);
+        const double p = double(act[t * k + i]) * row[i];
         acc += p;
         a += std::fabs(p);
       }
@@ -118,7 +152,8 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   }
   void* dx = c.norm ? static_cast<void*>(Upload(resid)) : static_cast<void*>(Upload(x));
   float* dgain = Upload(gain);
-  uint16_t* dw = Upload(w);
+  void* dw = c.fp8 ? static_cast<void*>(Upload(w8.codes)) : static_cast<void*>(Upload(w));
+  float* dscale = c.fp8 ? Upload(w8.scales) : nullptr;
   void* dy = f32_out ? static_cast<void*>(Upload(y0))
                      : static_cast<void*>(Upload(std::vector<uint16_t>(size_t(n * outs), 0x7fc0)));
   cuda::GemvArgs a;
@@ -127,6 +162,7 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   a.norm_weight = c.norm ? dgain : nullptr;
   a.eps = eps;
   a.w = dw;
+  a.w_scale = dscale;
   a.y = dy;
   a.n = n;
   a.m = m;
@@ -144,7 +180,10 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   }
   const double ulp = c.dtype == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;
   // fp32 accumulation in another order, relative to sum |a w|; with the prologue an activation
-  // can round to the neighbouring half value (its inv_rms summed in another order).
+  // can round to the neighbouring half value (its inv_rms summed in another order). With fp8
+  // weights the same bound (the kernel scales the fp32 sum once; the CPU twin rounds each
+  // scale · code to fp32: 2^-24 relative). A lost scale is off by 1 / scale (~2000 here), a
+  // wrong code or a misplaced activation chunk by O(|s|) over thousands of products.
   const double rel = c.norm ? 2e-4 : 1e-5;
   double worst = 0;
   for (int64_t t = 0; t < n; ++t) {
@@ -188,6 +227,7 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   cudaFree(dx);
   cudaFree(dgain);
   cudaFree(dw);
+  cudaFree(dscale);
   cudaFree(dy);
 }
 
@@ -211,11 +251,153 @@ std::vector<Case> Cases() {
   out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 8});
   out.push_back({DType::kBF16, E::kSiluMul, 7, 10, 40});
   out.push_back({DType::kF16, E::kStore, 4, 1, 8200});
+  // e4m3 weights: 16 codes per 16-byte chunk, stages of 4096 columns (128 threads × 2 chunks).
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    for (E e : {E::kStore, E::kStoreF32, E::kAccumulateF32, E::kSiluMul}) {
+      out.push_back({d, e, 1, 1000, 4096, false, true});  // exactly one stage
+      out.push_back({d, e, 2, 6, 4112, false, true});     // 2 stages, the 2nd one chunk; 2 CTAs
+      out.push_back({d, e, 3, 78, 11008, false, true});   // 3 stages, the last partial; m % 4 = 2
+      out.push_back({d, e, 8, 254, 16400, false, true});  // 5 stages (both buffers reloaded)
+    }
+  }
+  out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 16, false, true});  // one chunk
+  out.push_back({DType::kF16, E::kStore, 4, 1, 8208, false, true});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvGpu, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return Name(info.param); });
+
+// Every e4m3 code, exactly: row j holds code (j + 16 i) % 256 in column i (the two NaN codes,
+// which cpu::QuantizeFp8Rows never makes, replaced by 0) and token t is one-hot at column
+// p[t], so y[t, j] = scale[j] · E4m3ToF32(code) with one fp32 rounding on the host and on the
+// device alike. Checks the conversion (subnormals, ±0, ±448), the order of the codes within a
+// 16-byte chunk and the pairing of each half of it with its own chunk of x, bit for bit.
+TEST(GemvFp8, EveryCodeConvertsExactly) {
+  std::string why;
+  if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const int64_t m = 256, k = 32, max_n = 8;
+  // Every byte of a 32-bit word, both 8-code halves of both 16-byte chunks.
+  const int64_t p[max_n] = {0, 3, 5, 6, 9, 12, 17, 30};
+  std::vector<uint8_t> codes(static_cast<size_t>(m * k));
+  std::vector<float> scales(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) {
+    scales[j] = 0.75f + 0.00123f * float(j);
+    for (int64_t i = 0; i < k; ++i) {
+      const uint8_t code = uint8_t((j + 16 * i) % 256);
+      codes[j * k + i] = (code & 0x7f) == 0x7f ? 0 : code;
+    }
+  }
+  uint8_t* dw = Upload(codes);
+  float* dscale = Upload(scales);
+  float* dy = Upload(std::vector<float>(static_cast<size_t>(max_n * m)));
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> x(static_cast<size_t>(max_n * k), ToHalf(dt, 0.f));
+    for (int64_t t = 0; t < max_n; ++t) x[t * k + p[t]] = ToHalf(dt, 1.f);
+    uint16_t* dx = Upload(x);
+    for (int64_t n : {int64_t{1}, max_n}) {
+      cuda::GemvArgs a;
+      a.epilogue = E::kStoreF32;
+      a.x = dx;
+      a.w = dw;
+      a.w_scale = dscale;
+      a.y = dy;
+      a.n = n;
+      a.m = m;
+      a.k = k;
+      a.dtype = dt;
+      ASSERT_TRUE(cuda::GemvSupports(a));
+      cuda::Gemv(a, nullptr);
+      LLM_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = Download<float>(dy, static_cast<size_t>(n * m));
+      size_t differ = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < m; ++j) {
+          const uint8_t code = codes[j * k + p[t]];
+          const float want = scales[j] * E4m3ToF32(code);
+          if (got[t * m + j] == want) continue;
+          if (++differ <= 5) {
+            ADD_FAILURE() << "n " << n << " token " << t << " code 0x" << std::hex << int(code)
+                          << std::dec << ": got " << got[t * m + j] << ", want " << want;
+          }
+        }
+      }
+      EXPECT_EQ(differ, 0u) << (dt == DType::kBF16 ? "bf16" : "fp16") << " n " << n;
+    }
+    cudaFree(dx);
+  }
+  cudaFree(dw);
+  cudaFree(dscale);
+  cudaFree(dy);
+}
+
+// kSiluMul is kStore into gate|up followed by cuda::SiluMul in one kernel, with the same fp32
+// sums, roundings and SiLU math: bit-identical, for fp8 and dtype weights (an odd number of
+// output columns leaves the last CTA half empty).
+TEST(GemvSiluMul, EqualsGemvThenSiluMulBitForBit) {
+  std::string why;
+  if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  struct SiluCase {
+    DType dtype;
+    int64_t n, inter, k;
+    bool fp8;
+  };
+  const SiluCase cases[] = {{DType::kBF16, 1, 1001, 4096, true},
+                            {DType::kF16, 3, 512, 4112, true},
+                            {DType::kBF16, 8, 64, 11008, true},
+                            {DType::kF16, 2, 344, 4096, false},
+                            {DType::kBF16, 5, 129, 1000, false}};
+  for (const SiluCase& c : cases) {
+    SCOPED_TRACE(std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " n " +
+                 std::to_string(c.n) + " inter " + std::to_string(c.inter) + " k " +
+                 std::to_string(c.k) + (c.fp8 ? " fp8" : ""));
+    std::mt19937 rng(uint32_t(c.n * 17 + c.inter + c.k));
+    const int64_t n = c.n, m = 2 * c.inter, k = c.k;
+    uint16_t* dx = Upload(RandomHalf(c.dtype, size_t(n * k), 1.f, rng));
+    void* dw = nullptr;
+    float* dscale = nullptr;
+    if (c.fp8) {
+      const Fp8Matrix w8 = RandomFp8(m, k, 0.05f, rng);
+      dw = Upload(w8.codes);
+      dscale = Upload(w8.scales);
+    } else {
+      dw = Upload(RandomHalf(c.dtype, size_t(m * k), 0.05f, rng));
+    }
+    const std::vector<uint16_t> poison(size_t(n * c.inter), 0x7fc0);
+    uint16_t* dgate_up = Upload(std::vector<uint16_t>(size_t(n * m), 0x7fc0));
+    uint16_t* dact[2] = {Upload(poison), Upload(poison)};
+    cuda::GemvArgs a;
+    a.x = dx;
+    a.w = dw;
+    a.w_scale = dscale;
+    a.n = n;
+    a.m = m;
+    a.k = k;
+    a.dtype = c.dtype;
+    a.epilogue = E::kStore;  // two kernels
+    a.y = dgate_up;
+    cuda::Gemv(a, nullptr);
+    cuda::SiluMul(dgate_up, dact[0], n, c.inter, c.dtype, nullptr);
+    a.epilogue = E::kSiluMul;  // one kernel
+    a.y = dact[1];
+    ASSERT_TRUE(cuda::GemvSupports(a));
+    cuda::Gemv(a, nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> want = Download<uint16_t>(dact[0], poison.size());
+    const std::vector<uint16_t> got = Download<uint16_t>(dact[1], poison.size());
+    size_t differ = 0, nan = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      differ += got[i] != want[i];
+      nan += std::isnan(FromHalf(c.dtype, got[i]));
+    }
+    EXPECT_EQ(differ, 0u);
+    EXPECT_EQ(nan, 0u) << "every output written";
+    for (void* q :
+         {static_cast<void*>(dx), dw, static_cast<void*>(dscale), static_cast<void*>(dgate_up),
+          static_cast<void*>(dact[0]), static_cast<void*>(dact[1])})
+      cudaFree(q);
+  }
+}
 
 // A decode-like chain (GEMV → GEMV reading its output → GEMV accumulating) captured in a CUDA
 // graph under programmatic dependent launch, replayed several times: every replay equals the
@@ -286,11 +468,12 @@ TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
 
 // kRopeAppendKv is kStore followed by cuda::RopeAppendKv in one kernel, with the same math and
 // rounding: q, the K pool and the V pool are bit-identical to the two-kernel path (with and
-// without the RMSNorm prologue; some tokens without a KV slot).
+// without the RMSNorm prologue, with fp8 weights; some tokens without a KV slot).
 struct RopeCase {
   DType dtype;
   int n, num_heads, num_kv_heads, head_dim, k;
   bool norm;
+  bool fp8 = false;  // e4m3 weights (w_scale): both paths run the fp8 GEMV
 };
 
 class GemvRopeGpu : public ::testing::TestWithParam<RopeCase> {
@@ -324,14 +507,17 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
     slots[t] = t % 3 == 2 ? -1 : (t * 13 + 5) % (layout.num_blocks * layout.block_size);
   }
   const std::vector<uint16_t> x = RandomHalf(c.dtype, size_t(n * k), 1.f, rng);
-  const std::vector<uint16_t> w = RandomHalf(c.dtype, size_t(m * k), 0.05f, rng);
+  const std::vector<uint16_t> w =
+      c.fp8 ? std::vector<uint16_t>() : RandomHalf(c.dtype, size_t(m * k), 0.05f, rng);
+  const Fp8Matrix w8 = c.fp8 ? RandomFp8(m, k, 0.05f, rng) : Fp8Matrix{};
   const std::vector<uint16_t> poison(size_t(layout.pool_elements()), 0x7fc0);
   void* dx = c.norm ? static_cast<void*>(Upload(resid)) : static_cast<void*>(Upload(x));
   float* dgain = Upload(gain);
   float* dfreq = Upload(inv_freq);
   int32_t* dpos = Upload(positions);
   int64_t* dslots = Upload(slots);
-  uint16_t* dw = Upload(w);
+  void* dw = c.fp8 ? static_cast<void*>(Upload(w8.codes)) : static_cast<void*>(Upload(w));
+  float* dscale = c.fp8 ? Upload(w8.scales) : nullptr;
   uint16_t* dqkv = Upload(std::vector<uint16_t>(size_t(n * m)));
   uint16_t* dq[2] = {Upload(std::vector<uint16_t>(size_t(n * c.num_heads * hd), 0x7fc0)),
                      Upload(std::vector<uint16_t>(size_t(n * c.num_heads * hd), 0x7fc0))};
@@ -342,6 +528,7 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
   a.norm_weight = c.norm ? dgain : nullptr;
   a.eps = 1e-5f;
   a.w = dw;
+  a.w_scale = dscale;
   a.n = n;
   a.m = m;
   a.k = k;
@@ -383,24 +570,27 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
   EXPECT_EQ(nan, 0u) << "every q element written";
   for (void* p :
        {dx, static_cast<void*>(dgain), static_cast<void*>(dfreq), static_cast<void*>(dpos),
-        static_cast<void*>(dslots), static_cast<void*>(dw), static_cast<void*>(dqkv),
+        static_cast<void*>(dslots), dw, static_cast<void*>(dscale), static_cast<void*>(dqkv),
         static_cast<void*>(dq[0]), static_cast<void*>(dq[1]), static_cast<void*>(dk[0]),
         static_cast<void*>(dk[1]), static_cast<void*>(dv[0]), static_cast<void*>(dv[1])})
     cudaFree(p);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GemvRopeGpu,
-                         ::testing::Values(RopeCase{DType::kBF16, 1, 4, 2, 128, 512, true},
-                                           RopeCase{DType::kBF16, 3, 8, 8, 64, 1024, false},
-                                           RopeCase{DType::kF16, 8, 4, 1, 128, 256, true},
-                                           RopeCase{DType::kF16, 5, 2, 2, 64, 4096, false}),
-                         [](const auto& info) {
-                           const RopeCase& c = info.param;
-                           return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_n" +
-                                  std::to_string(c.n) + "_h" + std::to_string(c.num_heads) + "_kv" +
-                                  std::to_string(c.num_kv_heads) + "_hd" +
-                                  std::to_string(c.head_dim) + (c.norm ? "_rmsnorm" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemvRopeGpu,
+    ::testing::Values(RopeCase{DType::kBF16, 1, 4, 2, 128, 512, true},
+                      RopeCase{DType::kBF16, 3, 8, 8, 64, 1024, false},
+                      RopeCase{DType::kF16, 8, 4, 1, 128, 256, true},
+                      RopeCase{DType::kF16, 5, 2, 2, 64, 4096, false},
+                      RopeCase{DType::kBF16, 1, 4, 2, 128, 4096, false, true},
+                      RopeCase{DType::kF16, 3, 8, 8, 64, 4112, false, true},
+                      RopeCase{DType::kBF16, 8, 4, 1, 128, 11008, false, true}),
+    [](const auto& info) {
+      const RopeCase& c = info.param;
+      return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_n" + std::to_string(c.n) +
+             "_h" + std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) + "_hd" +
+             std::to_string(c.head_dim) + (c.norm ? "_rmsnorm" : "") + (c.fp8 ? "_fp8" : "");
+    });
 
 TEST(GemvApi, RejectsWhatItCannotRun) {
   cuda::GemvArgs a;
@@ -434,6 +624,25 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   a.dtype = DType::kF32;
   EXPECT_FALSE(cuda::GemvSupports(a));
   EXPECT_THROW(cuda::Gemv(a, nullptr), std::invalid_argument);
+  // fp8 weights: 16 codes per 16-byte chunk, no RMSNorm prologue.
+  alignas(16) static float scales[4];
+  a.dtype = DType::kBF16;
+  a.epilogue = E::kStore;
+  a.w_scale = scales;
+  a.k = 32;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.k = 24;  // k % 8 == 0 but not k % 16
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  EXPECT_THROW(cuda::Gemv(a, nullptr), std::invalid_argument);
+  a.k = 32;
+  a.norm_weight = gain;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.epilogue = E::kSiluMul;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.norm_weight = nullptr;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.w = reinterpret_cast<const uint8_t*>(buf) + 8;  // w not 16-byte aligned
+  EXPECT_FALSE(cuda::GemvSupports(a));
 }
 
 }  // namespace
