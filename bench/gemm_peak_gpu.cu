@@ -1,6 +1,8 @@
 // The compute ceiling the end-to-end benchmarks report ratios to: bf16 GEMM throughput of
 // our own cuBLASLt path (engine/cuda/gemm.h, the one every linear layer takes), for a large
-// square GEMM and for the Llama-3-8B layer shapes at prefill-sized token counts. Timed with
+// square GEMM and for the Llama-3-8B layer shapes at prefill-sized and decode-sized (512)
+// token counts; the same shapes through the FP8 path (--quantization fp8: e4m3 x e4m3 with
+// per-row and per-token scales), with cuBLASLt's precise and fast accumulation. Timed with
 // CUDA events after a warm-up, median of the repeats. Then the batch-1 decode GEMVs, bf16 and
 // fp8 (e4m3) weights, per matrix and in a 32-layer chain, as weight TB/s.
 //   build/bench_gemm_peak_gpu [--reps R]
@@ -35,23 +37,42 @@ void FillFp8Codes(void* codes, int64_t count) {
   llm::cuda::FillConstant(codes, llm::DType::kF32, count / 4, word, nullptr);
 }
 
-double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps) {
+// One GEMM y[n, m] = x[n, k] · w[m, k]ᵀ with a bf16 output: bf16 operands, or (fp8) e4m3
+// operands with per-token and per-row scales (LinearFp8).
+double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps,
+                bool fp8 = false) {
   void *x = nullptr, *w = nullptr, *y = nullptr;
-  LLM_CUDA_CHECK(cudaMalloc(&x, size_t(n * k * 2)));
-  LLM_CUDA_CHECK(cudaMalloc(&w, size_t(m * k * 2)));
+  float *xs = nullptr, *ws = nullptr;
+  const size_t es = fp8 ? 1 : 2;
+  LLM_CUDA_CHECK(cudaMalloc(&x, size_t(n * k) * es));
+  LLM_CUDA_CHECK(cudaMalloc(&w, size_t(m * k) * es));
   LLM_CUDA_CHECK(cudaMalloc(&y, size_t(n * m * 2)));
-  llm::cuda::FillUniform(x, llm::DType::kBF16, n * k, 1.f, 1, nullptr);
-  llm::cuda::FillUniform(w, llm::DType::kBF16, m * k, 1.f, 2, nullptr);
+  LLM_CUDA_CHECK(cudaMalloc(&xs, size_t(n) * 4));
+  LLM_CUDA_CHECK(cudaMalloc(&ws, size_t(m) * 4));
+  if (fp8) {
+    FillFp8Codes(x, n * k);
+    FillFp8Codes(w, m * k);
+    llm::cuda::FillConstant(xs, llm::DType::kF32, n, 0.01f, nullptr);
+    llm::cuda::FillConstant(ws, llm::DType::kF32, m, 0.01f, nullptr);
+  } else {
+    llm::cuda::FillUniform(x, llm::DType::kBF16, n * k, 1.f, 1, nullptr);
+    llm::cuda::FillUniform(w, llm::DType::kBF16, m * k, 1.f, 2, nullptr);
+  }
+  auto run = [&] {
+    if (fp8) {
+      gemm.LinearFp8(x, xs, w, ws, y, n, m, k, llm::DType::kBF16, false, nullptr);
+    } else {
+      gemm.Linear(x, w, y, n, m, k, llm::DType::kBF16, llm::DType::kBF16, false, nullptr);
+    }
+  };
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) {
-    gemm.Linear(x, w, y, n, m, k, llm::DType::kBF16, llm::DType::kBF16, false, nullptr);
-  }
+  for (int i = 0; i < 3; ++i) run();
   std::vector<float> ms(static_cast<size_t>(reps));
   for (int r = 0; r < reps; ++r) {
     LLM_CUDA_CHECK(cudaEventRecord(start));
-    gemm.Linear(x, w, y, n, m, k, llm::DType::kBF16, llm::DType::kBF16, false, nullptr);
+    run();
     LLM_CUDA_CHECK(cudaEventRecord(stop));
     LLM_CUDA_CHECK(cudaEventSynchronize(stop));
     LLM_CUDA_CHECK(cudaEventElapsedTime(&ms[size_t(r)], start, stop));
@@ -60,6 +81,8 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
   cudaFree(x);
   cudaFree(w);
   cudaFree(y);
+  cudaFree(xs);
+  cudaFree(ws);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return ms[ms.size() / 2];
@@ -277,7 +300,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
   try {
-    llm::cuda::Gemm gemm;
+    llm::cuda::Gemm gemm, gemm_fast;
+    gemm_fast.set_fast_accum(true);
     struct Shape {
       int64_t n, m, k;
       const char* name;
@@ -286,15 +310,26 @@ int main(int argc, char** argv) {
                             {8192, 6144, 4096, "llama3_8b_qkv"},
                             {8192, 28672, 4096, "llama3_8b_gate_up"},
                             {8192, 4096, 14336, "llama3_8b_down"},
-                            {2048, 28672, 4096, "llama3_8b_gate_up_2k"}};
-    for (const Shape& s : shapes) {
-      const double ms = TimeGemm(gemm, s.n, s.m, s.k, reps);
-      const double tflops = 2.0 * double(s.n) * double(s.m) * double(s.k) / (ms * 1e-3) / 1e12;
-      std::printf(
-          "JSON {\"kind\":\"gemm\",\"name\":\"%s\",\"n\":%lld,\"m\":%lld,\"k\":%lld,"
-          "\"ms\":%.4f,\"tflops\":%.1f,\"device\":\"%s\"}\n",
-          s.name, (long long)s.n, (long long)s.m, (long long)s.k, ms, tflops,
-          llm::cuda::DeviceDescription().c_str());
+                            {2048, 28672, 4096, "llama3_8b_gate_up_2k"},
+                            {512, 6144, 4096, "llama3_8b_qkv_512"},
+                            {512, 4096, 4096, "llama3_8b_o_512"},
+                            {512, 28672, 4096, "llama3_8b_gate_up_512"},
+                            {512, 4096, 14336, "llama3_8b_down_512"}};
+    // dtype: bf16, fp8 (cuBLASLt's precise accumulation), fp8_fast (the tensor cores' own).
+    for (const char* dtype : {"bf16", "fp8", "fp8_fast"}) {
+      const bool fp8 = dtype[0] == 'f';
+      llm::cuda::Gemm& g = std::strcmp(dtype, "fp8_fast") == 0 ? gemm_fast : gemm;
+      for (const Shape& s : shapes) {
+        const double ms = TimeGemm(g, s.n, s.m, s.k, reps, fp8);
+        const double tflops = 2.0 * double(s.n) * double(s.m) * double(s.k) / (ms * 1e-3) / 1e12;
+        // The bf16 rows keep their names (the e2e report reads "square" as the ceiling).
+        const std::string name = std::string(s.name) + (fp8 ? std::string("_") + dtype : "");
+        std::printf(
+            "JSON {\"kind\":\"gemm\",\"name\":\"%s\",\"dtype\":\"%s\",\"n\":%lld,"
+            "\"m\":%lld,\"k\":%lld,\"ms\":%.4f,\"tflops\":%.1f,\"device\":\"%s\"}\n",
+            name.c_str(), dtype, (long long)s.n, (long long)s.m, (long long)s.k, ms, tflops,
+            llm::cuda::DeviceDescription().c_str());
+      }
     }
     using E = llm::cuda::GemvEpilogue;
     TimeGemv(gemm, 6144, 4096, E::kStore, "llama3_8b_qkv_n1", reps);

@@ -119,6 +119,10 @@ run latency_8b_b1_fp8 150 --model $C8 --num-requests 1 --min-input 128 --max-inp
 run throughput_8b_w8_fp8kv_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
+run throughput_8b_w8_fp8kv_512seq_precise 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8 \
+  --fp8-precise-accum
 run throughput_8b_w8_fp8kv_768seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 768 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8

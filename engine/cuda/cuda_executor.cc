@@ -872,9 +872,12 @@ struct CudaExecutor::Impl {
 
   // One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv.h); with `norm`,
   // `in` is the fp32 residual and the RMSNorm runs in the GEMV's prologue.
+  // fp8: w_scale is the matrix's row scales (e4m3 weights, bf16/fp16 activations).
   cuda::GemvArgs SmallArgs(cuda::GemvEpilogue epilogue, const void* in, const float* norm,
-                           const void* w, void* out, int64_t n, int64_t m, int64_t k) const {
+                           const void* w, const float* w_scale, void* out, int64_t n, int64_t m,
+                           int64_t k) const {
     cuda::GemvArgs g;
+    g.w_scale = w_scale;
     g.epilogue = epilogue;
     g.x = in;
     g.norm_weight = norm;
@@ -888,8 +891,8 @@ struct CudaExecutor::Impl {
     return g;
   }
   void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const float* norm, const void* w,
-                   void* out, int64_t n, int64_t m, int64_t k) {
-    cuda::Gemv(SmallArgs(epilogue, in, norm, w, out, n, m, k), stream);
+                   const float* w_scale, void* out, int64_t n, int64_t m, int64_t k) {
+    cuda::Gemv(SmallArgs(epilogue, in, norm, w, w_scale, out, n, m, k), stream);
   }
 
   bool SmallStep(int64_t rows) const {
@@ -914,7 +917,7 @@ struct CudaExecutor::Impl {
       const Layer& l = layers[size_t(i)];
       // Small steps: q|k|v, RoPE and the KV append in one GEMV where it takes the head layout.
       cuda::GemvArgs rope =
-          SmallArgs(E::kRopeAppendKv, normed, nullptr, l.qkv, q, n, qkv_dim, hidden);
+          SmallArgs(E::kRopeAppendKv, normed, nullptr, l.qkv, l.qkv_s, q, n, qkv_dim, hidden);
       if (small) {
         const PagedKvView<void> kv = Kv(i);
         rope.rope = {.positions = d_positions,
@@ -937,7 +940,7 @@ struct CudaExecutor::Impl {
         cuda::Gemv(rope, stream);
       } else {
         if (small) {
-          SmallLinear(E::kStore, normed, nullptr, l.qkv, qkv, n, qkv_dim, hidden);
+          SmallLinear(E::kStore, normed, nullptr, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden);
         } else {
           gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
         }
@@ -952,11 +955,12 @@ struct CudaExecutor::Impl {
       const bool add = shard.rank == 0;
       const E residual = add ? E::kAccumulateF32 : E::kStoreF32;
       if (small) {
-        SmallLinear(residual, attn, nullptr, l.o, x, n, hidden, q_dim);
+        SmallLinear(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim);
         AllReduceResidual(n);
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-        SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, act, n, 2 * inter, hidden);
-        SmallLinear(residual, act, nullptr, l.down, x, n, hidden, inter);
+        SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter,
+                    hidden);
+        SmallLinear(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, add, stream);
         AllReduceResidual(n);
@@ -971,7 +975,8 @@ struct CudaExecutor::Impl {
     cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
                      stream);
     if (SmallStep(s.num_rows)) {
-      SmallLinear(E::kStoreF32, rows_normed, nullptr, lm_head, logits, s.num_rows, vocab, hidden);
+      SmallLinear(E::kStoreF32, rows_normed, nullptr, lm_head, nullptr, logits, s.num_rows, vocab,
+                  hidden);
     } else {
       gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
                    stream);
@@ -1623,8 +1628,9 @@ void CudaExecutor::Impl::Configure(const ModelConfig& c, const CudaExecutorOptio
   decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
   fp8 = options.fp8_weights;
   wesize = fp8 ? 1 : esize;
-  // fp8: small steps stay on cuBLASLt's FP8 GEMMs until the GEMV takes e4m3 weights.
-  gemv_ok = hidden % 8 == 0 && q_dim % 8 == 0 && inter % 8 == 0 && !fp8;
+  // fp8: small steps take the GEMV with e4m3 weights and bf16/fp16 activations (weight-only
+  // quantization, as the CPU backend; k % 16 == 0, checked below), larger ones the W8A8 GEMMs.
+  gemv_ok = hidden % 8 == 0 && q_dim % 8 == 0 && inter % 8 == 0;
   if (fp8 && (hidden % 16 != 0 || q_dim % 16 != 0 || inter % 16 != 0)) {
     throw Error("--quantization fp8 on cuda needs every linear layer's input width to be a "
                 "multiple of 16 (cuBLASLt's FP8 GEMMs): hidden_size " + std::to_string(hidden) +
