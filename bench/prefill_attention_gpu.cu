@@ -301,6 +301,7 @@ int main(int argc, char** argv) {
                                                          {kV4NoOverlap | kV4ComputeOnly, "v4/pp-compute"},
                                                          {kV4ComputeOnly, "v4/ppovl-compute"},
                                                          {kV4Default | kV4NoPersist, "v4/nopersist"},
+                                                         {kV4Default | kV4PanelBoxV, "v4/panelv"},
                                                          {kV4Default | kV4Cluster, "v4/cluster"},
                                                          {kV4Cluster, "v4/ppovl-cl"},
                                                          {kV4Default | kV4LoadsOnly | kV4Cluster, "v4/loads-cl"}};

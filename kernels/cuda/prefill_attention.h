@@ -93,6 +93,11 @@ inline constexpr int kV4Cluster = 32;
 // persistent grid of as many as fit at once, each walking its share of the tiles heaviest
 // first with the K/V ring running on from one tile to the next.
 inline constexpr int kV4NoPersist = 64;
+// V as two 64-column TMA boxes per page into [panel][key][64] tiles (the layout before
+// 2026-11-30), for comparison. The default loads each page's V as ONE box (a 4-D tensor map:
+// both panels) into [page][panel][key-in-page][64] tiles, halving V's boxes at head_dim 128;
+// the P·V descriptor steps page by page (at head_dim 64 both layouts are the same).
+inline constexpr int kV4PanelBoxV = 128;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 void SetPrefillV4Flags(int flags);  // applies to later PagedPrefillAttention calls
 

@@ -42,8 +42,14 @@
 // Change from v3: wgmma (64-row warpgroup MMAs, operands straight from shared memory, async)
 // instead of mma.sync + ldmatrix; TMA + mbarriers instead of cp.async; warp specialisation
 // with register reallocation; 128 × 128 tiles instead of 64 × 64.
-// Not yet (the next rung, RESULTS.md): fewer TMA boxes per tile (the loads alone take 0.64 of
-// the kernel's time at block size 16), Q as a register operand (less shared-memory traffic),
+// V tiles are [page][panel][key in page][64]: each page's V is ONE TMA box (a 4-D tensor map
+// over both 64-column panels), and the P·V descriptor steps page by page (LBO = the panel
+// stride in a page, bs·128; SBO = 1024, or one page at block size 8). K cannot do the same:
+// S = Q·Kᵀ needs one uniform 8-row stride over all 128 keys of a panel, so K stays a box per
+// page and panel. At head_dim 128 and block size 16 that is 24 boxes per tile instead of 32
+// (the loads alone took 0.64 of the kernel's time there). kV4PanelBoxV restores the previous
+// [panel][key][64] V layout for comparison.
+// Not yet (the next rung, RESULTS.md): Q as a register operand (less shared-memory traffic),
 // a TMA store of O.
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -125,6 +131,24 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
       "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void TmaLoad4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int c2, int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void TmaLoad4dMulticast(uint32_t dst, const CUtensorMap* map, int c0,
+                                                   int c1, int c2, int c3, uint32_t bar,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+      "h"(mask)
       : "memory");
 }
 // The same box multicast to the CTAs of `mask` in the cluster: each receives it at this CTA-relative
@@ -398,7 +422,8 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
 template <typename T, int HD>
 __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     PrefillWgmmaKernel(const __grid_constant__ CUtensorMap tmap_k,
-                       const __grid_constant__ CUtensorMap tmap_v, const PrefillArgs a) {
+                       const __grid_constant__ CUtensorMap tmap_v,
+                       const __grid_constant__ CUtensorMap tmap_v_page, const PrefillArgs a) {
   using Tr = WgmmaTraits<HD>;
   constexpr int kBr = Tr::kBr, kBc = Tr::kBc, kStages = Tr::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -423,6 +448,9 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const bool cluster = a.v4_flags & kV4Cluster;
   const bool persist = !(a.v4_flags & kV4NoPersist);
   const bool compute_only = a.v4_flags & kV4ComputeOnly;
+  // V tile layout: [page][panel][key in page][64] (one box per page, the default) or
+  // [panel][key][64] (kV4PanelBoxV: a box per page and panel, like K).
+  const bool page_v = !(a.v4_flags & kV4PanelBoxV);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_k(s), 1);
@@ -477,12 +505,21 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 #pragma unroll
           for (int h = 0; h < Tr::kHalves; ++h) {
             const uint32_t off = st * Tr::kKvBytes + h * Tr::kKvHalfBytes + lane * bs * 128;
+            const bool v_too = !page_v;
             if (!shared_tile) {
               TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
-              TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
+              if (v_too) TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
             } else if (((lane * Tr::kHalves + h) & 1) == int(ws.rank)) {  // boxes alternate
               TmaLoad3dMulticast(sK + off, &tmap_k, h * 64, 0, box, full_k(st), 3);
-              TmaLoad3dMulticast(sV + off, &tmap_v, h * 64, 0, box, full_v(st), 3);
+              if (v_too) TmaLoad3dMulticast(sV + off, &tmap_v, h * 64, 0, box, full_v(st), 3);
+            }
+          }
+          if (page_v) {  // the page's V, both panels, in one box: [panel][key in page][64]
+            const uint32_t off = st * Tr::kKvBytes + lane * Tr::kHalves * bs * 128;
+            if (!shared_tile) {
+              TmaLoad4d(sV + off, &tmap_v_page, 0, 0, 0, box, full_v(st));
+            } else if ((lane & 1) == int(ws.rank)) {  // pages alternate between the pair
+              TmaLoad4dMulticast(sV + off, &tmap_v_page, 0, 0, 0, box, full_v(st), 3);
             }
           }
         }
@@ -544,7 +581,20 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 
   const DescBase dq = MakeDescBase(q_base, 16, 1024);
   const DescBase dk = MakeDescBase(sK, 16, 1024);
-  const DescBase dv = MakeDescBase(sV, Tr::kKvHalfBytes, 1024);
+  // V, N-major: LBO = the panel stride, SBO = the 8-key group stride. Page layout: panels
+  // bs·128 bytes apart within a page; at block size 8 a k16 step spans two pages, so its
+  // second 8-key group is one page (kHalves·8·128 bytes) further.
+  const int bs = a.block_size;
+  const DescBase dv = page_v ? MakeDescBase(sV, uint32_t(bs) * 128,
+                                            bs >= 16 ? 1024u : uint32_t(Tr::kHalves) * 1024u)
+                             : MakeDescBase(sV, Tr::kKvHalfBytes, 1024);
+  const int bs_shift = 31 - __clz(bs);  // block sizes are powers of two (PrefillArgs)
+  // Byte offset in a V stage of keys [16kk, 16kk + 16).
+  auto v_off = [&](int kk) -> uint32_t {
+    if (!page_v) return uint32_t(kk) * 16 * 128;
+    const int key0 = 16 * kk;
+    return uint32_t((key0 >> bs_shift) * Tr::kHalves * bs + (key0 & (bs - 1))) * 128;
+  };
   auto issue_s = [&](int j) {  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel
     const uint32_t k_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
@@ -558,8 +608,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4]) {
     const uint32_t v_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + kk * 16 * 128));
+    for (int kk = 0; kk < kBc / 16; ++kk) WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + v_off(kk)));
   };
   // Mask (diagonal tiles) and online softmax of S_j; P_j packed into p; alpha for O. O itself
   // is not touched (a P·V may still be accumulating into it).
@@ -729,8 +778,11 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           const int total = (kBc - first) * Tr::kHalves * 8;
           for (int idx = tid; idx < total; idx += 128) {
             const int r = first + idx / (Tr::kHalves * 8), rem = idx % (Tr::kHalves * 8);
-            const uint32_t addr =
-                v_base + (rem / 8) * Tr::kKvHalfBytes + r * 128 + (rem % 8) * 16;
+            const int h = rem / 8;  // panel
+            const uint32_t row_off =
+                page_v ? uint32_t(((r >> bs_shift) * Tr::kHalves + h) * bs + (r & (bs - 1))) * 128
+                       : h * Tr::kKvHalfBytes + r * 128;
+            const uint32_t addr = v_base + row_off + (rem % 8) * 16;
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0)
                          : "memory");
           }
@@ -825,13 +877,35 @@ CUtensorMap PoolMap(const void* pool, const PrefillArgs& a) {
   return map;
 }
 
+// The same pool as a 4-D tensor (64, block_size, head_dim / 64, num_blocks · num_kv_heads):
+// (column in panel, row, panel, page) with the panels 128 bytes apart; box = one whole page,
+// landing as [panel][row][64] (128B swizzle).
+CUtensorMap PagePoolMap(const void* pool, const PrefillArgs& a) {
+  CUtensorMap map;
+  const cuuint64_t halves = cuuint64_t(a.head_dim / 64);
+  const cuuint64_t dims[4] = {64, cuuint64_t(a.block_size), halves,
+                              cuuint64_t(a.num_blocks) * a.num_kv_heads};
+  const cuuint64_t strides[3] = {cuuint64_t(a.head_dim) * 2, 128,
+                                 cuuint64_t(a.head_dim) * 2 * a.block_size};
+  const cuuint32_t box[4] = {64, cuuint32_t(a.block_size), cuuint32_t(halves), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = EncodeFn()(
+      &map, a.is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      const_cast<void*>(pool), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("cuTensorMapEncodeTiled (page box) failed: " + std::to_string(int(r)));
+  return map;
+}
+
 template <typename T, int HD>
 void Launch(const PrefillArgs& a, cudaStream_t stream) {
   using Tr = WgmmaTraits<HD>;
   auto kernel = PrefillWgmmaKernel<T, HD>;
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
-  const CUtensorMap mk = PoolMap(a.k, a), mv = PoolMap(a.v, a);
+  const CUtensorMap mk = PoolMap(a.k, a), mv = PoolMap(a.v, a), mvp = PagePoolMap(a.v, a);
   const bool cluster = a.v4_flags & kV4Cluster;
   const int kpair = cluster ? 2 : 1;
   const int ny = (a.max_q_len + Tr::kBr - 1) / Tr::kBr;
@@ -872,7 +946,7 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
     units = std::min(items, resident);
   }
   cfg.gridDim = dim3(units * kpair);
-  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, a));
+  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, mvp, a));
 }
 
 }  // namespace

@@ -162,12 +162,17 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     }
     // v4 runs all four schedules (ping-pong and intra-warpgroup overlap on / off), each on a
     // persistent grid and one CTA per tile, with and without the 2-CTA cluster that multicasts
-    // shared K/V tiles; the others (and kBest) run the production path once.
+    // shared K/V tiles; then the production schedule with V loaded as two boxes per page (the
+    // previous V tile layout, kV4PanelBoxV), alone and clustered. The others (and kBest) run
+    // the production path once.
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
-    for (int i = 0; i < (v4 ? 16 : 1); ++i) {
-      const int flags = (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0) |
-                        ((i & 8) ? cuda::detail::kV4NoPersist : 0);
+    for (int i = 0; i < (v4 ? 18 : 1); ++i) {
+      const int flags =
+          i < 16 ? (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0) |
+                       ((i & 8) ? cuda::detail::kV4NoPersist : 0)
+                 : cuda::detail::kV4Default | cuda::detail::kV4PanelBoxV |
+                       (i == 17 ? cuda::detail::kV4Cluster : 0);
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       if (v4) cuda::detail::SetPrefillV4Flags(flags);
