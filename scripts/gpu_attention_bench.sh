@@ -11,7 +11,10 @@
 #   3. python3 bench/attention_torch.py (torch SDPA FA2 / cuDNN baselines, torch copy)
 #   4. python3 bench/attention_report.py -> attention-h200.json, attention-h200.png, table
 #   5. compute-sanitizer memcheck + racecheck on the attention benches, SMALL shape
+#      (ATTN_SKIP_SANITIZER=1 skips it)
 #   6. the report again (with the sanitizer step), then the markdown table, printed last
+# ATTN_EXTRA_TARGETS="t1 t2 ...": more ninja targets for step 1 (e.g. every *_gpu_test, so that
+# the one call runs the whole GPU suite for real instead of reporting the unbuilt ones).
 # Contract with the bench binaries:
 #   - results are lines `JSON {...}` on stdout (kind decode: batch, context, num_heads,
 #     num_kv_heads, head_dim, ms, tb_per_s, ...; kind prefill: batch, seq_len, num_heads,
@@ -36,6 +39,8 @@ PY=$(command -v python3 || echo python3)
 DEPS_LD=/opt/deps/usr/lib/x86_64-linux-gnu
 TARGETS=(bench_copy_bandwidth_gpu bench_decode_attention_gpu bench_prefill_attention_gpu
          decode_attention_gpu_test prefill_attention_gpu_test rmsnorm_gpu_test)
+# shellcheck disable=SC2206  # a space-separated list on purpose
+TARGETS+=(${ATTN_EXTRA_TARGETS:-})
 BUILD_LOG=$OUT/build_and_tests.log
 BENCH_LOG=$OUT/bench.log
 SAN=$OUT/sanitizer.txt
@@ -181,7 +186,10 @@ fi
   echo "compute-sanitizer on the attention benches with --sanitize-small, $(date -u '+%F %T UTC'), $GPU"
   echo "tool: ${CS:-not found}"
 } > "$SAN"
-if [ -z "$CS" ]; then
+if [ "${ATTN_SKIP_SANITIZER:-0}" = 1 ]; then
+  echo "skipped: ATTN_SKIP_SANITIZER=1" >> "$SAN"
+  record sanitizer 0 0 "skipped: ATTN_SKIP_SANITIZER=1"
+elif [ -z "$CS" ]; then
   record sanitizer 0 0 "skipped: no compute-sanitizer" "not on PATH nor under /usr/local/cuda*/bin"
 else
   for b in bench_decode_attention_gpu bench_prefill_attention_gpu; do
