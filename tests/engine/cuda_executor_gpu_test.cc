@@ -138,6 +138,11 @@ struct LogitsCase {
   bool gemv = false;  // small steps on kernels/cuda/gemv.h (the default) instead of cuBLASLt
 };
 
+std::string CaseName(const ::testing::TestParamInfo<LogitsCase>& info) {
+  return std::string(info.param.model) + (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
+         (info.param.gemv ? "_gemv" : "_cublaslt");
+}
+
 class CudaLogits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
 
 TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
@@ -175,11 +180,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
                                            LogitsCase{"hd128", DType::kF16, true},
                                            LogitsCase{"hd64", DType::kBF16, true},
                                            LogitsCase{"hd64", DType::kF16, true}),
-                         [](const auto& info) {
-                           return std::string(info.param.model) +
-                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
-                                  (info.param.gemv ? "_gemv" : "_cublaslt");
-                         });
+                         CaseName);
 
 // --kv-cache-dtype fp8 on the GPU (e4m3 pools: the fp8 append, the fp8 decode kernel, the fp8
 // prefill rungs) against the CPU backend's fp8 cache, the specification. Both quantize every
@@ -190,14 +191,19 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
 // scale, code, slot or dequantization gives errors of the order of the logits themselves.
 class CudaFp8Logits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
 
-TEST_P(CudaFp8Logits, EveryPositionMatchesTheCpuFp8Cache) {
-  const LogitsCase& c = GetParam();
+// The GPU with an fp8 KV cache or fp8 weights against the CPU backend with the same fp8
+// format (the specification): every position's logits within 2·HF + cost_factor × the CPU's
+// own fp8-vs-f32 difference (the reasons for each bound at its test).
+void ExpectFp8LogitsMatchTheCpu(const LogitsCase& c, bool kv_fp8, bool weights_fp8,
+                                double cost_factor) {
   const std::string dir = ModelDir(c.model);
   const std::vector<int> ids = ReferenceIds();
   const std::vector<float> cpu_f32 = CpuLogits(dir, ids);
-  const std::vector<float> cpu_fp8 = CpuLogits(dir, ids, KvCacheDType::kFp8E4m3);
+  const std::vector<float> cpu_fp8 =
+      CpuLogits(dir, ids, kv_fp8 ? KvCacheDType::kFp8E4m3 : KvCacheDType::kF32, weights_fp8);
   CudaExecutorOptions o = SmallOptions(c.dtype);
-  o.kv_cache_fp8 = true;
+  o.kv_cache_fp8 = kv_fp8;
+  o.fp8_weights = weights_fp8;
   o.gemv_max_tokens = c.gemv ? 8 : 0;
   auto ex = CudaExecutor::Create(dir, o);
   EXPECT_NE(ex->Describe().find("fp8"), std::string::npos) << ex->Describe();
@@ -205,11 +211,17 @@ TEST_P(CudaFp8Logits, EveryPositionMatchesTheCpuFp8Cache) {
   const char* dtype = c.dtype == DType::kBF16 ? "bf16" : "fp16";
   const double rel = Relative(got, cpu_fp8), fp8_cost = Relative(cpu_fp8, cpu_f32);
   const double hf = HfRelative(c.model, dtype);
-  std::printf("  %s %s fp8 KV: gpu vs cpu-fp8 %.3e; cpu fp8-vs-f32 %.3e; HF %s-vs-fp32 %.3e; "
-              "gpu-fp8 vs cpu-f32 %.3e\n",
-              c.model, dtype, rel, fp8_cost, dtype, hf, Relative(got, cpu_f32));
-  EXPECT_LE(rel, 2 * hf + fp8_cost);
+  std::printf(
+      "  %s %s fp8 %s%s: gpu vs cpu-fp8 %.3e; cpu fp8-vs-f32 %.3e; HF %s-vs-fp32 %.3e; "
+      "gpu-fp8 vs cpu-f32 %.3e\n",
+      c.model, dtype, kv_fp8 ? "KV" : "weights", c.gemv ? " (gemv)" : "", rel, fp8_cost, dtype, hf,
+      Relative(got, cpu_f32));
+  EXPECT_LE(rel, 2 * hf + cost_factor * fp8_cost);
   EXPECT_GT(ex->stats().graph_steps, 0) << "decode steps should replay CUDA graphs";
+}
+
+TEST_P(CudaFp8Logits, EveryPositionMatchesTheCpuFp8Cache) {
+  ExpectFp8LogitsMatchTheCpu(GetParam(), /*kv_fp8=*/true, /*weights_fp8=*/false, 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaFp8Logits,
@@ -219,11 +231,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaFp8Logits,
                                            LogitsCase{"hd64", DType::kBF16},
                                            LogitsCase{"hd128", DType::kBF16, true},
                                            LogitsCase{"hd64", DType::kF16, true}),
-                         [](const auto& info) {
-                           return std::string(info.param.model) +
-                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
-                                  (info.param.gemv ? "_gemv" : "_cublaslt");
-                         });
+                         CaseName);
 
 // --quantization fp8 on the GPU: e4m3 weights with per-row scales (quantized on the device
 // from the checkpoint's fp32 values, the CPU backend's codes bit for bit) and, unlike the CPU
@@ -232,30 +240,13 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaFp8Logits,
 // whose relative precision is that of the weights' (both e4m3, both scaled to their row's
 // max), so its cost is about the weights' own, which the CPU measures as fp8-vs-f32. Bound:
 // 2·HF + 2 × that cost. A wrong scale, code or layout gives errors of the order of the logits.
+// The _gemv cases' decode steps (<= 8 tokens) take the GEMV with e4m3 weights and bf16/fp16
+// activations instead (weight-only, as the CPU), under the same bound.
 class CudaFp8WeightLogits : public CudaExecutorTest,
                             public ::testing::WithParamInterface<LogitsCase> {};
 
 TEST_P(CudaFp8WeightLogits, EveryPositionMatchesTheCpuFp8Weights) {
-  const LogitsCase& c = GetParam();
-  const std::string dir = ModelDir(c.model);
-  const std::vector<int> ids = ReferenceIds();
-  const std::vector<float> cpu_f32 = CpuLogits(dir, ids);
-  const std::vector<float> cpu_fp8 = CpuLogits(dir, ids, KvCacheDType::kF32, true);
-  CudaExecutorOptions o = SmallOptions(c.dtype);
-  o.fp8_weights = true;
-  o.gemv_max_tokens = c.gemv ? 8 : 0;
-  auto ex = CudaExecutor::Create(dir, o);
-  EXPECT_NE(ex->Describe().find("fp8"), std::string::npos) << ex->Describe();
-  const std::vector<float> got = AllLogits(*ex, ids, 40);
-  const char* dtype = c.dtype == DType::kBF16 ? "bf16" : "fp16";
-  const double rel = Relative(got, cpu_fp8), fp8_cost = Relative(cpu_fp8, cpu_f32);
-  const double hf = HfRelative(c.model, dtype);
-  std::printf("  %s %s fp8 weights%s: gpu vs cpu-fp8 %.3e; cpu fp8-vs-f32 %.3e; HF %s-vs-fp32 "
-              "%.3e; gpu-fp8 vs cpu-f32 %.3e\n",
-              c.model, dtype, c.gemv ? " (gemv)" : "", rel, fp8_cost, dtype, hf,
-              Relative(got, cpu_f32));
-  EXPECT_LE(rel, 2 * hf + 2 * fp8_cost);
-  EXPECT_GT(ex->stats().graph_steps, 0) << "decode steps should replay CUDA graphs";
+  ExpectFp8LogitsMatchTheCpu(GetParam(), /*kv_fp8=*/false, /*weights_fp8=*/true, 2.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaFp8WeightLogits,
@@ -264,11 +255,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaFp8WeightLogits,
                                            LogitsCase{"hd64", DType::kBF16},
                                            LogitsCase{"hd128", DType::kBF16, true},
                                            LogitsCase{"hd64", DType::kF16, true}),
-                         [](const auto& info) {
-                           return std::string(info.param.model) +
-                                  (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
-                                  (info.param.gemv ? "_gemv" : "_cublaslt");
-                         });
+                         CaseName);
 
 // fp8 weights hold the linear layers in 1 byte per weight plus one fp32 scale per row; the
 // embeddings, norms and lm_head are unchanged. Graph replay stays bit-identical to eager.
