@@ -87,6 +87,10 @@ LoadOptions CpuLoadOptions(const BackendFlags& f) {
 
 void CheckCpuFlags(const BackendFlags& f) {
   if (f.load_format == "dummy") throw Error("--load-format dummy needs --device cuda");
+  if (f.fp8_precise_accum) {
+    throw Error("--fp8-precise-accum applies to --device cuda --quantization fp8 (the CPU's fp8 "
+                "weights accumulate in fp32)");
+  }
   if (f.tensor_parallel_size > 1) throw Error("--tensor-parallel-size needs --device cuda");
 }
 
@@ -118,6 +122,9 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   if (f.dtype == "f32") throw Error("--device cuda runs bf16 or f16 (not f32)");
   CudaExecutorOptions o;
   o.fp8_weights = f.quantization == "fp8";
+  if (f.fp8_precise_accum && !o.fp8_weights) {
+    throw Error("--fp8-precise-accum needs --quantization fp8");
+  }
   o.fp8_fast_accum = !f.fp8_precise_accum;
   o.dtype = f.dtype == "f16" ? DType::kF16 : DType::kBF16;
   o.kv_cache_fp8 = ParseKvCacheDType(f.kv_cache_dtype) == KvCacheDType::kFp8E4m3;

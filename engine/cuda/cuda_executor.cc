@@ -427,6 +427,8 @@ struct CudaExecutor::Impl {
     int64_t bytes = 0;
     int* bad = nullptr;
     explicit Fp8Stage(Impl& impl) : m(impl) {}
+    Fp8Stage(const Fp8Stage&) = delete;
+    Fp8Stage& operator=(const Fp8Stage&) = delete;
     ~Fp8Stage() {
       cudaFree(buf);
       cudaFree(bad);
@@ -436,7 +438,12 @@ struct CudaExecutor::Impl {
         LLM_CUDA_CHECK(cudaDeviceSynchronize());  // the previous quantization may still read it
         cudaFree(buf);
         buf = nullptr;
-        LLM_CUDA_CHECK(cudaMalloc(&buf, size_t(need)));
+        bytes = 0;
+        if (cudaMalloc(&buf, size_t(need)) != cudaSuccess) {
+          cudaGetLastError();
+          throw Error("--quantization fp8: no GPU memory for a " + Gib(double(need)) +
+                      " staging buffer to quantize the weights on GPU " + std::to_string(m.device));
+        }
         bytes = need;
       }
       return buf;
@@ -475,9 +482,10 @@ struct CudaExecutor::Impl {
       Upload(t, t.num_elements(), to, dst);
     };
     // A linear layer's weight: this rank's slice of the full [rows, cols] checkpoint tensor,
-    // at row `row0` of the (fused) matrix `base`. fp8: uploaded as fp32 into a staging buffer
-    // and quantized on the device into codes and row scales, from the same fp32 values and by
-    // the same rule as the CPU backend (cpu::QuantizeFp8Rows).
+    // at row `row0` of the (fused) matrix `base`. fp8: uploaded as it is stored (bf16, fp16 or
+    // fp32; anything else converted to fp32) into a staging buffer and quantized on the device
+    // into codes and row scales: the values the CPU backend quantizes (widening is exact), by
+    // its rule (cpu::QuantizeFp8Rows), so at one GPU the codes are the CPU's bit for bit.
     Fp8Stage stage(*this);
     auto put_part = [&](const std::string& name, int64_t rows, int64_t cols, TpWeight w,
                         void* base, float* scales, int64_t row0) {
@@ -488,9 +496,11 @@ struct CudaExecutor::Impl {
                     static_cast<std::byte*>(base) + row0 * sl.num_cols * int64_t(esize));
         return;
       }
-      void* f32 = stage.Get(sl.num_rows * sl.num_cols * 4);
-      UploadSlice(t, cols, sl, DType::kF32, f32);
-      stage.Quantize(f32, DType::kF32, sl.num_rows, sl.num_cols,
+      const DType from =
+          t.dtype == DType::kBF16 || t.dtype == DType::kF16 ? t.dtype : DType::kF32;
+      void* src = stage.Get(sl.num_rows * sl.num_cols * int64_t(DTypeSize(from)));
+      UploadSlice(t, cols, sl, from, src);
+      stage.Quantize(src, from, sl.num_rows, sl.num_cols,
                      static_cast<std::byte*>(base) + row0 * sl.num_cols, scales + row0,
                      t.file + ": tensor " + name);
     };

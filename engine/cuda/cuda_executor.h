@@ -56,7 +56,8 @@ struct CudaExecutorOptions {
   bool kv_cache_fp8 = false;
   // --quantization fp8: the linear layers' weights (q|k|v, o, gate|up, down) become e4m3 codes
   // with one fp32 scale per output row, quantized on the device at load (as
-  // cpu::QuantizeFp8Rows, bit for bit); activations are quantized per token on the fly (fused
+  // cpu::QuantizeFp8Rows, bit for bit at one GPU; tensor parallel, each rank scales the rows of
+  // its own slice, so the column-split o and down get per-rank row scales); activations are quantized per token on the fly (fused
   // into the RMSNorm and SiLU·mul kernels) and the GEMMs run on cuBLASLt's FP8 path (W8A8,
   // engine/cuda/gemm.h). Embeddings and lm_head stay dtype. Needs every linear layer's input
   // width (hidden, q_dim, intermediate per GPU) to be a multiple of 16.

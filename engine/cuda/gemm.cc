@@ -50,7 +50,7 @@ Gemm::~Gemm() {
 const Gemm::Plan& Gemm::GetPlan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [n, m, k, dtype, out_dtype] = key;
+  const auto [n, m, k, dtype, out_dtype, fast_accum] = key;
   Plan p;
   Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
@@ -72,7 +72,7 @@ const Gemm::Plan& Gemm::GetPlan(const Key& key) {
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer,
                                          sizeof(outer)),
           "set B_SCALE_MODE");
-    const int8_t fast = fast_accum_ ? 1 : 0;
+    const int8_t fast = fast_accum ? 1 : 0;
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
                                          sizeof(fast)),
           "set FAST_ACCUM");
@@ -121,7 +121,7 @@ void Gemm::Linear(const void* x, const void* w, void* y, int64_t n, int64_t m, i
   if (accumulate && out_dtype != DType::kF32) {
     throw std::invalid_argument("Gemm::Linear: accumulate needs an fp32 output");
   }
-  const Plan& p = GetPlan({n, m, k, dtype, out_dtype});
+  const Plan& p = GetPlan({n, m, k, dtype, out_dtype, false});
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   Check(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                        workspace_, workspace_bytes_, stream),
@@ -139,7 +139,7 @@ void Gemm::LinearFp8(const void* x8, const float* x_scale, const void* w8, const
     throw std::invalid_argument("Gemm::LinearFp8: k = " + std::to_string(k) +
                                 " is not a multiple of 16 (cuBLASLt's FP8 alignment)");
   }
-  const Plan& p = GetPlan({n, m, k, DType::kF8E4M3, out_dtype});
+  const Plan& p = GetPlan({n, m, k, DType::kF8E4M3, out_dtype, fast_accum_});
   Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale,
                                        sizeof(w_scale)),
         "set A_SCALE_POINTER");
@@ -147,9 +147,13 @@ void Gemm::LinearFp8(const void* x8, const float* x_scale, const void* w8, const
                                        sizeof(x_scale)),
         "set B_SCALE_POINTER");
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  Check(cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                       workspace_, workspace_bytes_, stream),
-        "Matmul (fp8)");
+  const cublasStatus_t st = cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c,
+                                           y, p.c, &p.algo, workspace_, workspace_bytes_, stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    Check(st, ("Matmul (fp8, n=" + std::to_string(n) + " m=" + std::to_string(m) +
+               " k=" + std::to_string(k) + " -> " + std::string(DTypeName(out_dtype)) + ")")
+                  .c_str());
+  }
 }
 
 }  // namespace llm::cuda

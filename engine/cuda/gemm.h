@@ -48,7 +48,7 @@ class Gemm {
   void LinearFp8(const void* x8, const float* x_scale, const void* w8, const float* w_scale,
                  void* y, int64_t n, int64_t m, int64_t k, DType out_dtype, bool accumulate,
                  cudaStream_t stream);
-  // FP8 accumulation mode of the plans made after this call (CUBLASLT_MATMUL_DESC_FAST_ACCUM).
+  // FP8 accumulation mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM) of the later LinearFp8 calls.
   void set_fast_accum(bool on) { fast_accum_ = on; }
 
   int64_t num_plans() const { return static_cast<int64_t>(plans_.size()); }
@@ -60,8 +60,9 @@ class Gemm {
     cublasLtMatmulAlgo_t algo{};
   };
   // The plan does not depend on accumulate (beta is a launch argument, not in the heuristic);
-  // the fp8 plans' scale pointers are set per call (each layer has its own).
-  using Key = std::tuple<int64_t, int64_t, int64_t, DType, DType>;
+  // the fp8 plans' scale pointers are set per call (each layer has its own). The last field is
+  // the fp8 accumulation mode (false for bf16 / fp16).
+  using Key = std::tuple<int64_t, int64_t, int64_t, DType, DType, bool>;
   const Plan& GetPlan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
   float* res = residual + r * hidden;
   const T* del = delta ? delta + r * hidden : nullptr;
-  T* dst = out + int64_t(blockIdx.x) * hidden;
+  T* dst = kFp8Out ? nullptr : out + int64_t(blockIdx.x) * hidden;  // (out is null with kFp8Out)
   const int64_t num_chunks = hidden / N;
   float cache[kNormCached][N];
   float sum_sq = 0.f;

@@ -8,9 +8,9 @@
 // CTA per item instead (the earlier form, 2-5% slower: RESULTS.md).
 //  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 40); its first warp streams
 //    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
-//    tile (cp.async.bulk.tensor.3d, one box per page and 64-column half: a page's block_size
-//    rows of one KV head are contiguous in the pool), all completing on the stage's "full"
-//    mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once every
+//    tile (a page's block_size rows of one KV head are contiguous in the pool): K as one
+//    cp.async.bulk.tensor.3d box per 64-column panel, V as one 4-D box of both panels (below),
+//    all completing on the stage's "full" mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once every
 //    consumer warp has arrived on its "empty" mbarrier. The ring runs on from one item to the
 //    next, so the next item's first tiles load while the consumers finish the last one.
 //  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 232) own 64 query rows each. Their Q rows
@@ -18,7 +18,7 @@
 //    key tile j:
 //      S_j = Q·K_j^T    wgmma m64n128k16, A and B from shared memory (K-major, 128B swizzle)
 //      O += P_{j-1}·V_{j-1}  wgmma m64n{d}k16, P from registers (bf16/fp16), V from shared
-//                       memory read N-major (transposed B: V tiles stay [key][d] as TMA lands them)
+//                       memory read N-major (transposed B; V tiles [page][panel][key][64])
 //    both issued as one batch, then mask (diagonal tiles only) and online softmax of S_j in
 //    registers (exp2, scale·log2e folded into one FMA; row max and sum as 4-chain trees), O
 //    rescaled only when some row's maximum moved (warp-uniform test), P_j packed. The wgmma
@@ -422,8 +422,7 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
 template <typename T, int HD>
 __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     PrefillWgmmaKernel(const __grid_constant__ CUtensorMap tmap_k,
-                       const __grid_constant__ CUtensorMap tmap_v,
-                       const __grid_constant__ CUtensorMap tmap_v_page, const PrefillArgs a) {
+                       const __grid_constant__ CUtensorMap tmap_v, const PrefillArgs a) {
   using Tr = WgmmaTraits<HD>;
   constexpr int kBr = Tr::kBr, kBc = Tr::kBc, kStages = Tr::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -517,9 +516,9 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           if (page_v) {  // the page's V, both panels, in one box: [panel][key in page][64]
             const uint32_t off = st * Tr::kKvBytes + lane * Tr::kHalves * bs * 128;
             if (!shared_tile) {
-              TmaLoad4d(sV + off, &tmap_v_page, 0, 0, 0, box, full_v(st));
+              TmaLoad4d(sV + off, &tmap_v, 0, 0, 0, box, full_v(st));
             } else if ((lane & 1) == int(ws.rank)) {  // pages alternate between the pair
-              TmaLoad4dMulticast(sV + off, &tmap_v_page, 0, 0, 0, box, full_v(st), 3);
+              TmaLoad4dMulticast(sV + off, &tmap_v, 0, 0, 0, box, full_v(st), 3);
             }
           }
         }
@@ -857,6 +856,13 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
   return fn;
 }
 
+std::string MapError(const char* what, CUresult r, const PrefillArgs& a) {
+  return std::string("v4_wgmma: cuTensorMapEncodeTiled (") + what + ") failed: CUresult " +
+         std::to_string(int(r)) + " (head_dim " + std::to_string(a.head_dim) + ", block_size " +
+         std::to_string(a.block_size) + ", " +
+         std::to_string(int64_t(a.num_blocks) * a.num_kv_heads) + " pages)";
+}
+
 // A pool [num_blocks, num_kv_heads, block_size, head_dim] as a 3-D tensor
 // (head_dim, block_size, num_blocks · num_kv_heads); box = one page × 64 columns, 128B swizzle.
 CUtensorMap PoolMap(const void* pool, const PrefillArgs& a) {
@@ -872,8 +878,7 @@ CUtensorMap PoolMap(const void* pool, const PrefillArgs& a) {
       const_cast<void*>(pool), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("cuTensorMapEncodeTiled failed: " + std::to_string(int(r)));
+  if (r != CUDA_SUCCESS) throw std::runtime_error(MapError("panel box", r, a));
   return map;
 }
 
@@ -894,8 +899,7 @@ CUtensorMap PagePoolMap(const void* pool, const PrefillArgs& a) {
       const_cast<void*>(pool), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("cuTensorMapEncodeTiled (page box) failed: " + std::to_string(int(r)));
+  if (r != CUDA_SUCCESS) throw std::runtime_error(MapError("page box", r, a));
   return map;
 }
 
@@ -905,7 +909,10 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   auto kernel = PrefillWgmmaKernel<T, HD>;
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
-  const CUtensorMap mk = PoolMap(a.k, a), mv = PoolMap(a.v, a), mvp = PagePoolMap(a.v, a);
+  // V: the page-box map (default) or the panel-box map (kV4PanelBoxV); only the one in use is
+  // encoded.
+  const CUtensorMap mk = PoolMap(a.k, a);
+  const CUtensorMap mv = (a.v4_flags & kV4PanelBoxV) ? PoolMap(a.v, a) : PagePoolMap(a.v, a);
   const bool cluster = a.v4_flags & kV4Cluster;
   const int kpair = cluster ? 2 : 1;
   const int ny = (a.max_q_len + Tr::kBr - 1) / Tr::kBr;
@@ -946,7 +953,7 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
     units = std::min(items, resident);
   }
   cfg.gridDim = dim3(units * kpair);
-  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, mvp, a));
+  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, a));
 }
 
 }  // namespace

@@ -94,8 +94,8 @@ TEST(GenerateCli, Fp8KvCacheRunsOnTheCpu) {
 }
 
 // --quantization fp8: the linear layers as FP8 weights, on the CPU path a user takes; the log
-// says so; an unknown scheme is rejected. (On cuda it is a clear error until the CUDA backend
-// has FP8 GEMMs: tested where a GPU is present, the device check comes first otherwise.)
+// says so; an unknown scheme is rejected, and so is --fp8-precise-accum where it means nothing
+// (the CPU, or cuda without fp8; the CUDA path itself: cuda_executor_gpu_test).
 TEST(GenerateCli, Fp8WeightsRunOnTheCpu) {
   RunResult r = RunLlm("generate --device cpu --model " + Stories() +
                        " --prompt 'Once upon a time' --temperature 0 --max-tokens 16 "
@@ -105,6 +105,10 @@ TEST(GenerateCli, Fp8WeightsRunOnTheCpu) {
   EXPECT_NE(r.err.find("F8_E4M3 (linear layers"), std::string::npos) << r.err;
   EXPECT_NE(RunLlm("generate --model " + Stories() + " --prompt hi --quantization int4").exit_code,
             0);
+  RunResult precise = RunLlm("generate --device cpu --model " + Stories() +
+                             " --prompt hi --max-tokens 2 --quantization fp8 --fp8-precise-accum");
+  EXPECT_NE(precise.exit_code, 0);
+  EXPECT_NE(precise.err.find("--fp8-precise-accum"), std::string::npos) << precise.err;
 }
 
 TEST(MakeModelCli, WritesALoadableCheckpoint) {

@@ -2,7 +2,7 @@
 // reference cpu::PagedPrefillAttention (label gpu; skips without a GPU).
 //
 // Each case draws a ragged batch (q lengths 1 … 1000, not multiples of any tile), cached
-// context (chunked prefill), GQA groups 1/4/8, block sizes 4/8/16/32, head_dim 64/128, bf16 and
+// context (chunked prefill), GQA groups 1/4/8, block sizes 4/8/16/32/64/128, head_dim 64/128, bf16 and
 // fp16, and a shuffled block table. Pool slots no sequence owns, and the slots of a sequence's
 // last block past its last key, hold NaN on the GPU (stale cache contents must never reach the
 // output); the reference sees zeros there. Outputs are poisoned with NaN before every run.
@@ -14,7 +14,8 @@
 //     max |out - ref| ≤ tol · max |ref|,  tol = 2e-2 (bf16) / 4e-3 (fp16),
 // about 8-10× the rounding of the largest output (measured: ≈3.3e-3 × max|ref| for every bf16
 // rung, the naive one included); the test prints each rung's error next to the naive rung's
-// (same-precision inputs, no P rounding). v4 is run under all four of its schedules.
+// (same-precision inputs, no P rounding). v4 is run under all 16 of its schedules, and with the
+// previous V layout (kV4PanelBoxV).
 //   ninja -C build prefill_attention_gpu_test && (cd build && ctest -L gpu -R prefill_attention)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -214,6 +215,13 @@ const std::vector<Case> kCases = {
     {"bf16_hd64_g8_bs8", DType::kBF16, 64, 8, 1, 8, {190, 1}, {250, 0}},
     {"bf16_hd8_g2_bs16", DType::kBF16, 8, 8, 4, 16, {37, 1}, {5, 20}},  // stories260K's shape
     {"fp16_hd96_g4_bs16", DType::kF16, 96, 8, 2, 16, {70}, {10}},
+    // v4's V tiles are [page][panel][key][64]: block size 8 at head_dim 128 (a k16 step spans
+    // two pages: SBO of one page), 64 (steps move to the next page mid-tile) and 128 (one page,
+    // one 32 KiB box per tile; in a cluster one CTA loads all of V).
+    {"bf16_hd128_g4_bs8", DType::kBF16, 128, 8, 2, 8, {300, 45}, {20, 131}},
+    {"fp16_hd128_g1_bs64", DType::kF16, 128, 4, 4, 64, {700, 9}, {0, 70}},
+    {"bf16_hd128_g8_bs128", DType::kBF16, 128, 16, 2, 128, {333, 130}, {5, 200}},
+    {"fp16_hd64_g4_bs128", DType::kF16, 64, 8, 2, 128, {257, 20}, {0, 99}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PrefillAttentionGpu, ::testing::ValuesIn(kCases),
