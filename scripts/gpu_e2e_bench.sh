@@ -141,6 +141,9 @@ run latency_7b_b1_w8 150 --model $C7 --num-requests 1 --min-input 128 --max-inpu
 run latency_8b_b1_w8 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
   --quantization fp8
+run long_context_8b_128k_w8 300 --model $C31 --num-requests 1 --min-input 131008 \
+  --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
+  --max-num-batched-tokens 8192 --temperature 0 --quantization fp8
 run long_context_8b_128k_fp8 300 --model $C31 --num-requests 1 --min-input 131008 \
   --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
   --max-num-batched-tokens 8192 --temperature 0 --kv-cache-dtype fp8
