@@ -115,7 +115,7 @@ def prefill_key(r):
         as_int(r.get("head_dim"))
     if L is None or d is None:
         return None
-    causal = as_bool(r.get("causal"), True)  # our prefill kernel is always causal
+    causal = as_bool(r.get("causal"), True)  # rows without the field (older logs) are causal
     return (B, L, H, d, causal)
 
 

@@ -2,7 +2,8 @@
 // against the CPU reference on a small ragged shape, then timed.
 //
 // Timed shapes (DESIGN.md's attention ceilings use the same): bf16, 16 query heads = 16 KV
-// heads, head_dim 128 and 64, batch × length = 16k tokens for lengths 512 … 16k, causal, paged
+// heads, head_dim 128 and 64, batch × length = 16k tokens for lengths 512 … 16k, causal (and
+// non-causal for v4, FLOPs 4·B·H·L²·d, against cpu::PagedAttentionReference), paged
 // with block size 16 and a shuffled block table. FLOPs = 4·B·H·L²·d / 2 (causal). Q, K, V and O
 // are 4 × 64 MiB at head_dim 128 (L2 is 50 MB), so no launch finds its inputs in L2 (K/V tiles
 // are still re-read through L2 by the query tiles of a head, as in any flash kernel); two input
@@ -134,20 +135,29 @@ struct Problem {
   }
 };
 
-// Max |gpu - cpu| / max |cpu| of one rung on a small ragged problem.
-float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detail::kV4Default) {
+// Max |gpu - cpu| / max |cpu| of one rung on a small ragged problem (non-causal: v4 against
+// cpu::PagedAttentionReference).
+float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detail::kV4Default,
+               bool causal = true) {
   Problem pr({300, 77, 1, 129}, {0, 40, 500, 16}, 8, hd, bs, 99 + hd);
   std::vector<float> qf(pr.q.size()), kf(pr.k.size()), vf(pr.v.size()), ref(pr.q.size());
   for (size_t i = 0; i < qf.size(); ++i) qf[i] = llm::Bf16ToF32(pr.q[i]);
   for (size_t i = 0; i < kf.size(); ++i) kf[i] = llm::Bf16ToF32(pr.k[i]);
   for (size_t i = 0; i < vf.size(); ++i) vf[i] = llm::Bf16ToF32(pr.v[i]);
   AttentionBatch hb{pr.num_seqs, pr.cu.data(), pr.ctx.data(), pr.tables.data(), pr.max_blocks};
-  llm::cpu::PagedPrefillAttention(qf.data(),
-                                  llm::PagedKvView<const float>{kf.data(), vf.data(), pr.layout},
-                                  hb, pr.num_heads, 1.f / std::sqrt(float(hd)), ref.data());
+  const llm::PagedKvView<const float> kv{kf.data(), vf.data(), pr.layout};
+  if (causal) {
+    llm::cpu::PagedPrefillAttention(qf.data(), kv, hb, pr.num_heads, 1.f / std::sqrt(float(hd)),
+                                    ref.data());
+  } else {
+    llm::cpu::PagedAttentionReference(qf.data(), kv, hb, pr.num_heads, 1.f / std::sqrt(float(hd)),
+                                      ref.data(), /*causal=*/false);
+  }
   LLM_CUDA_CHECK(cudaMemset(pr.dout, 0xff, pr.q.size() * 2));  // NaN poison
   llm::cuda::detail::SetPrefillV4Flags(v4_flags);
-  llm::cuda::PagedPrefillAttention(pr.Params(), nullptr, v);
+  auto params = pr.Params();
+  params.causal = causal;
+  llm::cuda::PagedPrefillAttention(params, nullptr, v);
   llm::cuda::detail::SetPrefillV4Flags(llm::cuda::detail::kV4Default);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> got(pr.q.size());
@@ -241,6 +251,18 @@ int main(int argc, char** argv) {
       std::printf("validate %-9s hd %3d: max_err/max|ref| %.3e %s\n",
                   llm::cuda::PrefillVariantName(v), hd, errs[v], ok ? "ok" : "FAILED");
     }
+    // Non-causal (v4 only): validated against the plain definition, then timed beside causal.
+    const bool want_v4 =
+        std::find(variants.begin(), variants.end(), PrefillVariant::kWgmma) != variants.end();
+    const float noncausal_err =
+        want_v4 ? Validate(PrefillVariant::kWgmma, hd, bs, llm::cuda::detail::kV4Default, false)
+                : INFINITY;
+    if (want_v4) {
+      const bool ok = noncausal_err <= 2e-2f;
+      all_ok &= ok;
+      std::printf("validate v4_wgmma hd %3d non-causal: max_err/max|ref| %.3e %s\n", hd,
+                  noncausal_err, ok ? "ok" : "FAILED");
+    }
     for (int L : lengths) {
       if (!wanted(hd, L)) continue;
       const int B = kTokens / L;
@@ -251,7 +273,7 @@ int main(int argc, char** argv) {
       // profiling: an ablation with wrong output on purpose (no max_err; the report keeps
       // it beside the variants and never counts it as ours or as a failure).
       auto time_one = [&](PrefillVariant v, int v4_flags, const std::string& name, float err,
-                          bool profiling = false) {
+                          bool profiling = false, bool causal = true) {
         const int reps = (v == PrefillVariant::kNaive && L >= 4096) ? 5 : reps_default;
         std::vector<float> ms;
         cudaEvent_t e0, e1;
@@ -260,7 +282,8 @@ int main(int argc, char** argv) {
         llm::cuda::detail::SetPrefillV4Flags(v4_flags);
         for (int it = 0; it < reps + 2; ++it) {
           const Problem& pr = (it & 1) ? b : a;
-          const auto params = pr.Params();
+          auto params = pr.Params();
+          params.causal = causal;
           LLM_CUDA_CHECK(cudaEventRecord(e0));
           llm::cuda::PagedPrefillAttention(params, nullptr, v);
           LLM_CUDA_CHECK(cudaEventRecord(e1));
@@ -274,19 +297,23 @@ int main(int argc, char** argv) {
         cudaEventDestroy(e1);
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2];
-        const double tflops = flops / (med * 1e-3) / 1e12;
-        table[{hd, L}][name] = tflops;
+        const double tflops = (causal ? flops : 2 * flops) / (med * 1e-3) / 1e12;
+        if (causal) table[{hd, L}][name] = tflops;
         std::printf(
             "JSON {\"kind\":\"prefill\",\"variant\":\"%s\",\"batch\":%d,\"seq_len\":%d,"
-            "\"num_heads\":%d,\"head_dim\":%d,\"causal\":true,\"dtype\":\"bf16\",\"block_size\":%d,"
+            "\"num_heads\":%d,\"head_dim\":%d,\"causal\":%s,\"dtype\":\"bf16\",\"block_size\":%d,"
             "\"ms\":%.4f,\"tflops\":%.1f,\"max_err\":%.3e%s}\n",
-            name.c_str(), B, L, kHeads, hd, bs, med, tflops, err,
+            name.c_str(), B, L, kHeads, hd, causal ? "true" : "false", bs, med, tflops, err,
             profiling ? ",\"profiling\":true" : "");
         std::fflush(stdout);
       };
       for (PrefillVariant v : variants) {
         if (!(errs[v] <= 2e-2f)) continue;
         time_one(v, llm::cuda::detail::kV4Default, llm::cuda::PrefillVariantName(v), errs[v]);
+      }
+      if (noncausal_err <= 2e-2f) {  // FLOPs 4·B·H·L²·d: twice the causal count
+        time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Default, "v4_wgmma",
+                 noncausal_err, false, /*causal=*/false);
       }
       // v4 schedule ablations on the long shapes: ping-pong + intra-warpgroup overlap, each
       // alone, and (profiling, wrong output) the production schedule without exp2.

@@ -27,6 +27,15 @@ void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const At
                            int64_t num_heads, float scale, float* out,
                            AttentionStats* stats = nullptr);
 
+// The plain definition, for tests and benches: every query row's softmax(q·kᵀ·scale)·v in
+// double precision, one row at a time over its sequence's keys through the block table.
+// causal: query i of sequence s (position context_lens[s] + i) sees keys 0 … its position;
+// otherwise all context_lens[s] + q_len keys of the sequence (the benchmark shapes' non-causal
+// case; the engine's prefill is causal).
+void PagedAttentionReference(const float* q, PagedKvView<const float> kv,
+                             const AttentionBatch& batch, int64_t num_heads, float scale,
+                             float* out, bool causal = true);
+
 // Decode: exactly one query per sequence (cu_seqlens_q[i] = i), attending over
 // context_lens[i] + 1 keys. num_splits = 0 picks the split-KV factor automatically from the
 // context lengths and the thread count (flash-decoding); 1 disables splitting.

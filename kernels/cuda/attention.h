@@ -37,7 +37,11 @@ struct AttentionParams {
   PagedKvView<const void> kv;
   AttentionBatch batch;
   int64_t num_heads = 0;
-  float scale = 0;  // softmax scale, normally 1/sqrt(head_dim); causal mask always on
+  float scale = 0;  // softmax scale, normally 1/sqrt(head_dim)
+  bool causal = true;
+  // Prefill: query i of a sequence sees keys 0 … context_lens + i (what the engine runs). false:
+  // every key of its sequence (context_lens + q_len), the benchmark shapes' non-causal case,
+  // on v4_wgmma only. Decode is causal by construction (one query, all its keys).
   DType dtype = DType::kBF16;
   KvCacheFormat kv_format;   // fp8: e4m3 pools (decode kernel, prefill v1_naive / v3_mma)
   int64_t max_q_len = 0;     // longest query chunk in the batch (grid sizing)

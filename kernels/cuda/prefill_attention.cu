@@ -75,6 +75,16 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
                                 " not a multiple of num_kv_heads " +
                                 std::to_string(p.kv.layout.num_kv_heads));
   }
+  if (!p.causal) {  // the benchmark shapes' non-causal case: v4 alone has the mode
+    if ((requested == PrefillVariant::kBest || requested == PrefillVariant::kWgmma) &&
+        !p.kv_format.fp8 && (hd == 64 || hd == 128) && WgmmaSupports(p)) {
+      return PrefillVariant::kWgmma;
+    }
+    throw std::invalid_argument(std::string("PagedPrefillAttention: non-causal attention runs on "
+                                            "v4_wgmma only (head_dim 64/128, bf16/fp16 pools, "
+                                            "block size 8…128); asked for ") +
+                                PrefillVariantName(requested));
+  }
   if (p.kv_format.fp8) {  // e4m3 pools: v1 and v3 dequantize as they load
     if (requested == PrefillVariant::kBest) return PrefillVariant::kMma;
     if (requested != PrefillVariant::kNaive && requested != PrefillVariant::kMma) {
@@ -121,6 +131,7 @@ void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, Prefil
   a.out_scale = a.kv_fp8 ? p.kv_format.v_scale : 1.f;
   a.is_bf16 = p.dtype == DType::kBF16;
   a.v4_flags = detail::g_v4_flags;
+  a.causal = p.causal;
   switch (v) {
     case PrefillVariant::kNaive:
       detail::LaunchPrefillNaive(a, stream);

@@ -70,6 +70,7 @@ struct PrefillArgs {
   bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive and v3_mma only
   float out_scale = 1.f;  // fp8: v_scale, applied with the final 1 / l
   int v4_flags = 0;  // kV4* bits below (0 in production)
+  bool causal = true;  // AttentionParams::causal (false: v4 only)
 };
 
 // v4 schedule knobs (runtime bits, one kernel): the test runs every combination, the bench

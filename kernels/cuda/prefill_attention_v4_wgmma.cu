@@ -402,8 +402,10 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
   c.ctx = a.context_lens[c.seq];
   c.num_keys = c.ctx + c.q_len;
   const int ny = (a.max_q_len + kBr - 1) / kBr;
+  // Causal: a query tile sees keys up to its last row's position; otherwise all of them.
   auto tiles = [&](int q0) {
-    return q0 < 0 || q0 >= c.q_len ? 0 : (min(c.num_keys, c.ctx + q0 + kBr) + kBc - 1) / kBc;
+    if (q0 < 0 || q0 >= c.q_len) return 0;
+    return ((a.causal ? min(c.num_keys, c.ctx + q0 + kBr) : c.num_keys) + kBc - 1) / kBc;
   };
   const int first = (ny - 1 - p * w.kpair) * kBr;  // rank 0's (the heavier) tile
   c.q0 = first - int(w.rank) * kBr;
@@ -544,7 +546,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // Per-item values the main loop reads, as plain scalars (the item's other coordinates are
   // recomputed for the epilogue: a persistent loop must not hold more registers than one tile).
   uint32_t g0 = 0;  // slots before this item
-  int diag = 0;     // ctx + this warpgroup's first row: key > diag + r masks row r
+  int diag = 0;     // ctx + this warpgroup's first row: key > diag + r masks row r (causal)
+  int last_key = 0;  // the sequence's last key: key > last_key masks every row (non-causal)
   const uint32_t peer = cluster ? ClusterCtaRank() ^ 1 : 0;
   // A warp gives slot j of the item (stage st) back once its wgmmas that read it have
   // completed (wait_group is per warp): one elected arrival per warp.
@@ -613,13 +616,15 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // is not touched (a P·V may still be accumulating into it).
   auto softmax = [&](int j, uint32_t(&p)[kBc / 16][4]) {
     const int k0 = j * kBc;
-    if (k0 + kBc - 1 > diag) {
-      const int lim = diag + warp * 16 + g4 - k0 - 2 * t;  // key - k0 - 2t > lim: masked
+    if (a.causal ? k0 + kBc - 1 > diag : k0 + kBc - 1 > last_key) {
+      // key - k0 - 2t > lim (+ 8 for row0 + 8 when causal): masked
+      const int lim = a.causal ? diag + warp * 16 + g4 - k0 - 2 * t : last_key - k0 - 2 * t;
+      const int row8 = a.causal ? 8 : 0;
 #pragma unroll
       for (int n = 0; n < kBc / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (n * 8 + (e & 1) > lim + (e >> 1) * 8) s[n * 4 + e] = -INFINITY;
+          if (n * 8 + (e & 1) > lim + (e >> 1) * row8) s[n * 4 + e] = -INFINITY;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // h = 0: row0, h = 1: row0 + 8; a row lives in 4 threads
@@ -721,6 +726,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       n_tiles = loads_only ? 0 : ic.n_tiles;
       n_slots = ic.n_slots;
       diag = ic.c.ctx + ic.c.q0 + w * 64;
+      last_key = ic.c.num_keys - 1;
     }
     if (n_tiles > 0) {
       const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);

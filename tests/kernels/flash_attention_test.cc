@@ -306,6 +306,43 @@ TEST(PagedPrefillTest, AllShapesMatchReference) {
   std::printf("all shapes: worst max rel err %.3g (bound %.0e)\n", worst, kMaxRelError);
 }
 
+// cpu::PagedAttentionReference, the plain definition the GPU tests and benches compare with:
+// causal, it equals the flash kernel; non-causal, each query sees its whole sequence, so the
+// last query of a sequence is unchanged (bit for bit: the same keys in the same order) and an
+// earlier one is not.
+TEST(PagedAttentionReferenceTest, CausalIsTheFlashResultNonCausalSeesTheWholeSequence) {
+  std::mt19937 rng(5);
+  PagedCase c;
+  c.q_lens = {37, 1, 20};
+  c.context_lens = {0, 50, 13};
+  const PagedData d = MakePagedData(c, rng);
+  const size_t n = d.q.size();
+  const float scale = 1.f / std::sqrt(float(c.head_dim));
+  std::vector<float> flash(n), causal(n), full(n);
+  cpu::PagedPrefillAttention(d.q.data(), d.View(), d.batch, c.num_heads, scale, flash.data());
+  cpu::PagedAttentionReference(d.q.data(), d.View(), d.batch, c.num_heads, scale, causal.data());
+  cpu::PagedAttentionReference(d.q.data(), d.View(), d.batch, c.num_heads, scale, full.data(),
+                               /*causal=*/false);
+  double err = 0, mx = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::fabs(double(flash[i]) - causal[i]));
+    mx = std::max(mx, std::fabs(double(causal[i])));
+  }
+  EXPECT_LE(err / mx, kMaxRelError);
+  const int64_t row = c.num_heads * c.head_dim;  // one token's outputs
+  for (size_t s = 0; s < c.q_lens.size(); ++s) {
+    const int64_t last = d.cu_seqlens_q[s + 1] - 1;
+    for (int64_t i = 0; i < row; ++i) {
+      ASSERT_EQ(full[size_t(last * row + i)], causal[size_t(last * row + i)]) << "sequence " << s;
+    }
+  }
+  double first_diff = 0;  // token 0 of sequence 0: 1 key causal, 37 non-causal
+  for (int64_t i = 0; i < row; ++i) {
+    first_diff = std::max(first_diff, std::fabs(double(full[size_t(i)]) - causal[size_t(i)]));
+  }
+  EXPECT_GT(first_diff, 0.05);
+}
+
 // Random ragged batches (1-8 sequences), a few long sequences among many short ones.
 TEST(PagedPrefillTest, RandomRaggedBatchesMatchReference) {
   std::mt19937 rng(11);

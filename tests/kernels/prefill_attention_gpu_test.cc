@@ -15,7 +15,8 @@
 // about 8-10× the rounding of the largest output (measured: ≈3.3e-3 × max|ref| for every bf16
 // rung, the naive one included); the test prints each rung's error next to the naive rung's
 // (same-precision inputs, no P rounding). v4 is run under all 16 of its schedules, and with the
-// previous V layout (kV4PanelBoxV).
+// previous V layout (kV4PanelBoxV). Then non-causal (v4 only) against
+// cpu::PagedAttentionReference with causal = false, under the same bound.
 //   ninja -C build prefill_attention_gpu_test && (cd build && ctest -L gpu -R prefill_attention)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -201,6 +202,43 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
           << name << " flags " << flags << " worst element " << worst << " token "
           << worst / (nh * hd) << " head " << (worst / hd) % nh;
     }
+  }
+
+  // Non-causal (every query sees its whole sequence; the benchmark shapes' other case): v4
+  // alone has the mode, under four schedules, against the plain definition; the other rungs
+  // refuse it clearly.
+  p.causal = false;
+  EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kMma), std::invalid_argument);
+  bool v4_runs = true;
+  try {
+    cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kWgmma);
+  } catch (const std::invalid_argument&) {
+    v4_runs = false;  // head dims other than 64 / 128, or block size 4
+  }
+  if (!v4_runs) return;
+  std::vector<float> full(qn);
+  cpu::PagedAttentionReference(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), layout},
+                               host_batch, nh, scale, full.data(), /*causal=*/false);
+  float full_max = 0.f;
+  for (float x : full) full_max = std::max(full_max, std::fabs(x));
+  using cuda::detail::kV4Cluster, cuda::detail::kV4Default, cuda::detail::kV4NoPersist;
+  for (int flags : {kV4Default, kV4Default | kV4Cluster, kV4Default | kV4NoPersist, 0}) {
+    std::vector<uint16_t> poisoned(qn, poison);
+    LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
+    cuda::detail::SetPrefillV4Flags(flags);
+    cuda::PagedPrefillAttention(p, nullptr, cuda::PrefillVariant::kWgmma);
+    cuda::detail::SetPrefillV4Flags(kV4Default);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout.ptr, qn * 2, cudaMemcpyDeviceToHost));
+    float err = 0.f;
+    for (size_t i = 0; i < qn; ++i) {
+      const float g = Widen(cs.dtype, got[i]);
+      ASSERT_FALSE(std::isnan(g)) << "non-causal flags " << flags << " element " << i;
+      err = std::max(err, std::fabs(g - full[i]));
+    }
+    std::printf("  non-causal v4_wgmma (flags %d) max_err %.3e  (%.2e of max|ref| %.3f)\n", flags,
+                err, err / full_max, full_max);
+    EXPECT_LE(err, tol * full_max) << "non-causal flags " << flags;
   }
 }
 
