@@ -28,6 +28,22 @@ namespace {
 
 using E = cuda::GemvEpilogue;
 
+// The arguments every case sets (w_scale null: dtype weights); the rest keep their defaults.
+cuda::GemvArgs Args(E epilogue, const void* x, const void* w, const float* w_scale, void* y,
+                    int64_t n, int64_t m, int64_t k, DType dtype) {
+  cuda::GemvArgs a;
+  a.epilogue = epilogue;
+  a.x = x;
+  a.w = w;
+  a.w_scale = w_scale;
+  a.y = y;
+  a.n = n;
+  a.m = m;
+  a.k = k;
+  a.dtype = dtype;
+  return a;
+}
+
 struct Case {
   DType dtype;
   E epilogue;
@@ -156,18 +172,9 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   float* dscale = c.fp8 ? Upload(w8.scales) : nullptr;
   void* dy = f32_out ? static_cast<void*>(Upload(y0))
                      : static_cast<void*>(Upload(std::vector<uint16_t>(size_t(n * outs), 0x7fc0)));
-  cuda::GemvArgs a;
-  a.epilogue = c.epilogue;
-  a.x = dx;
+  cuda::GemvArgs a = Args(c.epilogue, dx, dw, dscale, dy, n, m, k, c.dtype);
   a.norm_weight = c.norm ? dgain : nullptr;
   a.eps = eps;
-  a.w = dw;
-  a.w_scale = dscale;
-  a.y = dy;
-  a.n = n;
-  a.m = m;
-  a.k = k;
-  a.dtype = c.dtype;
   ASSERT_TRUE(cuda::GemvSupports(a));
   cuda::Gemv(a, nullptr);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -296,16 +303,7 @@ TEST(GemvFp8, EveryCodeConvertsExactly) {
     for (int64_t t = 0; t < max_n; ++t) x[t * k + p[t]] = ToHalf(dt, 1.f);
     uint16_t* dx = Upload(x);
     for (int64_t n : {int64_t{1}, max_n}) {
-      cuda::GemvArgs a;
-      a.epilogue = E::kStoreF32;
-      a.x = dx;
-      a.w = dw;
-      a.w_scale = dscale;
-      a.y = dy;
-      a.n = n;
-      a.m = m;
-      a.k = k;
-      a.dtype = dt;
+      const cuda::GemvArgs a = Args(E::kStoreF32, dx, dw, dscale, dy, n, m, k, dt);
       ASSERT_TRUE(cuda::GemvSupports(a));
       cuda::Gemv(a, nullptr);
       LLM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -366,16 +364,7 @@ TEST(GemvSiluMul, EqualsGemvThenSiluMulBitForBit) {
     const std::vector<uint16_t> poison(size_t(n * c.inter), 0x7fc0);
     uint16_t* dgate_up = Upload(std::vector<uint16_t>(size_t(n * m), 0x7fc0));
     uint16_t* dact[2] = {Upload(poison), Upload(poison)};
-    cuda::GemvArgs a;
-    a.x = dx;
-    a.w = dw;
-    a.w_scale = dscale;
-    a.n = n;
-    a.m = m;
-    a.k = k;
-    a.dtype = c.dtype;
-    a.epilogue = E::kStore;  // two kernels
-    a.y = dgate_up;
+    cuda::GemvArgs a = Args(E::kStore, dx, dw, dscale, dgate_up, n, m, k, c.dtype);  // two kernels
     cuda::Gemv(a, nullptr);
     cuda::SiluMul(dgate_up, dact[0], n, c.inter, c.dtype, nullptr);
     a.epilogue = E::kSiluMul;  // one kernel
@@ -523,19 +512,10 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
                      Upload(std::vector<uint16_t>(size_t(n * c.num_heads * hd), 0x7fc0))};
   uint16_t* dk[2] = {Upload(poison), Upload(poison)};
   uint16_t* dv[2] = {Upload(poison), Upload(poison)};
-  cuda::GemvArgs a;
-  a.x = dx;
+  // Two kernels: kStore into q|k|v, then RopeAppendKv.
+  cuda::GemvArgs a = Args(E::kStore, dx, dw, dscale, dqkv, n, m, k, c.dtype);
   a.norm_weight = c.norm ? dgain : nullptr;
   a.eps = 1e-5f;
-  a.w = dw;
-  a.w_scale = dscale;
-  a.n = n;
-  a.m = m;
-  a.k = k;
-  a.dtype = c.dtype;
-  // Two kernels: kStore into q|k|v, then RopeAppendKv.
-  a.epilogue = E::kStore;
-  a.y = dqkv;
   cuda::Gemv(a, nullptr);
   cuda::RopeAppendKv(dqkv, dpos, dslots, dfreq, n, c.num_heads, c.num_kv_heads, int(hd),
                      PagedKvView<void>{dk[0], dv[0], layout}, c.dtype, dq[0], nullptr);
