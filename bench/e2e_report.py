@@ -6,10 +6,12 @@ markdown table with each figure's ratio to its ceiling measured in the same call
       --json e2e-h200.json --md e2e-summary.md
 
 Ceilings: copy bandwidth (bench_copy_bandwidth_gpu, read + write bytes per second) and the
-cuBLASLt bf16 GEMM rate (bench_gemm_peak_gpu, the 8192^3 square GEMM).
+cuBLASLt GEMM rate (bench_gemm_peak_gpu, the 8192^3 square GEMM: bf16, or for runs with
+--quantization fp8 the fp8 fast-accumulation rate, what those runs' GEMMs use).
   batch-1 decode roofline  = weight bytes streamed per token / copy bandwidth
   TTFT compute floor       = (2 * linear params * L + 2 * L^2 * heads * head_dim * layers
-                              [causal QK^T and PV]) / GEMM rate
+                              [causal QK^T and PV]) / GEMM rate (an fp8 run's linear
+                              layers at the fp8 rate, its attention at the bf16 rate)
 """
 import argparse
 import datetime
@@ -38,7 +40,7 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--md", required=True)
     a = ap.parse_args()
-    copy_tbs, gemm_tflops, device = None, None, ""
+    copy_tbs, gemm_tflops, gemm_fp8_tflops, device = None, None, None, ""
     for line in open(a.ceilings):
         if not line.startswith("JSON "):
             continue
@@ -49,10 +51,13 @@ def main():
         if j.get("kind") == "gemm" and j.get("name") == "square":
             gemm_tflops = j["tflops"]
             device = j.get("device", device)
+        if j.get("kind") == "gemm" and j.get("name") == "square_fp8_fast":
+            gemm_fp8_tflops = j["tflops"]
     runs = [json.loads(l) for l in open(a.runs) if l.strip()]
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
            "device": device, "command": "E2E_PHASE=bench bash scripts/gpu_e2e_bench.sh",
-           "ceilings": {"copy_tb_per_s": copy_tbs, "gemm_bf16_tflops": gemm_tflops},
+           "ceilings": {"copy_tb_per_s": copy_tbs, "gemm_bf16_tflops": gemm_tflops,
+                        "gemm_fp8_fast_tflops": gemm_fp8_tflops},
            "runs": {}}
     rows = []
     for r in runs:
@@ -77,9 +82,14 @@ def main():
             if cfg and gemm_tflops:
                 L = res["prompt_tokens"] / res["requests"]
                 d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-                flops = 2 * linear_params(cfg) * L + 2 * L * L * cfg["num_attention_heads"] * d * \
-                    cfg["num_hidden_layers"]
-                floor = flops / (gemm_tflops * 1e12) * 1e3
+                attn = 2 * L * L * cfg["num_attention_heads"] * d * cfg["num_hidden_layers"]
+                if res.get("quantization") == "fp8" and gemm_fp8_tflops:
+                    head = 2 * cfg["vocab_size"] * cfg["hidden_size"] * L  # lm_head stays bf16
+                    layers = 2 * linear_params(cfg) * L - head
+                    floor = (layers / (gemm_fp8_tflops * 1e12) +
+                             (head + attn) / (gemm_tflops * 1e12)) * 1e3
+                else:
+                    floor = (2 * linear_params(cfg) * L + attn) / (gemm_tflops * 1e12) * 1e3
             entry.update(ttft_ms=ttft, compute_floor_ms=floor,
                          ratio_to_floor=floor / ttft if floor else None)
             rows.append((name, f"{ttft:.1f} ms TTFT (p50)",

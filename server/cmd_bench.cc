@@ -148,13 +148,14 @@ int RunBench(const BenchFlags& f) {
                   "\"graph_steps\": %lld, \"graphs_captured\": %lld, \"weight_bytes\": %lld, "
                   "\"kv_cache_bytes\": %lld, \"kv_cache_tokens\": %lld, "
                   "\"peak_device_bytes\": %lld, \"weight_bytes_per_token\": %lld, "
-                  "\"tensor_parallel_size\": %d, \"kv_cache_dtype\": \"%s\"",
+                  "\"tensor_parallel_size\": %d, \"kv_cache_dtype\": \"%s\", "
+                  "\"quantization\": \"%s\"",
                   st.device_ms, st.wall_ms, st.device_ms / (seconds * 1e3),
                   (long long)st.graph_steps, (long long)st.graphs_captured,
                   (long long)st.weight_bytes, (long long)st.kv_cache_bytes,
                   (long long)engine.kv_capacity_tokens(), (long long)st.peak_device_bytes,
                   (long long)st.weight_bytes_per_token, f.backend.tensor_parallel_size,
-                  f.backend.kv_cache_dtype.c_str());
+                  f.backend.kv_cache_dtype.c_str(), f.backend.quantization.c_str());
     device_json = buf;
   }
 #endif
