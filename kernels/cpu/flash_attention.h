@@ -6,7 +6,8 @@
 //   out: [num_tokens, num_heads, head_dim] fp32
 //   kv:  one layer's paged pools (kernels/paged_kv.h)
 //   grouped-query attention: query head h reads KV head h / (num_heads / num_kv_heads)
-//   scale: softmax scale, normally 1/sqrt(head_dim); causal mask always on
+//   scale: softmax scale, normally 1/sqrt(head_dim); the flash kernels are causal (the plain
+//   PagedAttentionReference below takes either)
 #pragma once
 
 #include <cstddef>

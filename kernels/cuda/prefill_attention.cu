@@ -62,6 +62,16 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
     throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
                                 " unsupported (64 or 128; others up to 128 by v1_naive only)");
   }
+  if (!p.causal) {  // the benchmark shapes' non-causal case: v4 alone has the mode
+    if ((requested == PrefillVariant::kBest || requested == PrefillVariant::kWgmma) &&
+        !p.kv_format.fp8 && (hd == 64 || hd == 128) && WgmmaSupports(p)) {
+      return PrefillVariant::kWgmma;
+    }
+    throw std::invalid_argument(std::string("PagedPrefillAttention: non-causal attention runs on "
+                                            "v4_wgmma only (head_dim 64/128, bf16/fp16 pools, "
+                                            "block size 8…128); asked for ") +
+                                PrefillVariantName(requested));
+  }
   if (hd != 64 && hd != 128) {
     if (requested == PrefillVariant::kBest) return PrefillVariant::kNaive;
     if (requested != PrefillVariant::kNaive) {
@@ -74,16 +84,6 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
     throw std::invalid_argument("PagedPrefillAttention: num_heads " + std::to_string(p.num_heads) +
                                 " not a multiple of num_kv_heads " +
                                 std::to_string(p.kv.layout.num_kv_heads));
-  }
-  if (!p.causal) {  // the benchmark shapes' non-causal case: v4 alone has the mode
-    if ((requested == PrefillVariant::kBest || requested == PrefillVariant::kWgmma) &&
-        !p.kv_format.fp8 && (hd == 64 || hd == 128) && WgmmaSupports(p)) {
-      return PrefillVariant::kWgmma;
-    }
-    throw std::invalid_argument(std::string("PagedPrefillAttention: non-causal attention runs on "
-                                            "v4_wgmma only (head_dim 64/128, bf16/fp16 pools, "
-                                            "block size 8…128); asked for ") +
-                                PrefillVariantName(requested));
   }
   if (p.kv_format.fp8) {  // e4m3 pools: v1 and v3 dequantize as they load
     if (requested == PrefillVariant::kBest) return PrefillVariant::kMma;
@@ -108,6 +108,9 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
 
 void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, PrefillVariant variant) {
   const PrefillVariant v = ResolvePrefillVariant(p, variant);
+  if (!p.causal && v != PrefillVariant::kWgmma) {  // the resolver's contract, kept here too
+    throw std::logic_error("PagedPrefillAttention: non-causal resolved to a causal-only rung");
+  }
   if (p.batch.num_seqs == 0 || p.max_q_len == 0) return;
   detail::PrefillArgs a;
   a.q = p.q;

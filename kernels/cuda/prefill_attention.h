@@ -1,7 +1,8 @@
 // Paged PREFILL flash attention on CUDA: the public entry point and the kernel ladder.
 //
 //   out[t, h, :] = softmax(scale · q[t, h, :] · K^T) · V over the keys 0 … ctx_i + r of its
-//   sequence (causal, with cached context: chunked prefill), K/V read only through the block
+//   sequence (causal, with cached context: chunked prefill; AttentionParams::causal = false
+//   gives every query all ctx_i + q_len keys, v4 only), K/V read only through the block
 //   table of kernels/paged_kv.h. The CPU specification is cpu::PagedPrefillAttention
 //   (kernels/cpu/flash_attention.h); the online softmax is kernels/online_softmax.h.
 //

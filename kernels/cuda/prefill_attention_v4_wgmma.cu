@@ -19,7 +19,8 @@
 //      S_j = Q·K_j^T    wgmma m64n128k16, A and B from shared memory (K-major, 128B swizzle)
 //      O += P_{j-1}·V_{j-1}  wgmma m64n{d}k16, P from registers (bf16/fp16), V from shared
 //                       memory read N-major (transposed B; V tiles [page][panel][key][64])
-//    both issued as one batch, then mask (diagonal tiles only) and online softmax of S_j in
+//    both issued as one batch, then mask (causal: diagonal tiles; non-causal: the last,
+//    partial tile) and online softmax of S_j in
 //    registers (exp2, scale·log2e folded into one FMA; row max and sum as 4-chain trees), O
 //    rescaled only when some row's maximum moved (warp-uniform test), P_j packed. The wgmma
 //    descriptors are built once and offset by one 32-bit add.

@@ -284,5 +284,43 @@ TEST(PrefillAttentionGpuApi, RejectsUnsupportedHeadDimAndBlockSize) {
   EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kMma);
 }
 
+// Non-causal runs on v4 alone: every other rung, and kBest wherever v4 cannot run (other head
+// dims, block size 4, fp8 pools), refuses it instead of silently computing causal attention.
+TEST(PrefillAttentionGpuApi, NonCausalRunsOnV4OrIsRefused) {
+  alignas(16) static uint16_t buf[8];
+  cuda::AttentionParams p;
+  p.num_heads = 8;
+  p.causal = false;
+  p.q = buf;
+  p.kv.k = buf;
+  p.kv.v = buf;
+  for (int64_t hd : {64, 128}) {
+    p.kv.layout = PagedKvLayout{4, 16, 8, hd};
+    EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kWgmma);
+    EXPECT_EQ(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kWgmma),
+              cuda::PrefillVariant::kWgmma);
+    for (auto v :
+         {cuda::PrefillVariant::kNaive, cuda::PrefillVariant::kSmem, cuda::PrefillVariant::kMma}) {
+      EXPECT_THROW(cuda::ResolvePrefillVariant(p, v), std::invalid_argument) << hd;
+    }
+  }
+  for (const PagedKvLayout& layout : {PagedKvLayout{4, 16, 8, 8}, PagedKvLayout{4, 16, 8, 96},
+                                      PagedKvLayout{4, 4, 8, 128}}) {
+    p.kv.layout = layout;
+    for (auto v : {cuda::PrefillVariant::kBest, cuda::PrefillVariant::kNaive}) {
+      try {
+        cuda::ResolvePrefillVariant(p, v);
+        ADD_FAILURE() << "non-causal accepted, head_dim " << layout.head_dim << " block size "
+                      << layout.block_size;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("non-causal"), std::string::npos) << e.what();
+      }
+    }
+  }
+  p.kv.layout = PagedKvLayout{4, 16, 8, 128};
+  p.kv_format.fp8 = true;
+  EXPECT_THROW(cuda::ResolvePrefillVariant(p), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace llm
