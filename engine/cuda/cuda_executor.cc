@@ -924,6 +924,10 @@ struct CudaExecutor::Impl {
     using E = cuda::GemvEpilogue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
+      if (fp8 && !small) {  // W8A8: the layer's own path
+        RunLayerFp8(i, s);
+        continue;
+      }
       const Layer& l = layers[size_t(i)];
       // Small steps: q|k|v, RoPE and the KV append in one GEMV where it takes the head layout.
       cuda::GemvArgs rope =
@@ -940,10 +944,6 @@ struct CudaExecutor::Impl {
                      .k_cache = kv.k,
                      .v_cache = kv.v,
                      .kv_format = kv_format};
-      }
-      if (fp8 && !small) {
-        RunLayerFp8(i, s);
-        continue;
       }
       cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (small && cuda::GemvSupports(rope)) {

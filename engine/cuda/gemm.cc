@@ -10,8 +10,8 @@ namespace {
 
 void Check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string("cuBLASLt: ") + what + " failed: " +
-                             cublasLtGetStatusString(status));
+    throw std::runtime_error(std::string("cuBLASLt: ") + what +
+                             " failed: " + cublasLtGetStatusString(status));
   }
 }
 
@@ -27,6 +27,13 @@ cudaDataType_t CudaType(DType t) {
       return CUDA_R_8F_E4M3;
   }
   return CUDA_R_32F;
+}
+
+// One attribute of a matmul descriptor (the value's own type and size).
+template <typename V>
+void SetDesc(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const V& value,
+             const char* what) {
+  Check(cublasLtMatmulDescSetAttribute(op, attr, &value, sizeof(value)), what);
 }
 
 }  // namespace
@@ -54,37 +61,24 @@ const Gemm::Plan& Gemm::GetPlan(const Key& key) {
   Plan p;
   Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                       sizeof(trans_a)),
-        "set TRANSA");
-  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                       sizeof(trans_b)),
-        "set TRANSB");
+  SetDesc(p.op, CUBLASLT_MATMUL_DESC_TRANSA, trans_a, "set TRANSA");
+  SetDesc(p.op, CUBLASLT_MATMUL_DESC_TRANSB, trans_b, "set TRANSB");
   // A = W as stored: column-major [k, m] (ld k), transposed by the op; B = X: [k, n] (ld k);
   // C = D = Y: column-major [m, n] (ld m), i.e. row-major [n, m].
   if (dtype == DType::kF8E4M3) {
     // Per-row weight scales (A: one per row of op(A), i.e. per output feature) and per-token
     // activation scales (B: one per column, i.e. per token); the pointers are set per call.
     const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer,
-                                         sizeof(outer)),
-          "set A_SCALE_MODE (outer vector: needs cuBLAS >= 12.9 and sm_90)");
-    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer,
-                                         sizeof(outer)),
-          "set B_SCALE_MODE");
+    SetDesc(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer,
+            "set A_SCALE_MODE (outer vector: needs cuBLAS >= 12.9 and sm_90)");
+    SetDesc(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer, "set B_SCALE_MODE");
     const int8_t fast = fast_accum ? 1 : 0;
-    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
-                                         sizeof(fast)),
-          "set FAST_ACCUM");
+    SetDesc(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast, "set FAST_ACCUM");
     // The heuristic needs scale pointers of the right mode set; any device address does
     // (the real ones replace them per call).
     const void* any = workspace_;
-    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any,
-                                         sizeof(any)),
-          "set A_SCALE_POINTER");
-    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any,
-                                         sizeof(any)),
-          "set B_SCALE_POINTER");
+    SetDesc(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, any, "set A_SCALE_POINTER");
+    SetDesc(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, any, "set B_SCALE_POINTER");
   }
   Check(cublasLtMatrixLayoutCreate(&p.a, CudaType(dtype), static_cast<uint64_t>(k),
                                    static_cast<uint64_t>(m), k),
@@ -140,12 +134,8 @@ void Gemm::LinearFp8(const void* x8, const float* x_scale, const void* w8, const
                                 " is not a multiple of 16 (cuBLASLt's FP8 alignment)");
   }
   const Plan& p = GetPlan({n, m, k, DType::kF8E4M3, out_dtype, fast_accum_});
-  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale,
-                                       sizeof(w_scale)),
-        "set A_SCALE_POINTER");
-  Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale,
-                                       sizeof(x_scale)),
-        "set B_SCALE_POINTER");
+  SetDesc(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale, "set A_SCALE_POINTER");
+  SetDesc(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale, "set B_SCALE_POINTER");
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   const cublasStatus_t st = cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c,
                                            y, p.c, &p.algo, workspace_, workspace_bytes_, stream);

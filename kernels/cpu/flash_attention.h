@@ -36,6 +36,10 @@ void PagedPrefillAttention(const float* q, PagedKvView<const float> kv, const At
 void PagedAttentionReference(const float* q, PagedKvView<const float> kv,
                              const AttentionBatch& batch, int64_t num_heads, float scale,
                              float* out, bool causal = true);
+// One row of it: token t (a row of q, in sequence seq), head h, into out[head_dim] (double).
+void PagedAttentionReferenceRow(const float* q, PagedKvView<const float> kv,
+                                const AttentionBatch& batch, int64_t num_heads, float scale,
+                                int64_t seq, int64_t t, int64_t h, bool causal, double* out);
 
 // Decode: exactly one query per sequence (cu_seqlens_q[i] = i), attending over
 // context_lens[i] + 1 keys. num_splits = 0 picks the split-KV factor automatically from the

@@ -107,10 +107,7 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
 }
 
 void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, PrefillVariant variant) {
-  const PrefillVariant v = ResolvePrefillVariant(p, variant);
-  if (!p.causal && v != PrefillVariant::kWgmma) {  // the resolver's contract, kept here too
-    throw std::logic_error("PagedPrefillAttention: non-causal resolved to a causal-only rung");
-  }
+  const PrefillVariant v = ResolvePrefillVariant(p, variant);  // non-causal: v4 or an error
   if (p.batch.num_seqs == 0 || p.max_q_len == 0) return;
   detail::PrefillArgs a;
   a.q = p.q;

@@ -97,31 +97,13 @@ PagedData MakePagedData(const PagedCase& c, std::mt19937& rng) {
   return d;
 }
 
-// float64 reference of one query row (token t of sequence seq, head h) into out[head_dim].
+// float64 reference of one query row (token t of sequence seq, head h) into out[head_dim]:
+// the plain definition, cpu::PagedAttentionReferenceRow (causal).
 void ReferenceRow(const PagedData& d, int64_t num_heads, int64_t seq, int64_t t, int64_t h,
                   double* out) {
-  const PagedKvLayout& L = d.layout;
-  const int64_t hd = L.head_dim, kv_head = h / (num_heads / L.num_kv_heads);
-  const int64_t pos = d.context_lens[seq] + (t - d.cu_seqlens_q[seq]);
-  const int32_t* table = d.block_tables.data() + seq * d.batch.max_blocks_per_seq;
-  const float* qr = d.q.data() + (t * num_heads + h) * hd;
-  std::vector<double> s(pos + 1);
-  double m = -std::numeric_limits<double>::infinity(), l = 0;
-  for (int64_t j = 0; j <= pos; ++j) {
-    const float* k = d.k.data() + L.Offset(table[j / L.block_size], kv_head, j % L.block_size);
-    double dot = 0;
-    for (int64_t i = 0; i < hd; ++i) dot += double(qr[i]) * k[i];
-    s[j] = dot / std::sqrt(double(hd));
-    m = std::max(m, s[j]);
-  }
-  std::fill(out, out + hd, 0.0);
-  for (int64_t j = 0; j <= pos; ++j) {
-    const double p = std::exp(s[j] - m);
-    l += p;
-    const float* v = d.v.data() + L.Offset(table[j / L.block_size], kv_head, j % L.block_size);
-    for (int64_t i = 0; i < hd; ++i) out[i] += p * v[i];
-  }
-  for (int64_t i = 0; i < hd; ++i) out[i] /= l;
+  cpu::PagedAttentionReferenceRow(d.q.data(), d.View(), d.batch, num_heads,
+                                  1.f / std::sqrt(float(d.layout.head_dim)), seq, t, h,
+                                  /*causal=*/true, out);
 }
 
 // max |got - ref| / max |ref| over the given (token, head) rows; NaN propagates as +inf.
