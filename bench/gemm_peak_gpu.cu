@@ -199,9 +199,15 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue", "gemv_pdl_fp8"};
-  for (int impl = 0; impl < 5; ++impl) {
-    const bool fp8 = impl == 4;
+  const char* impls[] = {"cublaslt",     "gemv",          "gemv_pdl", "gemv_pdl_norm_prologue",
+                         "gemv_pdl_fp8", "gemv_pdl_l2pf", "gemv_pdl_fp8_l2pf"};
+  for (int impl = 0; impl < 7; ++impl) {
+    const bool fp8 = impl == 4 || impl == 6;
+    // impl 5, 6: each GEMV's last wave prefetches the next GEMV's first 16 MiB into L2 (the
+    // executor's default, CudaExecutorOptions::gemv_l2_prefetch_bytes).
+    const bool l2pf = impl >= 5;
+    int64_t next_at = -1, next_bytes = 0;  // set before each gemv() call when l2pf
+    bool next_halves = false;
     cu::SetProgrammaticLaunch(impl >= 2);
     // The matrix whose first weight is element `at` of the layer stack and whose first row is
     // row `row` of it: bf16 weights, or with fp8 the codes and scales at the same positions.
@@ -219,7 +225,26 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
       g.n = 1;
       g.m = m;
       g.k = k;
+      if (l2pf && next_at >= 0) {  // as CudaExecutor's Prefetch()
+        const int64_t elem = fp8 ? 1 : 2, cap = int64_t(16) << 20;
+        const auto* base = static_cast<const uint8_t*>(fp8 ? w8_all : w_all) + next_at * elem;
+        const int64_t bytes = next_bytes * elem;
+        if (next_halves) {
+          g.prefetch[0] = base;
+          g.prefetch[1] = base + bytes / 2;
+          g.prefetch_bytes[0] = g.prefetch_bytes[1] = std::min(bytes / 2, cap / 2);
+        } else {
+          g.prefetch[0] = base;
+          g.prefetch_bytes[0] = std::min(bytes, cap);
+        }
+      }
       cu::Gemv(g, stream);
+    };
+    // The GEMV after this one reads `count` weights from element `at` of the stack.
+    auto next = [&](int64_t at, int64_t count, bool halves) {
+      next_at = at;
+      next_bytes = count;
+      next_halves = halves;
     };
     auto norm = [&] {
       cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
@@ -247,12 +272,18 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
           gemv(E::kSiluMul, x, norm_w, at_gu, row_gu, act, 2 * inter, hidden);
           gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
         } else {  // as the executor's small steps (there q|k|v also carries RoPE + KV append)
+          const int64_t at_next = l + 1 < layers ? at_d + hidden * inter : -1;
           norm();
+          next(at_o, hidden * hidden, false);
           gemv(E::kStore, normed, nullptr, at_qkv, row_qkv, qkv, qkv_dim, hidden);
+          next(at_gu, 2 * inter * hidden, true);
           gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden);
           norm();
+          next(at_d, hidden * inter, false);
           gemv(E::kSiluMul, normed, nullptr, at_gu, row_gu, act, 2 * inter, hidden);
+          next(at_next, qkv_dim * hidden, false);
           gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
+          next(-1, 0, false);
         }
       }
     };
