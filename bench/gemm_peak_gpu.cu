@@ -199,15 +199,9 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt",     "gemv",          "gemv_pdl", "gemv_pdl_norm_prologue",
-                         "gemv_pdl_fp8", "gemv_pdl_l2pf", "gemv_pdl_fp8_l2pf"};
-  for (int impl = 0; impl < 7; ++impl) {
-    const bool fp8 = impl == 4 || impl == 6;
-    // impl 5, 6: each GEMV's last wave prefetches the next GEMV's first 16 MiB into L2 (the
-    // executor's default, CudaExecutorOptions::gemv_l2_prefetch_bytes).
-    const bool l2pf = impl >= 5;
-    int64_t next_at = -1, next_bytes = 0;  // set before each gemv() call when l2pf
-    bool next_halves = false;
+  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue", "gemv_pdl_fp8"};
+  for (int impl = 0; impl < 5; ++impl) {
+    const bool fp8 = impl == 4;
     cu::SetProgrammaticLaunch(impl >= 2);
     // The matrix whose first weight is element `at` of the layer stack and whose first row is
     // row `row` of it: bf16 weights, or with fp8 the codes and scales at the same positions.
@@ -225,26 +219,7 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
       g.n = 1;
       g.m = m;
       g.k = k;
-      if (l2pf && next_at >= 0) {  // as CudaExecutor's Prefetch()
-        const int64_t elem = fp8 ? 1 : 2, cap = int64_t(16) << 20;
-        const auto* base = static_cast<const uint8_t*>(fp8 ? w8_all : w_all) + next_at * elem;
-        const int64_t bytes = next_bytes * elem;
-        if (next_halves) {
-          g.prefetch[0] = base;
-          g.prefetch[1] = base + bytes / 2;
-          g.prefetch_bytes[0] = g.prefetch_bytes[1] = std::min(bytes / 2, cap / 2);
-        } else {
-          g.prefetch[0] = base;
-          g.prefetch_bytes[0] = std::min(bytes, cap);
-        }
-      }
       cu::Gemv(g, stream);
-    };
-    // The GEMV after this one reads `count` weights from element `at` of the stack.
-    auto next = [&](int64_t at, int64_t count, bool halves) {
-      next_at = at;
-      next_bytes = count;
-      next_halves = halves;
     };
     auto norm = [&] {
       cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
@@ -272,18 +247,12 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
           gemv(E::kSiluMul, x, norm_w, at_gu, row_gu, act, 2 * inter, hidden);
           gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
         } else {  // as the executor's small steps (there q|k|v also carries RoPE + KV append)
-          const int64_t at_next = l + 1 < layers ? at_d + hidden * inter : -1;
           norm();
-          next(at_o, hidden * hidden, false);
           gemv(E::kStore, normed, nullptr, at_qkv, row_qkv, qkv, qkv_dim, hidden);
-          next(at_gu, 2 * inter * hidden, true);
           gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden);
           norm();
-          next(at_d, hidden * inter, false);
           gemv(E::kSiluMul, normed, nullptr, at_gu, row_gu, act, 2 * inter, hidden);
-          next(at_next, qkv_dim * hidden, false);
           gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
-          next(-1, 0, false);
         }
       }
     };
@@ -330,6 +299,8 @@ int main(int argc, char** argv) {
   int reps = 20;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
+  bool chain_only = false;  // --chain-only: the decode chains alone
+  for (int i = 1; i < argc; ++i) chain_only |= std::strcmp(argv[i], "--chain-only") == 0;
   try {
     llm::cuda::Gemm gemm, gemm_fast;
     gemm_fast.set_fast_accum(true);
@@ -348,6 +319,7 @@ int main(int argc, char** argv) {
                             {512, 4096, 14336, "llama3_8b_down_512"}};
     // dtype: bf16, fp8 (cuBLASLt's precise accumulation), fp8_fast (the tensor cores' own).
     for (const char* dtype : {"bf16", "fp8", "fp8_fast"}) {
+      if (chain_only) break;
       const bool fp8 = dtype[0] == 'f';
       llm::cuda::Gemm& g = std::strcmp(dtype, "fp8_fast") == 0 ? gemm_fast : gemm;
       for (const Shape& s : shapes) {
@@ -363,11 +335,13 @@ int main(int argc, char** argv) {
       }
     }
     using E = llm::cuda::GemvEpilogue;
-    TimeGemv(gemm, 6144, 4096, E::kStore, "llama3_8b_qkv_n1", reps);
-    TimeGemv(gemm, 28672, 4096, E::kSiluMul, "llama3_8b_gate_up_n1", reps);
-    TimeGemv(gemm, 4096, 14336, E::kAccumulateF32, "llama3_8b_down_n1", reps);
-    TimeGemv(gemm, 4096, 4096, E::kAccumulateF32, "llama3_8b_o_n1", reps);
-    TimeGemv(gemm, 128256, 4096, E::kStoreF32, "llama3_8b_lm_head_n1", reps);
+    if (!chain_only) {
+      TimeGemv(gemm, 6144, 4096, E::kStore, "llama3_8b_qkv_n1", reps);
+      TimeGemv(gemm, 28672, 4096, E::kSiluMul, "llama3_8b_gate_up_n1", reps);
+      TimeGemv(gemm, 4096, 14336, E::kAccumulateF32, "llama3_8b_down_n1", reps);
+      TimeGemv(gemm, 4096, 4096, E::kAccumulateF32, "llama3_8b_o_n1", reps);
+      TimeGemv(gemm, 128256, 4096, E::kStoreF32, "llama3_8b_lm_head_n1", reps);
+    }
     TimeDecodeChain(gemm, "llama2_7b", 32, 4096, 3 * 4096, 11008, reps);
     TimeDecodeChain(gemm, "llama3_8b", 32, 4096, 6144, 14336, reps);
   } catch (const std::exception& e) {

@@ -14,8 +14,7 @@
 #       (Llama-3-8B, E2E_REQUESTS x (1,000 prompt + 1,000 output), ignore_eos), decode-heavy
 #       throughput at 256 concurrent sequences (GPU busy fraction), long context (Llama-3.1-8B,
 #       (async scheduling is the cuda default; the *_sync runs are the --no-async-scheduling
-#       baselines, *_cublaslt --gemv-max-tokens 0, *_no_pdl --disable-pdl, *_no_l2pf
-#       --gemv-l2-prefetch-mb 0, *_l2pfN N MiB)
+#       baselines, *_cublaslt --gemv-max-tokens 0, *_no_pdl --disable-pdl)
 #       one 131,008-token prompt + 64 tokens); bench/e2e_report.py -> $OUT/e2e-h200.json +
 #       $OUT/e2e-summary.md
 # Every run is bounded by `timeout`; a failed run is recorded and the next goes on.
@@ -79,12 +78,6 @@ run latency_7b_b1_cublaslt 150 --model $C7 --num-requests 1 --min-input 128 --ma
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-max-tokens 0
 run latency_7b_b1_no_pdl 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --disable-pdl
-run latency_7b_b1_no_l2pf 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
-  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-l2-prefetch-mb 0
-run latency_7b_b1_l2pf8 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
-  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-l2-prefetch-mb 8
-run latency_7b_b1_l2pf32 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
-  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-l2-prefetch-mb 32
 run latency_7b_b1_sync 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --no-async-scheduling
 run latency_8b_b1 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \

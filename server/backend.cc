@@ -35,12 +35,6 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "(0: cuBLASLt)")
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
-  cmd->add_option("--gemv-l2-prefetch-mb", gemv_l2_prefetch_mb,
-                  "cuda: each GEMV of a small step prefetches this many MiB of the next "
-                  "GEMV's weights into L2 while the attention / RMSNorm kernels between them "
-                  "run (0: off)")
-      ->check(CLI::Range(int64_t(0), int64_t(1024)))
-      ->capture_default_str();
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
   cmd->add_flag("--fp8-precise-accum", fp8_precise_accum,
@@ -140,7 +134,6 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.cuda_graphs = !f.enforce_eager;
   o.gemv_max_tokens = f.gemv_max_tokens;
-  o.gemv_l2_prefetch_bytes = f.gemv_l2_prefetch_mb << 20;
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;

@@ -22,7 +22,6 @@ struct BackendFlags {
   double gpu_memory_utilization = 0.90;
   bool enforce_eager = false;   // no CUDA graphs
   int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the GEMV kernel
-  int64_t gemv_l2_prefetch_mb = 16;  // cuda: MiB of the next GEMV's weights prefetched to L2
   bool disable_pdl = false;     // cuda: no programmatic dependent launch
   bool fp8_precise_accum = false;  // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
   uint64_t dummy_seed = 0;

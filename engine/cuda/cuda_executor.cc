@@ -901,31 +901,8 @@ struct CudaExecutor::Impl {
     return g;
   }
   void SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const float* norm, const void* w,
-                   const float* w_scale, void* out, int64_t n, int64_t m, int64_t k,
-                   const cuda::GemvArgs& next = {}) {
-    cuda::GemvArgs g = SmallArgs(epilogue, in, norm, w, w_scale, out, n, m, k);
-    Prefetch(g, next);
-    cuda::Gemv(g, stream);
-  }
-
-  // The next small-step GEMV's weights as an L2 prefetch for the GEMV before it
-  // (cuda::GemvArgs::prefetch): the first opt.gemv_l2_prefetch_bytes of them in the order its
-  // CTAs read them, i.e. from the first row, or for gate|up (kSiluMul: each CTA reads gate
-  // rows and the same up rows) half from the gate rows' start and half from the up rows'.
-  void Prefetch(cuda::GemvArgs& g, const cuda::GemvArgs& next) const {
-    const int64_t cap = opt.gemv_l2_prefetch_bytes;
-    if (next.w == nullptr || cap <= 0) return;
-    const int64_t elem = next.w_scale != nullptr ? 1 : int64_t(esize);
-    const int64_t bytes = next.m * next.k * elem;
-    if (next.epilogue == cuda::GemvEpilogue::kSiluMul) {
-      const int64_t half = bytes / 2, take = std::min(half, cap / 2) & ~int64_t(15);
-      g.prefetch[0] = next.w;
-      g.prefetch[1] = static_cast<const std::byte*>(next.w) + half;
-      g.prefetch_bytes[0] = g.prefetch_bytes[1] = take;
-    } else {
-      g.prefetch[0] = next.w;
-      g.prefetch_bytes[0] = std::min(bytes, cap) & ~int64_t(15);
-    }
+                   const float* w_scale, void* out, int64_t n, int64_t m, int64_t k) {
+    cuda::Gemv(SmallArgs(epilogue, in, norm, w, w_scale, out, n, m, k), stream);
   }
 
   bool SmallStep(int64_t rows) const {
@@ -968,31 +945,12 @@ struct CudaExecutor::Impl {
                      .v_cache = kv.v,
                      .kv_format = kv_format};
       }
-      // Small steps: each GEMV's last wave prefetches the next GEMV's first weights into L2
-      // (through the attention / RMSNorm kernels between them; cuda::GemvArgs::prefetch).
-      const cuda::GemvArgs next_o =
-          SmallArgs(E::kStore, nullptr, nullptr, l.o, l.o_s, nullptr, n, hidden, q_dim);
-      const cuda::GemvArgs next_gate_up = SmallArgs(E::kSiluMul, nullptr, nullptr, l.gate_up,
-                                                    l.gate_up_s, nullptr, n, 2 * inter, hidden);
-      const cuda::GemvArgs next_down =
-          SmallArgs(E::kStore, nullptr, nullptr, l.down, l.down_s, nullptr, n, hidden, inter);
-      cuda::GemvArgs next_layer;  // the next layer's q|k|v, or the lm_head after the last
-      if (i + 1 < config.num_layers) {
-        const Layer& nl = layers[size_t(i + 1)];
-        next_layer =
-            SmallArgs(E::kStore, nullptr, nullptr, nl.qkv, nl.qkv_s, nullptr, n, qkv_dim, hidden);
-      } else if (s.num_rows > 0 && shard.rank == 0 && SmallStep(s.num_rows)) {
-        next_layer =
-            SmallArgs(E::kStore, nullptr, nullptr, lm_head, nullptr, nullptr, n, vocab, hidden);
-      }
       cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (small && cuda::GemvSupports(rope)) {
-        Prefetch(rope, next_o);
         cuda::Gemv(rope, stream);
       } else {
         if (small) {
-          SmallLinear(E::kStore, normed, nullptr, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden,
-                      next_o);
+          SmallLinear(E::kStore, normed, nullptr, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden);
         } else {
           gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
         }
@@ -1007,12 +965,12 @@ struct CudaExecutor::Impl {
       const bool add = shard.rank == 0;
       const E residual = add ? E::kAccumulateF32 : E::kStoreF32;
       if (small) {
-        SmallLinear(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim, next_gate_up);
+        SmallLinear(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim);
         AllReduceResidual(n);
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter,
-                    hidden, next_down);
-        SmallLinear(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter, next_layer);
+                    hidden);
+        SmallLinear(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, add, stream);
         AllReduceResidual(n);

@@ -78,10 +78,6 @@ struct CudaExecutorOptions {
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
   // (kernels/cuda/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
-  // Small steps: each GEMV's last wave prefetches up to this many bytes of the next GEMV's
-  // weights into L2 (cuda::GemvArgs::prefetch), so HBM streams through the attention and
-  // RMSNorm kernels between them; 0 = off. --gemv-l2-prefetch-mb.
-  int64_t gemv_l2_prefetch_bytes = int64_t(16) << 20;
   // Programmatic dependent launch between our kernels (kernels/cuda/launch.h) on sm_90+:
   // each kernel launches while its predecessor finishes (a GEMV streams its weights early).
   // Process-wide: the last executor created decides.

@@ -6,8 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
-#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -226,27 +224,6 @@ __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chu
   __syncthreads();
 }
 
-// This lane's share of the L2 prefetch (GemvArgs::prefetch): the two ranges as one byte range,
-// cut into prefetch_ctas × 32 pieces of a multiple of 16 bytes; `part` is the CTA's index in
-// the last wave. Cold code: it runs after the CTA's main loop, when its registers are free.
-__device__ __forceinline__ void PrefetchL2Share(const GemvArgs& a, int part, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int64_t b0 = a.prefetch_bytes[0] & ~int64_t(15), b1 = a.prefetch_bytes[1] & ~int64_t(15);
-  const int64_t total = b0 + b1, pieces = int64_t(a.prefetch_ctas) * 32;
-  const int64_t per = ((total + pieces - 1) / pieces + 15) & ~int64_t(15);
-  const int64_t begin = (int64_t(part) * 32 + lane) * per, end = min(begin + per, total);
-  auto issue = [](const void* base, int64_t from, int64_t to) {
-    if (from >= to) return;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
-                     static_cast<const char*>(base) + from),
-                 "r"(static_cast<uint32_t>(to - from))
-                 : "memory");
-  };
-  issue(a.prefetch[0], begin, min(end, b0));
-  issue(a.prefetch[1], max(begin, b0) - b0, end - b0);
-#endif
-}
-
 template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
 __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm / W::kThreads : 1)
     GemvKernel(GemvArgs a) {
@@ -288,16 +265,10 @@ __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm
       FmaStage<T, W, Norm, N>(s1, a, inv_rms, n, st + 1, chunks, acc);
     }
   }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // The last wave's prefetch of the next weights (GemvArgs::prefetch), from the last warp
-  // (warp 0 runs the epilogue).
-  if (a.prefetch_ctas > 0 && warp == kWarps - 1 &&
-      int(blockIdx.x) >= int(gridDim.x) - a.prefetch_ctas) {
-    PrefetchL2Share(a, int(blockIdx.x) - (int(gridDim.x) - a.prefetch_ctas), lane);
-  }
   // Reduce: lanes (shuffles), then warps (shared memory), in a fixed order.
   __shared__ float part[kWarps][kRows][N];
   __shared__ float total[kRows][N];  // kSiluMul: the gate and up sums side by side
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -390,34 +361,12 @@ __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm
   }
 }
 
-// The current device's SM count (cached per device).
-int NumSms() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> sms[kMaxDevices] = {};
-  int device = 0;
-  LLM_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) throw std::runtime_error("Gemv: device id over 63");
-  int n = sms[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    sms[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 template <typename T, typename W, GemvEpilogue E, bool Norm>
-void LaunchN(const GemvArgs& args, cudaStream_t stream) {
-  GemvArgs a = args;
+void LaunchN(const GemvArgs& a, cudaStream_t stream) {
   const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
   const int64_t per_cta = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
   const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));  // kRopeAppendKv:
   // m = heads * head_dim, 4 rows per CTA: heads * head_dim / 4 CTAs as WeightRow maps them
-  a.prefetch_ctas = 0;
-  for (int64_t& b : a.prefetch_bytes) b = b < 16 ? 0 : b;  // ranges under 16 bytes: none
-  if (a.prefetch_bytes[0] > 0 || a.prefetch_bytes[1] > 0) {  // the last wave prefetches
-    const int64_t wave = int64_t(NumSms()) * (kThreadsPerSm / W::kThreads);
-    a.prefetch_ctas = static_cast<int>(std::min<int64_t>(wave, grid.x));
-  }
   if (a.n <= 1) {
     Launch(GemvKernel<T, W, E, Norm, 1>, grid, dim3(W::kThreads), 0, stream, a);
   } else if (a.n <= 2) {
@@ -486,13 +435,7 @@ bool GemvSupports(const GemvArgs& a) {
        Aligned16(a.norm_weight));
   const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk; no prologue
   const int64_t chunk_elements = fp8 ? 2 * kChunk : kChunk;
-  const auto range_ok = [](const void* p, int64_t bytes) {
-    return bytes < 16 || (p != nullptr && Aligned16(p));
-  };
-  const bool prefetch_ok =
-      range_ok(a.prefetch[0], a.prefetch_bytes[0]) && range_ok(a.prefetch[1], a.prefetch_bytes[1]);
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % chunk_elements == 0 && a.m > 0 &&
-         prefetch_ok &&
          (!fp8 || a.norm_weight == nullptr) && (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
          a.y != nullptr && norm_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
@@ -505,8 +448,7 @@ void Gemv(const GemvArgs& a, cudaStream_t stream) {
                                 " (n in [1, 8], k % 8 == 0 (fp8 weights: k % 16 == 0), even m "
                                 "for SiLU·mul, 16-byte aligned, bf16/f16, RMSNorm prologue only "
                                 "with store, SiLU·mul or RoPE and not with fp8 weights, RoPE "
-                                "shapes matching the KV layout, 16-byte aligned prefetch "
-                                "ranges)");
+                                "shapes matching the KV layout)");
   }
   if (a.dtype == DType::kBF16) {
     LaunchT<__nv_bfloat16>(a, stream);

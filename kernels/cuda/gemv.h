@@ -95,22 +95,10 @@ struct GemvArgs {
   int64_t n = 0, m = 0, k = 0;
   DType dtype = DType::kBF16;  // of x, of w without w_scale, of y for kStore / kSiluMul / RoPE
   GemvRope rope;               // kRopeAppendKv
-  // L2 prefetch of what the next kernels read (a hint: no result depends on it). The executor
-  // names the next linear layer's first weight rows, in the order its CTAs read them (two
-  // ranges for a gate|up matrix, whose CTAs read gate and up rows side by side). The CTAs of
-  // this kernel's last wave (SMs × resident CTAs; the whole grid when smaller), once their own
-  // weights have arrived, split [prefetch[i], prefetch[i] + prefetch_bytes[i]) between their
-  // last warps' lanes, one cp.async.bulk.prefetch.L2 each (sm_90+; a no-op below). So HBM
-  // keeps streaming through this GEMV's tail and through the latency-bound kernels before the
-  // next GEMV (decode attention, RMSNorm), which then reads those rows from L2. Byte counts
-  // are rounded down to 16; the pointers must be 16-byte aligned.
-  const void* prefetch[2] = {nullptr, nullptr};
-  int64_t prefetch_bytes[2] = {0, 0};
-  int prefetch_ctas = 0;  // set by Gemv() (the last wave); callers leave it 0
 };
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
-// kSiluMul, bf16/f16, 16-byte aligned x, w, norm_weight and prefetch ranges; the prologue only with kStore,
+// kSiluMul, bf16/f16, 16-byte aligned x, w and norm_weight; the prologue only with kStore,
 // kSiluMul or kRopeAppendKv; with w_scale (e4m3 weights) k % 16 == 0 and no prologue).
 bool GemvSupports(const GemvArgs& a);
 

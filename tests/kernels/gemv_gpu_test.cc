@@ -391,9 +391,6 @@ TEST(GemvSiluMul, EqualsGemvThenSiluMulBitForBit) {
 // A decode-like chain (GEMV → GEMV reading its output → GEMV accumulating) captured in a CUDA
 // graph under programmatic dependent launch, replayed several times: every replay equals the
 // plain-launch result bit for bit (a missing PdlWait would let a GEMV read a stale input).
-// The captured chain also prefetches each next GEMV's weights into L2 (GemvArgs::prefetch, the
-// executor's small steps; two ranges, byte counts not multiples of 16, one range larger than
-// the whole next matrix's first wave): a hint, so the results are the same bits.
 TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
   std::string why;
   if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
@@ -409,37 +406,31 @@ TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
   float* dy = Upload(std::vector<float>(size_t(n * k), 0.f));
   cudaStream_t stream = nullptr;
   LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto chain = [&](bool prefetch) {
+  auto chain = [&] {
     LLM_CUDA_CHECK(cudaMemsetAsync(dy, 0, size_t(n * k) * 4, stream));
     cuda::GemvArgs a;
     a.dtype = dt;
     a.n = n;
     a.epilogue = E::kSiluMul;  // h = silu(x W1g) * (x W1u)
     a.x = dx, a.w = dw1, a.y = dh, a.m = m1, a.k = k;
-    if (prefetch) a.prefetch[0] = dw2, a.prefetch_bytes[0] = m2 * (m1 / 2) * 2 - 8;
     cuda::Gemv(a, stream);
     a.epilogue = E::kStore;  // g = h W2
     a.x = dh, a.w = dw2, a.y = dg, a.m = m2, a.k = m1 / 2;
-    if (prefetch) {  // W3's first and last rows
-      a.prefetch[0] = dw3, a.prefetch_bytes[0] = 100'000;
-      a.prefetch[1] = dw3 + (k - 64) * m2, a.prefetch_bytes[1] = 64 * m2 * 2;
-    }
     cuda::Gemv(a, stream);
     for (int i = 0; i < 3; ++i) {  // y += g W3, three times
       a.epilogue = E::kAccumulateF32;
       a.x = dg, a.w = dw3, a.y = dy, a.m = k, a.k = m2;
-      if (prefetch) a.prefetch[0] = dw1, a.prefetch_bytes[0] = 33, a.prefetch_bytes[1] = 15;
       cuda::Gemv(a, stream);
     }
   };
   cuda::SetProgrammaticLaunch(false);
-  chain(false);
+  chain();
   LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::vector<float> want = Download<float>(dy, size_t(n * k));
   cuda::SetProgrammaticLaunch(true);
   cudaGraph_t graph = nullptr;
   LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  chain(true);
+  chain();
   LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   cuda::SetProgrammaticLaunch(false);
   cudaGraphExec_t exec = nullptr;
@@ -632,16 +623,6 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_TRUE(cuda::GemvSupports(a));
   a.w = reinterpret_cast<const uint8_t*>(buf) + 8;  // w not 16-byte aligned
   EXPECT_FALSE(cuda::GemvSupports(a));
-  a.w = buf;
-  // L2 prefetch ranges: 16-byte aligned and non-null unless shorter than 16 bytes (then none).
-  a.prefetch[1] = nullptr, a.prefetch_bytes[1] = 15;
-  EXPECT_TRUE(cuda::GemvSupports(a));
-  a.prefetch_bytes[1] = 16;
-  EXPECT_FALSE(cuda::GemvSupports(a));
-  a.prefetch[1] = reinterpret_cast<const uint8_t*>(buf) + 8;
-  EXPECT_FALSE(cuda::GemvSupports(a));
-  a.prefetch[1] = buf;
-  EXPECT_TRUE(cuda::GemvSupports(a));
 }
 
 }  // namespace
