@@ -163,10 +163,12 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. Five ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
+// CUDA graph. Seven ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
 // kernels) with plain launches, the same with programmatic dependent launch, that with the
 // RMSNorms in the GEMV prologues instead, and the executor's way (PDL) with fp8 weights
-// (--quantization fp8: half the bytes; weight_bytes counts the codes, not the per-row scales).
+// (--quantization fp8: half the bytes; weight_bytes counts the codes, not the per-row scales);
+// then the executor's bf16 and fp8 ways with one CTA per row group (the GEMV's grid before it
+// became a persistent wave).
 // Reports ms per step and weight TB/s; attention and RoPE are left out, so this is the linear
 // layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
@@ -199,15 +201,20 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt", "gemv", "gemv_pdl", "gemv_pdl_norm_prologue", "gemv_pdl_fp8"};
-  for (int impl = 0; impl < 5; ++impl) {
-    const bool fp8 = impl == 4;
+  // gemv_pdl_per_group: one CTA per row group (the GEMV's grid before it was persistent);
+  // the other GEMV rows run the executor's grids (a persistent wave; o one CTA per group).
+  const char* impls[] = {"cublaslt",     "gemv",  "gemv_pdl", "gemv_pdl_norm_prologue",
+                         "gemv_pdl_fp8", "gemv_pdl_per_group", "gemv_pdl_fp8_per_group"};
+  for (int impl = 0; impl < 7; ++impl) {
+    const bool fp8 = impl == 4 || impl == 6;
+    const bool per_group = impl >= 5;
     cu::SetProgrammaticLaunch(impl >= 2);
     // The matrix whose first weight is element `at` of the layer stack and whose first row is
     // row `row` of it: bf16 weights, or with fp8 the codes and scales at the same positions.
     auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, int64_t at, int64_t row,
-                    void* out, int64_t m, int64_t k) {
+                    void* out, int64_t m, int64_t k, bool is_o = false) {
       cu::GemvArgs g;
+      g.waves = per_group || is_o ? 0 : 1;
       g.epilogue = e;
       g.x = in;
       g.norm_weight = norm;
@@ -249,7 +256,7 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
         } else {  // as the executor's small steps (there q|k|v also carries RoPE + KV append)
           norm();
           gemv(E::kStore, normed, nullptr, at_qkv, row_qkv, qkv, qkv_dim, hidden);
-          gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden);
+          gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden, true);
           norm();
           gemv(E::kSiluMul, normed, nullptr, at_gu, row_gu, act, 2 * inter, hidden);
           gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);

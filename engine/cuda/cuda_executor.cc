@@ -965,7 +965,13 @@ struct CudaExecutor::Impl {
       const bool add = shard.rank == 0;
       const E residual = add ? E::kAccumulateF32 : E::kStoreF32;
       if (small) {
-        SmallLinear(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim);
+        // o: one CTA per row group, not the persistent wave. The decode attention's CTAs still
+        // hold SM slots when o launches (PDL), so some persistent CTAs would start late with a
+        // full share of rows each: Llama-2-7B batch 1 4.40 ms/token persistent, 3.90 not
+        // (bench/RESULTS.md).
+        cuda::GemvArgs o = SmallArgs(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim);
+        o.waves = 0;
+        cuda::Gemv(o, stream);
         AllReduceResidual(n);
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter,

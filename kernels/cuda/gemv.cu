@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -19,11 +21,14 @@
 namespace llm::cuda {
 namespace {
 
-constexpr int kRows = 4;    // output rows per CTA (kSiluMul: 2 gate + 2 up)
-constexpr int kUnroll = 2;  // 16-byte chunks per row per thread per stage
+constexpr int kRows = 4;    // output rows per group (kSiluMul: 2 gate + 2 up)
+// 16-byte chunks per row per thread per stage. 1: two stages double buffered fit the n = 1
+// kernels in 80 registers (with 2, the persistent loop spilled).
+constexpr int kUnroll = 1;
 constexpr int kChunk = 8;   // elements of x per 16-byte chunk
 // Threads per SM at n = 1 (3 CTAs of 256 or 6 of 128): <= 80 registers, so that every SM keeps
-// ~96 KiB of weights in flight (bench/RESULTS.md: what this kernel's speed depends on).
+// ~96 KiB of weights in flight: 2 stages of 16 KiB per CTA (bench/RESULTS.md: what this
+// kernel's speed depends on).
 constexpr int kThreadsPerSm = 768;
 static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
@@ -50,7 +55,7 @@ template <typename T>
 struct DTypeWeights {  // w: dtype [m, k]
   using Element = T;
   static constexpr int kSubChunks = 1;
-  static constexpr int kThreads = 256;                     // a 4096-wide row: 2 chunks per thread
+  static constexpr int kThreads = 256;                     // a 4096-wide row: 2 stages
   static constexpr int kStageChunks = kUnroll * kThreads;  // chunks of a row per stage
   __device__ static __forceinline__ void Unpack(const uint4& v, int /*sub*/, float (&f)[kChunk]) {
     cuda::Unpack<T>(v, f);
@@ -60,8 +65,8 @@ struct DTypeWeights {  // w: dtype [m, k]
 struct Fp8Weights {  // w: e4m3 codes [m, k], w_scale: fp32 [m], applied after the reduction
   using Element = uint8_t;
   static constexpr int kSubChunks = 2;
-  // Half the threads, so that a 4096-wide row is again 2 chunks per thread: as many bytes in
-  // flight per thread as the dtype kernel, and 6 CTAs per SM. With 256 threads (1 chunk per
+  // Half the threads, so that a 4096-wide row is again 2 chunks per thread (2 stages): as many
+  // bytes in flight per thread as the dtype kernel, and 6 CTAs per SM. With 256 threads (1 chunk per
   // thread at k = 4096: half the bytes in flight per SM) the Llama-3-8B chain took 2.46 ms
   // (2.84 TB/s of codes), with 128 2.20 ms (3.17), with 64 2.23 ms (gemv.h).
   static constexpr int kThreads = 128;
@@ -92,34 +97,49 @@ struct Stage {
   uint4 w[kRows][kUnroll];
 };
 
-// Row r of this CTA: the weight row it reads.
+// Row r of row group g (a CTA's unit of work): the weight row it reads.
 template <GemvEpilogue E>
-__device__ __forceinline__ int64_t WeightRow(const GemvArgs& a, int r) {
+__device__ __forceinline__ int64_t WeightRow(const GemvArgs& a, int64_t g, int r) {
   if constexpr (E == GemvEpilogue::kRopeAppendKv) {
-    // CTA b: head b / (head_dim / 4), dims p, p + 1 and their partners p + half, p + half + 1.
+    // Group g: head g / (head_dim / 4), dims p, p + 1 and their partners p + half, p + half + 1.
     const int quarter = a.rope.head_dim / 4, half = a.rope.head_dim / 2;
-    const int64_t head = blockIdx.x / quarter;
-    const int p = int(blockIdx.x % quarter) * 2;
+    const int64_t head = g / quarter;
+    const int p = int(g % quarter) * 2;
     return head * a.rope.head_dim + p + (r % 2) + (r >= 2 ? half : 0);
   } else if constexpr (E == GemvEpilogue::kSiluMul) {
     const int64_t half = a.m / 2;
-    const int64_t col = int64_t(blockIdx.x) * (kRows / 2) + (r % (kRows / 2));
+    const int64_t col = g * (kRows / 2) + (r % (kRows / 2));
     const int64_t c = col < half ? col : half - 1;  // past the end: re-read a valid row
     return r < kRows / 2 ? c : half + c;
   } else {
-    const int64_t j = int64_t(blockIdx.x) * kRows + r;
+    const int64_t j = g * kRows + r;
     return j < a.m ? j : a.m - 1;
   }
 }
 
-template <typename W>
-__device__ __forceinline__ void LoadStage(Stage& s, const uint4* const (&rows)[kRows], int stage,
+// Row groups of the matrix: kRows rows each (kSiluMul: kRows / 2 gate rows with their up rows;
+// kRopeAppendKv: m / kRows groups as WeightRow maps them).
+template <GemvEpilogue E>
+__device__ __host__ __forceinline__ int64_t NumGroups(const GemvArgs& a) {
+  const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
+  const int64_t per_group = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
+  return (outputs + per_group - 1) / per_group;
+}
+
+// Stage `stage` of row group g's weights into s.
+template <typename W, GemvEpilogue E>
+__device__ __forceinline__ void LoadStage(Stage& s, const GemvArgs& a, int64_t g, int stage,
                                           int64_t chunks) {
+  using Element = typename W::Element;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t c = int64_t(stage) * W::kStageChunks + u * W::kThreads + threadIdx.x;
+  for (int r = 0; r < kRows; ++r) {
+    const uint4* row =
+        reinterpret_cast<const uint4*>(static_cast<const Element*>(a.w) + WeightRow<E>(a, g, r) * a.k);
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) s.w[r][u] = c < chunks ? LoadStream(rows[r] + c) : uint4{};
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = int64_t(stage) * W::kStageChunks + u * W::kThreads + threadIdx.x;
+      s.w[r][u] = c < chunks ? LoadStream(row + c) : uint4{};
+    }
   }
 }
 
@@ -224,81 +244,32 @@ __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chu
   __syncthreads();
 }
 
-template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
-__global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm / W::kThreads : 1)
-    GemvKernel(GemvArgs a) {
-  constexpr int kWarps = W::kThreads / 32;
-  static_assert(!(Norm && kIsFp8<W>), "no RMSNorm prologue with e4m3 weights");
-  using Element = typename W::Element;
-  static_assert(sizeof(Element) * kChunk * W::kSubChunks == 16, "16-byte weight chunks");
-  const int64_t chunks = a.k / (kChunk * W::kSubChunks);  // 16-byte chunks per weight row
-  const int stages = static_cast<int>((chunks + W::kStageChunks - 1) / W::kStageChunks);
-  const uint4* rows[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    rows[r] =
-        reinterpret_cast<const uint4*>(static_cast<const Element*>(a.w) + WeightRow<E>(a, r) * a.k);
-  }
-  // Weights are immutable: the first stage streams in before the previous kernel completes.
-  Stage s0, s1;
-  LoadStage<W>(s0, rows, 0, chunks);
-  __shared__ float row_scale[kRows];  // e4m3: the scales of this CTA's rows
-  if constexpr (kIsFp8<W>) {
-    if (threadIdx.x < kRows) row_scale[threadIdx.x] = a.w_scale[WeightRow<E>(a, threadIdx.x)];
-  }
-  PdlWait();
-  PdlTrigger();
+// Warp 0's epilogue for row group g: lane (r, t) = lane / N, lane % N holds v, the sum of row r
+// for token t (already scaled for e4m3 weights) when `mine`. total: warp 0's scratch.
+// kRopeAppendKv's per-CTA inputs, staged in shared memory by warp 0 once per CTA (after
+// PdlWait), so that no group's epilogue waits on a global load: the tokens' positions and
+// slots, and inv_freq.
+constexpr int kRopeMaxHalf = 128;  // head_dim <= 256
+template <int N>
+struct RopeStage {
+  int32_t position[N];
+  int64_t slot[N];
+  float inv_freq[kRopeMaxHalf];
+};
+
+template <typename T, GemvEpilogue E, int N>
+__device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, int t, bool mine,
+                                         float v, float (&total)[kRows][N],
+                                         const RopeStage<N>& rs) {
   const int n = static_cast<int>(a.n);
-  __shared__ float inv_rms[N];
-  if constexpr (Norm) InverseRms<W::kThreads, N>(a, n, chunks, inv_rms);
-  float acc[kRows][N];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
-  }
-  for (int st = 0; st < stages; st += 2) {
-    if (st + 1 < stages) LoadStage<W>(s1, rows, st + 1, chunks);
-    FmaStage<T, W, Norm, N>(s0, a, inv_rms, n, st, chunks, acc);
-    if (st + 1 < stages) {
-      if (st + 2 < stages) LoadStage<W>(s0, rows, st + 2, chunks);
-      FmaStage<T, W, Norm, N>(s1, a, inv_rms, n, st + 1, chunks, acc);
-    }
-  }
-  // Reduce: lanes (shuffles), then warps (shared memory), in a fixed order.
-  __shared__ float part[kWarps][kRows][N];
-  __shared__ float total[kRows][N];  // kSiluMul: the gate and up sums side by side
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-      float v = acc[r][t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) part[warp][r][t] = v;
-    }
-  }
-  __syncthreads();
-  // Warp 0 finishes: lane (r, t) sums the warps' partials of row r, token t (kRows·N <= 32).
-  static_assert(kRows * kGemvMaxTokens <= 32, "one lane per (row, token)");
-  if (warp != 0) return;
-  const int r = lane / N, t = lane % N;
-  const bool mine = lane < kRows * N;
-  float v = 0.f;
-  if (mine) {
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += part[w][r][t];
-    if constexpr (kIsFp8<W>) v *= row_scale[r];  // s = scale · sum, before any rounding
-  }
   if constexpr (E == GemvEpilogue::kRopeAppendKv) {
     if (mine) total[r][t] = v;
     __syncwarp();
     if (!mine || r >= 2 || t >= n) return;
     const GemvRope& rp = a.rope;
     const int quarter = rp.head_dim / 4, half = rp.head_dim / 2;
-    const int head = int(blockIdx.x / quarter);
-    const int i = int(blockIdx.x % quarter) * 2 + r;  // the dim in the first half
+    const int head = int(g / quarter);
+    const int i = int(g % quarter) * 2 + r;  // the dim in the first half
     // As kStore and then cuda::RopeAppendKv: the sums rounded to T, the rotation in fp32.
     const float lo = vec::RoundTo<T>(total[r][t]), hi = vec::RoundTo<T>(total[r + 2][t]);
     const KvCacheFormat& fmt = rp.kv_format;
@@ -306,7 +277,7 @@ __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm
     if (head < rp.num_heads) {
       dst = static_cast<T*>(a.y) + (int64_t(t) * rp.num_heads + head) * rp.head_dim;
     } else {
-      const int64_t slot = rp.slot_mapping[t];
+      const int64_t slot = rs.slot[t];
       if (slot < 0) return;
       const int kv_head = head - rp.num_heads;
       if (kv_head >= rp.num_kv_heads) {  // v: copied unchanged (fp8: quantized from T)
@@ -325,7 +296,7 @@ __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm
       const int64_t off = rp.layout.SlotOffset(slot, kv_head);
       if (fmt.fp8) {  // k: the fp32 rotation quantized, as cuda::RopeAppendKv
         float sn, cs;
-        sincosf(static_cast<float>(rp.positions[t]) * rp.inv_freq[i], &sn, &cs);
+        sincosf(static_cast<float>(rs.position[t]) * rs.inv_freq[i], &sn, &cs);
         uint8_t* d8 = static_cast<uint8_t*>(rp.k_cache) + off;
         d8[i] = F32ToE4m3((lo * cs - hi * sn) / fmt.k_scale);
         d8[i + half] = F32ToE4m3((hi * cs + lo * sn) / fmt.k_scale);
@@ -334,7 +305,7 @@ __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm
       dst = static_cast<T*>(rp.k_cache) + off;
     }
     float sn, cs;
-    sincosf(static_cast<float>(rp.positions[t]) * rp.inv_freq[i], &sn, &cs);
+    sincosf(static_cast<float>(rs.position[t]) * rs.inv_freq[i], &sn, &cs);
     dst[i] = vec::FromF32<T>(lo * cs - hi * sn);
     dst[i + half] = vec::FromF32<T>(hi * cs + lo * sn);
   } else if constexpr (E == GemvEpilogue::kSiluMul) {
@@ -342,17 +313,19 @@ __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm
     __syncwarp();
     if (!mine || r >= kRows / 2 || t >= n) return;
     const int64_t half = a.m / 2;
-    const int64_t col = int64_t(blockIdx.x) * (kRows / 2) + r;
+    const int64_t col = g * (kRows / 2) + r;
     if (col >= half) return;
     // As a GEMM into T and then cuda::SiluMul: both sums rounded to T, the product in fp32.
-    const float g = vec::RoundTo<T>(total[r][t]);
-    const float u = vec::RoundTo<T>(total[r + kRows / 2][t]);
-    static_cast<T*>(a.y)[t * half + col] = vec::FromF32<T>(g / (1.f + expf(-g)) * u);
+    const float gate = vec::RoundTo<T>(total[r][t]);
+    const float up = vec::RoundTo<T>(total[r + kRows / 2][t]);
+    static_cast<T*>(a.y)[t * half + col] = vec::FromF32<T>(gate / (1.f + expf(-gate)) * up);
   } else {
-    const int64_t j = int64_t(blockIdx.x) * kRows + r;
+    const int64_t j = g * kRows + r;
     if (!mine || t >= n || j >= a.m) return;
     if constexpr (E == GemvEpilogue::kAccumulateF32) {
-      static_cast<float*>(a.y)[t * a.m + j] += v;
+      // One fp32 add per element (this kernel adds each once: y + v, as `y += v` rounds), as a
+      // reduction the SM does not wait for (RED): no load round trip in the group's epilogue.
+      atomicAdd(static_cast<float*>(a.y) + t * a.m + j, v);
     } else if constexpr (E == GemvEpilogue::kStoreF32) {
       static_cast<float*>(a.y)[t * a.m + j] = v;
     } else {
@@ -361,20 +334,170 @@ __global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm
   }
 }
 
+// Persistent over row groups: CTA b computes groups b, b + gridDim.x, b + 2 gridDim.x, ... (the
+// grid is at most one wave, Gemv() sizes it). Its work is a sequence of items (group, stage),
+// double buffered across group boundaries: the next item's weights are in flight while this
+// one's FMAs, and a finished group's reduction and epilogue, run. Each group's sums reduce in
+// the same fixed order as with one CTA per group.
+template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
+__global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm / W::kThreads : 1)
+    GemvKernel(GemvArgs a) {
+  constexpr int kWarps = W::kThreads / 32;
+  static_assert(!(Norm && kIsFp8<W>), "no RMSNorm prologue with e4m3 weights");
+  using Element = typename W::Element;
+  static_assert(sizeof(Element) * kChunk * W::kSubChunks == 16, "16-byte weight chunks");
+  const int64_t chunks = a.k / (kChunk * W::kSubChunks);  // 16-byte chunks per weight row
+  const int stages = static_cast<int>((chunks + W::kStageChunks - 1) / W::kStageChunks);
+  const int64_t stride = gridDim.x;
+  const int my_groups = static_cast<int>((NumGroups<E>(a) - 1 - blockIdx.x) / stride + 1);
+  const int items = my_groups * stages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // e4m3: thread r < kRows holds the scale of row r of the groups in flight (at most three:
+  // the one being finished and the next two), by group index mod 3.
+  float scale0 = 0.f, scale1 = 0.f, scale2 = 0.f;
+  auto group_of = [&](int item) { return int64_t(blockIdx.x) + (item / stages) * stride; };
+  auto load = [&](Stage& st, int item) {
+    const int64_t g = group_of(item);
+    const int stage = item % stages;
+    LoadStage<W, E>(st, a, g, stage, chunks);
+    if constexpr (kIsFp8<W>) {
+      if (stage == 0 && threadIdx.x < kRows) {
+        const float sc = a.w_scale[WeightRow<E>(a, g, threadIdx.x)];
+        const int slot = (item / stages) % 3;
+        if (slot == 0) {
+          scale0 = sc;
+        } else if (slot == 1) {
+          scale1 = sc;
+        } else {
+          scale2 = sc;
+        }
+      }
+    }
+  };
+  // Weights are immutable: the first two items stream in before the previous kernel completes.
+  Stage s0, s1;
+  load(s0, 0);
+  if (items > 1) load(s1, 1);
+  PdlWait();
+  PdlTrigger();
+  const int n = static_cast<int>(a.n);
+  __shared__ float inv_rms[N];
+  if constexpr (Norm) InverseRms<W::kThreads, N>(a, n, chunks, inv_rms);
+  __shared__ RopeStage<N> rope_stage;
+  if constexpr (E == GemvEpilogue::kRopeAppendKv) {  // read by warp 0 alone
+    if (warp == 0) {
+      for (int i = lane; i < a.rope.head_dim / 2; i += 32) rope_stage.inv_freq[i] = a.rope.inv_freq[i];
+      if (lane < n) {
+        rope_stage.position[lane] = a.rope.positions[lane];
+        rope_stage.slot[lane] = a.rope.slot_mapping[lane];
+      }
+      __syncwarp();
+    }
+  }
+  __shared__ float part[2][kWarps][kRows][N];  // by group parity: one barrier per group
+  __shared__ float total[kRows][N];            // warp 0's epilogue scratch
+  float acc[kRows][N];
+  auto zero = [&] {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
+    }
+  };
+  // After item `item`'s FMAs: when it was its group's last stage, reduce and finish the group.
+  auto finish = [&](int item) {
+    if (item % stages != stages - 1) return;
+    const int gi = item / stages;
+    // Lanes (shuffles), then warps (shared memory), in a fixed order.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        float v = acc[r][t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) part[gi & 1][warp][r][t] = v;
+      }
+    }
+    zero();
+    __syncthreads();
+    // Warp 0 finishes: lane (r, t) sums the warps' partials of row r, token t (kRows·N <= 32).
+    static_assert(kRows * kGemvMaxTokens <= 32, "one lane per (row, token)");
+    if (warp != 0) return;
+    const int r = lane / N, t = lane % N;
+    const bool mine = lane < kRows * N;
+    float v = 0.f;
+    if (mine) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += part[gi & 1][w][r][t];
+    }
+    if constexpr (kIsFp8<W>) {  // s = scale · sum, before any rounding
+      const int slot = gi % 3;
+      const float mine_sc = slot == 0 ? scale0 : slot == 1 ? scale1 : scale2;
+      const float sc = __shfl_sync(0xffffffffu, mine_sc, r % kRows);
+      if (mine) v *= sc;
+    }
+    Epilogue<T, E, N>(a, group_of(item), r, t, mine, v, total, rope_stage);
+  };
+  // Each buffer is refilled with the item after next as soon as its FMAs have consumed it,
+  // before the group's reduction.
+  zero();
+  for (int it = 0; it < items; it += 2) {
+    FmaStage<T, W, Norm, N>(s0, a, inv_rms, n, it % stages, chunks, acc);
+    if (it + 2 < items) load(s0, it + 2);
+    finish(it);
+    if (it + 1 < items) {
+      FmaStage<T, W, Norm, N>(s1, a, inv_rms, n, (it + 1) % stages, chunks, acc);
+      if (it + 3 < items) load(s1, it + 3);
+      finish(it + 1);
+    }
+  }
+}
+
+// The current device's SM count (cached per device).
+int NumSms() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sms[kMaxDevices] = {};
+  int device = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) throw std::runtime_error("Gemv: device id over 63");
+  int n = sms[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    sms[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// One persistent wave: min(row groups, SMs × resident CTAs of this instantiation).
+template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
+void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
+  static std::atomic<int> ctas_per_sm{0};  // the same on every device of a process (one arch)
+  int per_sm = ctas_per_sm.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, GemvKernel<T, W, E, Norm, N>, W::kThreads, 0));
+    per_sm = std::max(per_sm, 1);
+    ctas_per_sm.store(per_sm, std::memory_order_relaxed);
+  }
+  const int64_t groups = NumGroups<E>(a);
+  const int64_t slots = int64_t(NumSms()) * per_sm * a.waves;
+  int64_t ctas = a.waves <= 0 ? groups : std::min(groups, slots);
+  if (a.max_ctas > 0) ctas = std::min<int64_t>(ctas, a.max_ctas);
+  const dim3 grid(static_cast<unsigned>(ctas));
+  Launch(GemvKernel<T, W, E, Norm, N>, grid, dim3(W::kThreads), 0, stream, a);
+}
+
 template <typename T, typename W, GemvEpilogue E, bool Norm>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
-  const int64_t outputs = E == GemvEpilogue::kSiluMul ? a.m / 2 : a.m;
-  const int64_t per_cta = E == GemvEpilogue::kSiluMul ? kRows / 2 : kRows;
-  const dim3 grid(static_cast<unsigned>((outputs + per_cta - 1) / per_cta));  // kRopeAppendKv:
-  // m = heads * head_dim, 4 rows per CTA: heads * head_dim / 4 CTAs as WeightRow maps them
   if (a.n <= 1) {
-    Launch(GemvKernel<T, W, E, Norm, 1>, grid, dim3(W::kThreads), 0, stream, a);
+    LaunchPersistent<T, W, E, Norm, 1>(a, stream);
   } else if (a.n <= 2) {
-    Launch(GemvKernel<T, W, E, Norm, 2>, grid, dim3(W::kThreads), 0, stream, a);
+    LaunchPersistent<T, W, E, Norm, 2>(a, stream);
   } else if (a.n <= 4) {
-    Launch(GemvKernel<T, W, E, Norm, 4>, grid, dim3(W::kThreads), 0, stream, a);
+    LaunchPersistent<T, W, E, Norm, 4>(a, stream);
   } else {
-    Launch(GemvKernel<T, W, E, Norm, 8>, grid, dim3(W::kThreads), 0, stream, a);
+    LaunchPersistent<T, W, E, Norm, 8>(a, stream);
   }
 }
 
@@ -419,7 +542,8 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool RopeOk(const GemvArgs& a) {
   const GemvRope& r = a.rope;
-  return r.head_dim > 0 && r.head_dim % 4 == 0 && r.num_heads > 0 && r.num_kv_heads > 0 &&
+  return r.head_dim > 0 && r.head_dim % 4 == 0 && r.head_dim <= 2 * kRopeMaxHalf &&
+         r.num_heads > 0 && r.num_kv_heads > 0 &&
          a.m == int64_t(r.num_heads + 2 * r.num_kv_heads) * r.head_dim && r.positions &&
          r.slot_mapping && r.inv_freq && r.k_cache && r.v_cache &&
          r.layout.head_dim == r.head_dim && r.layout.num_kv_heads == r.num_kv_heads;

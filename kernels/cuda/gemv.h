@@ -26,18 +26,25 @@
 //
 // The prologue's sum of squares costs no extra pass over memory: a CTA's threads together read
 // every chunk of x once (the chunks they multiply), reduce, and then multiply.
-// Design: a CTA of 256 threads computes 4 output rows (kSiluMul: 2 gate rows and their 2 up
-// rows), splitting k over all its threads: thread i takes 16-byte chunks i, i + 256, ... of
-// every row, so a 4096-wide row is two 16-byte loads per thread and the CTA's whole
-// share of W (32 KiB) is in flight at once. Longer rows run in stages of 2 chunks per row with
-// the next stage's loads issued before the current one's FMAs (register double buffering).
-// The first stage of weights is loaded before PdlWait() (kernels/cuda/launch.h): under
-// programmatic dependent launch a GEMV streams its weights while the previous kernel finishes.
+// Design: a row group is 4 output rows (kSiluMul: 2 gate rows and their 2 up rows); a CTA of
+// 256 threads splits k over all its threads: thread i takes 16-byte chunks i, i + 256, ... of
+// every row, in stages of one chunk per row per thread (4096 columns). The grid is one
+// persistent wave (GemvArgs::waves): CTA b computes groups b, b + grid, ..., and its sequence of
+// (group, stage) items is double buffered across group boundaries, so the next 16 KiB of its
+// weights are in flight while it multiplies, reduces and stores a group (the reduction scratch
+// alternates by group parity: one barrier per group). Against one CTA per group (a new CTA's
+// ramp for every 32 KiB), the Llama-2-7B linear chain went 3.40 -> 3.30 ms (bench/RESULTS.md).
+// The first two items are loaded before PdlWait() (kernels/cuda/launch.h): under programmatic
+// dependent launch a GEMV streams its weights while the previous kernel finishes. No group's
+// epilogue waits on a global load: kAccumulateF32 adds with a fire-and-forget reduction (each
+// element once, so the same fp32 add), kRopeAppendKv reads positions, slots and inv_freq that
+// warp 0 staged in shared memory once per CTA.
 // fp32 accumulation; warp-shuffle then shared-memory reduction in a fixed order
-// (deterministic). Needs k % 8 == 0 and 16-byte aligned x and w.
+// (deterministic, and the same for every grid). Needs k % 8 == 0 and 16-byte aligned x and w.
 // E4m3 weights (the same kernel, templated on the weight format): a 16-byte chunk is 16 codes
 // and pairs with two 16-byte chunks of x; the CTA has 128 threads (4 rows), so that a 4096-wide
-// row is again 2 chunks per thread and an SM holds 6 CTAs at <= 80 registers: the same bytes in
+// row is again 2 chunks per thread and an SM holds 6 CTAs at <= 80 registers (figures below
+// from before the persistent grid): the same bytes in
 // flight per thread and per SM as bf16, for half the bytes per row. Codes become floats
 // exactly by cvt.rn.f16x2.e4m3x2 (sm_89+) and an fp16 -> fp32 convert; each CTA reads its 4
 // rows' scales before PdlWait() too. Needs k % 16 == 0; no RMSNorm prologue. On the H200
@@ -95,6 +102,10 @@ struct GemvArgs {
   int64_t n = 0, m = 0, k = 0;
   DType dtype = DType::kBF16;  // of x, of w without w_scale, of y for kStore / kSiluMul / RoPE
   GemvRope rope;               // kRopeAppendKv
+  // The grid: min(row groups, waves × SMs × resident CTAs); waves = 0: one CTA per row group.
+  int waves = 1;
+  // > 0: at most this many CTAs (tests: many row groups per CTA).
+  int max_ctas = 0;
 };
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -231,6 +232,30 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     }
   }
   std::printf("  %s: worst error %.2f of tolerance\n", Name(c).c_str(), worst);
+  // The same call on at most 1, 2 or 3 CTAs (GemvArgs::max_ctas): each CTA walks many row
+  // groups (the persistent loop, its double buffers across group boundaries, the group-parity
+  // scratch) and must give the same bits as one wave (the reduction order does not change).
+  for (int ctas : {1, 2, 3}) {
+    if (f32_out) {
+      LLM_CUDA_CHECK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
+    } else {
+      LLM_CUDA_CHECK(cudaMemset(dy, 0xff, size_t(n * outs) * 2));
+    }
+    cuda::GemvArgs few = a;
+    few.max_ctas = ctas;
+    cuda::Gemv(few, nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> again(got.size());
+    if (f32_out) {
+      again = Download<float>(dy, got.size());
+    } else {
+      const std::vector<uint16_t> h = Download<uint16_t>(dy, got.size());
+      for (size_t i = 0; i < h.size(); ++i) again[i] = FromHalf(c.dtype, h[i]);
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], 4) != 0;
+    EXPECT_EQ(differ, 0u) << ctas << " CTAs";
+  }
   cudaFree(dx);
   cudaFree(dgain);
   cudaFree(dw);
@@ -532,22 +557,31 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
   a.rope.k_cache = dk[1];
   a.rope.v_cache = dv[1];
   ASSERT_TRUE(cuda::GemvSupports(a));
-  cuda::Gemv(a, nullptr);
-  LLM_CUDA_CHECK(cudaDeviceSynchronize());
   auto count_diff = [](const std::vector<uint16_t>& p, const std::vector<uint16_t>& q) {
     size_t d = 0;
     for (size_t i = 0; i < p.size(); ++i) d += p[i] != q[i];
     return d;
   };
   const size_t nq = size_t(n * c.num_heads * hd), np = size_t(layout.pool_elements());
-  const std::vector<uint16_t> q0 = Download<uint16_t>(dq[0], nq),
-                              q1 = Download<uint16_t>(dq[1], nq);
-  EXPECT_EQ(count_diff(q0, q1), 0u) << "q";
-  EXPECT_EQ(count_diff(Download<uint16_t>(dk[0], np), Download<uint16_t>(dk[1], np)), 0u) << "K";
-  EXPECT_EQ(count_diff(Download<uint16_t>(dv[0], np), Download<uint16_t>(dv[1], np)), 0u) << "V";
-  size_t nan = 0;
-  for (uint16_t v : q1) nan += std::isnan(FromHalf(c.dtype, v));
-  EXPECT_EQ(nan, 0u) << "every q element written";
+  // One wave, then at most 3 CTAs (each walks many row groups: GemvArgs::max_ctas).
+  for (int ctas : {0, 3}) {
+    LLM_CUDA_CHECK(cudaMemset(dq[1], 0xff, nq * 2));
+    LLM_CUDA_CHECK(cudaMemcpy(dk[1], poison.data(), np * 2, cudaMemcpyHostToDevice));
+    LLM_CUDA_CHECK(cudaMemcpy(dv[1], poison.data(), np * 2, cudaMemcpyHostToDevice));
+    a.max_ctas = ctas;
+    cuda::Gemv(a, nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> q0 = Download<uint16_t>(dq[0], nq),
+                                q1 = Download<uint16_t>(dq[1], nq);
+    EXPECT_EQ(count_diff(q0, q1), 0u) << "q, max_ctas " << ctas;
+    EXPECT_EQ(count_diff(Download<uint16_t>(dk[0], np), Download<uint16_t>(dk[1], np)), 0u)
+        << "K, max_ctas " << ctas;
+    EXPECT_EQ(count_diff(Download<uint16_t>(dv[0], np), Download<uint16_t>(dv[1], np)), 0u)
+        << "V, max_ctas " << ctas;
+    size_t nan = 0;
+    for (uint16_t v : q1) nan += std::isnan(FromHalf(c.dtype, v));
+    EXPECT_EQ(nan, 0u) << "every q element written, max_ctas " << ctas;
+  }
   for (void* p :
        {dx, static_cast<void*>(dgain), static_cast<void*>(dfreq), static_cast<void*>(dpos),
         static_cast<void*>(dslots), dw, static_cast<void*>(dscale), static_cast<void*>(dqkv),
