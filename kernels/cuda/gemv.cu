@@ -340,7 +340,7 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
 // one's FMAs, and a finished group's reduction and epilogue, run. Each group's sums reduce in
 // the same fixed order as with one CTA per group.
 template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
-__global__ void __launch_bounds__(W::kThreads, (N == 1 && !Norm) ? kThreadsPerSm / W::kThreads : 1)
+__global__ void __launch_bounds__(W::kThreads, N == 1 ? kThreadsPerSm / W::kThreads : 1)
     GemvKernel(GemvArgs a) {
   constexpr int kWarps = W::kThreads / 32;
   static_assert(!(Norm && kIsFp8<W>), "no RMSNorm prologue with e4m3 weights");
