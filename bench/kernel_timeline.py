@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Where a CUDA-graph step's time goes, from bench/cupti_trace.cc's CSV.
+
+    python3 bench/kernel_timeline.py trace.csv [--skip 8] [--json out.json]
+
+Takes the graph-launched kernels (the decode steps), splits them into replays (a replay starts
+where the first node of the graph appears again), and for the replays after --skip reports per
+kernel class (the kernel's name; GEMVs also by epilogue and grid size, which tells q|k|v, o,
+gate|up, down and the lm_head apart):
+  - busy: the kernel's own start-to-end time (overlapping kernels both count: PDL),
+  - exposed: the part of the step's wall time charged to it: at each instant, the running kernel
+    that started first (under PDL the next kernel already runs, waiting on this one); the exposed
+    times and the idle gaps sum to the step's wall time,
+  - and the idle gaps in which no kernel ran.
+"""
+import argparse
+import csv
+import heapq
+import json
+import re
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+
+EPILOGUES = {"0": "store", "1": "store_f32", "2": "accumulate_f32", "3": "silu_mul", "4": "rope_kv"}
+
+
+def demangle(names):
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+        if len(out) == len(names):
+            return out
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return names
+
+
+def kernel_class(mangled, pretty, grid_x):
+    m = re.search(r"GemvEpilogueE(\d)", mangled)
+    if "GemvKernel" in mangled and m:
+        return f"gemv/{EPILOGUES.get(m.group(1), m.group(1))}/grid{grid_x}"
+    if pretty == mangled:  # not demangled: the first length-prefixed name holding "Kernel"
+        i = 0
+        while i < len(mangled):
+            m = re.match(r"\d+", mangled[i:])
+            if not m or mangled[i - 1:i].isdigit():
+                i += 1
+                continue
+            n, i = int(m.group(0)), i + len(m.group(0))
+            if "Kernel" in mangled[i:i + n]:
+                return mangled[i:i + n]
+            i += n
+        return mangled[:60]
+    base = pretty.replace("(anonymous namespace)::", "")
+    base = re.sub(r"\(.*$", "", base)          # drop the argument list
+    base = re.sub(r"<.*$", "", base)           # and the template arguments
+    base = base.split("::")[-1].strip() or mangled[:60]
+    return base.replace("void ", "")
+
+
+def load(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    names = sorted({r["name"] for r in rows})
+    pretty = dict(zip(names, demangle(names)))
+    kernels = []
+    for r in rows:
+        kernels.append({
+            "start": int(r["start_ns"]), "end": int(r["end_ns"]), "graph": int(r["graph_id"]),
+            "node": int(r["graph_node_id"]),
+            "cls": kernel_class(r["name"], pretty[r["name"]], int(r["grid_x"])),
+        })
+    kernels.sort(key=lambda k: k["start"])
+    return kernels
+
+
+def replays(kernels):
+    """Graph-launched kernels split into replays of the same graph."""
+    steps, cur, first = [], [], None
+    for k in kernels:
+        if k["graph"] == 0:
+            continue
+        if cur and (k["graph"] != cur[0]["graph"] or k["node"] == first):
+            steps.append(cur)
+            cur = []
+        if not cur:
+            first = k["node"]
+        cur.append(k)
+    if cur:
+        steps.append(cur)
+    return steps
+
+
+def analyse(step):
+    """Step wall, idle time, and per class busy, exposed and count. At each instant the time is
+    charged to the running kernel that started first: under PDL a kernel launches early and
+    waits (griddepcontrol.wait) while its predecessor still works, so the oldest running kernel
+    is the one the step is waiting for."""
+    busy, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    for k in step:
+        busy[k["cls"]] += (k["end"] - k["start"]) / 1e3
+        count[k["cls"]] += 1
+    times = sorted({k["start"] for k in step} | {k["end"] for k in step})
+    by_start = sorted(step, key=lambda k: k["start"])
+    running, nxt, idle = [], 0, 0.0  # running: heap of (start, index) with lazy removal
+    for t, t_next in zip(times, times[1:]):
+        while nxt < len(by_start) and by_start[nxt]["start"] <= t:
+            heapq.heappush(running, (by_start[nxt]["start"], nxt))
+            nxt += 1
+        while running and by_start[running[0][1]]["end"] <= t:
+            heapq.heappop(running)
+        if running:
+            exposed[by_start[running[0][1]]["cls"]] += (t_next - t) / 1e3
+        else:
+            idle += (t_next - t) / 1e3
+    wall = (times[-1] - times[0]) / 1e3
+    return wall, idle, busy, exposed, count
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--skip", type=int, default=8, help="replays to skip (warm-up)")
+    ap.add_argument("--graph-size", type=int, default=0,
+                    help="only replays with this many kernels (0: the most common size)")
+    ap.add_argument("--json", help="write the summary here too")
+    a = ap.parse_args()
+    steps = replays(load(a.trace))
+    if not steps:
+        sys.exit("no graph-launched kernels in " + a.trace)
+    size = a.graph_size or statistics.mode(len(s) for s in steps)
+    steps = [s for s in steps if len(s) == size][a.skip:]
+    if not steps:
+        sys.exit(f"no replays of {size} kernels after skipping {a.skip}")
+    walls, idles = [], []
+    busy, exposed, count = defaultdict(list), defaultdict(list), {}
+    for s in steps:
+        w, i, b, e, c = analyse(s)
+        walls.append(w)
+        idles.append(i)
+        for cls in b:
+            busy[cls].append(b[cls])
+            exposed[cls].append(e[cls])
+            count[cls] = c[cls]
+    wall = statistics.median(walls)
+    print(f"{len(steps)} replays of {size} kernels; step wall (first kernel start to last end): "
+          f"median {wall:.1f} us; idle (no kernel running) median {statistics.median(idles):.1f} us")
+    print(f"{'class':44s} {'per step':>8s} {'busy us':>9s} {'exposed us':>11s} {'of wall':>8s}")
+    summary = {"replays": len(steps), "kernels_per_replay": size, "wall_us": wall,
+               "idle_us": statistics.median(idles), "classes": {}}
+    for cls in sorted(exposed, key=lambda c: -statistics.median(exposed[c])):
+        b, e = statistics.median(busy[cls]), statistics.median(exposed[cls])
+        print(f"{cls:44s} {count[cls]:8d} {b:9.1f} {e:11.1f} {e / wall:8.1%}")
+        summary["classes"][cls] = {"per_step": count[cls], "busy_us": b, "exposed_us": e}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
