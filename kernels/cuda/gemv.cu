@@ -244,8 +244,6 @@ __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chu
   __syncthreads();
 }
 
-// Warp 0's epilogue for row group g: lane (r, t) = lane / N, lane % N holds v, the sum of row r
-// for token t (already scaled for e4m3 weights) when `mine`. total: warp 0's scratch.
 // kRopeAppendKv's per-CTA inputs, staged in shared memory by warp 0 once per CTA (after
 // PdlWait), so that no group's epilogue waits on a global load: the tokens' positions and
 // slots, and inv_freq.
@@ -257,6 +255,8 @@ struct RopeStage {
   float inv_freq[kRopeMaxHalf];
 };
 
+// Warp 0's epilogue for row group g: lane (r, t) = lane / N, lane % N holds v, the sum of row r
+// for token t (already scaled for e4m3 weights) when `mine`. total: warp 0's scratch.
 template <typename T, GemvEpilogue E, int N>
 __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, int t, bool mine,
                                          float v, float (&total)[kRows][N],
@@ -323,8 +323,9 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
     const int64_t j = g * kRows + r;
     if (!mine || t >= n || j >= a.m) return;
     if constexpr (E == GemvEpilogue::kAccumulateF32) {
-      // One fp32 add per element (this kernel adds each once: y + v, as `y += v` rounds), as a
-      // reduction the SM does not wait for (RED): no load round trip in the group's epilogue.
+      // One fp32 add per element (this kernel adds each once: y + v rounded as `y += v`, except
+      // that red.add.f32 flushes subnormal inputs and results to zero), as a reduction the SM
+      // does not wait for (RED): no load round trip in the group's epilogue.
       atomicAdd(static_cast<float*>(a.y) + t * a.m + j, v);
     } else if constexpr (E == GemvEpilogue::kStoreF32) {
       static_cast<float*>(a.y)[t * a.m + j] = v;

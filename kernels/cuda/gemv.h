@@ -18,7 +18,7 @@
 //   epilogue:
 //     kStore          y dtype [n, m]       = dtype(s)
 //     kStoreF32       y fp32  [n, m]       = s                        (logits)
-//     kAccumulateF32  y fp32  [n, m]      += s                        (residual add of o / down)
+//     kAccumulateF32  y fp32  [n, m]      += s  (subnormals flush to 0) (residual add of o / down)
 //     kRopeAppendKv   y dtype [n, num_heads, head_dim] = the rotated q; k, v into the cache
 //     kSiluMul        y dtype [n, m / 2]   = dtype(silu(g) * u), g = dtype(s[t, j]),
 //                     u = dtype(s[t, m/2 + j]): the gate|up projection with SiLU·mul fused,
@@ -28,7 +28,8 @@
 // every chunk of x once (the chunks they multiply), reduce, and then multiply.
 // Design: a row group is 4 output rows (kSiluMul: 2 gate rows and their 2 up rows); a CTA of
 // 256 threads splits k over all its threads: thread i takes 16-byte chunks i, i + 256, ... of
-// every row, in stages of one chunk per row per thread (4096 columns). The grid is one
+// every row, in stages of one chunk per row per thread (2048 columns; e4m3: 128 threads of 16
+// codes, also 2048). The grid is one
 // persistent wave (GemvArgs::waves): CTA b computes groups b, b + grid, ..., and its sequence of
 // (group, stage) items is double buffered across group boundaries, so the next 16 KiB of its
 // weights are in flight while it multiplies, reduces and stores a group (the reduction scratch
@@ -37,8 +38,9 @@
 // The first two items are loaded before PdlWait() (kernels/cuda/launch.h): under programmatic
 // dependent launch a GEMV streams its weights while the previous kernel finishes. No group's
 // epilogue waits on a global load: kAccumulateF32 adds with a fire-and-forget reduction (each
-// element once, so the same fp32 add), kRopeAppendKv reads positions, slots and inv_freq that
-// warp 0 staged in shared memory once per CTA.
+// element once, so the same fp32 add as y += v, except that red.add.f32 flushes subnormals to
+// zero: irrelevant for a residual stream), kRopeAppendKv reads positions, slots and inv_freq
+// that warp 0 staged in shared memory once per CTA (so head_dim <= 256).
 // fp32 accumulation; warp-shuffle then shared-memory reduction in a fixed order
 // (deterministic, and the same for every grid). Needs k % 8 == 0 and 16-byte aligned x and w.
 // E4m3 weights (the same kernel, templated on the weight format): a 16-byte chunk is 16 codes

@@ -234,8 +234,9 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   std::printf("  %s: worst error %.2f of tolerance\n", Name(c).c_str(), worst);
   // The same call on at most 1, 2 or 3 CTAs (GemvArgs::max_ctas): each CTA walks many row
   // groups (the persistent loop, its double buffers across group boundaries, the group-parity
-  // scratch) and must give the same bits as one wave (the reduction order does not change).
-  for (int ctas : {1, 2, 3}) {
+  // scratch) and must give the same bits as one wave (the reduction order does not change);
+  // then with one CTA per group (GemvArgs::waves = 0, the executor's o projection).
+  for (int ctas : {1, 2, 3, 0}) {
     if (f32_out) {
       LLM_CUDA_CHECK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
     } else {
@@ -243,6 +244,7 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     }
     cuda::GemvArgs few = a;
     few.max_ctas = ctas;
+    if (ctas == 0) few.waves = 0;
     cuda::Gemv(few, nullptr);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> again(got.size());
@@ -254,7 +256,7 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     }
     size_t differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], 4) != 0;
-    EXPECT_EQ(differ, 0u) << ctas << " CTAs";
+    EXPECT_EQ(differ, 0u) << (ctas > 0 ? std::to_string(ctas) + " CTAs" : "one CTA per group");
   }
   cudaFree(dx);
   cudaFree(dgain);
@@ -267,10 +269,16 @@ std::vector<Case> Cases() {
   std::vector<Case> out;
   for (DType d : {DType::kBF16, DType::kF16}) {
     for (E e : {E::kStore, E::kStoreF32, E::kAccumulateF32, E::kSiluMul}) {
+      // Stages of 2048 columns (256 threads × one 16-byte chunk).
       out.push_back({d, e, 1, 1000, 512});   // k < one stage
-      out.push_back({d, e, 3, 78, 4096});    // exactly one stage; m not a multiple of 4
-      out.push_back({d, e, 8, 256, 11008});  // 3 stages, the last partial (Llama-2 down)
-      out.push_back({d, e, 2, 6, 14336});    // 4 stages (Llama-3 down); 2 CTAs
+      out.push_back({d, e, 3, 78, 2048});    // exactly one stage; m not a multiple of 4
+      out.push_back({d, e, 3, 78, 4096});    // two stages; m not a multiple of 4
+      out.push_back({d, e, 8, 256, 11008});  // 6 stages, the last partial (Llama-2 down)
+      out.push_back({d, e, 2, 6, 14336});    // 7 stages (Llama-3 down); 2 groups
+      // n = 2 with 13 groups: on 1-3 CTAs each walks >= 5 groups (parity scratch and, for e4m3
+      // below, every scale slot reused), one stage per group and a partial second
+      out.push_back({d, e, 2, 50, 2048});
+      out.push_back({d, e, 2, 50, 2056});
     }
   }
   for (DType d : {DType::kBF16, DType::kF16}) {
@@ -283,13 +291,15 @@ std::vector<Case> Cases() {
   out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 8});
   out.push_back({DType::kBF16, E::kSiluMul, 7, 10, 40});
   out.push_back({DType::kF16, E::kStore, 4, 1, 8200});
-  // e4m3 weights: 16 codes per 16-byte chunk, stages of 4096 columns (128 threads × 2 chunks).
+  // e4m3 weights: 16 codes per 16-byte chunk, stages of 2048 columns (128 threads × 1 chunk).
   for (DType d : {DType::kBF16, DType::kF16}) {
     for (E e : {E::kStore, E::kStoreF32, E::kAccumulateF32, E::kSiluMul}) {
-      out.push_back({d, e, 1, 1000, 4096, false, true});  // exactly one stage
-      out.push_back({d, e, 2, 6, 4112, false, true});     // 2 stages, the 2nd one chunk; 2 CTAs
-      out.push_back({d, e, 3, 78, 11008, false, true});   // 3 stages, the last partial; m % 4 = 2
-      out.push_back({d, e, 8, 254, 16400, false, true});  // 5 stages (both buffers reloaded)
+      out.push_back({d, e, 1, 1000, 2048, false, true});  // exactly one stage
+      out.push_back({d, e, 1, 1000, 4096, false, true});  // two stages
+      out.push_back({d, e, 2, 6, 4112, false, true});     // 3 stages, the 3rd one chunk; 2 groups
+      out.push_back({d, e, 2, 50, 2048, false, true});    // 13 groups of one stage (see above)
+      out.push_back({d, e, 3, 78, 11008, false, true});   // 6 stages, the last partial; m % 4 = 2
+      out.push_back({d, e, 8, 254, 16400, false, true});  // 9 stages (both buffers reloaded)
     }
   }
   out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 16, false, true});  // one chunk
@@ -657,6 +667,24 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_TRUE(cuda::GemvSupports(a));
   a.w = reinterpret_cast<const uint8_t*>(buf) + 8;  // w not 16-byte aligned
   EXPECT_FALSE(cuda::GemvSupports(a));
+  // kRopeAppendKv: every input present, then head_dim past the 256 the shared-memory staging
+  // of inv_freq holds.
+  alignas(16) static int32_t positions[1];
+  alignas(16) static int64_t slots[1];
+  alignas(16) static float inv_freq[256];
+  a = cuda::GemvArgs{};
+  a.x = buf, a.w = buf, a.y = buf, a.n = 1, a.k = 16;
+  a.epilogue = E::kRopeAppendKv;
+  a.rope.positions = positions, a.rope.slot_mapping = slots, a.rope.inv_freq = inv_freq;
+  a.rope.k_cache = buf, a.rope.v_cache = buf;
+  a.rope.num_heads = a.rope.num_kv_heads = 1;
+  a.rope.layout.num_kv_heads = 1;
+  for (int hd : {256, 260}) {
+    a.rope.head_dim = hd;
+    a.rope.layout.head_dim = hd;
+    a.m = 3 * hd;
+    EXPECT_EQ(cuda::GemvSupports(a), hd <= 256) << "head_dim " << hd;
+  }
 }
 
 }  // namespace

@@ -799,6 +799,18 @@ TEST_P(GemvRopeFp8Gpu, EqualsGemvThenRopeAppendKvBitForBit) {
   const size_t want_written = size_t(written_tokens * c.num_kv_heads * hd);
   EXPECT_EQ(pool - size_t(std::count(k0.begin(), k0.end(), kNanK)), want_written) << "K writes";
   EXPECT_EQ(pool - size_t(std::count(v0.begin(), v0.end(), kNanV)), want_written) << "V writes";
+  // The fused kernel again on at most 3 CTAs (GemvArgs::max_ctas: each walks many row groups,
+  // reading the shared-memory staged positions, slots and inv_freq for each): the same bits.
+  DevBuf dq2(std::vector<uint16_t>(nq, nan16)), dk2(std::vector<uint8_t>(pool, kNanK)),
+      dv2(std::vector<uint8_t>(pool, kNanV));
+  a.y = dq2.p;
+  a.rope.k_cache = dk2.p;
+  a.rope.v_cache = dv2.p;
+  a.max_ctas = 3;
+  cuda::Gemv(a, nullptr);
+  EXPECT_EQ(count_diff(q0, dq2.Download<uint16_t>()), 0u) << "q, 3 CTAs";
+  EXPECT_EQ(count_diff(k0, dk2.Download<uint8_t>()), 0u) << "K pool, 3 CTAs";
+  EXPECT_EQ(count_diff(v0, dv2.Download<uint8_t>()), 0u) << "V pool, 3 CTAs";
 }
 
 INSTANTIATE_TEST_SUITE_P(
