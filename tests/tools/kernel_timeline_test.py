@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""ctest kernel_timeline: bench/kernel_timeline.py on a synthetic CUPTI trace whose split is
+known by hand (3 replays of a 4-kernel graph with PDL-style overlap, after a non-graph kernel):
+  q|k|v GEMV [0, 3000] ns, attention [2500, 5000] (launched early), o GEMV [4800, 8000],
+  RMSNorm [8500, 9000]: at each instant the oldest running kernel is charged, so q|k|v 3.0 us,
+  attention 2.0 (it still runs when o starts), o 3.0, idle 0.5, RMSNorm 0.5; wall 9.0."""
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GEMV = ("_ZN3llm4cuda12_GLOBAL__N_110GemvKernelI13__nv_bfloat16NS1_12DTypeWeightsIS2_EELNS0_"
+        "12GemvEpilogueE{}ELb0ELi1EEEvNS0_8GemvArgsE")
+ATTN = "_ZN3llm4cuda12_GLOBAL__N_112DecodeKernelI13__nv_bfloat16Li128ELb0EEEvNS1_10KernelArgsE"
+NORM = "_ZN3llm4cuda12_GLOBAL__N_116AddRmsNormKernelIfLi8EEEvv"
+
+
+def main():
+    fields = ["start_ns", "end_ns", "graph_id", "graph_node_id", "stream", "grid_x", "grid_y",
+              "grid_z", "block_x", "dynamic_smem", "registers", "name"]
+    rows = []
+
+    def kernel(start, end, graph, node, name, grid):
+        rows.append(dict(zip(fields, [start, end, graph, node, 7, grid, 1, 1, 256, 0, 80, name])))
+
+    kernel(0, 5000, 0, 0, "_Z5otherv", 1)
+    for r in range(3):
+        b = 10000 + r * 10000
+        kernel(b, b + 3000, 5, 100, GEMV.format(4), 3072)
+        kernel(b + 2500, b + 5000, 5, 101, ATTN, 32)
+        kernel(b + 4800, b + 8000, 5, 102, GEMV.format(2), 1024)
+        kernel(b + 8500, b + 9000, 5, 103, NORM, 1)
+    with tempfile.TemporaryDirectory() as d:
+        trace, out = os.path.join(d, "trace.csv"), os.path.join(d, "summary.json")
+        with open(trace, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+        subprocess.run([sys.executable, os.path.join(ROOT, "bench", "kernel_timeline.py"), trace,
+                        "--skip", "0", "--json", out], check=True)
+        s = json.load(open(out))
+    want = {"gemv/rope_kv/grid3072": 3.0, "gemv/accumulate_f32/grid1024": 3.0,
+            "DecodeKernel": 2.0, "AddRmsNormKernel": 0.5}
+    got = {c: v["exposed_us"] for c, v in s["classes"].items()}
+    assert s["replays"] == 3 and s["kernels_per_replay"] == 4, s
+    assert abs(s["wall_us"] - 9.0) < 1e-9 and abs(s["idle_us"] - 0.5) < 1e-9, s
+    assert set(got) == set(want), got
+    for c, v in want.items():
+        assert abs(got[c] - v) < 1e-9, (c, got[c], v)
+    assert abs(s["classes"]["DecodeKernel"]["busy_us"] - 2.5) < 1e-9, s
+    print("kernel_timeline: ok")
+
+
+if __name__ == "__main__":
+    main()
