@@ -28,8 +28,11 @@ grep -q chat_template "$build/models/demo/tokenizer_config.json" \
   || { echo "the demo model has no chat template"; exit 1; }
 # (The log exists before start_server reads it: its first sed must not race the redirect.)
 : >"$tmp/serve.log"
+# One model thread: the server must not take every core from Chromium, or on a 2-core machine
+# the page's Stop click lands only after a 2,000-token reply has finished (seen in CI: the
+# reply took 2.75 s and the click came later).
 start_server "$build" "$tmp/serve.log" --model "$build/models/demo" --grpc-port -1 --api-key web-key \
-  --kv-cache-mb 64
+  --kv-cache-mb 64 --threads 1
 mkdir -p "$build/test-artifacts"
 cp "$here/web_chat_test.mjs" "$npm_dir/"
 LLM_URL="http://127.0.0.1:$HTTP_PORT" LLM_API_KEY=web-key LLM_CHROMIUM="$chromium" \
