@@ -304,10 +304,14 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
 
 int main(int argc, char** argv) {
   int reps = 20;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
   bool chain_only = false;  // --chain-only: the decode chains alone
-  for (int i = 1; i < argc; ++i) chain_only |= std::strcmp(argv[i], "--chain-only") == 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--chain-only") == 0) {
+      chain_only = true;
+    }
+  }
   try {
     llm::cuda::Gemm gemm, gemm_fast;
     gemm_fast.set_fast_accum(true);

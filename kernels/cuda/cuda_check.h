@@ -22,4 +22,7 @@ bool DeviceAvailable(std::string* why_not = nullptr);
 // "NVIDIA H200, sm_90, 139 GiB" for logs.
 std::string DeviceDescription(int device = 0);
 
+// The current device's SM count (the kernels' grid sizing: waves, persistent grids).
+int NumSms();
+
 }  // namespace llm::cuda

@@ -761,14 +761,6 @@ const KernelInfo& PrepareKernel() {
   return info[device];
 }
 
-int NumSms() {
-  int device = 0;
-  LLM_CUDA_CHECK(cudaGetDevice(&device));
-  int sms = 0;
-  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 constexpr int kTileKeys = DecodeTraits<128>::kTileKeys;
 static_assert(DecodeTraits<64>::kTileKeys == kTileKeys && DecodeTraits<64, true>::kTileKeys ==
                   kTileKeys && DecodeTraits<128, true>::kTileKeys == kTileKeys,

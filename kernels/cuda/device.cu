@@ -22,6 +22,13 @@ bool DeviceAvailable(std::string* why_not) {
   return true;
 }
 
+int NumSms() {
+  int device = 0, sms = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 std::string DeviceDescription(int device) {
   cudaDeviceProp prop{};
   LLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));

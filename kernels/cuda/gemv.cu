@@ -455,21 +455,6 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? kThreadsPerSm / W::kThre
   }
 }
 
-// The current device's SM count (cached per device).
-int NumSms() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> sms[kMaxDevices] = {};
-  int device = 0;
-  LLM_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) throw std::runtime_error("Gemv: device id over 63");
-  int n = sms[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    sms[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 // One persistent wave: min(row groups, SMs × resident CTAs of this instantiation).
 template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
 void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {

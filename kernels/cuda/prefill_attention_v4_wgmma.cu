@@ -940,12 +940,7 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
     // As many units as are resident at once: 1 CTA per SM, or as many 2-CTA clusters as the
     // GPCs hold. Counted once per instantiation (thread-safe static initialisation: tensor-
     // parallel ranks launch from their own threads; their GPUs are of one kind).
-    static const int sms = [] {
-      int dev = 0, n = 0;
-      LLM_CUDA_CHECK(cudaGetDevice(&dev));
-      LLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-      return std::max(n, 1);
-    }();
+    static const int sms = std::max(NumSms(), 1);
     int resident = sms;
     if (cluster) {
       static const int clusters = [&] {
