@@ -99,9 +99,19 @@ def analyse(step):
     waits (griddepcontrol.wait) while its predecessor still works, so the oldest running kernel
     is the one the step is waiting for."""
     busy, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
-    for k in step:
+    marginal, lead = defaultdict(float), defaultdict(float)
+    last_end = None
+    for k in sorted(step, key=lambda k: k["start"]):
         busy[k["cls"]] += (k["end"] - k["start"]) / 1e3
         count[k["cls"]] += 1
+        # marginal: how far this kernel moved the step's end; lead: its start against the end
+        # of everything before it (negative: it launched early, under PDL)
+        if last_end is not None:
+            marginal[k["cls"]] += max(0, k["end"] - last_end) / 1e3
+            lead[k["cls"]] += (k["start"] - last_end) / 1e3
+        else:
+            marginal[k["cls"]] += (k["end"] - k["start"]) / 1e3
+        last_end = k["end"] if last_end is None else max(last_end, k["end"])
     times = sorted({k["start"] for k in step} | {k["end"] for k in step})
     by_start = sorted(step, key=lambda k: k["start"])
     running, nxt, idle = [], 0, 0.0  # running: heap of (start, index) with lazy removal
@@ -116,7 +126,7 @@ def analyse(step):
         else:
             idle += (t_next - t) / 1e3
     wall = (times[-1] - times[0]) / 1e3
-    return wall, idle, busy, exposed, count
+    return wall, idle, busy, exposed, count, marginal, lead
 
 
 def main():
@@ -136,24 +146,30 @@ def main():
         sys.exit(f"no replays of {size} kernels after skipping {a.skip}")
     walls, idles = [], []
     busy, exposed, count = defaultdict(list), defaultdict(list), {}
+    marginal, lead = defaultdict(list), defaultdict(list)
     for s in steps:
-        w, i, b, e, c = analyse(s)
+        w, i, b, e, c, m, l = analyse(s)
         walls.append(w)
         idles.append(i)
         for cls in b:
             busy[cls].append(b[cls])
             exposed[cls].append(e[cls])
+            marginal[cls].append(m[cls])
+            lead[cls].append(l[cls])
             count[cls] = c[cls]
     wall = statistics.median(walls)
     print(f"{len(steps)} replays of {size} kernels; step wall (first kernel start to last end): "
           f"median {wall:.1f} us; idle (no kernel running) median {statistics.median(idles):.1f} us")
-    print(f"{'class':44s} {'per step':>8s} {'busy us':>9s} {'exposed us':>11s} {'of wall':>8s}")
+    print(f"{'class':44s} {'per step':>8s} {'busy us':>9s} {'exposed us':>11s} {'of wall':>8s} "
+          f"{'marginal us':>11s} {'lead us/each':>12s}")
     summary = {"replays": len(steps), "kernels_per_replay": size, "wall_us": wall,
                "idle_us": statistics.median(idles), "classes": {}}
     for cls in sorted(exposed, key=lambda c: -statistics.median(exposed[c])):
         b, e = statistics.median(busy[cls]), statistics.median(exposed[cls])
-        print(f"{cls:44s} {count[cls]:8d} {b:9.1f} {e:11.1f} {e / wall:8.1%}")
-        summary["classes"][cls] = {"per_step": count[cls], "busy_us": b, "exposed_us": e}
+        m, l = statistics.median(marginal[cls]), statistics.median(lead[cls]) / count[cls]
+        print(f"{cls:44s} {count[cls]:8d} {b:9.1f} {e:11.1f} {e / wall:8.1%} {m:11.1f} {l:12.2f}")
+        summary["classes"][cls] = {"per_step": count[cls], "busy_us": b, "exposed_us": e,
+                                   "marginal_us": m, "lead_us_each": l}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)

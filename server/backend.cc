@@ -35,6 +35,9 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "(0: cuBLASLt)")
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
+  cmd->add_flag("--gemv-norm-prologue", gemv_norm_prologue,
+                "cuda: on GEMV steps, run the RMSNorm before q|k|v and gate|up in the GEMV's "
+                "prologue instead of as its own kernel (measured slower on the H200)");
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
   cmd->add_flag("--fp8-precise-accum", fp8_precise_accum,
@@ -134,6 +137,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.cuda_graphs = !f.enforce_eager;
   o.gemv_max_tokens = f.gemv_max_tokens;
+  o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;

@@ -905,6 +905,19 @@ struct CudaExecutor::Impl {
     cuda::Gemv(SmallArgs(epilogue, in, norm, w, w_scale, out, n, m, k), stream);
   }
 
+  // Moves the RMSNorm of the fp32 residual `resid` (weight `norm`) into g's prologue when the
+  // executor's option allows it and the GEMV supports it; false: g still reads `normed`, which
+  // a separate AddRmsNorm must write.
+  bool FuseNorm(cuda::GemvArgs& g, const float* resid, const float* norm) const {
+    if (!opt.gemv_norm_prologue) return false;
+    cuda::GemvArgs fused = g;
+    fused.x = resid;
+    fused.norm_weight = norm;
+    if (!cuda::GemvSupports(fused)) return false;
+    g = fused;
+    return true;
+  }
+
   bool SmallStep(int64_t rows) const {
     return gemv_ok && rows <= std::min<int64_t>(cuda::kGemvMaxTokens, opt.gemv_max_tokens);
   }
@@ -918,8 +931,8 @@ struct CudaExecutor::Impl {
     // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
     // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry
     // RoPE + KV append (q|k|v), the residual add (o, down) and SiLU·mul (gate|up): per layer
-    // RMSNorm, q|k|v, attention, o, RMSNorm, gate|up, down. (The GEMV's RMSNorm prologue
-    // measured slower than the separate RMSNorm kernel: bench/RESULTS.md.)
+    // RMSNorm, q|k|v, attention, o, RMSNorm, gate|up, down. (opt.gemv_norm_prologue moves
+    // the RMSNorms into the GEMVs' prologues: measured slower, bench/RESULTS.md.)
     const bool small = SmallStep(n);
     using E = cuda::GemvEpilogue;
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
@@ -945,10 +958,16 @@ struct CudaExecutor::Impl {
                      .v_cache = kv.v,
                      .kv_format = kv_format};
       }
-      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (small && cuda::GemvSupports(rope)) {
+        // The input RMSNorm in the GEMV's prologue where it fits (one kernel and one
+        // programmatic-launch handoff fewer per RMSNorm), else its own kernel.
+        if (!FuseNorm(rope, x, l.input_norm)) {
+          cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
+                           stream);
+        }
         cuda::Gemv(rope, stream);
       } else {
+        cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         if (small) {
           SmallLinear(E::kStore, normed, nullptr, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden);
         } else {
@@ -973,9 +992,14 @@ struct CudaExecutor::Impl {
         o.waves = 0;
         cuda::Gemv(o, stream);
         AllReduceResidual(n);
-        cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-        SmallLinear(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter,
-                    hidden);
+        cuda::GemvArgs gate_up =
+            SmallArgs(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter,
+                      hidden);
+        if (!FuseNorm(gate_up, x, l.post_norm)) {
+          cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps,
+                           stream);
+        }
+        cuda::Gemv(gate_up, stream);
         SmallLinear(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, add, stream);

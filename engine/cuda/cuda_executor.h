@@ -78,6 +78,10 @@ struct CudaExecutorOptions {
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
   // (kernels/cuda/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
+  // GEMV steps: the RMSNorm before q|k|v and gate|up in the GEMV's prologue (each CTA
+  // normalizes the residual row into shared memory) instead of its own kernel. Off: measured
+  // slower end to end on the H200 (bench/RESULTS.md).
+  bool gemv_norm_prologue = false;
   // Programmatic dependent launch between our kernels (kernels/cuda/launch.h) on sm_90+:
   // each kernel launches while its predecessor finishes (a GEMV streams its weights early).
   // Process-wide: the last executor created decides.

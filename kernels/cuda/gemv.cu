@@ -1,6 +1,6 @@
 // Small-batch GEMV (design in gemv.h).
-// Instantiations: {bf16, fp16} × N ∈ {1, 2, 4, 8} × (dtype weights: 5 epilogues + 3 with the
-// RMSNorm prologue; e4m3 weights: 5 epilogues) = 104.
+// Instantiations: {bf16, fp16} × N ∈ {1, 2, 4, 8} × (dtype and e4m3 weights: 5 epilogues + 3
+// with the RMSNorm prologue) = 128.
 // Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 both weight formats must stay at
 // <= 80 registers without spills (768 threads/SM: 3 CTAs of 256, 6 of 128; bench/RESULTS.md).
 #include <cuda_bf16.h>
@@ -26,10 +26,15 @@ constexpr int kRows = 4;    // output rows per group (kSiluMul: 2 gate + 2 up)
 // kernels in 80 registers (with 2, the persistent loop spilled).
 constexpr int kUnroll = 1;
 constexpr int kChunk = 8;   // elements of x per 16-byte chunk
-// Threads per SM at n = 1 (3 CTAs of 256 or 6 of 128): <= 80 registers, so that every SM keeps
-// ~96 KiB of weights in flight: 2 stages of 16 KiB per CTA (bench/RESULTS.md: what this
-// kernel's speed depends on).
-constexpr int kThreadsPerSm = 768;
+// CTAs per SM at n = 1 (__launch_bounds__): dtype weights 4 of 256 threads (<= 64 registers),
+// so that every SM keeps 128 KiB of weights in flight (2 stages of 16 KiB per CTA); e4m3 6 of
+// 128 (<= 80 registers; at 8 the fused RoPE spills). Before the RoPE tables and the prologue's
+// rows moved to shared memory, the q|k|v GEMV needed 74 registers and ran 3 CTAs per SM
+// (bench/RESULTS.md: what this kernel's speed depends on). LLM_GEMV_DTYPE_CTAS_PER_SM
+// overrides the dtype figure (benchmarks).
+#ifndef LLM_GEMV_DTYPE_CTAS_PER_SM
+#define LLM_GEMV_DTYPE_CTAS_PER_SM 4
+#endif
 static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
 // The weights are read exactly once: stream them past L1.
@@ -56,6 +61,7 @@ struct DTypeWeights {  // w: dtype [m, k]
   using Element = T;
   static constexpr int kSubChunks = 1;
   static constexpr int kThreads = 256;                     // a 4096-wide row: 2 stages
+  static constexpr int kCtasPerSm = LLM_GEMV_DTYPE_CTAS_PER_SM;  // at n = 1
   static constexpr int kStageChunks = kUnroll * kThreads;  // chunks of a row per stage
   __device__ static __forceinline__ void Unpack(const uint4& v, int /*sub*/, float (&f)[kChunk]) {
     cuda::Unpack<T>(v, f);
@@ -70,6 +76,7 @@ struct Fp8Weights {  // w: e4m3 codes [m, k], w_scale: fp32 [m], applied after t
   // thread at k = 4096: half the bytes in flight per SM) the Llama-3-8B chain took 2.46 ms
   // (2.84 TB/s of codes), with 128 2.20 ms (3.17), with 64 2.23 ms (gemv.h).
   static constexpr int kThreads = 128;
+  static constexpr int kCtasPerSm = 6;  // at n = 1
   static constexpr int kStageChunks = kUnroll * kThreads;
   // Codes 4i .. 4i + 3 of `word` as floats. One cvt.rn.f16x2.e4m3x2 per pair (exact; sm_89+),
   // fed the 16-bit halves of the register directly as kernels/cuda/decode_attention.cu does,
@@ -155,16 +162,13 @@ __device__ __forceinline__ uint4 LoadInOrder(const uint4* p) {
   return v;
 }
 
-// The 8 activations of chunk c of token t: x as is, or with the RMSNorm prologue
-// dtype(g * (x * inv_rms)) from the fp32 residual, as cuda::AddRmsNorm computes them.
+// The 8 activations of chunk c of token t: x as is, or with the RMSNorm prologue the
+// normalized row the prologue left in shared memory (xs: [n, k / 8] chunks of dtype).
 template <typename T, typename W, bool Norm>
-__device__ __forceinline__ void LoadX(const GemvArgs& a, const float* inv_rms, int t, int64_t c,
-                                      const float (&g)[kChunk], float (&x)[kChunk]) {
+__device__ __forceinline__ void LoadX(const GemvArgs& a, const uint4* xs, int t, int64_t c,
+                                      float (&x)[kChunk]) {
   if constexpr (Norm) {
-    float r[kChunk];
-    vec::LoadF32<kChunk>(static_cast<const float*>(a.x) + t * a.k + c * kChunk, r);
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) x[i] = vec::RoundTo<T>(g[i] * (r[i] * inv_rms[t]));
+    Unpack<T>(xs[t * (a.k / kChunk) + c], x);
   } else {
     const uint4* row = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + t * a.k);
     if constexpr (kIsFp8<W>) {
@@ -178,7 +182,7 @@ __device__ __forceinline__ void LoadX(const GemvArgs& a, const float* inv_rms, i
 // Weight chunk c (16 bytes of each row) against x chunks c · kSubChunks + sub (the same k
 // range): for e4m3 weights two 16-byte chunks of x per weight chunk.
 template <typename T, typename W, bool Norm, int N>
-__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, const float* inv_rms,
+__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, const uint4* xs,
                                          int n, int stage, int64_t chunks, float (&acc)[kRows][N]) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
@@ -190,13 +194,11 @@ __device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, cons
       float w[kRows][kChunk];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) W::Unpack(s.w[r][u], sub, w[r]);
-      float g[kChunk];
-      if constexpr (Norm) vec::LoadF32<kChunk>(a.norm_weight + xc * kChunk, g);
 #pragma unroll
       for (int t = 0; t < N; ++t) {
         if (t >= n) break;
         float x[kChunk];
-        LoadX<T, W, Norm>(a, inv_rms, t, xc, g, x);
+        LoadX<T, W, Norm>(a, xs, t, xc, x);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -207,15 +209,21 @@ __device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, cons
   }
 }
 
-// Every token's 1 / rms over its fp32 residual row: each thread sums the squares of its own
-// chunks (the ones it later multiplies), then the CTA reduces in a fixed order.
-template <int kThreads, int N>
-__device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chunks,
-                                           float* inv_rms) {
+// The RMSNorm prologue (after PdlWait): every token's 1 / rms over its fp32 residual row (each
+// thread sums the squares of chunks tid, tid + kThreads, ..., then the CTA reduces in a fixed
+// order), then the normalized rows dtype(g * (x * inv_rms)), as cuda::AddRmsNorm computes
+// them, into shared memory (xs: n * k dtype values), where the FMAs read them: one pass over
+// the residual per CTA (L2), and no activation traffic past it.
+template <typename T, int kThreads, int N>
+__device__ __forceinline__ void NormalizeToShared(const GemvArgs& a, int n, uint4* xs) {
+  const int64_t chunks = a.k / kChunk;
   __shared__ float part[kThreads / 32][N];
+  __shared__ float inv_rms[N];
   float ss[N];
 #pragma unroll
   for (int t = 0; t < N; ++t) ss[t] = 0.f;
+  // Not unrolled: the two weight stages loaded before PdlWait are live here (registers).
+#pragma unroll 1
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
 #pragma unroll
     for (int t = 0; t < N; ++t) {
@@ -242,18 +250,49 @@ __device__ __forceinline__ void InverseRms(const GemvArgs& a, int n, int64_t chu
     inv_rms[threadIdx.x] = 1.f / sqrtf(total / static_cast<float>(a.k) + a.eps);
   }
   __syncthreads();
+#pragma unroll 1
+  for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+    float g[kChunk];
+    vec::LoadF32<kChunk>(a.norm_weight + c * kChunk, g);
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      if (t >= n) break;
+      float r[kChunk];
+      vec::LoadF32<kChunk>(static_cast<const float*>(a.x) + t * a.k + c * kChunk, r);
+      const float inv = inv_rms[t];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) r[i] = g[i] * (r[i] * inv);
+      vec::Store<T, kChunk>(reinterpret_cast<T*>(xs + t * chunks + c), r);
+    }
+  }
+  __syncthreads();
 }
 
-// kRopeAppendKv's per-CTA inputs, staged in shared memory by warp 0 once per CTA (after
-// PdlWait), so that no group's epilogue waits on a global load: the tokens' positions and
-// slots, and inv_freq.
+// kRopeAppendKv's per-CTA inputs, staged in shared memory once per CTA (after PdlWait), so
+// that no group's epilogue waits on a global load or computes a sine: the tokens' slots and
+// the rotation's cos and sin of position · inv_freq[i] for every token and dim i < half (the
+// CTA's threads compute them together; the same sincosf of the same fp32 angle as
+// cuda::RopeAppendKv). Read by warp 0's epilogues after the group's barrier.
 constexpr int kRopeMaxHalf = 128;  // head_dim <= 256
 template <int N>
 struct RopeStage {
-  int32_t position[N];
   int64_t slot[N];
-  float inv_freq[kRopeMaxHalf];
+  float cos[N][kRopeMaxHalf];
+  float sin[N][kRopeMaxHalf];
 };
+
+template <int N>
+__device__ __forceinline__ void StageRope(const GemvArgs& a, int n, int threads,
+                                          RopeStage<N>& rs) {
+  const int half = a.rope.head_dim / 2;
+  if (threadIdx.x < n) rs.slot[threadIdx.x] = a.rope.slot_mapping[threadIdx.x];
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < n * half; idx += threads) {
+    const int t = idx / half, i = idx % half;
+    sincosf(static_cast<float>(a.rope.positions[t]) * a.rope.inv_freq[i], &rs.sin[t][i],
+            &rs.cos[t][i]);
+  }
+}
 
 // Warp 0's epilogue for row group g: lane (r, t) = lane / N, lane % N holds v, the sum of row r
 // for token t (already scaled for e4m3 weights) when `mine`. total: warp 0's scratch.
@@ -295,8 +334,7 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
       }
       const int64_t off = rp.layout.SlotOffset(slot, kv_head);
       if (fmt.fp8) {  // k: the fp32 rotation quantized, as cuda::RopeAppendKv
-        float sn, cs;
-        sincosf(static_cast<float>(rs.position[t]) * rs.inv_freq[i], &sn, &cs);
+        const float cs = rs.cos[t][i], sn = rs.sin[t][i];
         uint8_t* d8 = static_cast<uint8_t*>(rp.k_cache) + off;
         d8[i] = F32ToE4m3((lo * cs - hi * sn) / fmt.k_scale);
         d8[i + half] = F32ToE4m3((hi * cs + lo * sn) / fmt.k_scale);
@@ -304,8 +342,7 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
       }
       dst = static_cast<T*>(rp.k_cache) + off;
     }
-    float sn, cs;
-    sincosf(static_cast<float>(rs.position[t]) * rs.inv_freq[i], &sn, &cs);
+    const float cs = rs.cos[t][i], sn = rs.sin[t][i];
     dst[i] = vec::FromF32<T>(lo * cs - hi * sn);
     dst[i + half] = vec::FromF32<T>(hi * cs + lo * sn);
   } else if constexpr (E == GemvEpilogue::kSiluMul) {
@@ -341,10 +378,9 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
 // one's FMAs, and a finished group's reduction and epilogue, run. Each group's sums reduce in
 // the same fixed order as with one CTA per group.
 template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
-__global__ void __launch_bounds__(W::kThreads, N == 1 ? kThreadsPerSm / W::kThreads : 1)
+__global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
     GemvKernel(GemvArgs a) {
   constexpr int kWarps = W::kThreads / 32;
-  static_assert(!(Norm && kIsFp8<W>), "no RMSNorm prologue with e4m3 weights");
   using Element = typename W::Element;
   static_assert(sizeof(Element) * kChunk * W::kSubChunks == 16, "16-byte weight chunks");
   const int64_t chunks = a.k / (kChunk * W::kSubChunks);  // 16-byte chunks per weight row
@@ -382,19 +418,11 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? kThreadsPerSm / W::kThre
   PdlWait();
   PdlTrigger();
   const int n = static_cast<int>(a.n);
-  __shared__ float inv_rms[N];
-  if constexpr (Norm) InverseRms<W::kThreads, N>(a, n, chunks, inv_rms);
+  // The prologue's normalized rows (dynamic shared memory, GemvNormSharedBytes).
+  extern __shared__ uint4 xs[];
+  if constexpr (Norm) NormalizeToShared<T, W::kThreads, N>(a, n, xs);
   __shared__ RopeStage<N> rope_stage;
-  if constexpr (E == GemvEpilogue::kRopeAppendKv) {  // read by warp 0 alone
-    if (warp == 0) {
-      for (int i = lane; i < a.rope.head_dim / 2; i += 32) rope_stage.inv_freq[i] = a.rope.inv_freq[i];
-      if (lane < n) {
-        rope_stage.position[lane] = a.rope.positions[lane];
-        rope_stage.slot[lane] = a.rope.slot_mapping[lane];
-      }
-      __syncwarp();
-    }
-  }
+  if constexpr (E == GemvEpilogue::kRopeAppendKv) StageRope<N>(a, n, W::kThreads, rope_stage);
   __shared__ float part[2][kWarps][kRows][N];  // by group parity: one barrier per group
   __shared__ float total[kRows][N];            // warp 0's epilogue scratch
   float acc[kRows][N];
@@ -444,11 +472,11 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? kThreadsPerSm / W::kThre
   // before the group's reduction.
   zero();
   for (int it = 0; it < items; it += 2) {
-    FmaStage<T, W, Norm, N>(s0, a, inv_rms, n, it % stages, chunks, acc);
+    FmaStage<T, W, Norm, N>(s0, a, xs, n, it % stages, chunks, acc);
     if (it + 2 < items) load(s0, it + 2);
     finish(it);
     if (it + 1 < items) {
-      FmaStage<T, W, Norm, N>(s1, a, inv_rms, n, (it + 1) % stages, chunks, acc);
+      FmaStage<T, W, Norm, N>(s1, a, xs, n, (it + 1) % stages, chunks, acc);
       if (it + 3 < items) load(s1, it + 3);
       finish(it + 1);
     }
@@ -460,9 +488,12 @@ template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
 void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
   static std::atomic<int> ctas_per_sm{0};  // the same on every device of a process (one arch)
   int per_sm = ctas_per_sm.load(std::memory_order_relaxed);
+  // With the prologue, occupancy at the largest row it may hold (an upper bound on its shared
+  // memory: registers bound the CTAs per SM first).
+  const size_t smem = Norm ? size_t(a.n * a.k) * sizeof(T) : 0;
   if (per_sm == 0) {
     LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, GemvKernel<T, W, E, Norm, N>, W::kThreads, 0));
+        &per_sm, GemvKernel<T, W, E, Norm, N>, W::kThreads, Norm ? kGemvNormSharedBytes : 0));
     per_sm = std::max(per_sm, 1);
     ctas_per_sm.store(per_sm, std::memory_order_relaxed);
   }
@@ -471,7 +502,7 @@ void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
   int64_t ctas = a.waves <= 0 ? groups : std::min(groups, slots);
   if (a.max_ctas > 0) ctas = std::min<int64_t>(ctas, a.max_ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
-  Launch(GemvKernel<T, W, E, Norm, N>, grid, dim3(W::kThreads), 0, stream, a);
+  Launch(GemvKernel<T, W, E, Norm, N>, grid, dim3(W::kThreads), smem, stream, a);
 }
 
 template <typename T, typename W, GemvEpilogue E, bool Norm>
@@ -492,18 +523,22 @@ void LaunchT(const GemvArgs& a, cudaStream_t stream) {
   using E = GemvEpilogue;
   using D = DTypeWeights<T>;
   const bool norm = a.norm_weight != nullptr;
-  if (a.w_scale != nullptr) {  // e4m3 weights (never with the prologue: GemvSupports)
+  if (a.w_scale != nullptr) {  // e4m3 weights
+    using F = Fp8Weights;
     switch (a.epilogue) {
       case E::kStore:
-        return LaunchN<T, Fp8Weights, E::kStore, false>(a, stream);
+        return norm ? LaunchN<T, F, E::kStore, true>(a, stream)
+                    : LaunchN<T, F, E::kStore, false>(a, stream);
       case E::kStoreF32:
-        return LaunchN<T, Fp8Weights, E::kStoreF32, false>(a, stream);
+        return LaunchN<T, F, E::kStoreF32, false>(a, stream);
       case E::kAccumulateF32:
-        return LaunchN<T, Fp8Weights, E::kAccumulateF32, false>(a, stream);
+        return LaunchN<T, F, E::kAccumulateF32, false>(a, stream);
       case E::kSiluMul:
-        return LaunchN<T, Fp8Weights, E::kSiluMul, false>(a, stream);
+        return norm ? LaunchN<T, F, E::kSiluMul, true>(a, stream)
+                    : LaunchN<T, F, E::kSiluMul, false>(a, stream);
       case E::kRopeAppendKv:
-        return LaunchN<T, Fp8Weights, E::kRopeAppendKv, false>(a, stream);
+        return norm ? LaunchN<T, F, E::kRopeAppendKv, true>(a, stream)
+                    : LaunchN<T, F, E::kRopeAppendKv, false>(a, stream);
     }
     return;
   }
@@ -542,11 +577,11 @@ bool GemvSupports(const GemvArgs& a) {
   const bool norm_ok =
       a.norm_weight == nullptr ||
       ((a.epilogue == E::kStore || a.epilogue == E::kSiluMul || a.epilogue == E::kRopeAppendKv) &&
-       Aligned16(a.norm_weight));
-  const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk; no prologue
+       Aligned16(a.norm_weight) && GemvNormFits(a.n, a.k));
+  const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk
   const int64_t chunk_elements = fp8 ? 2 * kChunk : kChunk;
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % chunk_elements == 0 && a.m > 0 &&
-         (!fp8 || a.norm_weight == nullptr) && (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
+         (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
          a.y != nullptr && norm_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
 }
@@ -557,8 +592,9 @@ void Gemv(const GemvArgs& a, cudaStream_t stream) {
                                 " m=" + std::to_string(a.m) + " k=" + std::to_string(a.k) +
                                 " (n in [1, 8], k % 8 == 0 (fp8 weights: k % 16 == 0), even m "
                                 "for SiLU·mul, 16-byte aligned, bf16/f16, RMSNorm prologue only "
-                                "with store, SiLU·mul or RoPE and not with fp8 weights, RoPE "
-                                "shapes matching the KV layout)");
+                                "with store, SiLU·mul or RoPE and n·k·2 <= " +
+                                std::to_string(kGemvNormSharedBytes) +
+                                " bytes, RoPE shapes matching the KV layout)");
   }
   if (a.dtype == DType::kBF16) {
     LaunchT<__nv_bfloat16>(a, stream);

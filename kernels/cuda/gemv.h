@@ -10,11 +10,13 @@
 //             cpu::Linear with a kF8E4M3 WeightMatrix); the scale multiplies the fp32 sum once,
 //             before any epilogue rounds it, so every epilogue below sees this s.
 //   a = x (dtype [n, k]), or with the RMSNorm prologue (norm_weight set; kStore, kSiluMul and
-//       kRopeAppendKv) a = dtype(g * (x * inv_rms)) of the fp32 residual x [n, k], inv_rms =
-//       1 / sqrt(mean(x²) + eps): what cuda::AddRmsNorm would have written. Measured
-//       slower end to end than the separate RMSNorm kernel on the H200 (every CTA re-reads
-//       the fp32 residual from L2: 48 KiB of activations per 32 KiB of weights), so the
-//       executor does not use it; bench_gemm_peak_gpu keeps the comparison.
+//       kRopeAppendKv; n · k · 2 <= kGemvNormSharedBytes) a = dtype(g * (x * inv_rms)) of the
+//       fp32 residual x [n, k], inv_rms = 1 / sqrt(mean(x²) + eps): what cuda::AddRmsNorm
+//       would have written. Each CTA, after PdlWait, reads the residual row, reduces, and
+//       writes the normalized rows into shared memory, where its FMAs read them. Measured
+//       slower end to end than the separate RMSNorm kernel on the H200 (Llama-2-7B batch 1
+//       4.05 against 3.81 ms/token: every CTA reads the same 32 KiB from L2 at once, before
+//       its first FMA), so the executor uses it only with --gemv-norm-prologue.
 //   epilogue:
 //     kStore          y dtype [n, m]       = dtype(s)
 //     kStoreF32       y fp32  [n, m]       = s                        (logits)
@@ -24,8 +26,6 @@
 //                     u = dtype(s[t, m/2 + j]): the gate|up projection with SiLU·mul fused,
 //                     rounded exactly as a GEMM into dtype followed by cuda::SiluMul rounds.
 //
-// The prologue's sum of squares costs no extra pass over memory: a CTA's threads together read
-// every chunk of x once (the chunks they multiply), reduce, and then multiply.
 // Design: a row group is 4 output rows (kSiluMul: 2 gate rows and their 2 up rows); a CTA of
 // 256 threads splits k over all its threads: thread i takes 16-byte chunks i, i + 256, ... of
 // every row, in stages of one chunk per row per thread (2048 columns; e4m3: 128 threads of 16
@@ -39,8 +39,10 @@
 // dependent launch a GEMV streams its weights while the previous kernel finishes. No group's
 // epilogue waits on a global load: kAccumulateF32 adds with a fire-and-forget reduction (each
 // element once, so the same fp32 add as y += v, except that red.add.f32 flushes subnormals to
-// zero: irrelevant for a residual stream), kRopeAppendKv reads positions, slots and inv_freq
-// that warp 0 staged in shared memory once per CTA (so head_dim <= 256).
+// zero: irrelevant for a residual stream), kRopeAppendKv reads slots and the cos / sin of every
+// (token, dim) that the CTA computed into shared memory once (so head_dim <= 256). At n = 1
+// the dtype kernels fit 64 registers (4 CTAs per SM; the q|k|v GEMV needed 74 with its sincosf
+// in the epilogue: 3 per SM).
 // fp32 accumulation; warp-shuffle then shared-memory reduction in a fixed order
 // (deterministic, and the same for every grid). Needs k % 8 == 0 and 16-byte aligned x and w.
 // E4m3 weights (the same kernel, templated on the weight format): a 16-byte chunk is 16 codes
@@ -49,7 +51,7 @@
 // from before the persistent grid): the same bytes in
 // flight per thread and per SM as bf16, for half the bytes per row. Codes become floats
 // exactly by cvt.rn.f16x2.e4m3x2 (sm_89+) and an fp16 -> fp32 convert; each CTA reads its 4
-// rows' scales before PdlWait() too. Needs k % 16 == 0; no RMSNorm prologue. On the H200
+// rows' scales before PdlWait() too. Needs k % 16 == 0. On the H200
 // (bench_gemm_peak_gpu, Llama-3-8B's linear layers, 32 layers, PDL): bf16 3.73 ms/step
 // (3.74 TB/s), fp8 2.20 ms (3.17 TB/s of codes; 1.70x). Alone on the lm_head (32k CTAs, ramp
 // and tail negligible) fp8 streams 4.24 TB/s against bf16's 4.41; in the chain, the 1.53 ms
@@ -92,6 +94,12 @@ struct GemvRope {
 
 inline constexpr int kGemvMaxTokens = 8;
 
+// The RMSNorm prologue keeps the n normalized rows (n · k dtype values) in shared memory.
+inline constexpr int64_t kGemvNormSharedBytes = 32 * 1024;
+inline constexpr bool GemvNormFits(int64_t n, int64_t k) {
+  return n >= 1 && k >= 1 && n * k * 2 <= kGemvNormSharedBytes;
+}
+
 struct GemvArgs {
   GemvEpilogue epilogue = GemvEpilogue::kStore;
   const void* x = nullptr;             // dtype [n, k]; fp32 [n, k] with norm_weight
@@ -112,7 +120,8 @@ struct GemvArgs {
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
 // kSiluMul, bf16/f16, 16-byte aligned x, w and norm_weight; the prologue only with kStore,
-// kSiluMul or kRopeAppendKv; with w_scale (e4m3 weights) k % 16 == 0 and no prologue).
+// kSiluMul or kRopeAppendKv and n · k · 2 <= kGemvNormSharedBytes; with w_scale (e4m3
+// weights) k % 16 == 0).
 bool GemvSupports(const GemvArgs& a);
 
 // Asynchronous on `stream` (launched through cuda::Launch: programmatic dependent launch when

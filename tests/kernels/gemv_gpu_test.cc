@@ -281,11 +281,16 @@ std::vector<Case> Cases() {
       out.push_back({d, e, 2, 50, 2056});
     }
   }
+  // The RMSNorm prologue (its normalized rows in shared memory: n · k · 2 <= 32 KiB), with
+  // dtype and e4m3 weights.
   for (DType d : {DType::kBF16, DType::kF16}) {
     for (E e : {E::kStore, E::kSiluMul}) {
-      out.push_back({d, e, 1, 1000, 4096, true});
-      out.push_back({d, e, 3, 78, 8192, true});
-      out.push_back({d, e, 8, 64, 1000, true});
+      for (bool fp8 : {false, true}) {
+        out.push_back({d, e, 1, 1000, 4096, true, fp8});
+        out.push_back({d, e, 2, 78, 8192, true, fp8});  // exactly 32 KiB of rows
+        out.push_back({d, e, 4, 50, 4096, true, fp8});  // 13 groups, 32 KiB
+        out.push_back({d, e, 8, 64, 1008, true, fp8});
+      }
     }
   }
   out.push_back({DType::kBF16, E::kAccumulateF32, 5, 4100, 8});
@@ -608,7 +613,9 @@ INSTANTIATE_TEST_SUITE_P(
                       RopeCase{DType::kF16, 5, 2, 2, 64, 4096, false},
                       RopeCase{DType::kBF16, 1, 4, 2, 128, 4096, false, true},
                       RopeCase{DType::kF16, 3, 8, 8, 64, 4112, false, true},
-                      RopeCase{DType::kBF16, 8, 4, 1, 128, 11008, false, true}),
+                      RopeCase{DType::kBF16, 8, 4, 1, 128, 11008, false, true},
+                      RopeCase{DType::kBF16, 1, 4, 2, 128, 4096, true, true},
+                      RopeCase{DType::kF16, 3, 8, 8, 64, 4112, true, true}),
     [](const auto& info) {
       const RopeCase& c = info.param;
       return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_n" + std::to_string(c.n) +
@@ -639,6 +646,13 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   alignas(16) static float gain[16];
   a.norm_weight = gain;
   EXPECT_TRUE(cuda::GemvSupports(a));
+  // The prologue's rows must fit its shared memory: n · k · 2 <= 32 KiB.
+  a.n = 2, a.k = 8192;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.k = 8200;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  EXPECT_THROW(cuda::Gemv(a, nullptr), std::invalid_argument);
+  a.n = 1, a.k = 16;
   a.epilogue = E::kAccumulateF32;  // no RMSNorm prologue on the residual projections
   EXPECT_FALSE(cuda::GemvSupports(a));
   a.norm_weight = nullptr;
@@ -648,7 +662,7 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   a.dtype = DType::kF32;
   EXPECT_FALSE(cuda::GemvSupports(a));
   EXPECT_THROW(cuda::Gemv(a, nullptr), std::invalid_argument);
-  // fp8 weights: 16 codes per 16-byte chunk, no RMSNorm prologue.
+  // fp8 weights: 16 codes per 16-byte chunk; the RMSNorm prologue as with dtype weights.
   alignas(16) static float scales[4];
   a.dtype = DType::kBF16;
   a.epilogue = E::kStore;
@@ -660,9 +674,12 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_THROW(cuda::Gemv(a, nullptr), std::invalid_argument);
   a.k = 32;
   a.norm_weight = gain;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.epilogue = E::kSiluMul;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.epilogue = E::kStoreF32;
   EXPECT_FALSE(cuda::GemvSupports(a));
   a.epilogue = E::kSiluMul;
-  EXPECT_FALSE(cuda::GemvSupports(a));
   a.norm_weight = nullptr;
   EXPECT_TRUE(cuda::GemvSupports(a));
   a.w = reinterpret_cast<const uint8_t*>(buf) + 8;  // w not 16-byte aligned

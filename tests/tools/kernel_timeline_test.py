@@ -51,6 +51,13 @@ def main():
     for c, v in want.items():
         assert abs(got[c] - v) < 1e-9, (c, got[c], v)
     assert abs(s["classes"]["DecodeKernel"]["busy_us"] - 2.5) < 1e-9, s
+    # marginal: how far each kernel moved the step's end (idle gaps before it included: the
+    # marginals sum to the wall); lead: its start minus the end of everything before it
+    want_marginal = {"gemv/rope_kv/grid3072": (3.0, 0.0), "DecodeKernel": (2.0, -0.5),
+                     "gemv/accumulate_f32/grid1024": (3.0, -0.2), "AddRmsNormKernel": (1.0, 0.5)}
+    for c, (m, l) in want_marginal.items():
+        got_m, got_l = s["classes"][c]["marginal_us"], s["classes"][c]["lead_us_each"]
+        assert abs(got_m - m) < 1e-9 and abs(got_l - l) < 1e-9, (c, got_m, got_l, m, l)
     print("kernel_timeline: ok")
 
 
