@@ -35,6 +35,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "(0: cuBLASLt)")
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
+  cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
+                "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
+                "them (the residual projections write the next norm's input and sums of "
+                "squares) instead of running them as kernels of their own (measured slower on "
+                "the H200)");
   cmd->add_flag("--gemv-norm-prologue", gemv_norm_prologue,
                 "cuda: on GEMV steps, run the RMSNorm before q|k|v and gate|up in the GEMV's "
                 "prologue instead of as its own kernel (measured slower on the H200)");
@@ -138,6 +143,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.cuda_graphs = !f.enforce_eager;
   o.gemv_max_tokens = f.gemv_max_tokens;
   o.gemv_norm_prologue = f.gemv_norm_prologue;
+  o.gemv_fold_norm = f.gemv_fold_norm;
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;

@@ -24,6 +24,7 @@ struct BackendFlags {
   int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the GEMV kernel
   bool disable_pdl = false;     // cuda: no programmatic dependent launch
   bool gemv_norm_prologue = false;  // cuda: RMSNorm in the GEMV's prologue on GEMV steps
+  bool gemv_fold_norm = false;  // cuda: the RMSNorms folded into the GEMVs around them
   bool fp8_precise_accum = false;  // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
   uint64_t dummy_seed = 0;
   int tensor_parallel_size = 1;  // cuda: GPUs 0..N-1, one shard each over NCCL

@@ -184,6 +184,7 @@ struct CudaExecutor::Impl {
   float* x = nullptr;  // fp32 residual [T, hidden]
   void *normed = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr;
   void *gate_up = nullptr, *act = nullptr, *rows_normed = nullptr;
+  float* rms_partials = nullptr;  // [kGemvMaxTokens, hidden / 4]: the folded RMSNorm
   // fp8: the next GEMM's input as e4m3 codes [T, max(hidden, q_dim, inter)] and its per-token
   // scales [T].
   uint8_t* act8 = nullptr;
@@ -634,6 +635,8 @@ struct CudaExecutor::Impl {
     gate_up = Alloc(T * 2 * inter * int64_t(esize));
     act = Alloc(T * inter * int64_t(esize));
     rows_normed = Alloc(max_rows * hidden * int64_t(esize));
+    // The folded RMSNorm's sums of squares: one per token per 4-row group of the residual.
+    rms_partials = Alloc<float>(cuda::kGemvMaxTokens * ((hidden + 3) / 4) * 4);
     if (fp8) {
       act8 = Alloc<uint8_t>(T * std::max({hidden, q_dim, inter}));
       act8_scale = Alloc<float>(T * 4);
@@ -918,6 +921,14 @@ struct CudaExecutor::Impl {
     return true;
   }
 
+  // g (a residual GEMV) also writes the folded RMSNorm's input for the GEMV after it: `normed`
+  // = dtype(weight ⊙ x) and rms_partials (GemvArgs::rms_partials).
+  void FoldInto(cuda::GemvArgs& g, const float* weight) const {
+    g.rms_weight = weight;
+    g.rms_x = normed;
+    g.rms_partials = rms_partials;
+  }
+
   bool SmallStep(int64_t rows) const {
     return gemv_ok && rows <= std::min<int64_t>(cuda::kGemvMaxTokens, opt.gemv_max_tokens);
   }
@@ -931,10 +942,18 @@ struct CudaExecutor::Impl {
     // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
     // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry
     // RoPE + KV append (q|k|v), the residual add (o, down) and SiLU·mul (gate|up): per layer
-    // RMSNorm, q|k|v, attention, o, RMSNorm, gate|up, down. (opt.gemv_norm_prologue moves
-    // the RMSNorms into the GEMVs' prologues: measured slower, bench/RESULTS.md.)
+    // q|k|v, attention, o, gate|up, down, with the RMSNorms folded into them
+    // (opt.gemv_fold_norm, GemvArgs::rms_partials): o and down also write the next RMSNorm's
+    // input dtype(weight ⊙ x) into `normed` and its sums of squares, and gate|up and the next
+    // layer's q|k|v scale their sums by 1 / rms. Layer 0's input RMSNorm, and every RMSNorm
+    // without the fold, is its own kernel. (opt.gemv_norm_prologue instead normalizes in
+    // each GEMV's prologue: measured slower, bench/RESULTS.md.)
     const bool small = SmallStep(n);
     using E = cuda::GemvEpilogue;
+    const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&
+                      rms_partials != nullptr;
+    const int64_t rms_groups = (hidden + 3) / 4;  // the producers' row groups
+    bool folded = false;  // normed and rms_partials hold x's folded RMSNorm for q|k|v
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
       if (fp8 && !small) {  // W8A8: the layer's own path
@@ -958,10 +977,15 @@ struct CudaExecutor::Impl {
                      .v_cache = kv.v,
                      .kv_format = kv_format};
       }
-      if (small && cuda::GemvSupports(rope)) {
-        // The input RMSNorm in the GEMV's prologue where it fits (one kernel and one
-        // programmatic-launch handoff fewer per RMSNorm), else its own kernel.
-        if (!FuseNorm(rope, x, l.input_norm)) {
+      const bool rope_gemv = small && cuda::GemvSupports(rope);
+      // The fold needs both GEMVs of each pair; x always holds the whole residual, so a step
+      // can fall back to the RMSNorm kernel at any layer.
+      const bool fold_here = fold && rope_gemv;
+      if (rope_gemv) {
+        if (folded && fold_here) {
+          rope.rms_partials = rms_partials;
+          rope.rms_num_partials = rms_groups;
+        } else if (!FuseNorm(rope, x, l.input_norm)) {
           cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
                            stream);
         }
@@ -990,17 +1014,24 @@ struct CudaExecutor::Impl {
         // (bench/RESULTS.md).
         cuda::GemvArgs o = SmallArgs(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim);
         o.waves = 0;
+        if (fold_here) FoldInto(o, l.post_norm);
         cuda::Gemv(o, stream);
         AllReduceResidual(n);
         cuda::GemvArgs gate_up =
             SmallArgs(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter,
                       hidden);
-        if (!FuseNorm(gate_up, x, l.post_norm)) {
+        if (fold_here) {
+          gate_up.rms_partials = rms_partials;
+          gate_up.rms_num_partials = rms_groups;
+        } else if (!FuseNorm(gate_up, x, l.post_norm)) {
           cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps,
                            stream);
         }
         cuda::Gemv(gate_up, stream);
-        SmallLinear(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
+        cuda::GemvArgs down = SmallArgs(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
+        folded = fold_here && i + 1 < config.num_layers;
+        if (folded) FoldInto(down, layers[size_t(i + 1)].input_norm);
+        cuda::Gemv(down, stream);
       } else {
         gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, add, stream);
         AllReduceResidual(n);

@@ -78,6 +78,11 @@ struct CudaExecutorOptions {
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
   // (kernels/cuda/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
+  // GEMV steps, bf16, one GPU: the RMSNorms folded into the GEMVs around them (the residual
+  // projections write the next RMSNorm's input and sums of squares; q|k|v and gate|up scale
+  // by 1 / rms): no RMSNorm kernel inside the layer stack (kernels/cuda/gemv.h). Off: measured
+  // slower end to end on the H200 (bench/RESULTS.md).
+  bool gemv_fold_norm = false;
   // GEMV steps: the RMSNorm before q|k|v and gate|up in the GEMV's prologue (each CTA
   // normalizes the residual row into shared memory) instead of its own kernel. Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).

@@ -1,6 +1,6 @@
 // Small-batch GEMV (design in gemv.h).
 // Instantiations: {bf16, fp16} × N ∈ {1, 2, 4, 8} × (dtype and e4m3 weights: 5 epilogues + 3
-// with the RMSNorm prologue) = 128.
+// with the RMSNorm prologue) = 128, and bf16 × N × weights × 4 with the folded RMSNorm = 32.
 // Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 both weight formats must stay at
 // <= 80 registers without spills (768 threads/SM: 3 CTAs of 256, 6 of 128; bench/RESULTS.md).
 #include <cuda_bf16.h>
@@ -162,6 +162,13 @@ __device__ __forceinline__ uint4 LoadInOrder(const uint4* p) {
   return v;
 }
 
+// One fp32 value, loaded where the program issues it (volatile: not sunk to its first use).
+__device__ __forceinline__ float LoadF32InOrder(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
 // The 8 activations of chunk c of token t: x as is, or with the RMSNorm prologue the
 // normalized row the prologue left in shared memory (xs: [n, k / 8] chunks of dtype).
 template <typename T, typename W, bool Norm>
@@ -296,10 +303,10 @@ __device__ __forceinline__ void StageRope(const GemvArgs& a, int n, int threads,
 
 // Warp 0's epilogue for row group g: lane (r, t) = lane / N, lane % N holds v, the sum of row r
 // for token t (already scaled for e4m3 weights) when `mine`. total: warp 0's scratch.
-template <typename T, GemvEpilogue E, int N>
+template <typename T, GemvEpilogue E, bool Fold, int N>
 __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, int t, bool mine,
                                          float v, float (&total)[kRows][N],
-                                         const RopeStage<N>& rs) {
+                                         const RopeStage<N>& rs, float xold, float gnext) {
   const int n = static_cast<int>(a.n);
   if constexpr (E == GemvEpilogue::kRopeAppendKv) {
     if (mine) total[r][t] = v;
@@ -358,6 +365,21 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
     static_cast<T*>(a.y)[t * half + col] = vec::FromF32<T>(gate / (1.f + expf(-gate)) * up);
   } else {
     const int64_t j = g * kRows + r;
+    if constexpr (E == GemvEpilogue::kAccumulateF32 && Fold) {
+      // The residual add (xold: y, loaded when the group started), the next RMSNorm's input
+      // dtype(weight ⊙ y) and the group's sum of squares per token: lanes r·N + t of the
+      // group's 4 rows, summed (r0 + r1) + (r2 + r3).
+      const bool valid = mine && t < n && j < a.m;
+      const float y = xold + v;
+      float sq = valid ? y * y : 0.f;
+      sq += __shfl_xor_sync(0xffffffffu, sq, N);
+      sq += __shfl_xor_sync(0xffffffffu, sq, 2 * N);
+      if (!valid) return;
+      static_cast<float*>(a.y)[t * a.m + j] = y;
+      static_cast<T*>(a.rms_x)[t * a.m + j] = vec::FromF32<T>(gnext * y);
+      if (r == 0) a.rms_partials[t * ((a.m + kRows - 1) / kRows) + g] = sq;
+      return;
+    }
     if (!mine || t >= n || j >= a.m) return;
     if constexpr (E == GemvEpilogue::kAccumulateF32) {
       // One fp32 add per element (this kernel adds each once: y + v rounded as `y += v`, except
@@ -377,10 +399,14 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
 // double buffered across group boundaries: the next item's weights are in flight while this
 // one's FMAs, and a finished group's reduction and epilogue, run. Each group's sums reduce in
 // the same fixed order as with one CTA per group.
-template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
+// Fold: the folded RMSNorm (GemvArgs::rms_partials): kAccumulateF32 produces, the others
+// consume.
+template <typename T, typename W, GemvEpilogue E, bool Norm, bool Fold, int N>
 __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
     GemvKernel(GemvArgs a) {
   constexpr int kWarps = W::kThreads / 32;
+  constexpr bool kFoldOut = Fold && E == GemvEpilogue::kAccumulateF32;
+  constexpr bool kFoldIn = Fold && !kFoldOut;
   using Element = typename W::Element;
   static_assert(sizeof(Element) * kChunk * W::kSubChunks == 16, "16-byte weight chunks");
   const int64_t chunks = a.k / (kChunk * W::kSubChunks);  // 16-byte chunks per weight row
@@ -423,6 +449,54 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
   if constexpr (Norm) NormalizeToShared<T, W::kThreads, N>(a, n, xs);
   __shared__ RopeStage<N> rope_stage;
   if constexpr (E == GemvEpilogue::kRopeAppendKv) StageRope<N>(a, n, W::kThreads, rope_stage);
+  // Consumer: each warp's share of the sums of squares per token (read by warp 0 after the
+  // first group's barrier); the loads stall only this prologue, with two items of weights in
+  // flight.
+  __shared__ float rms_part[kFoldIn ? kWarps : 1][N];
+  if constexpr (kFoldIn) {
+    float ss[N];
+#pragma unroll
+    for (int t = 0; t < N; ++t) ss[t] = 0.f;
+    const int64_t np = a.rms_num_partials;
+    // 8 loads per thread in flight per round (one round for 1024 partials at 256 threads).
+    constexpr int kLoads = 8;
+#pragma unroll 1
+    for (int64_t i0 = threadIdx.x; i0 < np; i0 += kLoads * W::kThreads) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        if (t >= n) break;
+        float v[kLoads];
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          const int64_t i = i0 + u * W::kThreads;
+          v[u] = i < np ? a.rms_partials[t * np + i] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) ss[t] += v[u];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], o);
+      if (lane == 0) rms_part[warp][t] = ss[t];
+    }
+  }
+  // Producer: warp 0's lane (r, t) holds y[t, j] of row r of the group in progress and the
+  // next RMSNorm's weight[j], loaded when the group's first stage starts (after PdlWait: y is
+  // the previous kernels' residual), used by its epilogue.
+  float xold = 0.f, gnext = 0.f;
+  auto begin_group = [&](int item) {
+    if constexpr (kFoldOut) {
+      if (item % stages != 0 || warp != 0 || lane >= kRows * N) return;
+      const int r = lane / N, t = lane % N;
+      const int64_t j = group_of(item) * kRows + r;
+      if (t < n && j < a.m) {
+        xold = LoadF32InOrder(static_cast<const float*>(a.y) + t * a.m + j);
+        gnext = LoadF32InOrder(a.rms_weight + j);
+      }
+    }
+  };
   __shared__ float part[2][kWarps][kRows][N];  // by group parity: one barrier per group
   __shared__ float total[kRows][N];            // warp 0's epilogue scratch
   float acc[kRows][N];
@@ -466,16 +540,26 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
       const float sc = __shfl_sync(0xffffffffu, mine_sc, r % kRows);
       if (mine) v *= sc;
     }
-    Epilogue<T, E, N>(a, group_of(item), r, t, mine, v, total, rope_stage);
+    if constexpr (kFoldIn) {  // the RMSNorm's 1 / rms, as cuda::AddRmsNorm computes it
+      if (mine) {
+        float ss = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) ss += rms_part[w][t];
+        v *= 1.f / sqrtf(ss / static_cast<float>(a.k) + a.eps);
+      }
+    }
+    Epilogue<T, E, Fold, N>(a, group_of(item), r, t, mine, v, total, rope_stage, xold, gnext);
   };
   // Each buffer is refilled with the item after next as soon as its FMAs have consumed it,
   // before the group's reduction.
   zero();
   for (int it = 0; it < items; it += 2) {
+    begin_group(it);
     FmaStage<T, W, Norm, N>(s0, a, xs, n, it % stages, chunks, acc);
     if (it + 2 < items) load(s0, it + 2);
     finish(it);
     if (it + 1 < items) {
+      begin_group(it + 1);
       FmaStage<T, W, Norm, N>(s1, a, xs, n, (it + 1) % stages, chunks, acc);
       if (it + 3 < items) load(s1, it + 3);
       finish(it + 1);
@@ -484,7 +568,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
 }
 
 // One persistent wave: min(row groups, SMs × resident CTAs of this instantiation).
-template <typename T, typename W, GemvEpilogue E, bool Norm, int N>
+template <typename T, typename W, GemvEpilogue E, bool Norm, bool Fold, int N>
 void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
   static std::atomic<int> ctas_per_sm{0};  // the same on every device of a process (one arch)
   int per_sm = ctas_per_sm.load(std::memory_order_relaxed);
@@ -493,7 +577,7 @@ void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
   const size_t smem = Norm ? size_t(a.n * a.k) * sizeof(T) : 0;
   if (per_sm == 0) {
     LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, GemvKernel<T, W, E, Norm, N>, W::kThreads, Norm ? kGemvNormSharedBytes : 0));
+        &per_sm, GemvKernel<T, W, E, Norm, Fold, N>, W::kThreads, Norm ? kGemvNormSharedBytes : 0));
     per_sm = std::max(per_sm, 1);
     ctas_per_sm.store(per_sm, std::memory_order_relaxed);
   }
@@ -502,20 +586,40 @@ void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
   int64_t ctas = a.waves <= 0 ? groups : std::min(groups, slots);
   if (a.max_ctas > 0) ctas = std::min<int64_t>(ctas, a.max_ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
-  Launch(GemvKernel<T, W, E, Norm, N>, grid, dim3(W::kThreads), smem, stream, a);
+  Launch(GemvKernel<T, W, E, Norm, Fold, N>, grid, dim3(W::kThreads), smem, stream, a);
 }
 
-template <typename T, typename W, GemvEpilogue E, bool Norm>
+template <typename T, typename W, GemvEpilogue E, bool Norm, bool Fold = false>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
   if (a.n <= 1) {
-    LaunchPersistent<T, W, E, Norm, 1>(a, stream);
+    LaunchPersistent<T, W, E, Norm, Fold, 1>(a, stream);
   } else if (a.n <= 2) {
-    LaunchPersistent<T, W, E, Norm, 2>(a, stream);
+    LaunchPersistent<T, W, E, Norm, Fold, 2>(a, stream);
   } else if (a.n <= 4) {
-    LaunchPersistent<T, W, E, Norm, 4>(a, stream);
+    LaunchPersistent<T, W, E, Norm, Fold, 4>(a, stream);
   } else {
-    LaunchPersistent<T, W, E, Norm, 8>(a, stream);
+    LaunchPersistent<T, W, E, Norm, Fold, 8>(a, stream);
   }
+}
+
+// The folded RMSNorm (bf16 only: GemvSupports).
+template <typename W>
+void LaunchFolded(const GemvArgs& a, cudaStream_t stream) {
+  using E = GemvEpilogue;
+  using B = __nv_bfloat16;
+  switch (a.epilogue) {
+    case E::kAccumulateF32:
+      return LaunchN<B, W, E::kAccumulateF32, false, true>(a, stream);
+    case E::kStore:
+      return LaunchN<B, W, E::kStore, false, true>(a, stream);
+    case E::kSiluMul:
+      return LaunchN<B, W, E::kSiluMul, false, true>(a, stream);
+    case E::kRopeAppendKv:
+      return LaunchN<B, W, E::kRopeAppendKv, false, true>(a, stream);
+    case E::kStoreF32:
+      break;
+  }
+  throw std::invalid_argument("Gemv: no folded RMSNorm with kStoreF32");
 }
 
 template <typename T>
@@ -523,6 +627,13 @@ void LaunchT(const GemvArgs& a, cudaStream_t stream) {
   using E = GemvEpilogue;
   using D = DTypeWeights<T>;
   const bool norm = a.norm_weight != nullptr;
+  if (a.rms_partials != nullptr) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return a.w_scale != nullptr ? LaunchFolded<Fp8Weights>(a, stream)
+                                  : LaunchFolded<D>(a, stream);
+    }
+    throw std::invalid_argument("Gemv: the folded RMSNorm needs bf16");
+  }
   if (a.w_scale != nullptr) {  // e4m3 weights
     using F = Fp8Weights;
     switch (a.epilogue) {
@@ -578,12 +689,20 @@ bool GemvSupports(const GemvArgs& a) {
       a.norm_weight == nullptr ||
       ((a.epilogue == E::kStore || a.epilogue == E::kSiluMul || a.epilogue == E::kRopeAppendKv) &&
        Aligned16(a.norm_weight) && GemvNormFits(a.n, a.k));
+  // The folded RMSNorm: bf16, not with the prologue; the producer needs its outputs, the
+  // consumer its count.
+  const bool fold_ok =
+      a.rms_partials == nullptr ||
+      (a.dtype == DType::kBF16 && a.norm_weight == nullptr &&
+       (a.epilogue == E::kAccumulateF32
+            ? a.rms_weight != nullptr && a.rms_x != nullptr
+            : a.epilogue != E::kStoreF32 && a.rms_num_partials > 0));
   const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk
   const int64_t chunk_elements = fp8 ? 2 * kChunk : kChunk;
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % chunk_elements == 0 && a.m > 0 &&
          (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
-         a.y != nullptr && norm_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
+         a.y != nullptr && norm_ok && fold_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
 }
 
 void Gemv(const GemvArgs& a, cudaStream_t stream) {
@@ -594,7 +713,8 @@ void Gemv(const GemvArgs& a, cudaStream_t stream) {
                                 "for SiLU·mul, 16-byte aligned, bf16/f16, RMSNorm prologue only "
                                 "with store, SiLU·mul or RoPE and n·k·2 <= " +
                                 std::to_string(kGemvNormSharedBytes) +
-                                " bytes, RoPE shapes matching the KV layout)");
+                                " bytes, the folded RMSNorm only bf16 and without the prologue, "
+                                "RoPE shapes matching the KV layout)");
   }
   if (a.dtype == DType::kBF16) {
     LaunchT<__nv_bfloat16>(a, stream);

@@ -112,6 +112,20 @@ struct GemvArgs {
   int64_t n = 0, m = 0, k = 0;
   DType dtype = DType::kBF16;  // of x, of w without w_scale, of y for kStore / kSiluMul / RoPE
   GemvRope rope;               // kRopeAppendKv
+  // The RMSNorm between two GEMVs, folded into both (rms_partials set; dtype bf16; no
+  // norm_weight), so that no RMSNorm kernel runs between them:
+  //  - producer (kAccumulateF32): besides y += s (then a load, the same fp32 add and a store),
+  //    writes rms_x = dtype(rms_weight ⊙ y) [n, m] and rms_partials[t, g] = the sum of y[t, j]²
+  //    over row group g's 4 rows ([n, ceil(m / 4)], in a fixed order);
+  //  - consumer (kStore, kSiluMul, kRopeAppendKv): x is such an rms_x of a k-wide residual,
+  //    and every sum is multiplied by inv_rms[t] = 1 / sqrt(sum_g rms_partials[t, g] / k +
+  //    eps) (rms_num_partials groups, summed in a fixed order) before its epilogue: the
+  //    RMSNorm of cuda::AddRmsNorm with its rounding to dtype taken before the scale by inv_rms
+  //    instead of after (the same relative rounding error).
+  const float* rms_weight = nullptr;  // producer: fp32 [m], the next RMSNorm's weight
+  void* rms_x = nullptr;              // producer: dtype [n, m]
+  float* rms_partials = nullptr;
+  int64_t rms_num_partials = 0;       // consumer
   // The grid: min(row groups, waves × SMs × resident CTAs); waves = 0: one CTA per row group.
   int waves = 1;
   // > 0: at most this many CTAs (tests: many row groups per CTA).

@@ -136,11 +136,15 @@ struct LogitsCase {
   const char* model;
   DType dtype;
   bool gemv = false;  // small steps on kernels/cuda/gemv.h (the default) instead of cuBLASLt
+  // GEMV steps' RMSNorms: 0 their own kernels (the default), 1 folded into the GEMVs around
+  // them (--gemv-fold-norm), 2 in the GEMVs' prologues (--gemv-norm-prologue)
+  int norm = 0;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<LogitsCase>& info) {
   return std::string(info.param.model) + (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
-         (info.param.gemv ? "_gemv" : "_cublaslt");
+         (info.param.gemv ? "_gemv" : "_cublaslt") +
+         (info.param.norm == 1 ? "_foldnorm" : info.param.norm == 2 ? "_normprologue" : "");
 }
 
 class CudaLogits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
@@ -152,6 +156,8 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   const std::vector<float> want = CpuLogits(dir, ids);
   CudaExecutorOptions o = SmallOptions(c.dtype);
   o.gemv_max_tokens = c.gemv ? 8 : 0;
+  o.gemv_fold_norm = c.norm == 1;
+  o.gemv_norm_prologue = c.norm == 2;
   auto ex = CudaExecutor::Create(dir, o);
   const std::vector<float> got = AllLogits(*ex, ids, 40);
   ASSERT_EQ(got.size(), want.size());
@@ -179,7 +185,12 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
                                            LogitsCase{"hd128", DType::kBF16, true},
                                            LogitsCase{"hd128", DType::kF16, true},
                                            LogitsCase{"hd64", DType::kBF16, true},
-                                           LogitsCase{"hd64", DType::kF16, true}),
+                                           LogitsCase{"hd64", DType::kF16, true},
+                                           LogitsCase{"stories260K", DType::kBF16, true, 1},
+                                           LogitsCase{"hd128", DType::kBF16, true, 1},
+                                           LogitsCase{"hd64", DType::kBF16, true, 1},
+                                           LogitsCase{"hd128", DType::kBF16, true, 2},
+                                           LogitsCase{"hd64", DType::kF16, true, 2}),
                          CaseName);
 
 // --kv-cache-dtype fp8 on the GPU (e4m3 pools: the fp8 append, the fp8 decode kernel, the fp8

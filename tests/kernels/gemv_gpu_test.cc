@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -502,7 +504,8 @@ struct RopeCase {
   DType dtype;
   int n, num_heads, num_kv_heads, head_dim, k;
   bool norm;
-  bool fp8 = false;  // e4m3 weights (w_scale): both paths run the fp8 GEMV
+  bool fp8 = false;   // e4m3 weights (w_scale): both paths run the fp8 GEMV
+  bool fold = false;  // the folded RMSNorm's consumer: x and sums of squares given
 };
 
 class GemvRopeGpu : public ::testing::TestWithParam<RopeCase> {
@@ -542,6 +545,11 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
   const std::vector<uint16_t> poison(size_t(layout.pool_elements()), 0x7fc0);
   void* dx = c.norm ? static_cast<void*>(Upload(resid)) : static_cast<void*>(Upload(x));
   float* dgain = Upload(gain);
+  // The folded RMSNorm's sums of squares (37 groups per token, each ~ 4 · 4 · k / 148).
+  const int64_t num_partials = 37;
+  std::vector<float> partials(size_t(n * num_partials));
+  for (float& v : partials) v = float(k) * (0.1f + 0.01f * float(rng() % 100)) / 37.f;
+  float* dpartials = Upload(partials);
   float* dfreq = Upload(inv_freq);
   int32_t* dpos = Upload(positions);
   int64_t* dslots = Upload(slots);
@@ -556,6 +564,10 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
   cuda::GemvArgs a = Args(E::kStore, dx, dw, dscale, dqkv, n, m, k, c.dtype);
   a.norm_weight = c.norm ? dgain : nullptr;
   a.eps = 1e-5f;
+  if (c.fold) {
+    a.rms_partials = dpartials;
+    a.rms_num_partials = num_partials;
+  }
   cuda::Gemv(a, nullptr);
   cuda::RopeAppendKv(dqkv, dpos, dslots, dfreq, n, c.num_heads, c.num_kv_heads, int(hd),
                      PagedKvView<void>{dk[0], dv[0], layout}, c.dtype, dq[0], nullptr);
@@ -601,7 +613,8 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
        {dx, static_cast<void*>(dgain), static_cast<void*>(dfreq), static_cast<void*>(dpos),
         static_cast<void*>(dslots), dw, static_cast<void*>(dscale), static_cast<void*>(dqkv),
         static_cast<void*>(dq[0]), static_cast<void*>(dq[1]), static_cast<void*>(dk[0]),
-        static_cast<void*>(dk[1]), static_cast<void*>(dv[0]), static_cast<void*>(dv[1])})
+        static_cast<void*>(dk[1]), static_cast<void*>(dv[0]), static_cast<void*>(dv[1]),
+        static_cast<void*>(dpartials)})
     cudaFree(p);
 }
 
@@ -615,12 +628,187 @@ INSTANTIATE_TEST_SUITE_P(
                       RopeCase{DType::kF16, 3, 8, 8, 64, 4112, false, true},
                       RopeCase{DType::kBF16, 8, 4, 1, 128, 11008, false, true},
                       RopeCase{DType::kBF16, 1, 4, 2, 128, 4096, true, true},
-                      RopeCase{DType::kF16, 3, 8, 8, 64, 4112, true, true}),
+                      RopeCase{DType::kF16, 3, 8, 8, 64, 4112, true, true},
+                      RopeCase{DType::kBF16, 1, 4, 2, 128, 4096, false, false, true},
+                      RopeCase{DType::kBF16, 3, 8, 2, 64, 4112, false, true, true}),
     [](const auto& info) {
       const RopeCase& c = info.param;
       return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + "_n" + std::to_string(c.n) +
              "_h" + std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) + "_hd" +
-             std::to_string(c.head_dim) + (c.norm ? "_rmsnorm" : "") + (c.fp8 ? "_fp8" : "");
+             std::to_string(c.head_dim) + (c.norm ? "_rmsnorm" : "") + (c.fp8 ? "_fp8" : "") +
+             (c.fold ? "_fold" : "");
+    });
+
+// The folded RMSNorm (GemvArgs::rms_partials): a residual GEMV (kAccumulateF32) that also
+// writes the next RMSNorm's input dtype(g ⊙ y) and per-group sums of y², then the GEMV that
+// consumes them (kStore or kSiluMul), against float64 references computed from the producer's
+// own y: y = y0 + x·w1ᵀ, rms_x = dtype(g ⊙ y) bit for bit, each partial the sum of its 4 rows'
+// squares, and the consumer's s = inv_rms · Σ rms_x · w2 (inv_rms from all of y); every output
+// bit-identical on 1-3 CTAs and with one CTA per group.
+struct FoldCase {
+  int n;
+  int64_t k1, hidden, m2;  // producer x [n, k1] -> residual [n, hidden] -> consumer [n, m2]
+  E consumer;
+  bool fp8;
+};
+
+class GemvFoldGpu : public ::testing::TestWithParam<FoldCase> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  }
+};
+
+// Weights for a case: bf16 values, or e4m3 codes with row scales; `rows` the float values the
+// CPU twin reads (cpu::LoadRow).
+struct FoldWeights {
+  void* w = nullptr;
+  float* scale = nullptr;
+  std::vector<float> rows;
+};
+
+FoldWeights MakeFoldWeights(int64_t m, int64_t k, bool fp8, std::mt19937& rng) {
+  FoldWeights f;
+  const std::vector<uint16_t> w = fp8 ? std::vector<uint16_t>() : RandomHalf(DType::kBF16, size_t(m * k), 0.05f, rng);
+  const Fp8Matrix w8 = fp8 ? RandomFp8(m, k, 0.05f, rng) : Fp8Matrix{};
+  cpu::WeightMatrix wm;
+  wm.dtype = fp8 ? DType::kF8E4M3 : DType::kBF16;
+  wm.data = fp8 ? static_cast<const void*>(w8.codes.data()) : w.data();
+  wm.rows = m;
+  wm.cols = k;
+  wm.scales = fp8 ? w8.scales.data() : nullptr;
+  f.rows.resize(size_t(m * k));
+  for (int64_t j = 0; j < m; ++j) cpu::LoadRow(wm, j, f.rows.data() + j * k);
+  f.w = fp8 ? static_cast<void*>(Upload(w8.codes)) : static_cast<void*>(Upload(w));
+  f.scale = fp8 ? Upload(w8.scales) : nullptr;
+  return f;
+}
+
+TEST_P(GemvFoldGpu, ProducerAndConsumerMatchFloat64) {
+  const FoldCase c = GetParam();
+  const DType bf = DType::kBF16;
+  std::mt19937 rng(c.n * 17 + c.hidden + c.m2);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t n = c.n, h = c.hidden, groups = (h + 3) / 4;
+  const float eps = 1e-5f;
+  const std::vector<uint16_t> x1 = RandomHalf(bf, size_t(n * c.k1), 1.f, rng);
+  std::vector<float> y0(static_cast<size_t>(n * h)), gain(static_cast<size_t>(h));
+  for (float& v : y0) v = 2.f * dist(rng);
+  for (float& v : gain) v = 1.f + 0.3f * dist(rng);
+  const FoldWeights w1 = MakeFoldWeights(h, c.k1, c.fp8, rng);
+  const bool silu = c.consumer == E::kSiluMul;
+  const int64_t outs = silu ? c.m2 / 2 : c.m2;
+  const FoldWeights w2 = MakeFoldWeights(c.m2, h, c.fp8, rng);
+  uint16_t* dx1 = Upload(x1);
+  float* dy = Upload(y0);
+  float* dgain = Upload(gain);
+  uint16_t* drms_x = Upload(std::vector<uint16_t>(size_t(n * h), 0x7fc0));
+  float* dpart = Upload(std::vector<float>(size_t(n * groups), -1.f));
+  uint16_t* dout = Upload(std::vector<uint16_t>(size_t(n * outs), 0x7fc0));
+  cuda::GemvArgs p = Args(E::kAccumulateF32, dx1, w1.w, w1.scale, dy, n, h, c.k1, bf);
+  p.rms_weight = dgain;
+  p.rms_x = drms_x;
+  p.rms_partials = dpart;
+  cuda::GemvArgs q = Args(c.consumer, drms_x, w2.w, w2.scale, dout, n, c.m2, h, bf);
+  q.rms_partials = dpart;
+  q.rms_num_partials = groups;
+  q.eps = eps;
+  ASSERT_TRUE(cuda::GemvSupports(p));
+  ASSERT_TRUE(cuda::GemvSupports(q));
+  auto run = [&](int ctas) {  // y from y0 again, then both GEMVs; everything they wrote
+    LLM_CUDA_CHECK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
+    cuda::GemvArgs pp = p, qq = q;
+    pp.max_ctas = qq.max_ctas = ctas > 0 ? ctas : 0;
+    if (ctas < 0) pp.waves = qq.waves = 0;
+    cuda::Gemv(pp, nullptr);
+    cuda::Gemv(qq, nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint32_t> bits;
+    for (float v : Download<float>(dy, size_t(n * h))) bits.push_back(std::bit_cast<uint32_t>(v));
+    for (uint16_t v : Download<uint16_t>(drms_x, size_t(n * h))) bits.push_back(v);
+    for (float v : Download<float>(dpart, size_t(n * groups))) bits.push_back(std::bit_cast<uint32_t>(v));
+    for (uint16_t v : Download<uint16_t>(dout, size_t(n * outs))) bits.push_back(v);
+    return bits;
+  };
+  const std::vector<uint32_t> first = run(0);
+  const std::vector<float> y = Download<float>(dy, size_t(n * h));
+  const std::vector<uint16_t> rms_x = Download<uint16_t>(drms_x, size_t(n * h));
+  const std::vector<float> part = Download<float>(dpart, size_t(n * groups));
+  const std::vector<uint16_t> out = Download<uint16_t>(dout, size_t(n * outs));
+  for (int64_t t = 0; t < n; ++t) {
+    double ss = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      // The producer: y = y0 + s (fp32 accumulation in another order).
+      double s = 0, mag = 0;
+      for (int64_t i = 0; i < c.k1; ++i) {
+        const double pr = double(FromHalf(bf, x1[t * c.k1 + i])) * w1.rows[j * c.k1 + i];
+        s += pr;
+        mag += std::fabs(pr);
+      }
+      const double yv = y[t * h + j];
+      ASSERT_LE(std::fabs(yv - (y0[t * h + j] + s)), 1e-5 * mag + 1e-6 * std::fabs(y0[t * h + j]) + 1e-6)
+          << "y token " << t << " row " << j;
+      ASSERT_EQ(rms_x[t * h + j], ToHalf(bf, gain[j] * y[t * h + j])) << "rms_x " << t << " " << j;
+      ss += yv * yv;
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      double want = 0;
+      for (int64_t j = 4 * g; j < std::min(h, 4 * g + 4); ++j) want += double(y[t * h + j]) * y[t * h + j];
+      ASSERT_LE(std::fabs(part[t * groups + g] - want), 1e-6 * want + 1e-30) << "partial " << g;
+    }
+    // The consumer, from the producer's y.
+    const double inv = 1.0 / std::sqrt(ss / double(h) + eps);
+    std::vector<double> s2(size_t(c.m2)), mag2(size_t(c.m2));
+    for (int64_t j = 0; j < c.m2; ++j) {
+      for (int64_t i = 0; i < h; ++i) {
+        const double pr = double(FromHalf(bf, rms_x[t * h + i])) * w2.rows[j * h + i];
+        s2[j] += pr;
+        mag2[j] += std::fabs(pr);
+      }
+      s2[j] *= inv;
+      mag2[j] *= inv;
+    }
+    const double ulp = 1.0 / 128, rel = 1e-5;
+    for (int64_t j = 0; j < outs; ++j) {
+      const double got = FromHalf(bf, out[t * outs + j]);
+      double ref = s2[j], tol = rel * mag2[j] + ulp * std::fabs(s2[j]);
+      if (silu) {
+        const double g = RoundHalf(bf, s2[j]), u = RoundHalf(bf, s2[outs + j]);
+        const double silu_g = g / (1 + std::exp(-g));
+        ref = silu_g * u;
+        const double dg = rel * mag2[j] + ulp * std::fabs(g), du = rel * mag2[outs + j] + ulp * std::fabs(u);
+        tol = 1.1 * std::fabs(u) * dg + std::fabs(silu_g) * du + dg * du + ulp * std::fabs(ref);
+      }
+      ASSERT_LE(std::fabs(got - ref), tol + 1e-6) << "consumer token " << t << " output " << j;
+    }
+  }
+  for (int ctas : {1, 2, 3, -1}) {
+    const std::vector<uint32_t> again = run(ctas);
+    size_t differ = 0;
+    for (size_t i = 0; i < again.size(); ++i) differ += again[i] != first[i];
+    EXPECT_EQ(differ, 0u) << (ctas > 0 ? std::to_string(ctas) + " CTAs" : "one CTA per group");
+  }
+  for (void* d : {static_cast<void*>(dx1), static_cast<void*>(dy), static_cast<void*>(dgain),
+                  static_cast<void*>(drms_x), static_cast<void*>(dpart), static_cast<void*>(dout),
+                  w1.w, static_cast<void*>(w1.scale), w2.w, static_cast<void*>(w2.scale)})
+    cudaFree(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemvFoldGpu,
+    ::testing::Values(FoldCase{1, 4096, 4096, 1000, E::kStore, false},
+                      FoldCase{1, 11008, 4096, 2000, E::kSiluMul, false},
+                      FoldCase{3, 2048, 1032, 78, E::kStore, false},  // 258 groups
+                      FoldCase{8, 4112, 2048, 256, E::kSiluMul, false},
+                      FoldCase{1, 4096, 4096, 1000, E::kSiluMul, true},
+                      FoldCase{2, 4112, 2048, 78, E::kStore, true},
+                      FoldCase{5, 2048, 1040, 64, E::kSiluMul, true}),
+    [](const auto& info) {
+      const FoldCase& c = info.param;
+      return "n" + std::to_string(c.n) + "_k" + std::to_string(c.k1) + "_h" +
+             std::to_string(c.hidden) + "_m" + std::to_string(c.m2) +
+             (c.consumer == E::kSiluMul ? "_silumul" : "_store") + (c.fp8 ? "_fp8" : "");
     });
 
 TEST(GemvApi, RejectsWhatItCannotRun) {
@@ -684,6 +872,31 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_TRUE(cuda::GemvSupports(a));
   a.w = reinterpret_cast<const uint8_t*>(buf) + 8;  // w not 16-byte aligned
   EXPECT_FALSE(cuda::GemvSupports(a));
+  // The folded RMSNorm: bf16 only; the producer (kAccumulateF32) needs its weight and its
+  // dtype output, the consumer its partial count; never with the prologue or kStoreF32.
+  alignas(16) static float partials[8];
+  a.w_scale = nullptr;
+  a.w = buf;
+  a.rms_partials = partials;
+  a.epilogue = E::kAccumulateF32;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.rms_weight = gain;
+  a.rms_x = buf;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.dtype = DType::kF16;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.dtype = DType::kBF16;
+  a.epilogue = E::kStore;
+  EXPECT_FALSE(cuda::GemvSupports(a));  // no partial count
+  a.rms_num_partials = 8;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.norm_weight = gain;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.norm_weight = nullptr;
+  a.epilogue = E::kStoreF32;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.rms_partials = nullptr;
+  EXPECT_TRUE(cuda::GemvSupports(a));
   // kRopeAppendKv: every input present, then head_dim past the 256 the shared-memory staging
   // of inv_freq holds.
   alignas(16) static int32_t positions[1];
