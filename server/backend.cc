@@ -35,6 +35,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "(0: cuBLASLt)")
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
+  cmd->add_option("--decode-min-tiles-per-split", decode_min_tiles_per_split,
+                  "cuda: the decode attention splits a sequence's keys over CTAs (split-KV) "
+                  "with at least this many 64-key tiles per split")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
                 "them (the residual projections write the next norm's input and sums of "
@@ -144,6 +149,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_max_tokens = f.gemv_max_tokens;
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
+  o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;

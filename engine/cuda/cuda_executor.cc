@@ -817,7 +817,8 @@ struct CudaExecutor::Impl {
       const size_t per_split =
           size_t(nd) * size_t(heads) * size_t(config.head_dim + 2) * sizeof(float);
       s.splits = cuda::DecodeAutoSplits(nd, kv_heads, s.max_keys_decode, config.head_dim,
-                                        int64_t(kDecodeWorkspaceBytes / per_split));
+                                        int64_t(kDecodeWorkspaceBytes / per_split),
+                                        opt.decode_min_tiles_per_split);
     }
     auto copy = [&](void* dst, const void* src, int64_t bytes) {
       if (bytes > 0)

@@ -778,11 +778,13 @@ constexpr int64_t kCtaOverheadTiles = 2;
 // ceil(tiles / s) + overhead tiles each; the s with the smallest estimate wins, ties to the
 // larger s (more CTAs, so every resident slot streams: 1×32k on 264 slots takes 33 splits,
 // 264 CTAs of 15-16 tiles, where v2's "smallest s within 85% wave efficiency" took 29, 232
-// CTAs). s ≤ tiles / 2 keeps ≥ 2 tiles per split (so each CTA still pipelines), s ≤ max_splits
-// (what the workspace holds) and s ≤ kMaxSplits.
-int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_splits) {
+// CTAs). s ≤ tiles / min_tiles (2 by default: each CTA still pipelines its tiles), s ≤
+// max_splits (what the workspace holds) and s ≤ kMaxSplits.
+int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_splits,
+                 int64_t min_tiles = 2) {
   const int64_t tiles = (std::max<int64_t>(max_num_keys, 1) + kTileKeys - 1) / kTileKeys;
-  const int64_t limit = std::min<int64_t>({max_splits, tiles / 2, kMaxSplits});
+  const int64_t limit =
+      std::min<int64_t>({max_splits, tiles / std::max<int64_t>(min_tiles, 1), kMaxSplits});
   if (limit <= 1 || base <= 0 || base * 5 >= int64_t(slots) * 4) return 1;
   int64_t best_s = 1, best_cost = -1;
   for (int64_t s = 1; s <= limit; ++s) {
@@ -869,9 +871,10 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 }
 
 int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
-                     int64_t head_dim, int64_t max_splits) {
+                     int64_t head_dim, int64_t max_splits, int64_t min_tiles_per_split) {
   const int slots = NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 ? 64 : 128, false);
-  return SelectSplits(num_seqs * num_kv_heads, max_num_keys, slots, max_splits);
+  return SelectSplits(num_seqs * num_kv_heads, max_num_keys, slots, max_splits,
+                      min_tiles_per_split);
 }
 
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,

@@ -64,9 +64,12 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
                           size_t workspace_bytes, cudaStream_t stream,
                           DecodeLaunchInfo* info = nullptr);
 
-// The split count the automatic selector picks for a batch shape (exposed for tests/benches).
+// The split count the automatic selector picks for a batch shape (exposed for tests/benches);
+// every split gets at least min_tiles_per_split tiles of 64 keys of the longest sequence (2:
+// each CTA pipelines its tiles, as PagedDecodeAttention's num_splits = 0 picks; 1: short
+// contexts at small batch split further, each CTA one tile, which the executor uses).
 int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
-                     int64_t head_dim, int64_t max_splits);
+                     int64_t head_dim, int64_t max_splits, int64_t min_tiles_per_split = 2);
 
 // Writes new keys and values (same semantics as cpu::AppendKv):
 //   k, v: [num_tokens, num_kv_heads, head_dim] of `dtype` (device)

@@ -564,6 +564,13 @@ TEST_F(DecodeAttentionGpuV3, AutoSplitsFillTheMachine) {
   EXPECT_EQ(cuda::DecodeAutoSplits(256, 8, 2048, 128, 128), 1);
   EXPECT_EQ(cuda::DecodeAutoSplits(1, 8, 100, 128, 128), 1);  // 2 tiles: no split
   EXPECT_EQ(cuda::DecodeAutoSplits(1, 8, 32768, 128, 7), 7);  // the workspace's cap
+  // One tile per split allowed (the executor's short contexts at small batch): 2 tiles split
+  // in 2; Llama-2-7B at batch 1 (32 KV heads), 256 keys: 4 tiles, 4 splits of one tile.
+  EXPECT_EQ(cuda::DecodeAutoSplits(1, 8, 100, 128, 128, 1), 2);
+  if (slots >= 128) {
+    EXPECT_EQ(cuda::DecodeAutoSplits(1, 32, 256, 128, 128, 1), 4);
+  }
+  EXPECT_EQ(cuda::DecodeAutoSplits(1, 32, 256, 128, 128), 2);
 }
 
 TEST(DecodeAttentionGpuArgs, RejectsUnsupportedShapes) {
