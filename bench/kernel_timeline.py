@@ -11,7 +11,12 @@ gate|up, down and the lm_head apart):
   - exposed: the part of the step's wall time charged to it: at each instant, the running kernel
     that started first (under PDL the next kernel already runs, waiting on this one); the exposed
     times and the idle gaps sum to the step's wall time,
-  - and the idle gaps in which no kernel ran.
+  - marginal: how far the kernel moved the step's end past everything before it (the marginals
+    and the idle gaps before them sum to the wall); lead: its start against that end (negative:
+    launched early under PDL),
+  - and the idle gaps in which no kernel ran;
+and, between consecutive replays, the gap (the step's host side: sampling, copies, the next
+launch), the time no kernel ran in it and the kernels outside the graph that did.
 """
 import argparse
 import csv
@@ -129,6 +134,45 @@ def analyse(step):
     return wall, idle, busy, exposed, count, marginal, lead
 
 
+def between(kernels, steps, size, skip):
+    """The gaps between consecutive replays of `size` kernels (after the first `skip` replays):
+    the step's host work shows here (sampling, copies, the next step's launch). Per gap: its
+    length, the time no kernel ran, and the kernels outside the graph that ran in it."""
+    loose = [k for k in kernels if k["graph"] == 0]
+    gaps, idles, busy, count = [], [], defaultdict(list), defaultdict(list)
+    seen = 0
+    for prev, nxt in zip(steps, steps[1:]):
+        if len(prev) != size:
+            continue
+        seen += 1
+        if seen <= skip or len(nxt) != size:
+            continue
+        t0 = max(k["end"] for k in prev)
+        t1 = min(k["start"] for k in nxt)
+        if t1 <= t0:
+            continue
+        inside = [k for k in loose if t0 <= k["start"] < t1]
+        covered, cursor = 0, t0
+        b, c = defaultdict(float), defaultdict(int)
+        for k in sorted(inside, key=lambda k: k["start"]):
+            end = min(k["end"], t1)
+            covered += max(0, end - max(k["start"], cursor))
+            cursor = max(cursor, end)
+            b[k["cls"]] += (k["end"] - k["start"]) / 1e3
+            c[k["cls"]] += 1
+        gaps.append((t1 - t0) / 1e3)
+        idles.append((t1 - t0 - covered) / 1e3)
+        for cls in set(busy) | set(b):
+            busy[cls].append(b.get(cls, 0.0))
+            count[cls].append(c.get(cls, 0))
+    if not gaps:
+        return None
+    return {"gaps": len(gaps), "gap_us": statistics.median(gaps),
+            "idle_us": statistics.median(idles),
+            "kernels": {cls: {"per_gap": statistics.median(count[cls]),
+                              "busy_us": statistics.median(busy[cls])} for cls in busy}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("trace")
@@ -137,11 +181,13 @@ def main():
                     help="only replays with this many kernels (0: the most common size)")
     ap.add_argument("--json", help="write the summary here too")
     a = ap.parse_args()
-    steps = replays(load(a.trace))
-    if not steps:
+    kernels = load(a.trace)
+    all_steps = replays(kernels)
+    if not all_steps:
         sys.exit("no graph-launched kernels in " + a.trace)
-    size = a.graph_size or statistics.mode(len(s) for s in steps)
-    steps = [s for s in steps if len(s) == size][a.skip:]
+    size = a.graph_size or statistics.mode(len(s) for s in all_steps)
+    gap = between(kernels, all_steps, size, a.skip)
+    steps = [s for s in all_steps if len(s) == size][a.skip:]
     if not steps:
         sys.exit(f"no replays of {size} kernels after skipping {a.skip}")
     walls, idles = [], []
@@ -170,6 +216,14 @@ def main():
         print(f"{cls:44s} {count[cls]:8d} {b:9.1f} {e:11.1f} {e / wall:8.1%} {m:11.1f} {l:12.2f}")
         summary["classes"][cls] = {"per_step": count[cls], "busy_us": b, "exposed_us": e,
                                    "marginal_us": m, "lead_us_each": l}
+    if gap:
+        print(f"between consecutive replays ({gap['gaps']}): median gap {gap['gap_us']:.1f} us, "
+              f"no kernel running {gap['idle_us']:.1f} us; kernels outside the graph in it:")
+        for cls, v in sorted(gap["kernels"].items(), key=lambda kv: -kv[1]["busy_us"]):
+            if v["per_gap"] == 0:  # (in rare gaps only: another request's prefill)
+                continue
+            print(f"  {cls:42s} {v['per_gap']:6g} per gap {v['busy_us']:9.1f} us")
+        summary["between_replays"] = gap
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)

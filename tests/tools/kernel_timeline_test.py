@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """ctest kernel_timeline: bench/kernel_timeline.py on a synthetic CUPTI trace whose split is
-known by hand (3 replays of a 4-kernel graph with PDL-style overlap, after a non-graph kernel):
+known by hand (3 replays of a 4-kernel graph with PDL-style overlap, after a non-graph kernel,
+with a sampling kernel between replays):
   q|k|v GEMV [0, 3000] ns, attention [2500, 5000] (launched early), o GEMV [4800, 8000],
   RMSNorm [8500, 9000]: at each instant the oldest running kernel is charged, so q|k|v 3.0 us,
   attention 2.0 (it still runs when o starts), o 3.0, idle 0.5, RMSNorm 0.5; wall 9.0."""
@@ -16,6 +17,7 @@ GEMV = ("_ZN3llm4cuda12_GLOBAL__N_110GemvKernelI13__nv_bfloat16NS1_12DTypeWeight
         "12GemvEpilogueE{}ELb0ELi1EEEvNS0_8GemvArgsE")
 ATTN = "_ZN3llm4cuda12_GLOBAL__N_112DecodeKernelI13__nv_bfloat16Li128ELb0EEEvNS1_10KernelArgsE"
 NORM = "_ZN3llm4cuda12_GLOBAL__N_116AddRmsNormKernelIfLi8EEEvv"
+SAMPLE = "_ZN3llm4cuda12_GLOBAL__N_112SampleKernelEPKfi"
 
 
 def main():
@@ -33,6 +35,8 @@ def main():
         kernel(b + 2500, b + 5000, 5, 101, ATTN, 32)
         kernel(b + 4800, b + 8000, 5, 102, GEMV.format(2), 1024)
         kernel(b + 8500, b + 9000, 5, 103, NORM, 1)
+        if r < 2:  # between replays (gap [b + 9000, b + 10000]): sampling, 0.4 us
+            kernel(b + 9100, b + 9500, 0, 0, SAMPLE, 1)
     with tempfile.TemporaryDirectory() as d:
         trace, out = os.path.join(d, "trace.csv"), os.path.join(d, "summary.json")
         with open(trace, "w", newline="") as f:
@@ -58,6 +62,12 @@ def main():
     for c, (m, l) in want_marginal.items():
         got_m, got_l = s["classes"][c]["marginal_us"], s["classes"][c]["lead_us_each"]
         assert abs(got_m - m) < 1e-9 and abs(got_l - l) < 1e-9, (c, got_m, got_l, m, l)
+    # Between consecutive replays: 2 gaps of 1.0 us, 0.4 us of them sampling, 0.6 idle.
+    g = s["between_replays"]
+    assert g["gaps"] == 2 and abs(g["gap_us"] - 1.0) < 1e-9 and abs(g["idle_us"] - 0.6) < 1e-9, g
+    assert set(g["kernels"]) == {"SampleKernel"}, g
+    assert g["kernels"]["SampleKernel"]["per_gap"] == 1, g
+    assert abs(g["kernels"]["SampleKernel"]["busy_us"] - 0.4) < 1e-9, g
     print("kernel_timeline: ok")
 
 
