@@ -40,6 +40,9 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "with at least this many 64-key tiles per split")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  cmd->add_flag("--packed-step-inputs", packed_step_inputs,
+                "cuda: send a step's inputs to the device in one packed copy and one scatter "
+                "kernel instead of one copy per input array");
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
                 "them (the residual projections write the next norm's input and sums of "
@@ -150,6 +153,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
+  o.packed_step_inputs = f.packed_step_inputs;
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;

@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -89,6 +90,27 @@ __global__ void __launch_bounds__(kFeedThreads)
     const int32_t row = feed[t];
     if (row >= 0) token_ids[t] = sampled[row];
   }
+}
+
+// ---- ScatterCopies -------------------------------------------------------------------------
+// blockIdx.y = the segment; blockIdx.x strides over its 16-byte words (then 4-byte tail words).
+constexpr int kScatterThreads = 256;
+struct ScatterArgs {
+  const std::byte* src;
+  CopySegment seg[kMaxCopySegments];
+};
+
+__global__ void __launch_bounds__(kScatterThreads) ScatterCopiesKernel(ScatterArgs a) {
+  const CopySegment s = a.seg[blockIdx.y];
+  const int64_t stride = int64_t(gridDim.x) * kScatterThreads;
+  const int64_t first = int64_t(blockIdx.x) * kScatterThreads + threadIdx.x;
+  const auto* in = reinterpret_cast<const uint4*>(a.src + s.src_offset);
+  auto* out = static_cast<uint4*>(s.dst);
+  const int64_t words16 = s.bytes / 16;
+  for (int64_t i = first; i < words16; i += stride) out[i] = in[i];
+  const auto* in4 = reinterpret_cast<const uint32_t*>(a.src + s.src_offset);
+  auto* out4 = static_cast<uint32_t*>(s.dst);
+  for (int64_t i = words16 * 4 + first; i < s.bytes / 4; i += stride) out4[i] = in4[i];
 }
 
 // ---- FP8 rows (dynamic per-row scales) ------------------------------------------------------
@@ -571,6 +593,32 @@ void FeedSampledTokens(int32_t* token_ids, const int32_t* feed, const int32_t* s
   const int64_t blocks = std::min<int64_t>((num_tokens + kFeedThreads - 1) / kFeedThreads, 64);
   Launch(FeedSampledTokensKernel, dim3(unsigned(blocks)), dim3(kFeedThreads), 0, stream, token_ids,
          feed, sampled, num_tokens);
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void ScatterCopies(const void* src, const CopySegment* segments, int count,
+                   cudaStream_t stream) {
+  if (count < 0 || count > kMaxCopySegments) {
+    throw std::invalid_argument("ScatterCopies: " + std::to_string(count) + " segments (at most " +
+                                std::to_string(kMaxCopySegments) + ")");
+  }
+  ScatterArgs a{};
+  a.src = static_cast<const std::byte*>(src);
+  int64_t most = 0;
+  for (int i = 0; i < count; ++i) {
+    const CopySegment& s = segments[i];
+    if (s.bytes < 0 || s.bytes % 4 != 0 || s.src_offset % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(s.dst) % 16 != 0 || (s.bytes > 0 && s.dst == nullptr)) {
+      throw std::invalid_argument("ScatterCopies: segment " + std::to_string(i) +
+                                  " needs 16-byte aligned offsets and a size in 4-byte words");
+    }
+    a.seg[i] = s;
+    most = std::max(most, s.bytes);
+  }
+  if (count == 0 || most == 0) return;
+  // ~64 KiB per CTA of the largest segment (block tables at large batch), at most 128 wide.
+  const int64_t wide = std::clamp<int64_t>((most + 65535) / 65536, 1, 128);
+  ScatterCopiesKernel<<<dim3(unsigned(wide), unsigned(count)), kScatterThreads, 0, stream>>>(a);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 

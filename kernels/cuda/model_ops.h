@@ -31,6 +31,22 @@ void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids,
 void FeedSampledTokens(int32_t* token_ids, const int32_t* feed, const int32_t* sampled,
                        int64_t num_tokens, cudaStream_t stream);
 
+// One staging buffer scattered to many arrays in one kernel: for each segment i < count,
+// segments[i].dst[0, bytes) = src[src_offset, src_offset + bytes) (device memory; src_offset
+// and dst 16-byte aligned, bytes a multiple of 4; count <= kMaxCopySegments). The executor's
+// step inputs: the host packs every input array's used part into one pinned buffer, one
+// host-to-device copy moves it, and this puts each part where the forward (and its CUDA
+// graphs, at fixed addresses) reads it, instead of one small copy per array (~3 µs each on
+// the H200). Launched without programmatic dependent launch (it follows a copy). CPU twin:
+// std::memcpy per segment.
+struct CopySegment {
+  int64_t src_offset = 0;
+  void* dst = nullptr;
+  int64_t bytes = 0;
+};
+inline constexpr int kMaxCopySegments = 16;
+void ScatterCopies(const void* src, const CopySegment* segments, int count, cudaStream_t stream);
+
 // Fused residual add + RMSNorm, one CTA per output row:
 //   r = rows ? rows[i] : i
 //   if delta:  residual[r, :] += float(delta[r, :])      (written back)

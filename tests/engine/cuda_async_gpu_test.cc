@@ -47,8 +47,9 @@ std::string ModelDir(const std::string& name) {
   return out.string();
 }
 
-CudaExecutorOptions Options(bool graphs) {
+CudaExecutorOptions Options(bool graphs, bool packed = false) {
   CudaExecutorOptions o;
+  o.packed_step_inputs = packed;
   o.dtype = DType::kBF16;
   o.block_size = kBlockSize;
   o.max_num_batched_tokens = 512;
@@ -85,8 +86,9 @@ std::vector<Request> Requests() {
   return out;
 }
 
-EngineRun RunEngine(const std::string& model, bool graphs, bool is_async) {
-  std::unique_ptr<CudaExecutor> ex = CudaExecutor::Create(ModelDir(model), Options(graphs));
+EngineRun RunEngine(const std::string& model, bool graphs, bool is_async, bool packed = false) {
+  std::unique_ptr<CudaExecutor> ex =
+      CudaExecutor::Create(ModelDir(model), Options(graphs, packed));
   CudaExecutor* raw = ex.get();
   EngineConfig cfg;
   cfg.block_size = kBlockSize;
@@ -121,10 +123,19 @@ TEST_F(CudaAsyncTest, AsyncGivesTheSameTokensAsSync) {
       const std::string what = std::string(model) + (graphs ? ", graphs" : ", eager");
       const EngineRun sync = RunEngine(model, graphs, false);
       const EngineRun async = RunEngine(model, graphs, true);
+      // The step inputs in one packed copy + scatter (--packed-step-inputs), sync and async:
+      // the same inputs on the device, so the same bits.
+      const EngineRun packed_sync = RunEngine(model, graphs, false, true);
+      const EngineRun packed = RunEngine(model, graphs, true, true);
       ASSERT_EQ(sync.tokens.size(), async.tokens.size());
       for (size_t i = 0; i < sync.tokens.size(); ++i) {
         EXPECT_EQ(async.tokens[i], sync.tokens[i]) << what << ", request " << i;
         EXPECT_EQ(async.logprobs[i], sync.logprobs[i]) << what << ", request " << i;
+        EXPECT_EQ(packed.tokens[i], sync.tokens[i]) << what << ", packed, request " << i;
+        EXPECT_EQ(packed.logprobs[i], sync.logprobs[i]) << what << ", packed, request " << i;
+        EXPECT_EQ(packed_sync.tokens[i], sync.tokens[i]) << what << ", packed sync, request " << i;
+        EXPECT_EQ(packed_sync.logprobs[i], sync.logprobs[i])
+            << what << ", packed sync, request " << i;
         EXPECT_EQ(std::ssize(async.tokens[i]), 8 + 3 * int64_t(i))
             << what;
       }
@@ -147,39 +158,41 @@ TEST_F(CudaAsyncTest, AsyncGivesTheSameTokensAsSync) {
 // (B launched before A is waited for); B's logits then equal those of a step given the id.
 TEST_F(CudaAsyncTest, FedTokenEqualsTheTokenGivenOnTheHost) {
   for (const bool graphs : {true, false}) {
-    auto ex = CudaExecutor::Create(test::StoriesDir(), Options(graphs));
-    auto ref = CudaExecutor::Create(test::StoriesDir(), Options(graphs));
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    Sampler s1(greedy), s2(greedy), r1(greedy), r2(greedy);
-    const std::vector<int> prompt = {1, 403, 407, 261, 378, 5, 9};
-    const std::vector<int32_t> table = {0, 1};
-    std::vector<int64_t> slots(prompt.size());
-    for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t(i);
-    ForwardBatch a;
-    a.AddSequence(prompt, 0, table, slots, true, false);
-    const int64_t pos = std::ssize(prompt);
-    const std::vector<int64_t> next_slot = {pos};
-    ForwardBatch b;
-    const std::vector<int> unknown = {0};
-    b.AddSequence(unknown, pos, table, next_slot, true, true);
-    b.FeedLastTokenFromPreviousStep(0);
-    const SampleTask ta[] = {{0, &s1}}, tb[] = {{0, &s2}};
-    const StepHandle ha = ex->Launch(a, ta);
-    const StepHandle hb = ex->Launch(b, tb);
-    const std::vector<SampleResult> ra = ex->Wait(ha);
-    const std::vector<SampleResult> rb = ex->Wait(hb);
-    // The reference: synchronous, the token given on the host.
-    const SampleTask qa[] = {{0, &r1}};
-    const std::vector<SampleResult> sa = ref->ForwardAndSample(a, qa);
-    ForwardBatch given;
-    const std::vector<int> known = {sa[0].token};
-    given.AddSequence(known, pos, table, next_slot, true, true);
-    const SampleTask qb[] = {{0, &r2}};
-    const std::vector<SampleResult> sb = ref->ForwardAndSample(given, qb);
-    EXPECT_EQ(ra[0].token, sa[0].token) << graphs;
-    EXPECT_EQ(rb[0].token, sb[0].token) << graphs;
-    EXPECT_NE(sa[0].token, 0) << "the fed id is not the placeholder 0 by accident";
+    for (const bool packed : {false, true}) {
+      auto ex = CudaExecutor::Create(test::StoriesDir(), Options(graphs, packed));
+      auto ref = CudaExecutor::Create(test::StoriesDir(), Options(graphs));
+      SamplingParams greedy;
+      greedy.temperature = 0;
+      Sampler s1(greedy), s2(greedy), r1(greedy), r2(greedy);
+      const std::vector<int> prompt = {1, 403, 407, 261, 378, 5, 9};
+      const std::vector<int32_t> table = {0, 1};
+      std::vector<int64_t> slots(prompt.size());
+      for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t(i);
+      ForwardBatch a;
+      a.AddSequence(prompt, 0, table, slots, true, false);
+      const int64_t pos = std::ssize(prompt);
+      const std::vector<int64_t> next_slot = {pos};
+      ForwardBatch b;
+      const std::vector<int> unknown = {0};
+      b.AddSequence(unknown, pos, table, next_slot, true, true);
+      b.FeedLastTokenFromPreviousStep(0);
+      const SampleTask ta[] = {{0, &s1}}, tb[] = {{0, &s2}};
+      const StepHandle ha = ex->Launch(a, ta);
+      const StepHandle hb = ex->Launch(b, tb);
+      const std::vector<SampleResult> ra = ex->Wait(ha);
+      const std::vector<SampleResult> rb = ex->Wait(hb);
+      // The reference: synchronous, the token given on the host.
+      const SampleTask qa[] = {{0, &r1}};
+      const std::vector<SampleResult> sa = ref->ForwardAndSample(a, qa);
+      ForwardBatch given;
+      const std::vector<int> known = {sa[0].token};
+      given.AddSequence(known, pos, table, next_slot, true, true);
+      const SampleTask qb[] = {{0, &r2}};
+      const std::vector<SampleResult> sb = ref->ForwardAndSample(given, qb);
+      EXPECT_EQ(ra[0].token, sa[0].token) << graphs << packed;
+      EXPECT_EQ(rb[0].token, sb[0].token) << graphs << packed;
+      EXPECT_NE(sa[0].token, 0) << "the fed id is not the placeholder 0 by accident";
+    }
   }
 }
 

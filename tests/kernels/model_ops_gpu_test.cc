@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -280,6 +281,50 @@ std::vector<RopeCase> RopeCases() {
 INSTANTIATE_TEST_SUITE_P(Shapes, RopeAppendKvGpu, ::testing::ValuesIn(RopeCases()), RopeName);
 
 // Argument checks happen on the host before any CUDA call: no GPU needed.
+// ScatterCopies against std::memcpy per segment: 13 segments of sizes 0, 4, 12, 16, 20, ...
+// (16-byte words and 4-byte tails), one of 1 MiB + 4 bytes (many CTAs per segment), from
+// 16-byte aligned offsets of one staging buffer into separate destinations poisoned with 0xAB
+// bytes, which must stay untouched past each segment's end.
+TEST(ScatterCopiesGpu, EqualsMemcpyPerSegment) {
+  std::string why;
+  if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  std::mt19937 rng(7);
+  const std::vector<int64_t> sizes = {0, 4, 12, 16, 20, 28, 64, 100, 4096, 4100, 1 << 20,
+                                      (1 << 20) + 4, 8};
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (int64_t b : sizes) {
+    offsets.push_back(total);
+    total += (b + 15) / 16 * 16 + 16 * int64_t(rng() % 3);
+  }
+  std::vector<uint8_t> stage(static_cast<size_t>(total));
+  for (uint8_t& v : stage) v = uint8_t(rng());
+  DevBuf src(stage);
+  std::vector<std::unique_ptr<DevBuf>> dst;
+  std::vector<cuda::CopySegment> segs;
+  const std::vector<uint8_t> poison_pad(64, 0xAB);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    dst.push_back(std::make_unique<DevBuf>(std::vector<uint8_t>(size_t(sizes[i]) + 64, 0xAB)));
+    segs.push_back({offsets[i], dst.back()->p, sizes[i]});
+  }
+  cuda::ScatterCopies(src.p, segs.data(), int(segs.size()), nullptr);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<uint8_t> got = dst[i]->Download<uint8_t>();
+    ASSERT_EQ(std::memcmp(got.data(), stage.data() + offsets[i], size_t(sizes[i])), 0)
+        << "segment " << i << " (" << sizes[i] << " bytes)";
+    ASSERT_EQ(std::memcmp(got.data() + sizes[i], poison_pad.data(), 64), 0)
+        << "segment " << i << " wrote past its end";
+  }
+  // Misaligned or oversized requests are refused before anything runs.
+  cuda::CopySegment bad{8, dst[1]->p, 4};
+  EXPECT_THROW(cuda::ScatterCopies(src.p, &bad, 1, nullptr), std::invalid_argument);
+  bad = {0, dst[1]->p, 6};
+  EXPECT_THROW(cuda::ScatterCopies(src.p, &bad, 1, nullptr), std::invalid_argument);
+  std::vector<cuda::CopySegment> many(cuda::kMaxCopySegments + 1, cuda::CopySegment{});
+  EXPECT_THROW(cuda::ScatterCopies(src.p, many.data(), int(many.size()), nullptr),
+               std::invalid_argument);
+}
+
 TEST(ModelOpsArgs, RejectsUnsupportedDType) {
   EXPECT_THROW(cuda::SiluMul(nullptr, nullptr, 1, 8, DType::kF32, nullptr), std::invalid_argument);
   EXPECT_THROW(cuda::EmbeddingGather(nullptr, DType::kF32, nullptr, 1, 8, nullptr, nullptr),
