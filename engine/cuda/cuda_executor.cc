@@ -987,12 +987,13 @@ struct CudaExecutor::Impl {
     // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
     // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry
     // RoPE + KV append (q|k|v), the residual add (o, down) and SiLU·mul (gate|up): per layer
-    // q|k|v, attention, o, gate|up, down, with the RMSNorms folded into them
-    // (opt.gemv_fold_norm, GemvArgs::rms_partials): o and down also write the next RMSNorm's
-    // input dtype(weight ⊙ x) into `normed` and its sums of squares, and gate|up and the next
-    // layer's q|k|v scale their sums by 1 / rms. Layer 0's input RMSNorm, and every RMSNorm
-    // without the fold, is its own kernel. (opt.gemv_norm_prologue instead normalizes in
-    // each GEMV's prologue: measured slower, bench/RESULTS.md.)
+    // RMSNorm, q|k|v, attention, o, RMSNorm, gate|up, down. Two opt-in alternatives for the
+    // RMSNorms, both measured slower on the H200 (bench/RESULTS.md): opt.gemv_fold_norm folds
+    // them into the GEMVs (GemvArgs::rms_partials: o and down also write the next RMSNorm's
+    // input dtype(weight ⊙ x) into `normed` and its sums of squares, gate|up and the next
+    // layer's q|k|v scale their sums by 1 / rms; layer 0's input RMSNorm stays a kernel), and
+    // opt.gemv_norm_prologue normalizes in each GEMV's prologue (FuseNorm). With both, the
+    // fold wins where it applies and the prologue takes layer 0's q|k|v.
     const bool small = SmallStep(n);
     using E = cuda::GemvEpilogue;
     const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&

@@ -1,8 +1,9 @@
 // Small-batch GEMV (design in gemv.h).
 // Instantiations: {bf16, fp16} × N ∈ {1, 2, 4, 8} × (dtype and e4m3 weights: 5 epilogues + 3
 // with the RMSNorm prologue) = 128, and bf16 × N × weights × 4 with the folded RMSNorm = 32.
-// Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 both weight formats must stay at
-// <= 80 registers without spills (768 threads/SM: 3 CTAs of 256, 6 of 128; bench/RESULTS.md).
+// Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 without spills: the dtype
+// kernels at <= 64 (4 CTAs of 256 per SM; with the RMSNorm prologue <= 80, 3 CTAs: at 64 its
+// RoPE variant spilled), the e4m3 ones at <= 80 (6 CTAs of 128; bench/RESULTS.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -288,6 +289,11 @@ struct RopeStage {
   float sin[N][kRopeMaxHalf];
 };
 
+// The static shared memory beside the prologue's rows stays within the 48 KiB a launch gets
+// without an opt-in attribute.
+static_assert(kGemvNormSharedBytes + sizeof(RopeStage<kGemvMaxTokens>) + 4096 <= 48 * 1024,
+              "prologue rows + RoPE tables + reduction scratch exceed 48 KiB");
+
 template <int N>
 __device__ __forceinline__ void StageRope(const GemvArgs& a, int n, int threads,
                                           RopeStage<N>& rs) {
@@ -402,7 +408,8 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
 // Fold: the folded RMSNorm (GemvArgs::rms_partials): kAccumulateF32 produces, the others
 // consume.
 template <typename T, typename W, GemvEpilogue E, bool Norm, bool Fold, int N>
-__global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
+__global__ void __launch_bounds__(W::kThreads,
+                                  N == 1 ? (Norm && !kIsFp8<W> ? 3 : W::kCtasPerSm) : 1)
     GemvKernel(GemvArgs a) {
   constexpr int kWarps = W::kThreads / 32;
   constexpr bool kFoldOut = Fold && E == GemvEpilogue::kAccumulateF32;
@@ -444,7 +451,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
   PdlWait();
   PdlTrigger();
   const int n = static_cast<int>(a.n);
-  // The prologue's normalized rows (dynamic shared memory, GemvNormSharedBytes).
+  // The prologue's normalized rows (dynamic shared memory, kGemvNormSharedBytes).
   extern __shared__ uint4 xs[];
   if constexpr (Norm) NormalizeToShared<T, W::kThreads, N>(a, n, xs);
   __shared__ RopeStage<N> rope_stage;
@@ -696,7 +703,7 @@ bool GemvSupports(const GemvArgs& a) {
       (a.dtype == DType::kBF16 && a.norm_weight == nullptr &&
        (a.epilogue == E::kAccumulateF32
             ? a.rms_weight != nullptr && a.rms_x != nullptr
-            : a.epilogue != E::kStoreF32 && a.rms_num_partials > 0));
+            : a.epilogue != E::kStoreF32 && a.rms_num_partials == (a.k + kRows - 1) / kRows));
   const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk
   const int64_t chunk_elements = fp8 ? 2 * kChunk : kChunk;
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % chunk_elements == 0 && a.m > 0 &&

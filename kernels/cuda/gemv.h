@@ -58,7 +58,8 @@
 // saved for 6.98 GB fewer bytes is 4.6 TB/s, so the gap to 2x is per-kernel cost that fp8 does
 // not halve (ramp, tail and partial last wave of each GEMV, the RMSNorm kernels: ~0.6 ms per
 // step if both stream alike). 256 threads (1 chunk per thread at k = 4096): 2.46 ms; 64: 2.23.
-// Registers (768 threads/SM at n = 1 need <= 80, no spills), from the repository root:
+// Registers (at n = 1: dtype kernels <= 64, 4 CTAs/SM, or <= 80 with the RMSNorm prologue;
+// e4m3 <= 80; no spills), from the repository root:
 //   nvcc -DLLM_HAS_CUDA=1 -I. -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17
 //     -Xptxas -v -c kernels/cuda/gemv.cu -o /tmp/gemv.o
 // Benchmark (bf16 and fp8 weight TB/s per matrix and in a 32-layer chain): bench_gemm_peak_gpu.
@@ -119,7 +120,8 @@ struct GemvArgs {
   //    over row group g's 4 rows ([n, ceil(m / 4)], in a fixed order);
   //  - consumer (kStore, kSiluMul, kRopeAppendKv): x is such an rms_x of a k-wide residual,
   //    and every sum is multiplied by inv_rms[t] = 1 / sqrt(sum_g rms_partials[t, g] / k +
-  //    eps) (rms_num_partials groups, summed in a fixed order) before its epilogue: the
+  //    eps) (rms_num_partials = ceil(k / 4) groups, summed in a fixed order) before its
+  //    epilogue: the
   //    RMSNorm of cuda::AddRmsNorm with its rounding to dtype taken before the scale by inv_rms
   //    instead of after (the same relative rounding error).
   const float* rms_weight = nullptr;  // producer: fp32 [m], the next RMSNorm's weight
@@ -135,7 +137,9 @@ struct GemvArgs {
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
 // kSiluMul, bf16/f16, 16-byte aligned x, w and norm_weight; the prologue only with kStore,
 // kSiluMul or kRopeAppendKv and n · k · 2 <= kGemvNormSharedBytes; with w_scale (e4m3
-// weights) k % 16 == 0).
+// weights) k % 16 == 0; the folded RMSNorm only bf16, without the prologue and not with
+// kStoreF32, the producer with rms_weight and rms_x, the consumer with rms_num_partials =
+// ceil(k / 4), the producer's row groups).
 bool GemvSupports(const GemvArgs& a);
 
 // Asynchronous on `stream` (launched through cuda::Launch: programmatic dependent launch when

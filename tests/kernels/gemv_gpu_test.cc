@@ -291,6 +291,7 @@ std::vector<Case> Cases() {
         out.push_back({d, e, 1, 1000, 4096, true, fp8});
         out.push_back({d, e, 2, 78, 8192, true, fp8});  // exactly 32 KiB of rows
         out.push_back({d, e, 4, 50, 4096, true, fp8});  // 13 groups, 32 KiB
+        out.push_back({d, e, 3, 78, 4096, true, fp8});  // n < the kernel's N (4)
         out.push_back({d, e, 8, 64, 1008, true, fp8});
       }
     }
@@ -545,10 +546,11 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
   const std::vector<uint16_t> poison(size_t(layout.pool_elements()), 0x7fc0);
   void* dx = c.norm ? static_cast<void*>(Upload(resid)) : static_cast<void*>(Upload(x));
   float* dgain = Upload(gain);
-  // The folded RMSNorm's sums of squares (37 groups per token, each ~ 4 · 4 · k / 148).
-  const int64_t num_partials = 37;
+  // The folded RMSNorm's sums of squares: ceil(k / 4) groups per token (the producer's row
+  // groups), each that of 4 values of magnitude ~1-2.
+  const int64_t num_partials = (k + 3) / 4;
   std::vector<float> partials(size_t(n * num_partials));
-  for (float& v : partials) v = float(k) * (0.1f + 0.01f * float(rng() % 100)) / 37.f;
+  for (float& v : partials) v = 4.f * (1.f + 0.03f * float(rng() % 100));
   float* dpartials = Upload(partials);
   float* dfreq = Upload(inv_freq);
   int32_t* dpos = Upload(positions);
@@ -716,8 +718,11 @@ TEST_P(GemvFoldGpu, ProducerAndConsumerMatchFloat64) {
   q.eps = eps;
   ASSERT_TRUE(cuda::GemvSupports(p));
   ASSERT_TRUE(cuda::GemvSupports(q));
-  auto run = [&](int ctas) {  // y from y0 again, then both GEMVs; everything they wrote
+  auto run = [&](int ctas) {  // y from y0 again, outputs poisoned, both GEMVs; what they wrote
     LLM_CUDA_CHECK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
+    LLM_CUDA_CHECK(cudaMemset(drms_x, 0xff, size_t(n * h) * 2));
+    LLM_CUDA_CHECK(cudaMemset(dpart, 0xff, size_t(n * groups) * 4));
+    LLM_CUDA_CHECK(cudaMemset(dout, 0xff, size_t(n * outs) * 2));
     cuda::GemvArgs pp = p, qq = q;
     pp.max_ctas = qq.max_ctas = ctas > 0 ? ctas : 0;
     if (ctas < 0) pp.waves = qq.waves = 0;
@@ -888,6 +893,8 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   a.dtype = DType::kBF16;
   a.epilogue = E::kStore;
   EXPECT_FALSE(cuda::GemvSupports(a));  // no partial count
+  a.rms_num_partials = 7;               // not the producer's ceil(k / 4) = 8 groups (k = 32)
+  EXPECT_FALSE(cuda::GemvSupports(a));
   a.rms_num_partials = 8;
   EXPECT_TRUE(cuda::GemvSupports(a));
   a.norm_weight = gain;
@@ -897,8 +904,8 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_FALSE(cuda::GemvSupports(a));
   a.rms_partials = nullptr;
   EXPECT_TRUE(cuda::GemvSupports(a));
-  // kRopeAppendKv: every input present, then head_dim past the 256 the shared-memory staging
-  // of inv_freq holds.
+  // kRopeAppendKv: every input present, then head_dim past the 256 that the shared-memory
+  // cos / sin tables hold.
   alignas(16) static int32_t positions[1];
   alignas(16) static int64_t slots[1];
   alignas(16) static float inv_freq[256];
