@@ -80,6 +80,13 @@ run latency_7b_b1_no_pdl 150 --model $C7 --num-requests 1 --min-input 128 --max-
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --disable-pdl
 run latency_7b_b1_sync 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --no-async-scheduling
+# The step's inputs in one packed copy (--packed-step-inputs, off by default until measured)
+# and the decode split selector's previous rule (at least 2 tiles per split).
+run latency_7b_b1_packed 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --packed-step-inputs
+run latency_7b_b1_split2 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
+  --decode-min-tiles-per-split 2
 run latency_8b_b1 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run ttft_8b_2048 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
