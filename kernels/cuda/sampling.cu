@@ -466,45 +466,57 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* raw = logits + int64_t(p.logits_row) * vocab;
   float* proc = workspace + int64_t(row) * vocab;
 
-  // 1. Copy + raw statistics, then the adjustments.
+  // 1. Copy + raw statistics, then the adjustments. Greedy without adjustments (the common
+  // decode case) needs neither the copy nor, without logprobs, the statistics: the processed
+  // row is the raw one, and its argmax is taken there directly.
+  const bool greedy = p.temperature < 1e-5f || p.top_k == 1;
+  const bool plain = greedy && p.adjust_begin >= p.adjust_end;
   Lse stats{-INFINITY, 0.f};
   const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(raw) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(proc) % 16 == 0;
-  if (vec) {
-    for (int c = threadIdx.x; c < vocab / 4; c += kThreads) {
-      const float4 v = reinterpret_cast<const float4*>(raw)[c];
-      reinterpret_cast<float4*>(proc)[c] = v;
-      Push(stats, v.x), Push(stats, v.y), Push(stats, v.z), Push(stats, v.w);
+  // The raw row's statistics in one fixed order (each thread its float4 or scalar elements),
+  // copying it to `proc` when asked.
+  auto scan = [&](bool copy) {
+    if (vec) {
+      for (int c = threadIdx.x; c < vocab / 4; c += kThreads) {
+        const float4 v = reinterpret_cast<const float4*>(raw)[c];
+        if (copy) reinterpret_cast<float4*>(proc)[c] = v;
+        Push(stats, v.x), Push(stats, v.y), Push(stats, v.z), Push(stats, v.w);
+      }
+    } else {
+      for (int i = threadIdx.x; i < vocab; i += kThreads) {
+        const float v = raw[i];
+        if (copy) proc[i] = v;
+        Push(stats, v);
+      }
     }
-  } else {
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const float v = raw[i];
-      proc[i] = v;
-      Push(stats, v);
+  };
+  if (!plain) {
+    scan(/*copy=*/true);
+    __syncthreads();  // the copies are visible to the threads that adjust
+    for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += kThreads) {
+      const LogitAdjust a = adjust[e];
+      if (a.token < 0 || a.token >= vocab) continue;  // validated by the host; never trusted
+      float l = proc[a.token] + a.bias;
+      l = l > 0 ? l / a.repetition : l * a.repetition;
+      proc[a.token] = l - a.subtract;
     }
+    __syncthreads();
   }
-  __syncthreads();  // the copies are visible to the threads that adjust
-  for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += kThreads) {
-    const LogitAdjust a = adjust[e];
-    if (a.token < 0 || a.token >= vocab) continue;  // validated by the host; never trusted
-    float l = proc[a.token] + a.bias;
-    l = l > 0 ? l / a.repetition : l * a.repetition;
-    proc[a.token] = l - a.subtract;
-  }
-  __syncthreads();
 
   // 2. Argmax of the processed row; greedy.
+  const float* src = plain ? raw : proc;
   ArgBest best{-INFINITY, INT_MAX};
-  for (int i = threadIdx.x; i < vocab; i += kThreads) best = Better(best, ArgBest{proc[i], i});
+  for (int i = threadIdx.x; i < vocab; i += kThreads) best = Better(best, ArgBest{src[i], i});
   best = BlockArgmax(best, s);
   if (best.id == INT_MAX) best.id = 0;  // all NaN (the CPU rejects such rows)
   int token = best.id;
-  const bool greedy = p.temperature < 1e-5f || p.top_k == 1;
   if (!greedy && isfinite(best.v)) token = SampleFiltered(proc, vocab, p, best.v, s);
 
   // 3. Outputs; logprobs of the raw row.
   if (threadIdx.x == 0) out.token[row] = token;
   if (p.num_logprobs < 0) return;
+  if (plain) scan(/*copy=*/false);
   const Lse total = BlockLse(stats, s);
   const float lse = isfinite(total.m) ? total.m + logf(total.s) : total.m;
   if (threadIdx.x == 0 && out.logprob) out.logprob[row] = raw[token] - lse;
