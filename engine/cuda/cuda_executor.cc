@@ -966,6 +966,20 @@ struct CudaExecutor::Impl {
     return true;
   }
 
+  // The RMSNorm (weight) of the residual x before GEMV g, which reads `normed`: folded (the
+  // GEMV before g wrote `normed` and x's sums of squares: GemvArgs::rms_partials), in g's
+  // prologue (FuseNorm), or its own kernel.
+  void NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weight, int64_t n) {
+    if (folded_in) {
+      g.rms_partials = rms_partials;
+      g.rms_num_partials = (hidden + 3) / 4;  // the producer's row groups
+      return;
+    }
+    if (FuseNorm(g, x, weight)) return;
+    cuda::AddRmsNorm(x, nullptr, weight, normed, dtype, nullptr, n, hidden,
+                     float(config.rms_norm_eps), stream);
+  }
+
   // g (a residual GEMV) also writes the folded RMSNorm's input for the GEMV after it: `normed`
   // = dtype(weight ⊙ x) and rms_partials (GemvArgs::rms_partials).
   void FoldInto(cuda::GemvArgs& g, const float* weight) const {
@@ -998,7 +1012,6 @@ struct CudaExecutor::Impl {
     using E = cuda::GemvEpilogue;
     const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&
                       rms_partials != nullptr;
-    const int64_t rms_groups = (hidden + 3) / 4;  // the producers' row groups
     bool folded = false;  // normed and rms_partials hold x's folded RMSNorm for q|k|v
     cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
     for (int64_t i = 0; i < config.num_layers; ++i) {
@@ -1028,13 +1041,7 @@ struct CudaExecutor::Impl {
       // can fall back to the RMSNorm kernel at any layer.
       const bool fold_here = fold && rope_gemv;
       if (rope_gemv) {
-        if (folded && fold_here) {
-          rope.rms_partials = rms_partials;
-          rope.rms_num_partials = rms_groups;
-        } else if (!FuseNorm(rope, x, l.input_norm)) {
-          cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps,
-                           stream);
-        }
+        NormBefore(rope, folded && fold_here, l.input_norm, n);
         cuda::Gemv(rope, stream);
       } else {
         cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
@@ -1066,13 +1073,7 @@ struct CudaExecutor::Impl {
         cuda::GemvArgs gate_up =
             SmallArgs(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter,
                       hidden);
-        if (fold_here) {
-          gate_up.rms_partials = rms_partials;
-          gate_up.rms_num_partials = rms_groups;
-        } else if (!FuseNorm(gate_up, x, l.post_norm)) {
-          cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps,
-                           stream);
-        }
+        NormBefore(gate_up, fold_here, l.post_norm, n);
         cuda::Gemv(gate_up, stream);
         cuda::GemvArgs down = SmallArgs(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
         folded = fold_here && i + 1 < config.num_layers;
