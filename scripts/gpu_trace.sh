@@ -4,7 +4,10 @@
 # decode step's time goes per kernel class (bench/kernel_timeline.py). From the repo root with
 # OUT set; carry .debs and .shared (../shared/DEVICE.md). One call, ~2 minutes:
 #   OUT=... bash scripts/gpu_trace.sh [extra llm bench flags, e.g. --quantization fp8]
-# TRACE_MODEL (default engine/configs/llama-2-7b.json) picks the dummy model.
+# TRACE_MODEL (default engine/configs/llama-2-7b.json) picks the dummy model; TRACE_WORKLOAD
+# replaces the batch-1 workload (default: 1 request of 128 + 256 tokens, greedy), e.g.
+#   TRACE_WORKLOAD="--num-requests 256 --min-input 1000 --max-input 1000 --min-output 200
+#     --max-output 200 --max-num-seqs 256" for the decode steps of a throughput run.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/out}
@@ -18,12 +21,13 @@ GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh llm llm_cupti_trace > "$OUT
   { tail -30 "$OUT/build_out.txt"; exit 1; }
 model=${TRACE_MODEL:-engine/configs/llama-2-7b.json}
 name=$(basename "$model" .json)$(echo "$*" | tr -c 'a-z0-9' '_' | sed 's/_*$//')
+workload=${TRACE_WORKLOAD:---num-requests 1 --min-input 128 --max-input 128 --min-output 256 \
+--max-output 256 --temperature 0 --warmup --max-num-seqs 256}
 run() {  # run TAG [CUDA_INJECTION64_PATH]: llm bench, its JSON line to $OUT/bench-TAG.json
+  # shellcheck disable=SC2086
   CUDA_INJECTION64_PATH=${2:-} LLM_TRACE_OUT=$OUT/trace-$name.csv timeout 300 build/llm bench \
     --device cuda --load-format dummy --tokenizer "$shared/models/stories260K" --model "$model" \
-    --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
-    --temperature 0 --warmup --max-num-seqs 256 "${@:3}" 2>> "$OUT/trace.log" | tail -1 \
-    > "$OUT/bench-$1.json"
+    $workload "${@:3}" 2>> "$OUT/trace.log" | tail -1 > "$OUT/bench-$1.json"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], 'ms/token', d['tpot_ms_mean'])" \
     "$OUT/bench-$1.json" "$1"
 }
