@@ -973,9 +973,13 @@ struct CudaExecutor::Impl {
     if (folded_in) {
       g.rms_partials = rms_partials;
       g.rms_num_partials = (hidden + 3) / 4;  // the producer's row groups
+      ++stats.gemv_folded_norms;
       return;
     }
-    if (FuseNorm(g, x, weight)) return;
+    if (FuseNorm(g, x, weight)) {
+      ++stats.gemv_prologue_norms;
+      return;
+    }
     cuda::AddRmsNorm(x, nullptr, weight, normed, dtype, nullptr, n, hidden,
                      float(config.rms_norm_eps), stream);
   }

@@ -125,6 +125,10 @@ struct CudaExecutorStats {
   // when tied to lm_head; otherwise one row per token).
   int64_t weight_bytes_per_token = 0;
   int64_t peak_device_bytes = 0;  // total - free after the KV pool (what this process holds)
+  // GEMVs enqueued (eagerly or into a captured graph) with their RMSNorm folded in
+  // (gemv_fold_norm: consumers) or in their prologue (gemv_norm_prologue): the options' paths
+  // taken, not a fallback to the RMSNorm kernel.
+  int64_t gemv_folded_norms = 0, gemv_prologue_norms = 0;
 };
 
 class CudaExecutor final : public ModelExecutor {

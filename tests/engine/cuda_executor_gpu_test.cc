@@ -174,6 +174,9 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   EXPECT_LE(rel, 2 * hf);
   const CudaExecutorStats st = ex->stats();
   EXPECT_GT(st.graph_steps, 0) << "decode steps should replay CUDA graphs";
+  // The RMSNorm path the case asks for was taken (not a silent fallback to the kernel).
+  EXPECT_EQ(st.gemv_folded_norms > 0, c.norm == 1) << st.gemv_folded_norms;
+  EXPECT_EQ(st.gemv_prologue_norms > 0, c.norm == 2) << st.gemv_prologue_norms;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
