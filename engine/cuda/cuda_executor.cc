@@ -225,7 +225,7 @@ struct CudaExecutor::Impl {
   int64_t sampled_cap = 0, num_last_sampled = 0;
   int32_t* d_feed = nullptr;
   Pinned<int32_t> h_feed;
-  // Packed step inputs (opt.packed_step_inputs): Stage() packs each input array's used part
+  // Packed step inputs (opt.packed_step_inputs): CopyIn() packs each input array's used part
   // into h_stage (16-byte aligned), FlushStaged() moves the pack with one host-to-device copy
   // into d_stage and scatters it to the arrays (cuda::ScatterCopies): one copy and one kernel
   // per step instead of ~10 copies of ~3 µs each on the stream.
@@ -862,8 +862,9 @@ struct CudaExecutor::Impl {
       return;
     }
     const int64_t off = (staged_bytes + 15) / 16 * 16;
-    if (off + bytes > stage_cap || int(staged.size()) == cuda::kMaxCopySegments) {
-      throw std::logic_error("CUDA executor: the packed step inputs exceed their staging buffer");
+    if (off + bytes > stage_cap || int(staged.size()) == cuda::kMaxCopySegments ||
+        bytes % 4 != 0 || reinterpret_cast<uintptr_t>(dst) % 16 != 0) {
+      throw std::logic_error("CUDA executor: a packed step input does not fit its staging");
     }
     std::memcpy(h_stage.p + off, src, size_t(bytes));
     staged.push_back({off, dst, bytes});
@@ -871,10 +872,13 @@ struct CudaExecutor::Impl {
   }
   void FlushStaged() {
     if (staged.empty()) return;
-    LLM_CUDA_CHECK(cudaMemcpyAsync(d_stage, h_stage.p, size_t(staged_bytes),
-                                   cudaMemcpyHostToDevice, stream));
-    cuda::ScatterCopies(d_stage, staged.data(), int(staged.size()), stream);
-    DiscardStaged();
+    const std::vector<cuda::CopySegment> segs = std::move(staged);
+    const int64_t bytes = staged_bytes;
+    DiscardStaged();  // (also when the copy or the scatter throws)
+    LLM_CUDA_CHECK(cudaMemcpyAsync(d_stage, h_stage.p, size_t(bytes), cudaMemcpyHostToDevice,
+                                   stream));
+    cuda::ScatterCopies(d_stage, segs.data(), int(segs.size()), stream);
+    ++stats.packed_uploads;
   }
   void DiscardStaged() {
     staged.clear();

@@ -129,6 +129,7 @@ struct CudaExecutorStats {
   // (gemv_fold_norm: consumers) or in their prologue (gemv_norm_prologue): the options' paths
   // taken, not a fallback to the RMSNorm kernel.
   int64_t gemv_folded_norms = 0, gemv_prologue_norms = 0;
+  int64_t packed_uploads = 0;  // packed_step_inputs: the packed copies + scatters enqueued
 };
 
 class CudaExecutor final : public ModelExecutor {

@@ -140,6 +140,9 @@ TEST_F(CudaAsyncTest, AsyncGivesTheSameTokensAsSync) {
             << what;
       }
       EXPECT_EQ(async.stats.steps, sync.stats.steps) << what << ": the same batches";
+      EXPECT_EQ(async.stats.packed_uploads, 0) << what;
+      EXPECT_GE(packed.stats.packed_uploads, packed.stats.steps) << what << ": the packed path";
+      EXPECT_GE(packed_sync.stats.packed_uploads, packed_sync.stats.steps) << what;
       if (graphs) {
         EXPECT_GT(async.stats.graph_steps, 0) << what;
       }

@@ -280,7 +280,6 @@ std::vector<RopeCase> RopeCases() {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RopeAppendKvGpu, ::testing::ValuesIn(RopeCases()), RopeName);
 
-// Argument checks happen on the host before any CUDA call: no GPU needed.
 // ScatterCopies against std::memcpy per segment: 13 segments of sizes 0, 4, 12, 16, 20, ...
 // (16-byte words and 4-byte tails), one of 1 MiB + 4 bytes (many CTAs per segment), from
 // 16-byte aligned offsets of one staging buffer into separate destinations poisoned with 0xAB
@@ -325,6 +324,7 @@ TEST(ScatterCopiesGpu, EqualsMemcpyPerSegment) {
                std::invalid_argument);
 }
 
+// Argument checks happen on the host before any CUDA call: no GPU needed.
 TEST(ModelOpsArgs, RejectsUnsupportedDType) {
   EXPECT_THROW(cuda::SiluMul(nullptr, nullptr, 1, 8, DType::kF32, nullptr), std::invalid_argument);
   EXPECT_THROW(cuda::EmbeddingGather(nullptr, DType::kF32, nullptr, 1, 8, nullptr, nullptr),
