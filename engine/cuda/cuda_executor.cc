@@ -1365,6 +1365,7 @@ struct CudaExecutor::Impl {
 
   // Samples tasks [begin, begin + count) from `logits` (after the forward, on stream): the
   // ids into d_sampled + begin (the next step may be fed from them), everything into `o`.
+  // h_params.p[0, count) holds these tasks' parameters (UploadSampleParams just wrote them).
   void EnqueueSample(size_t begin, size_t count, OutSlot& o) {
     cuda::SampleOutputs dst = d_out;
     dst.token = d_sampled + begin;
@@ -1373,6 +1374,11 @@ struct CudaExecutor::Impl {
       LLM_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream));
     };
     back(o.token.p, dst.token, count * 4);
+    // The logprob outputs only when a task asked for them (ReadSampleResults reads them only
+    // then): one copy back per step instead of four in the common case (~3 µs each).
+    bool logprobs = false;
+    for (size_t i = 0; i < count; ++i) logprobs |= h_params.p[i].num_logprobs >= 0;
+    if (!logprobs) return;
     back(o.logprob.p, d_out.logprob, count * 4);
     back(o.top_ids.p, d_out.top_ids, count * cuda::kMaxTopLogprobs * 4);
     back(o.top_lp.p, d_out.top_logprobs, count * cuda::kMaxTopLogprobs * 4);
