@@ -139,7 +139,7 @@ def between(kernels, steps, size, skip):
     the step's host work shows here (sampling, copies, the next step's launch). Per gap: its
     length, the time no kernel ran, and the kernels outside the graph that ran in it."""
     loose = [k for k in kernels if k["graph"] == 0]
-    gaps, idles, busy, count = [], [], defaultdict(list), defaultdict(list)
+    gaps, idles, per_gap = [], [], []  # per_gap: {class: (busy us, count)} of each gap
     seen = 0
     for prev, nxt in zip(steps, steps[1:]):
         if len(prev) != size:
@@ -153,24 +153,25 @@ def between(kernels, steps, size, skip):
             continue
         inside = [k for k in loose if t0 <= k["start"] < t1]
         covered, cursor = 0, t0
-        b, c = defaultdict(float), defaultdict(int)
+        here = defaultdict(lambda: (0.0, 0))
         for k in sorted(inside, key=lambda k: k["start"]):
             end = min(k["end"], t1)
             covered += max(0, end - max(k["start"], cursor))
             cursor = max(cursor, end)
-            b[k["cls"]] += (k["end"] - k["start"]) / 1e3
-            c[k["cls"]] += 1
+            b, c = here[k["cls"]]
+            here[k["cls"]] = (b + (k["end"] - k["start"]) / 1e3, c + 1)
         gaps.append((t1 - t0) / 1e3)
         idles.append((t1 - t0 - covered) / 1e3)
-        for cls in set(busy) | set(b):
-            busy[cls].append(b.get(cls, 0.0))
-            count[cls].append(c.get(cls, 0))
+        per_gap.append(here)
     if not gaps:
         return None
+    # Medians over every gap (a class absent from a gap counts as 0 there).
+    classes = {cls for here in per_gap for cls in here}
     return {"gaps": len(gaps), "gap_us": statistics.median(gaps),
             "idle_us": statistics.median(idles),
-            "kernels": {cls: {"per_gap": statistics.median(count[cls]),
-                              "busy_us": statistics.median(busy[cls])} for cls in busy}}
+            "kernels": {cls: {"per_gap": statistics.median(h.get(cls, (0.0, 0))[1] for h in per_gap),
+                              "busy_us": statistics.median(h.get(cls, (0.0, 0))[0] for h in per_gap)}
+                        for cls in classes}}
 
 
 def main():
