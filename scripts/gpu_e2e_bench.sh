@@ -80,10 +80,10 @@ run latency_7b_b1_no_pdl 150 --model $C7 --num-requests 1 --min-input 128 --max-
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --disable-pdl
 run latency_7b_b1_sync 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --no-async-scheduling
-# The step's inputs in one packed copy (--packed-step-inputs, off by default until measured)
+# One copy per step input array (--no-packed-step-inputs, the default before 2026-11-30)
 # and the decode split selector's previous rule (at least 2 tiles per split).
-run latency_7b_b1_packed 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
-  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --packed-step-inputs
+run latency_7b_b1_unpacked 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --no-packed-step-inputs
 run latency_7b_b1_split2 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
   --decode-min-tiles-per-split 2

@@ -40,9 +40,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "with at least this many 64-key tiles per split")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  cmd->add_flag("--packed-step-inputs", packed_step_inputs,
+  cmd->add_flag("--packed-step-inputs,!--no-packed-step-inputs", packed_step_inputs,
                 "cuda: send a step's inputs to the device in one packed copy and one scatter "
-                "kernel instead of one copy per input array");
+                "kernel (the default) instead of one copy per input array")
+      ->capture_default_str();
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
                 "them (the residual projections write the next norm's input and sums of "

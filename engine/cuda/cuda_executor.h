@@ -79,8 +79,9 @@ struct CudaExecutorOptions {
   // (kernels/cuda/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
   // A step's inputs reach the device in one packed copy and one scatter kernel instead of
-  // one copy per input array (~10 per step).
-  bool packed_step_inputs = false;
+  // one copy per input array (~10 per step): Llama-2-7B batch 1, 128 + 256 tokens 3.667
+  // ms/token against 3.685 (H200, same call, bench/RESULTS.md).
+  bool packed_step_inputs = true;
   // The decode attention's split selector: at least this many 64-key tiles per split
   // (cuda::DecodeAutoSplits). 1: at small batch a short context splits down to one tile per
   // CTA (Llama-2-7B batch 1, 128 + 256 tokens: 3.697 ms/token against 3.768 with 2, H200).

@@ -138,6 +138,7 @@ struct LogitsCase {
   bool gemv = false;  // small steps on kernels/cuda/gemv.h (the default) instead of cuBLASLt
   // GEMV steps' RMSNorms: 0 their own kernels (the default), 1 folded into the GEMVs around
   // them (--gemv-fold-norm), 2 in the GEMVs' prologues (--gemv-norm-prologue)
+  // (stories260K has no GEMV path: its intermediate size 172 is not a multiple of 8)
   int norm = 0;
 };
 
@@ -189,7 +190,6 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
                                            LogitsCase{"hd128", DType::kF16, true},
                                            LogitsCase{"hd64", DType::kBF16, true},
                                            LogitsCase{"hd64", DType::kF16, true},
-                                           LogitsCase{"stories260K", DType::kBF16, true, 1},
                                            LogitsCase{"hd128", DType::kBF16, true, 1},
                                            LogitsCase{"hd64", DType::kBF16, true, 1},
                                            LogitsCase{"hd128", DType::kBF16, true, 2},
