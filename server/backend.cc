@@ -42,8 +42,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_flag("--packed-step-inputs,!--no-packed-step-inputs", packed_step_inputs,
                 "cuda: send a step's inputs to the device in one packed copy and one scatter "
-                "kernel (the default) instead of one copy per input array")
-      ->capture_default_str();
+                "kernel (the default) instead of one copy per input array");
+  cmd->add_flag("--gemm-autotune,!--no-gemm-autotune", gemm_autotune,
+                "cuda, one GPU: at start-up, time cuBLASLt's candidate algorithms for every GEMM "
+                "shape of the decode batch sizes with CUDA graphs and keep the fastest (the "
+                "default) instead of the heuristic's first");
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
                 "them (the residual projections write the next norm's input and sums of "
@@ -155,6 +158,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;
+  o.gemm_autotune = f.gemm_autotune;
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;

@@ -142,20 +142,22 @@ int RunBench(const BenchFlags& f) {
     st.device_ms -= before.device_ms;
     st.wall_ms -= before.wall_ms;
     st.graph_steps -= before.graph_steps;
-    char buf[768];
+    char buf[1024];
     std::snprintf(buf, sizeof(buf),
                   ", \"device_ms\": %.1f, \"executor_wall_ms\": %.1f, \"gpu_busy_fraction\": %.4f, "
                   "\"graph_steps\": %lld, \"graphs_captured\": %lld, \"weight_bytes\": %lld, "
                   "\"kv_cache_bytes\": %lld, \"kv_cache_tokens\": %lld, "
                   "\"peak_device_bytes\": %lld, \"weight_bytes_per_token\": %lld, "
                   "\"tensor_parallel_size\": %d, \"kv_cache_dtype\": \"%s\", "
-                  "\"quantization\": \"%s\"",
+                  "\"quantization\": \"%s\", \"gemm_tuned_shapes\": %lld, "
+                  "\"gemm_retuned_shapes\": %lld",
                   st.device_ms, st.wall_ms, st.device_ms / (seconds * 1e3),
                   (long long)st.graph_steps, (long long)st.graphs_captured,
                   (long long)st.weight_bytes, (long long)st.kv_cache_bytes,
                   (long long)engine.kv_capacity_tokens(), (long long)st.peak_device_bytes,
                   (long long)st.weight_bytes_per_token, f.backend.tensor_parallel_size,
-                  f.backend.kv_cache_dtype.c_str(), f.backend.quantization.c_str());
+                  f.backend.kv_cache_dtype.c_str(), f.backend.quantization.c_str(),
+                  (long long)st.gemm_tuned_shapes, (long long)st.gemm_retuned_shapes);
     device_json = buf;
   }
 #endif

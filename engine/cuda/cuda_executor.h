@@ -66,6 +66,16 @@ struct CudaExecutorOptions {
   // what vLLM's and TensorRT-LLM's FP8 kernels use) rather than cuBLASLt's periodic promotion
   // to fp32 (its default; --fp8-precise-accum). Accuracy of both: tests/kernels/fp8_linear_gpu_test.
   bool fp8_fast_accum = true;
+  // cuBLASLt algorithms tuned at start-up (cuda::Gemm::set_tuning): one eager pass per
+  // captured decode batch size (above gemv_max_tokens) times the heuristic's candidates for
+  // every GEMM shape it runs and keeps the fastest: Llama-3-8B GEMMs of 512 rows gain 12-14%
+  // on the H200 (256 rows 0-4%), while prefill-sized ones (thousands of tokens) measured slower
+  // with the tuned picks than with the heuristic's, so they keep the heuristic
+  // (bench/RESULTS.md). One GPU only (tensor parallel keeps the heuristic's picks). Off by
+  // default here: timed picks may differ between two executors of one process, which the
+  // bit-for-bit comparisons of some tests rely on; `llm` turns it on (--no-gemm-autotune
+  // turns it off).
+  bool gemm_autotune = false;
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers
   int64_t max_num_seqs = 256;
@@ -131,6 +141,9 @@ struct CudaExecutorStats {
   // taken, not a fallback to the RMSNorm kernel.
   int64_t gemv_folded_norms = 0, gemv_prologue_norms = 0;
   int64_t packed_uploads = 0;  // packed_step_inputs: the packed copies + scatters enqueued
+  // gemm_autotune: GEMM shapes timed at start-up, and how many of them chose another algorithm
+  // than cuBLASLt's heuristic.
+  int64_t gemm_tuned_shapes = 0, gemm_retuned_shapes = 0;
 };
 
 class CudaExecutor final : public ModelExecutor {

@@ -54,7 +54,7 @@ Gemm::~Gemm() {
   cublasLtDestroy(handle_);
 }
 
-const Gemm::Plan& Gemm::GetPlan(const Key& key) {
+Gemm::Plan& Gemm::GetPlan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   const auto [n, m, k, dtype, out_dtype, fast_accum] = key;
@@ -94,10 +94,10 @@ const Gemm::Plan& Gemm::GetPlan(const Key& key) {
   Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &workspace_bytes_, sizeof(workspace_bytes_)),
         "set workspace");
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      handle_, p.op, p.a, p.b, p.c, p.c, pref, kTuneCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     throw std::runtime_error("cuBLASLt: no algorithm for GEMM n=" + std::to_string(n) +
@@ -105,8 +105,57 @@ const Gemm::Plan& Gemm::GetPlan(const Key& key) {
                              std::string(DTypeName(dtype)) + " -> " +
                              std::string(DTypeName(out_dtype)) + ")");
   }
-  p.algo = result.algo;
+  for (int i = 0; i < found; ++i) p.candidates[i] = results[i].algo;
+  p.num_candidates = found;
+  p.algo = p.candidates[0];
   return plans_.emplace(key, p).first->second;
+}
+
+template <typename Run>
+void Gemm::MaybeTune(Plan& p, cudaStream_t stream, Run run) {
+  if (!tuning_ || p.tuned || p.num_candidates < 2) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;  // no timing inside a capture
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LLM_CUDA_CHECK(cudaEventCreate(&start));
+  LLM_CUDA_CHECK(cudaEventCreate(&stop));
+  // Rounds over all candidates (kTuneReps runs each per round, after one warm-up run), so
+  // that clock and temperature drift during tuning touch every candidate alike; each run is
+  // timed alone (events around it, then a sync: back to back, a kernel's launch and tail
+  // would hide under its neighbours', which a GEMM between other kernels does not get), and
+  // a candidate's time is its fastest run. A candidate the call's shape or alignment rules
+  // out fails to launch and drops out.
+  const int n = p.num_candidates;
+  bool ok[kTuneCandidates];
+  float ms[kTuneCandidates];
+  for (int i = 0; i < n; ++i) ok[i] = run(p.candidates[i]) == CUBLAS_STATUS_SUCCESS, ms[i] = -1.f;
+  for (int round = 0; round < kTuneRounds; ++round) {
+    for (int i = 0; i < n; ++i) {
+      for (int r = 0; r < kTuneReps && ok[i]; ++r) {
+        LLM_CUDA_CHECK(cudaEventRecord(start, stream));
+        ok[i] = run(p.candidates[i]) == CUBLAS_STATUS_SUCCESS;
+        LLM_CUDA_CHECK(cudaEventRecord(stop, stream));
+        LLM_CUDA_CHECK(cudaEventSynchronize(stop));
+        float t = 0.f;
+        LLM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+        if (ms[i] < 0.f || t < ms[i]) ms[i] = t;
+      }
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  // The heuristic's first pick stays unless another is faster by kTuneMargin (timing noise
+  // must not trade a good pick for an equal one).
+  int best = 0;
+  float best_ms = ok[0] ? ms[0] * (1.f - kTuneMargin) : -1.f;
+  for (int i = 1; i < n; ++i) {
+    if (ok[i] && (best_ms < 0.f || ms[i] < best_ms)) best_ms = ms[i], best = i;
+  }
+  p.algo = p.candidates[best];
+  p.tuned = true;
+  ++num_tuned_;
+  if (best != 0) ++num_retuned_;
 }
 
 void Gemm::Linear(const void* x, const void* w, void* y, int64_t n, int64_t m, int64_t k,
@@ -115,11 +164,14 @@ void Gemm::Linear(const void* x, const void* w, void* y, int64_t n, int64_t m, i
   if (accumulate && out_dtype != DType::kF32) {
     throw std::invalid_argument("Gemm::Linear: accumulate needs an fp32 output");
   }
-  const Plan& p = GetPlan({n, m, k, dtype, out_dtype, false});
+  Plan& p = GetPlan({n, m, k, dtype, out_dtype, false});
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  Check(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                       workspace_, workspace_bytes_, stream),
-        "Matmul");
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo,
+                          workspace_, workspace_bytes_, stream);
+  };
+  MaybeTune(p, stream, run);
+  Check(run(p.algo), "Matmul");
 }
 
 void Gemm::LinearFp8(const void* x8, const float* x_scale, const void* w8, const float* w_scale,
@@ -133,12 +185,16 @@ void Gemm::LinearFp8(const void* x8, const float* x_scale, const void* w8, const
     throw std::invalid_argument("Gemm::LinearFp8: k = " + std::to_string(k) +
                                 " is not a multiple of 16 (cuBLASLt's FP8 alignment)");
   }
-  const Plan& p = GetPlan({n, m, k, DType::kF8E4M3, out_dtype, fast_accum_});
+  Plan& p = GetPlan({n, m, k, DType::kF8E4M3, out_dtype, fast_accum_});
   SetDesc(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale, "set A_SCALE_POINTER");
   SetDesc(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale, "set B_SCALE_POINTER");
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  const cublasStatus_t st = cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c,
-                                           y, p.c, &p.algo, workspace_, workspace_bytes_, stream);
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle_, p.op, &alpha, w8, p.a, x8, p.b, &beta, y, p.c, y, p.c, &algo,
+                          workspace_, workspace_bytes_, stream);
+  };
+  MaybeTune(p, stream, run);
+  const cublasStatus_t st = run(p.algo);
   if (st != CUBLAS_STATUS_SUCCESS) {
     Check(st, ("Matmul (fp8, n=" + std::to_string(n) + " m=" + std::to_string(m) +
                " k=" + std::to_string(k) + " -> " + std::string(DTypeName(out_dtype)) + ")")

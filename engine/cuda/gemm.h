@@ -2,7 +2,9 @@
 // [n, k] row-major activations and W [m, k] row-major weights (Hugging Face's layout).
 // In cuBLASLt's column-major terms that is D[m, n] = op(A)·B with A = W (transposed),
 // B = X: the "TN" case its kernels are fastest at. The algorithm is chosen once per shape
-// by cublasLtMatmulAlgoGetHeuristic and cached; the workspace is fixed, so the calls can be
+// and cached: cublasLtMatmulAlgoGetHeuristic's first, or with tuning on (set_tuning), the
+// fastest of its first kTuneCandidates timed on the first call's own operands (TensorRT-LLM
+// profiles its GEMM tactics the same way). The workspace is fixed, so the calls can be
 // captured in CUDA graphs.
 //
 // Epilogue fusion: with accumulate, D = X·Wᵀ + D in fp32 (beta = 1, C = D): the residual
@@ -53,23 +55,49 @@ class Gemm {
 
   int64_t num_plans() const { return static_cast<int64_t>(plans_.size()); }
 
+  // While on, the first call of each shape made outside stream capture times up to
+  // kTuneCandidates of the heuristic's algorithms (a warm-up, then kTuneRounds rounds over
+  // the candidates of kTuneReps runs each) on the call's own operands and keeps the fastest
+  // (the heuristic's first unless another beats it by kTuneMargin) for every later call of
+  // that shape. Tuning
+  // writes the call's output several times (accumulating into it several times when
+  // accumulate is set), so it is only for calls whose outputs are thrown away: the executor's
+  // start-up passes. A shape first seen with tuning off keeps the heuristic's choice.
+  void set_tuning(bool on) { tuning_ = on; }
+  int64_t num_tuned() const { return num_tuned_; }
+  // Of the tuned shapes, how many picked another algorithm than the heuristic's first.
+  int64_t num_retuned() const { return num_retuned_; }
+  static constexpr int kTuneCandidates = 8;
+  static constexpr int kTuneReps = 2;
+  static constexpr int kTuneRounds = 3;
+  static constexpr float kTuneMargin = 0.03f;
+
  private:
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    // The heuristic's candidates, best first (algo = candidates[0] until tuned).
+    cublasLtMatmulAlgo_t candidates[kTuneCandidates]{};
+    int num_candidates = 0;
+    bool tuned = false;
   };
   // The plan does not depend on accumulate (beta is a launch argument, not in the heuristic);
   // the fp8 plans' scale pointers are set per call (each layer has its own). The last field is
   // the fp8 accumulation mode (false for bf16 / fp16).
   using Key = std::tuple<int64_t, int64_t, int64_t, DType, DType, bool>;
-  const Plan& GetPlan(const Key& key);
+  Plan& GetPlan(const Key& key);
+  // Tuning (set_tuning): run(algo) enqueues the call with that algorithm on `stream`.
+  template <typename Run>
+  void MaybeTune(Plan& p, cudaStream_t stream, Run run);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, Plan> plans_;
   bool fast_accum_ = false;
+  bool tuning_ = false;
+  int64_t num_tuned_ = 0, num_retuned_ = 0;
 };
 
 }  // namespace llm::cuda

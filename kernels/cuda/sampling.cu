@@ -3,12 +3,19 @@
 // Test: ninja -C build-cuda sampling_gpu_test && (cd build-cuda && ctest -L gpu -R sampling)
 //
 // One CTA of 1024 threads per sampled row; nothing is sorted. Per row:
-//  1. Copy pass: logits row -> workspace row (float4 where aligned), keeping per thread an
-//     online (max, sum of exp) of the RAW logits (for the logprobs) and the raw max.
-//     Then the row's sparse LogitAdjust entries are applied to the workspace copy, one
+//  1. Rows with LogitAdjust entries: copy pass, logits row -> workspace row (float4 where
+//     aligned), keeping per thread an online (max, sum of exp) of the RAW logits (for the
+//     logprobs). Then the row's sparse LogitAdjust entries are applied to the copy, one
 //     thread per entry (a row's entries must name distinct tokens), with the CPU's float
 //     operations in the CPU's order: + bias, / or * repetition, - subtract. Entries the
-//     CPU does not have are neutral exactly (x + 0, x / 1, x * 1, x - 0).
+//     CPU does not have are neutral exactly (x + 0, x / 1, x * 1, x - 0). Rows without
+//     entries are processed in place: the processed row is the raw one, nothing is copied.
+//  1b. Temperature alone (no top-k, top-p or min-p: the whole vocabulary is kept), the
+//     common sampled-decode case: the Gumbel-max draw, in the same single pass as step 2's
+//     argmax: token = argmax_i (l_i / T + G_i), G_i = -log(-log(u_i)) with u_i uniform in
+//     (0, 1) from Philox4x32-10 keyed by seed, counter (i / 4, offset); an exact sample of
+//     softmax(l / T) (the argmax of Gumbel-perturbed logits is distributed as the softmax)
+//     with one read of the row instead of steps 3-4's passes.
 //  2. Block argmax of the processed row (ties -> lowest id: the reduction compares
 //     (value, id) pairs). Greedy (temperature < 1e-5, top_k == 1) or a non-finite maximum
 //     (the CPU's fallback) returns it.
@@ -46,11 +53,13 @@
 //    a float (CPU: double), so a top-p boundary within ~1e-6 relative of a cumulative mass,
 //    or a weight within an ulp of min_p, may fall on the other side;
 //  - the CPU throws on NaN logits; here NaN never wins an argmax and has no defined effect.
-// Cost: the copy pass + argmax pass always; top-k and top-p add 9 passes each over the row
+// Cost: the argmax pass always (with the Gumbel draw in it for temperature-only rows), the copy
+// pass for rows with adjustments; top-k and top-p add 9 passes each over the row
 // (L2-resident: a 256k-vocab row is 1 MiB); the draw adds 2 id-ordered passes. Measured on an
-// H200, vocab 128256, random logits, per launch: 1 row: greedy 28 us, T=1 92 us, top_k=50
-// 266 us, top_p=0.95 421 us; 128 rows: 61 / 151 / 371 / 521 us; 1024 rows: 0.46 / 1.07 / 2.8 /
-// 4.0 ms. The radix passes are latency-bound (one CTA per row); the next rung would cut the
+// H200 (bench_sampling_gpu, 2026-11-30), vocab 128256, random logits, per launch: 1 row:
+// greedy 14 us, T=1 80 us, top_k=50 245 us, top_p=0.95 405 us; 512 rows: 79 / 306 / 1263 /
+// 1871 us; 1024 rows: 0.15 / 0.60 / 2.45 / 3.70 ms (before the Gumbel pass and the in-place
+// rows, 1024 rows took 0.46 / 1.07 / 2.8 / 4.0 ms). The radix passes are latency-bound (one CTA per row); the next rung would cut the
 // candidates to a shared-memory list after the first pass (most of the row is below any
 // top-k / top-p threshold) and split big batches' rows over fewer threads.
 #include <curand_kernel.h>
@@ -224,6 +233,18 @@ __device__ __forceinline__ Chunk MyChunk(int vocab) {
   const int b = min(vocab, int(threadIdx.x) * per);
   return Chunk{b, min(vocab, b + per)};
 }
+
+// The Gumbel noise -log(-log(u)) of u = (r + 0.5) / 2^32 in (0, 1), precise at both ends: -log(u)
+// from u itself below 1/2 and from 1 - u = (~r + 0.5) / 2^32 (exact in the integer) above, so
+// no u rounds to 1 and every noise value is finite (at most ~22.9: the 32-bit uniform's edge).
+__device__ __forceinline__ float Gumbel(uint32_t r) {
+  const float e = r < 0x80000000u ? -logf((float(r) + 0.5f) * 0x1p-32f)
+                                  : -log1pf(-((float(~r) + 0.5f) * 0x1p-32f));
+  return -logf(e);
+}
+// Philox stream of the Gumbel draws (the counter's last word), apart from step 4's curand
+// stream of the same (seed, offset).
+constexpr uint32_t kGumbelStream = 0x6a09e667u;
 
 // ---- the filters ----------------------------------------------------------------------------
 // Radix search over keys, in the order key descending: finds kappa with
@@ -466,11 +487,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* raw = logits + int64_t(p.logits_row) * vocab;
   float* proc = workspace + int64_t(row) * vocab;
 
-  // 1. Copy + raw statistics, then the adjustments. Greedy without adjustments (the common
+  // 1. Copy + raw statistics, then the adjustments. A row without adjustments (the common
   // decode case) needs neither the copy nor, without logprobs, the statistics: the processed
-  // row is the raw one, and its argmax is taken there directly.
+  // row is the raw one, and every pass reads it there directly.
   const bool greedy = p.temperature < 1e-5f || p.top_k == 1;
-  const bool plain = greedy && p.adjust_begin >= p.adjust_end;
+  const bool plain = p.adjust_begin >= p.adjust_end;
+  // 1b. Temperature alone keeps every token: the Gumbel-max draw in the argmax pass.
+  const bool gumbel =
+      !greedy && (p.top_k <= 0 || p.top_k >= vocab) && !(p.top_p < 1.f) && !(p.min_p > 0.f);
   Lse stats{-INFINITY, 0.f};
   const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(raw) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(proc) % 16 == 0;
@@ -504,14 +528,49 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
 
-  // 2. Argmax of the processed row; greedy.
+  // 2. Argmax of the processed row; greedy. With 1b, the Gumbel-perturbed argmax beside it:
+  // groups of 4 ids share one Philox call (float4 loads where aligned).
   const float* src = plain ? raw : proc;
   ArgBest best{-INFINITY, INT_MAX};
-  for (int i = threadIdx.x; i < vocab; i += kThreads) best = Better(best, ArgBest{src[i], i});
+  ArgBest drawn{-INFINITY, INT_MAX};
+  if (gumbel) {
+    const float inv_t = 1.f / p.temperature;
+    const uint2 key = make_uint2(uint32_t(p.seed), uint32_t(p.seed >> 32));
+    const bool vec4 = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+    for (int c = threadIdx.x; c < (vocab + 3) / 4; c += kThreads) {
+      const uint4 r = curand_Philox4x32_10(
+          make_uint4(uint32_t(c), uint32_t(p.offset), uint32_t(p.offset >> 32), kGumbelStream),
+          key);
+      float v[4];
+      if (vec4) {
+        const float4 q = reinterpret_cast<const float4*>(src)[c];
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = 4 * c + e < vocab ? src[4 * c + e] : -INFINITY;
+      }
+      const uint32_t u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * c + e;
+        if (i >= vocab) break;
+        best = Better(best, ArgBest{v[e], i});
+        drawn = Better(drawn, ArgBest{fmaf(v[e], inv_t, Gumbel(u[e])), i});
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < vocab; i += kThreads) best = Better(best, ArgBest{src[i], i});
+  }
   best = BlockArgmax(best, s);
   if (best.id == INT_MAX) best.id = 0;  // all NaN (the CPU rejects such rows)
+  if (gumbel) drawn = BlockArgmax(drawn, s);
   int token = best.id;
-  if (!greedy && isfinite(best.v)) token = SampleFiltered(proc, vocab, p, best.v, s);
+  if (!greedy && isfinite(best.v)) {
+    // A non-finite maximum keeps the argmax (the CPU's fallback), as does a row whose every
+    // perturbed score is -inf (l / T underflowing to -inf everywhere).
+    token = gumbel ? (drawn.id == INT_MAX ? best.id : drawn.id)
+                   : SampleFiltered(src, vocab, p, best.v, s);
+  }
 
   // 3. Outputs; logprobs of the raw row.
   if (threadIdx.x == 0) out.token[row] = token;

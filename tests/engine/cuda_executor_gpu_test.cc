@@ -140,12 +140,14 @@ struct LogitsCase {
   // them (--gemv-fold-norm), 2 in the GEMVs' prologues (--gemv-norm-prologue)
   // (stories260K has no GEMV path: its intermediate size 172 is not a multiple of 8)
   int norm = 0;
+  bool tune = false;  // gemm_autotune: cuBLASLt algorithms timed at start-up
 };
 
 std::string CaseName(const ::testing::TestParamInfo<LogitsCase>& info) {
   return std::string(info.param.model) + (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
          (info.param.gemv ? "_gemv" : "_cublaslt") +
-         (info.param.norm == 1 ? "_foldnorm" : info.param.norm == 2 ? "_normprologue" : "");
+         (info.param.norm == 1 ? "_foldnorm" : info.param.norm == 2 ? "_normprologue" : "") +
+         (info.param.tune ? "_autotune" : "");
 }
 
 class CudaLogits : public CudaExecutorTest, public ::testing::WithParamInterface<LogitsCase> {};
@@ -159,6 +161,7 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   o.gemv_max_tokens = c.gemv ? 8 : 0;
   o.gemv_fold_norm = c.norm == 1;
   o.gemv_norm_prologue = c.norm == 2;
+  o.gemm_autotune = c.tune;
   auto ex = CudaExecutor::Create(dir, o);
   const std::vector<float> got = AllLogits(*ex, ids, 40);
   ASSERT_EQ(got.size(), want.size());
@@ -178,6 +181,9 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   // The RMSNorm path the case asks for was taken (not a silent fallback to the kernel).
   EXPECT_EQ(st.gemv_folded_norms > 0, c.norm == 1) << st.gemv_folded_norms;
   EXPECT_EQ(st.gemv_prologue_norms > 0, c.norm == 2) << st.gemv_prologue_norms;
+  // Tuning timed the decode graphs' GEMM shapes (cuBLASLt decode steps here: every batch
+  // size runs GEMMs).
+  EXPECT_EQ(st.gemm_tuned_shapes > 0, c.tune) << st.gemm_tuned_shapes;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
@@ -193,6 +199,8 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
                                            LogitsCase{"hd128", DType::kBF16, true, 1},
                                            LogitsCase{"hd64", DType::kBF16, true, 1},
                                            LogitsCase{"hd128", DType::kBF16, true, 2},
+                                           LogitsCase{"hd128", DType::kBF16, false, 0, true},
+                                           LogitsCase{"hd64", DType::kF16, false, 0, true},
                                            LogitsCase{"hd64", DType::kF16, true, 2}),
                          CaseName);
 

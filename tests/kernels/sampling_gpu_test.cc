@@ -284,14 +284,14 @@ TEST_F(SamplingGpu, PenaltiesAndBiasMatchSampler) {
 }
 
 // ---- determinism ----------------------------------------------------------------------------
-TEST_F(SamplingGpu, SameSeedAndOffsetSameToken) {
+void ExpectSameSeedAndOffsetSameToken(float top_p) {
   const int64_t vocab = 1000;
   const std::vector<float> logits = RandomLogits(vocab, 21, 0.3f);  // flat: many candidates
   std::vector<SampleRowParams> params;
   for (int i = 0; i < 512; ++i) {
     SampleRowParams p;
     p.temperature = 1.f;
-    p.top_p = 0.9f;
+    p.top_p = top_p;
     p.seed = 1234;
     p.offset = uint64_t(i % 256);  // rows i and i + 256 share (seed, offset)
     params.push_back(p);
@@ -310,6 +310,13 @@ TEST_F(SamplingGpu, SameSeedAndOffsetSameToken) {
   int same = 0;
   for (int i = 0; i < 256; ++i) same += c.token[i] == a.token[i];
   EXPECT_LT(same, 64);
+}
+
+TEST_F(SamplingGpu, SameSeedAndOffsetSameToken) {
+  for (float top_p : {0.9f, 1.f}) {  // the filtered draw and the Gumbel-max pass
+    SCOPED_TRACE("top_p " + std::to_string(top_p));
+    ExpectSameSeedAndOffsetSameToken(top_p);
+  }
 }
 
 // ---- filters: kept sets and frequencies -----------------------------------------------------
@@ -451,6 +458,46 @@ TEST_F(SamplingGpu, FiltersKeepTheCpuSetWithTheCpuFrequencies) {
   CheckFilter(five, {0.75f, 0, 1.f, 0.1f}, draws, "min_p=0.1 T=0.75");
   CheckFilter(five, {1.25f, 4, 0.875f, 0.05f}, draws, "top_k=4 top_p=0.875 min_p=0.05 T=1.25");
   CheckFilter(five, {1.f, 0, 1.f, 0.f}, draws, "no filter (background included)");
+  // Temperature alone (the Gumbel-max pass): T below and above 1, top_k >= vocab (everything
+  // kept), a vocabulary that is not a multiple of 4 (the scalar loads, a partial last group).
+  CheckFilter(five, {0.5f, 0, 1.f, 0.f}, draws, "no filter T=0.5");
+  CheckFilter(five, {2.f, 1000, 1.f, 0.f}, draws, "no filter T=2, top_k = vocab");
+  std::vector<float> odd = five;
+  odd.resize(1001, -12.f);
+  odd[1000] = std::log(0.3f);
+  CheckFilter(odd, {1.f, 0, 1.f, 0.f}, draws, "no filter, vocab 1001");
+}
+
+// Temperature alone over a realistic 128k row: the frequencies of the likeliest tokens (the
+// rest pooled) match softmax(l / T); the draws of a row with a logit_bias entry (the copy
+// pass) follow the biased row.
+TEST_F(SamplingGpu, TemperatureOnlyFrequenciesOnBigVocabulary) {
+  const int64_t vocab = 128256;
+  std::vector<float> logits = RandomLogits(vocab, 78, 2.5f);
+  for (int id : {5, 70000, 128255}) logits[size_t(id)] = 12.f;  // bins of their own
+  CheckFilter(logits, {1.f, 0, 1.f, 0.f}, 20000, "T=1 vocab 128256", 300);
+  CheckFilter(logits, {0.8f, 0, 1.f, 0.f}, 20000, "T=0.8 vocab 128256", 300);
+
+  // The bias moves id 9 to the top: it must be drawn at the biased row's frequency.
+  std::vector<float> biased = logits;
+  biased[9] += 13.f;
+  const std::map<int, double> want = ReferenceKept(biased, {1.f, 0, 1.f, 0.f});
+  const int draws = 20000;
+  std::vector<SampleRowParams> params(static_cast<size_t>(draws));
+  std::vector<LogitAdjust> adjust = {LogitAdjust{9, 13.f, 1.f, 0.f}};
+  for (int i = 0; i < draws; ++i) {
+    params[size_t(i)].seed = 17;
+    params[size_t(i)].offset = uint64_t(i);
+    params[size_t(i)].adjust_begin = 0;
+    params[size_t(i)].adjust_end = 1;
+  }
+  const GpuResult g = RunGpu(logits, vocab, params, adjust);
+  std::map<int, int> counts;
+  for (int t : g.token) ++counts[t];
+  int bins = 0;
+  const double chi2 = ChiSquare(counts, want, draws, &bins);
+  EXPECT_LT(chi2, ChiBound(bins)) << "bins " << bins;
+  EXPECT_NEAR(counts[9] / double(draws), want.at(9), 0.02);
 }
 
 // Big vocabularies of equal logits: every filter boundary is a tie, resolved by lowest id.
