@@ -14,8 +14,8 @@
 #       (Llama-3-8B, E2E_REQUESTS x (1,000 prompt + 1,000 output), ignore_eos), decode-heavy
 #       throughput at 256 concurrent sequences (GPU busy fraction), long context (Llama-3.1-8B,
 #       (async scheduling is the cuda default; the *_sync runs are the --no-async-scheduling
-#       baselines, *_cublaslt --gemv-max-tokens 0, *_no_pdl --disable-pdl, *_heuristic
-#       --no-gemm-autotune)
+#       baselines, *_cublaslt --gemv-max-tokens 0, *_no_pdl --disable-pdl, *_autotune
+#       --gemm-autotune)
 #       one 131,008-token prompt + 64 tokens); bench/e2e_report.py -> $OUT/e2e-h200.json +
 #       $OUT/e2e-summary.md
 # Every run is bounded by `timeout`; a failed run is recorded and the next goes on.
@@ -113,13 +113,10 @@ run throughput_8b_fp8 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --m
 run throughput_8b_fp8_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8
-# cuBLASLt's heuristic algorithm picks instead of the start-up tuning (--no-gemm-autotune)
-run throughput_8b_fp8_512seq_heuristic 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+# cuBLASLt algorithms timed at start-up (--gemm-autotune) instead of the heuristic's picks
+run throughput_8b_fp8_512seq_autotune 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
-  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --no-gemm-autotune
-run ttft_8b_2048_heuristic 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
-  --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048 \
-  --no-gemm-autotune
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --gemm-autotune
 run throughput_8b_fp8_768seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 768 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8

@@ -24,7 +24,7 @@ struct BackendFlags {
   int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the GEMV kernel
   int64_t decode_min_tiles_per_split = 1;  // cuda: the decode attention's split selector
   bool packed_step_inputs = true;  // cuda: one packed host-to-device copy per step
-  bool gemm_autotune = true;       // cuda: time cuBLASLt's candidate algorithms at start-up
+  bool gemm_autotune = false;      // cuda: time cuBLASLt's candidate algorithms at start-up
   bool disable_pdl = false;     // cuda: no programmatic dependent launch
   bool gemv_norm_prologue = false;  // cuda: RMSNorm in the GEMV's prologue on GEMV steps
   bool gemv_fold_norm = false;  // cuda: the RMSNorms folded into the GEMVs around them

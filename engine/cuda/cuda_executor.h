@@ -68,13 +68,12 @@ struct CudaExecutorOptions {
   bool fp8_fast_accum = true;
   // cuBLASLt algorithms tuned at start-up (cuda::Gemm::set_tuning): one eager pass per
   // captured decode batch size (above gemv_max_tokens) times the heuristic's candidates for
-  // every GEMM shape it runs and keeps the fastest: Llama-3-8B GEMMs of 512 rows gain 12-14%
-  // on the H200 (256 rows 0-4%), while prefill-sized ones (thousands of tokens) measured slower
-  // with the tuned picks than with the heuristic's, so they keep the heuristic
-  // (bench/RESULTS.md). One GPU only (tensor parallel keeps the heuristic's picks). Off by
-  // default here: timed picks may differ between two executors of one process, which the
-  // bit-for-bit comparisons of some tests rely on; `llm` turns it on (--no-gemm-autotune
-  // turns it off).
+  // every GEMM shape it runs and keeps the fastest. Prefill-sized shapes (thousands of tokens)
+  // keep the heuristic: their tuned picks measured slower. One GPU only (tensor parallel keeps
+  // the heuristic's picks). Off (--gemm-autotune): end to end it measured +0.2-0.3% on the
+  // H200 (Llama-3-8B throughput, three same-call A/Bs) for ~3 s of start-up, although the
+  // GEMM bench's 512-row shapes gain 12-14% (bench/RESULTS.md); timed picks may also differ
+  // between two executors of one process, which some tests' bit-for-bit comparisons rely on.
   bool gemm_autotune = false;
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers

@@ -57,12 +57,12 @@ class Gemm {
 
   // While on, the first call of each shape made outside stream capture times up to
   // kTuneCandidates of the heuristic's algorithms (a warm-up, then kTuneRounds rounds over
-  // the candidates of kTuneReps runs each) on the call's own operands and keeps the fastest
-  // (the heuristic's first unless another beats it by kTuneMargin) for every later call of
-  // that shape. Tuning
-  // writes the call's output several times (accumulating into it several times when
-  // accumulate is set), so it is only for calls whose outputs are thrown away: the executor's
-  // start-up passes. A shape first seen with tuning off keeps the heuristic's choice.
+  // the candidates of kTuneReps runs each, every run after an L2 flush) on the call's own
+  // operands and keeps the fastest (the heuristic's first unless another beats it by
+  // kTuneMargin) for every later call of that shape. Tuning writes the call's output several
+  // times (accumulating into it several times when accumulate is set), so it is only for
+  // calls whose outputs are thrown away: the executor's start-up passes. A shape first seen
+  // with tuning off keeps the heuristic's choice.
   void set_tuning(bool on) { tuning_ = on; }
   int64_t num_tuned() const { return num_tuned_; }
   // Of the tuned shapes, how many picked another algorithm than the heuristic's first.
@@ -71,6 +71,7 @@ class Gemm {
   static constexpr int kTuneReps = 2;
   static constexpr int kTuneRounds = 3;
   static constexpr float kTuneMargin = 0.03f;
+  static constexpr size_t kTuneFlushBytes = size_t{64} << 20;  // > the H200's 50 MB L2
 
  private:
   struct Plan {
