@@ -3,7 +3,8 @@
 # /opt/deps, build, run the GPU tests (ctest -L gpu) and whatever the arguments name.
 #   OUT=/some/dir scripts/gpu_run.sh [ninja targets...]
 # Needs: .debs/ (apt-get download ... ; see DEVICE.md) and .shared/ (a copy of ../shared's
-# models, since ../shared does not travel), both git-ignored and carried.
+# models, since ../shared does not travel), both git-ignored and carried; a fresh checkout makes
+# them with scripts/gpu_prepare.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Prepares a fresh checkout for the GPU machine's calls (../shared/DEVICE.md), on the
+# development machine, from the repo root: downloads the Debian 12 packages the GPU build needs
+# into .debs/ (git-ignored) and copies ../shared's models into .shared/ (../shared does not
+# travel; .shared is excluded locally through .git/info/exclude). Then carry both:
+#   run(command=..., carry=[".debs", ".shared"])
+# Idempotent: an existing .debs/ or .shared/ is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -d .debs ] || [ -z "$(ls .debs/*.deb 2>/dev/null)" ]; then
+  mkdir -p .debs
+  (cd .debs && apt-get download \
+    googletest libgtest-dev libgmock-dev \
+    libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 \
+    libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32 \
+    protobuf-compiler protobuf-compiler-grpc \
+    libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libre2-dev libre2-9 \
+    nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libcpp-httplib0.11) 2>&1 | grep -v '^W:' || true
+fi
+if [ ! -d .shared/models ]; then
+  mkdir -p .shared
+  cp -r ../shared/models .shared/
+fi
+mkdir -p .git/info
+grep -qx '/.shared/' .git/info/exclude 2>/dev/null || echo '/.shared/' >> .git/info/exclude
+echo "gpu_prepare: $(ls .debs/*.deb | wc -l) packages in .debs, $(du -sh .shared | cut -f1) in .shared"
