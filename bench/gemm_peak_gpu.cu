@@ -2,8 +2,10 @@
 // our own cuBLASLt path (engine/cuda/gemm.h, the one every linear layer takes), for a large
 // square GEMM and for the Llama-3-8B layer shapes at prefill-sized and decode-sized (512)
 // token counts; the same shapes through the FP8 path (--quantization fp8: e4m3 x e4m3 with
-// per-row and per-token scales), with cuBLASLt's precise and fast accumulation. Timed with
-// CUDA events after a warm-up, median of the repeats. Then the batch-1 decode GEMVs, bf16 and
+// per-row and per-token scales), with cuBLASLt's precise and fast accumulation; the bf16
+// shapes also with the algorithm timed by Gemm::set_tuning (rows "*_bf16_tuned"). Weights
+// rotate over copies past L2 (cold, as in a model step). Timed with CUDA events after a
+// warm-up, median of the repeats. Then the batch-1 decode GEMVs, bf16 and
 // fp8 (e4m3) weights, per matrix and in a 32-layer chain, as weight TB/s.
 //   build/bench_gemm_peak_gpu [--reps R]
 // Prints lines: JSON {"kind":"gemm","n":..,"m":..,"k":..,"ms":..,"tflops":..},
@@ -38,27 +40,34 @@ void FillFp8Codes(void* codes, int64_t count) {
 }
 
 // One GEMM y[n, m] = x[n, k] · w[m, k]ᵀ with a bf16 output: bf16 operands, or (fp8) e4m3
-// operands with per-token and per-row scales (LinearFp8).
+// operands with per-token and per-row scales (LinearFp8). The calls rotate over copies of W
+// totalling >= 256 MB, so that no call finds its weights in the 50 MB L2 (in a model step
+// they stream from memory; the decode-sized shapes' smaller matrices would otherwise be
+// timed warm).
 double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps,
                 bool fp8 = false) {
-  void *x = nullptr, *w = nullptr, *y = nullptr;
+  void *x = nullptr, *w_all = nullptr, *y = nullptr;
   float *xs = nullptr, *ws = nullptr;
   const size_t es = fp8 ? 1 : 2;
+  const int64_t w_elems = m * k;
+  const int copies = int(std::max<int64_t>(2, (int64_t{256} << 20) / (w_elems * int64_t(es)) + 1));
   LLM_CUDA_CHECK(cudaMalloc(&x, size_t(n * k) * es));
-  LLM_CUDA_CHECK(cudaMalloc(&w, size_t(m * k) * es));
+  LLM_CUDA_CHECK(cudaMalloc(&w_all, size_t(w_elems * copies) * es));
   LLM_CUDA_CHECK(cudaMalloc(&y, size_t(n * m * 2)));
   LLM_CUDA_CHECK(cudaMalloc(&xs, size_t(n) * 4));
   LLM_CUDA_CHECK(cudaMalloc(&ws, size_t(m) * 4));
   if (fp8) {
     FillFp8Codes(x, n * k);
-    FillFp8Codes(w, m * k);
+    FillFp8Codes(w_all, w_elems * copies);
     llm::cuda::FillConstant(xs, llm::DType::kF32, n, 0.01f, nullptr);
     llm::cuda::FillConstant(ws, llm::DType::kF32, m, 0.01f, nullptr);
   } else {
     llm::cuda::FillUniform(x, llm::DType::kBF16, n * k, 1.f, 1, nullptr);
-    llm::cuda::FillUniform(w, llm::DType::kBF16, m * k, 1.f, 2, nullptr);
+    llm::cuda::FillUniform(w_all, llm::DType::kBF16, w_elems * copies, 1.f, 2, nullptr);
   }
+  int call = 0;
   auto run = [&] {
+    const void* w = static_cast<const char*>(w_all) + size_t(call++ % copies) * size_t(w_elems) * es;
     if (fp8) {
       gemm.LinearFp8(x, xs, w, ws, y, n, m, k, llm::DType::kBF16, false, nullptr);
     } else {
@@ -79,7 +88,7 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
   }
   std::sort(ms.begin(), ms.end());
   cudaFree(x);
-  cudaFree(w);
+  cudaFree(w_all);
   cudaFree(y);
   cudaFree(xs);
   cudaFree(ws);
