@@ -17,6 +17,12 @@ gate|up, down and the lm_head apart):
   - and the idle gaps in which no kernel ran;
 and, between consecutive replays, the gap (the step's host side: sampling, copies, the next
 launch), the time no kernel ran in it and the kernels outside the graph that did.
+
+Then the eager steps (prefill and mixed steps run outside graphs): each starts with the
+model's first kernel (EmbeddingGatherKernel) outside a graph and ends where the next eager
+step or graph replay starts; for them the count, the median and total wall time, and per
+kernel class the busy time summed over all of them; beside it the total wall time of all graph
+replays, which splits a run's device time into decode and prefill / mixed steps.
 """
 import argparse
 import csv
@@ -174,6 +180,43 @@ def between(kernels, steps, size, skip):
                         for cls in classes}}
 
 
+FIRST_EAGER = "EmbeddingGatherKernel"  # RunModel's first kernel
+
+
+def eager_steps(kernels):
+    """Runs of non-graph kernels, each from a FIRST_EAGER kernel up to the next one or to the
+    next graph-launched kernel."""
+    steps, cur = [], []
+    for k in kernels:
+        if k["graph"] != 0 or k["cls"] == FIRST_EAGER:
+            if cur:
+                steps.append(cur)
+            cur = [k] if k["graph"] == 0 else []
+        elif cur:
+            cur.append(k)
+    if cur:
+        steps.append(cur)
+    return steps
+
+
+def eager_summary(kernels, all_steps):
+    steps = eager_steps(kernels)
+    if not steps:
+        return None
+    walls = [(max(k["end"] for k in s) - s[0]["start"]) / 1e3 for s in steps]
+    busy, count = defaultdict(float), defaultdict(int)
+    for s in steps:
+        for k in s:
+            busy[k["cls"]] += (k["end"] - k["start"]) / 1e3
+            count[k["cls"]] += 1
+    replay_wall = sum((max(k["end"] for k in r) - min(k["start"] for k in r)) / 1e3
+                      for r in all_steps)
+    return {"steps": len(steps), "wall_us_median": statistics.median(walls),
+            "wall_us_total": sum(walls), "graph_replays": len(all_steps),
+            "graph_replay_wall_us_total": replay_wall,
+            "kernels": {cls: {"count": count[cls], "busy_us_total": busy[cls]} for cls in busy}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("trace")
@@ -225,6 +268,17 @@ def main():
                 continue
             print(f"  {cls:42s} {v['per_gap']:6g} per gap {v['busy_us']:9.1f} us")
         summary["between_replays"] = gap
+    eager = eager_summary(kernels, all_steps)
+    if eager:
+        total = eager["wall_us_total"]
+        print(f"eager steps (prefill / mixed, outside graphs): {eager['steps']}, wall median "
+              f"{eager['wall_us_median']:.1f} us, total {total / 1e3:.1f} ms; all "
+              f"{eager['graph_replays']} graph replays: {eager['graph_replay_wall_us_total'] / 1e3:.1f}"
+              f" ms; per class over the eager steps (busy, share of their wall):")
+        for cls, v in sorted(eager["kernels"].items(), key=lambda kv: -kv[1]["busy_us_total"]):
+            print(f"  {cls:42s} {v['count']:8d} {v['busy_us_total'] / 1e3:10.1f} ms "
+                  f"{v['busy_us_total'] / total:7.1%}")
+        summary["eager_steps"] = eager
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)

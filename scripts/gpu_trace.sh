@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A kernel timeline of batch-1 decode on the GPU machine (no nsys there): builds llm and the
 # CUPTI injection library (bench/cupti_trace.cc), runs `llm bench` under it and prints where a
-# decode step's time goes per kernel class (bench/kernel_timeline.py). From the repo root with
+# decode step's time goes per kernel class, and the eager (prefill / mixed) steps' kernels
+# summed (bench/kernel_timeline.py). From the repo root with
 # OUT set; carry .debs and .shared (../shared/DEVICE.md). One call, ~2 minutes:
 #   OUT=... bash scripts/gpu_trace.sh [extra llm bench flags, e.g. --quantization fp8]
 # TRACE_MODEL (default engine/configs/llama-2-7b.json) picks the dummy model; TRACE_WORKLOAD

@@ -4,7 +4,10 @@ known by hand (3 replays of a 4-kernel graph with PDL-style overlap, after a non
 with a sampling kernel between replays):
   q|k|v GEMV [0, 3000] ns, attention [2500, 5000] (launched early), o GEMV [4800, 8000],
   RMSNorm [8500, 9000]: at each instant the oldest running kernel is charged, so q|k|v 3.0 us,
-  attention 2.0 (it still runs when o starts), o 3.0, idle 0.5, RMSNorm 0.5; wall 9.0."""
+  attention 2.0 (it still runs when o starts), o 3.0, idle 0.5, RMSNorm 0.5; wall 9.0.
+Then two eager (mixed) steps after the replays, each from an embedding gather: [40000, 46000]
+(gather 1 us, a GEMM 3 us, prefill attention 1.5 us, sampling 0.5 us) and [50000, 53000]
+(gather 1 us, GEMM 2 us): walls 6.0 and 3.0 us; the graph replays' total wall 27.0 us."""
 import csv
 import json
 import os
@@ -18,6 +21,9 @@ GEMV = ("_ZN3llm4cuda12_GLOBAL__N_110GemvKernelI13__nv_bfloat16NS1_12DTypeWeight
 ATTN = "_ZN3llm4cuda12_GLOBAL__N_112DecodeKernelI13__nv_bfloat16Li128ELb0EEEvNS1_10KernelArgsE"
 NORM = "_ZN3llm4cuda12_GLOBAL__N_116AddRmsNormKernelIfLi8EEEvv"
 SAMPLE = "_ZN3llm4cuda12_GLOBAL__N_112SampleKernelEPKfi"
+GATHER = "_ZN3llm4cuda12_GLOBAL__N_121EmbeddingGatherKernelI13__nv_bfloat16EEvv"
+GEMM = "nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_TNT"
+PREFILL = "_ZN3llm4cuda12_GLOBAL__N_113PrefillKernelI13__nv_bfloat16Li128EEEvv"
 
 
 def main():
@@ -37,6 +43,12 @@ def main():
         kernel(b + 8500, b + 9000, 5, 103, NORM, 1)
         if r < 2:  # between replays (gap [b + 9000, b + 10000]): sampling, 0.4 us
             kernel(b + 9100, b + 9500, 0, 0, SAMPLE, 1)
+    kernel(40000, 41000, 0, 0, GATHER, 64)
+    kernel(41000, 44000, 0, 0, GEMM, 132)
+    kernel(44000, 45500, 0, 0, PREFILL, 132)
+    kernel(45500, 46000, 0, 0, SAMPLE, 8)
+    kernel(50000, 51000, 0, 0, GATHER, 64)
+    kernel(51000, 53000, 0, 0, GEMM, 132)
     with tempfile.TemporaryDirectory() as d:
         trace, out = os.path.join(d, "trace.csv"), os.path.join(d, "summary.json")
         with open(trace, "w", newline="") as f:
@@ -68,6 +80,17 @@ def main():
     assert set(g["kernels"]) == {"SampleKernel"}, g
     assert g["kernels"]["SampleKernel"]["per_gap"] == 1, g
     assert abs(g["kernels"]["SampleKernel"]["busy_us"] - 0.4) < 1e-9, g
+    # Eager steps: the two mixed steps, the graph replays' total, per class busy over them.
+    e = s["eager_steps"]
+    assert e["steps"] == 2 and abs(e["wall_us_median"] - 4.5) < 1e-9, e
+    assert abs(e["wall_us_total"] - 9.0) < 1e-9 and e["graph_replays"] == 3, e
+    assert abs(e["graph_replay_wall_us_total"] - 27.0) < 1e-9, e
+    want_eager = {"EmbeddingGatherKernel": (2, 2.0), GEMM: (2, 5.0), "PrefillKernel": (1, 1.5),
+                  "SampleKernel": (1, 0.5)}
+    assert set(e["kernels"]) == set(want_eager), e["kernels"]
+    for c, (n, b) in want_eager.items():
+        assert e["kernels"][c]["count"] == n and abs(e["kernels"][c]["busy_us_total"] - b) < 1e-9, (
+            c, e["kernels"][c])
     print("kernel_timeline: ok")
 
 
