@@ -19,10 +19,14 @@ and, between consecutive replays, the gap (the step's host side: sampling, copie
 launch), the time no kernel ran in it and the kernels outside the graph that did.
 
 Then the eager steps (prefill and mixed steps run outside graphs): each starts with the
-model's first kernel (EmbeddingGatherKernel) outside a graph and ends where the next eager
-step or graph replay starts; for them the count, the median and total wall time, and per
+model's first kernel (EmbeddingGatherKernel) outside a graph and ends before the next step's
+setup (its inputs' scatter or fed tokens), the next eager step or a graph replay; the first
+--skip-eager of them (default 1: the executor's profiling pass; with --gemm-autotune also its
+tuning passes) are left out. For them the count, the median and total wall time, and per
 kernel class the busy time summed over all of them; beside it the total wall time of all graph
-replays, which splits a run's device time into decode and prefill / mixed steps.
+replays (first to last kernel of each; the kernels between replays, sampling and the next
+inputs' scatter, are in neither total), which splits a run's device time into decode and
+prefill / mixed steps.
 """
 import argparse
 import csv
@@ -181,17 +185,18 @@ def between(kernels, steps, size, skip):
 
 
 FIRST_EAGER = "EmbeddingGatherKernel"  # RunModel's first kernel
+NEXT_STEP = {"ScatterCopiesKernel", "FeedSampledTokensKernel"}  # a step's setup, before it
 
 
 def eager_steps(kernels):
-    """Runs of non-graph kernels, each from a FIRST_EAGER kernel up to the next one or to the
-    next graph-launched kernel."""
+    """Runs of non-graph kernels, each from a FIRST_EAGER kernel up to the next one, the next
+    step's setup (NEXT_STEP) or the next graph-launched kernel."""
     steps, cur = [], []
     for k in kernels:
-        if k["graph"] != 0 or k["cls"] == FIRST_EAGER:
+        if k["graph"] != 0 or k["cls"] == FIRST_EAGER or k["cls"] in NEXT_STEP:
             if cur:
                 steps.append(cur)
-            cur = [k] if k["graph"] == 0 else []
+            cur = [k] if k["graph"] == 0 and k["cls"] == FIRST_EAGER else []
         elif cur:
             cur.append(k)
     if cur:
@@ -199,8 +204,8 @@ def eager_steps(kernels):
     return steps
 
 
-def eager_summary(kernels, all_steps):
-    steps = eager_steps(kernels)
+def eager_summary(kernels, all_steps, skip):
+    steps = eager_steps(kernels)[skip:]
     if not steps:
         return None
     walls = [(max(k["end"] for k in s) - s[0]["start"]) / 1e3 for s in steps]
@@ -217,18 +222,38 @@ def eager_summary(kernels, all_steps):
             "kernels": {cls: {"count": count[cls], "busy_us_total": busy[cls]} for cls in busy}}
 
 
+def print_eager(eager):
+    total = eager["wall_us_total"]
+    print(f"eager steps (prefill / mixed, outside graphs): {eager['steps']}, wall median "
+          f"{eager['wall_us_median']:.1f} us, total {total / 1e3:.1f} ms; all "
+          f"{eager['graph_replays']} graph replays: {eager['graph_replay_wall_us_total'] / 1e3:.1f}"
+          f" ms; per class over the eager steps (busy, share of their wall):")
+    for cls, v in sorted(eager["kernels"].items(), key=lambda kv: -kv[1]["busy_us_total"]):
+        print(f"  {cls:42s} {v['count']:8d} {v['busy_us_total'] / 1e3:10.1f} ms "
+              f"{v['busy_us_total'] / total:7.1%}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--skip", type=int, default=8, help="replays to skip (warm-up)")
     ap.add_argument("--graph-size", type=int, default=0,
                     help="only replays with this many kernels (0: the most common size)")
+    ap.add_argument("--skip-eager", type=int, default=1,
+                    help="eager steps to skip (the profiling pass; --gemm-autotune: + tuning)")
     ap.add_argument("--json", help="write the summary here too")
     a = ap.parse_args()
     kernels = load(a.trace)
     all_steps = replays(kernels)
     if not all_steps:
-        sys.exit("no graph-launched kernels in " + a.trace)
+        eager = eager_summary(kernels, [], a.skip_eager)
+        if not eager:
+            sys.exit("no graph-launched kernels and no eager steps in " + a.trace)
+        print_eager(eager)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"eager_steps": eager}, f, indent=1)
+        return
     size = a.graph_size or statistics.mode(len(s) for s in all_steps)
     gap = between(kernels, all_steps, size, a.skip)
     steps = [s for s in all_steps if len(s) == size][a.skip:]
@@ -268,16 +293,9 @@ def main():
                 continue
             print(f"  {cls:42s} {v['per_gap']:6g} per gap {v['busy_us']:9.1f} us")
         summary["between_replays"] = gap
-    eager = eager_summary(kernels, all_steps)
+    eager = eager_summary(kernels, all_steps, a.skip_eager)
     if eager:
-        total = eager["wall_us_total"]
-        print(f"eager steps (prefill / mixed, outside graphs): {eager['steps']}, wall median "
-              f"{eager['wall_us_median']:.1f} us, total {total / 1e3:.1f} ms; all "
-              f"{eager['graph_replays']} graph replays: {eager['graph_replay_wall_us_total'] / 1e3:.1f}"
-              f" ms; per class over the eager steps (busy, share of their wall):")
-        for cls, v in sorted(eager["kernels"].items(), key=lambda kv: -kv[1]["busy_us_total"]):
-            print(f"  {cls:42s} {v['count']:8d} {v['busy_us_total'] / 1e3:10.1f} ms "
-                  f"{v['busy_us_total'] / total:7.1%}")
+        print_eager(eager)
         summary["eager_steps"] = eager
     if a.json:
         with open(a.json, "w") as f:

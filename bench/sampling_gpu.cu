@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <set>
@@ -136,6 +137,8 @@ int Run(int reps) {
           llm::cuda::DeviceDescription().c_str());
     }
   }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   cudaFree(logits);
   cudaFree(workspace);
   cudaFree(params);

@@ -1550,9 +1550,12 @@ struct CudaExecutor::Impl {
       const auto key = std::make_tuple(padded, s.splits, s.width);
       if (graphs.count(key)) continue;
       if (Tuning() && !SmallStep(padded)) {
-        gemm->set_tuning(true);
+        struct TuningOn {  // off again on every path
+          cuda::Gemm& g;
+          explicit TuningOn(cuda::Gemm& gemm) : g(gemm) { g.set_tuning(true); }
+          ~TuningOn() { g.set_tuning(false); }
+        } on(*gemm);
         RunModel(s);
-        gemm->set_tuning(false);
       }
       graphs.emplace(key, Capture(s));
     }

@@ -71,9 +71,10 @@ struct CudaExecutorOptions {
   // every GEMM shape it runs and keeps the fastest. Prefill-sized shapes (thousands of tokens)
   // keep the heuristic: their tuned picks measured slower. One GPU only (tensor parallel keeps
   // the heuristic's picks). Off (--gemm-autotune): end to end it measured +0.2-0.3% on the
-  // H200 (Llama-3-8B throughput, three same-call A/Bs) for ~3 s of start-up, although the
-  // GEMM bench's 512-row shapes gain 12-14% (bench/RESULTS.md); timed picks may also differ
-  // between two executors of one process, which some tests' bit-for-bit comparisons rely on.
+  // H200 (Llama-3-8B throughput, three same-call A/Bs) for ~3 s of start-up, although in one
+  // of two GEMM bench calls the 512-row shapes gained 12-14% (bench/RESULTS.md); timed picks
+  // may also differ between two executors of one process, which some tests' bit-for-bit
+  // comparisons rely on.
   bool gemm_autotune = false;
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;  // the largest step: sizes the activation buffers

@@ -117,9 +117,18 @@ void Gemm::MaybeTune(Plan& p, cudaStream_t stream, Run run) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return;  // no timing inside a capture
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LLM_CUDA_CHECK(cudaEventCreate(&start));
-  LLM_CUDA_CHECK(cudaEventCreate(&stop));
+  // Released on every path (a failed check below throws).
+  struct Resources {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    void* flush = nullptr;
+    ~Resources() {
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+      if (flush) cudaFree(flush);
+    }
+  } res;
+  LLM_CUDA_CHECK(cudaEventCreate(&res.start));
+  LLM_CUDA_CHECK(cudaEventCreate(&res.stop));
   // Rounds over all candidates (kTuneReps runs each per round, after one warm-up run), so
   // that clock and temperature drift during tuning touch every candidate alike; each run is
   // timed alone (events around it, then a sync: back to back, a kernel's launch and tail
@@ -129,32 +138,37 @@ void Gemm::MaybeTune(Plan& p, cudaStream_t stream, Run run) {
   // Each timed run starts with the operands out of L2 (kTuneFlushBytes written first, outside
   // the timing): in a model step the weights stream from memory, and a repeated run would find
   // a matrix of up to ~50 MB in L2 and favour the algorithms that reuse it.
-  void* flush = nullptr;
-  if (cudaMalloc(&flush, kTuneFlushBytes) != cudaSuccess) {
-    cudaGetLastError();  // out of memory: tune without the flush
-    flush = nullptr;
+  if (cudaMalloc(&res.flush, kTuneFlushBytes) != cudaSuccess) {
+    cudaGetLastError();  // out of memory: tune without the flush (L2-warm timing)
+    res.flush = nullptr;
   }
+  // A launch cuBLASLt refuses may leave the runtime's last error set: cleared, so that the
+  // next kernel launch's own check does not report it.
+  auto try_run = [&](const cublasLtMatmulAlgo_t& algo) {
+    const bool ok = run(algo) == CUBLAS_STATUS_SUCCESS;
+    if (!ok) cudaGetLastError();
+    return ok;
+  };
   const int n = p.num_candidates;
   bool ok[kTuneCandidates];
   float ms[kTuneCandidates];
-  for (int i = 0; i < n; ++i) ok[i] = run(p.candidates[i]) == CUBLAS_STATUS_SUCCESS, ms[i] = -1.f;
+  for (int i = 0; i < n; ++i) ok[i] = try_run(p.candidates[i]), ms[i] = -1.f;
   for (int round = 0; round < kTuneRounds; ++round) {
     for (int i = 0; i < n; ++i) {
       for (int r = 0; r < kTuneReps && ok[i]; ++r) {
-        if (flush) LLM_CUDA_CHECK(cudaMemsetAsync(flush, r & 0xff, kTuneFlushBytes, stream));
-        LLM_CUDA_CHECK(cudaEventRecord(start, stream));
-        ok[i] = run(p.candidates[i]) == CUBLAS_STATUS_SUCCESS;
-        LLM_CUDA_CHECK(cudaEventRecord(stop, stream));
-        LLM_CUDA_CHECK(cudaEventSynchronize(stop));
+        if (res.flush) {
+          LLM_CUDA_CHECK(cudaMemsetAsync(res.flush, r & 0xff, kTuneFlushBytes, stream));
+        }
+        LLM_CUDA_CHECK(cudaEventRecord(res.start, stream));
+        ok[i] = try_run(p.candidates[i]);
+        LLM_CUDA_CHECK(cudaEventRecord(res.stop, stream));
+        LLM_CUDA_CHECK(cudaEventSynchronize(res.stop));
         float t = 0.f;
-        LLM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-        if (ms[i] < 0.f || t < ms[i]) ms[i] = t;
+        LLM_CUDA_CHECK(cudaEventElapsedTime(&t, res.start, res.stop));
+        if (ok[i] && (ms[i] < 0.f || t < ms[i])) ms[i] = t;
       }
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (flush) cudaFree(flush);
   // The heuristic's first pick stays unless another is faster by kTuneMargin (timing noise
   // must not trade a good pick for an equal one).
   int best = 0;

@@ -61,8 +61,9 @@ class Gemm {
   // operands and keeps the fastest (the heuristic's first unless another beats it by
   // kTuneMargin) for every later call of that shape. Tuning writes the call's output several
   // times (accumulating into it several times when accumulate is set), so it is only for
-  // calls whose outputs are thrown away: the executor's start-up passes. A shape first seen
-  // with tuning off keeps the heuristic's choice.
+  // calls whose outputs are thrown away: the executor's start-up passes. Every shape not tuned
+  // yet is tuned when called with tuning on, also one first met with tuning off (until then
+  // it ran the heuristic's choice).
   void set_tuning(bool on) { tuning_ = on; }
   int64_t num_tuned() const { return num_tuned_; }
   // Of the tuned shapes, how many picked another algorithm than the heuristic's first.

@@ -13,8 +13,9 @@
 //  1b. Temperature alone (no top-k, top-p or min-p: the whole vocabulary is kept), the
 //     common sampled-decode case: the Gumbel-max draw, in the same single pass as step 2's
 //     argmax: token = argmax_i (l_i / T + G_i), G_i = -log(-log(u_i)) with u_i uniform in
-//     (0, 1) from Philox4x32-10 keyed by seed, counter (i / 4, offset); an exact sample of
-//     softmax(l / T) (the argmax of Gumbel-perturbed logits is distributed as the softmax)
+//     (0, 1) from Philox4x32-10 keyed by seed, counter (i / 4, offset), scores in double; a
+//     sample of softmax(l / T) (the argmax of Gumbel-perturbed logits is distributed as the
+//     softmax; exact up to the noise's 32-bit range, below)
 //     with one read of the row instead of steps 3-4's passes.
 //  2. Block argmax of the processed row (ties -> lowest id: the reduction compares
 //     (value, id) pairs). Greedy (temperature < 1e-5, top_k == 1) or a non-finite maximum
@@ -52,7 +53,10 @@
 //  - masses are fp32 block sums (CPU: double sums of the float weights), the temperature is
 //    a float (CPU: double), so a top-p boundary within ~1e-6 relative of a cumulative mass,
 //    or a weight within an ulp of min_p, may fall on the other side;
-//  - the CPU throws on NaN logits; here NaN never wins an argmax and has no defined effect.
+//  - the CPU throws on NaN logits; here NaN never wins an argmax and has no defined effect;
+//  - the Gumbel draw (1b): its 32-bit uniforms bound the noise to [-3.13, 22.87], so a token
+//    more than 26 nats (of l / T) below the maximum is never drawn (at most vocab · e^-26 of
+//    mass, 6.5e-7 at a 128k vocabulary; the CPU's float weights drop tokens 87 nats below).
 // Cost: the argmax pass always (with the Gumbel draw in it for temperature-only rows), the copy
 // pass for rows with adjustments; top-k and top-p add 9 passes each over the row
 // (L2-resident: a 256k-vocab row is 1 MiB); the draw adds 2 id-ordered passes. Measured on an
@@ -84,7 +88,7 @@ static_assert(kWarps == 32, "the warp-maxima threshold assumes 32 warps (N <= 20
 static_assert(kMaxTopLogprobs < kWarps, "top-N threshold needs N <= the number of warps");
 
 struct SampleSmem {
-  float red_f[kWarps * kEdges];
+  alignas(8) float red_f[kWarps * kEdges];  // also kWarps doubles (BlockArgmax of ArgBestD)
   int red_i[kWarps * kEdges];
   float bcast_f[kEdges];
   int bcast_i[kEdges];
@@ -133,6 +137,29 @@ __device__ ArgBest BlockArgmax(ArgBest x, SampleSmem& s) {
   __syncthreads();
   ArgBest r{s.red_f[0], s.red_i[0]};
   for (int w = 1; w < kWarps; ++w) r = Better(r, ArgBest{s.red_f[w], s.red_i[w]});
+  __syncthreads();
+  return r;
+}
+
+// The Gumbel draw's (score, id) in double: l / T rounded to float would tie distinct logits at
+// small T (|l| / T ~ 2e5 at T = 1e-4 has a float ulp of 0.016) and overflow for huge logits.
+struct ArgBestD {
+  double v;
+  int id;
+};
+__device__ __forceinline__ ArgBestD Better(ArgBestD a, ArgBestD b) {
+  return (b.v > a.v || (b.v == a.v && b.id < a.id)) ? b : a;
+}
+__device__ ArgBestD BlockArgmax(ArgBestD x, SampleSmem& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    x = Better(x, ArgBestD{__shfl_xor_sync(kFull, x.v, o), __shfl_xor_sync(kFull, x.id, o)});
+  }
+  double* red_d = reinterpret_cast<double*>(s.red_f);  // kWarps doubles fit in red_f
+  if (threadIdx.x % 32 == 0) red_d[threadIdx.x / 32] = x.v, s.red_i[threadIdx.x / 32] = x.id;
+  __syncthreads();
+  ArgBestD r{red_d[0], s.red_i[0]};
+  for (int w = 1; w < kWarps; ++w) r = Better(r, ArgBestD{red_d[w], s.red_i[w]});
   __syncthreads();
   return r;
 }
@@ -532,9 +559,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // groups of 4 ids share one Philox call (float4 loads where aligned).
   const float* src = plain ? raw : proc;
   ArgBest best{-INFINITY, INT_MAX};
-  ArgBest drawn{-INFINITY, INT_MAX};
+  ArgBestD drawn{-INFINITY, INT_MAX};
   if (gumbel) {
-    const float inv_t = 1.f / p.temperature;
+    const double inv_t = 1.0 / double(p.temperature);
     const uint2 key = make_uint2(uint32_t(p.seed), uint32_t(p.seed >> 32));
     const bool vec4 = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
     for (int c = threadIdx.x; c < (vocab + 3) / 4; c += kThreads) {
@@ -555,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int i = 4 * c + e;
         if (i >= vocab) break;
         best = Better(best, ArgBest{v[e], i});
-        drawn = Better(drawn, ArgBest{fmaf(v[e], inv_t, Gumbel(u[e])), i});
+        drawn = Better(drawn, ArgBestD{fma(double(v[e]), inv_t, double(Gumbel(u[e]))), i});
       }
     }
   } else {
@@ -566,8 +593,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (gumbel) drawn = BlockArgmax(drawn, s);
   int token = best.id;
   if (!greedy && isfinite(best.v)) {
-    // A non-finite maximum keeps the argmax (the CPU's fallback), as does a row whose every
-    // perturbed score is -inf (l / T underflowing to -inf everywhere).
+    // A non-finite maximum keeps the argmax (the CPU's fallback). With a finite maximum its
+    // score is finite, so drawn.id is a real id (the INT_MAX guard is for safety only).
     token = gumbel ? (drawn.id == INT_MAX ? best.id : drawn.id)
                    : SampleFiltered(src, vocab, p, best.v, s);
   }

@@ -387,7 +387,9 @@ double ChiSquare(const std::map<int, int>& counts, const std::map<int, double>& 
 }
 
 // Chi-square bound for a statistic of `bins` bins (bins - 1 degrees of freedom): mean + 10
-// standard deviations plus a margin, a tail far below 1e-9 for every df used here (<= ~30).
+// standard deviations plus a margin, a tail far below 1e-9 for every df used here (<= ~30,
+// except the 128k-vocabulary temperature rows, ~300-470 bins, where the bound is weak and
+// the likeliest tokens' frequencies are checked one by one as well).
 double ChiBound(int bins) { return (bins - 1) + 10 * std::sqrt(2.0 * (bins - 1)) + 10; }
 
 // draws GPU samples and cpu_draws CPU samples (CPU Sampler: the reference's own check).
@@ -465,7 +467,29 @@ TEST_F(SamplingGpu, FiltersKeepTheCpuSetWithTheCpuFrequencies) {
   std::vector<float> odd = five;
   odd.resize(1001, -12.f);
   odd[1000] = std::log(0.3f);
-  CheckFilter(odd, {1.f, 0, 1.f, 0.f}, draws, "no filter, vocab 1001");
+  odd[600] = odd[601] = -INFINITY;  // banned tokens: never drawn (CheckFilter: not kept)
+  CheckFilter(odd, {1.f, 0, 1.f, 0.f}, draws, "no filter, vocab 1001, two banned");
+}
+
+// Temperature alone at a tiny temperature: two tied top logits must split evenly (the scores
+// are doubles; in float, l / T ~ 2e5 would round the noise to 1/64 and favour the lower id).
+TEST_F(SamplingGpu, TemperatureOnlyTiesSplitEvenlyAtTinyTemperature) {
+  std::vector<float> logits = RandomLogits(1000, 41, 1.f);
+  logits[3] = logits[7] = 20.f;
+  const int draws = 20000;
+  std::vector<SampleRowParams> params(static_cast<size_t>(draws));
+  for (int i = 0; i < draws; ++i) {
+    params[size_t(i)].temperature = 1e-4f;
+    params[size_t(i)].seed = 23;
+    params[size_t(i)].offset = uint64_t(i);
+  }
+  const GpuResult g = RunGpu(logits, 1000, params);
+  int low = 0;
+  for (int t : g.token) {
+    ASSERT_TRUE(t == 3 || t == 7) << "drew " << t;
+    low += t == 3;
+  }
+  EXPECT_NEAR(low / double(draws), 0.5, 0.02);  // sd 0.0035
 }
 
 // Temperature alone over a realistic 128k row: the frequencies of the likeliest tokens (the
@@ -477,6 +501,25 @@ TEST_F(SamplingGpu, TemperatureOnlyFrequenciesOnBigVocabulary) {
   for (int id : {5, 70000, 128255}) logits[size_t(id)] = 12.f;  // bins of their own
   CheckFilter(logits, {1.f, 0, 1.f, 0.f}, 20000, "T=1 vocab 128256", 300);
   CheckFilter(logits, {0.8f, 0, 1.f, 0.f}, 20000, "T=0.8 vocab 128256", 300);
+  // The chi-square above has hundreds of bins (a weak bound): the three likeliest tokens'
+  // frequencies each within 5 sd as well.
+  for (float t : {1.f, 0.8f}) {
+    const std::map<int, double> p = ReferenceKept(logits, {t, 0, 1.f, 0.f});
+    const int n = 20000;
+    std::vector<SampleRowParams> rows(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      rows[size_t(i)].temperature = t;
+      rows[size_t(i)].seed = 29;
+      rows[size_t(i)].offset = uint64_t(i);
+    }
+    const GpuResult r = RunGpu(logits, vocab, rows);
+    std::map<int, int> c;
+    for (int tok : r.token) ++c[tok];
+    for (int id : {5, 70000, 128255}) {
+      const double want = p.at(id), sd = std::sqrt(want * (1 - want) / n);
+      EXPECT_NEAR(c[id] / double(n), want, 5 * sd) << "T " << t << " id " << id;
+    }
+  }
 
   // The bias moves id 9 to the top: it must be drawn at the biased row's frequency.
   std::vector<float> biased = logits;
@@ -521,7 +564,8 @@ TEST_F(SamplingGpu, FiltersOnBigVocabularyTies) {
 TEST_F(SamplingGpu, RandomRowsDrawOnlyKeptTokens) {
   const int64_t vocab = 128256;
   const std::vector<float> logits = RandomLogits(vocab, 77, 2.5f);
-  for (const Filter& f : {Filter{0.8f, 40, 1.f, 0.f}, Filter{1.f, 0, 0.5f, 0.f},
+  for (const Filter& f : {Filter{1.f, 0, 1.f, 0.f}, Filter{0.8f, 40, 1.f, 0.f},
+                          Filter{1.f, 0, 0.5f, 0.f},
                           Filter{0.9f, 50, 0.9f, 0.f}, Filter{1.f, 0, 1.f, 0.2f},
                           Filter{1.1f, 1000, 0.95f, 0.01f}}) {
     std::map<int, double> kept = ReferenceKept(logits, f);
