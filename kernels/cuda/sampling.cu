@@ -120,46 +120,31 @@ __device__ __forceinline__ T WarpSum(T v) {
 }
 
 // (value, id) with the CPU's order: larger value first, ties -> lower id; NaN never wins.
-struct ArgBest {
-  float v;
+// V = float for logits; double for the Gumbel draw's scores (l / T rounded to float would tie
+// distinct logits at small T: |l| / T ~ 2e5 at T = 1e-4 has a float ulp of 0.016; and
+// overflow for huge logits).
+template <typename V>
+struct ArgBestT {
+  V v;
   int id;
 };
-__device__ __forceinline__ ArgBest Better(ArgBest a, ArgBest b) {
+using ArgBest = ArgBestT<float>;
+using ArgBestD = ArgBestT<double>;
+template <typename V>
+__device__ __forceinline__ ArgBestT<V> Better(ArgBestT<V> a, ArgBestT<V> b) {
   return (b.v > a.v || (b.v == a.v && b.id < a.id)) ? b : a;
 }
-__device__ ArgBest BlockArgmax(ArgBest x, SampleSmem& s) {
+template <typename V>
+__device__ ArgBestT<V> BlockArgmax(ArgBestT<V> x, SampleSmem& s) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    ArgBest y{__shfl_xor_sync(kFull, x.v, o), __shfl_xor_sync(kFull, x.id, o)};
-    x = Better(x, y);
+    x = Better(x, ArgBestT<V>{__shfl_xor_sync(kFull, x.v, o), __shfl_xor_sync(kFull, x.id, o)});
   }
-  if (threadIdx.x % 32 == 0) s.red_f[threadIdx.x / 32] = x.v, s.red_i[threadIdx.x / 32] = x.id;
+  V* red_v = reinterpret_cast<V*>(s.red_f);  // kWarps values (floats or doubles) fit in red_f
+  if (threadIdx.x % 32 == 0) red_v[threadIdx.x / 32] = x.v, s.red_i[threadIdx.x / 32] = x.id;
   __syncthreads();
-  ArgBest r{s.red_f[0], s.red_i[0]};
-  for (int w = 1; w < kWarps; ++w) r = Better(r, ArgBest{s.red_f[w], s.red_i[w]});
-  __syncthreads();
-  return r;
-}
-
-// The Gumbel draw's (score, id) in double: l / T rounded to float would tie distinct logits at
-// small T (|l| / T ~ 2e5 at T = 1e-4 has a float ulp of 0.016) and overflow for huge logits.
-struct ArgBestD {
-  double v;
-  int id;
-};
-__device__ __forceinline__ ArgBestD Better(ArgBestD a, ArgBestD b) {
-  return (b.v > a.v || (b.v == a.v && b.id < a.id)) ? b : a;
-}
-__device__ ArgBestD BlockArgmax(ArgBestD x, SampleSmem& s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    x = Better(x, ArgBestD{__shfl_xor_sync(kFull, x.v, o), __shfl_xor_sync(kFull, x.id, o)});
-  }
-  double* red_d = reinterpret_cast<double*>(s.red_f);  // kWarps doubles fit in red_f
-  if (threadIdx.x % 32 == 0) red_d[threadIdx.x / 32] = x.v, s.red_i[threadIdx.x / 32] = x.id;
-  __syncthreads();
-  ArgBestD r{red_d[0], s.red_i[0]};
-  for (int w = 1; w < kWarps; ++w) r = Better(r, ArgBestD{red_d[w], s.red_i[w]});
+  ArgBestT<V> r{red_v[0], s.red_i[0]};
+  for (int w = 1; w < kWarps; ++w) r = Better(r, ArgBestT<V>{red_v[w], s.red_i[w]});
   __syncthreads();
   return r;
 }
