@@ -691,11 +691,10 @@ struct CudaExecutor::Impl {
     d_feed = Alloc<int32_t>(T * 4);
     h_feed.Alloc(T);
     if (opt.packed_step_inputs) {  // every staged array at its largest, each padded to 16 bytes
-      stage_cap = (T * 4 + 15) / 16 * 16 * 3 + (T * 8 + 15) / 16 * 16 +
-                  ((std::max(S, T) + 1) * 4 + 15) / 16 * 16 + ((S + 1) * 4 + 15) / 16 * 16 +
-                  (S * 4 + 15) / 16 * 16 + (S * table_cap * 4 + 15) / 16 * 16 +
-                  (max_rows * 4 + 15) / 16 * 16 +
-                  (S * int64_t(sizeof(cuda::SampleRowParams)) + 15) / 16 * 16;
+      auto pad = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
+      stage_cap = 3 * pad(T * 4) + pad(T * 8) + pad((std::max(S, T) + 1) * 4) +
+                  pad((S + 1) * 4) + pad(S * 4) + pad(S * table_cap * 4) + pad(max_rows * 4) +
+                  pad(S * int64_t(sizeof(cuda::SampleRowParams)));
       h_stage.Alloc(stage_cap);
       d_stage = Alloc<std::byte>(stage_cap);
     }
@@ -838,16 +837,15 @@ struct CudaExecutor::Impl {
                                         int64_t(kDecodeWorkspaceBytes / per_split),
                                         opt.decode_min_tiles_per_split);
     }
-    auto copy = [&](void* dst, const void* src, int64_t bytes) { CopyIn(dst, src, bytes); };
-    copy(d_tokens, h_tokens.p, s.num_tokens * 4);
-    copy(d_positions, h_positions.p, s.num_tokens * 4);
-    copy(d_slots, h_slots.p, s.num_tokens * 8);
-    copy(d_cu, h_cu.p, (s.num_seqs + 1) * 4);
-    copy(d_cu_prefill, h_cu_prefill.p, (s.num_seqs - nd + 1) * 4);
-    copy(d_ctx, h_ctx.p, s.num_seqs * 4);
-    copy(d_tables, h_tables.p, s.num_seqs * width * 4);
-    copy(d_rows, h_rows.p, s.num_rows * 4);
-    if (s.has_feed) copy(d_feed, h_feed.p, s.num_tokens * 4);
+    CopyIn(d_tokens, h_tokens.p, s.num_tokens * 4);
+    CopyIn(d_positions, h_positions.p, s.num_tokens * 4);
+    CopyIn(d_slots, h_slots.p, s.num_tokens * 8);
+    CopyIn(d_cu, h_cu.p, (s.num_seqs + 1) * 4);
+    CopyIn(d_cu_prefill, h_cu_prefill.p, (s.num_seqs - nd + 1) * 4);
+    CopyIn(d_ctx, h_ctx.p, s.num_seqs * 4);
+    CopyIn(d_tables, h_tables.p, s.num_seqs * width * 4);
+    CopyIn(d_rows, h_rows.p, s.num_rows * 4);
+    if (s.has_feed) CopyIn(d_feed, h_feed.p, s.num_tokens * 4);
     FlushStaged();
     LLM_CUDA_CHECK(cudaEventRecord(ev_inputs, stream));
     return s;
