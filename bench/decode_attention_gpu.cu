@@ -16,6 +16,11 @@
 //       (1×32k: 33 splits = 264 CTAs; v2 took 29 = 232); balanced split sizes; the first page
 //       indices fetched as one cp.async group; programmatic dependent launch (PDL) capable.
 //   "v3-nosplit" is v3 with num_splits forced to 1, to show what split-KV buys.
+//   v4  (fp8 only) the persistent warp-item kernel (DecodeKernelChoice::kWarpItems): every warp
+//       walks whole (sequence, KV head) items 16 keys per stage through one cp.async pipeline
+//       across item boundaries, no cross-warp merge; "v4-items" at 4 CTAs per SM (128
+//       registers, spills at head_dim 128), "v4-items3" at 3 (no spills). v3 here is the CTA
+//       kernel forced (kCta); the automatic choice (kAuto) picks v4 for many sequences.
 //
 // KV cache formats (--kv, default both; every JSON line carries "kv"):
 //   bf16  the pools hold bf16 (2 B per K/V element), q/out bf16.
@@ -49,6 +54,8 @@
 //   --shapes BxC,...   time these batch × context shapes instead of the six above
 //   --kv fp8|bf16|both KV cache formats to validate and time (default both: bf16 first, then
 //                      fp8, per shape)
+//   --ragged           sequence i > 0 attends over a length drawn from (0.75·C, C] instead of C
+//                      (a throughput run's decode batch); bytes count the keys actually read
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -205,6 +212,7 @@ struct Result {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 int kBlock = 16;  // tokens per KV page (--block-size)
+bool g_ragged = false;  // --ragged
 
 // One shape: `sets` disjoint KV sets in one pool, each with its own shuffled block table.
 struct Problem {
@@ -223,6 +231,8 @@ struct Problem {
   std::vector<int32_t> host_tables;
   void* ws = nullptr;
   size_t ws_bytes = 0;
+  int64_t total_keys = 0;  // keys attended over by the batch (--ragged: fewer than batch × C)
+  llm::cuda::DecodeKernelChoice choice = llm::cuda::DecodeKernelChoice::kCta;
 
   int ElemBytes() const { return fp8 ? 1 : 2; }
 
@@ -254,6 +264,10 @@ struct Problem {
     LLM_CUDA_CHECK(cudaMemcpy(tables, host_tables.data(), host_tables.size() * 4,
                               cudaMemcpyHostToDevice));
     std::vector<int32_t> h_ctx(s.batch, s.context - 1), h_cu(s.batch + 1);
+    std::mt19937 len_rng(7);
+    for (int i = 1; g_ragged && i < s.batch; ++i)
+      h_ctx[i] -= int32_t(len_rng() % uint32_t(std::max(1, s.context / 4)));
+    for (int32_t c : h_ctx) total_keys += c + 1;
     std::iota(h_cu.begin(), h_cu.end(), 0);
     LLM_CUDA_CHECK(cudaMalloc(&ctx, h_ctx.size() * 4));
     LLM_CUDA_CHECK(cudaMalloc(&cu, h_cu.size() * 4));
@@ -287,7 +301,7 @@ struct Problem {
 
   // Sequence 0 of set 0 against the CPU reference: (max abs err, max |ref|).
   std::pair<float, float> Check(int splits) {
-    llm::cuda::PagedDecodeAttention(Params(0), splits, ws, ws_bytes, nullptr);
+    llm::cuda::PagedDecodeAttention(Params(0), splits, ws, ws_bytes, nullptr, nullptr, choice);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> got(kHeads * kHeadDim), qh(kHeads * kHeadDim);
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), out, got.size() * 2, cudaMemcpyDeviceToHost));
@@ -356,7 +370,8 @@ struct Problem {
     cudaGraphExec_t exec = nullptr;
     LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < n; ++i)
-      llm::cuda::PagedDecodeAttention(Params(i % sets), splits, ws, ws_bytes, stream);
+      llm::cuda::PagedDecodeAttention(Params(i % sets), splits, ws, ws_bytes, stream, nullptr,
+                                      choice);
     LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     cudaEvent_t e0, e1;
@@ -388,12 +403,13 @@ struct Problem {
     LLM_CUDA_CHECK(cudaEventCreate(&e1));
     llm::cuda::DecodeLaunchInfo info;
     for (int i = 0; i < 5; ++i)
-      llm::cuda::PagedDecodeAttention(Params(i % sets), splits, ws, ws_bytes, nullptr, &info);
+      llm::cuda::PagedDecodeAttention(Params(i % sets), splits, ws, ws_bytes, nullptr, &info,
+                                      choice);
     std::vector<float> ms;
     for (int i = 0; i < iters; ++i) {
       const auto p = Params((i + 5) % sets);
       LLM_CUDA_CHECK(cudaEventRecord(e0));
-      llm::cuda::PagedDecodeAttention(p, splits, ws, ws_bytes, nullptr);
+      llm::cuda::PagedDecodeAttention(p, splits, ws, ws_bytes, nullptr, nullptr, choice);
       LLM_CUDA_CHECK(cudaEventRecord(e1));
       LLM_CUDA_CHECK(cudaEventSynchronize(e1));
       float t = 0;
@@ -404,7 +420,7 @@ struct Problem {
     cudaEventDestroy(e1);
     const float med = Median(ms);
     // K + V bytes actually read: 2 B per element for bf16, 1 B for fp8.
-    const double bytes = double(shape.batch) * shape.context * kKvHeads * kHeadDim * ElemBytes() * 2;
+    const double bytes = double(total_keys) * kKvHeads * kHeadDim * ElemBytes() * 2;
     const float g = graphs ? GraphTime(splits, false, 30, 5) : 0.f;
     const float gp = graphs ? GraphTime(splits, true, 30, 5) : 0.f;
     const auto [err, mx] = Check(splits);
@@ -500,10 +516,18 @@ bool Validate(bool fp8) {
   float mx = 0;
   for (float r : ref) mx = std::max(mx, std::fabs(r));
   bool ok = true;
-  for (int splits : {1, 0, 8}) {
+  // splits 1, auto, 8 on the CTA kernel; fp8 also the warp-item kernel (-1: one CTA, 4 warps
+  // walking the 24 items; -3: the 3-CTA/SM config, 2 CTAs).
+  std::vector<int> runs = {1, 0, 8};
+  if (fp8) runs.insert(runs.end(), {-1, -3});
+  for (int splits : runs) {
     LLM_CUDA_CHECK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN poison
     llm::cuda::DecodeLaunchInfo info;
-    llm::cuda::PagedDecodeAttention(p, splits, ws, ws_bytes, nullptr, &info);
+    using Choice = llm::cuda::DecodeKernelChoice;
+    const Choice choice = splits == -1 ? Choice::kWarpItems
+                          : splits == -3 ? Choice::kWarpItems3 : Choice::kCta;
+    llm::cuda::PagedDecodeAttention(p, std::max(splits, 0), ws, ws_bytes, nullptr, &info, choice,
+                                    splits == -1 ? 1 : 2);
     std::vector<uint16_t> got(qb.size());
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
     float err = 0;
@@ -513,8 +537,9 @@ bool Validate(bool fp8) {
     }
     const bool pass = err <= 2e-2f * mx;
     ok = ok && pass;
-    std::printf("validate kv=%s splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n",
-                KvName(fp8), splits, info.num_splits, err, mx, pass ? "ok" : "FAIL");
+    std::printf("validate kv=%s %s splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n",
+                KvName(fp8), info.warp_items ? "warp-items" : "cta", std::max(splits, 0),
+                info.num_splits, err, mx, pass ? "ok" : "FAIL");
   }
   for (void* d : {dk, dv, dq, dt, dc, du, dout, ws}) cudaFree(d);
   return ok;
@@ -539,11 +564,11 @@ void PrintJson(const Result& r, int sets, double copy_tbs, bool pass, const Resu
       "\"num_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"dtype\":\"bf16\",\"kv\":\"%s\","
       "\"block_size\":%d,\"ms\":%.4f,\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%.3f,\"splits\":%d,"
       "\"ctas\":%d,\"graph_us\":%.2f,\"graph_pdl_us\":%.2f,"
-      "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d%s%s}\n",
+      "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d%s%s%s}\n",
       r.variant.c_str(), r.shape.batch, r.shape.context, kHeads, kKvHeads, kHeadDim, KvName(r.fp8),
       kBlock, r.ms, r.tbs, copy_tbs, r.tbs / copy_tbs, r.splits, r.ctas, r.graph_ms * 1e3,
       r.graph_pdl_ms * 1e3, r.max_err, r.rel_err, sets, extra.c_str(),
-      pass ? "" : ",\"ok\":false");
+      g_ragged ? ",\"ragged\":true" : "", pass ? "" : ",\"ok\":false");
   std::fflush(stdout);
 }
 
@@ -569,6 +594,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bad --kv '%s' (fp8, bf16 or both)\n", kv);
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--ragged") == 0) {
+      g_ragged = true;
     } else if (std::strcmp(argv[i], "--block-size") == 0 && i + 1 < argc) {
       kBlock = std::atoi(argv[++i]);
       if (kBlock < 1) {
@@ -591,7 +618,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]] [--kv fp8|bf16|both] [--block-size N]\n",
+                   "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]] [--kv fp8|bf16|both] [--block-size N] [--ragged]\n",
                    argv[0]);
       return 2;
     }
@@ -615,12 +642,16 @@ int main(int argc, char** argv) {
   if (sanitize_small) {  // one small shape, a few launches per variant, checks on
     for (const bool fp8 : kvs) {
       Problem prob(Shape{2, 1000}, 0, fp8);
-      for (int splits : {0, 1, 7}) {
-        const Result r = prob.Time("v3", splits, 2, false);
+      for (int splits : {0, 1, 7, -1}) {  // -1: the warp-item kernel (fp8)
+        if (splits < 0 && !fp8) continue;
+        prob.choice = splits < 0 ? llm::cuda::DecodeKernelChoice::kWarpItems
+                                 : llm::cuda::DecodeKernelChoice::kCta;
+        const Result r = prob.Time(splits < 0 ? "v4-items" : "v3", std::max(splits, 0), 2, false);
         const bool pass = r.rel_err <= 2e-2f;
         ok = ok && pass;
-        std::printf("sanitize-small 2x1000 kv=%s splits=%d (used %d): rel_err %.3g: %s\n",
-                    KvName(fp8), splits, r.splits, r.rel_err, pass ? "ok" : "FAIL");
+        std::printf("sanitize-small 2x1000 kv=%s %s splits=%d (used %d): rel_err %.3g: %s\n",
+                    KvName(fp8), r.variant.c_str(), std::max(splits, 0), r.splits, r.rel_err,
+                    pass ? "ok" : "FAIL");
       }
     }
     return ok ? 0 : 1;
@@ -632,7 +663,9 @@ int main(int argc, char** argv) {
     std::vector<Result> bf16_here;  // this shape's bf16 results, for the fp8 / bf16 ratios
     for (const bool fp8 : kvs) {
       Problem prob(s, int64_t(512) << 20, fp8);
-      auto run = [&](const std::string& name, int splits) {
+      auto run = [&](const std::string& name, int splits,
+                     llm::cuda::DecodeKernelChoice choice = llm::cuda::DecodeKernelChoice::kCta) {
+        prob.choice = choice;
         Result r = prob.Time(name, splits);
         const Result* base = nullptr;
         if (fp8)
@@ -653,6 +686,10 @@ int main(int argc, char** argv) {
                              : llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context,
                                                            kHeadDim, 128) > 1;
       if (split) run("v3-nosplit", 1);
+      if (fp8) {
+        run("v4-items", 1, llm::cuda::DecodeKernelChoice::kWarpItems);
+        run("v4-items3", 1, llm::cuda::DecodeKernelChoice::kWarpItems3);
+      }
     }
   }
   std::printf("\n%-11s %4s %6s %7s %7s %6s %9s %8s %7s %9s %9s %9s %9s\n", "variant", "kv",

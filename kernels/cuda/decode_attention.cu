@@ -135,6 +135,7 @@ struct KernelArgs {
   int64_t head_stride;   // elements
   int block_size;
   int block_shift;  // log2(block_size) when a power of two, else -1
+  int num_seqs;
   int num_heads;
   int num_kv_heads;
   int group;
@@ -253,6 +254,212 @@ __device__ __forceinline__ int SwizzledOffsetFp8(int row, int chunk) {
   }
 }
 
+// ---- the pipeline's copies -----------------------------------------------------------------
+__device__ __forceinline__ int PageOf(const KernelArgs& a, int key) {
+  return a.block_shift >= 0 ? key >> a.block_shift : key / a.block_size;
+}
+
+// The page indices of keys k0 .. k1 (k1 < k0: none) of the sequence whose block-table row is
+// `table` -> slot[0 ..], by cp.async (4 bytes each), thread `me` of `threads`.
+__device__ __forceinline__ void StagePages(const KernelArgs& a, const int32_t* table, int k0,
+                                           int k1, int* slot, int me, int threads) {
+  if (k1 < k0) return;
+  const int first = PageOf(a, k0);
+  const int count = PageOf(a, k1) - first + 1;
+  for (int i = me; i < count; i += threads) CpAsync4(SmemAddr(slot + i), table + first + i);
+}
+
+// K and V rows of one pipeline stage by cp.async, straight into the swizzled tiles at k_dst /
+// v_dst that ldmatrix reads: thread `me` copies 16-byte chunk me % kChunksPerRow of tile rows
+// row0 + me / kChunksPerRow + step·p (step: kRowsPerPass for a CTA-wide copy from row0 = 0,
+// kWarpRowsPerPass for fp8's per-warp copy of its 16 rows from row0 = 16·warp), key k0 + row;
+// keys >= key_end are zero-filled. slot holds the page indices from page first_page on.
+template <typename T, int D, bool kFp8>
+__device__ __forceinline__ void IssueKvRows(const KernelArgs& a, const unsigned char* k_head,
+                                            const unsigned char* v_head, const int* slot,
+                                            int first_page, int k0, int key_end, int row0, int me,
+                                            uint32_t k_dst, uint32_t v_dst) {
+  using Tr = DecodeTraits<D, kFp8>;
+  constexpr int kStep = kFp8 ? Tr::kWarpRowsPerPass : Tr::kRowsPerPass;
+  const int chunk = me % Tr::kChunksPerRow;
+#pragma unroll
+  for (int p = 0; p < Tr::kPasses; ++p) {
+    const int row = row0 + me / Tr::kChunksPerRow + p * kStep;
+    const int key = k0 + row;
+    const bool valid = key < key_end;
+    int64_t off = 0;
+    if (valid) {
+      const int page = PageOf(a, key);
+      const int64_t block = slot[page - first_page];
+      off = (block * a.block_stride + int64_t(key - page * a.block_size) * D +
+             chunk * Tr::kChunkElems) *
+            Tr::kElemBytes;
+    }
+    const uint32_t dst_off = kFp8 ? uint32_t(SwizzledOffsetFp8<D>(row, chunk))
+                                  : SwizzledOffset<D>(row, chunk) * uint32_t(sizeof(T));
+    CpAsync16(k_dst + dst_off, k_head + off, valid ? 16 : 0);
+    CpAsync16(v_dst + dst_off, v_head + off, valid ? 16 : 0);
+  }
+}
+
+// Q fragment (A operand, rows = query heads of the group, padded with zeros to 16):
+//   qa[s] = {Q[g][16s+2c..], Q[g+8][16s+2c..], Q[g][16s+8+2c..], Q[g+8][16s+8+2c..]}
+// with g = lane / 4, c = lane % 4 (fp8: the permuted head dims, see DecodeKernel), converted
+// to the tensor-core type.
+template <typename T, int D, bool kFp8>
+__device__ __forceinline__ void LoadQFragment(const KernelArgs& a, int seq, int kv_head, int lane,
+                                              uint32_t (&qa)[D / 16][4]) {
+  using M = std::conditional_t<kFp8, __half, T>;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  const T* q_group =
+      static_cast<const T*>(a.q) + (int64_t(seq) * a.num_heads + kv_head * a.group) * D;
+  const uint32_t* row0 = reinterpret_cast<const uint32_t*>(q_group + g * D);
+  const uint32_t* row1 = reinterpret_cast<const uint32_t*>(q_group + (g + 8) * D);
+  const bool has0 = g < a.group;
+  const bool has1 = g + 8 < a.group;
+  // fp8: the permuted head dims: logical 2c.. -> 16s + 4c, 2c+8.. -> 16s + 4c + 2.
+  constexpr int kLo = kFp8 ? 4 : 2, kHi = kFp8 ? 2 : 8;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    const int lo = (16 * s + kLo * c) / 2, hi = (16 * s + kLo * c + kHi) / 2;
+    qa[s][0] = has0 ? ToMmaPair<T, M>(row0[lo]) : 0u;
+    qa[s][1] = has1 ? ToMmaPair<T, M>(row1[lo]) : 0u;
+    qa[s][2] = has0 ? ToMmaPair<T, M>(row0[hi]) : 0u;
+    qa[s][3] = has1 ? ToMmaPair<T, M>(row1[hi]) : 0u;
+  }
+}
+
+// One warp's 16 keys of a tile (rows warp_row .. warp_row + 15 of the K and V tiles at
+// k_tile / v_tile, keys warp_key0 .. warp_key0 + 15; those >= key_end are masked): S = Q·Kᵀ,
+// the online-softmax update of (m, l) and O += P·V, on the fragments DecodeKernel describes.
+// Shared by DecodeKernel and DecodeItemsKernel.
+template <typename T, int D, bool kFp8>
+__device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], uint32_t k_tile,
+                                             uint32_t v_tile, int lane, int warp_row,
+                                             int warp_key0, int key_end, float scale_log2,
+                                             float (&m)[2], float (&l)[2],
+                                             float (&o)[D / 8][4]) {
+  using Tr = DecodeTraits<D, kFp8>;
+  using M = std::conditional_t<kFp8, __half, T>;
+  const int c = lane & 3;
+  // ldmatrix row addressing: lanes 8i..8i+7 give the rows of 8x8 matrix i.
+  // K (non-transposed): matrices {keys 0-7, keys 0-7, keys 8-15, keys 8-15} × {chunk, chunk+1}.
+  const int k_row = warp_row + ((lane >> 4) << 3) + (lane & 7);
+  const int k_chunk_lo = (lane >> 3) & 1;
+  // V (transposed): matrices {keys 0-7, keys 8-15, keys 0-7, keys 8-15} × {chunk, chunk, +1, +1}.
+  const int v_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
+  const int v_chunk_lo = lane >> 4;
+  // fp8 tiles: lanes 8i..8i+7 address rows (keys 0-7, 8-15, 0-7, 8-15) of the warp's 16.
+  const int k8_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
+  const int v8_row = k8_row;
+
+  // S = Q·Kᵀ: s[n] covers keys 8n..8n+7 of this warp's 16; fp32.
+  float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  if constexpr (kFp8) {
+    // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}: chunk = k16 step (16 codes).
+#pragma unroll
+    for (int j = 0; j < Tr::kKSteps / 2; ++j) {
+      uint32_t b[4];
+      LdMatrixX4(b, k_tile + SwizzledOffsetFp8<D>(k8_row, 2 * j + (lane >> 4)));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ks = 2 * j + h;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          uint32_t b0, b1;
+          E4m3x4ToHalf2x2(b[2 * h + n], b0, b1);
+          Mma<M>(s[n], qa[ks], b0, b1);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+      uint32_t b[4];
+      LdMatrixX4(b, k_tile + SwizzledOffset<D>(k_row, 2 * ks + k_chunk_lo) * sizeof(M));
+      Mma<M>(s[0], qa[ks], b[0], b[1]);
+      Mma<M>(s[1], qa[ks], b[2], b[3]);
+    }
+  }
+
+  // Online softmax (log2 domain), mirroring OnlineSoftmax::Update per row.
+  const int key0 = warp_key0 + 2 * c;
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool visible = key0 + 8 * n + (e & 1) < key_end;
+      s[n][e] = visible ? s[n][e] * scale_log2 : -INFINITY;
+      tile_max[e >> 1] = Max(tile_max[e >> 1], s[n][e]);
+    }
+  }
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = Max(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = Max(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = Max(m[r], tile_max[r]);
+    alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+  const float offset[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = exp2f(s[n][e] - offset[e >> 1]);
+      l[e >> 1] += s[n][e];
+    }
+  }
+  // Rescale the accumulators only when some row's max moved in this warp (alpha != 1; once
+  // the max has settled, most tiles skip these kNTiles × 4 multiplies; multiplying by 1 is
+  // exact, so the result is the same either way).
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int n = 0; n < Tr::kNTiles; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+  }
+
+  // O += P·V: P is the A operand straight from the S accumulators (rows g / g+8, keys
+  // 2c.., 8+2c..); V through ldmatrix.trans, two n8 tiles of head_dim per x4.
+  const uint32_t pa[4] = {Pack2<M>(s[0][0], s[0][1]), Pack2<M>(s[0][2], s[0][3]),
+                          Pack2<M>(s[1][0], s[1][1]), Pack2<M>(s[1][2], s[1][3])};
+  if constexpr (kFp8) {
+    // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}, transposed: b[2h + t] holds keys
+    // (8t + 2c, 8t + 2c + 1) × dims (2g, 2g + 1) of chunk 2j + h, low key first. One byte
+    // permute per matrix makes the even-dim pair (bytes 0, 2) the low half and the odd-dim
+    // pair (bytes 1, 3) the high half; output tile 4j + 2h + p is (chunk 2j + h, parity p).
+#pragma unroll
+    for (int j = 0; j < Tr::kNTiles / 4; ++j) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, v_tile + SwizzledOffsetFp8<D>(v8_row, 2 * j + (lane >> 4)));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t even0, odd0, even1, odd1;  // keys 2c.. (t = 0) and 8 + 2c.. (t = 1)
+        E4m3x4ToHalf2x2(__byte_perm(b[2 * h], 0u, 0x3120u), even0, odd0);
+        E4m3x4ToHalf2x2(__byte_perm(b[2 * h + 1], 0u, 0x3120u), even1, odd1);
+        Mma<M>(o[4 * j + 2 * h], pa, even0, even1);
+        Mma<M>(o[4 * j + 2 * h + 1], pa, odd0, odd1);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n2 = 0; n2 < Tr::kNTiles / 2; ++n2) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, v_tile + SwizzledOffset<D>(v_row, 2 * n2 + v_chunk_lo) * sizeof(M));
+      Mma<M>(o[2 * n2], pa, b[0], b[1]);
+      Mma<M>(o[2 * n2 + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
 // ---- the attention kernel ---------------------------------------------------------------
 // Tiles [begin, begin + count) of `total` that split `split` of `splits` owns: balanced, the
 // first total % splits splits take one tile more, so chunk sizes differ by at most one and the
@@ -315,31 +522,10 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     if (tid < per_split && line < row_lines) PrefetchL2(table + line * 32);
   }
 
-  // Q fragment (A operand, rows = query heads of the group, padded with zeros to 16):
-  //   qa[s] = {Q[g][16s+2c..], Q[g+8][16s+2c..], Q[g][16s+8+2c..], Q[g+8][16s+8+2c..]}
-  // with g = lane / 4, c = lane % 4. Issued first: these loads do not depend on the length and
-  // stay in flight until the first mma.
   const int g = lane >> 2;
   const int c = lane & 3;
   uint32_t qa[Tr::kKSteps][4];
-  {
-    const T* q_group =
-        static_cast<const T*>(a.q) + (int64_t(seq) * a.num_heads + kv_head * a.group) * D;
-    const uint32_t* row0 = reinterpret_cast<const uint32_t*>(q_group + g * D);
-    const uint32_t* row1 = reinterpret_cast<const uint32_t*>(q_group + (g + 8) * D);
-    const bool has0 = g < a.group;
-    const bool has1 = g + 8 < a.group;
-    // fp8: the permuted head dims (see above): logical 2c.. -> 16s + 4c, 2c+8.. -> 16s + 4c + 2.
-    constexpr int kLo = kFp8 ? 4 : 2, kHi = kFp8 ? 2 : 8;
-#pragma unroll
-    for (int s = 0; s < Tr::kKSteps; ++s) {
-      const int lo = (16 * s + kLo * c) / 2, hi = (16 * s + kLo * c + kHi) / 2;
-      qa[s][0] = has0 ? ToMmaPair<T, M>(row0[lo]) : 0u;
-      qa[s][1] = has1 ? ToMmaPair<T, M>(row1[lo]) : 0u;
-      qa[s][2] = has0 ? ToMmaPair<T, M>(row0[hi]) : 0u;
-      qa[s][3] = has1 ? ToMmaPair<T, M>(row1[hi]) : 0u;
-    }
-  }
+  LoadQFragment<T, D, kFp8>(a, seq, kv_head, lane, qa);
 
   // This CTA's key range: whole 64-key tiles [tile_begin, tile_begin + num_tiles).
   const int num_keys = a.context_lens[seq] + 1;
@@ -354,8 +540,6 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
       static_cast<const unsigned char*>(a.k) + kv_head * a.head_stride * Tr::kElemBytes;
   const unsigned char* v_head =
       static_cast<const unsigned char*>(a.v) + kv_head * a.head_stride * Tr::kElemBytes;
-  auto page_of = [&](int key) { return a.block_shift >= 0 ? key >> a.block_shift : key / a.block_size; };
-
   // Who streams what. bf16 / fp16: the CTA streams each tile together (thread tid copies chunk
   // tid % kChunks of rows tid / kChunks + kRowsPerPass·p) and CTA barriers order the pipeline.
   // fp8: warp w streams only keys [16w, 16w + 16) of each tile, the keys it computes on (lane
@@ -376,52 +560,24 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
       __syncthreads();
     }
   };
-  auto row_of = [&](int p) {
-    return kFp8 ? group_key0 + me / Tr::kChunksPerRow + p * Tr::kWarpRowsPerPass
-                : me / Tr::kChunksPerRow + p * Tr::kRowsPerPass;
-  };
 
   // Page indices of the group's keys of tile j (relative to tile_begin) -> ring slot
   // j % kPageSlots of the group's ring.
   auto stage_pages_async = [&](int j) {
     if (j >= num_tiles) return;
     const int k0 = key_begin + j * Tr::kTileKeys + group_key0;
-    const int k1 = min(key_end, k0 + kGroupKeys) - 1;
-    if (k1 < k0) return;
-    const int first = page_of(k0);
-    const int count = page_of(k1) - first + 1;
-    int* slot = group_pages + (j % Tr::kPageSlots) * kSlotInts;
-    for (int i = me; i < count; i += kGroupThreads) CpAsync4(SmemAddr(slot + i), table + first + i);
+    StagePages(a, table, k0, min(key_end, k0 + kGroupKeys) - 1,
+               group_pages + (j % Tr::kPageSlots) * kSlotInts, me, kGroupThreads);
   };
   // The group's K and V rows of tile j -> pipeline stage `stage`: kPasses 16-byte copies per
   // thread each for K and for V.
   auto issue_tile = [&](int j, int stage) {
     if (j >= num_tiles) return;
     const int k0 = key_begin + j * Tr::kTileKeys;
-    const int first_page = page_of(k0 + group_key0);
-    const int* slot = group_pages + (j % Tr::kPageSlots) * kSlotInts;
     const uint32_t k_dst = SmemAddr(kv_smem + stage * Tr::kStageBytes);
-    const uint32_t v_dst = k_dst + Tr::kTileElems * Tr::kElemBytes;
-    const int chunk = me % Tr::kChunksPerRow;
-#pragma unroll
-    for (int p = 0; p < Tr::kPasses; ++p) {
-      const int row = row_of(p);
-      const int key = k0 + row;
-      const bool valid = key < key_end;
-      int64_t off = 0;
-      if (valid) {
-        const int page = page_of(key);
-        const int64_t block = slot[page - first_page];
-        off = (block * a.block_stride + int64_t(key - page * a.block_size) * D +
-               chunk * Tr::kChunkElems) *
-              Tr::kElemBytes;
-      }
-      // Straight into the swizzled tile ldmatrix reads.
-      const uint32_t dst_off = kFp8 ? uint32_t(SwizzledOffsetFp8<D>(row, chunk))
-                                    : SwizzledOffset<D>(row, chunk) * uint32_t(sizeof(T));
-      CpAsync16(k_dst + dst_off, k_head + off, valid ? 16 : 0);
-      CpAsync16(v_dst + dst_off, v_head + off, valid ? 16 : 0);
-    }
+    IssueKvRows<T, D, kFp8>(a, k_head, v_head, group_pages + (j % Tr::kPageSlots) * kSlotInts,
+                            PageOf(a, k0 + group_key0), k0, key_end, group_key0, me, k_dst,
+                            k_dst + Tr::kTileElems * Tr::kElemBytes);
   };
   // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together,
   // beside the Q loads), waited for here since the first K/V copies need them.
@@ -447,17 +603,7 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
 #pragma unroll
   for (int n = 0; n < Tr::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  // ldmatrix row addressing: lanes 8i..8i+7 give the rows of 8x8 matrix i.
   const int warp_row = warp * Tr::kKeysPerWarp;
-  // K (non-transposed): matrices {keys 0-7, keys 0-7, keys 8-15, keys 8-15} × {chunk, chunk+1}.
-  const int k_row = warp_row + ((lane >> 4) << 3) + (lane & 7);
-  const int k_chunk_lo = (lane >> 3) & 1;
-  // V (transposed): matrices {keys 0-7, keys 8-15, keys 0-7, keys 8-15} × {chunk, chunk, +1, +1}.
-  const int v_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
-  const int v_chunk_lo = lane >> 4;
-  // fp8 tiles: lanes 8i..8i+7 address rows (keys 0-7, 8-15, 0-7, 8-15) of the warp's 16.
-  const int k8_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
-  const int v8_row = k8_row;
 
   for (int i = 0; i < num_tiles; ++i) {
     CpAsyncWait<Tr::kStages - 2>();  // this thread's copies of tile i (group i) landed
@@ -470,110 +616,9 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     const uint32_t k_tile = SmemAddr(kv_smem + stage * Tr::kStageBytes);
     const uint32_t v_tile = k_tile + Tr::kTileElems * Tr::kElemBytes;
 
-    // S = Q·Kᵀ: s[n] covers keys 8n..8n+7 of this warp's 16; fp32.
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    if constexpr (kFp8) {
-      // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}: chunk = k16 step (16 codes).
-#pragma unroll
-      for (int j = 0; j < Tr::kKSteps / 2; ++j) {
-        uint32_t b[4];
-        LdMatrixX4(b, k_tile + SwizzledOffsetFp8<D>(k8_row, 2 * j + (lane >> 4)));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int ks = 2 * j + h;
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            uint32_t b0, b1;
-            E4m3x4ToHalf2x2(b[2 * h + n], b0, b1);
-            Mma<M>(s[n], qa[ks], b0, b1);
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-        uint32_t b[4];
-        LdMatrixX4(b, k_tile + SwizzledOffset<D>(k_row, 2 * ks + k_chunk_lo) * sizeof(M));
-        Mma<M>(s[0], qa[ks], b[0], b[1]);
-        Mma<M>(s[1], qa[ks], b[2], b[3]);
-      }
-    }
-
-    // Online softmax (log2 domain), mirroring OnlineSoftmax::Update per row.
-    const int key0 = key_begin + i * Tr::kTileKeys + warp_row + 2 * c;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool visible = key0 + 8 * n + (e & 1) < key_end;
-        s[n][e] = visible ? s[n][e] * a.scale_log2 : -INFINITY;
-        tile_max[e >> 1] = Max(tile_max[e >> 1], s[n][e]);
-      }
-    }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = Max(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = Max(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = Max(m[r], tile_max[r]);
-      alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-    const float offset[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - offset[e >> 1]);
-        l[e >> 1] += s[n][e];
-      }
-    }
-    // Rescale the accumulators only when some row's max moved in this warp (alpha != 1; once
-    // the max has settled, most tiles skip these kNTiles × 4 multiplies; multiplying by 1 is
-    // exact, so the result is the same either way).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int n = 0; n < Tr::kNTiles; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
-      }
-    }
-
-    // O += P·V: P is the A operand straight from the S accumulators (rows g / g+8, keys
-    // 2c.., 8+2c..); V through ldmatrix.trans, two n8 tiles of head_dim per x4.
-    const uint32_t pa[4] = {Pack2<M>(s[0][0], s[0][1]), Pack2<M>(s[0][2], s[0][3]),
-                            Pack2<M>(s[1][0], s[1][1]), Pack2<M>(s[1][2], s[1][3])};
-    if constexpr (kFp8) {
-      // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}, transposed: b[2h + t] holds keys
-      // (8t + 2c, 8t + 2c + 1) × dims (2g, 2g + 1) of chunk 2j + h, low key first. One byte
-      // permute per matrix makes the even-dim pair (bytes 0, 2) the low half and the odd-dim
-      // pair (bytes 1, 3) the high half; output tile 4j + 2h + p is (chunk 2j + h, parity p).
-#pragma unroll
-      for (int j = 0; j < Tr::kNTiles / 4; ++j) {
-        uint32_t b[4];
-        LdMatrixX4Trans(b, v_tile + SwizzledOffsetFp8<D>(v8_row, 2 * j + (lane >> 4)));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t even0, odd0, even1, odd1;  // keys 2c.. (t = 0) and 8 + 2c.. (t = 1)
-          E4m3x4ToHalf2x2(__byte_perm(b[2 * h], 0u, 0x3120u), even0, odd0);
-          E4m3x4ToHalf2x2(__byte_perm(b[2 * h + 1], 0u, 0x3120u), even1, odd1);
-          Mma<M>(o[4 * j + 2 * h], pa, even0, even1);
-          Mma<M>(o[4 * j + 2 * h + 1], pa, odd0, odd1);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int n2 = 0; n2 < Tr::kNTiles / 2; ++n2) {
-        uint32_t b[4];
-        LdMatrixX4Trans(b, v_tile + SwizzledOffset<D>(v_row, 2 * n2 + v_chunk_lo) * sizeof(M));
-        Mma<M>(o[2 * n2], pa, b[0], b[1]);
-        Mma<M>(o[2 * n2 + 1], pa, b[2], b[3]);
-      }
-    }
+    WarpKeysStep<T, D, kFp8>(qa, k_tile, v_tile, lane, warp_row,
+                             key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m,
+                             l, o);
   }
 
   // ---- epilogue: merge the 4 warps' states, then write the output or the split partial ----
@@ -732,6 +777,168 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   }
 }
 
+// ---- v4: the persistent warp-item kernel (fp8 caches, many sequences) -------------------
+// At many medium-length sequences (512 × ~1k keys, what a throughput run decodes) DecodeKernel
+// runs ~8 waves of CTAs that start and end together: every wave boundary drains the pipeline
+// of every CTA of the SM at once (the last tiles, the cross-warp merge, the output write) and
+// refills it through the prologue chain (context length -> page indices -> first K/V). Here
+// every WARP is an independent flash-decoding worker over whole items (sequence, KV head):
+// warp w of the W = gridDim.x · kWarps resident warps takes items w, w + W, w + 2W, ... and
+// streams their keys 16 at a time (4 KiB of e4m3 K+V per stage) through ONE cp.async pipeline
+// that runs across item boundaries: the next item's page indices and first K/V rows are in
+// flight while the current item's last keys compute, its context length was loaded one item
+// ahead, and its output (normalised in registers, no cross-warp merge: the warp owns all of
+// the item's keys) is written with plain stores that do not wait. The warp-level math (Q
+// fragment, S = Q·Kᵀ, online softmax, P·V) is DecodeKernel's fp8 path (WarpKeysStep); the
+// stages, page rings and registers per warp are the same too, so occupancy is unchanged.
+// Each warp keeps (kStages - 1) stages = 8 KiB in flight; 16 warps per SM keep 128 KiB, ~4×
+// what the HBM bandwidth-latency product needs, so warps that finish early (ragged lengths)
+// leave the rest to run faster rather than the SM idle. No split-KV: used when the items fill
+// the resident warps (SelectKernel); fewer, longer sequences keep DecodeKernel's splits.
+
+// A pipeline cursor over one warp's items: item (>= num_items: past the end), its key count,
+// the 16-key chunk within it, and the next item's key count, loaded one item ahead.
+struct ItemCursor {
+  int item;
+  int num_keys;
+  int chunk;
+  int next_keys;
+};
+
+__device__ __forceinline__ int ItemKeys(const KernelArgs& a, int item, int num_items) {
+  return item < num_items ? a.context_lens[item / a.num_kv_heads] + 1 : 0;
+}
+
+__device__ __forceinline__ void AdvanceCursor(const KernelArgs& a, ItemCursor& cur, int stride,
+                                              int num_items, int chunk_keys) {
+  if (cur.item >= num_items) return;
+  if (++cur.chunk * chunk_keys < cur.num_keys) return;
+  cur.item += stride;
+  cur.chunk = 0;
+  cur.num_keys = cur.next_keys;
+  cur.next_keys = ItemKeys(a, cur.item + stride, num_items);
+}
+
+// kCtasPerSm: the __launch_bounds__ occupancy (4: DecodeKernel's register cap of 128, which
+// spills at head_dim 128; 3: 168 registers, no spills, 12 warps per SM).
+template <typename T, int D, int kCtasPerSm>
+__global__ void __launch_bounds__(DecodeTraits<D, true>::kThreads, kCtasPerSm)
+    DecodeItemsKernel(const __grid_constant__ KernelArgs a) {
+  using Tr = DecodeTraits<D, true>;
+  constexpr int kKeys = Tr::kKeysPerWarp;  // keys per pipeline stage of a warp
+  extern __shared__ __align__(128) unsigned char smem[];
+  PdlTrigger();
+  PdlWait();
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_items = a.num_seqs * a.num_kv_heads;
+  const int stride = int(gridDim.x) * Tr::kWarps;
+  const int first = int(blockIdx.x) * Tr::kWarps + warp;
+  if (first >= num_items) return;  // (no CTA barrier below: the warps are independent)
+
+  // This warp's rows of every stage (the same layout as DecodeKernel's fp8 path) and its own
+  // page-index ring.
+  const int warp_row = warp * kKeys;
+  int* pages = reinterpret_cast<int*>(smem + Tr::kKvSmemBytes) +
+               warp * Tr::kPageSlots * Tr::kWarpPageInts;
+  auto stage_k = [&](int t) { return SmemAddr(smem + (t % Tr::kStages) * Tr::kStageBytes); };
+  auto slot_of = [&](int t) { return pages + (t % Tr::kPageSlots) * Tr::kWarpPageInts; };
+
+  // Three cursors walk the same chunk sequence (t counts chunks across items): `pc` stages the
+  // page indices of chunk t + 2·kStages - 2, `ic` issues the K/V of chunk t + kStages - 1 and
+  // `cc` computes chunk t (DecodeKernel's schedule, per warp).
+  ItemCursor pc{first, ItemKeys(a, first, num_items), 0, ItemKeys(a, first + stride, num_items)};
+  ItemCursor ic = pc, cc = pc;
+  auto stage_pages = [&](int pt) {
+    if (pc.item < num_items) {
+      const int k0 = pc.chunk * kKeys;
+      StagePages(a, a.block_tables + int64_t(pc.item / a.num_kv_heads) * a.max_blocks_per_seq,
+                 k0, min(pc.num_keys, k0 + kKeys) - 1, slot_of(pt), lane, 32);
+    }
+    AdvanceCursor(a, pc, stride, num_items, kKeys);
+  };
+  auto issue = [&](int it) {
+    if (ic.item < num_items) {
+      const int64_t head_off = int64_t(ic.item % a.num_kv_heads) * a.head_stride;
+      const int k0 = ic.chunk * kKeys;
+      const uint32_t k_dst = stage_k(it);
+      // Rows warp_row.. of the stage hold keys k0..: IssueKvRows's key = (k0 - warp_row) + row.
+      IssueKvRows<T, D, true>(a, static_cast<const unsigned char*>(a.k) + head_off,
+                              static_cast<const unsigned char*>(a.v) + head_off, slot_of(it),
+                              PageOf(a, k0), k0 - warp_row, ic.num_keys, warp_row, lane, k_dst,
+                              k_dst + Tr::kTileElems);
+    }
+    AdvanceCursor(a, ic, stride, num_items, kKeys);
+  };
+
+  for (int j = 0; j < Tr::kStages - 1; ++j) stage_pages(j);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < Tr::kStages - 1; ++j) {
+    issue(j);
+    stage_pages(j + Tr::kStages - 1);
+    CpAsyncCommit();
+  }
+
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  uint32_t qa[Tr::kKSteps][4];
+  float m[2], l[2], o[Tr::kNTiles][4];
+  auto begin_item = [&] {
+    LoadQFragment<T, D, true>(a, cc.item / a.num_kv_heads, cc.item % a.num_kv_heads, lane, qa);
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+#pragma unroll
+    for (int n = 0; n < Tr::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  };
+  begin_item();
+
+  for (int t = 0; cc.item < num_items; ++t) {
+    CpAsyncWait<Tr::kStages - 2>();  // this lane's copies of chunk t landed
+    __syncwarp();                    // everyone's landed; the warp finished chunk t - 1
+    issue(t + Tr::kStages - 1);
+    stage_pages(t + 2 * Tr::kStages - 2);
+    CpAsyncCommit();
+
+    const uint32_t k_tile = stage_k(t);
+    WarpKeysStep<T, D, true>(qa, k_tile, k_tile + Tr::kTileElems, lane, warp_row,
+                             cc.chunk * kKeys, cc.num_keys, a.scale_log2, m, l, o);
+    if ((cc.chunk + 1) * kKeys < cc.num_keys) {
+      ++cc.chunk;
+      continue;
+    }
+    // The item's last chunk: normalise and write its query rows g and g + 8 (those < group).
+    // Tiles 2h and 2h + 1 hold dims 16h + 4c + {0, 2} and + {1, 3} (DecodeKernel's fp8
+    // output permutation) of rows g (elements 0, 1) and g + 8 (2, 3).
+    const int seq = cc.item / a.num_kv_heads;
+    T* out = static_cast<T*>(a.out) +
+             (int64_t(seq) * a.num_heads + (cc.item % a.num_kv_heads) * a.group) * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      const int row = g + 8 * r;
+      if (row >= a.group) continue;
+      const float scale = (l[r] > 0.f ? 1.f / l[r] : 0.f) * a.out_scale;
+#pragma unroll
+      for (int h = 0; h < Tr::kNTiles / 2; ++h) {
+        const float* e = o[2 * h];
+        const float* f = o[2 * h + 1];
+        uint2 packed;
+        packed.x = Pack2<T>(e[2 * r] * scale, f[2 * r] * scale);
+        packed.y = Pack2<T>(e[2 * r + 1] * scale, f[2 * r + 1] * scale);
+        *reinterpret_cast<uint2*>(out + row * D + 16 * h + 4 * c) = packed;
+      }
+    }
+    AdvanceCursor(a, cc, stride, num_items, kKeys);
+    if (cc.item < num_items) begin_item();
+  }
+  CpAsyncWait<0>();  // (nothing is left in flight past the last item; leave no copy pending)
+}
+
 // ---- host side ---------------------------------------------------------------------------
 struct KernelInfo {
   int ctas_per_sm = 0;
@@ -740,7 +947,19 @@ struct KernelInfo {
 // Opts the instantiation into its dynamic shared memory once per device (a function
 // attribute belongs to the device's context: tensor parallelism launches on several) and
 // caches its occupancy.
-template <typename T, int D, bool kFp8>
+// The kernel an instantiation launches: DecodeKernel, or (kItems > 0, fp8 only)
+// DecodeItemsKernel with kItems CTAs per SM.
+template <typename T, int D, bool kFp8, int kItems>
+constexpr auto KernelOf() {
+  if constexpr (kItems > 0) {
+    static_assert(kFp8, "the warp-item kernel reads fp8 caches");
+    return DecodeItemsKernel<T, D, kItems>;
+  } else {
+    return DecodeKernel<T, D, kFp8>;
+  }
+}
+
+template <typename T, int D, bool kFp8, int kItems = 0>
 const KernelInfo& PrepareKernel() {
   constexpr int kMaxDevices = 64;
   static std::once_flag once[kMaxDevices];
@@ -750,12 +969,12 @@ const KernelInfo& PrepareKernel() {
   if (device >= kMaxDevices) throw std::runtime_error("decode attention: device id over 63");
   std::call_once(once[device], [device] {
     using Tr = DecodeTraits<D, kFp8>;
-    LLM_CUDA_CHECK(cudaFuncSetAttribute(DecodeKernel<T, D, kFp8>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+    constexpr auto kernel = KernelOf<T, D, kFp8, kItems>();
+    LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(Tr::kSmemBytes)));
     KernelInfo& k = info[device];
-    LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &k.ctas_per_sm, DecodeKernel<T, D, kFp8>, Tr::kThreads, Tr::kSmemBytes));
+    LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.ctas_per_sm, kernel,
+                                                                 Tr::kThreads, Tr::kSmemBytes));
     k.ctas_per_sm = std::max(1, k.ctas_per_sm);
   });
   return info[device];
@@ -798,20 +1017,59 @@ int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_spli
   return static_cast<int>(best_s);
 }
 
+// The warp-item kernel's occupancy in the automatic choice and kWarpItems.
+constexpr int kWarpItemsCtas = 4;
+
+// Items (sequence, KV head) from which the warp-item kernel is chosen automatically: half the
+// resident warps. Below that DecodeKernel (with its splits) keeps more bytes in flight per item.
+int WarpItemsThreshold(int ctas_per_sm) {
+  return NumSms() * ctas_per_sm * DecodeTraits<128, true>::kWarps / 2;
+}
+
 template <typename T, int D, bool kFp8>
-void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, cudaStream_t stream,
-                  DecodeLaunchInfo* info) {
+void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKernelChoice choice,
+                  int items_max_ctas, cudaStream_t stream, DecodeLaunchInfo* info) {
   using Tr = DecodeTraits<D, kFp8>;
-  const KernelInfo& k = PrepareKernel<T, D, kFp8>();
-  const int64_t num_ctas = num_seqs * args.num_kv_heads * num_splits;
-  if (num_ctas > 0x7fffffff) throw std::invalid_argument("PagedDecodeAttention: grid too large");
-  args.num_splits = num_splits;
-  Launch(DecodeKernel<T, D, kFp8>, dim3(static_cast<unsigned>(num_ctas)), dim3(Tr::kThreads),
-         Tr::kSmemBytes, stream, args);
+  const int64_t items = num_seqs * args.num_kv_heads;
+  bool warp_items = false;
+  int ctas_per_sm = 0;
+  int64_t num_ctas = 0;
+  if constexpr (kFp8) {
+    const bool three = choice == DecodeKernelChoice::kWarpItems3;
+    const KernelInfo& ki =
+        three ? PrepareKernel<T, D, true, 3>() : PrepareKernel<T, D, true, kWarpItemsCtas>();
+    warp_items = choice == DecodeKernelChoice::kWarpItems || three ||
+                 (choice == DecodeKernelChoice::kAuto && num_splits == 1 &&
+                  items >= WarpItemsThreshold(ki.ctas_per_sm));
+    if (warp_items) {
+      ctas_per_sm = ki.ctas_per_sm;
+      num_ctas = std::min<int64_t>((items + Tr::kWarps - 1) / Tr::kWarps,
+                                   int64_t(NumSms()) * ki.ctas_per_sm);
+      if (items_max_ctas > 0) num_ctas = std::min<int64_t>(num_ctas, items_max_ctas);
+      args.num_splits = 1;
+      if (three) {
+        Launch(DecodeItemsKernel<T, D, 3>, dim3(static_cast<unsigned>(num_ctas)),
+               dim3(Tr::kThreads), Tr::kSmemBytes, stream, args);
+      } else {
+        Launch(DecodeItemsKernel<T, D, kWarpItemsCtas>, dim3(static_cast<unsigned>(num_ctas)),
+               dim3(Tr::kThreads), Tr::kSmemBytes, stream, args);
+      }
+    }
+  }
+  if (!warp_items) {
+    const KernelInfo& k = PrepareKernel<T, D, kFp8>();
+    ctas_per_sm = k.ctas_per_sm;
+    num_ctas = items * num_splits;
+    if (num_ctas > 0x7fffffff) throw std::invalid_argument("PagedDecodeAttention: grid too large");
+    args.num_splits = num_splits;
+    Launch(DecodeKernel<T, D, kFp8>, dim3(static_cast<unsigned>(num_ctas)), dim3(Tr::kThreads),
+           Tr::kSmemBytes, stream, args);
+  }
   if (info != nullptr) {
-    info->num_splits = num_splits;
-    info->ctas_per_sm = k.ctas_per_sm;
+    info->num_splits = warp_items ? 1 : num_splits;
+    info->ctas_per_sm = ctas_per_sm;
     info->num_ctas = static_cast<int>(num_ctas);
+    info->warp_items = warp_items;
   }
 }
 
@@ -846,11 +1104,13 @@ struct LaunchOf {
   const KernelArgs& args;
   int64_t num_seqs;
   int splits;
+  DecodeKernelChoice choice;
+  int items_max_ctas;
   cudaStream_t stream;
   DecodeLaunchInfo* info;
   template <typename T, int D, bool kFp8>
   int Run() const {
-    LaunchDecode<T, D, kFp8>(args, num_seqs, splits, stream, info);
+    LaunchDecode<T, D, kFp8>(args, num_seqs, splits, choice, items_max_ctas, stream, info);
     return 0;
   }
 };
@@ -878,7 +1138,8 @@ int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_key
 }
 
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
-                          size_t workspace_bytes, cudaStream_t stream, DecodeLaunchInfo* info) {
+                          size_t workspace_bytes, cudaStream_t stream, DecodeLaunchInfo* info,
+                          DecodeKernelChoice choice, int items_max_ctas) {
   const PagedKvLayout& layout = p.kv.layout;
   const int64_t head_dim = layout.head_dim;
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) {
@@ -906,6 +1167,11 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   if (num_splits < 0) {
     throw std::invalid_argument("PagedDecodeAttention: num_splits " + std::to_string(num_splits));
   }
+  const bool force_items =
+      choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItems3;
+  if (force_items && !p.kv_format.fp8) {
+    throw std::invalid_argument("PagedDecodeAttention: the warp-item kernel reads fp8 caches only");
+  }
   const int64_t num_seqs = p.batch.num_seqs;
   if (info != nullptr) *info = DecodeLaunchInfo{};
   if (num_seqs == 0) return;
@@ -926,6 +1192,7 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
     splits = static_cast<int>(std::min<int64_t>({splits, tiles, kMaxSplits, ws_splits}));
   }
   splits = std::max(splits, 1);
+  if (force_items) splits = 1;
 
   KernelArgs args{};
   args.q = p.q;
@@ -941,6 +1208,7 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   args.block_shift = -1;
   for (int s = 0; s < 31; ++s)
     if ((int64_t(1) << s) == layout.block_size) args.block_shift = s;
+  args.num_seqs = static_cast<int>(num_seqs);
   args.num_heads = static_cast<int>(p.num_heads);
   args.num_kv_heads = static_cast<int>(layout.num_kv_heads);
   args.group = static_cast<int>(group);
@@ -954,7 +1222,7 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
                    size_t(num_seqs) * size_t(p.num_heads) * size_t(splits) * size_t(head_dim);
   }
 
-  LaunchOf launch{args, num_seqs, splits, stream, info};
+  LaunchOf launch{args, num_seqs, splits, choice, items_max_ctas, stream, info};
   Dispatch(p.dtype, head_dim, p.kv_format.fp8, launch);
 }
 

@@ -22,7 +22,17 @@ struct DecodeLaunchInfo {
   int num_splits = 0;   // key chunks per (sequence, kv head); 1 = no split, no merge
   int ctas_per_sm = 0;  // resident CTAs per SM of the chosen config (occupancy)
   int num_ctas = 0;     // grid size of the attention kernel (its only launch)
+  bool warp_items = false;  // the persistent warp-item kernel ran (fp8; see below)
 };
+
+// Which decode kernel runs. kAuto: the persistent warp-item kernel for fp8 caches when no split
+// is used and the (sequence, KV head) items fill at least half the GPU's resident warps (many
+// medium sequences: a throughput run's decode steps), else the CTA-per-(sequence, KV head,
+// split) kernel. kCta / kWarpItems force one (kWarpItems: fp8 only, never splits);
+// kWarpItems3 is the warp-item kernel at 3 CTAs per SM (more registers), for the bench.
+// items_max_ctas > 0 caps the warp-item kernel's grid (default: every resident slot, at most one
+// warp per item), so that tests can give each warp several items of a small batch.
+enum class DecodeKernelChoice { kAuto, kCta, kWarpItems, kWarpItems3 };
 
 // The split workspace. Its first kDecodeCounterBytes hold one uint32 arrival counter per
 // (sequence, KV head) (at most kDecodeMaxCounters of them, so a split call needs
@@ -62,7 +72,9 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 // on `stream`.
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream,
-                          DecodeLaunchInfo* info = nullptr);
+                          DecodeLaunchInfo* info = nullptr,
+                          DecodeKernelChoice choice = DecodeKernelChoice::kAuto,
+                          int items_max_ctas = 0);
 
 // The split count the automatic selector picks for a batch shape (exposed for tests/benches);
 // every split gets at least min_tiles_per_split tiles of 64 keys of the longest sequence (2:

@@ -1,7 +1,9 @@
 // The FP8 (e4m3) KV cache on the GPU (kernels/cuda/attention.h: KvCacheFormat; kernels/fp8.h)
 // against its CPU specification (label gpu; every test skips without a GPU, except the host-only
 // variant resolution check):
-//   DecodeFp8Gpu        PagedDecodeAttention over e4m3 pools vs cpu::PagedDecodeAttention (fp8)
+//   DecodeFp8Gpu        PagedDecodeAttention over e4m3 pools vs cpu::PagedDecodeAttention (fp8):
+//                       the CTA kernel (splits 1, auto, 16) and the warp-item kernel (grid caps)
+//   DecodeFp8GpuMany    many ragged sequences: the automatic choice is the warp-item kernel
 //   PrefillFp8Gpu       PagedPrefillAttention kNaive / kMma / kBest vs cpu::PagedPrefillAttention
 //   AppendKvFp8Gpu      AppendKv codes bit-exact vs F32ToE4m3(float(x) / scale) and cpu::AppendKv
 //   RopeAppendKvFp8Gpu  RopeAppendKv(fp8) vs the same kernel writing a bf16 / fp16 cache
@@ -319,6 +321,7 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
     const std::string what = CaseName(c) + " splits " + std::to_string(splits) + " (used " +
                              std::to_string(info.num_splits) + ")";
     CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
+    EXPECT_FALSE(info.warp_items) << what << ": 18 items chose the warp-item kernel";
     if (splits == 1) {
       EXPECT_EQ(info.num_splits, 1) << what;
     }
@@ -331,11 +334,89 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
       }
     }
   }
+  // The persistent warp-item kernel (v4): its grid capped so that each warp walks several of the
+  // 2·9 ragged items (1 CTA: 4 warps × 4-5 items, the 1- and 2-key items included, so its
+  // pipeline crosses item boundaries with cursors several items apart), and uncapped (a warp
+  // per item); both occupancy configs. Bit-identical on a repeat.
+  struct ItemsRun {
+    cuda::DecodeKernelChoice choice;
+    int max_ctas;
+  };
+  std::vector<uint16_t> first_items;
+  for (const ItemsRun r : {ItemsRun{cuda::DecodeKernelChoice::kWarpItems, 1},
+                           ItemsRun{cuda::DecodeKernelChoice::kWarpItems, 1},
+                           ItemsRun{cuda::DecodeKernelChoice::kWarpItems3, 2},
+                           ItemsRun{cuda::DecodeKernelChoice::kWarpItems, 0}}) {
+    LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
+    cuda::DecodeLaunchInfo info;
+    cuda::PagedDecodeAttention(p, 0, ws.p, ws_bytes, nullptr, &info, r.choice, r.max_ctas);
+    const std::vector<uint16_t> got = dout.Download<uint16_t>();
+    const std::string what = CaseName(c) + " warp items (" +
+                             (r.choice == cuda::DecodeKernelChoice::kWarpItems3 ? "3" : "4") +
+                             " CTAs/SM, grid cap " + std::to_string(r.max_ctas) + ")";
+    CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
+    EXPECT_TRUE(info.warp_items) << what;
+    EXPECT_EQ(info.num_splits, 1) << what;
+    if (r.max_ctas > 0) {
+      EXPECT_EQ(info.num_ctas, r.max_ctas) << what;
+    }
+    if (first_items.empty()) {
+      first_items = got;
+    } else if (r.max_ctas == 1) {
+      EXPECT_TRUE(first_items == got) << what << ": a repeated call is not bit-identical";
+    }
+  }
   std::vector<uint32_t> counters(cuda::kDecodeMaxCounters);
   LLM_CUDA_CHECK(
       cudaMemcpy(counters.data(), ws.p, cuda::kDecodeCounterBytes, cudaMemcpyDeviceToHost));
   EXPECT_EQ(std::count_if(counters.begin(), counters.end(), [](uint32_t x) { return x != 0; }), 0)
       << "split arrival counters left non-zero";
+}
+
+// Many sequences (32 (sequence, KV head) items per SM, ragged 1 … 200 keys): the automatic
+// choice is the warp-item kernel, at its full grid (16 warps per SM: each walks 2 items);
+// checked against the CPU like the CTA kernel forced on the same batch.
+TEST(DecodeFp8GpuMany, AutoRunsWarpItemsOverManySequences) {
+  std::string why;
+  if (NoGpu(&why)) GTEST_SKIP() << "no GPU, fp8 KV decode attention test skipped: " << why;
+  const int64_t num_kv_heads = 4, group = 2, num_heads = num_kv_heads * group, hd = 128;
+  const int64_t num_seqs = int64_t(cuda::NumSms()) * 8;
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int32_t> len(1, 200);
+  std::vector<int32_t> num_keys(static_cast<size_t>(num_seqs)),
+      context_lens(static_cast<size_t>(num_seqs)), cu(static_cast<size_t>(num_seqs + 1));
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    num_keys[size_t(s)] = len(rng);
+    context_lens[size_t(s)] = num_keys[size_t(s)] - 1;
+    cu[size_t(s)] = int32_t(s);
+  }
+  cu[size_t(num_seqs)] = int32_t(num_seqs);
+  const ScaleSet sc = kScaleSets[1];
+  const Fp8Pools pools(num_keys, 16, num_kv_heads, hd, sc.sigma, rng);
+  std::vector<uint16_t> q16;
+  std::vector<float> q32;
+  RandomQ(size_t(num_seqs * num_heads * hd), DType::kBF16, rng, &q16, &q32);
+  const float scale = 1.f / std::sqrt(float(hd));
+  std::vector<float> ref(q32.size());
+  const AttentionBatch host_batch{num_seqs, cu.data(), context_lens.data(), pools.tables.data(),
+                                  pools.max_blocks};
+  cpu::PagedDecodeAttention(
+      q32.data(), PagedKvView<const uint8_t>{pools.k_cpu.data(), pools.v_cpu.data(), pools.layout},
+      cpu::Fp8KvScales{sc.k, sc.v}, host_batch, num_heads, scale, ref.data(), 1);
+  const DeviceProblem dev(q16, pools, context_lens, cu);
+  cuda::AttentionParams p = dev.Params(pools, num_seqs, num_heads, scale, DType::kBF16, sc);
+  p.max_q_len = 1;
+  p.max_num_keys = 200;
+  for (const auto choice : {cuda::DecodeKernelChoice::kAuto, cuda::DecodeKernelChoice::kCta}) {
+    LLM_CUDA_CHECK(cudaMemset(dev.out.p, 0xff, dev.out.bytes));
+    cuda::DecodeLaunchInfo info;
+    cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr, &info, choice);
+    const bool auto_choice = choice == cuda::DecodeKernelChoice::kAuto;
+    const std::string what = std::to_string(num_seqs) + " sequences, " +
+                             (auto_choice ? "automatic choice" : "CTA kernel");
+    EXPECT_EQ(info.warp_items, auto_choice) << what;
+    CheckAttention(dev.out.Download<uint16_t>(), ref, DType::kBF16, cu, num_heads * hd, what);
+  }
 }
 
 std::vector<DecodeCase> DecodeCases() {
@@ -881,6 +962,12 @@ TEST(KvFp8GpuArgs, LaunchesRejectUnsupportedShapes) {
   EXPECT_THROW(cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr), std::invalid_argument)
       << "fp8 decode with group 32 accepted";
   p.num_heads = 8;
+  p.kv_format = cuda::KvCacheFormat{};  // the warp-item kernel reads fp8 caches only
+  EXPECT_THROW(cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr, nullptr,
+                                          cuda::DecodeKernelChoice::kWarpItems),
+               std::invalid_argument)
+      << "the warp-item decode kernel accepted a bf16 cache";
+  p.kv_format = fp8;
   p.kv.layout = PagedKvLayout{4, 16, 2, 128};
   for (auto v : {cuda::PrefillVariant::kSmem, cuda::PrefillVariant::kWgmma}) {
     EXPECT_THROW(cuda::PagedPrefillAttention(p, nullptr, v), std::invalid_argument)
