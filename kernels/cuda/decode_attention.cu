@@ -777,24 +777,26 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   }
 }
 
-// ---- v4: the persistent warp-item kernel (fp8 caches, many sequences) -------------------
-// At many medium-length sequences (512 × ~1k keys, what a throughput run decodes) DecodeKernel
-// runs ~8 waves of CTAs that start and end together: every wave boundary drains the pipeline
-// of every CTA of the SM at once (the last tiles, the cross-warp merge, the output write) and
-// refills it through the prologue chain (context length -> page indices -> first K/V). Here
-// every WARP is an independent flash-decoding worker over whole items (sequence, KV head):
-// warp w of the W = gridDim.x · kWarps resident warps takes items w, w + W, w + 2W, ... and
-// streams their keys 16 at a time (4 KiB of e4m3 K+V per stage) through ONE cp.async pipeline
-// that runs across item boundaries: the next item's page indices and first K/V rows are in
-// flight while the current item's last keys compute, its context length was loaded one item
-// ahead, and its output (normalised in registers, no cross-warp merge: the warp owns all of
-// the item's keys) is written with plain stores that do not wait. The warp-level math (Q
-// fragment, S = Q·Kᵀ, online softmax, P·V) is DecodeKernel's fp8 path (WarpKeysStep); the
-// stages, page rings and registers per warp are the same too, so occupancy is unchanged.
-// Each warp keeps (kStages - 1) stages = 8 KiB in flight; 16 warps per SM keep 128 KiB, ~4×
-// what the HBM bandwidth-latency product needs, so warps that finish early (ragged lengths)
-// leave the rest to run faster rather than the SM idle. No split-KV: used when the items fill
-// the resident warps (SelectKernel); fewer, longer sequences keep DecodeKernel's splits.
+// ---- v4: the persistent warp-item kernel (fp8 caches; opt-in, kWarpItems) ----------------
+// Written for many medium-length sequences (512 × ~1k keys, a throughput run's decode steps),
+// where DecodeKernel runs ~8 waves of CTAs that start and end together, so that every wave
+// boundary drains and refills every pipeline of an SM at once. Here every WARP is an
+// independent flash-decoding worker over whole items (sequence, KV head): warp w of the
+// W = gridDim.x · kWarps resident warps takes items w, w + W, w + 2W, ... and streams their keys
+// 16 at a time (4 KiB of e4m3 K+V per stage) through ONE cp.async pipeline that runs across item
+// boundaries: the next item's page indices and first K/V rows are in flight while the current
+// item's last keys compute, its context length was loaded one item ahead, and its output
+// (normalised in registers; no cross-warp merge, the warp owns all of the item's keys) is
+// written with plain stores. The warp-level math is DecodeKernel's fp8 path (WarpKeysStep).
+// Measured on the H200 (bench/RESULTS.md, "Decode attention v4"): correct, but slower than
+// DecodeKernel on every shape (512 × 1k: 0.68 of copy vs 0.80). Nsight Compute shows why:
+// both kernels are bound by per-warp instruction latency at 12-16 warps per SM (DecodeKernel:
+// 58% SM throughput, 6.3 cycles between a warp's instructions, 35% of them fixed-latency
+// dependency stalls), not by bytes in flight; this kernel's extra registers (the three
+// cursors) cost either occupancy (3 CTAs per SM, 12 warps) or spills (4 CTAs: 232 bytes,
+// 0.55 of copy), and static item assignment leaves a ragged tail. Kept, tested, as the
+// persistent rung for a leaner per-warp step to build on (bench/RESULTS.md: K as the mma's A
+// operand, half the mma instructions and accumulator registers at GQA groups <= 8).
 
 // A pipeline cursor over one warp's items: item (>= num_items: past the end), its key count,
 // the 16-key chunk within it, and the next item's key count, loaded one item ahead.
@@ -819,12 +821,32 @@ __device__ __forceinline__ void AdvanceCursor(const KernelArgs& a, ItemCursor& c
   cur.next_keys = ItemKeys(a, cur.item + stride, num_items);
 }
 
-// kCtasPerSm: the __launch_bounds__ occupancy (4: DecodeKernel's register cap of 128, which
-// spills at head_dim 128; 3: 168 registers, no spills, 12 warps per SM).
-template <typename T, int D, int kCtasPerSm>
-__global__ void __launch_bounds__(DecodeTraits<D, true>::kThreads, kCtasPerSm)
+// The warp-item kernel's configuration: kWarpsPerCta warps per CTA (each its own 16 rows of
+// every stage and its own page ring, as DecodeKernel's fp8 warps) and kStagesArg pipeline
+// stages of 16 keys per warp (kStagesArg - 1 in flight); the kernel's __launch_bounds__ take
+// the occupancy. Launched as 4 warps × 3 CTAs per SM × 3 stages (ItemsCfg<T, D, 4, 3, 3>: up to
+// 168 registers, no spills). Measured and dropped (bench/RESULTS.md): 4 CTAs per SM (the
+// 128-register cap spills 232 bytes at head_dim 128: 0.55 of copy), 1 CTA of 12 warps (all KV
+// heads of a sequence on one SM) and 4 stages (3 in flight per warp): no better.
+template <int D, int kWarpsPerCta, int kStagesArg>
+struct ItemsTraits : DecodeTraits<D, true> {
+  static constexpr int kWarps = kWarpsPerCta;
+  static constexpr int kStages = kStagesArg;
+  static constexpr int kPageSlots = 2 * kStages;  // page-index ring (as DecodeKernel's)
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kTileBytes = kWarps * 16 * D;  // one stage's K (or V) rows, e4m3
+  static constexpr size_t kStageBytes = size_t(2) * kTileBytes;
+  static constexpr size_t kKvSmemBytes = size_t(kStages) * kStageBytes;
+  static constexpr size_t kSmemBytes =
+      kKvSmemBytes + size_t(kWarps) * kPageSlots * DecodeTraits<D, true>::kWarpPageInts * 4;
+  static_assert(kStages >= 2, "the pipeline keeps kStages - 1 stages in flight");
+  static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
+};
+
+template <typename T, int D, int kWarpsPerCta, int kCtasPerSm, int kStages>
+__global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
     DecodeItemsKernel(const __grid_constant__ KernelArgs a) {
-  using Tr = DecodeTraits<D, true>;
+  using Tr = ItemsTraits<D, kWarpsPerCta, kStages>;
   constexpr int kKeys = Tr::kKeysPerWarp;  // keys per pipeline stage of a warp
   extern __shared__ __align__(128) unsigned char smem[];
   PdlTrigger();
@@ -867,7 +889,7 @@ __global__ void __launch_bounds__(DecodeTraits<D, true>::kThreads, kCtasPerSm)
       IssueKvRows<T, D, true>(a, static_cast<const unsigned char*>(a.k) + head_off,
                               static_cast<const unsigned char*>(a.v) + head_off, slot_of(it),
                               PageOf(a, k0), k0 - warp_row, ic.num_keys, warp_row, lane, k_dst,
-                              k_dst + Tr::kTileElems);
+                              k_dst + Tr::kTileBytes);
     }
     AdvanceCursor(a, ic, stride, num_items, kKeys);
   };
@@ -904,7 +926,7 @@ __global__ void __launch_bounds__(DecodeTraits<D, true>::kThreads, kCtasPerSm)
     CpAsyncCommit();
 
     const uint32_t k_tile = stage_k(t);
-    WarpKeysStep<T, D, true>(qa, k_tile, k_tile + Tr::kTileElems, lane, warp_row,
+    WarpKeysStep<T, D, true>(qa, k_tile, k_tile + Tr::kTileBytes, lane, warp_row,
                              cc.chunk * kKeys, cc.num_keys, a.scale_log2, m, l, o);
     if ((cc.chunk + 1) * kKeys < cc.num_keys) {
       ++cc.chunk;
@@ -944,22 +966,22 @@ struct KernelInfo {
   int ctas_per_sm = 0;
 };
 
-// Opts the instantiation into its dynamic shared memory once per device (a function
-// attribute belongs to the device's context: tensor parallelism launches on several) and
-// caches its occupancy.
-// The kernel an instantiation launches: DecodeKernel, or (kItems > 0, fp8 only)
-// DecodeItemsKernel with kItems CTAs per SM.
-template <typename T, int D, bool kFp8, int kItems>
-constexpr auto KernelOf() {
-  if constexpr (kItems > 0) {
-    static_assert(kFp8, "the warp-item kernel reads fp8 caches");
-    return DecodeItemsKernel<T, D, kItems>;
-  } else {
-    return DecodeKernel<T, D, kFp8>;
-  }
-}
+// The CTA kernel's launch configuration (PrepareKernel's Cfg; ItemsCfg is the warp-item one).
+template <typename T, int D, bool kFp8>
+struct CtaCfg {
+  using Tr = DecodeTraits<D, kFp8>;
+  static constexpr auto kKernel = DecodeKernel<T, D, kFp8>;
+};
+template <typename T, int D, int kWarps, int kCtas, int kStages>
+struct ItemsCfg {
+  using Tr = ItemsTraits<D, kWarps, kStages>;
+  static constexpr auto kKernel = DecodeItemsKernel<T, D, kWarps, kCtas, kStages>;
+};
 
-template <typename T, int D, bool kFp8, int kItems = 0>
+// Opts the kernel of Cfg into its dynamic shared memory once per device (a function attribute
+// belongs to the device's context: tensor parallelism launches on several) and caches its
+// occupancy.
+template <typename Cfg>
 const KernelInfo& PrepareKernel() {
   constexpr int kMaxDevices = 64;
   static std::once_flag once[kMaxDevices];
@@ -968,16 +990,23 @@ const KernelInfo& PrepareKernel() {
   LLM_CUDA_CHECK(cudaGetDevice(&device));
   if (device >= kMaxDevices) throw std::runtime_error("decode attention: device id over 63");
   std::call_once(once[device], [device] {
-    using Tr = DecodeTraits<D, kFp8>;
-    constexpr auto kernel = KernelOf<T, D, kFp8, kItems>();
-    LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    using Tr = typename Cfg::Tr;
+    LLM_CUDA_CHECK(cudaFuncSetAttribute(Cfg::kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(Tr::kSmemBytes)));
     KernelInfo& k = info[device];
-    LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.ctas_per_sm, kernel,
+    LLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.ctas_per_sm, Cfg::kKernel,
                                                                  Tr::kThreads, Tr::kSmemBytes));
     k.ctas_per_sm = std::max(1, k.ctas_per_sm);
   });
   return info[device];
+}
+
+// Launches the kernel of Cfg on `ctas` CTAs.
+template <typename Cfg>
+void LaunchCfg(const KernelArgs& args, int64_t ctas, cudaStream_t stream) {
+  using Tr = typename Cfg::Tr;
+  Launch(Cfg::kKernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes,
+         stream, args);
 }
 
 constexpr int kTileKeys = DecodeTraits<128>::kTileKeys;
@@ -1017,53 +1046,33 @@ int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_spli
   return static_cast<int>(best_s);
 }
 
-// The warp-item kernel's occupancy in the automatic choice and kWarpItems.
-constexpr int kWarpItemsCtas = 4;
-
-// Items (sequence, KV head) from which the warp-item kernel is chosen automatically: half the
-// resident warps. Below that DecodeKernel (with its splits) keeps more bytes in flight per item.
-int WarpItemsThreshold(int ctas_per_sm) {
-  return NumSms() * ctas_per_sm * DecodeTraits<128, true>::kWarps / 2;
-}
-
 template <typename T, int D, bool kFp8>
 void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKernelChoice choice,
                   int items_max_ctas, cudaStream_t stream, DecodeLaunchInfo* info) {
-  using Tr = DecodeTraits<D, kFp8>;
   const int64_t items = num_seqs * args.num_kv_heads;
   bool warp_items = false;
   int ctas_per_sm = 0;
   int64_t num_ctas = 0;
   if constexpr (kFp8) {
-    const bool three = choice == DecodeKernelChoice::kWarpItems3;
-    const KernelInfo& ki =
-        three ? PrepareKernel<T, D, true, 3>() : PrepareKernel<T, D, true, kWarpItemsCtas>();
-    warp_items = choice == DecodeKernelChoice::kWarpItems || three ||
-                 (choice == DecodeKernelChoice::kAuto && num_splits == 1 &&
-                  items >= WarpItemsThreshold(ki.ctas_per_sm));
+    // Only when asked for (kWarpItems): slower than DecodeKernel on every measured shape.
+    warp_items = choice == DecodeKernelChoice::kWarpItems;
     if (warp_items) {
-      ctas_per_sm = ki.ctas_per_sm;
-      num_ctas = std::min<int64_t>((items + Tr::kWarps - 1) / Tr::kWarps,
-                                   int64_t(NumSms()) * ki.ctas_per_sm);
+      using Cfg = ItemsCfg<T, D, 4, 3, 3>;
+      ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
+      num_ctas = std::min<int64_t>((items + Cfg::Tr::kWarps - 1) / Cfg::Tr::kWarps,
+                                   int64_t(NumSms()) * ctas_per_sm);
       if (items_max_ctas > 0) num_ctas = std::min<int64_t>(num_ctas, items_max_ctas);
       args.num_splits = 1;
-      if (three) {
-        Launch(DecodeItemsKernel<T, D, 3>, dim3(static_cast<unsigned>(num_ctas)),
-               dim3(Tr::kThreads), Tr::kSmemBytes, stream, args);
-      } else {
-        Launch(DecodeItemsKernel<T, D, kWarpItemsCtas>, dim3(static_cast<unsigned>(num_ctas)),
-               dim3(Tr::kThreads), Tr::kSmemBytes, stream, args);
-      }
+      LaunchCfg<Cfg>(args, num_ctas, stream);
     }
   }
   if (!warp_items) {
-    const KernelInfo& k = PrepareKernel<T, D, kFp8>();
-    ctas_per_sm = k.ctas_per_sm;
+    using Cfg = CtaCfg<T, D, kFp8>;
+    ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
     num_ctas = items * num_splits;
     if (num_ctas > 0x7fffffff) throw std::invalid_argument("PagedDecodeAttention: grid too large");
     args.num_splits = num_splits;
-    Launch(DecodeKernel<T, D, kFp8>, dim3(static_cast<unsigned>(num_ctas)), dim3(Tr::kThreads),
-           Tr::kSmemBytes, stream, args);
+    LaunchCfg<Cfg>(args, num_ctas, stream);
   }
   if (info != nullptr) {
     info->num_splits = warp_items ? 1 : num_splits;
@@ -1091,7 +1100,7 @@ auto Dispatch(DType dtype, int64_t head_dim, bool fp8, F& f) {
 struct OccupancyOf {
   template <typename T, int D, bool kFp8>
   int Run() const {
-    return PrepareKernel<T, D, kFp8>().ctas_per_sm;
+    return PrepareKernel<CtaCfg<T, D, kFp8>>().ctas_per_sm;
   }
 };
 
@@ -1167,8 +1176,7 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   if (num_splits < 0) {
     throw std::invalid_argument("PagedDecodeAttention: num_splits " + std::to_string(num_splits));
   }
-  const bool force_items =
-      choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItems3;
+  const bool force_items = choice == DecodeKernelChoice::kWarpItems;
   if (force_items && !p.kv_format.fp8) {
     throw std::invalid_argument("PagedDecodeAttention: the warp-item kernel reads fp8 caches only");
   }

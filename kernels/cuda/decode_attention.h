@@ -25,14 +25,14 @@ struct DecodeLaunchInfo {
   bool warp_items = false;  // the persistent warp-item kernel ran (fp8; see below)
 };
 
-// Which decode kernel runs. kAuto: the persistent warp-item kernel for fp8 caches when no split
-// is used and the (sequence, KV head) items fill at least half the GPU's resident warps (many
-// medium sequences: a throughput run's decode steps), else the CTA-per-(sequence, KV head,
-// split) kernel. kCta / kWarpItems force one (kWarpItems: fp8 only, never splits);
-// kWarpItems3 is the warp-item kernel at 3 CTAs per SM (more registers), for the bench.
+// Which decode kernel runs. kAuto and kCta: the CTA-per-(sequence, KV head, split) kernel
+// (DecodeKernel). kWarpItems (fp8 caches only; never splits): the persistent warp-item kernel
+// (v4, decode_attention.cu), in which every warp walks whole (sequence, KV head) items through
+// one pipeline across item boundaries. It is correct (tested like DecodeKernel) but slower on
+// every shape measured (bench/RESULTS.md), so only a caller that asks for it gets it.
 // items_max_ctas > 0 caps the warp-item kernel's grid (default: every resident slot, at most one
 // warp per item), so that tests can give each warp several items of a small batch.
-enum class DecodeKernelChoice { kAuto, kCta, kWarpItems, kWarpItems3 };
+enum class DecodeKernelChoice { kAuto, kCta, kWarpItems };
 
 // The split workspace. Its first kDecodeCounterBytes hold one uint32 arrival counter per
 // (sequence, KV head) (at most kDecodeMaxCounters of them, so a split call needs

@@ -3,7 +3,7 @@
 // variant resolution check):
 //   DecodeFp8Gpu        PagedDecodeAttention over e4m3 pools vs cpu::PagedDecodeAttention (fp8):
 //                       the CTA kernel (splits 1, auto, 16) and the warp-item kernel (grid caps)
-//   DecodeFp8GpuMany    many ragged sequences: the automatic choice is the warp-item kernel
+//   DecodeFp8GpuMany    many ragged sequences: the warp-item kernel, the automatic choice
 //   PrefillFp8Gpu       PagedPrefillAttention kNaive / kMma / kBest vs cpu::PagedPrefillAttention
 //   AppendKvFp8Gpu      AppendKv codes bit-exact vs F32ToE4m3(float(x) / scale) and cpu::AppendKv
 //   RopeAppendKvFp8Gpu  RopeAppendKv(fp8) vs the same kernel writing a bf16 / fp16 cache
@@ -336,33 +336,26 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
   }
   // The persistent warp-item kernel (v4): its grid capped so that each warp walks several of the
   // 2·9 ragged items (1 CTA: 4 warps × 4-5 items, the 1- and 2-key items included, so its
-  // pipeline crosses item boundaries with cursors several items apart), and uncapped (a warp
-  // per item); both occupancy configs. Bit-identical on a repeat.
-  struct ItemsRun {
-    cuda::DecodeKernelChoice choice;
-    int max_ctas;
-  };
+  // pipeline crosses item boundaries with cursors several items apart; 2 CTAs), and uncapped
+  // (a warp per item). Bit-identical on a repeat.
   std::vector<uint16_t> first_items;
-  for (const ItemsRun r : {ItemsRun{cuda::DecodeKernelChoice::kWarpItems, 1},
-                           ItemsRun{cuda::DecodeKernelChoice::kWarpItems, 1},
-                           ItemsRun{cuda::DecodeKernelChoice::kWarpItems3, 2},
-                           ItemsRun{cuda::DecodeKernelChoice::kWarpItems, 0}}) {
+  for (const int max_ctas : {1, 1, 2, 0}) {
     LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
     cuda::DecodeLaunchInfo info;
-    cuda::PagedDecodeAttention(p, 0, ws.p, ws_bytes, nullptr, &info, r.choice, r.max_ctas);
+    cuda::PagedDecodeAttention(p, 0, ws.p, ws_bytes, nullptr, &info,
+                               cuda::DecodeKernelChoice::kWarpItems, max_ctas);
     const std::vector<uint16_t> got = dout.Download<uint16_t>();
-    const std::string what = CaseName(c) + " warp items (" +
-                             (r.choice == cuda::DecodeKernelChoice::kWarpItems3 ? "3" : "4") +
-                             " CTAs/SM, grid cap " + std::to_string(r.max_ctas) + ")";
+    const std::string what =
+        CaseName(c) + " warp items (grid cap " + std::to_string(max_ctas) + ")";
     CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
     EXPECT_TRUE(info.warp_items) << what;
     EXPECT_EQ(info.num_splits, 1) << what;
-    if (r.max_ctas > 0) {
-      EXPECT_EQ(info.num_ctas, r.max_ctas) << what;
+    if (max_ctas > 0) {
+      EXPECT_EQ(info.num_ctas, max_ctas) << what;
     }
     if (first_items.empty()) {
       first_items = got;
-    } else if (r.max_ctas == 1) {
+    } else if (max_ctas == 1) {
       EXPECT_TRUE(first_items == got) << what << ": a repeated call is not bit-identical";
     }
   }
@@ -373,10 +366,10 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
       << "split arrival counters left non-zero";
 }
 
-// Many sequences (32 (sequence, KV head) items per SM, ragged 1 … 200 keys): the automatic
-// choice is the warp-item kernel, at its full grid (16 warps per SM: each walks 2 items);
-// checked against the CPU like the CTA kernel forced on the same batch.
-TEST(DecodeFp8GpuMany, AutoRunsWarpItemsOverManySequences) {
+// Many sequences (32 (sequence, KV head) items per SM, ragged 1 … 200 keys): the warp-item
+// kernel at its full grid (12 warps per SM: each walks 2-3 items, ragged) and the automatic
+// choice (the CTA kernel), both against the CPU.
+TEST(DecodeFp8GpuMany, WarpItemsOverManySequences) {
   std::string why;
   if (NoGpu(&why)) GTEST_SKIP() << "no GPU, fp8 KV decode attention test skipped: " << why;
   const int64_t num_kv_heads = 4, group = 2, num_heads = num_kv_heads * group, hd = 128;
@@ -407,14 +400,15 @@ TEST(DecodeFp8GpuMany, AutoRunsWarpItemsOverManySequences) {
   cuda::AttentionParams p = dev.Params(pools, num_seqs, num_heads, scale, DType::kBF16, sc);
   p.max_q_len = 1;
   p.max_num_keys = 200;
-  for (const auto choice : {cuda::DecodeKernelChoice::kAuto, cuda::DecodeKernelChoice::kCta}) {
+  for (const auto choice :
+       {cuda::DecodeKernelChoice::kWarpItems, cuda::DecodeKernelChoice::kAuto}) {
     LLM_CUDA_CHECK(cudaMemset(dev.out.p, 0xff, dev.out.bytes));
     cuda::DecodeLaunchInfo info;
     cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr, &info, choice);
-    const bool auto_choice = choice == cuda::DecodeKernelChoice::kAuto;
+    const bool items = choice == cuda::DecodeKernelChoice::kWarpItems;
     const std::string what = std::to_string(num_seqs) + " sequences, " +
-                             (auto_choice ? "automatic choice" : "CTA kernel");
-    EXPECT_EQ(info.warp_items, auto_choice) << what;
+                             (items ? "warp-item kernel" : "automatic choice");
+    EXPECT_EQ(info.warp_items, items) << what;
     CheckAttention(dev.out.Download<uint16_t>(), ref, DType::kBF16, cu, num_heads * hd, what);
   }
 }
