@@ -519,14 +519,15 @@ bool Validate(bool fp8) {
   // splits 1, auto, 8 on the CTA kernel; fp8 also the warp-item kernel (-1: one CTA, 4 warps
   // walking the 24 items; -2: 2 CTAs).
   std::vector<int> runs = {1, 0, 8};
-  if (fp8) runs.insert(runs.end(), {-1, -2});
+  if (fp8) runs.insert(runs.end(), {-1, -2, -11, -12});  // -1x: the transposed step
   for (int splits : runs) {
     LLM_CUDA_CHECK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN poison
     llm::cuda::DecodeLaunchInfo info;
     using Choice = llm::cuda::DecodeKernelChoice;
-    const Choice choice = splits < 0 ? Choice::kWarpItems : Choice::kCta;
+    const Choice choice = splits < -10 ? Choice::kWarpItemsT
+                          : splits < 0 ? Choice::kWarpItems : Choice::kCta;
     llm::cuda::PagedDecodeAttention(p, std::max(splits, 0), ws, ws_bytes, nullptr, &info, choice,
-                                    std::max(-splits, 0));
+                                    splits < 0 ? -splits % 10 : 0);
     std::vector<uint16_t> got(qb.size());
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
     float err = 0;
@@ -687,6 +688,7 @@ int main(int argc, char** argv) {
       if (split) run("v3-nosplit", 1);
       if (fp8) {
         run("v4-items", 1, llm::cuda::DecodeKernelChoice::kWarpItems);
+        run("v4-itemsT", 1, llm::cuda::DecodeKernelChoice::kWarpItemsT);
       }
     }
   }

@@ -460,6 +460,114 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
   }
 }
 
+// ---- the transposed per-warp step (fp8, GQA groups <= 8) ---------------------------------
+// S^T[16 keys × 8 heads] = K · Q^T and O^T[D × 8 heads] += V^T · P^T: the keys (and head dims)
+// take the mma's M = 16 rows and the query heads its N = 8 columns, so a group of <= 8 heads
+// pads to 8 instead of 16: per 16 keys 8 + 8 mma instead of 16 + 16 (head_dim 128), 32 fp32
+// accumulators instead of 64 and a 16-register Q^T fragment instead of 32.
+//  - A = K from the same ldmatrix (non-transposed, fp8 pairs) as WarpKeysStep: thread (g, c)
+//    gets key g (and g + 8) × codes 4c..4c+3 of a 16-dim chunk, i.e. with the permuted head
+//    dims (logical 2c, 2c+1 = physical 4c, 4c+1; 2c+8, 2c+9 = 4c+2, 4c+3) exactly the A
+//    fragment {key g lo, key g+8 lo, key g hi, key g+8 hi}.
+//  - B = Q^T: b0 / b1 = Q[head g][physical 16ks + 4c + {0,1} / {2,3}] (0 for heads >= group).
+//  - S^T accumulators: keys g / g + 8 × heads 2c, 2c + 1. The softmax state is per head: m, l
+//    for heads 2c and 2c + 1, reduced over the keys across lanes of equal c (xor 4, 8, 16).
+//  - P^T as the B operand of the second mma: the 8x8 blocks {keys 0-7, 8-15} × heads, packed to
+//    fp16 pairs, are transposed in registers by movmatrix: thread (g, c) then holds keys 2c,
+//    2c+1 (+ 8) of head g, the B fragment.
+//  - A = V^T from WarpKeysStep's ldmatrix.trans + byte permute: rows g / g + 8 of the m16 tile
+//    of chunk h are its dims 2g / 2g + 1 (even / odd), keys 2c.. / 2c+8.. as k.
+//  - O^T accumulators o[h]: dims 16h + 2g (elements 0, 1) and 16h + 2g + 1 (2, 3) × heads 2c,
+//    2c + 1 (elements 0, 2 / 1, 3).
+__device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void LoadQTFragment(const KernelArgs& a, int seq, int kv_head, int lane,
+                                               uint32_t (&qb)[D / 16][2]) {
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  const T* q_head =
+      static_cast<const T*>(a.q) + (int64_t(seq) * a.num_heads + kv_head * a.group + g) * D;
+  const uint32_t* row = reinterpret_cast<const uint32_t*>(q_head);
+  const bool has = g < a.group;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    qb[s][0] = has ? ToMmaPair<T, __half>(row[(16 * s + 4 * c) / 2]) : 0u;
+    qb[s][1] = has ? ToMmaPair<T, __half>(row[(16 * s + 4 * c + 2) / 2]) : 0u;
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], uint32_t k_tile,
+                                              uint32_t v_tile, int lane, int warp_row,
+                                              int warp_key0, int key_end, float scale_log2,
+                                              float (&m)[2], float (&l)[2],
+                                              float (&o)[D / 16][4]) {
+  const int g = lane >> 2;
+  const int row8 = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);  // as WarpKeysStep's k8_row
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    uint32_t b[4];
+    LdMatrixX4(b, k_tile + SwizzledOffsetFp8<D>(row8, 2 * j + (lane >> 4)));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t lo0, hi0, lo1, hi1;
+      E4m3x4ToHalf2x2(b[2 * h], lo0, hi0);      // key g
+      E4m3x4ToHalf2x2(b[2 * h + 1], lo1, hi1);  // key g + 8
+      const uint32_t ka[4] = {lo0, lo1, hi0, hi1};
+      Mma<__half>(s, ka, qb[2 * j + h][0], qb[2 * j + h][1]);
+    }
+  }
+  // Online softmax per head (r = 0, 1: heads 2c, 2c + 1), keys g (s[r]) and g + 8 (s[2 + r]).
+  const bool vis0 = warp_key0 + g < key_end, vis1 = warp_key0 + g + 8 < key_end;
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    s[r] = vis0 ? s[r] * scale_log2 : -INFINITY;
+    s[2 + r] = vis1 ? s[2 + r] * scale_log2 : -INFINITY;
+    float t = Max(s[r], s[2 + r]);
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 4));
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 8));
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 16));
+    const float m_new = Max(m[r], t);
+    alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+    m[r] = m_new;
+    const float off = m_new == -INFINITY ? 0.f : m_new;
+    s[r] = exp2f(s[r] - off);
+    s[2 + r] = exp2f(s[2 + r] - off);
+    l[r] = l[r] * alpha[r] + s[r] + s[2 + r];
+  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int h = 0; h < D / 16; ++h) {
+      o[h][0] *= alpha[0];
+      o[h][1] *= alpha[1];
+      o[h][2] *= alpha[0];
+      o[h][3] *= alpha[1];
+    }
+  }
+  const uint32_t pb0 = MovMatrixTrans(Pack2<__half>(s[0], s[1]));  // keys 2c, 2c+1 of head g
+  const uint32_t pb1 = MovMatrixTrans(Pack2<__half>(s[2], s[3]));  // keys 2c+8, 2c+9
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    uint32_t b[4];
+    LdMatrixX4Trans(b, v_tile + SwizzledOffsetFp8<D>(row8, 2 * j + (lane >> 4)));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t even0, odd0, even1, odd1;  // keys 2c.. (b[2h]) and 8 + 2c.. (b[2h + 1])
+      E4m3x4ToHalf2x2(__byte_perm(b[2 * h], 0u, 0x3120u), even0, odd0);
+      E4m3x4ToHalf2x2(__byte_perm(b[2 * h + 1], 0u, 0x3120u), even1, odd1);
+      const uint32_t va[4] = {even0, odd0, even1, odd1};
+      Mma<__half>(o[2 * j + h], va, pb0, pb1);
+    }
+  }
+}
+
 // ---- the attention kernel ---------------------------------------------------------------
 // Tiles [begin, begin + count) of `total` that split `split` of `splits` owns: balanced, the
 // first total % splits splits take one tile more, so chunk sizes differ by at most one and the
@@ -843,7 +951,8 @@ struct ItemsTraits : DecodeTraits<D, true> {
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
 };
 
-template <typename T, int D, int kWarpsPerCta, int kCtasPerSm, int kStages>
+// kT: the transposed step (WarpKeysStepT; GQA groups <= 8), else WarpKeysStep.
+template <typename T, int D, int kWarpsPerCta, int kCtasPerSm, int kStages, bool kT>
 __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
     DecodeItemsKernel(const __grid_constant__ KernelArgs a) {
   using Tr = ItemsTraits<D, kWarpsPerCta, kStages>;
@@ -907,14 +1016,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
 
   const int g = lane >> 2;
   const int c = lane & 3;
-  uint32_t qa[Tr::kKSteps][4];
-  float m[2], l[2], o[Tr::kNTiles][4];
+  constexpr int kOTiles = kT ? D / 16 : Tr::kNTiles;
+  uint32_t qa[Tr::kKSteps][kT ? 2 : 4];
+  float m[2], l[2], o[kOTiles][4];
   auto begin_item = [&] {
-    LoadQFragment<T, D, true>(a, cc.item / a.num_kv_heads, cc.item % a.num_kv_heads, lane, qa);
+    if constexpr (kT) {
+      LoadQTFragment<T, D>(a, cc.item / a.num_kv_heads, cc.item % a.num_kv_heads, lane, qa);
+    } else {
+      LoadQFragment<T, D, true>(a, cc.item / a.num_kv_heads, cc.item % a.num_kv_heads, lane, qa);
+    }
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.f;
 #pragma unroll
-    for (int n = 0; n < Tr::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   };
   begin_item();
 
@@ -926,8 +1040,13 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
     CpAsyncCommit();
 
     const uint32_t k_tile = stage_k(t);
-    WarpKeysStep<T, D, true>(qa, k_tile, k_tile + Tr::kTileBytes, lane, warp_row,
-                             cc.chunk * kKeys, cc.num_keys, a.scale_log2, m, l, o);
+    if constexpr (kT) {
+      WarpKeysStepT<D>(qa, k_tile, k_tile + Tr::kTileBytes, lane, warp_row, cc.chunk * kKeys,
+                       cc.num_keys, a.scale_log2, m, l, o);
+    } else {
+      WarpKeysStep<T, D, true>(qa, k_tile, k_tile + Tr::kTileBytes, lane, warp_row,
+                               cc.chunk * kKeys, cc.num_keys, a.scale_log2, m, l, o);
+    }
     if ((cc.chunk + 1) * kKeys < cc.num_keys) {
       ++cc.chunk;
       continue;
@@ -938,21 +1057,39 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
     const int seq = cc.item / a.num_kv_heads;
     T* out = static_cast<T*>(a.out) +
              (int64_t(seq) * a.num_heads + (cc.item % a.num_kv_heads) * a.group) * D;
+    if constexpr (kT) {
+      // Heads 2c + r: o[h][r] (dim 16h + 2g) and o[h][2 + r] (dim 16h + 2g + 1).
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-      const int row = g + 8 * r;
-      if (row >= a.group) continue;
-      const float scale = (l[r] > 0.f ? 1.f / l[r] : 0.f) * a.out_scale;
+      for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+        const int head = 2 * c + r;
+        if (head >= a.group) continue;
+        const float scale = (l[r] > 0.f ? 1.f / l[r] : 0.f) * a.out_scale;
 #pragma unroll
-      for (int h = 0; h < Tr::kNTiles / 2; ++h) {
-        const float* e = o[2 * h];
-        const float* f = o[2 * h + 1];
-        uint2 packed;
-        packed.x = Pack2<T>(e[2 * r] * scale, f[2 * r] * scale);
-        packed.y = Pack2<T>(e[2 * r + 1] * scale, f[2 * r + 1] * scale);
-        *reinterpret_cast<uint2*>(out + row * D + 16 * h + 4 * c) = packed;
+        for (int h = 0; h < D / 16; ++h) {
+          *reinterpret_cast<uint32_t*>(out + head * D + 16 * h + 2 * g) =
+              Pack2<T>(o[h][r] * scale, o[h][2 + r] * scale);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const int row = g + 8 * r;
+        if (row >= a.group) continue;
+        const float scale = (l[r] > 0.f ? 1.f / l[r] : 0.f) * a.out_scale;
+#pragma unroll
+        for (int h = 0; h < Tr::kNTiles / 2; ++h) {
+          const float* e = o[2 * h];
+          const float* f = o[2 * h + 1];
+          uint2 packed;
+          packed.x = Pack2<T>(e[2 * r] * scale, f[2 * r] * scale);
+          packed.y = Pack2<T>(e[2 * r + 1] * scale, f[2 * r + 1] * scale);
+          *reinterpret_cast<uint2*>(out + row * D + 16 * h + 4 * c) = packed;
+        }
       }
     }
     AdvanceCursor(a, cc, stride, num_items, kKeys);
@@ -972,10 +1109,10 @@ struct CtaCfg {
   using Tr = DecodeTraits<D, kFp8>;
   static constexpr auto kKernel = DecodeKernel<T, D, kFp8>;
 };
-template <typename T, int D, int kWarps, int kCtas, int kStages>
+template <typename T, int D, int kWarps, int kCtas, int kStages, bool kT>
 struct ItemsCfg {
   using Tr = ItemsTraits<D, kWarps, kStages>;
-  static constexpr auto kKernel = DecodeItemsKernel<T, D, kWarps, kCtas, kStages>;
+  static constexpr auto kKernel = DecodeItemsKernel<T, D, kWarps, kCtas, kStages, kT>;
 };
 
 // Opts the kernel of Cfg into its dynamic shared memory once per device (a function attribute
@@ -1055,15 +1192,20 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
   int64_t num_ctas = 0;
   if constexpr (kFp8) {
     // Only when asked for (kWarpItems): slower than DecodeKernel on every measured shape.
-    warp_items = choice == DecodeKernelChoice::kWarpItems;
-    if (warp_items) {
-      using Cfg = ItemsCfg<T, D, 4, 3, 3>;
+    warp_items = choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItemsT;
+    auto launch = [&](auto cfg) {
+      using Cfg = decltype(cfg);
       ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
       num_ctas = std::min<int64_t>((items + Cfg::Tr::kWarps - 1) / Cfg::Tr::kWarps,
                                    int64_t(NumSms()) * ctas_per_sm);
       if (items_max_ctas > 0) num_ctas = std::min<int64_t>(num_ctas, items_max_ctas);
       args.num_splits = 1;
       LaunchCfg<Cfg>(args, num_ctas, stream);
+    };
+    if (choice == DecodeKernelChoice::kWarpItemsT && args.group <= 8) {
+      launch(ItemsCfg<T, D, 4, 4, 3, true>{});
+    } else if (warp_items) {
+      launch(ItemsCfg<T, D, 4, 3, 3, false>{});
     }
   }
   if (!warp_items) {
@@ -1176,7 +1318,8 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   if (num_splits < 0) {
     throw std::invalid_argument("PagedDecodeAttention: num_splits " + std::to_string(num_splits));
   }
-  const bool force_items = choice == DecodeKernelChoice::kWarpItems;
+  const bool force_items =
+      choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItemsT;
   if (force_items && !p.kv_format.fp8) {
     throw std::invalid_argument("PagedDecodeAttention: the warp-item kernel reads fp8 caches only");
   }

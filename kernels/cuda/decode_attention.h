@@ -32,7 +32,9 @@ struct DecodeLaunchInfo {
 // every shape measured (bench/RESULTS.md), so only a caller that asks for it gets it.
 // items_max_ctas > 0 caps the warp-item kernel's grid (default: every resident slot, at most one
 // warp per item), so that tests can give each warp several items of a small batch.
-enum class DecodeKernelChoice { kAuto, kCta, kWarpItems };
+// kWarpItemsT: the same with the transposed per-warp step (keys as the mma's M, at most 8
+// query heads as its N; groups > 8 run kWarpItems), 4 CTAs per SM.
+enum class DecodeKernelChoice { kAuto, kCta, kWarpItems, kWarpItemsT };
 
 // The split workspace. Its first kDecodeCounterBytes hold one uint32 arrival counter per
 // (sequence, KV head) (at most kDecodeMaxCounters of them, so a split call needs

@@ -338,25 +338,29 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
   // 2·9 ragged items (1 CTA: 4 warps × 4-5 items, the 1- and 2-key items included, so its
   // pipeline crosses item boundaries with cursors several items apart; 2 CTAs), and uncapped
   // (a warp per item). Bit-identical on a repeat.
-  std::vector<uint16_t> first_items;
-  for (const int max_ctas : {1, 1, 2, 0}) {
-    LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
-    cuda::DecodeLaunchInfo info;
-    cuda::PagedDecodeAttention(p, 0, ws.p, ws_bytes, nullptr, &info,
-                               cuda::DecodeKernelChoice::kWarpItems, max_ctas);
-    const std::vector<uint16_t> got = dout.Download<uint16_t>();
-    const std::string what =
-        CaseName(c) + " warp items (grid cap " + std::to_string(max_ctas) + ")";
-    CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
-    EXPECT_TRUE(info.warp_items) << what;
-    EXPECT_EQ(info.num_splits, 1) << what;
-    if (max_ctas > 0) {
-      EXPECT_EQ(info.num_ctas, max_ctas) << what;
-    }
-    if (first_items.empty()) {
-      first_items = got;
-    } else if (max_ctas == 1) {
-      EXPECT_TRUE(first_items == got) << what << ": a repeated call is not bit-identical";
+  // Both per-warp steps: kWarpItems and kWarpItemsT (transposed; group 16 runs kWarpItems).
+  for (const auto choice :
+       {cuda::DecodeKernelChoice::kWarpItems, cuda::DecodeKernelChoice::kWarpItemsT}) {
+    std::vector<uint16_t> first_items;
+    for (const int max_ctas : {1, 1, 2, 0}) {
+      LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
+      cuda::DecodeLaunchInfo info;
+      cuda::PagedDecodeAttention(p, 0, ws.p, ws_bytes, nullptr, &info, choice, max_ctas);
+      const std::vector<uint16_t> got = dout.Download<uint16_t>();
+      const std::string what = CaseName(c) +
+                               (choice == cuda::DecodeKernelChoice::kWarpItemsT ? " T" : "") +
+                               " warp items (grid cap " + std::to_string(max_ctas) + ")";
+      CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
+      EXPECT_TRUE(info.warp_items) << what;
+      EXPECT_EQ(info.num_splits, 1) << what;
+      if (max_ctas > 0) {
+        EXPECT_EQ(info.num_ctas, max_ctas) << what;
+      }
+      if (first_items.empty()) {
+        first_items = got;
+      } else if (max_ctas == 1) {
+        EXPECT_TRUE(first_items == got) << what << ": a repeated call is not bit-identical";
+      }
     }
   }
   std::vector<uint32_t> counters(cuda::kDecodeMaxCounters);
@@ -400,14 +404,18 @@ TEST(DecodeFp8GpuMany, WarpItemsOverManySequences) {
   cuda::AttentionParams p = dev.Params(pools, num_seqs, num_heads, scale, DType::kBF16, sc);
   p.max_q_len = 1;
   p.max_num_keys = 200;
-  for (const auto choice :
-       {cuda::DecodeKernelChoice::kWarpItems, cuda::DecodeKernelChoice::kAuto}) {
+  for (const auto choice : {cuda::DecodeKernelChoice::kWarpItems,
+                            cuda::DecodeKernelChoice::kWarpItemsT,
+                            cuda::DecodeKernelChoice::kAuto}) {
     LLM_CUDA_CHECK(cudaMemset(dev.out.p, 0xff, dev.out.bytes));
     cuda::DecodeLaunchInfo info;
     cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr, &info, choice);
-    const bool items = choice == cuda::DecodeKernelChoice::kWarpItems;
+    const bool items = choice != cuda::DecodeKernelChoice::kAuto;
     const std::string what = std::to_string(num_seqs) + " sequences, " +
-                             (items ? "warp-item kernel" : "automatic choice");
+                             (items ? (choice == cuda::DecodeKernelChoice::kWarpItemsT
+                                           ? "transposed warp-item kernel"
+                                           : "warp-item kernel")
+                                    : "automatic choice");
     EXPECT_EQ(info.warp_items, items) << what;
     CheckAttention(dev.out.Download<uint16_t>(), ref, DType::kBF16, cu, num_heads * hd, what);
   }
