@@ -1191,7 +1191,16 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
   int ctas_per_sm = 0;
   int64_t num_ctas = 0;
   if constexpr (kFp8) {
-    // Only when asked for (kWarpItems): slower than DecodeKernel on every measured shape.
+    // kWarpItems (WarpKeysStep) only when asked for: slower than DecodeKernel everywhere.
+    // kWarpItemsT also by default (kAuto) for groups <= 8 when no split is used and the items
+    // fill 3/4 of its resident warps: 0.87-0.92 of copy at 256-1024 sequences × 1-2k keys,
+    // where DecodeKernel reaches 0.78-0.83 (bench/RESULTS.md, "Decode attention v4T").
+    using CfgT = ItemsCfg<T, D, 4, 4, 3, true>;
+    const bool auto_t = choice == DecodeKernelChoice::kAuto && num_splits == 1 &&
+                        args.group <= 8 &&
+                        4 * items >= 3 * int64_t(NumSms()) * PrepareKernel<CfgT>().ctas_per_sm *
+                                         CfgT::Tr::kWarps;
+    if (auto_t) choice = DecodeKernelChoice::kWarpItemsT;
     warp_items = choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItemsT;
     auto launch = [&](auto cfg) {
       using Cfg = decltype(cfg);
@@ -1203,7 +1212,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
       LaunchCfg<Cfg>(args, num_ctas, stream);
     };
     if (choice == DecodeKernelChoice::kWarpItemsT && args.group <= 8) {
-      launch(ItemsCfg<T, D, 4, 4, 3, true>{});
+      launch(CfgT{});
     } else if (warp_items) {
       launch(ItemsCfg<T, D, 4, 3, 3, false>{});
     }

@@ -25,11 +25,14 @@ struct DecodeLaunchInfo {
   bool warp_items = false;  // the persistent warp-item kernel ran (fp8; see below)
 };
 
-// Which decode kernel runs. kAuto and kCta: the CTA-per-(sequence, KV head, split) kernel
-// (DecodeKernel). kWarpItems (fp8 caches only; never splits): the persistent warp-item kernel
-// (v4, decode_attention.cu), in which every warp walks whole (sequence, KV head) items through
-// one pipeline across item boundaries. It is correct (tested like DecodeKernel) but slower on
-// every shape measured (bench/RESULTS.md), so only a caller that asks for it gets it.
+// Which decode kernel runs. kCta: the CTA-per-(sequence, KV head, split) kernel (DecodeKernel).
+// kWarpItems (fp8 caches only; never splits): the persistent warp-item kernel (v4,
+// decode_attention.cu), in which every warp walks whole (sequence, KV head) items through one
+// pipeline across item boundaries; with DecodeKernel's per-warp step it is slower than
+// DecodeKernel on every shape measured (bench/RESULTS.md), so only a caller that asks gets it.
+// kAuto: DecodeKernel, except for fp8 caches with GQA groups <= 8, no split, and (sequence, KV
+// head) items filling at least 3/4 of the GPU's resident warps (many medium sequences: a
+// throughput run's decode steps), which run kWarpItemsT.
 // items_max_ctas > 0 caps the warp-item kernel's grid (default: every resident slot, at most one
 // warp per item), so that tests can give each warp several items of a small batch.
 // kWarpItemsT: the same with the transposed per-warp step (keys as the mma's M, at most 8
