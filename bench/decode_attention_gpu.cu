@@ -642,11 +642,18 @@ int main(int argc, char** argv) {
   if (sanitize_small) {  // one small shape, a few launches per variant, checks on
     for (const bool fp8 : kvs) {
       Problem prob(Shape{2, 1000}, 0, fp8);
-      for (int splits : {0, 1, 7, -1}) {  // -1: the warp-item kernel (fp8)
+      // -1 / -2: the warp-item kernel / its transposed step; -7: the CTA kernel with the
+      // automatic step (fp8: the transposed one) at 7 splits (fp8 only, all of them).
+      for (int splits : {0, 1, 7, -1, -2, -7}) {
         if (splits < 0 && !fp8) continue;
-        prob.choice = splits < 0 ? llm::cuda::DecodeKernelChoice::kWarpItems
-                                 : llm::cuda::DecodeKernelChoice::kCta;
-        const Result r = prob.Time(splits < 0 ? "v4-items" : "v3", std::max(splits, 0), 2, false);
+        using Choice = llm::cuda::DecodeKernelChoice;
+        prob.choice = splits == -1   ? Choice::kWarpItems
+                      : splits == -2 ? Choice::kWarpItemsT
+                      : splits == -7 ? Choice::kAuto
+                                     : Choice::kCta;
+        const char* name = splits == -1 ? "v4-items" : splits == -2 ? "v4-itemsT"
+                           : splits == -7 ? "auto" : "v3";
+        const Result r = prob.Time(name, splits == -7 ? 7 : std::max(splits, 0), 2, false);
         const bool pass = r.rel_err <= 2e-2f;
         ok = ok && pass;
         std::printf("sanitize-small 2x1000 kv=%s %s splits=%d (used %d): rel_err %.3g: %s\n",
@@ -687,6 +694,7 @@ int main(int argc, char** argv) {
                                                            kHeadDim, 128) > 1;
       if (split) run("v3-nosplit", 1);
       if (fp8) {
+        run("auto", 0, llm::cuda::DecodeKernelChoice::kAuto);
         run("v4-items", 1, llm::cuda::DecodeKernelChoice::kWarpItems);
         run("v4-itemsT", 1, llm::cuda::DecodeKernelChoice::kWarpItemsT);
       }

@@ -593,10 +593,13 @@ __device__ __forceinline__ void SplitTiles(int total, int splits, int split, int
 //    n8 tile of the output) and for dim 2g + 1 (an "odd" one). The output columns are thus
 //    permuted as well: tile (chunk h, parity p) column n is dim 16h + 2n + p; the epilogue
 //    undoes it.
-template <typename T, int D, bool kFp8>
+// kT (fp8, GQA groups <= 8): each warp's 16 keys go through WarpKeysStepT (keys as the mma's M,
+// the heads as its N); its state is per head (2c, 2c + 1) and its accumulators O^T.
+template <typename T, int D, bool kFp8, bool kT = false>
 __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
                                   DecodeTraits<D, kFp8>::kMinCtasPerSm)
     DecodeKernel(const __grid_constant__ KernelArgs a) {
+  static_assert(!kT || kFp8, "the transposed step reads fp8 tiles");
   using Tr = DecodeTraits<D, kFp8>;
   using M = std::conditional_t<kFp8, __half, T>;  // the tensor-core operand type
   extern __shared__ __align__(128) unsigned char smem[];
@@ -632,8 +635,12 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
 
   const int g = lane >> 2;
   const int c = lane & 3;
-  uint32_t qa[Tr::kKSteps][4];
-  LoadQFragment<T, D, kFp8>(a, seq, kv_head, lane, qa);
+  uint32_t qa[Tr::kKSteps][kT ? 2 : 4];
+  if constexpr (kT) {
+    LoadQTFragment<T, D>(a, seq, kv_head, lane, qa);
+  } else {
+    LoadQFragment<T, D, kFp8>(a, seq, kv_head, lane, qa);
+  }
 
   // This CTA's key range: whole 64-key tiles [tile_begin, tile_begin + num_tiles).
   const int num_keys = a.context_lens[seq] + 1;
@@ -707,9 +714,10 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   // partial sum over its key columns (the quad's partials are added at the end).
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
-  float o[Tr::kNTiles][4];
+  constexpr int kOTiles = kT ? D / 16 : Tr::kNTiles;
+  float o[kOTiles][4];
 #pragma unroll
-  for (int n = 0; n < Tr::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   const int warp_row = warp * Tr::kKeysPerWarp;
 
@@ -724,9 +732,14 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     const uint32_t k_tile = SmemAddr(kv_smem + stage * Tr::kStageBytes);
     const uint32_t v_tile = k_tile + Tr::kTileElems * Tr::kElemBytes;
 
-    WarpKeysStep<T, D, kFp8>(qa, k_tile, v_tile, lane, warp_row,
-                             key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m,
-                             l, o);
+    if constexpr (kT) {
+      WarpKeysStepT<D>(qa, k_tile, v_tile, lane, warp_row,
+                       key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m, l, o);
+    } else {
+      WarpKeysStep<T, D, kFp8>(qa, k_tile, v_tile, lane, warp_row,
+                               key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m,
+                               l, o);
+    }
   }
 
   // ---- epilogue: merge the 4 warps' states, then write the output or the split partial ----
@@ -735,19 +748,41 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   __shared__ float red_m[Tr::kWarps][Tr::kRows];
   __shared__ float red_l[Tr::kWarps][Tr::kRows];
   float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kRedStride]
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  if (c == 0) {
-    red_m[warp][g] = m[0];
-    red_l[warp][g] = l[0];
-    red_m[warp][g + 8] = m[1];
-    red_l[warp][g + 8] = l[1];
-  }
   float* my_o = red_o + warp * Tr::kRows * Tr::kRedStride;
-  if constexpr (kFp8) {
+  if constexpr (kT) {
+    // Heads 2c + r (rows of the merge): l summed over the keys' lanes (xor 4, 8, 16); o[h][r]
+    // and o[h][2 + r] are dims 16h + 2g and 16h + 2g + 1. Rows 8..15 stay unwritten (group <= 8).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+      if (g == 0) {
+        red_m[warp][2 * c + r] = m[r];
+        red_l[warp][2 * c + r] = l[r];
+      }
+#pragma unroll
+      for (int h = 0; h < D / 16; ++h) {
+        *reinterpret_cast<float2*>(my_o + (2 * c + r) * Tr::kRedStride + 16 * h + 2 * g) =
+            make_float2(o[h][r], o[h][2 + r]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    if (c == 0) {
+      red_m[warp][g] = m[0];
+      red_l[warp][g] = l[0];
+      red_m[warp][g + 8] = m[1];
+      red_l[warp][g + 8] = l[1];
+    }
+  }
+  if constexpr (kT) {
+    // (written above)
+  } else if constexpr (kFp8) {
     // Undo the output permutation: tiles 2h and 2h + 1 (chunk h, parity 0 / 1) hold dims
     // 16h + 4c + {0, 2} and + {1, 3} of rows g (elements 0, 1) and g + 8 (2, 3).
 #pragma unroll
@@ -1104,10 +1139,10 @@ struct KernelInfo {
 };
 
 // The CTA kernel's launch configuration (PrepareKernel's Cfg; ItemsCfg is the warp-item one).
-template <typename T, int D, bool kFp8>
+template <typename T, int D, bool kFp8, bool kT = false>
 struct CtaCfg {
   using Tr = DecodeTraits<D, kFp8>;
-  static constexpr auto kKernel = DecodeKernel<T, D, kFp8>;
+  static constexpr auto kKernel = DecodeKernel<T, D, kFp8, kT>;
 };
 template <typename T, int D, int kWarps, int kCtas, int kStages, bool kT>
 struct ItemsCfg {
@@ -1218,12 +1253,24 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
     }
   }
   if (!warp_items) {
-    using Cfg = CtaCfg<T, D, kFp8>;
-    ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
     num_ctas = items * num_splits;
     if (num_ctas > 0x7fffffff) throw std::invalid_argument("PagedDecodeAttention: grid too large");
     args.num_splits = num_splits;
-    LaunchCfg<Cfg>(args, num_ctas, stream);
+    auto launch = [&](auto cfg) {
+      using Cfg = decltype(cfg);
+      ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
+      LaunchCfg<Cfg>(args, num_ctas, stream);
+    };
+    // fp8, groups <= 8: the transposed step unless kCta asks for the original one.
+    if constexpr (kFp8) {
+      if (args.group <= 8 && choice != DecodeKernelChoice::kCta) {
+        launch(CtaCfg<T, D, true, true>{});
+      } else {
+        launch(CtaCfg<T, D, true>{});
+      }
+    } else {
+      launch(CtaCfg<T, D, false>{});
+    }
   }
   if (info != nullptr) {
     info->num_splits = warp_items ? 1 : num_splits;

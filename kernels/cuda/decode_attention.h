@@ -25,7 +25,10 @@ struct DecodeLaunchInfo {
   bool warp_items = false;  // the persistent warp-item kernel ran (fp8; see below)
 };
 
-// Which decode kernel runs. kCta: the CTA-per-(sequence, KV head, split) kernel (DecodeKernel).
+// Which decode kernel runs. kCta: the CTA-per-(sequence, KV head, split) kernel (DecodeKernel)
+// with its original per-warp step (query heads as the mma's 16 rows). kAuto's DecodeKernel, for
+// fp8 caches with GQA groups <= 8, uses the transposed step instead (keys as the rows, <= 8
+// heads as the columns: half the mma instructions and accumulators).
 // kWarpItems (fp8 caches only; never splits): the persistent warp-item kernel (v4,
 // decode_attention.cu), in which every warp walks whole (sequence, KV head) items through one
 // pipeline across item boundaries; with DecodeKernel's per-warp step it is slower than

@@ -312,25 +312,30 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
   p.max_q_len = 1;
   p.max_num_keys = *std::max_element(num_keys.begin(), num_keys.end());
 
-  std::vector<uint16_t> first_many;
-  for (int splits : {1, 0, kManySplits, kManySplits}) {
-    LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));  // NaN in bf16 and fp16
-    cuda::DecodeLaunchInfo info;
-    cuda::PagedDecodeAttention(p, splits, ws.p, ws_bytes, nullptr, &info);
-    const std::vector<uint16_t> got = dout.Download<uint16_t>();
-    const std::string what = CaseName(c) + " splits " + std::to_string(splits) + " (used " +
-                             std::to_string(info.num_splits) + ")";
-    CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
-    EXPECT_FALSE(info.warp_items) << what << ": 18 items chose the warp-item kernel";
-    if (splits == 1) {
-      EXPECT_EQ(info.num_splits, 1) << what;
-    }
-    if (splits == kManySplits) {
-      EXPECT_EQ(info.num_splits, kManySplits) << what;  // 4999 keys: far more than 16 tiles
-      if (first_many.empty()) {
-        first_many = got;
-      } else {
-        EXPECT_TRUE(first_many == got) << what << ": a repeated call is not bit-identical";
+  // The CTA kernel with the automatic per-warp step (groups <= 8: the transposed one) and with
+  // the original one (kCta).
+  for (const auto choice : {cuda::DecodeKernelChoice::kAuto, cuda::DecodeKernelChoice::kCta}) {
+    std::vector<uint16_t> first_many;
+    for (int splits : {1, 0, kManySplits, kManySplits}) {
+      LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));  // NaN in bf16 and fp16
+      cuda::DecodeLaunchInfo info;
+      cuda::PagedDecodeAttention(p, splits, ws.p, ws_bytes, nullptr, &info, choice);
+      const std::vector<uint16_t> got = dout.Download<uint16_t>();
+      const std::string what =
+          CaseName(c) + (choice == cuda::DecodeKernelChoice::kCta ? " kCta" : "") + " splits " +
+          std::to_string(splits) + " (used " + std::to_string(info.num_splits) + ")";
+      CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
+      EXPECT_FALSE(info.warp_items) << what << ": 18 items chose the warp-item kernel";
+      if (splits == 1) {
+        EXPECT_EQ(info.num_splits, 1) << what;
+      }
+      if (splits == kManySplits) {
+        EXPECT_EQ(info.num_splits, kManySplits) << what;  // 4999 keys: far more than 16 tiles
+        if (first_many.empty()) {
+          first_many = got;
+        } else {
+          EXPECT_TRUE(first_many == got) << what << ": a repeated call is not bit-identical";
+        }
       }
     }
   }
