@@ -21,6 +21,9 @@
 //       across item boundaries, no cross-warp merge; 3 CTAs of 4 warps per SM. Slower than v3
 //       on every shape measured (RESULTS.md: per-warp instruction latency, not memory
 //       parallelism, bounds both), so opt-in only. v3 here is DecodeKernel (kCta).
+//   v4-itemsT / auto (fp8): the transposed per-warp step (keys as the mma's rows, heads as its
+//       columns) in the warp-item kernel (kWarpItemsT) / in DecodeKernel, which is what the
+//       automatic choice (kAuto, the "auto" rows) runs for fp8 caches with groups <= 8.
 //
 // KV cache formats (--kv, default both; every JSON line carries "kv"):
 //   bf16  the pools hold bf16 (2 B per K/V element), q/out bf16.

@@ -49,7 +49,15 @@
 // RESULTS.md, "FP8 KV cache on the H200"): a dequantize pass into an fp16 tile behind CTA
 // barriers ran at the bf16 time (1.00x: instruction- and latency-bound, not memory-bound);
 // registers-only conversion 0.66-0.76x; cvt fed register halves + lazy rescale 0.58-0.61x.
-// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} × {cache dtype, fp8} = 8.
+// FP8 with GQA groups <= 8 (the default there): the transposed per-warp step (WarpKeysStepT):
+// keys on the mma's M = 16 rows and the query heads on its N = 8 columns (S^T = K·Q^T, P^T
+// transposed into the B operand by movmatrix, O^T = V^T·P^T), half the mma instructions and fp32
+// accumulators of the step above, whose padded query rows wasted >= half of M. The fp8 decode was
+// bound by the per-warp instruction chain, not by bytes in flight (Nsight Compute; bench/
+// RESULTS.md "Decode attention v4 / v4T"): 64 × 16k went from 0.89 to 1.00 of copy, 512 × 1k
+// from 0.79 to 0.92.
+// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} × {cache dtype, fp8, fp8 transposed}
+// = 12, DecodeItemsKernel {bf16, fp16} × {64, 128} × {original, transposed step} = 8.
 //
 // Test: ninja -C build decode_attention_gpu_test && (cd build && ctest -L gpu -R decode_attention)
 // Bench: ninja -C build bench_decode_attention_gpu && ./build/bench_decode_attention_gpu
@@ -931,15 +939,15 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
 // item's last keys compute, its context length was loaded one item ahead, and its output
 // (normalised in registers; no cross-warp merge, the warp owns all of the item's keys) is
 // written with plain stores. The warp-level math is DecodeKernel's fp8 path (WarpKeysStep).
-// Measured on the H200 (bench/RESULTS.md, "Decode attention v4"): correct, but slower than
-// DecodeKernel on every shape (512 × 1k: 0.68 of copy vs 0.80). Nsight Compute shows why:
-// both kernels are bound by per-warp instruction latency at 12-16 warps per SM (DecodeKernel:
-// 58% SM throughput, 6.3 cycles between a warp's instructions, 35% of them fixed-latency
-// dependency stalls), not by bytes in flight; this kernel's extra registers (the three
-// cursors) cost either occupancy (3 CTAs per SM, 12 warps) or spills (4 CTAs: 232 bytes,
-// 0.55 of copy), and static item assignment leaves a ragged tail. Kept, tested, as the
-// persistent rung for a leaner per-warp step to build on (bench/RESULTS.md: K as the mma's A
-// operand, half the mma instructions and accumulator registers at GQA groups <= 8).
+// Measured on the H200 (bench/RESULTS.md, "Decode attention v4 / v4T"): correct, but with
+// WarpKeysStep slower than DecodeKernel on every shape (512 × 1k: 0.68 of copy vs 0.80).
+// Nsight Compute showed both bound by per-warp instruction latency at 12-16 warps per SM (58%
+// SM throughput, 35% fixed-latency dependency stalls), not by bytes in flight; this kernel's
+// three cursors cost registers (4 CTAs per SM spill 232 bytes: 0.55 of copy; so it runs 3).
+// That led to the transposed step (WarpKeysStepT, kT here: 112 registers at 4 CTAs per SM),
+// which lifted this kernel to 0.82-0.92 of copy, and DecodeKernel with the same step to
+// 0.92-0.97 on the same shapes: the wave boundaries this kernel removes cost little once the
+// step is lean. So both warp-item configurations are opt-in rungs (kWarpItems, kWarpItemsT).
 
 // A pipeline cursor over one warp's items: item (>= num_items: past the end), its key count,
 // the 16-key chunk within it, and the next item's key count, loaded one item ahead.
@@ -1226,16 +1234,8 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
   int ctas_per_sm = 0;
   int64_t num_ctas = 0;
   if constexpr (kFp8) {
-    // kWarpItems (WarpKeysStep) only when asked for: slower than DecodeKernel everywhere.
-    // kWarpItemsT also by default (kAuto) for groups <= 8 when no split is used and the items
-    // fill 3/4 of its resident warps: 0.87-0.92 of copy at 256-1024 sequences × 1-2k keys,
-    // where DecodeKernel reaches 0.78-0.83 (bench/RESULTS.md, "Decode attention v4T").
-    using CfgT = ItemsCfg<T, D, 4, 4, 3, true>;
-    const bool auto_t = choice == DecodeKernelChoice::kAuto && num_splits == 1 &&
-                        args.group <= 8 &&
-                        4 * items >= 3 * int64_t(NumSms()) * PrepareKernel<CfgT>().ctas_per_sm *
-                                         CfgT::Tr::kWarps;
-    if (auto_t) choice = DecodeKernelChoice::kWarpItemsT;
+    // The warp-item kernels only when asked for: DecodeKernel with the same per-warp step is
+    // faster on every shape measured (bench/RESULTS.md, "Decode attention v4 / v4T").
     warp_items = choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItemsT;
     auto launch = [&](auto cfg) {
       using Cfg = decltype(cfg);
@@ -1247,7 +1247,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
       LaunchCfg<Cfg>(args, num_ctas, stream);
     };
     if (choice == DecodeKernelChoice::kWarpItemsT && args.group <= 8) {
-      launch(CfgT{});
+      launch(ItemsCfg<T, D, 4, 4, 3, true>{});
     } else if (warp_items) {
       launch(ItemsCfg<T, D, 4, 3, 3, false>{});
     }
@@ -1261,7 +1261,8 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
       ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
       LaunchCfg<Cfg>(args, num_ctas, stream);
     };
-    // fp8, groups <= 8: the transposed step unless kCta asks for the original one.
+    // fp8, groups <= 8: the transposed step (0.92-1.00 of copy at 64-1024 sequences × 1-16k
+    // keys, where the original reached 0.78-0.89), unless kCta asks for the original one.
     if constexpr (kFp8) {
       if (args.group <= 8 && choice != DecodeKernelChoice::kCta) {
         launch(CtaCfg<T, D, true, true>{});

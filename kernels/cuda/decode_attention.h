@@ -25,21 +25,15 @@ struct DecodeLaunchInfo {
   bool warp_items = false;  // the persistent warp-item kernel ran (fp8; see below)
 };
 
-// Which decode kernel runs. kCta: the CTA-per-(sequence, KV head, split) kernel (DecodeKernel)
-// with its original per-warp step (query heads as the mma's 16 rows). kAuto's DecodeKernel, for
-// fp8 caches with GQA groups <= 8, uses the transposed step instead (keys as the rows, <= 8
-// heads as the columns: half the mma instructions and accumulators).
-// kWarpItems (fp8 caches only; never splits): the persistent warp-item kernel (v4,
-// decode_attention.cu), in which every warp walks whole (sequence, KV head) items through one
-// pipeline across item boundaries; with DecodeKernel's per-warp step it is slower than
-// DecodeKernel on every shape measured (bench/RESULTS.md), so only a caller that asks gets it.
-// kAuto: DecodeKernel, except for fp8 caches with GQA groups <= 8, no split, and (sequence, KV
-// head) items filling at least 3/4 of the GPU's resident warps (many medium sequences: a
-// throughput run's decode steps), which run kWarpItemsT.
-// items_max_ctas > 0 caps the warp-item kernel's grid (default: every resident slot, at most one
-// warp per item), so that tests can give each warp several items of a small batch.
-// kWarpItemsT: the same with the transposed per-warp step (keys as the mma's M, at most 8
-// query heads as its N; groups > 8 run kWarpItems), 4 CTAs per SM.
+// Which decode kernel runs. kAuto: the CTA-per-(sequence, KV head, split) kernel
+// (DecodeKernel); for fp8 caches with GQA groups <= 8 its warps use the transposed step (keys as
+// the mma's 16 rows, <= 8 query heads as its columns: half the mma instructions and
+// accumulators of the original step, which puts queries on the rows padded to 16). kCta: the same
+// kernel with the original step always. kWarpItems / kWarpItemsT (fp8 only, never split): the
+// persistent warp-item kernel (v4, decode_attention.cu), every warp walking whole (sequence, KV
+// head) items through one pipeline across item boundaries, with the original / transposed step
+// (kWarpItemsT with a group of 16 runs kWarpItems). Both are correct and tested but slower than
+// kAuto on every shape measured (bench/RESULTS.md), so only a caller that asks gets them.
 enum class DecodeKernelChoice { kAuto, kCta, kWarpItems, kWarpItemsT };
 
 // The split workspace. Its first kDecodeCounterBytes hold one uint32 arrival counter per

@@ -377,7 +377,7 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
 
 // Many sequences (32 (sequence, KV head) items per SM, ragged 1 … 200 keys): the warp-item
 // kernels at their full grid (12 / 16 warps per SM: each walks 2-3 items, ragged) and the
-// automatic choice (the transposed one at this many items), against the CPU.
+// automatic choice (DecodeKernel with the transposed step), against the CPU.
 TEST(DecodeFp8GpuMany, WarpItemsOverManySequences) {
   std::string why;
   if (NoGpu(&why)) GTEST_SKIP() << "no GPU, fp8 KV decode attention test skipped: " << why;
@@ -420,7 +420,7 @@ TEST(DecodeFp8GpuMany, WarpItemsOverManySequences) {
         (choice == cuda::DecodeKernelChoice::kWarpItemsT ? "transposed warp-item kernel"
          : choice == cuda::DecodeKernelChoice::kWarpItems ? "warp-item kernel"
                                                           : "automatic choice");
-    EXPECT_TRUE(info.warp_items) << what;  // kAuto: the transposed kernel at this many items
+    EXPECT_EQ(info.warp_items, choice != cuda::DecodeKernelChoice::kAuto) << what;
     CheckAttention(dev.out.Download<uint16_t>(), ref, DType::kBF16, cu, num_heads * hd, what);
   }
 }
