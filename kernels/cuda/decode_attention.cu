@@ -242,6 +242,41 @@ __device__ __forceinline__ void E4m3x4ToHalf2x2(uint32_t codes, uint32_t& lo, ui
       : "r"(codes));
 }
 
+// Two transposed fp8 V matrices of one chunk (ldmatrix.trans: t0 = keys 2c, 2c + 1 and t1 =
+// keys 8 + 2c, 8 + 2c + 1, each × dims 2g, 2g + 1, low key first) as fp16 key pairs: one byte
+// permute per matrix makes the even-dim pair (bytes 0, 2) the low half and the odd-dim pair
+// (bytes 1, 3) the high half, then an exact e4m3 -> fp16 conversion.
+__device__ __forceinline__ void VPairsFp8(uint32_t t0, uint32_t t1, uint32_t& even0,
+                                          uint32_t& odd0, uint32_t& even1, uint32_t& odd1) {
+  E4m3x4ToHalf2x2(__byte_perm(t0, 0u, 0x3120u), even0, odd0);
+  E4m3x4ToHalf2x2(__byte_perm(t1, 0u, 0x3120u), even1, odd1);
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled fp8 tile (defined below).
+template <int D>
+__device__ __forceinline__ int SwizzledOffsetFp8(int row, int chunk);
+
+// The 16-byte chunks (16 head dims) of a warp's 16 rows of an fp8 K or V tile, two per x4
+// ldmatrix (kTrans: .trans), lanes 8i..8i+7 addressing rows (keys 0-7, 8-15, 0-7, 8-15) at
+// `row8` of chunk pair j: f(chunk, {keys 0-7 matrix, keys 8-15 matrix}) for each chunk in turn.
+template <int D, bool kTrans, typename F>
+__device__ __forceinline__ void ForEachChunkFp8(uint32_t tile, int row8, int lane, F&& f) {
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    uint32_t b[4];
+    if constexpr (kTrans) {
+      LdMatrixX4Trans(b, tile + SwizzledOffsetFp8<D>(row8, 2 * j + (lane >> 4)));
+    } else {
+      LdMatrixX4(b, tile + SwizzledOffsetFp8<D>(row8, 2 * j + (lane >> 4)));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t t[2] = {b[2 * h], b[2 * h + 1]};
+      f(2 * j + h, t);
+    }
+  }
+}
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, D] tile: chunks
 // are XOR-permuted by row % 8 so that 8 consecutive rows at one logical chunk (an ldmatrix
 // 8x8 matrix) hit 8 different 16-byte bank groups.
@@ -365,22 +400,15 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
   // S = Q·Kᵀ: s[n] covers keys 8n..8n+7 of this warp's 16; fp32.
   float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   if constexpr (kFp8) {
-    // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}: chunk = k16 step (16 codes).
+    // Chunk = k16 step (16 codes); t[n] = keys 8n..8n+7.
+    ForEachChunkFp8<D, false>(k_tile, k8_row, lane, [&](int ks, const uint32_t(&t)[2]) {
 #pragma unroll
-    for (int j = 0; j < Tr::kKSteps / 2; ++j) {
-      uint32_t b[4];
-      LdMatrixX4(b, k_tile + SwizzledOffsetFp8<D>(k8_row, 2 * j + (lane >> 4)));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int ks = 2 * j + h;
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          uint32_t b0, b1;
-          E4m3x4ToHalf2x2(b[2 * h + n], b0, b1);
-          Mma<M>(s[n], qa[ks], b0, b1);
-        }
+      for (int n = 0; n < 2; ++n) {
+        uint32_t b0, b1;
+        E4m3x4ToHalf2x2(t[n], b0, b1);
+        Mma<M>(s[n], qa[ks], b0, b1);
       }
-    }
+    });
   } else {
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
@@ -440,23 +468,13 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
   const uint32_t pa[4] = {Pack2<M>(s[0][0], s[0][1]), Pack2<M>(s[0][2], s[0][3]),
                           Pack2<M>(s[1][0], s[1][1]), Pack2<M>(s[1][2], s[1][3])};
   if constexpr (kFp8) {
-    // Matrices {keys 0-7, keys 8-15} × {chunk 2j, 2j+1}, transposed: b[2h + t] holds keys
-    // (8t + 2c, 8t + 2c + 1) × dims (2g, 2g + 1) of chunk 2j + h, low key first. One byte
-    // permute per matrix makes the even-dim pair (bytes 0, 2) the low half and the odd-dim
-    // pair (bytes 1, 3) the high half; output tile 4j + 2h + p is (chunk 2j + h, parity p).
-#pragma unroll
-    for (int j = 0; j < Tr::kNTiles / 4; ++j) {
-      uint32_t b[4];
-      LdMatrixX4Trans(b, v_tile + SwizzledOffsetFp8<D>(v8_row, 2 * j + (lane >> 4)));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t even0, odd0, even1, odd1;  // keys 2c.. (t = 0) and 8 + 2c.. (t = 1)
-        E4m3x4ToHalf2x2(__byte_perm(b[2 * h], 0u, 0x3120u), even0, odd0);
-        E4m3x4ToHalf2x2(__byte_perm(b[2 * h + 1], 0u, 0x3120u), even1, odd1);
-        Mma<M>(o[4 * j + 2 * h], pa, even0, even1);
-        Mma<M>(o[4 * j + 2 * h + 1], pa, odd0, odd1);
-      }
-    }
+    // Transposed chunks (VPairsFp8); output tile 2ch + p is (chunk ch, parity p).
+    ForEachChunkFp8<D, true>(v_tile, v8_row, lane, [&](int ch, const uint32_t(&t)[2]) {
+      uint32_t even0, odd0, even1, odd1;  // keys 2c.. (t[0]) and 8 + 2c.. (t[1])
+      VPairsFp8(t[0], t[1], even0, odd0, even1, odd1);
+      Mma<M>(o[2 * ch], pa, even0, even1);
+      Mma<M>(o[2 * ch + 1], pa, odd0, odd1);
+    });
   } else {
 #pragma unroll
     for (int n2 = 0; n2 < Tr::kNTiles / 2; ++n2) {
@@ -518,6 +536,8 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
   const int g = lane >> 2;
   const int row8 = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);  // as WarpKeysStep's k8_row
   float s[4] = {0.f, 0.f, 0.f, 0.f};
+  // (Explicit loops, not ForEachChunkFp8: through it ptxas schedules this step differently,
+  // and the measured binary is this one.)
 #pragma unroll
   for (int j = 0; j < D / 32; ++j) {
     uint32_t b[4];
@@ -568,8 +588,7 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t even0, odd0, even1, odd1;  // keys 2c.. (b[2h]) and 8 + 2c.. (b[2h + 1])
-      E4m3x4ToHalf2x2(__byte_perm(b[2 * h], 0u, 0x3120u), even0, odd0);
-      E4m3x4ToHalf2x2(__byte_perm(b[2 * h + 1], 0u, 0x3120u), even1, odd1);
+      VPairsFp8(b[2 * h], b[2 * h + 1], even0, odd0, even1, odd1);
       const uint32_t va[4] = {even0, odd0, even1, odd1};
       Mma<__half>(o[2 * j + h], va, pb0, pb1);
     }

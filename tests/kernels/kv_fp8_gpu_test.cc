@@ -259,6 +259,20 @@ std::string DecodeName(const ::testing::TestParamInfo<DecodeCase>& info) {
   return CaseName(info.param);
 }
 
+// The CPU fp8 reference of a decode batch (one query per sequence).
+std::vector<float> CpuDecodeFp8(const std::vector<float>& q32, const Fp8Pools& pools,
+                                const ScaleSet& sc, const std::vector<int32_t>& context_lens,
+                                const std::vector<int32_t>& cu, int64_t num_seqs,
+                                int64_t num_heads, float scale) {
+  std::vector<float> ref(q32.size());
+  const AttentionBatch host_batch{num_seqs, cu.data(), context_lens.data(), pools.tables.data(),
+                                  pools.max_blocks};
+  cpu::PagedDecodeAttention(
+      q32.data(), PagedKvView<const uint8_t>{pools.k_cpu.data(), pools.v_cpu.data(), pools.layout},
+      cpu::Fp8KvScales{sc.k, sc.v}, host_batch, num_heads, scale, ref.data(), 1);
+  return ref;
+}
+
 class DecodeFp8Gpu : public ::testing::TestWithParam<DecodeCase> {
  protected:
   void SetUp() override {
@@ -290,12 +304,8 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
   RandomQ(size_t(num_seqs * num_heads * hd), c.dtype, rng, &q16, &q32);
   const float scale = 1.f / std::sqrt(float(hd));
 
-  std::vector<float> ref(q32.size());
-  const AttentionBatch host_batch{num_seqs, cu.data(), context_lens.data(), pools.tables.data(),
-                                  pools.max_blocks};
-  cpu::PagedDecodeAttention(
-      q32.data(), PagedKvView<const uint8_t>{pools.k_cpu.data(), pools.v_cpu.data(), pools.layout},
-      cpu::Fp8KvScales{sc.k, sc.v}, host_batch, num_heads, scale, ref.data(), 1);
+  const std::vector<float> ref =
+      CpuDecodeFp8(q32, pools, sc, context_lens, cu, num_seqs, num_heads, scale);
 
   const DeviceProblem dev(q16, pools, context_lens, cu);
   const DevBuf& dout = dev.out;
@@ -399,12 +409,8 @@ TEST(DecodeFp8GpuMany, WarpItemsOverManySequences) {
   std::vector<float> q32;
   RandomQ(size_t(num_seqs * num_heads * hd), DType::kBF16, rng, &q16, &q32);
   const float scale = 1.f / std::sqrt(float(hd));
-  std::vector<float> ref(q32.size());
-  const AttentionBatch host_batch{num_seqs, cu.data(), context_lens.data(), pools.tables.data(),
-                                  pools.max_blocks};
-  cpu::PagedDecodeAttention(
-      q32.data(), PagedKvView<const uint8_t>{pools.k_cpu.data(), pools.v_cpu.data(), pools.layout},
-      cpu::Fp8KvScales{sc.k, sc.v}, host_batch, num_heads, scale, ref.data(), 1);
+  const std::vector<float> ref =
+      CpuDecodeFp8(q32, pools, sc, context_lens, cu, num_seqs, num_heads, scale);
   const DeviceProblem dev(q16, pools, context_lens, cu);
   cuda::AttentionParams p = dev.Params(pools, num_seqs, num_heads, scale, DType::kBF16, sc);
   p.max_q_len = 1;
