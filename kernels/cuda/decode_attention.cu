@@ -511,6 +511,13 @@ __device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
   return y;
 }
 
+// The transposed step's per-head sums: x over the 8 lanes of equal c (the keys g of a tile).
+__device__ __forceinline__ float SumOverKeyLanes(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void LoadQTFragment(const KernelArgs& a, int seq, int kv_head, int lane,
                                                uint32_t (&qb)[D / 16][2]) {
@@ -781,9 +788,7 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     // and o[h][2 + r] are dims 16h + 2g and 16h + 2g + 1. Rows 8..15 stay unwritten (group <= 8).
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+      l[r] = SumOverKeyLanes(l[r]);
       if (g == 0) {
         red_m[warp][2 * c + r] = m[r];
         red_l[warp][2 * c + r] = l[r];
@@ -1123,9 +1128,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
       // Heads 2c + r: o[h][r] (dim 16h + 2g) and o[h][2 + r] (dim 16h + 2g + 1).
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+        l[r] = SumOverKeyLanes(l[r]);
         const int head = 2 * c + r;
         if (head >= a.group) continue;
         const float scale = (l[r] > 0.f ? 1.f / l[r] : 0.f) * a.out_scale;
