@@ -1253,6 +1253,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
                   int items_max_ctas, cudaStream_t stream, DecodeLaunchInfo* info) {
   const int64_t items = num_seqs * args.num_kv_heads;
   bool warp_items = false;
+  bool transposed = false;  // WarpKeysStepT ran
   int ctas_per_sm = 0;
   int64_t num_ctas = 0;
   if constexpr (kFp8) {
@@ -1270,6 +1271,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
     };
     if (choice == DecodeKernelChoice::kWarpItemsT && args.group <= 8) {
       launch(ItemsCfg<T, D, 4, 4, 3, true>{});
+      transposed = true;
     } else if (warp_items) {
       launch(ItemsCfg<T, D, 4, 3, 3, false>{});
     }
@@ -1288,6 +1290,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
     if constexpr (kFp8) {
       if (args.group <= 8 && choice != DecodeKernelChoice::kCta) {
         launch(CtaCfg<T, D, true, true>{});
+        transposed = true;
       } else {
         launch(CtaCfg<T, D, true>{});
       }
@@ -1300,6 +1303,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
     info->ctas_per_sm = ctas_per_sm;
     info->num_ctas = static_cast<int>(num_ctas);
     info->warp_items = warp_items;
+    info->transposed_step = transposed;
   }
 }
 

@@ -22,7 +22,8 @@ struct DecodeLaunchInfo {
   int num_splits = 0;   // key chunks per (sequence, kv head); 1 = no split, no merge
   int ctas_per_sm = 0;  // resident CTAs per SM of the chosen config (occupancy)
   int num_ctas = 0;     // grid size of the attention kernel (its only launch)
-  bool warp_items = false;  // the persistent warp-item kernel ran (fp8; see below)
+  bool warp_items = false;       // the persistent warp-item kernel ran (fp8; see below)
+  bool transposed_step = false;  // its warps ran the transposed step (fp8, groups <= 8)
 };
 
 // Which decode kernel runs. kAuto: the CTA-per-(sequence, KV head, split) kernel
@@ -32,7 +33,7 @@ struct DecodeLaunchInfo {
 // kernel with the original step always. kWarpItems / kWarpItemsT (fp8 only, never split): the
 // persistent warp-item kernel (v4, decode_attention.cu), every warp walking whole (sequence, KV
 // head) items through one pipeline across item boundaries, with the original / transposed step
-// (kWarpItemsT with a group of 16 runs kWarpItems). Both are correct and tested but slower than
+// (kWarpItemsT with a group above 8 runs kWarpItems). Both are correct and tested but slower than
 // kAuto on every shape measured (bench/RESULTS.md), so only a caller that asks gets them.
 enum class DecodeKernelChoice { kAuto, kCta, kWarpItems, kWarpItemsT };
 

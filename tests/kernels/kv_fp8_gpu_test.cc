@@ -336,6 +336,8 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
           std::to_string(splits) + " (used " + std::to_string(info.num_splits) + ")";
       CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
       EXPECT_FALSE(info.warp_items) << what << ": 18 items chose the warp-item kernel";
+      EXPECT_EQ(info.transposed_step, choice == cuda::DecodeKernelChoice::kAuto && c.group <= 8)
+          << what << ": the per-warp step";
       if (splits == 1) {
         EXPECT_EQ(info.num_splits, 1) << what;
       }
@@ -367,6 +369,9 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
                                " warp items (grid cap " + std::to_string(max_ctas) + ")";
       CheckAttention(got, ref, c.dtype, cu, num_heads * hd, what);
       EXPECT_TRUE(info.warp_items) << what;
+      EXPECT_EQ(info.transposed_step,
+                choice == cuda::DecodeKernelChoice::kWarpItemsT && c.group <= 8)
+          << what << ": the per-warp step";
       EXPECT_EQ(info.num_splits, 1) << what;
       if (max_ctas > 0) {
         EXPECT_EQ(info.num_ctas, max_ctas) << what;
@@ -427,6 +432,7 @@ TEST(DecodeFp8GpuMany, WarpItemsOverManySequences) {
          : choice == cuda::DecodeKernelChoice::kWarpItems ? "warp-item kernel"
                                                           : "automatic choice");
     EXPECT_EQ(info.warp_items, choice != cuda::DecodeKernelChoice::kAuto) << what;
+    EXPECT_EQ(info.transposed_step, choice != cuda::DecodeKernelChoice::kWarpItems) << what;
     CheckAttention(dev.out.Download<uint16_t>(), ref, DType::kBF16, cu, num_heads * hd, what);
   }
 }
@@ -441,6 +447,12 @@ std::vector<DecodeCase> DecodeCases() {
       }
     }
   }
+  // Odd groups (a lane of the transposed step holds one real head and one padding head), page
+  // sizes 1 (16 pages per warp's 16 keys: the page ring's worst case) and 24 (not a power of 2).
+  cases.push_back({DType::kBF16, 128, 3, 1, 0});
+  cases.push_back({DType::kF16, 128, 5, 24, 1});
+  cases.push_back({DType::kBF16, 64, 7, 16, 2});
+  cases.push_back({DType::kF16, 128, 6, 1, 2});
   cases.push_back({DType::kBF16, 128, 16, 16, 1});  // the largest group
   cases.push_back({DType::kF16, 64, 16, 32, 2});
   return cases;
