@@ -519,17 +519,21 @@ bool Validate(bool fp8) {
   float mx = 0;
   for (float r : ref) mx = std::max(mx, std::fabs(r));
   bool ok = true;
-  // splits 1, auto, 8 on the CTA kernel; fp8 also the warp-item kernel (-1: one CTA, 4 warps
-  // walking the 24 items; -2: 2 CTAs).
+  // splits 1, auto, 8 on the CTA kernel with its original step (kCta); fp8 also the default
+  // (kAuto: the transposed step) at splits 1, auto, 8 (100 + splits) and the warp-item kernel
+  // (-1: one CTA, 4 warps walking the 24 items; -2: 2 CTAs; -1x: the transposed step).
   std::vector<int> runs = {1, 0, 8};
-  if (fp8) runs.insert(runs.end(), {-1, -2, -11, -12});  // -1x: the transposed step
+  if (fp8) runs.insert(runs.end(), {101, 100, 108, -1, -2, -11, -12});
   for (int splits : runs) {
     LLM_CUDA_CHECK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN poison
     llm::cuda::DecodeLaunchInfo info;
     using Choice = llm::cuda::DecodeKernelChoice;
-    const Choice choice = splits < -10 ? Choice::kWarpItemsT
-                          : splits < 0 ? Choice::kWarpItems : Choice::kCta;
-    llm::cuda::PagedDecodeAttention(p, std::max(splits, 0), ws, ws_bytes, nullptr, &info, choice,
+    const Choice choice = splits < -10  ? Choice::kWarpItemsT
+                          : splits < 0  ? Choice::kWarpItems
+                          : splits >= 100 ? Choice::kAuto
+                                          : Choice::kCta;
+    llm::cuda::PagedDecodeAttention(p, splits >= 100 ? splits - 100 : std::max(splits, 0), ws,
+                                    ws_bytes, nullptr, &info, choice,
                                     splits < 0 ? -splits % 10 : 0);
     std::vector<uint16_t> got(qb.size());
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
@@ -540,9 +544,11 @@ bool Validate(bool fp8) {
     }
     const bool pass = err <= 2e-2f * mx;
     ok = ok && pass;
-    std::printf("validate kv=%s %s splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n",
-                KvName(fp8), info.warp_items ? "warp-items" : "cta", std::max(splits, 0),
-                info.num_splits, err, mx, pass ? "ok" : "FAIL");
+    std::printf("validate kv=%s %s%s splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n",
+                KvName(fp8), info.warp_items ? "warp-items" : "cta",
+                info.transposed_step ? " transposed" : "",
+                splits >= 100 ? splits - 100 : std::max(splits, 0), info.num_splits, err, mx,
+                pass ? "ok" : "FAIL");
   }
   for (void* d : {dk, dv, dq, dt, dc, du, dout, ws}) cudaFree(d);
   return ok;
@@ -647,20 +653,22 @@ int main(int argc, char** argv) {
       Problem prob(Shape{2, 1000}, 0, fp8);
       // -1 / -2: the warp-item kernel / its transposed step; -7: the CTA kernel with the
       // automatic step (fp8: the transposed one) at 7 splits (fp8 only, all of them).
-      for (int splits : {0, 1, 7, -1, -2, -7}) {
+      for (int splits : {0, 1, 7, -1, -2, -7, -8, -9}) {
         if (splits < 0 && !fp8) continue;
         using Choice = llm::cuda::DecodeKernelChoice;
+        // -7 / -8 / -9: the default (kAuto) at 7 splits / automatic splits / none.
         prob.choice = splits == -1   ? Choice::kWarpItems
                       : splits == -2 ? Choice::kWarpItemsT
-                      : splits == -7 ? Choice::kAuto
+                      : splits <= -7 ? Choice::kAuto
                                      : Choice::kCta;
         const char* name = splits == -1 ? "v4-items" : splits == -2 ? "v4-itemsT"
-                           : splits == -7 ? "auto" : "v3";
-        const Result r = prob.Time(name, splits == -7 ? 7 : std::max(splits, 0), 2, false);
+                           : splits <= -7 ? "auto" : "v3";
+        const int n = splits == -7 ? 7 : splits == -9 ? 1 : std::max(splits, 0);
+        const Result r = prob.Time(name, n, 2, false);
         const bool pass = r.rel_err <= 2e-2f;
         ok = ok && pass;
         std::printf("sanitize-small 2x1000 kv=%s %s splits=%d (used %d): rel_err %.3g: %s\n",
-                    KvName(fp8), r.variant.c_str(), std::max(splits, 0), r.splits, r.rel_err,
+                    KvName(fp8), r.variant.c_str(), n, r.splits, r.rel_err,
                     pass ? "ok" : "FAIL");
       }
     }
