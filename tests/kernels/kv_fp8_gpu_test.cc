@@ -79,6 +79,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/dtype.h"
@@ -382,6 +383,35 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
         EXPECT_TRUE(first_items == got) << what << ": a repeated call is not bit-identical";
       }
     }
+  }
+  // Programmatic dependent launch on (launch.h): the default kernel at 16 splits and the
+  // transposed warp-item kernel give the bits they give with PDL off, also as the second of two
+  // back-to-back launches on one stream (its PdlWait orders it after the first, whose split
+  // counters it then reuses).
+  {
+    const bool saved = cuda::ProgrammaticLaunch();
+    cudaStream_t stream = nullptr;
+    LLM_CUDA_CHECK(cudaStreamCreate(&stream));
+    for (const auto choice : {cuda::DecodeKernelChoice::kAuto,
+                              cuda::DecodeKernelChoice::kWarpItemsT}) {
+      const int splits = choice == cuda::DecodeKernelChoice::kAuto ? kManySplits : 0;
+      const int max_ctas = choice == cuda::DecodeKernelChoice::kAuto ? 0 : 1;
+      const std::string what = CaseName(c) + " PDL " +
+                               (choice == cuda::DecodeKernelChoice::kAuto ? "default" : "T items");
+      cuda::SetProgrammaticLaunch(false);
+      LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
+      cuda::PagedDecodeAttention(p, splits, ws.p, ws_bytes, stream, nullptr, choice, max_ctas);
+      LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::vector<uint16_t> off = dout.Download<uint16_t>();
+      cuda::SetProgrammaticLaunch(true);
+      LLM_CUDA_CHECK(cudaMemsetAsync(dout.p, 0xff, dout.bytes, stream));
+      cuda::PagedDecodeAttention(p, splits, ws.p, ws_bytes, stream, nullptr, choice, max_ctas);
+      cuda::PagedDecodeAttention(p, splits, ws.p, ws_bytes, stream, nullptr, choice, max_ctas);
+      LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      EXPECT_TRUE(off == dout.Download<uint16_t>()) << what << ": not the PDL-off bits";
+    }
+    cuda::SetProgrammaticLaunch(saved);
+    LLM_CUDA_CHECK(cudaStreamDestroy(stream));
   }
   std::vector<uint32_t> counters(cuda::kDecodeMaxCounters);
   LLM_CUDA_CHECK(
