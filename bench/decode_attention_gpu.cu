@@ -537,21 +537,25 @@ bool Validate(bool fp8) {
   for (float r : ref) mx = std::max(mx, std::fabs(r));
   bool ok = true;
   // splits 1, auto, 8 on the CTA kernel with its original step (kCta); fp8 also the default
-  // (kAuto: the transposed step) at splits 1, auto, 8 (100 + splits) and the warp-item kernel
-  // (-1: one CTA, 4 warps walking the 24 items; -2: 2 CTAs; -1x: the transposed step).
-  std::vector<int> runs = {1, 0, 8};
-  if (fp8) runs.insert(runs.end(), {101, 100, 108, -1, -2, -11, -12});
-  for (int splits : runs) {
+  // (kAuto: the transposed step) at splits 1, auto, 8 and the warp-item kernels (a grid of one
+  // CTA, 4 warps walking the 24 items, and of 2 CTAs), original and transposed step.
+  using Choice = llm::cuda::DecodeKernelChoice;
+  struct Run {
+    Choice choice;
+    int splits;
+    int max_ctas;  // warp-item kernels' grid cap
+  };
+  std::vector<Run> runs = {{Choice::kCta, 1, 0}, {Choice::kCta, 0, 0}, {Choice::kCta, 8, 0}};
+  if (fp8) {
+    runs.insert(runs.end(), {{Choice::kAuto, 1, 0}, {Choice::kAuto, 0, 0}, {Choice::kAuto, 8, 0},
+                             {Choice::kWarpItems, 0, 1}, {Choice::kWarpItems, 0, 2},
+                             {Choice::kWarpItemsT, 0, 1}, {Choice::kWarpItemsT, 0, 2}});
+  }
+  for (const Run& run : runs) {
     LLM_CUDA_CHECK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN poison
     llm::cuda::DecodeLaunchInfo info;
-    using Choice = llm::cuda::DecodeKernelChoice;
-    const Choice choice = splits < -10  ? Choice::kWarpItemsT
-                          : splits < 0  ? Choice::kWarpItems
-                          : splits >= 100 ? Choice::kAuto
-                                          : Choice::kCta;
-    llm::cuda::PagedDecodeAttention(p, splits >= 100 ? splits - 100 : std::max(splits, 0), ws,
-                                    ws_bytes, nullptr, &info, choice,
-                                    splits < 0 ? -splits % 10 : 0);
+    llm::cuda::PagedDecodeAttention(p, run.splits, ws, ws_bytes, nullptr, &info, run.choice,
+                                    run.max_ctas);
     std::vector<uint16_t> got(qb.size());
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
     float err = 0;
@@ -563,8 +567,7 @@ bool Validate(bool fp8) {
     ok = ok && pass;
     std::printf("validate kv=%s %s%s splits=%d (used %d): max_err %.3g, max|ref| %.3g: %s\n",
                 KvName(fp8), info.warp_items ? "warp-items" : "cta",
-                info.transposed_step ? " transposed" : "",
-                splits >= 100 ? splits - 100 : std::max(splits, 0), info.num_splits, err, mx,
+                info.transposed_step ? " transposed" : "", run.splits, info.num_splits, err, mx,
                 pass ? "ok" : "FAIL");
   }
   for (void* d : {dk, dv, dq, dt, dc, du, dout, ws}) cudaFree(d);
@@ -668,24 +671,30 @@ int main(int argc, char** argv) {
   if (sanitize_small) {  // one small shape, a few launches per variant, checks on
     for (const bool fp8 : kvs) {
       Problem prob(Shape{2, 1000}, 0, fp8);
-      // -1 / -2: the warp-item kernel / its transposed step; -7: the CTA kernel with the
-      // automatic step (fp8: the transposed one) at 7 splits (fp8 only, all of them).
-      for (int splits : {0, 1, 7, -1, -2, -7, -8, -9}) {
-        if (splits < 0 && !fp8) continue;
-        using Choice = llm::cuda::DecodeKernelChoice;
-        // -7 / -8 / -9: the default (kAuto) at 7 splits / automatic splits / none.
-        prob.choice = splits == -1   ? Choice::kWarpItems
-                      : splits == -2 ? Choice::kWarpItemsT
-                      : splits <= -7 ? Choice::kAuto
-                                     : Choice::kCta;
-        const char* name = splits == -1 ? "v4-items" : splits == -2 ? "v4-itemsT"
-                           : splits <= -7 ? "auto" : "v3";
-        const int n = splits == -7 ? 7 : splits == -9 ? 1 : std::max(splits, 0);
-        const Result r = prob.Time(name, n, 2, false);
+      // v3: the CTA kernel's original step at automatic / no / 7 splits; fp8 also the warp-item
+      // kernels and the default (kAuto: the transposed step) at 7 / automatic / no splits.
+      using Choice = llm::cuda::DecodeKernelChoice;
+      struct Run {
+        const char* name;
+        Choice choice;
+        int splits;
+      };
+      std::vector<Run> runs = {{"v3", Choice::kCta, 0}, {"v3", Choice::kCta, 1},
+                               {"v3", Choice::kCta, 7}};
+      if (fp8) {
+        runs.insert(runs.end(), {{"v4-items", Choice::kWarpItems, 0},
+                                 {"v4-itemsT", Choice::kWarpItemsT, 0},
+                                 {"auto", Choice::kAuto, 7},
+                                 {"auto", Choice::kAuto, 0},
+                                 {"auto", Choice::kAuto, 1}});
+      }
+      for (const Run& run : runs) {
+        prob.choice = run.choice;
+        const Result r = prob.Time(run.name, run.splits, 2, false);
         const bool pass = r.rel_err <= 2e-2f;
         ok = ok && pass;
         std::printf("sanitize-small 2x1000 kv=%s %s splits=%d (used %d): rel_err %.3g: %s\n",
-                    KvName(fp8), r.variant.c_str(), n, r.splits, r.rel_err,
+                    KvName(fp8), r.variant.c_str(), run.splits, r.splits, r.rel_err,
                     pass ? "ok" : "FAIL");
       }
     }

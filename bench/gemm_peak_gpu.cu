@@ -67,7 +67,8 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
   }
   int call = 0;
   auto run = [&] {
-    const void* w = static_cast<const char*>(w_all) + size_t(call++ % copies) * size_t(w_elems) * es;
+    const void* w =
+        static_cast<const char*>(w_all) + size_t(call++ % copies) * size_t(w_elems) * es;
     if (fp8) {
       gemm.LinearFp8(x, xs, w, ws, y, n, m, k, llm::DType::kBF16, false, nullptr);
     } else {

@@ -811,28 +811,26 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
       red_m[warp][g + 8] = m[1];
       red_l[warp][g + 8] = l[1];
     }
-  }
-  if constexpr (kT) {
-    // (written above)
-  } else if constexpr (kFp8) {
-    // Undo the output permutation: tiles 2h and 2h + 1 (chunk h, parity 0 / 1) hold dims
-    // 16h + 4c + {0, 2} and + {1, 3} of rows g (elements 0, 1) and g + 8 (2, 3).
+    if constexpr (kFp8) {
+      // Undo the output permutation: tiles 2h and 2h + 1 (chunk h, parity 0 / 1) hold dims
+      // 16h + 4c + {0, 2} and + {1, 3} of rows g (elements 0, 1) and g + 8 (2, 3).
 #pragma unroll
-    for (int h = 0; h < Tr::kNTiles / 2; ++h) {
-      const float* e = o[2 * h];
-      const float* f = o[2 * h + 1];
-      *reinterpret_cast<float4*>(my_o + g * Tr::kRedStride + 16 * h + 4 * c) =
-          make_float4(e[0], f[0], e[1], f[1]);
-      *reinterpret_cast<float4*>(my_o + (g + 8) * Tr::kRedStride + 16 * h + 4 * c) =
-          make_float4(e[2], f[2], e[3], f[3]);
-    }
-  } else {
+      for (int h = 0; h < Tr::kNTiles / 2; ++h) {
+        const float* e = o[2 * h];
+        const float* f = o[2 * h + 1];
+        *reinterpret_cast<float4*>(my_o + g * Tr::kRedStride + 16 * h + 4 * c) =
+            make_float4(e[0], f[0], e[1], f[1]);
+        *reinterpret_cast<float4*>(my_o + (g + 8) * Tr::kRedStride + 16 * h + 4 * c) =
+            make_float4(e[2], f[2], e[3], f[3]);
+      }
+    } else {
 #pragma unroll
-    for (int n = 0; n < Tr::kNTiles; ++n) {
-      *reinterpret_cast<float2*>(my_o + g * Tr::kRedStride + 8 * n + 2 * c) =
-          make_float2(o[n][0], o[n][1]);
-      *reinterpret_cast<float2*>(my_o + (g + 8) * Tr::kRedStride + 8 * n + 2 * c) =
-          make_float2(o[n][2], o[n][3]);
+      for (int n = 0; n < Tr::kNTiles; ++n) {
+        *reinterpret_cast<float2*>(my_o + g * Tr::kRedStride + 8 * n + 2 * c) =
+            make_float2(o[n][0], o[n][1]);
+        *reinterpret_cast<float2*>(my_o + (g + 8) * Tr::kRedStride + 8 * n + 2 * c) =
+            make_float2(o[n][2], o[n][3]);
+      }
     }
   }
   __syncthreads();
@@ -999,8 +997,9 @@ __device__ __forceinline__ void AdvanceCursor(const KernelArgs& a, ItemCursor& c
 // The warp-item kernel's configuration: kWarpsPerCta warps per CTA (each its own 16 rows of
 // every stage and its own page ring, as DecodeKernel's fp8 warps) and kStagesArg pipeline
 // stages of 16 keys per warp (kStagesArg - 1 in flight); the kernel's __launch_bounds__ take
-// the occupancy. Launched as 4 warps × 3 CTAs per SM × 3 stages (ItemsCfg<T, D, 4, 3, 3>: up to
-// 168 registers, no spills). Measured and dropped (bench/RESULTS.md): 4 CTAs per SM (the
+// the occupancy. kWarpItems launches 4 warps × 3 CTAs per SM × 3 stages (ItemsCfg<T, D, 4, 3,
+// 3, false>: up to 168 registers, no spills), kWarpItemsT 4 × 4 × 3 (the transposed step: 112
+// registers). Measured and dropped for the original step (bench/RESULTS.md): 4 CTAs per SM (the
 // 128-register cap spills 232 bytes at head_dim 128: 0.55 of copy), 1 CTA of 12 warps (all KV
 // heads of a sequence on one SM) and 4 stages (3 in flight per warp): no better.
 template <int D, int kWarpsPerCta, int kStagesArg>
@@ -1248,6 +1247,10 @@ int SelectSplits(int64_t base, int64_t max_num_keys, int slots, int64_t max_spli
   return static_cast<int>(best_s);
 }
 
+bool IsWarpItems(DecodeKernelChoice c) {
+  return c == DecodeKernelChoice::kWarpItems || c == DecodeKernelChoice::kWarpItemsT;
+}
+
 template <typename T, int D, bool kFp8>
 void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKernelChoice choice,
                   int items_max_ctas, cudaStream_t stream, DecodeLaunchInfo* info) {
@@ -1259,7 +1262,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
   if constexpr (kFp8) {
     // The warp-item kernels only when asked for: DecodeKernel with the same per-warp step is
     // faster on every shape measured (bench/RESULTS.md, "Decode attention v4 / v4T").
-    warp_items = choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItemsT;
+    warp_items = IsWarpItems(choice);
     auto launch = [&](auto cfg) {
       using Cfg = decltype(cfg);
       ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
@@ -1401,8 +1404,7 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   if (num_splits < 0) {
     throw std::invalid_argument("PagedDecodeAttention: num_splits " + std::to_string(num_splits));
   }
-  const bool force_items =
-      choice == DecodeKernelChoice::kWarpItems || choice == DecodeKernelChoice::kWarpItemsT;
+  const bool force_items = IsWarpItems(choice);
   if (force_items && !p.kv_format.fp8) {
     throw std::invalid_argument("PagedDecodeAttention: the warp-item kernel reads fp8 caches only");
   }

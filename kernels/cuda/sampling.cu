@@ -63,9 +63,10 @@
 // H200 (bench_sampling_gpu, 2026-11-30), vocab 128256, random logits, per launch: 1 row:
 // greedy 14 us, T=1 80 us, top_k=50 245 us, top_p=0.95 405 us; 512 rows: 79 / 306 / 1263 /
 // 1871 us; 1024 rows: 0.15 / 0.60 / 2.45 / 3.70 ms (before the Gumbel pass and the in-place
-// rows, 1024 rows took 0.46 / 1.07 / 2.8 / 4.0 ms). The radix passes are latency-bound (one CTA per row); the next rung would cut the
-// candidates to a shared-memory list after the first pass (most of the row is below any
-// top-k / top-p threshold) and split big batches' rows over fewer threads.
+// rows, 1024 rows took 0.46 / 1.07 / 2.8 / 4.0 ms). The radix passes are latency-bound (one
+// CTA per row); the next rung would cut the candidates to a shared-memory list after the first
+// pass (most of the row is below any top-k / top-p threshold) and split big batches' rows over
+// fewer threads.
 #include <curand_kernel.h>
 
 #include <climits>
