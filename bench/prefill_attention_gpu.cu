@@ -14,7 +14,9 @@
 //   ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
 // Options (for profiling one shape): --shapes HD:L[,HD:L...] (default every hd × length),
 // --block-size N (default 16), --variants v1,v2,v3,v4 (default all), --no-ablations,
-// --reps N (default 10).
+// --reps N (default 10), --kv fp8 (e4m3 pools, scales 1: the codes of the same random values;
+// v3_mma reads them directly, v4_wgmma over a bf16 copy of the pages made by the dequantizing
+// pass, which the timings include; validated against the CPU's fp8 reference).
 #include <cstring>
 #include <cuda_runtime.h>
 
@@ -32,6 +34,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/dtype.h"
+#include "kernels/fp8.h"
 
 namespace {
 
@@ -43,8 +46,12 @@ using llm::cuda::PrefillVariant;
 constexpr PrefillVariant kVariants[] = {PrefillVariant::kNaive, PrefillVariant::kSmem,
                                         PrefillVariant::kMma, PrefillVariant::kWgmma};
 
-// One paged problem on the device (bf16), with a host copy kept only when `keep_host`.
+// One paged problem on the device (bf16, or e4m3 pools with `fp8`), host copies kept.
 struct Problem {
+  bool fp8 = false;
+  std::vector<uint8_t> k8, v8;  // fp8: the pools' codes (host)
+  void* dscratch = nullptr;     // fp8: the v4 rung's scratch (a copy of every page)
+  llm::cuda::PrefillScratch scratch;
   int num_seqs = 0, num_heads = 0, head_dim = 0, block_size = 16, max_q = 0, max_blocks = 0;
   int num_tokens = 0;
   PagedKvLayout layout;
@@ -57,7 +64,8 @@ struct Problem {
   int32_t *dcu = nullptr, *dctx = nullptr, *dtab = nullptr;
 
   Problem(std::vector<int> q_lens, std::vector<int> ctx_lens, int heads, int hd, int bs,
-          uint32_t seed) {
+          uint32_t seed, bool fp8_pools = false) {
+    fp8 = fp8_pools;
     num_seqs = static_cast<int>(q_lens.size());
     num_heads = heads;
     head_dim = hd;
@@ -105,15 +113,32 @@ struct Problem {
       return d;
     };
     dq = up(q.data(), q.size() * 2);
-    dk = up(k.data(), k.size() * 2);
-    dv = up(v.data(), v.size() * 2);
+    if (fp8) {
+      auto codes = [](const std::vector<uint16_t>& x) {
+        std::vector<uint8_t> c(x.size());
+        for (size_t i = 0; i < x.size(); ++i) c[i] = llm::F32ToE4m3(llm::Bf16ToF32(x[i]));
+        return c;
+      };
+      k8 = codes(k);
+      v8 = codes(v);
+      dk = up(k8.data(), k8.size());
+      dv = up(v8.data(), v8.size());
+      scratch.num_pages = total_blocks;
+      scratch.bytes = llm::cuda::PrefillFp8ScratchBytes(layout, DType::kBF16, num_seqs,
+                                                        max_blocks, total_blocks);
+      LLM_CUDA_CHECK(cudaMalloc(&dscratch, scratch.bytes));
+      scratch.data = dscratch;
+    } else {
+      dk = up(k.data(), k.size() * 2);
+      dv = up(v.data(), v.size() * 2);
+    }
     LLM_CUDA_CHECK(cudaMalloc(&dout, q.size() * 2));
     dcu = static_cast<int32_t*>(up(cu.data(), cu.size() * 4));
     dctx = static_cast<int32_t*>(up(ctx.data(), ctx.size() * 4));
     dtab = static_cast<int32_t*>(up(tables.data(), tables.size() * 4));
   }
   ~Problem() {
-    for (void* p : {dq, dk, dv, dout, (void*)dcu, (void*)dctx, (void*)dtab}) cudaFree(p);
+    for (void* p : {dq, dk, dv, dout, (void*)dcu, (void*)dctx, (void*)dtab, dscratch}) cudaFree(p);
   }
   Problem(const Problem&) = delete;
   Problem& operator=(const Problem&) = delete;
@@ -127,6 +152,7 @@ struct Problem {
     p.num_heads = num_heads;
     p.scale = 1.f / std::sqrt(float(head_dim));
     p.dtype = DType::kBF16;
+    p.kv_format.fp8 = fp8;
     p.max_q_len = max_q;
     int mk = 0;
     for (int i = 0; i < num_seqs; ++i) mk = std::max(mk, ctx[i] + cu[i + 1] - cu[i]);
@@ -138,15 +164,19 @@ struct Problem {
 // Max |gpu - cpu| / max |cpu| of one rung on a small ragged problem (non-causal: v4 against
 // cpu::PagedAttentionReference).
 float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detail::kV4Default,
-               bool causal = true) {
-  Problem pr({300, 77, 1, 129}, {0, 40, 500, 16}, 8, hd, bs, 99 + hd);
+               bool causal = true, bool fp8 = false) {
+  Problem pr({300, 77, 1, 129}, {0, 40, 500, 16}, 8, hd, bs, 99 + hd, fp8);
   std::vector<float> qf(pr.q.size()), kf(pr.k.size()), vf(pr.v.size()), ref(pr.q.size());
   for (size_t i = 0; i < qf.size(); ++i) qf[i] = llm::Bf16ToF32(pr.q[i]);
   for (size_t i = 0; i < kf.size(); ++i) kf[i] = llm::Bf16ToF32(pr.k[i]);
   for (size_t i = 0; i < vf.size(); ++i) vf[i] = llm::Bf16ToF32(pr.v[i]);
   AttentionBatch hb{pr.num_seqs, pr.cu.data(), pr.ctx.data(), pr.tables.data(), pr.max_blocks};
   const llm::PagedKvView<const float> kv{kf.data(), vf.data(), pr.layout};
-  if (causal) {
+  if (fp8) {
+    llm::cpu::PagedPrefillAttention(
+        qf.data(), llm::PagedKvView<const uint8_t>{pr.k8.data(), pr.v8.data(), pr.layout},
+        llm::cpu::Fp8KvScales{1.f, 1.f}, hb, pr.num_heads, 1.f / std::sqrt(float(hd)), ref.data());
+  } else if (causal) {
     llm::cpu::PagedPrefillAttention(qf.data(), kv, hb, pr.num_heads, 1.f / std::sqrt(float(hd)),
                                     ref.data());
   } else {
@@ -157,7 +187,7 @@ float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detai
   llm::cuda::detail::SetPrefillV4Flags(v4_flags);
   auto params = pr.Params();
   params.causal = causal;
-  llm::cuda::PagedPrefillAttention(params, nullptr, v);
+  llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch);
   llm::cuda::detail::SetPrefillV4Flags(llm::cuda::detail::kV4Default);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> got(pr.q.size());
@@ -177,7 +207,7 @@ float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detai
 int main(int argc, char** argv) {
   std::vector<std::pair<int, int>> shapes;  // (head_dim, length); empty: all
   int bs = 16, reps_default = 10;
-  bool ablations_on = true;
+  bool ablations_on = true, fp8 = false;
   std::vector<PrefillVariant> variants(std::begin(kVariants), std::end(kVariants));
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--block-size") == 0 && i + 1 < argc) {
@@ -190,6 +220,12 @@ int main(int argc, char** argv) {
       reps_default = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--no-ablations") == 0) {
       ablations_on = false;
+    } else if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
+      fp8 = std::strcmp(argv[++i], "fp8") == 0;
+      if (!fp8 && std::strcmp(argv[i], "bf16") != 0) {
+        std::fprintf(stderr, "bad --kv (bf16 or fp8)\n");
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
       for (const char* q = argv[++i]; *q;) {
         int hd = 0, len = 0, used = 0;
@@ -215,7 +251,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shapes HD:L,...] [--block-size N] [--variants v1,v2,v3,v4] "
-                   "[--no-ablations] [--reps N]\n",
+                   "[--no-ablations] [--reps N] [--kv bf16|fp8]\n",
                    argv[0]);
       return 2;
     }
@@ -236,6 +272,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("device: %s\n", llm::cuda::DeviceDescription().c_str());
+  if (fp8) {  // the rungs that read e4m3 pools; v4's schedule ablations are bf16 studies
+    ablations_on = false;
+    variants.erase(std::remove_if(variants.begin(), variants.end(),
+                                  [](PrefillVariant v) {
+                                    return v != PrefillVariant::kMma && v != PrefillVariant::kWgmma;
+                                  }),
+                   variants.end());
+  }
   const int lengths[] = {512, 1024, 2048, 4096, 8192, 16384};
   const int kTokens = 16384, kHeads = 16;
   std::map<std::pair<int, int>, std::map<std::string, double>> table;  // (hd, L) -> variant
@@ -245,15 +289,15 @@ int main(int argc, char** argv) {
     std::map<PrefillVariant, float> errs;
     for (PrefillVariant v : kVariants) errs[v] = INFINITY;
     for (PrefillVariant v : variants) {
-      errs[v] = Validate(v, hd, bs);
+      errs[v] = Validate(v, hd, bs, llm::cuda::detail::kV4Default, true, fp8);
       const bool ok = errs[v] <= 2e-2f;
       all_ok &= ok;
       std::printf("validate %-9s hd %3d: max_err/max|ref| %.3e %s\n",
                   llm::cuda::PrefillVariantName(v), hd, errs[v], ok ? "ok" : "FAILED");
     }
     // Non-causal (v4 only): validated against the plain definition, then timed beside causal.
-    const bool want_v4 =
-        std::find(variants.begin(), variants.end(), PrefillVariant::kWgmma) != variants.end();
+    const bool want_v4 = !fp8 && std::find(variants.begin(), variants.end(),
+                                           PrefillVariant::kWgmma) != variants.end();
     const float noncausal_err =
         want_v4 ? Validate(PrefillVariant::kWgmma, hd, bs, llm::cuda::detail::kV4Default, false)
                 : INFINITY;
@@ -267,8 +311,8 @@ int main(int argc, char** argv) {
       if (!wanted(hd, L)) continue;
       const int B = kTokens / L;
       // Two input sets alternate (each 4 × 64 MiB at hd 128: far past the 50 MB L2).
-      Problem a(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, bs, 7 + L);
-      Problem b(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, bs, 8 + L);
+      Problem a(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, bs, 7 + L, fp8);
+      Problem b(std::vector<int>(B, L), std::vector<int>(B, 0), kHeads, hd, bs, 8 + L, fp8);
       const double flops = 4.0 * B * kHeads * double(L) * L * hd / 2;
       // profiling: an ablation with wrong output on purpose (no max_err; the report keeps
       // it beside the variants and never counts it as ours or as a failure).
@@ -285,7 +329,7 @@ int main(int argc, char** argv) {
           auto params = pr.Params();
           params.causal = causal;
           LLM_CUDA_CHECK(cudaEventRecord(e0));
-          llm::cuda::PagedPrefillAttention(params, nullptr, v);
+          llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch);
           LLM_CUDA_CHECK(cudaEventRecord(e1));
           LLM_CUDA_CHECK(cudaEventSynchronize(e1));
           float t = 0;
@@ -301,9 +345,10 @@ int main(int argc, char** argv) {
         if (causal) table[{hd, L}][name] = tflops;
         std::printf(
             "JSON {\"kind\":\"prefill\",\"variant\":\"%s\",\"batch\":%d,\"seq_len\":%d,"
-            "\"num_heads\":%d,\"head_dim\":%d,\"causal\":%s,\"dtype\":\"bf16\",\"block_size\":%d,"
-            "\"ms\":%.4f,\"tflops\":%.1f,\"max_err\":%.3e%s}\n",
-            name.c_str(), B, L, kHeads, hd, causal ? "true" : "false", bs, med, tflops, err,
+            "\"num_heads\":%d,\"head_dim\":%d,\"causal\":%s,\"dtype\":\"bf16\",\"kv\":\"%s\","
+            "\"block_size\":%d,\"ms\":%.4f,\"tflops\":%.1f,\"max_err\":%.3e%s}\n",
+            name.c_str(), B, L, kHeads, hd, causal ? "true" : "false", fp8 ? "fp8" : "bf16", bs,
+            med, tflops, err,
             profiling ? ",\"profiling\":true" : "");
         std::fflush(stdout);
       };
@@ -346,9 +391,9 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "\nprefill TFLOP/s (bf16, causal, 16 heads, 16k tokens, paged bs %d; "
+      "\nprefill TFLOP/s (bf16, %s KV, causal, 16 heads, 16k tokens, paged bs %d; "
       "torch FA2 308 / cuDNN 595 at hd128 8k on this H200)\n",
-      bs);
+      fp8 ? "fp8 e4m3" : "bf16", bs);
   std::printf("%4s %6s %9s %9s %9s %9s | v4 ablations: %7s %7s %7s %7s %7s %7s\n", "hd", "L",
               "v1_naive", "v2_smem", "v3_mma", "v4_wgmma", "pp+ovl", "ovl", "pp", "noexp", "loads",
               "compute");

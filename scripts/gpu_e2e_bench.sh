@@ -92,6 +92,12 @@ run latency_8b_b1 150 --model $C8 --num-requests 1 --min-input 128 --max-input 1
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
 run ttft_8b_2048 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
   --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048
+run ttft_8b_2048_fp8 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
+  --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048 \
+  --kv-cache-dtype fp8
+run ttft_8b_2048_fp8_mma 150 --model $C8 --num-requests 1 --min-input 2048 --max-input 2048 \
+  --min-output 1 --max-output 1 --temperature 0 --warmup --max-num-batched-tokens 2048 \
+  --kv-cache-dtype fp8 --no-fp8-prefill-wgmma
 run decode_8b_256seq 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
   --min-output 512 --max-output 512 --max-num-seqs 256 --max-num-batched-tokens 8192 --warmup
 run decode_8b_256seq_sync 200 --model $C8 --num-requests 256 --min-input 128 --max-input 128 \
@@ -159,6 +165,9 @@ run long_context_8b_128k_w8 300 --model $C31 --num-requests 1 --min-input 131008
 run long_context_8b_128k_fp8 300 --model $C31 --num-requests 1 --min-input 131008 \
   --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
   --max-num-batched-tokens 8192 --temperature 0 --kv-cache-dtype fp8
+run long_context_8b_128k_fp8_mma 300 --model $C31 --num-requests 1 --min-input 131008 \
+  --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
+  --max-num-batched-tokens 8192 --temperature 0 --kv-cache-dtype fp8 --no-fp8-prefill-wgmma
 run long_context_8b_128k 300 --model $C31 --num-requests 1 --min-input 131008 \
   --max-input 131008 --min-output 64 --max-output 64 --max-num-seqs 8 \
   --max-num-batched-tokens 8192 --temperature 0

@@ -43,6 +43,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
   cmd->add_flag("--packed-step-inputs,!--no-packed-step-inputs", packed_step_inputs,
                 "cuda: send a step's inputs to the device in one packed copy and one scatter "
                 "kernel (the default) instead of one copy per input array");
+  cmd->add_flag("--fp8-prefill-wgmma,!--no-fp8-prefill-wgmma", fp8_prefill_wgmma,
+                "cuda, --kv-cache-dtype fp8: prefill attention on the wgmma kernel over an "
+                "exact bf16/fp16 copy of each step's prefill pages (the default; a scratch "
+                "sized for one maximum-length sequence) instead of the mma.sync kernel that "
+                "reads the e4m3 cache directly");
   cmd->add_flag("--gemm-autotune,!--no-gemm-autotune", gemm_autotune,
                 "cuda, one GPU: at start-up, time cuBLASLt's candidate algorithms for every GEMM "
                 "shape of the decode batch sizes with CUDA graphs and keep the fastest instead of "
@@ -159,6 +164,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;
+  o.fp8_prefill_wgmma = f.fp8_prefill_wgmma;
   o.gemm_autotune = f.gemm_autotune;
   o.programmatic_launch = !f.disable_pdl;
   o.dummy_weights = f.load_format == "dummy";

@@ -57,6 +57,7 @@ double Percentile(std::vector<double> v, double p) {
 struct BenchDeviceStats {
   double device_ms = 0, wall_ms = 0;
   int64_t graph_steps = 0;
+  int64_t fp8_prefill_copies = 0;
 };
 
 BenchDeviceStats DeviceStats(const Engine& engine) {
@@ -64,7 +65,7 @@ BenchDeviceStats DeviceStats(const Engine& engine) {
 #if defined(LLM_HAS_CUDA)
   if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&engine.executor())) {
     const CudaExecutorStats st = cuda->stats();
-    s = {st.device_ms, st.wall_ms, st.graph_steps};
+    s = {st.device_ms, st.wall_ms, st.graph_steps, st.fp8_prefill_copies};
   }
 #else
   (void)engine;
@@ -150,14 +151,15 @@ int RunBench(const BenchFlags& f) {
                   "\"peak_device_bytes\": %lld, \"weight_bytes_per_token\": %lld, "
                   "\"tensor_parallel_size\": %d, \"kv_cache_dtype\": \"%s\", "
                   "\"quantization\": \"%s\", \"gemm_tuned_shapes\": %lld, "
-                  "\"gemm_retuned_shapes\": %lld",
+                  "\"gemm_retuned_shapes\": %lld, \"fp8_prefill_copies\": %lld",
                   st.device_ms, st.wall_ms, st.device_ms / (seconds * 1e3),
                   (long long)st.graph_steps, (long long)st.graphs_captured,
                   (long long)st.weight_bytes, (long long)st.kv_cache_bytes,
                   (long long)engine.kv_capacity_tokens(), (long long)st.peak_device_bytes,
                   (long long)st.weight_bytes_per_token, f.backend.tensor_parallel_size,
                   f.backend.kv_cache_dtype.c_str(), f.backend.quantization.c_str(),
-                  (long long)st.gemm_tuned_shapes, (long long)st.gemm_retuned_shapes);
+                  (long long)st.gemm_tuned_shapes, (long long)st.gemm_retuned_shapes,
+                  (long long)(st.fp8_prefill_copies - before.fp8_prefill_copies));
     device_json = buf;
   }
 #endif

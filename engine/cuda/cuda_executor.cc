@@ -191,6 +191,11 @@ struct CudaExecutor::Impl {
   float* act8_scale = nullptr;
   float* logits = nullptr;  // [S, vocab]
   void* decode_ws = nullptr;
+  // fp8 KV (opt.fp8_prefill_wgmma): the prefill attention's scratch (cuda::PrefillScratch):
+  // room for the bf16/fp16 copy of prefill_scratch_pages pages and a block table over them.
+  void* prefill_scratch = nullptr;
+  size_t prefill_scratch_bytes = 0;
+  int64_t prefill_scratch_pages = 0;
   int64_t activation_bytes = 0;
 
   // Step inputs (device and pinned host mirrors).
@@ -258,6 +263,13 @@ struct CudaExecutor::Impl {
     int64_t max_q_len = 0, max_keys_prefill = 0, max_keys_decode = 0;
     int splits = 1;
     bool has_feed = false;  // some tokens come from the previous step's sampled ids
+    // fp8 KV, eager steps: the prefill sequences [begin, end) whose pages fit the prefill
+    // scratch together, one v4 attention launch over a bf16 copy of their pages each (empty:
+    // the fp8 prefill rung reads the cache directly).
+    struct PrefillGroup {
+      int64_t begin = 0, end = 0, pages = 0;
+    };
+    std::vector<PrefillGroup> prefill_groups;
   };
 
   ~Impl();
@@ -421,6 +433,14 @@ struct CudaExecutor::Impl {
     const std::vector<float> freqs = RopeInvFreq(c);
     inv_freq = Alloc<float>(int64_t(freqs.size()) * 4);
     LLM_CUDA_CHECK(cudaMemcpy(inv_freq, freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice));
+  }
+
+  // fp8 KV: prefill attention on the wgmma rung over a bf16/fp16 copy of each step's prefill
+  // pages (cuda::PrefillScratch) instead of the mma.sync rung that reads e4m3 directly.
+  bool Fp8PrefillCopies() const {
+    const int64_t bs = opt.block_size;
+    return kv_format.fp8 && opt.fp8_prefill_wgmma && decode_kernel_ok && bs % 8 == 0 &&
+           128 % bs == 0;
   }
 
   std::string WeightsName() const {
@@ -655,6 +675,24 @@ struct CudaExecutor::Impl {
     // Zeroed once: its split arrival counters must start at zero, and every decode attention
     // call leaves them zero (kernels/cuda/decode_attention.h), graph replays included.
     LLM_CUDA_CHECK(cudaMemsetAsync(decode_ws, 0, kDecodeWorkspaceBytes, stream));
+    if (Fp8PrefillCopies()) {
+      // A maximum-length sequence's pages, plus a step's new tokens in max_seqs sequences:
+      // every step's prefill sequences fit in one launch unless their cached context adds up
+      // past one maximum-length sequence (then they run as several launches; Upload).
+      const int64_t bs = opt.block_size;
+      prefill_scratch_pages = opt.fp8_prefill_scratch_pages > 0 ? opt.fp8_prefill_scratch_pages
+                                                                : table_cap + (T + bs - 1) / bs + S;
+      prefill_scratch_bytes = cuda::PrefillFp8ScratchBytes(
+          PagedKvLayout{1, bs, kv_heads, config.head_dim}, dtype, S, table_cap,
+          prefill_scratch_pages);
+      prefill_scratch = Alloc(int64_t(prefill_scratch_bytes));
+      if (shard.rank == 0) {
+        Log("fp8 KV cache: prefill attention on the wgmma kernel over a " + std::string(DTypeName(dtype)) +
+            " copy of each step's prefill pages (scratch " +
+            Gib(double(prefill_scratch_bytes)) + ", " + std::to_string(prefill_scratch_pages) +
+            " pages)");
+      }
+    }
 
     d_tokens = Alloc<int32_t>(T * 4);
     d_positions = Alloc<int32_t>(T * 4);
@@ -826,6 +864,24 @@ struct CudaExecutor::Impl {
         }
       }
     }
+    // fp8 KV: group the prefill sequences by the pages the scratch holds (eager steps only:
+    // a graph replays its capture's launches; batch-invariant steps keep one rung for every
+    // row, as the graphs do).
+    if (prefill_scratch != nullptr && padded == 0 && !b.is_batch_invariant) {
+      Shape::PrefillGroup g{nd, nd, 0};
+      for (int64_t i = nd; i < s.num_seqs; ++i) {
+        const int64_t keys = int64_t(h_ctx.p[i]) + h_cu.p[i + 1] - h_cu.p[i];
+        const int64_t pages = (keys + opt.block_size - 1) / opt.block_size;
+        if (g.pages + pages > prefill_scratch_pages && i > g.begin) {
+          g.end = i;
+          s.prefill_groups.push_back(g);
+          g = {i, i, 0};
+        }
+        g.pages += pages;
+      }
+      g.end = s.num_seqs;
+      if (g.end > g.begin) s.prefill_groups.push_back(g);
+    }
     for (int64_t r = 0; r < s.num_rows; ++r) {
       h_rows.p[r] = padded > 0 ? int32_t(r) : b.logits_indices[size_t(r)];
     }
@@ -926,7 +982,21 @@ struct CudaExecutor::Impl {
       p.batch = {s.num_seqs - nd, d_cu_prefill, d_ctx + nd, d_tables + nd * s.width, s.width};
       p.max_q_len = s.max_q_len;
       p.max_num_keys = s.max_keys_prefill;
-      cuda::PagedPrefillAttention(p, stream);
+      if (s.prefill_groups.empty()) {
+        cuda::PagedPrefillAttention(p, stream);
+      }
+      // fp8 KV: v4 over a copy of each group's pages (cu_prefill indexes q from the first
+      // prefill token, so a group keeps q and out and offsets the per-sequence arrays).
+      for (const Shape::PrefillGroup& g : s.prefill_groups) {
+        p.batch = {g.end - g.begin, d_cu_prefill + (g.begin - nd), d_ctx + g.begin,
+                   d_tables + g.begin * s.width, s.width};
+        const cuda::PrefillScratch scratch{prefill_scratch, prefill_scratch_bytes, g.pages};
+        if (cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kBest, &scratch) ==
+            cuda::PrefillVariant::kWgmma) {
+          ++stats.fp8_prefill_copies;
+        }
+        cuda::PagedPrefillAttention(p, stream, cuda::PrefillVariant::kBest, &scratch);
+      }
     }
   }
 

@@ -54,6 +54,14 @@ struct CudaExecutorOptions {
   // KvCacheFormat; per-tensor scales of 1), half the bytes of bf16: twice the tokens in the
   // same memory, half the bytes decode attention streams.
   bool kv_cache_fp8 = false;
+  // fp8 KV cache: prefill and mixed steps' attention runs the wgmma kernel over an exact
+  // bf16/fp16 copy of the step's prefill pages, made by one memory-bound pass into a scratch
+  // sized at start-up for a maximum-length sequence (kernels/cuda/prefill_attention_fp8.cu),
+  // instead of the mma.sync kernel that reads e4m3 directly (--no-fp8-prefill-wgmma).
+  bool fp8_prefill_wgmma = true;
+  // The scratch's pages (0: a maximum-length sequence's plus a step's new tokens); tests set it
+  // small so that a step's prefill sequences run as several launches.
+  int64_t fp8_prefill_scratch_pages = 0;
   // --quantization fp8: the linear layers' weights (q|k|v, o, gate|up, down) become e4m3 codes
   // with one fp32 scale per output row, quantized on the device at load (as
   // cpu::QuantizeFp8Rows, bit for bit at one GPU; tensor parallel, each rank scales the rows of
@@ -141,6 +149,8 @@ struct CudaExecutorStats {
   // taken, not a fallback to the RMSNorm kernel.
   int64_t gemv_folded_norms = 0, gemv_prologue_norms = 0;
   int64_t packed_uploads = 0;  // packed_step_inputs: the packed copies + scatters enqueued
+  // fp8 KV: prefill attention launches that ran the wgmma kernel over a copy of the pages.
+  int64_t fp8_prefill_copies = 0;
   // gemm_autotune: GEMM shapes timed at start-up, and how many of them chose another algorithm
   // than cuBLASLt's heuristic.
   int64_t gemm_tuned_shapes = 0, gemm_retuned_shapes = 0;

@@ -231,16 +231,7 @@ __device__ __forceinline__ uint32_t ToMmaPair(uint32_t x) {
   }
 }
 
-// The four e4m3 codes of `codes` as two fp16 pairs, exactly: lo <- bytes 0, 1 and hi <- bytes
-// 2, 3 (the first of each pair in the low half). One cvt.f16x2.e4m3x2 per pair, fed the 16-bit
-// halves of the register directly (the cuda_fp8.h intrinsic truncates and shifts first: two
-// more integer instructions per pair in the hot loop).
-__device__ __forceinline__ void E4m3x4ToHalf2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(codes));
-}
+using vec::E4m3x4ToHalf2x2;  // e4m3 codes -> fp16 pairs, exactly (kernels/cuda/vec.cuh)
 
 // Two transposed fp8 V matrices of one chunk (ldmatrix.trans: t0 = keys 2c, 2c + 1 and t1 =
 // keys 8 + 2c, 8 + 2c + 1, each × dims 2g, 2g + 1, low key first) as fp16 key pairs: one byte

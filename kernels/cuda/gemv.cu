@@ -79,15 +79,11 @@ struct Fp8Weights {  // w: e4m3 codes [m, k], w_scale: fp32 [m], applied after t
   static constexpr int kThreads = 128;
   static constexpr int kCtasPerSm = 6;  // at n = 1
   static constexpr int kStageChunks = kUnroll * kThreads;
-  // Codes 4i .. 4i + 3 of `word` as floats. One cvt.rn.f16x2.e4m3x2 per pair (exact; sm_89+),
-  // fed the 16-bit halves of the register directly as kernels/cuda/decode_attention.cu does,
-  // then fp16 -> fp32 (exact).
+  // Codes 4i .. 4i + 3 of `word` as floats: e4m3 -> fp16 pairs (vec::E4m3x4ToHalf2x2), then
+  // fp16 -> fp32 (both exact).
   __device__ static __forceinline__ void Codes4(uint32_t word, float* f) {
     uint32_t lo, hi;  // bytes 0, 1 and 2, 3 as fp16 pairs, the first of each in the low half
-    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-        " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(word));
+    vec::E4m3x4ToHalf2x2(word, lo, hi);
     const float2 a = __half22float2(reinterpret_cast<const __half2&>(lo));
     const float2 b = __half22float2(reinterpret_cast<const __half2&>(hi));
     f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;

@@ -3,7 +3,9 @@
 // file instantiates its kernels (the tile traits live there, with static_asserts).
 //   kBest = v4 (wgmma, TMA one box per page) when the page size suits TMA boxes
 //           (block_size a multiple of 8 that divides the 128-key tile), else v3 (mma.sync);
-//           fp8 (e4m3) caches: v3, which dequantizes each tile in shared memory.
+//           fp8 (e4m3) caches: v4 over an exact bf16 / fp16 copy of the batch's pages when the
+//           caller gives a PrefillScratch that holds them (prefill_attention_fp8.cu), else v3,
+//           which dequantizes each tile in shared memory.
 // Test:  ctest -L gpu -R prefill_attention   (tests/kernels/prefill_attention_gpu_test.cc)
 // Bench: ./build/bench_prefill_attention_gpu (bench/prefill_attention_gpu.cu)
 #include <stdexcept>
@@ -48,9 +50,18 @@ bool WgmmaSupports(const AttentionParams& p) {
          reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
 }
 
+// An fp8 batch can take v4 over a copy of its pages: the scratch holds them.
+bool ScratchFits(const AttentionParams& p, const PrefillScratch* scratch) {
+  return scratch != nullptr && scratch->data != nullptr && scratch->num_pages > 0 &&
+         reinterpret_cast<uintptr_t>(scratch->data) % 256 == 0 &&
+         scratch->bytes >= PrefillFp8ScratchBytes(p.kv.layout, p.dtype, p.batch.num_seqs,
+                                                  p.batch.max_blocks_per_seq, scratch->num_pages);
+}
+
 }  // namespace
 
-PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant requested) {
+PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant requested,
+                                     const PrefillScratch* scratch) {
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) {
     throw std::invalid_argument("PagedPrefillAttention: dtype " + std::string(DTypeName(p.dtype)) +
                                 " unsupported (BF16 or F16)");
@@ -62,14 +73,17 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
     throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
                                 " unsupported (64 or 128; others up to 128 by v1_naive only)");
   }
+  // fp8 pools reach v4 through a copy of their pages (prefill_attention_fp8.cu).
+  const bool v4_pools = !p.kv_format.fp8 || ScratchFits(p, scratch);
   if (!p.causal) {  // the benchmark shapes' non-causal case: v4 alone has the mode
     if ((requested == PrefillVariant::kBest || requested == PrefillVariant::kWgmma) &&
-        !p.kv_format.fp8 && (hd == 64 || hd == 128) && WgmmaSupports(p)) {
+        v4_pools && (hd == 64 || hd == 128) && WgmmaSupports(p)) {
       return PrefillVariant::kWgmma;
     }
     throw std::invalid_argument(std::string("PagedPrefillAttention: non-causal attention runs on "
-                                            "v4_wgmma only (head_dim 64/128, bf16/fp16 pools, "
-                                            "block size 8…128); asked for ") +
+                                            "v4_wgmma only (head_dim 64/128, bf16/fp16 pools or "
+                                            "fp8 with a PrefillScratch, block size 8…128); "
+                                            "asked for ") +
                                 PrefillVariantName(requested));
   }
   if (hd != 64 && hd != 128) {
@@ -85,12 +99,23 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
                                 " not a multiple of num_kv_heads " +
                                 std::to_string(p.kv.layout.num_kv_heads));
   }
-  if (p.kv_format.fp8) {  // e4m3 pools: v1 and v3 dequantize as they load
-    if (requested == PrefillVariant::kBest) return PrefillVariant::kMma;
-    if (requested != PrefillVariant::kNaive && requested != PrefillVariant::kMma) {
+  if (p.kv_format.fp8) {  // e4m3 pools: v1 and v3 dequantize as they load, v4 reads a copy
+    const bool v4 = v4_pools && (hd == 64 || hd == 128) && WgmmaSupports(p);
+    if (requested == PrefillVariant::kBest) {
+      return v4 ? PrefillVariant::kWgmma : PrefillVariant::kMma;
+    }
+    if (requested == PrefillVariant::kWgmma && !v4) {
+      throw std::invalid_argument(
+          "PagedPrefillAttention: v4_wgmma reads fp8 KV caches through a bf16 / fp16 copy of "
+          "the pages: it needs a PrefillScratch of PrefillFp8ScratchBytes(...) for the batch's "
+          "pages and block_size a multiple of 8 dividing 128 (got block_size " +
+          std::to_string(p.kv.layout.block_size) + ")");
+    }
+    if (requested == PrefillVariant::kSmem) {
       throw std::invalid_argument(std::string("PagedPrefillAttention: ") +
                                   PrefillVariantName(requested) +
-                                  " does not read fp8 KV caches (v1_naive and v3_mma do)");
+                                  " does not read fp8 KV caches (v1_naive, v3_mma and v4_wgmma "
+                                  "with a PrefillScratch do)");
     }
     return requested;
   }
@@ -106,8 +131,10 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
   return requested;
 }
 
-void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, PrefillVariant variant) {
-  const PrefillVariant v = ResolvePrefillVariant(p, variant);  // non-causal: v4 or an error
+void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, PrefillVariant variant,
+                           const PrefillScratch* scratch) {
+  // non-causal: v4 or an error; fp8: v4 only with a scratch that fits
+  const PrefillVariant v = ResolvePrefillVariant(p, variant, scratch);
   if (p.batch.num_seqs == 0 || p.max_q_len == 0) return;
   detail::PrefillArgs a;
   a.q = p.q;
@@ -144,7 +171,11 @@ void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, Prefil
       break;
     case PrefillVariant::kWgmma:
     case PrefillVariant::kBest:
-      detail::LaunchPrefillWgmma(a, stream);
+      if (a.kv_fp8) {
+        detail::LaunchPrefillWgmmaFp8(a, *scratch, stream);
+      } else {
+        detail::LaunchPrefillWgmma(a, stream);
+      }
       break;
   }
   LLM_CUDA_CHECK(cudaGetLastError());

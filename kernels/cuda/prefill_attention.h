@@ -12,7 +12,8 @@
 //   kSmem   prefill_attention_v2_smem.cu   shared-memory Q/K/V tiles, fp32 FMA
 //   kMma    prefill_attention_v3_mma.cu    FA2: mma.sync m16n8k16, cp.async, swizzled smem
 //   kWgmma  prefill_attention_v4_wgmma.cu  FA3-style: wgmma + TMA per page + mbarriers,
-//                                          producer / 2 consumer warpgroups, setmaxnreg
+//                                          producer / 2 consumer warpgroups, setmaxnreg;
+//                                          fp8 caches through prefill_attention_fp8.cu
 //   kBest   the fastest rung that supports the shape (prefill_attention.cu: the selector)
 //
 // Test:  ninja -C build prefill_attention_gpu_test && (cd build && ctest -L gpu -R prefill)
@@ -33,18 +34,40 @@ enum class PrefillVariant : uint8_t { kNaive, kSmem, kMma, kWgmma, kBest };
 // "v1_naive", "v2_smem", "v3_mma", "v4_wgmma", "best".
 const char* PrefillVariantName(PrefillVariant v);
 
+// Device scratch that lets kWgmma run over an fp8 (e4m3) cache (prefill_attention_fp8.cu): a
+// pass copies the batch's pages, exactly, into a pool of the attention dtype inside `data`,
+// and v4 reads that copy. num_pages: the pages the batch's sequences span,
+// PrefillPagesNeeded(...) of the same lengths (host arrays); bytes: at least
+// PrefillFp8ScratchBytes(layout, dtype, num_seqs, max_blocks_per_seq, num_pages); `data`
+// 256-byte aligned (cudaMalloc's). One launch at a time per scratch (stream order).
+struct PrefillScratch {
+  void* data = nullptr;
+  size_t bytes = 0;
+  int64_t num_pages = 0;
+};
+// Σ over the sequences of ceil((context_lens[s] + q_len[s]) / block_size), from host arrays.
+int64_t PrefillPagesNeeded(const int32_t* cu_seqlens_q, const int32_t* context_lens,
+                           int64_t num_seqs, int64_t block_size);
+size_t PrefillFp8ScratchBytes(const PagedKvLayout& layout, DType dtype, int64_t num_seqs,
+                              int64_t max_blocks_per_seq, int64_t num_pages);
+
 // The rung kBest (or `requested`) resolves to for these parameters, or throws
 // std::invalid_argument (unsupported dtype / head_dim, or a rung that cannot run the shape,
-// e.g. kWgmma with a block size that is not a multiple of 8 dividing 128).
+// e.g. kWgmma with a block size that is not a multiple of 8 dividing 128). fp8 caches resolve
+// to kWgmma (over a copy of the pages) only with a `scratch` that fits.
 PrefillVariant ResolvePrefillVariant(const AttentionParams& p,
-                                     PrefillVariant requested = PrefillVariant::kBest);
+                                     PrefillVariant requested = PrefillVariant::kBest,
+                                     const PrefillScratch* scratch = nullptr);
 
 // Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128 on every
 // rung, any other head_dim up to 128 on kNaive only (kBest picks it); std::invalid_argument
-// otherwise, naming the value. p.kv_format.fp8 (e4m3 pools) runs on kNaive and kMma (kBest
-// picks kMma for head_dim 64 / 128); kSmem and kWgmma reject it. Asynchronous on `stream`.
+// otherwise, naming the value. p.kv_format.fp8 (e4m3 pools) runs on kNaive and kMma, and on
+// kWgmma over an exact bf16 / fp16 copy of the pages when a PrefillScratch that fits is given
+// (kBest picks kWgmma then, else kMma for head_dim 64 / 128); kSmem rejects it. Asynchronous
+// on `stream`.
 void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
-                           PrefillVariant variant = PrefillVariant::kBest);
+                           PrefillVariant variant = PrefillVariant::kBest,
+                           const PrefillScratch* scratch = nullptr);
 
 namespace detail {
 
@@ -68,7 +91,7 @@ struct PrefillArgs {
   int max_q_len = 0;
   float scale_log2 = 0;  // scale · log2(e) (fp8: · k_scale): scores live in the log2 domain
   bool is_bf16 = true;
-  bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive and v3_mma only
+  bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive, v3_mma, v4 over a copy
   float out_scale = 1.f;  // fp8: v_scale, applied with the final 1 / l
   int v4_flags = 0;  // kV4* bits below (0 in production)
   bool causal = true;  // AttentionParams::causal (false: v4 only)
@@ -108,6 +131,9 @@ void LaunchPrefillNaive(const PrefillArgs& a, cudaStream_t stream);
 void LaunchPrefillSmem(const PrefillArgs& a, cudaStream_t stream);
 void LaunchPrefillMma(const PrefillArgs& a, cudaStream_t stream);
 void LaunchPrefillWgmma(const PrefillArgs& a, cudaStream_t stream);
+// fp8 pools: the dequantizing copy into `scratch`, then LaunchPrefillWgmma over it.
+void LaunchPrefillWgmmaFp8(const PrefillArgs& a, const PrefillScratch& scratch,
+                           cudaStream_t stream);
 
 }  // namespace detail
 }  // namespace llm::cuda

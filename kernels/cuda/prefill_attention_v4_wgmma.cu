@@ -822,7 +822,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         float lt = l[h];
         lt += __shfl_xor_sync(0xffffffffu, lt, 1);
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        // out_scale: v_scale when the pages are a copy of an fp8 cache (1 otherwise: exact).
+        const float inv = (lt > 0.f ? 1.f / lt : 0.f) * a.out_scale;
         const int row = row0 + h * 8;
         if (row < c2.q_len) {
           T* dst = out + (int64_t(c2.q_start + row) * a.num_heads + c2.head) * HD + 2 * t;

@@ -79,6 +79,17 @@ __device__ __forceinline__ void StoreF32(float* p, const float (&x)[N]) {
   }
 }
 
+// The four e4m3 codes of `codes` as two fp16 pairs, exactly (every e4m3 value is an fp16
+// value; sm_89+): lo <- bytes 0, 1 and hi <- bytes 2, 3 (the first of each pair in the low
+// half). One cvt.f16x2.e4m3x2 per pair, fed the 16-bit halves of the register directly (the
+// cuda_fp8.h intrinsic truncates and shifts first: two more integer instructions per pair).
+__device__ __forceinline__ void E4m3x4ToHalf2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
+}
+
 // Rounds x to T and back (what storing to T and reloading gives).
 template <typename T>
 __device__ __forceinline__ float RoundTo(float x) {

@@ -229,7 +229,9 @@ void ExpectFp8LogitsMatchTheCpu(const LogitsCase& c, bool kv_fp8, bool weights_f
   o.gemv_max_tokens = c.gemv ? 8 : 0;
   auto ex = CudaExecutor::Create(dir, o);
   EXPECT_NE(ex->Describe().find("fp8"), std::string::npos) << ex->Describe();
+  const int64_t copies_before = ex->stats().fp8_prefill_copies;  // (the profiling pass's)
   const std::vector<float> got = AllLogits(*ex, ids, 40);
+  const int64_t copies = ex->stats().fp8_prefill_copies - copies_before;
   const char* dtype = c.dtype == DType::kBF16 ? "bf16" : "fp16";
   const double rel = Relative(got, cpu_fp8), fp8_cost = Relative(cpu_fp8, cpu_f32);
   const double hf = HfRelative(c.model, dtype);
@@ -240,6 +242,22 @@ void ExpectFp8LogitsMatchTheCpu(const LogitsCase& c, bool kv_fp8, bool weights_f
       Relative(got, cpu_f32));
   EXPECT_LE(rel, 2 * hf + cost_factor * fp8_cost);
   EXPECT_GT(ex->stats().graph_steps, 0) << "decode steps should replay CUDA graphs";
+  if (!kv_fp8) return;
+  // The prefill steps' attention: on the wgmma kernel over a bf16/fp16 copy of the pages where
+  // the head_dim allows it (the default), and on the mma.sync kernel that reads e4m3 directly
+  // with --no-fp8-prefill-wgmma; both under the same bound.
+  const int64_t hd = ex->config().head_dim;
+  EXPECT_EQ(copies, hd == 64 || hd == 128 ? ex->config().num_layers : 0)
+      << "the prefill chunk's attention, one launch per layer, on v4 over a copy of the pages";
+  o.fp8_prefill_wgmma = false;
+  auto direct = CudaExecutor::Create(dir, o);
+  const std::vector<float> got_direct = AllLogits(*direct, ids, 40);
+  const double rel_direct = Relative(got_direct, cpu_fp8);
+  std::printf("  without the copy (mma.sync over e4m3): gpu vs cpu-fp8 %.3e; the two GPU paths "
+              "differ by %.3e\n",
+              rel_direct, Relative(got, got_direct));
+  EXPECT_LE(rel_direct, 2 * hf + cost_factor * fp8_cost);
+  EXPECT_EQ(direct->stats().fp8_prefill_copies, 0);
 }
 
 TEST_P(CudaFp8Logits, EveryPositionMatchesTheCpuFp8Cache) {
@@ -254,6 +272,73 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaFp8Logits,
                                            LogitsCase{"hd128", DType::kBF16, true},
                                            LogitsCase{"hd64", DType::kF16, true}),
                          CaseName);
+
+// fp8 KV, several prefill sequences (with cached context) in one step: however the scratch
+// splits them into launches (one per group of sequences whose pages fit), each sequence's
+// attention is the same computation, so the logits are bit-identical; a sequence whose pages
+// alone exceed the scratch runs on the mma.sync kernel over e4m3 instead, under the bound of
+// the test above.
+TEST_F(CudaExecutorTest, Fp8PrefillGroupsAreBitIdenticalToOneLaunch) {
+  const std::string dir = ModelDir("hd128");
+  const std::vector<int> ids = ReferenceIds();
+  ASSERT_GE(ids.size(), 60u);
+  // Three sequences over their own blocks: 20 cached + 17 new, 50 new, 8 cached + 12 new
+  // tokens (3, 4 and 2 pages of 16).
+  struct Seq {
+    int64_t ctx, len;
+  };
+  const std::vector<Seq> seqs = {{20, 17}, {0, 50}, {8, 12}};
+  auto run = [&](int64_t scratch_pages, int64_t* copies) {
+    CudaExecutorOptions o = SmallOptions(DType::kBF16, /*graphs=*/false);
+    o.kv_cache_fp8 = true;
+    o.fp8_prefill_scratch_pages = scratch_pages;
+    auto ex = CudaExecutor::Create(dir, o);
+    // The cached context first (one prefill step per sequence), then the step under test.
+    int32_t next_block = 0;
+    std::vector<std::vector<int32_t>> tables;
+    for (const Seq& q : seqs) {
+      std::vector<int32_t> t;
+      for (int64_t b = 0; b * kBlockSize < q.ctx + q.len; ++b) t.push_back(next_block++);
+      tables.push_back(t);
+    }
+    auto add = [&](ForwardBatch& batch, size_t i, int64_t pos, int64_t len) {
+      std::vector<int64_t> slots;
+      for (int64_t k = pos; k < pos + len; ++k) {
+        slots.push_back(int64_t(tables[i][size_t(k / kBlockSize)]) * kBlockSize + k % kBlockSize);
+      }
+      batch.AddSequence(std::span<const int>(ids.data() + pos, size_t(len)), pos,
+                        std::span<const int32_t>(tables[i].data(),
+                                                 size_t((pos + len + kBlockSize - 1) / kBlockSize)),
+                        slots, true, /*is_decode=*/false);
+    };
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].ctx == 0) continue;
+      ForwardBatch warm;
+      add(warm, i, 0, seqs[i].ctx);
+      ex->Forward(warm);
+    }
+    ForwardBatch batch;
+    for (size_t i = 0; i < seqs.size(); ++i) add(batch, i, seqs[i].ctx, seqs[i].len);
+    batch.logits_indices.clear();
+    for (int32_t r = 0; r < int32_t(batch.num_tokens()); ++r) batch.logits_indices.push_back(r);
+    const int64_t before = ex->stats().fp8_prefill_copies;
+    std::vector<float> logits = ex->Forward(batch);
+    *copies = (ex->stats().fp8_prefill_copies - before) / ex->config().num_layers;
+    return logits;
+  };
+  int64_t one = 0, three = 0, fallback = 0;
+  const std::vector<float> a = run(0, &one);   // default scratch: one launch
+  const std::vector<float> b = run(4, &three);  // 3 + 4 > 4, 4 + 2 > 4: three launches
+  const std::vector<float> c = run(3, &fallback);  // the 4-page sequence does not fit alone
+  EXPECT_EQ(one, 1);
+  EXPECT_EQ(three, 3);
+  EXPECT_EQ(fallback, 2);
+  ASSERT_EQ(a.size(), b.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0u) << "logits differing between one launch and three";
+  EXPECT_LT(Relative(c, a), 1e-2) << "the mma.sync fallback for the sequence that did not fit";
+}
 
 // --quantization fp8 on the GPU: e4m3 weights with per-row scales (quantized on the device
 // from the checkpoint's fp32 values, the CPU backend's codes bit for bit) and, unlike the CPU

@@ -4,7 +4,8 @@
 //   DecodeFp8Gpu        PagedDecodeAttention over e4m3 pools vs cpu::PagedDecodeAttention (fp8):
 //                       the CTA kernel (splits 1, auto, 16) and the warp-item kernel (grid caps)
 //   DecodeFp8GpuMany    many ragged sequences: the warp-item kernel, the automatic choice
-//   PrefillFp8Gpu       PagedPrefillAttention kNaive / kMma / kBest vs cpu::PagedPrefillAttention
+//   PrefillFp8Gpu       PagedPrefillAttention kNaive / kMma / kBest vs cpu::PagedPrefillAttention,
+//                       and kWgmma / kBest over a copy of the pages (PrefillScratch)
 //   AppendKvFp8Gpu      AppendKv codes bit-exact vs F32ToE4m3(float(x) / scale) and cpu::AppendKv
 //   RopeAppendKvFp8Gpu  RopeAppendKv(fp8) vs the same kernel writing a bf16 / fp16 cache
 //   GemvRopeFp8Gpu      the kRopeAppendKv GEMV epilogue vs kStore + RopeAppendKv(fp8), bit for bit
@@ -554,10 +555,57 @@ TEST_P(PrefillFp8Gpu, RungsMatchCpuFp8Reference) {
     cuda::PagedPrefillAttention(p, nullptr, variant);
     CheckAttention(dout.Download<uint16_t>(), ref, c.dtype, cu, nh * hd, what);
   }
-  // The rungs that do not read e4m3 pools refuse them, whatever the shape.
+  // The rungs that do not read e4m3 pools refuse them, whatever the shape (v4 without a
+  // scratch for the copy of the pages).
   for (auto variant : {cuda::PrefillVariant::kSmem, cuda::PrefillVariant::kWgmma}) {
     EXPECT_THROW(cuda::PagedPrefillAttention(p, nullptr, variant), std::invalid_argument)
         << c.name << " " << cuda::PrefillVariantName(variant);
+  }
+
+  // v4 over an exact bf16 / fp16 copy of the batch's pages (prefill_attention_fp8.cu), with a
+  // scratch of exactly the pages the sequences span, poisoned (NaN codes everywhere else).
+  const int64_t pages =
+      cuda::PrefillPagesNeeded(cu.data(), c.ctx_lens.data(), num_seqs, c.block_size);
+  const size_t bytes = cuda::PrefillFp8ScratchBytes(pools.layout, c.dtype, num_seqs,
+                                                    pools.max_blocks, pages);
+  const DevBuf scratch_buf(bytes);
+  LLM_CUDA_CHECK(cudaMemset(scratch_buf.p, 0xff, bytes));
+  const cuda::PrefillScratch scratch{scratch_buf.p, bytes, pages};
+  const bool v4 = tiled && c.block_size % 8 == 0 && 128 % c.block_size == 0;
+  EXPECT_EQ(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kBest, &scratch),
+            v4 ? cuda::PrefillVariant::kWgmma
+               : tiled ? cuda::PrefillVariant::kMma : cuda::PrefillVariant::kNaive)
+      << c.name;
+  if (!v4) {
+    EXPECT_THROW(cuda::PagedPrefillAttention(p, nullptr, cuda::PrefillVariant::kWgmma, &scratch),
+                 std::invalid_argument)
+        << c.name;
+    return;
+  }
+  std::vector<uint16_t> first;
+  for (auto variant : {cuda::PrefillVariant::kWgmma, cuda::PrefillVariant::kBest}) {
+    const std::string what = std::string(c.name) + " " + cuda::PrefillVariantName(variant) +
+                             " over a bf16/fp16 copy of the pages";
+    LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
+    cuda::PagedPrefillAttention(p, nullptr, variant, &scratch);
+    const std::vector<uint16_t> got = dout.Download<uint16_t>();
+    CheckAttention(got, ref, c.dtype, cu, nh * hd, what);
+    if (first.empty()) {
+      first = got;
+    } else {
+      EXPECT_EQ(got, first) << what << ": not bit-identical to the first run";
+    }
+  }
+  // One page short, or a misaligned scratch: kBest falls back to v3, kWgmma refuses.
+  for (const cuda::PrefillScratch bad :
+       {cuda::PrefillScratch{scratch_buf.p, bytes, pages + 1},
+        cuda::PrefillScratch{static_cast<std::byte*>(scratch_buf.p) + 16, bytes - 16, pages}}) {
+    EXPECT_EQ(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kBest, &bad),
+              cuda::PrefillVariant::kMma)
+        << c.name;
+    EXPECT_THROW(cuda::PagedPrefillAttention(p, nullptr, cuda::PrefillVariant::kWgmma, &bad),
+                 std::invalid_argument)
+        << c.name;
   }
 }
 
