@@ -18,12 +18,18 @@
 //    computed here by a direct double-precision transcription of Sampler's steps 5-8 (sort, prefix), which is itself checked against
 //    the CPU Sampler's draws. Big-vocabulary variants (all-equal logits: the kept set is the
 //    lowest ids) exercise the radix passes and the id-ordered tie cutoffs.
+//  - The temperature-only (Gumbel-max) draw equals its definition computed here over the whole
+//    row (Philox4x32-10 on the host, checked against Random123's known answers; the same float
+//    Gumbel; double scores): the kernel's pruning of hopeless elements leaves the token exact.
 //   ninja -C build-cuda sampling_gpu_test && (cd build-cuda && ctest -L gpu -R sampling)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <random>
@@ -541,6 +547,153 @@ TEST_F(SamplingGpu, TemperatureOnlyFrequenciesOnBigVocabulary) {
   const double chi2 = ChiSquare(counts, want, draws, &bins);
   EXPECT_LT(chi2, ChiBound(bins)) << "bins " << bins;
   EXPECT_NEAR(counts[9] / double(draws), want.at(9), 0.02);
+}
+
+// ---- the Gumbel-max draw against its definition ---------------------------------------------
+// Temperature-only rows draw token = argmax_i fma(double(l_i), 1 / double(T), double(G_i)) (ties
+// -> lowest id, NaN scores never win), G_i = Gumbel(r_i) in float, r_i word i % 4 of
+// Philox4x32-10(counter (i / 4, uint32(offset), uint32(offset >> 32), kGumbelStream),
+// key (uint32(seed), uint32(seed >> 32))). The kernel prunes elements whose score provably cannot
+// reach the best one; here every element is scored, so equal tokens show that pruning (and
+// everything else) leaves the draw exact.
+
+// Philox4x32-10 as curand_Philox4x32_10 (curand_philox4x32_x.h; Salmon et al., SC'11): 10 rounds
+// of (hi0, lo0) = 0xD2511F53 * c0, (hi1, lo1) = 0xCD9E8D57 * c2,
+// c = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0), the key bumped by (0x9E3779B9, 0xBB67AE85)
+// between rounds.
+using Philox4 = std::array<uint32_t, 4>;
+Philox4 Philox4x32_10(Philox4 c, std::array<uint32_t, 2> k) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) k[0] += 0x9E3779B9u, k[1] += 0xBB67AE85u;
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c[0], p1 = uint64_t(0xCD9E8D57u) * c[2];
+    c = {uint32_t(p1 >> 32) ^ c[1] ^ k[0], uint32_t(p1), uint32_t(p0 >> 32) ^ c[3] ^ k[1],
+         uint32_t(p0)};
+  }
+  return c;
+}
+
+// Random123's known-answer vectors for philox4x32_10 (kat_vectors): the host Philox is the
+// standard one. Runs without a GPU.
+TEST(SamplingHostReference, Philox4x32_10KnownAnswers) {
+  EXPECT_EQ(Philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (Philox4{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  const uint32_t m = 0xffffffffu;
+  EXPECT_EQ(Philox4x32_10({m, m, m, m}, {m, m}),
+            (Philox4{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(Philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+                          {0xa4093822u, 0x299f31d0u}),
+            (Philox4{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+}
+
+constexpr uint32_t kGumbelStream = 0x6a09e667u;  // sampling.cu's: the counter's last word
+
+// sampling.cu's Gumbel(r), the same float operations and branches (glibc's logf / log1pf here,
+// CUDA's there: they may differ by an ulp).
+float HostGumbel(uint32_t r) {
+  const float e = r < 0x80000000u ? -std::log((float(r) + 0.5f) * 0x1p-32f)
+                                  : -std::log1p(-((float(~r) + 0.5f) * 0x1p-32f));
+  return -std::log(e);
+}
+
+// The draw's definition over a whole row: the token, and every id whose score is within `tol`
+// of the best (an ulp of G is at most 2^-19 ~ 1.9e-6 at |G| <= 23: host and device may order
+// such near-ties differently).
+struct GumbelRef {
+  int token = -1;
+  std::vector<int> near;  // ids within tol of the best score, the token included
+};
+GumbelRef GumbelArgmax(std::span<const float> l, float temperature, uint64_t seed, uint64_t offset,
+                       double tol = 1e-5) {
+  const double inv_t = 1.0 / double(temperature);
+  const std::array<uint32_t, 2> key = {uint32_t(seed), uint32_t(seed >> 32)};
+  std::vector<double> score(l.size(), NAN);
+  GumbelRef ref;
+  for (size_t c = 0; 4 * c < l.size(); ++c) {
+    const Philox4 r =
+        Philox4x32_10({uint32_t(c), uint32_t(offset), uint32_t(offset >> 32), kGumbelStream}, key);
+    for (size_t e = 0; e < 4 && 4 * c + e < l.size(); ++e) {
+      const size_t i = 4 * c + e;
+      score[i] = std::fma(double(l[i]), inv_t, double(HostGumbel(r[e])));
+      if (!std::isnan(score[i]) && (ref.token < 0 || score[i] > score[size_t(ref.token)])) {
+        ref.token = int(i);  // strictly greater: ties keep the lower id
+      }
+    }
+  }
+  for (size_t i = 0; i < l.size() && ref.token >= 0; ++i) {
+    if (score[i] >= score[size_t(ref.token)] - tol) ref.near.push_back(int(i));
+  }
+  return ref;
+}
+
+// GPU tokens equal the definition's, over rows that prune little (flat, normal), much (peaked,
+// small T) and -inf / NaN logits, both load paths (vocab 1001: scalar loads, a partial last
+// group), the copy pass (a logit_bias entry), several seeds and offsets (64-bit ones too).
+TEST_F(SamplingGpu, TemperatureOnlyDrawEqualsTheGumbelArgmax) {
+  struct Rows {
+    std::string name;
+    std::vector<float> logits;  // one row: every draw of the case samples it
+    float temperature;
+    int draws;
+    float bias = 0.f;  // != 0: a LogitAdjust entry adds it to token 7 (the copy pass)
+  };
+  const int64_t big = 128256;
+  std::vector<Rows> cases;
+  cases.push_back({"normal T=1", RandomLogits(big, 301, 2.5f), 1.f, 48});
+  cases.push_back({"normal T=0.7", RandomLogits(big, 302, 2.5f), 0.7f, 48});
+  std::vector<float> peaked = RandomLogits(big, 303, 2.5f);
+  peaked[77777] = 20.f;
+  cases.push_back({"peaked +20 T=1", peaked, 1.f, 24});
+  cases.push_back({"peaked +20 T=0.7", peaked, 0.7f, 24});
+  cases.push_back({"normal T=0.05 (heavy pruning)", RandomLogits(big, 304, 2.5f), 0.05f, 16});
+  std::vector<float> banned = RandomLogits(big, 305, 2.5f);
+  for (int id : {0, 1, 2, 3, 4, 999, 50000, 128255}) banned[size_t(id)] = -INFINITY;
+  for (size_t i = 100; i < 2100; ++i) banned[i] = -INFINITY;
+  cases.push_back({"-inf entries T=1", banned, 1.f, 24});
+  std::vector<float> nans = RandomLogits(big, 306, 2.5f);
+  for (int id : {5, 6, 70000, 128254}) nans[size_t(id)] = NAN;  // never drawn: NaN scores
+  cases.push_back({"NaN entries T=1", nans, 1.f, 16});
+  cases.push_back({"flat T=1 (the noise decides)", std::vector<float>(size_t(big), 0.5f), 1.f, 16});
+  cases.push_back({"bias +8 on id 7 T=1", RandomLogits(big, 307, 2.5f), 1.f, 16, 8.f});
+  std::vector<float> odd = RandomLogits(1001, 308, 2.f);
+  odd[600] = odd[601] = -INFINITY;
+  cases.push_back({"vocab 1001 T=1", odd, 1.f, 256});
+  cases.push_back({"vocab 1001 T=0.7", odd, 0.7f, 256});
+
+  int near_ties = 0, rows = 0;
+  for (const Rows& c : cases) {
+    const int64_t vocab = int64_t(c.logits.size());
+    std::vector<float> processed = c.logits;
+    if (c.bias != 0.f) processed[7] += c.bias;  // l + bias; repetition 1, subtract 0: exact
+    std::vector<SampleRowParams> params(size_t(c.draws));
+    std::vector<LogitAdjust> adjust;
+    for (int d = 0; d < c.draws; ++d) {
+      SampleRowParams& p = params[size_t(d)];
+      p.temperature = c.temperature;
+      p.seed = d % 3 == 0 ? uint64_t(1000 + d) : 0x9e3779b97f4a7c15ull * uint64_t(d + 1);
+      p.offset = d % 2 == 0 ? uint64_t(d) : (uint64_t(d) << 32) + 12345u;
+      if (c.bias != 0.f) p.adjust_begin = 0, p.adjust_end = 1;
+    }
+    if (c.bias != 0.f) adjust.push_back(LogitAdjust{7, c.bias, 1.f, 0.f});
+    const GpuResult g = RunGpu(c.logits, vocab, params, adjust);
+    for (int d = 0; d < c.draws; ++d) {
+      const SampleRowParams& p = params[size_t(d)];
+      const GumbelRef ref = GumbelArgmax(processed, p.temperature, p.seed, p.offset);
+      const int got = g.token[size_t(d)];
+      const std::string what = c.name + " draw " + std::to_string(d);
+      ++rows;
+      if (ref.near.size() == 1) {
+        ASSERT_EQ(got, ref.token) << what;
+      } else {
+        ++near_ties;
+        ASSERT_NE(std::find(ref.near.begin(), ref.near.end(), got), ref.near.end())
+            << what << ": GPU " << got << ", host " << ref.token;
+      }
+    }
+  }
+  std::printf("Gumbel draws checked: %d rows, %d near-ties (top scores within 1e-5)\n", rows,
+              near_ties);
+  RecordProperty("near_ties", near_ties);
+  EXPECT_LE(near_ties, 2) << "near-ties should be rare";
 }
 
 // Big vocabularies of equal logits: every filter boundary is a tie, resolved by lowest id.
