@@ -119,6 +119,10 @@ run throughput_8b_fp8 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" --m
 run throughput_8b_fp8_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8
+# The same with the fp8 prefill on the mma.sync rung (no bf16 copy of the pages), for A/Bs.
+run throughput_8b_fp8_512seq_mma 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --no-fp8-prefill-wgmma
 # cuBLASLt algorithms timed at start-up (--gemm-autotune) instead of the heuristic's picks
 run throughput_8b_fp8_512seq_autotune 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
