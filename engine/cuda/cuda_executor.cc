@@ -870,8 +870,7 @@ struct CudaExecutor::Impl {
     if (prefill_scratch != nullptr && padded == 0 && !b.is_batch_invariant) {
       Shape::PrefillGroup g{nd, nd, 0};
       for (int64_t i = nd; i < s.num_seqs; ++i) {
-        const int64_t keys = int64_t(h_ctx.p[i]) + h_cu.p[i + 1] - h_cu.p[i];
-        const int64_t pages = (keys + opt.block_size - 1) / opt.block_size;
+        const int64_t pages = cuda::PrefillPagesNeeded(h_cu.p + i, h_ctx.p + i, 1, opt.block_size);
         if (g.pages + pages > prefill_scratch_pages && i > g.begin) {
           g.end = i;
           s.prefill_groups.push_back(g);
@@ -1942,7 +1941,7 @@ void CudaExecutor::Impl::Finish(int64_t num_blocks) {
   }
   stats.gemm_tuned_shapes = gemm->num_tuned();
   stats.gemm_retuned_shapes = gemm->num_retuned();
-  stats.steps = stats.graph_steps = 0;
+  stats.steps = stats.graph_steps = stats.fp8_prefill_copies = 0;  // (the profiling pass's)
   stats.device_ms = stats.wall_ms = 0;
 }
 
@@ -2135,7 +2134,7 @@ CudaExecutorStats CudaExecutor::stats() const { return impl_->stats; }
 
 void CudaExecutor::ResetStats() {
   CudaExecutorStats& s = impl_->stats;
-  s.steps = s.graph_steps = 0;
+  s.steps = s.graph_steps = s.fp8_prefill_copies = 0;
   s.device_ms = s.wall_ms = 0;
 }
 

@@ -153,6 +153,7 @@ void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, Prefil
   a.head_dim = static_cast<int>(p.kv.layout.head_dim);
   a.block_size = static_cast<int>(p.kv.layout.block_size);
   a.max_q_len = static_cast<int>(p.max_q_len);
+  a.max_num_keys = p.max_num_keys;
   a.kv_fp8 = p.kv_format.fp8;
   a.scale_log2 = p.scale * 1.44269504088896340736f * (a.kv_fp8 ? p.kv_format.k_scale : 1.f);
   a.out_scale = a.kv_fp8 ? p.kv_format.v_scale : 1.f;

@@ -36,8 +36,9 @@ const char* PrefillVariantName(PrefillVariant v);
 
 // Device scratch that lets kWgmma run over an fp8 (e4m3) cache (prefill_attention_fp8.cu): a
 // pass copies the batch's pages, exactly, into a pool of the attention dtype inside `data`,
-// and v4 reads that copy. num_pages: the pages the batch's sequences span,
-// PrefillPagesNeeded(...) of the same lengths (host arrays); bytes: at least
+// and v4 reads that copy. num_pages: at least the pages the batch's sequences span,
+// PrefillPagesNeeded(...) of the same lengths (host arrays; pages past num_pages would read as
+// zeros: the scratch is never written out of bounds); bytes: at least
 // PrefillFp8ScratchBytes(layout, dtype, num_seqs, max_blocks_per_seq, num_pages); `data`
 // 256-byte aligned (cudaMalloc's). One launch at a time per scratch (stream order).
 struct PrefillScratch {
@@ -89,6 +90,7 @@ struct PrefillArgs {
   int head_dim = 0;
   int block_size = 0;
   int max_q_len = 0;
+  int64_t max_num_keys = 0;  // AttentionParams::max_num_keys (0: unknown)
   float scale_log2 = 0;  // scale · log2(e) (fp8: · k_scale): scores live in the log2 domain
   bool is_bf16 = true;
   bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive, v3_mma, v4 over a copy

@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -64,17 +65,20 @@ struct DequantArgs {
   int block_size = 0;
 };
 
-// Block (blockIdx.x) of sequence blockIdx.y: its scratch page index into the new table, and its
-// K and V pages converted, 8 codes (one 8-byte load, one 16-byte store) per thread and step.
+// Blocks blockIdx.x, blockIdx.x + gridDim.x, ... of sequence blockIdx.y: each one's scratch page
+// index into the new table, and its K and V pages converted, 8 codes (one 8-byte load, one
+// 16-byte store) per thread and step. gridDim.x covers the longest sequence of the batch when
+// the caller knows it (max_num_keys) and the table width otherwise; the stride loop makes the
+// copy complete either way.
 template <typename T>
 __global__ void __launch_bounds__(kDequantThreads) DequantizePagesKernel(DequantArgs d) {
   const int s = blockIdx.y;
-  const int b = blockIdx.x;
   auto pages = [&](int i) {
     const int keys = d.context_lens[i] + d.cu_seqlens_q[i + 1] - d.cu_seqlens_q[i];
     return (keys + d.block_size - 1) / d.block_size;
   };
-  if (b >= pages(s)) return;  // (the whole CTA)
+  const int n = pages(s);
+  if (int(blockIdx.x) >= n) return;  // (the whole CTA)
   // base_s: the pages of the sequences before s, summed by the CTA.
   int64_t part = 0;
   for (int i = threadIdx.x; i < s; i += kDequantThreads) part += pages(i);
@@ -85,18 +89,6 @@ __global__ void __launch_bounds__(kDequantThreads) DequantizePagesKernel(Dequant
   int64_t base = 0;
 #pragma unroll
   for (int w = 0; w < kDequantThreads / 32; ++w) base += warp_sums[w];
-  const int64_t dst = base + b;
-  const int64_t src = d.block_tables[int64_t(s) * d.width + b];
-  // The host sizes the scratch from the same lengths (PrefillPagesNeeded) and the engine's
-  // tables hold valid blocks; a page that breaks either is left alone, never written out of
-  // bounds.
-  if (dst >= d.capacity || src < 0 || src >= d.num_blocks) return;
-  if (threadIdx.x == 0) d.tables_out[int64_t(s) * d.width + b] = int32_t(dst);
-  const int64_t chunks = d.page_elems / 8;
-  const uint2* k_in = reinterpret_cast<const uint2*>(d.k + src * d.page_elems);
-  const uint2* v_in = reinterpret_cast<const uint2*>(d.v + src * d.page_elems);
-  uint4* k_out = reinterpret_cast<uint4*>(static_cast<T*>(d.k_out) + dst * d.page_elems);
-  uint4* v_out = reinterpret_cast<uint4*>(static_cast<T*>(d.v_out) + dst * d.page_elems);
   auto convert = [](uint2 codes) {
     uint32_t h[4];  // fp16 pairs of codes 0-1, 2-3, 4-5, 6-7
     vec::E4m3x4ToHalf2x2(codes.x, h[0], h[1]);
@@ -111,11 +103,29 @@ __global__ void __launch_bounds__(kDequantThreads) DequantizePagesKernel(Dequant
     }
     return make_uint4(h[0], h[1], h[2], h[3]);
   };
-  for (int64_t c = threadIdx.x; c < chunks; c += kDequantThreads) {
-    const uint2 kc = __ldg(k_in + c);
-    const uint2 vc = __ldg(v_in + c);
-    k_out[c] = convert(kc);
-    v_out[c] = convert(vc);
+  const int64_t chunks = d.page_elems / 8;
+  for (int b = blockIdx.x; b < n; b += gridDim.x) {
+    const int64_t dst = base + b;
+    const int64_t src = d.block_tables[int64_t(s) * d.width + b];
+    // The host sizes the scratch from the same lengths (PrefillPagesNeeded) and the engine's
+    // tables hold valid blocks. A page that breaks either is never written out of bounds, and
+    // its table entry becomes -1, so v4 reads it as zeros (TMA fills out-of-range boxes), never
+    // as another sequence's page left in the table by an earlier launch.
+    if (dst >= d.capacity || src < 0 || src >= d.num_blocks) {
+      if (threadIdx.x == 0) d.tables_out[int64_t(s) * d.width + b] = -1;
+      continue;
+    }
+    if (threadIdx.x == 0) d.tables_out[int64_t(s) * d.width + b] = int32_t(dst);
+    const uint2* k_in = reinterpret_cast<const uint2*>(d.k + src * d.page_elems);
+    const uint2* v_in = reinterpret_cast<const uint2*>(d.v + src * d.page_elems);
+    uint4* k_out = reinterpret_cast<uint4*>(static_cast<T*>(d.k_out) + dst * d.page_elems);
+    uint4* v_out = reinterpret_cast<uint4*>(static_cast<T*>(d.v_out) + dst * d.page_elems);
+    for (int64_t c = threadIdx.x; c < chunks; c += kDequantThreads) {
+      const uint2 kc = __ldg(k_in + c);
+      const uint2 vc = __ldg(v_in + c);
+      k_out[c] = convert(kc);
+      v_out[c] = convert(vc);
+    }
   }
 }
 
@@ -166,7 +176,13 @@ void LaunchPrefillWgmmaFp8(const PrefillArgs& a, const PrefillScratch& scratch,
     throw std::invalid_argument("PagedPrefillAttention (fp8 via v4): page of " +
                                 std::to_string(d.page_elems) + " elements, not a multiple of 8");
   }
-  const dim3 grid(unsigned(a.max_blocks_per_seq), unsigned(a.num_seqs));
+  // Columns: the longest sequence's pages when known (a mixed step's table width also covers
+  // its decode rows' contexts), else the table width.
+  int64_t columns = a.max_blocks_per_seq;
+  if (a.max_num_keys > 0) {
+    columns = std::min(columns, (a.max_num_keys + a.block_size - 1) / a.block_size);
+  }
+  const dim3 grid(unsigned(std::max<int64_t>(columns, 1)), unsigned(a.num_seqs));
   if (a.is_bf16) {
     DequantizePagesKernel<__nv_bfloat16><<<grid, kDequantThreads, 0, stream>>>(d);
   } else {

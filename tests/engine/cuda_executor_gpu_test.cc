@@ -280,14 +280,19 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaFp8Logits,
 // the test above.
 TEST_F(CudaExecutorTest, Fp8PrefillGroupsAreBitIdenticalToOneLaunch) {
   const std::string dir = ModelDir("hd128");
-  const std::vector<int> ids = ReferenceIds();
-  ASSERT_GE(ids.size(), 60u);
-  // Three sequences over their own blocks: 20 cached + 17 new, 50 new, 8 cached + 12 new
-  // tokens (3, 4 and 2 pages of 16).
+  std::vector<int> ids;
+  while (ids.size() < 128) {
+    const std::vector<int> r = ReferenceIds();
+    ids.insert(ids.end(), r.begin(), r.end());
+  }
+  // A decode row (75 cached tokens: 5 pages, the step's widest table) before three prefill
+  // sequences over their own blocks: 20 cached + 17 new, 50 new, 8 cached + 12 new tokens (3, 4
+  // and 2 pages of 16). The prefill groups start after the decode row (offset arrays).
   struct Seq {
     int64_t ctx, len;
+    bool decode;
   };
-  const std::vector<Seq> seqs = {{20, 17}, {0, 50}, {8, 12}};
+  const std::vector<Seq> seqs = {{75, 1, true}, {20, 17, false}, {0, 50, false}, {8, 12, false}};
   auto run = [&](int64_t scratch_pages, int64_t* copies) {
     CudaExecutorOptions o = SmallOptions(DType::kBF16, /*graphs=*/false);
     o.kv_cache_fp8 = true;
@@ -301,7 +306,7 @@ TEST_F(CudaExecutorTest, Fp8PrefillGroupsAreBitIdenticalToOneLaunch) {
       for (int64_t b = 0; b * kBlockSize < q.ctx + q.len; ++b) t.push_back(next_block++);
       tables.push_back(t);
     }
-    auto add = [&](ForwardBatch& batch, size_t i, int64_t pos, int64_t len) {
+    auto add = [&](ForwardBatch& batch, size_t i, int64_t pos, int64_t len, bool decode) {
       std::vector<int64_t> slots;
       for (int64_t k = pos; k < pos + len; ++k) {
         slots.push_back(int64_t(tables[i][size_t(k / kBlockSize)]) * kBlockSize + k % kBlockSize);
@@ -309,16 +314,17 @@ TEST_F(CudaExecutorTest, Fp8PrefillGroupsAreBitIdenticalToOneLaunch) {
       batch.AddSequence(std::span<const int>(ids.data() + pos, size_t(len)), pos,
                         std::span<const int32_t>(tables[i].data(),
                                                  size_t((pos + len + kBlockSize - 1) / kBlockSize)),
-                        slots, true, /*is_decode=*/false);
+                        slots, true, decode);
     };
     for (size_t i = 0; i < seqs.size(); ++i) {
       if (seqs[i].ctx == 0) continue;
       ForwardBatch warm;
-      add(warm, i, 0, seqs[i].ctx);
+      add(warm, i, 0, seqs[i].ctx, false);
       ex->Forward(warm);
     }
     ForwardBatch batch;
-    for (size_t i = 0; i < seqs.size(); ++i) add(batch, i, seqs[i].ctx, seqs[i].len);
+    for (size_t i = 0; i < seqs.size(); ++i) add(batch, i, seqs[i].ctx, seqs[i].len, seqs[i].decode);
+    EXPECT_EQ(batch.num_decode_seqs, 1);
     batch.logits_indices.clear();
     for (int32_t r = 0; r < int32_t(batch.num_tokens()); ++r) batch.logits_indices.push_back(r);
     const int64_t before = ex->stats().fp8_prefill_copies;

@@ -586,6 +586,9 @@ TEST_P(PrefillFp8Gpu, RungsMatchCpuFp8Reference) {
   for (auto variant : {cuda::PrefillVariant::kWgmma, cuda::PrefillVariant::kBest}) {
     const std::string what = std::string(c.name) + " " + cuda::PrefillVariantName(variant) +
                              " over a bf16/fp16 copy of the pages";
+    // Poisoned again: the second run must copy every page it reads itself, not find the first
+    // run's copy (bit-identical results then say the copy and the attention are deterministic).
+    LLM_CUDA_CHECK(cudaMemset(scratch_buf.p, 0xff, bytes));
     LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
     cuda::PagedPrefillAttention(p, nullptr, variant, &scratch);
     const std::vector<uint16_t> got = dout.Download<uint16_t>();
@@ -596,7 +599,8 @@ TEST_P(PrefillFp8Gpu, RungsMatchCpuFp8Reference) {
       EXPECT_EQ(got, first) << what << ": not bit-identical to the first run";
     }
   }
-  // One page short, or a misaligned scratch: kBest falls back to v3, kWgmma refuses.
+  // Bytes one page short of the pages claimed, or a misaligned scratch: kBest falls back to
+  // v3, kWgmma refuses. (The claimed count itself cannot be checked on the host.)
   for (const cuda::PrefillScratch bad :
        {cuda::PrefillScratch{scratch_buf.p, bytes, pages + 1},
         cuda::PrefillScratch{static_cast<std::byte*>(scratch_buf.p) + 16, bytes - 16, pages}}) {
