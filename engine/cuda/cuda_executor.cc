@@ -678,10 +678,16 @@ struct CudaExecutor::Impl {
     if (Fp8PrefillCopies()) {
       // A maximum-length sequence's pages, plus a step's new tokens in max_seqs sequences:
       // every step's prefill sequences fit in one launch unless their cached context adds up
-      // past one maximum-length sequence (then they run as several launches; Upload).
+      // past one maximum-length sequence (then they run as several launches; Upload). At most
+      // 1 GiB (Llama-3.1-8B's 128k context takes ~0.6): a longer sequence's chunks run on the
+      // mma.sync kernel, which reads the e4m3 cache directly.
       const int64_t bs = opt.block_size;
-      prefill_scratch_pages = opt.fp8_prefill_scratch_pages > 0 ? opt.fp8_prefill_scratch_pages
-                                                                : table_cap + (T + bs - 1) / bs + S;
+      const int64_t step_pages = (T + bs - 1) / bs + S;
+      const int64_t page_bytes = 2 * kv_heads * bs * config.head_dim * int64_t(esize);
+      const int64_t most = std::max((int64_t{1} << 30) / page_bytes, step_pages);
+      prefill_scratch_pages = opt.fp8_prefill_scratch_pages > 0
+                                  ? opt.fp8_prefill_scratch_pages
+                                  : std::min(table_cap + step_pages, most);
       prefill_scratch_bytes = cuda::PrefillFp8ScratchBytes(
           PagedKvLayout{1, bs, kv_heads, config.head_dim}, dtype, S, table_cap,
           prefill_scratch_pages);
