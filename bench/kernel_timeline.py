@@ -4,7 +4,9 @@
     python3 bench/kernel_timeline.py trace.csv [--skip 8] [--json out.json]
 
 Takes the graph-launched kernels (the decode steps), splits them into replays (a replay starts
-where the first node of the graph appears again), and for the replays after --skip reports per
+where the first node of the graph appears again), keeps the replays of one graph (--graph, by
+default the most replayed one: each padded batch size is a graph of its own, with the same
+kernel count but other GEMM tiles and times), and for its replays after --skip reports per
 kernel class (the kernel's name; GEMVs also by epilogue and grid size, which tells q|k|v, o,
 gate|up, down and the lm_head apart):
   - busy: the kernel's own start-to-end time (overlapping kernels both count: PDL),
@@ -144,18 +146,18 @@ def analyse(step):
     return wall, idle, busy, exposed, count, marginal, lead
 
 
-def between(kernels, steps, size, skip):
-    """The gaps between consecutive replays of `size` kernels (after the first `skip` replays):
+def between(kernels, steps, keep, skip):
+    """The gaps between consecutive kept replays (keep(step); after the first `skip` of them):
     the step's host work shows here (sampling, copies, the next step's launch). Per gap: its
     length, the time no kernel ran, and the kernels outside the graph that ran in it."""
     loose = [k for k in kernels if k["graph"] == 0]
     gaps, idles, per_gap = [], [], []  # per_gap: {class: (busy us, count)} of each gap
     seen = 0
     for prev, nxt in zip(steps, steps[1:]):
-        if len(prev) != size:
+        if not keep(prev):
             continue
         seen += 1
-        if seen <= skip or len(nxt) != size:
+        if seen <= skip or not keep(nxt):
             continue
         t0 = max(k["end"] for k in prev)
         t1 = min(k["start"] for k in nxt)
@@ -237,8 +239,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--skip", type=int, default=8, help="replays to skip (warm-up)")
+    ap.add_argument("--graph", type=int, default=0,
+                    help="only replays of this graph id (0: the most replayed graph)")
     ap.add_argument("--graph-size", type=int, default=0,
-                    help="only replays with this many kernels (0: the most common size)")
+                    help="instead of one graph: every replay with this many kernels")
     ap.add_argument("--skip-eager", type=int, default=1,
                     help="eager steps to skip (the profiling pass; --gemm-autotune: + tuning)")
     ap.add_argument("--json", help="write the summary here too")
@@ -254,11 +258,21 @@ def main():
             with open(a.json, "w") as f:
                 json.dump({"eager_steps": eager}, f, indent=1)
         return
-    size = a.graph_size or statistics.mode(len(s) for s in all_steps)
-    gap = between(kernels, all_steps, size, a.skip)
-    steps = [s for s in all_steps if len(s) == size][a.skip:]
+    graphs = sorted({s[0]["graph"] for s in all_steps})
+    if a.graph_size:
+        gid = None
+        keep = lambda s: len(s) == a.graph_size  # noqa: E731
+    else:
+        gid = a.graph or statistics.mode(s[0]["graph"] for s in all_steps)
+        keep = lambda s: s[0]["graph"] == gid  # noqa: E731
+    gap = between(kernels, all_steps, keep, a.skip)
+    steps = [s for s in all_steps if keep(s)][a.skip:]
     if not steps:
-        sys.exit(f"no replays of {size} kernels after skipping {a.skip}")
+        sys.exit(f"no replays of graph {gid} (size {a.graph_size}) after skipping {a.skip}")
+    size = statistics.mode(len(s) for s in steps)
+    if gid is not None:
+        print(f"graph {gid}: {len(steps)} of the {len(all_steps)} replays of the trace's "
+              f"{len(graphs)} graphs (--graph picks another)")
     walls, idles = [], []
     busy, exposed, count = defaultdict(list), defaultdict(list), {}
     marginal, lead = defaultdict(list), defaultdict(list)
@@ -277,7 +291,8 @@ def main():
           f"median {wall:.1f} us; idle (no kernel running) median {statistics.median(idles):.1f} us")
     print(f"{'class':44s} {'per step':>8s} {'busy us':>9s} {'exposed us':>11s} {'of wall':>8s} "
           f"{'marginal us':>11s} {'lead us/each':>12s}")
-    summary = {"replays": len(steps), "kernels_per_replay": size, "wall_us": wall,
+    summary = {"graph_id": gid, "graphs": len(graphs), "replays": len(steps),
+               "kernels_per_replay": size, "wall_us": wall,
                "idle_us": statistics.median(idles), "classes": {}}
     for cls in sorted(exposed, key=lambda c: -statistics.median(exposed[c])):
         b, e = statistics.median(busy[cls]), statistics.median(exposed[cls])

@@ -8,8 +8,10 @@ with a sampling kernel between replays):
 Before them a profiling pass (an eager step, skipped by default); after them two eager
 (mixed) steps, each from an embedding gather: [40000, 46000] (gather 1 us, a GEMM 3 us, prefill
 attention 1.5 us, sampling 0.5 us; then the next step's input scatter at 47000, which belongs
-to the next step) and [50000, 53000] (gather 1 us, GEMM 2 us): walls 6.0 and 3.0 us; the
-graph replays' total wall 27.0 us."""
+to the next step) and [50000, 53000] (gather 1 us, GEMM 2 us): walls 6.0 and 3.0 us. Then 2
+replays of another graph (id 6: another padded batch size, the same 4 kernels) of 3.5 us each,
+which the default selection (the most replayed graph) leaves out and --graph 6 picks; the
+graph replays' total wall 34.0 us."""
 import csv
 import json
 import os
@@ -55,15 +57,27 @@ def main():
     kernel(47000, 47500, 0, 0, SCATTER, 1)
     kernel(50000, 51000, 0, 0, GATHER, 64)
     kernel(51000, 53000, 0, 0, GEMM, 132)
+    for r in range(2):  # graph 6: q|k|v 1 us, attention 1, o 1, RMSNorm 0.5, back to back
+        b = 60000 + r * 10000
+        kernel(b, b + 1000, 6, 200, GEMV.format(4), 3072)
+        kernel(b + 1000, b + 2000, 6, 201, ATTN, 32)
+        kernel(b + 2000, b + 3000, 6, 202, GEMV.format(2), 1024)
+        kernel(b + 3000, b + 3500, 6, 203, NORM, 1)
     with tempfile.TemporaryDirectory() as d:
         trace, out = os.path.join(d, "trace.csv"), os.path.join(d, "summary.json")
         with open(trace, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             w.writerows(rows)
-        subprocess.run([sys.executable, os.path.join(ROOT, "bench", "kernel_timeline.py"), trace,
-                        "--skip", "0", "--json", out], check=True)
+        tool = os.path.join(ROOT, "bench", "kernel_timeline.py")
+        subprocess.run([sys.executable, tool, trace, "--skip", "0", "--json", out], check=True)
         s = json.load(open(out))
+        subprocess.run([sys.executable, tool, trace, "--skip", "0", "--graph", "6", "--json", out],
+                       check=True)
+        s6 = json.load(open(out))
+    assert s6["graph_id"] == 6 and s6["replays"] == 2 and abs(s6["wall_us"] - 3.5) < 1e-9, s6
+    assert abs(s6["classes"]["DecodeKernel"]["exposed_us"] - 1.0) < 1e-9, s6
+    assert s["graph_id"] == 5 and s["graphs"] == 2, s
     want = {"gemv/rope_kv/grid3072": 3.0, "gemv/accumulate_f32/grid1024": 3.0,
             "DecodeKernel": 2.0, "AddRmsNormKernel": 0.5}
     got = {c: v["exposed_us"] for c, v in s["classes"].items()}
@@ -89,8 +103,8 @@ def main():
     # Eager steps: the two mixed steps, the graph replays' total, per class busy over them.
     e = s["eager_steps"]
     assert e["steps"] == 2 and abs(e["wall_us_median"] - 4.5) < 1e-9, e
-    assert abs(e["wall_us_total"] - 9.0) < 1e-9 and e["graph_replays"] == 3, e
-    assert abs(e["graph_replay_wall_us_total"] - 27.0) < 1e-9, e
+    assert abs(e["wall_us_total"] - 9.0) < 1e-9 and e["graph_replays"] == 5, e
+    assert abs(e["graph_replay_wall_us_total"] - 34.0) < 1e-9, e
     want_eager = {"EmbeddingGatherKernel": (2, 2.0), GEMM: (2, 5.0), "PrefillKernel": (1, 1.5),
                   "SampleKernel": (1, 0.5)}
     assert set(e["kernels"]) == set(want_eager), e["kernels"]
