@@ -693,8 +693,8 @@ struct CudaExecutor::Impl {
           prefill_scratch_pages);
       prefill_scratch = Alloc(int64_t(prefill_scratch_bytes));
       if (shard.rank == 0) {
-        Log("fp8 KV cache: prefill attention on the wgmma kernel over a " + std::string(DTypeName(dtype)) +
-            " copy of each step's prefill pages (scratch " +
+        Log("fp8 KV cache: prefill attention on the wgmma kernel over a " +
+            std::string(DTypeName(dtype)) + " copy of each step's prefill pages (scratch " +
             Gib(double(prefill_scratch_bytes)) + ", " + std::to_string(prefill_scratch_pages) +
             " pages)");
       }

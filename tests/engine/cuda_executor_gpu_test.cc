@@ -323,7 +323,9 @@ TEST_F(CudaExecutorTest, Fp8PrefillGroupsAreBitIdenticalToOneLaunch) {
       ex->Forward(warm);
     }
     ForwardBatch batch;
-    for (size_t i = 0; i < seqs.size(); ++i) add(batch, i, seqs[i].ctx, seqs[i].len, seqs[i].decode);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      add(batch, i, seqs[i].ctx, seqs[i].len, seqs[i].decode);
+    }
     EXPECT_EQ(batch.num_decode_seqs, 1);
     batch.logits_indices.clear();
     for (int32_t r = 0; r < int32_t(batch.num_tokens()); ++r) batch.logits_indices.push_back(r);
