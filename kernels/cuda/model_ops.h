@@ -150,4 +150,10 @@ void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* par
                   int64_t num_rows, const LogitAdjust* adjust, void* workspace,
                   const SampleOutputs& out, cudaStream_t stream);
 
+namespace detail {
+// Tests only: the temperature-only draw without its exact pruning (every element's noise
+// computed), to compare tokens bit for bit. Process-wide; applies to later SampleTokens calls.
+void SetGumbelPruning(bool on);
+}  // namespace detail
+
 }  // namespace llm::cuda

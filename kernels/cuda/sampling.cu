@@ -536,11 +536,12 @@ __device__ void TopLogprobs(const float* raw, int vocab, int n, float thread_max
   }
 }
 
-// One CTA per sampled row. workspace: [num_rows, vocab] fp32, the processed rows.
+// One CTA per sampled row. workspace: [num_rows, vocab] fp32, the processed rows. prune: the
+// Gumbel draw's exact pruning (false only for tests: detail::SetGumbelPruning).
 __global__ void __launch_bounds__(kThreads, 1)
     SampleKernel(const float* __restrict__ logits, int vocab,
                  const SampleRowParams* __restrict__ params, const LogitAdjust* __restrict__ adjust,
-                 float* workspace, SampleOutputs out) {
+                 float* workspace, SampleOutputs out, bool prune) {
   __shared__ SampleSmem s;
   const int row = blockIdx.x;
   const SampleRowParams p = params[row];
@@ -635,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) v[e] = 4 * c + e < vocab ? src[4 * c + e] : -INFINITY;
       }
       const double k = DKeyToDouble(*shared_known);
-      if (k > known) raise_known(k);
+      if (prune && k > known) raise_known(k);  // (without pruning the cuts stay NaN)
       const uint32_t u[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -647,7 +648,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         drawn = Better(drawn, ArgBestD{fma(double(v[e]), inv_t, double(Gumbel(u[e]))), i});
       }
-      if (drawn.v > known) {
+      if (prune && drawn.v > known) {
         raise_known(drawn.v);
         atomicMax(const_cast<unsigned long long*>(shared_known), DKey(drawn.v));
       }
@@ -680,7 +681,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+bool g_gumbel_pruning = true;  // detail::SetGumbelPruning (tests)
+
 }  // namespace
+
+namespace detail {
+void SetGumbelPruning(bool on) { g_gumbel_pruning = on; }
+}  // namespace detail
 
 size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab) {
   if (num_rows <= 0 || vocab <= 0) return 0;
@@ -695,7 +702,8 @@ void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* par
     throw std::invalid_argument("SampleTokens: vocab must be in [1, 2^30)");
   }
   SampleKernel<<<unsigned(num_rows), kThreads, 0, stream>>>(
-      logits, static_cast<int>(vocab), params, adjust, static_cast<float*>(workspace), out);
+      logits, static_cast<int>(vocab), params, adjust, static_cast<float*>(workspace), out,
+      g_gumbel_pruning);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -20,7 +20,9 @@
 //    lowest ids) exercise the radix passes and the id-ordered tie cutoffs.
 //  - The temperature-only (Gumbel-max) draw equals its definition computed here over the whole
 //    row (Philox4x32-10 on the host, checked against Random123's known answers; the same float
-//    Gumbel; double scores): the kernel's pruning of hopeless elements leaves the token exact.
+//    Gumbel; double scores): the kernel's pruning of hopeless elements leaves the token exact;
+//    and the same rows drawn with the pruning switched off (a test hook) give the same tokens
+//    and logprobs bit for bit.
 //   ninja -C build-cuda sampling_gpu_test && (cd build-cuda && ctest -L gpu -R sampling)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -30,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -694,6 +697,61 @@ TEST_F(SamplingGpu, TemperatureOnlyDrawEqualsTheGumbelArgmax) {
               near_ties);
   RecordProperty("near_ties", near_ties);
   EXPECT_LE(near_ties, 2) << "near-ties should be rare";
+}
+
+// The pruning of the temperature-only draw changes no token: the same rows drawn with it and
+// without it (cuda::detail::SetGumbelPruning(false): every element's noise computed) give the
+// same tokens and logprobs bit for bit, over rows where pruning is heavy (small T, a peaked
+// row), light (large T, flat rows, where the noise decides), and over -inf / NaN / huge logits,
+// at the vocabulary sizes of the other tests.
+TEST_F(SamplingGpu, GumbelPruningChangesNoToken) {
+  struct Rows {
+    std::string name;
+    std::vector<float> logits;
+    float temperature;
+  };
+  const int64_t big = 128256;
+  std::vector<Rows> cases;
+  for (float t : {1.f, 0.7f, 0.05f, 2e-5f, 3.f, 1000.f}) {
+    cases.push_back({"normal T=" + std::to_string(t), RandomLogits(big, 401, 2.5f), t});
+  }
+  std::vector<float> peaked = RandomLogits(big, 402, 2.5f);
+  peaked[4242] = 25.f;
+  cases.push_back({"peaked +25", peaked, 1.f});
+  std::vector<float> close = RandomLogits(big, 403, 0.5f);
+  for (int i = 0; i < 20; ++i) close[size_t(1000 * i + 7)] = 15.f + 0.01f * float(i);
+  cases.push_back({"20 near-equal tops", close, 1.f});
+  cases.push_back({"flat", std::vector<float>(size_t(big), -3.f), 1.f});
+  std::vector<float> odd = RandomLogits(big, 404, 2.5f);
+  for (size_t i = 0; i < odd.size(); i += 3) odd[i] = -INFINITY;
+  odd[11] = NAN, odd[50001] = NAN;
+  odd[99] = 1e30f, odd[100] = 1e30f;  // the two largest tie in l, the noise decides
+  cases.push_back({"-inf, NaN and 1e30 entries", odd, 1.f});
+  cases.push_back({"vocab 1001", RandomLogits(1001, 405, 2.f), 1.f});
+  cases.push_back({"vocab 5", RandomLogits(5, 406, 2.f), 1.f});
+  cases.push_back({"vocab 32003", RandomLogits(32003, 407, 2.f), 0.8f});
+  for (const Rows& c : cases) {
+    std::vector<SampleRowParams> params(64);
+    for (size_t d = 0; d < params.size(); ++d) {
+      params[d].temperature = c.temperature;
+      params[d].seed = 0x9e3779b97f4a7c15ull * (d + 1);
+      params[d].offset = d * 7919;
+      params[d].num_logprobs = d % 4 == 0 ? 3 : -1;
+    }
+    const int64_t vocab = int64_t(c.logits.size());
+    const GpuResult pruned = RunGpu(c.logits, vocab, params);
+    cuda::detail::SetGumbelPruning(false);
+    const GpuResult full = RunGpu(c.logits, vocab, params);
+    cuda::detail::SetGumbelPruning(true);
+    EXPECT_EQ(pruned.token, full.token) << c.name;
+    EXPECT_EQ(0, std::memcmp(pruned.logprob.data(), full.logprob.data(),
+                             pruned.logprob.size() * sizeof(float)))
+        << c.name;
+    std::set<int32_t> distinct(full.token.begin(), full.token.end());
+    std::printf("  %-28s vocab %6lld: 64 draws, %zu distinct tokens, equal with and without "
+                "pruning\n",
+                c.name.c_str(), (long long)vocab, distinct.size());
+  }
 }
 
 // Big vocabularies of equal logits: every filter boundary is a tie, resolved by lowest id.
