@@ -438,9 +438,8 @@ struct CudaExecutor::Impl {
   // fp8 KV: prefill attention on the wgmma rung over a bf16/fp16 copy of each step's prefill
   // pages (cuda::PrefillScratch) instead of the mma.sync rung that reads e4m3 directly.
   bool Fp8PrefillCopies() const {
-    const int64_t bs = opt.block_size;
-    return kv_format.fp8 && opt.fp8_prefill_wgmma && decode_kernel_ok && bs % 8 == 0 &&
-           128 % bs == 0;
+    return kv_format.fp8 && opt.fp8_prefill_wgmma && decode_kernel_ok &&
+           cuda::PrefillWgmmaTakesBlockSize(opt.block_size);
   }
 
   std::string WeightsName() const {
@@ -996,11 +995,10 @@ struct CudaExecutor::Impl {
         p.batch = {g.end - g.begin, d_cu_prefill + (g.begin - nd), d_ctx + g.begin,
                    d_tables + g.begin * s.width, s.width};
         const cuda::PrefillScratch scratch{prefill_scratch, prefill_scratch_bytes, g.pages};
-        if (cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kBest, &scratch) ==
+        if (cuda::PagedPrefillAttention(p, stream, cuda::PrefillVariant::kBest, &scratch) ==
             cuda::PrefillVariant::kWgmma) {
           ++stats.fp8_prefill_copies;
         }
-        cuda::PagedPrefillAttention(p, stream, cuda::PrefillVariant::kBest, &scratch);
       }
     }
   }

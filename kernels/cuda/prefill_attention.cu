@@ -45,7 +45,7 @@ bool WgmmaSupports(const AttentionParams& p) {
   const int64_t bs = p.kv.layout.block_size;
   // One TMA box per page: 8-row swizzle atoms, whole pages per 128-key tile. 16-byte aligned
   // pools (cudaMalloc gives 256).
-  return bs >= 8 && bs % 8 == 0 && 128 % bs == 0 && reinterpret_cast<uintptr_t>(p.kv.k) % 16 == 0 &&
+  return PrefillWgmmaTakesBlockSize(bs) && reinterpret_cast<uintptr_t>(p.kv.k) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.kv.v) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
 }
@@ -59,6 +59,8 @@ bool ScratchFits(const AttentionParams& p, const PrefillScratch* scratch) {
 }
 
 }  // namespace
+
+bool PrefillWgmmaTakesBlockSize(int64_t bs) { return bs >= 8 && bs % 8 == 0 && 128 % bs == 0; }
 
 PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant requested,
                                      const PrefillScratch* scratch) {
@@ -131,11 +133,11 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
   return requested;
 }
 
-void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, PrefillVariant variant,
-                           const PrefillScratch* scratch) {
+PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
+                                     PrefillVariant variant, const PrefillScratch* scratch) {
   // non-causal: v4 or an error; fp8: v4 only with a scratch that fits
   const PrefillVariant v = ResolvePrefillVariant(p, variant, scratch);
-  if (p.batch.num_seqs == 0 || p.max_q_len == 0) return;
+  if (p.batch.num_seqs == 0 || p.max_q_len == 0) return v;
   detail::PrefillArgs a;
   a.q = p.q;
   a.out = p.out;
@@ -180,6 +182,7 @@ void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream, Prefil
       break;
   }
   LLM_CUDA_CHECK(cudaGetLastError());
+  return v;
 }
 
 }  // namespace llm::cuda

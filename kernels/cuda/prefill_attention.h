@@ -60,15 +60,19 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p,
                                      PrefillVariant requested = PrefillVariant::kBest,
                                      const PrefillScratch* scratch = nullptr);
 
+// Whether v4_wgmma takes this page size: whole pages per 128-key tile, 8-row TMA swizzle atoms
+// (block_size a multiple of 8 dividing 128).
+bool PrefillWgmmaTakesBlockSize(int64_t block_size);
+
 // Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128 on every
 // rung, any other head_dim up to 128 on kNaive only (kBest picks it); std::invalid_argument
 // otherwise, naming the value. p.kv_format.fp8 (e4m3 pools) runs on kNaive and kMma, and on
 // kWgmma over an exact bf16 / fp16 copy of the pages when a PrefillScratch that fits is given
 // (kBest picks kWgmma then, else kMma for head_dim 64 / 128); kSmem rejects it. Asynchronous
-// on `stream`.
-void PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
-                           PrefillVariant variant = PrefillVariant::kBest,
-                           const PrefillScratch* scratch = nullptr);
+// on `stream`. Returns the rung it ran (ResolvePrefillVariant's answer).
+PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
+                                     PrefillVariant variant = PrefillVariant::kBest,
+                                     const PrefillScratch* scratch = nullptr);
 
 namespace detail {
 

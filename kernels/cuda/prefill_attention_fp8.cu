@@ -49,6 +49,15 @@ size_t PageBytes(const PagedKvLayout& layout, DType dtype) {
          DTypeSize(dtype);
 }
 
+// Pages sequence s spans (its cached context and its chunk): one formula for the host's
+// PrefillPagesNeeded and the copy kernel, which must agree.
+__host__ __device__ __forceinline__ int SequencePages(const int32_t* cu_seqlens_q,
+                                                      const int32_t* context_lens, int64_t s,
+                                                      int block_size) {
+  const int keys = context_lens[s] + cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+  return (keys + block_size - 1) / block_size;
+}
+
 struct DequantArgs {
   const uint8_t* k = nullptr;  // e4m3 pools [num_blocks, num_kv_heads, block_size, head_dim]
   const uint8_t* v = nullptr;
@@ -74,8 +83,7 @@ template <typename T>
 __global__ void __launch_bounds__(kDequantThreads) DequantizePagesKernel(DequantArgs d) {
   const int s = blockIdx.y;
   auto pages = [&](int i) {
-    const int keys = d.context_lens[i] + d.cu_seqlens_q[i + 1] - d.cu_seqlens_q[i];
-    return (keys + d.block_size - 1) / d.block_size;
+    return SequencePages(d.cu_seqlens_q, d.context_lens, i, d.block_size);
   };
   const int n = pages(s);
   if (int(blockIdx.x) >= n) return;  // (the whole CTA)
@@ -135,8 +143,7 @@ int64_t PrefillPagesNeeded(const int32_t* cu_seqlens_q, const int32_t* context_l
                            int64_t num_seqs, int64_t block_size) {
   int64_t pages = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
-    const int64_t keys = int64_t(context_lens[s]) + cu_seqlens_q[s + 1] - cu_seqlens_q[s];
-    pages += (keys + block_size - 1) / block_size;
+    pages += SequencePages(cu_seqlens_q, context_lens, s, int(block_size));
   }
   return pages;
 }
