@@ -150,6 +150,7 @@ async function send(text) {
   const reply = addMessage("assistant", "");
   reply.item.setAttribute("aria-busy", "true");
   controller = new AbortController();
+  const signal = controller.signal;
   setBusy(true);
   setStatus("The assistant is replying…");
   let content = "";
@@ -158,13 +159,16 @@ async function send(text) {
       method: "POST",
       headers: { "Content-Type": "application/json", ...authHeaders() },
       body: JSON.stringify(requestBody()),
-      signal: controller.signal,
+      signal,
     });
     if (res.status === 401) askForKey();
     if (!res.ok) throw new Error(await errorMessage(res));
     let finish = null;
     let sawDone = false;
     for await (const data of sseData(res.body)) {
+      // Events already read from the socket are not shown after Stop (the next read would
+      // throw, but one read can hold many events).
+      signal.throwIfAborted();
       if (data === "[DONE]") {
         sawDone = true;
         break;

@@ -106,20 +106,30 @@ try {
   // Stop: a long reply is aborted once it has started; the page is ready again. In a new
   // conversation, so that the prompt's length does not depend on how many tokens the demo
   // model's replies took (its vocabulary is trained on this repository's text, which changes).
-  // As long as the demo model's 2,048-token context allows: a 1,000-token reply once finished
-  // (1.5 s) before a click delayed by a loaded machine landed.
+  // The click is the page's own: a MutationObserver clicks Stop in the task that appended the
+  // reply's first text. A click sent from here (Playwright's round trip, then its checks) once
+  // landed after a 2,000-token reply had finished on a loaded 2-core CI machine (2.75 s), twice.
   await page.getByRole("button", { name: "New chat" }).click();
   await page.getByLabel("Max tokens").fill("2000");
   await page.getByLabel("Message").fill("A long one, please.");
+  await page.evaluate(() => {
+    window.stoppedAtLength = null;
+    const observer = new MutationObserver(() => {
+      const replies = document.querySelectorAll(".message.assistant .content");
+      if (replies.length !== 1 || replies[0].textContent.length === 0) return;
+      observer.disconnect();
+      window.stoppedAtLength = replies[0].textContent.length;
+      document.getElementById("stop").click();
+    });
+    observer.observe(document.getElementById("messages"),
+                     { childList: true, characterData: true, subtree: true });
+  });
   await send.click();
-  // Polled by time: under load Chromium may skip animation frames while a reply streams,
-  // and Playwright's default checks wait for frames.
-  await page.waitForFunction(() => {
-    const replies = document.querySelectorAll(".message.assistant .content");
-    return replies.length === 1 && replies[0].textContent.length > 0;
-  }, null, { polling: 10 });
-  await stop.click({ force: true });
   await page.getByText("Stopped.").waitFor();
+  const stoppedAt = await page.evaluate(() => window.stoppedAtLength);
+  assert.ok(stoppedAt > 0, "Stop was not clicked while the reply streamed");
+  // Nothing arrived after the abort: the reply is what was on the page at the click.
+  assert.equal((await assistant.first().textContent()).length, stoppedAt);
   assert.equal(await send.isEnabled(), true);
   assert.equal(await stop.isEnabled(), false);
   // The server saw the disconnect and cancelled the request in the engine.
