@@ -678,8 +678,9 @@ struct CudaExecutor::Impl {
       // A maximum-length sequence's pages, plus a step's new tokens in max_seqs sequences:
       // every step's prefill sequences fit in one launch unless their cached context adds up
       // past one maximum-length sequence (then they run as several launches; Upload). At most
-      // 1 GiB (Llama-3.1-8B's 128k context takes ~0.6): a longer sequence's chunks run on the
-      // mma.sync kernel, which reads the e4m3 cache directly.
+      // 1 GiB of pages (Llama-3.1-8B's 128k context takes ~0.6; the block table copy adds
+      // S × table_cap × 4 bytes): a longer sequence's chunks run on the mma.sync kernel, which
+      // reads the e4m3 cache directly.
       const int64_t bs = opt.block_size;
       const int64_t step_pages = (T + bs - 1) / bs + S;
       const int64_t page_bytes = 2 * kv_heads * bs * config.head_dim * int64_t(esize);
@@ -994,8 +995,12 @@ struct CudaExecutor::Impl {
       for (const Shape::PrefillGroup& g : s.prefill_groups) {
         p.batch = {g.end - g.begin, d_cu_prefill + (g.begin - nd), d_ctx + g.begin,
                    d_tables + g.begin * s.width, s.width};
+        // A group of one sequence with more pages than the scratch holds runs on the mma.sync
+        // kernel (no scratch), even where the table's slack would hold its pages.
         const cuda::PrefillScratch scratch{prefill_scratch, prefill_scratch_bytes, g.pages};
-        if (cuda::PagedPrefillAttention(p, stream, cuda::PrefillVariant::kBest, &scratch) ==
+        const bool fits = g.pages <= prefill_scratch_pages;
+        if (cuda::PagedPrefillAttention(p, stream, cuda::PrefillVariant::kBest,
+                                        fits ? &scratch : nullptr) ==
             cuda::PrefillVariant::kWgmma) {
           ++stats.fp8_prefill_copies;
         }

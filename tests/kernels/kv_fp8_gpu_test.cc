@@ -599,6 +599,17 @@ TEST_P(PrefillFp8Gpu, RungsMatchCpuFp8Reference) {
       EXPECT_EQ(got, first) << what << ": not bit-identical to the first run";
     }
   }
+  {
+    // An under-stated max_num_keys (1: a copy grid one page wide) still copies every page: the
+    // copy kernel's stride loop walks the rest (prefill needs max_num_keys for nothing else).
+    cuda::AttentionParams narrow = p;
+    narrow.max_num_keys = 1;
+    LLM_CUDA_CHECK(cudaMemset(scratch_buf.p, 0xff, bytes));
+    LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
+    cuda::PagedPrefillAttention(narrow, nullptr, cuda::PrefillVariant::kWgmma, &scratch);
+    EXPECT_EQ(dout.Download<uint16_t>(), first)
+        << c.name << ": a one-page-wide copy grid differs from the full one";
+  }
   // Bytes one page short of the pages claimed, or a misaligned scratch: kBest falls back to
   // v3, kWgmma refuses. (The claimed count itself cannot be checked on the host.)
   for (const cuda::PrefillScratch bad :

@@ -725,8 +725,13 @@ TEST_F(SamplingGpu, GumbelPruningChangesNoToken) {
   std::vector<float> odd = RandomLogits(big, 404, 2.5f);
   for (size_t i = 0; i < odd.size(); i += 3) odd[i] = -INFINITY;
   odd[11] = NAN, odd[50001] = NAN;
-  odd[99] = 1e30f, odd[100] = 1e30f;  // the two largest tie in l, the noise decides
+  // The two largest tie in l, and in the scores too: the noise (at most 23) is below 1e30's
+  // ulp in double, so the lower id wins every draw.
+  odd[99] = 1e30f, odd[100] = 1e30f;
   cases.push_back({"-inf, NaN and 1e30 entries", odd, 1.f});
+  std::vector<float> pair = RandomLogits(big, 408, 2.5f);
+  pair[500] = 30.f, pair[60000] = 30.f;  // tied in l, far above the rest: the noise decides
+  cases.push_back({"two equal tops", pair, 1.f});
   cases.push_back({"vocab 1001", RandomLogits(1001, 405, 2.f), 1.f});
   cases.push_back({"vocab 5", RandomLogits(5, 406, 2.f), 1.f});
   cases.push_back({"vocab 32003", RandomLogits(32003, 407, 2.f), 0.8f});
@@ -740,9 +745,15 @@ TEST_F(SamplingGpu, GumbelPruningChangesNoToken) {
     }
     const int64_t vocab = int64_t(c.logits.size());
     const GpuResult pruned = RunGpu(c.logits, vocab, params);
-    cuda::detail::SetGumbelPruning(false);
-    const GpuResult full = RunGpu(c.logits, vocab, params);
-    cuda::detail::SetGumbelPruning(true);
+    const GpuResult full = [&] {
+      // Restored however RunGpu leaves (it throws on a CUDA error): later tests cover the
+      // pruned path.
+      struct NoPruning {
+        NoPruning() { cuda::detail::SetGumbelPruning(false); }
+        ~NoPruning() { cuda::detail::SetGumbelPruning(true); }
+      } no_pruning;
+      return RunGpu(c.logits, vocab, params);
+    }();
     EXPECT_EQ(pruned.token, full.token) << c.name;
     EXPECT_EQ(0, std::memcmp(pruned.logprob.data(), full.logprob.data(),
                              pruned.logprob.size() * sizeof(float)))
@@ -751,6 +762,9 @@ TEST_F(SamplingGpu, GumbelPruningChangesNoToken) {
     std::printf("  %-28s vocab %6lld: 64 draws, %zu distinct tokens, equal with and without "
                 "pruning\n",
                 c.name.c_str(), (long long)vocab, distinct.size());
+    if (c.name == "two equal tops") {  // each wins half the draws; both in 64 but for 2^-63
+      EXPECT_EQ(distinct, (std::set<int32_t>{500, 60000})) << c.name;
+    }
   }
 }
 
