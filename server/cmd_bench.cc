@@ -40,6 +40,7 @@ struct BenchFlags {
   double temperature = 0.6;
   bool warmup = false;
   int threads = 0;
+  std::string output_ids_path;  // each request's generated ids, one line per request
 };
 
 double Mean(const std::vector<double>& v) {
@@ -123,10 +124,18 @@ int RunBench(const BenchFlags& f) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t generated = 0;
   std::vector<double> ttft_ms, tpot_ms;
+  std::FILE* ids_file = nullptr;
+  if (!f.output_ids_path.empty()) {
+    ids_file = std::fopen(f.output_ids_path.c_str(), "w");
+    if (ids_file == nullptr) throw Error("cannot write --output-ids file " + f.output_ids_path);
+  }
   for (auto& ch : channels) {
     RequestOutput out;
+    std::string ids_line;
     while (ch->TryPop(&out)) {
+      for (int id : out.token_ids) ids_line += std::to_string(id) + " ";
       if (!out.is_last) continue;
+      if (ids_file != nullptr) std::fprintf(ids_file, "%s\n", ids_line.c_str());
       generated += out.usage.completion_tokens;
       ttft_ms.push_back(out.first_token_seconds * 1e3);
       if (out.usage.completion_tokens > 1) {
@@ -135,6 +144,7 @@ int RunBench(const BenchFlags& f) {
       }
     }
   }
+  if (ids_file != nullptr) std::fclose(ids_file);
   const EngineStats s = engine.Stats();
   std::string device_json;
 #if defined(LLM_HAS_CUDA)
@@ -201,6 +211,9 @@ Command AddBench(CLI::App& app) {
   cmd->add_option("--temperature", f->temperature)->capture_default_str();
   cmd->add_flag("--warmup", f->warmup, "run one untimed request of the largest shape first");
   cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--output-ids", f->output_ids_path,
+                  "write each request's generated token ids to this file, one line per request "
+                  "(compares the tokens of two builds)");
   return [f] { return RunBench(*f); };
 }
 
