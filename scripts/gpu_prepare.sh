@@ -15,7 +15,8 @@ if [ ! -d .debs ] || [ -z "$(ls .debs/*.deb 2>/dev/null)" ]; then
     libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32 \
     protobuf-compiler protobuf-compiler-grpc \
     libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libre2-dev libre2-9 \
-    nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libcpp-httplib0.11) 2>&1 | grep -v '^W:' || true
+    nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libcpp-httplib0.11 \
+    libbrotli-dev libbrotli1 libssl-dev libssl3 zlib1g-dev) 2>&1 | grep -v '^W:' || true
 fi
 if [ ! -d .shared/models ]; then
   mkdir -p .shared

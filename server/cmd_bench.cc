@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/error.h"
 #include "engine/llama_model.h"
 #include "engine/tokenizer.h"
 #include "server/backend.h"
@@ -127,7 +128,7 @@ int RunBench(const BenchFlags& f) {
   std::FILE* ids_file = nullptr;
   if (!f.output_ids_path.empty()) {
     ids_file = std::fopen(f.output_ids_path.c_str(), "w");
-    if (ids_file == nullptr) throw Error("cannot write --output-ids file " + f.output_ids_path);
+    if (ids_file == nullptr) throw llm::Error("cannot write --output-ids file " + f.output_ids_path);
   }
   for (auto& ch : channels) {
     RequestOutput out;
