@@ -1,5 +1,5 @@
 // Tensor parallelism's all-reduce on the GPUs of one process: our one-shot peer-access kernel
-// (kernels/cuda/all_reduce.h) against NCCL's all-reduce, both as CUDA graphs of 64 calls (one
+// (kernels/cuda/all_reduce/all_reduce.h) against NCCL's all-reduce, both as CUDA graphs of 64 calls (one
 // batch-1 decode step of a 32-layer model holds 64), and a graph of 64 empty kernels (the
 // launch floor). Sizes: 1, 8 and 64 tokens of a 4096-wide fp32 residual. Validates the peer
 // kernel's sums against the host first. Prints JSON lines {"kind":"all_reduce",...}.
@@ -16,9 +16,9 @@
 #include <nccl.h>
 #endif
 
-#include "kernels/cuda/all_reduce.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/all_reduce/all_reduce.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Paged decode attention on the GPU: validate against the CPU reference, then time against
-// the device's copy bandwidth (kernels/cuda/decode_attention.cu).
+// the device's copy bandwidth (kernels/cuda/attention/decode_attention.cu).
 //
 //   ninja -C build bench_decode_attention_gpu && ./build/bench_decode_attention_gpu
 //
@@ -72,10 +72,10 @@
 #include <vector>
 
 #include "kernels/cpu/flash_attention.h"
-#include "kernels/cuda/attention.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/decode_attention.h"
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/common/launch.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 

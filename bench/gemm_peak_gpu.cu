@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "engine/cuda/gemm.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/fill.h"
-#include "kernels/cuda/gemv.h"
-#include "kernels/cuda/launch.h"
-#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/fill.h"
+#include "kernels/cuda/gemv/gemv.h"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/ops/model_ops.h"
 
 namespace {
 
@@ -98,7 +98,7 @@ double TimeGemm(llm::cuda::Gemm& gemm, int64_t n, int64_t m, int64_t k, int reps
   return ms[ms.size() / 2];
 }
 
-// Batch-1 decode GEMVs: cuBLASLt (n = 1) against our fused GEMV (kernels/cuda/gemv.h) with
+// Batch-1 decode GEMVs: cuBLASLt (n = 1) against our fused GEMV (kernels/cuda/gemv/gemv.h) with
 // bf16 weights and with fp8 (e4m3) weights, as weight-streaming bandwidth (bytes of W per
 // second: m·k·2 for bf16, m·k for fp8, whose m fp32 scales are left out). The repeats rotate
 // over copies of W totalling >= 256 MB, so that no repeat finds its weights in the 50 MB L2 (a

@@ -1,4 +1,4 @@
-// Paged prefill attention on the GPU: every rung of kernels/cuda/prefill_attention.h, validated
+// Paged prefill attention on the GPU: every rung of kernels/cuda/attention/prefill_attention.h, validated
 // against the CPU reference on a small ragged shape, then timed.
 //
 // Timed shapes (DESIGN.md's attention ceilings use the same): bf16, 16 query heads = 16 KV
@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "kernels/cpu/flash_attention.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/attention/prefill_attention.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 

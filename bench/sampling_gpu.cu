@@ -1,4 +1,4 @@
-// The GPU sampler (kernels/cuda/sampling.cu, cuda::SampleTokens) timed per launch: vocab
+// The GPU sampler (kernels/cuda/sampling/sampling.cu, cuda::SampleTokens) timed per launch: vocab
 // 128,256 (Llama 3), random logits, rows 1 / 128 / 512 / 1024, per mode: greedy, temperature
 // 1 (the Gumbel-max pass), top_k = 50, top_p = 0.95, and temperature 1 with one logit_bias
 // entry per row (the copy pass). CUDA events around each launch after a warm-up, median of
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/ops/model_ops.h"
 
 namespace {
 

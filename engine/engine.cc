@@ -1,3 +1,4 @@
+#include "engine/cpu/cpu_executor.h"
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -29,7 +30,7 @@ int64_t NumBlocks(const ModelConfig& model, const EngineConfig& c) {
 
 }  // namespace
 
-Engine::Engine(const LlamaModel& model, const Tokenizer& tokenizer, const EngineConfig& config)
+Engine::Engine(const CpuModel& model, const Tokenizer& tokenizer, const EngineConfig& config)
     : Engine(std::make_unique<CpuExecutor>(model, NumBlocks(model.config(), config),
                                            config.block_size, config.kv_cache_dtype),
              tokenizer, config) {}

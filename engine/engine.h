@@ -35,13 +35,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/block_manager.h"
+#include "engine/sched/block_manager.h"
 #include "engine/executor.h"
-#include "engine/llama_model.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/cpu/kv_cache.h"
 #include "engine/request.h"
-#include "engine/scheduler.h"
+#include "engine/sched/scheduler.h"
 #include "engine/sequence.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace llm {
 
@@ -98,7 +99,7 @@ struct EngineStats {
 class Engine {
  public:
   // The CPU backend over `model` (not owned), with a KV pool sized by `config`.
-  Engine(const LlamaModel& model, const Tokenizer& tokenizer, const EngineConfig& config);
+  Engine(const CpuModel& model, const Tokenizer& tokenizer, const EngineConfig& config);
   // Any backend; the executor's KV pool decides num_kv_blocks (config.block_size must match).
   Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokenizer,
          const EngineConfig& config);

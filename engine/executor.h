@@ -1,7 +1,7 @@
 // Where the model runs. The engine schedules and streams; an executor owns the KV cache's
 // storage and the weights' device, runs one step of the model over a ForwardBatch and
 // samples the next tokens. Two implementations:
-//   CpuExecutor   (this file)                 LlamaModel + KvCachePool, sampling on the host
+//   CpuExecutor   (engine/cpu/cpu_executor.h)   CpuModel + KvCachePool, sampling on the host
 //   CudaExecutor  (engine/cuda/cuda_executor.h) bf16 weights and KV on the GPU, cuBLASLt,
 //                                              fused kernels, CUDA graphs, sampling on device
 #pragma once
@@ -14,11 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/block_manager.h"
-#include "engine/kv_cache.h"
-#include "engine/llama_model.h"
-#include "engine/model_config.h"
-#include "engine/sampler.h"
+#include "engine/forward_batch.h"
+#include "engine/model/model_config.h"
+#include "engine/sched/block_manager.h"
+#include "engine/sample/sampler.h"
 
 namespace llm {
 
@@ -125,26 +124,6 @@ class ForwardingExecutor : public ModelExecutor {
 
  private:
   std::unique_ptr<ModelExecutor> inner_;
-};
-
-// The CPU backend: fp32 compute over a LlamaModel (not owned) and an fp32 KV pool.
-class CpuExecutor final : public ModelExecutor {
- public:
-  CpuExecutor(const LlamaModel& model, int64_t num_blocks, int64_t block_size,
-              KvCacheDType kv_dtype = KvCacheDType::kF32);
-
-  const ModelConfig& config() const override { return model_.config(); }
-  std::string Describe() const override;
-  int64_t num_kv_blocks() const override { return kv_.layout().num_blocks; }
-  int64_t block_size() const override { return kv_.layout().block_size; }
-  void CopyBlocks(std::span<const BlockCopy> copies) override { kv_.CopyBlocks(copies); }
-  std::vector<float> Forward(const ForwardBatch& batch) override {
-    return model_.Forward(batch, kv_);
-  }
-
- private:
-  const LlamaModel& model_;
-  KvCachePool kv_;
 };
 
 }  // namespace llm

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/sample/sampler.h"
 
 namespace llm {
 

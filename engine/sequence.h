@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/block_manager.h"
+#include "engine/sched/block_manager.h"
 #include "engine/request.h"
-#include "engine/sampler.h"
+#include "engine/sample/sampler.h"
 #include "engine/stop_strings.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace llm {
 

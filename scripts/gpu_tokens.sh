@@ -6,7 +6,7 @@
 # models, and `llm bench --output-ids` of the e2e latency run (Llama-2-7B shape, batch 1, 256
 # tokens) with bf16 and fp8 weights and of a 64-request greedy batch (Llama-3-8B shape,
 # prompts of 16-512 tokens, so prefill chunks, mixed steps and graphs all run). Compare two
-# builds' folders with `diff -r`.
+# builds' archives (tokens.tar.gz) or the md5 sums printed per run.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/out}
@@ -22,7 +22,7 @@ gen() {  # gen NAME MODEL_DIR ARGS...
   shift 2
   timeout 120 build/llm generate --device cuda --model "$model" --prompt "Once upon a time" \
     --temperature 0 --max-tokens 64 "$@" > "$T/generate_$name.txt" 2>> "$OUT/tokens.log"
-  echo "generate $name: exit $? $(head -c 120 "$T/generate_$name.txt" | tr '\n' ' ')"
+  echo "generate $name: exit $? $(md5sum < "$T/generate_$name.txt" | cut -c1-12) $(head -c 80 "$T/generate_$name.txt" | tr -cd '[:print:]')"
 }
 bench() {  # bench NAME ARGS...
   local name=$1
@@ -53,3 +53,5 @@ bench batch_8b_64 --model $C8 --num-requests 64 --min-input 16 --max-input 512 \
 bench batch_8b_64_fp8kv --model $C8 --num-requests 64 --min-input 16 --max-input 512 \
   --min-output 32 --max-output 96 --max-num-seqs 64 --max-num-batched-tokens 2048 \
   --kv-cache-dtype fp8
+# One archive (the device call returns only a few files).
+tar -czf "$OUT/tokens.tar.gz" -C "$OUT" tokens && rm -rf "$T"

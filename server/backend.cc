@@ -4,8 +4,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "engine/cpu/cpu_executor.h"
 #include "engine/error.h"
-#include "engine/fault_injection.h"
+#include "engine/testing/fault_injection.h"
 
 #if defined(LLM_HAS_CUDA)
 #include "engine/cuda/cuda_executor.h"
@@ -133,7 +134,7 @@ namespace {
 Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   CheckCpuFlags(f);
   Backend b;
-  b.cpu_model = LlamaModel::Load(model_path, CpuLoadOptions(f));
+  b.cpu_model = CpuModel::Load(model_path, CpuLoadOptions(f));
   engine->kv_cache_dtype = ParseKvCacheDType(f.kv_cache_dtype);
   const int64_t blocks = KvCachePool::NumBlocksForBytes(
       b.cpu_model->config(), engine->block_size, engine->kv_cache_bytes, engine->kv_cache_dtype);

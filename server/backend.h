@@ -11,7 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/executor.h"
-#include "engine/llama_model.h"
+#include "engine/cpu/cpu_model.h"
 
 namespace llm::cli {
 
@@ -43,7 +43,7 @@ struct BackendFlags {
 };
 
 struct Backend {
-  std::unique_ptr<LlamaModel> cpu_model;  // the CPU backend's weights (null on cuda)
+  std::unique_ptr<CpuModel> cpu_model;  // the CPU backend's weights (null on cuda)
   std::unique_ptr<ModelExecutor> executor;
   std::string device;  // "cpu" or "cuda"
 };

@@ -3,9 +3,9 @@
 // start-up error naming the file, never a silent fallback), rendered per request.
 #include <filesystem>
 
-#include "engine/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/error.h"
-#include "engine/json_file.h"
+#include "engine/loader/json_file.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
 

@@ -16,8 +16,8 @@
 
 #include "engine/engine.h"
 #include "engine/error.h"
-#include "engine/llama_model.h"
-#include "engine/tokenizer.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "server/backend.h"
 #include "server/commands.h"
 

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "server/commands.h"
 
 namespace llm::cli {

@@ -15,9 +15,9 @@
 #include <string>
 
 #include "engine/error.h"
-#include "engine/generator.h"
-#include "engine/llama_model.h"
-#include "engine/tokenizer.h"
+#include "engine/cpu/generator.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "server/backend.h"
 #include "server/commands.h"
 
@@ -50,7 +50,7 @@ SamplingParams ResolveSampling(const GenerateFlags& f, const ModelConfig& config
   return p;
 }
 
-void LogModel(const std::string& dir, const LlamaModel& model) {
+void LogModel(const std::string& dir, const CpuModel& model) {
   const ModelConfig& c = model.config();
   std::ifstream notice(std::filesystem::path(dir) / "NOTICE");
   std::string line;
@@ -118,7 +118,7 @@ int RunGenerate(GenerateFlags f) {
     if (backend.device == "cuda") return RunGenerateOnEngine(f, std::move(backend), probe);
   }
   CheckCpuFlags(f.backend);
-  auto model = LlamaModel::Load(f.model_dir, CpuLoadOptions(f.backend));
+  auto model = CpuModel::Load(f.model_dir, CpuLoadOptions(f.backend));
   auto tokenizer = Tokenizer::Load(f.model_dir);
   LogModel(f.model_dir, *model);
   GenerateOptions options;

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <map>
 
-#include "engine/make_model.h"
+#include "engine/loader/make_model.h"
 #include "server/commands.h"
 
 namespace llm::cli {

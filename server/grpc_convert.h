@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "engine/request.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "engine/sample/sampler.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "llm.pb.h"
 
 namespace llm::server {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "engine/engine.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "server/openai_api.h"
 
 namespace grpc {

@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "engine/engine.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 

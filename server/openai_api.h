@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine/request.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace llm::server {
 

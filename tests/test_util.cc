@@ -12,9 +12,9 @@
 #include <string_view>
 
 #include "engine/error.h"
-#include "engine/llama_model.h"
-#include "engine/make_model.h"
-#include "engine/tokenizer.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/loader/make_model.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace llm::test {
 
@@ -34,8 +34,8 @@ int SlowFactor() { return IsSmallScale() ? 10 : 1; }
 
 std::string StoriesDir() { return (SharedDir() / "models" / "stories260K").string(); }
 
-const LlamaModel& StoriesModel() {
-  static const std::unique_ptr<LlamaModel> model = LlamaModel::Load(StoriesDir());
+const CpuModel& StoriesModel() {
+  static const std::unique_ptr<CpuModel> model = CpuModel::Load(StoriesDir());
   return *model;
 }
 

@@ -10,7 +10,7 @@
 #include "engine/request.h"
 
 namespace llm {
-class LlamaModel;
+class CpuModel;
 class Tokenizer;
 }  // namespace llm
 
@@ -37,7 +37,7 @@ class TempDir {
 };
 // ../shared/models/stories260K and its model and tokenizer, loaded once per test process.
 std::string StoriesDir();
-const LlamaModel& StoriesModel();
+const CpuModel& StoriesModel();
 const Tokenizer& StoriesTokenizer();
 // A model folder by name: "stories260K" (StoriesDir()), or a tiny random model of
 // tests/data/tiny_models/<name>.json ("hd128", "hd64": seed 7, fp32 weights, stories260K's

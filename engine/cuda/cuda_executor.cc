@@ -26,21 +26,22 @@
 #include <nccl.h>
 #endif
 
-#include "engine/checkpoint_check.h"
+#include "engine/loader/checkpoint_check.h"
+#include "engine/model/rope.h"
 #include "engine/cuda/gemm.h"
 #include "engine/error.h"
-#include "engine/json_file.h"
-#include "engine/safetensors.h"
-#include "engine/tensor_parallel.h"
+#include "engine/loader/json_file.h"
+#include "engine/loader/safetensors.h"
+#include "engine/model/tensor_parallel.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cuda/all_reduce.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/decode_attention.h"
-#include "kernels/cuda/fill.h"
-#include "kernels/cuda/gemv.h"
-#include "kernels/cuda/launch.h"
-#include "kernels/cuda/model_ops.h"
-#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/all_reduce/all_reduce.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/common/fill.h"
+#include "kernels/cuda/gemv/gemv.h"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/ops/model_ops.h"
+#include "kernels/cuda/attention/prefill_attention.h"
 
 namespace llm {
 
@@ -144,7 +145,7 @@ struct CudaExecutor::Impl {
   // free a communicator a worker is about to use; a call blocked inside NCCL is instead
   // released by the abort (ncclCommAbort from another thread is NCCL's way to do that).
   std::timed_mutex comm_mu;
-  // The one-shot peer-access all-reduce of small steps (kernels/cuda/all_reduce.h), when
+  // The one-shot peer-access all-reduce of small steps (kernels/cuda/all_reduce/all_reduce.h), when
   // every pair of GPUs has peer access and options.custom_all_reduce.
   cuda::P2PAllReduceArgs p2p;
   bool p2p_ok = false;
@@ -672,7 +673,7 @@ struct CudaExecutor::Impl {
     logits = Alloc<float>(max_rows * vocab * 4);
     decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
     // Zeroed once: its split arrival counters must start at zero, and every decode attention
-    // call leaves them zero (kernels/cuda/decode_attention.h), graph replays included.
+    // call leaves them zero (kernels/cuda/attention/decode_attention.h), graph replays included.
     LLM_CUDA_CHECK(cudaMemsetAsync(decode_ws, 0, kDecodeWorkspaceBytes, stream));
     if (Fp8PrefillCopies()) {
       // A maximum-length sequence's pages, plus a step's new tokens in max_seqs sequences:
@@ -1008,7 +1009,7 @@ struct CudaExecutor::Impl {
     }
   }
 
-  // One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv.h); with `norm`,
+  // One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv/gemv.h); with `norm`,
   // `in` is the fp32 residual and the RMSNorm runs in the GEMV's prologue.
   // fp8: w_scale is the matrix's row scales (e4m3 weights, bf16/fp16 activations).
   cuda::GemvArgs SmallArgs(cuda::GemvEpilogue epilogue, const void* in, const float* norm,
@@ -1758,7 +1759,7 @@ void CudaExecutor::Impl::RunOnAllRanks(const std::function<void(Impl&)>& f) {
   if (first) std::rethrow_exception(first);
 }
 
-// The one-shot all-reduce's buffers on every rank (kernels/cuda/all_reduce.h), or NCCL only
+// The one-shot all-reduce's buffers on every rank (kernels/cuda/all_reduce/all_reduce.h), or NCCL only
 // where a pair of GPUs has no peer access. Rank 0 owns them (p2p_group) and frees them last.
 void CudaExecutor::Impl::SetupP2P(const std::vector<Impl*>& ranks) {
   p2p_group = cuda::CreateP2PAllReduce(int(ranks.size()));

@@ -1,4 +1,4 @@
-// The CUDA backend: the Llama forward pass of engine/llama_model.h on one GPU.
+// The CUDA backend: the Llama forward pass of engine/cpu/cpu_model.h on one GPU.
 //
 //   bf16 (or fp16) weights, activations and paged KV cache; fp32 residual stream and fp32
 //   accumulation everywhere. Per layer:
@@ -8,10 +8,10 @@
 //     -> AddRmsNorm -> gate|up GEMM (one fused weight) -> SiluMul -> down GEMM (+ residual)
 //   then the final norm gathers only the rows that need logits, the lm_head GEMM writes fp32
 //   logits, and the GPU sampler returns token ids (and requested logprobs) to the host.
-//   GEMMs: cuBLASLt (engine/cuda/gemm.h); fused ops and sampler: kernels/cuda/model_ops.h;
+//   GEMMs: cuBLASLt (engine/cuda/gemm.h); fused ops and sampler: kernels/cuda/ops/model_ops.h;
 //   attention: kernels/cuda/{prefill,decode}_attention.h.
 //
-// Tensor parallelism (options.tensor_parallel_size = N > 1; engine/tensor_parallel.h): one
+// Tensor parallelism (options.tensor_parallel_size = N > 1; engine/model/tensor_parallel.h): one
 // Impl per GPU 0..N-1 holding its shard (heads, MLP features, KV heads), rank 0 driven by the
 // caller's thread and each other rank by a worker thread of its own. A step is uploaded and
 // validated by rank 0 first, then handed to the workers (the batch broadcast), which upload
@@ -50,13 +50,13 @@ namespace llm {
 
 struct CudaExecutorOptions {
   DType dtype = DType::kBF16;  // weights, activations and KV cache (kBF16 / kF16)
-  // --kv-cache-dtype fp8: the KV cache holds FP8 E4M3 codes (kernels/cuda/attention.h,
+  // --kv-cache-dtype fp8: the KV cache holds FP8 E4M3 codes (kernels/cuda/attention/attention.h,
   // KvCacheFormat; per-tensor scales of 1), half the bytes of bf16: twice the tokens in the
   // same memory, half the bytes decode attention streams.
   bool kv_cache_fp8 = false;
   // fp8 KV cache: prefill and mixed steps' attention runs the wgmma kernel over an exact
   // bf16/fp16 copy of the step's prefill pages, made by one memory-bound pass into a scratch
-  // sized at start-up for a maximum-length sequence (kernels/cuda/prefill_attention_fp8.cu),
+  // sized at start-up for a maximum-length sequence (kernels/cuda/attention/prefill_attention_fp8.cu),
   // instead of the mma.sync kernel that reads e4m3 directly (--no-fp8-prefill-wgmma).
   bool fp8_prefill_wgmma = true;
   // The scratch's pages (0: a maximum-length sequence's plus a step's new tokens); tests set it
@@ -94,7 +94,7 @@ struct CudaExecutorOptions {
   int64_t num_kv_blocks = 0;  // > 0: exactly this many (tests); 0: from memory
   bool cuda_graphs = true;
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
-  // (kernels/cuda/gemv.h) instead of cuBLASLt; 0 = never.
+  // (kernels/cuda/gemv/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
   // A step's inputs reach the device in one packed copy and one scatter kernel instead of
   // one copy per input array (~10 per step): Llama-2-7B batch 1, 128 + 256 tokens 3.667
@@ -106,14 +106,14 @@ struct CudaExecutorOptions {
   int64_t decode_min_tiles_per_split = 1;
   // GEMV steps, bf16, one GPU: the RMSNorms folded into the GEMVs around them (the residual
   // projections write the next RMSNorm's input and sums of squares; q|k|v and gate|up scale
-  // by 1 / rms): no RMSNorm kernel inside the layer stack (kernels/cuda/gemv.h). Off: measured
+  // by 1 / rms): no RMSNorm kernel inside the layer stack (kernels/cuda/gemv/gemv.h). Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).
   bool gemv_fold_norm = false;
   // GEMV steps: the RMSNorm before q|k|v and gate|up in the GEMV's prologue (each CTA
   // normalizes the residual row into shared memory) instead of its own kernel. Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).
   bool gemv_norm_prologue = false;
-  // Programmatic dependent launch between our kernels (kernels/cuda/launch.h) on sm_90+:
+  // Programmatic dependent launch between our kernels (kernels/cuda/common/launch.h) on sm_90+:
   // each kernel launches while its predecessor finishes (a GEMV streams its weights early).
   // Process-wide: the last executor created decides.
   bool programmatic_launch = true;
@@ -125,7 +125,7 @@ struct CudaExecutorOptions {
   // generates the full tensor and keeps its slice), so N = 1 and N > 1 compare exactly.
   int tensor_parallel_size = 1;
   // N > 1: all-reduce small steps (<= cuda::kP2PFasterThanNccl values) with our one-shot
-  // kernel over peer access (kernels/cuda/all_reduce.h) instead of NCCL; vLLM's custom
+  // kernel over peer access (kernels/cuda/all_reduce/all_reduce.h) instead of NCCL; vLLM's custom
   // all-reduce. --disable-custom-all-reduce turns it off.
   bool custom_all_reduce = true;
   // TEST ONLY (cuda_tp_gpu_test): ranks > 0 fail every step whose batch holds this token,

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace llm::cuda {
 namespace {

@@ -14,9 +14,10 @@
 #include <random>
 #include <thread>
 
+#include "engine/cpu/cpu_executor.h"
 #include "engine/engine.h"
 #include "engine/error.h"
-#include "engine/fault_injection.h"
+#include "engine/testing/fault_injection.h"
 #include "tests/test_util.h"
 
 namespace llm {
@@ -268,10 +269,10 @@ class EngineAsyncTest : public ::testing::Test {
     return stats;
   }
 
-  static const LlamaModel* model_;
+  static const CpuModel* model_;
   static const Tokenizer* tokenizer_;
 };
-const LlamaModel* EngineAsyncTest::model_ = nullptr;
+const CpuModel* EngineAsyncTest::model_ = nullptr;
 const Tokenizer* EngineAsyncTest::tokenizer_ = nullptr;
 
 constexpr EngineConfig kTight{

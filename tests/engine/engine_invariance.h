@@ -54,7 +54,7 @@
 #include "engine/engine.h"
 #include "engine/executor.h"
 #include "engine/request.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace llm::test {
 

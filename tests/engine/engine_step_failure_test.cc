@@ -4,16 +4,17 @@
 // requests end with "error"; every other request goes on, no KV block leaks, the prefix cache
 // never hands out what the failed step was writing, and a fatal error (or failing steps in a
 // row) turns the engine unhealthy. Real stories260K model on the
-// CPU, with FaultInjectingExecutor (engine/fault_injection.h) making chosen steps throw.
+// CPU, with FaultInjectingExecutor (engine/testing/fault_injection.h) making chosen steps throw.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <random>
 #include <thread>
 
+#include "engine/cpu/cpu_executor.h"
 #include "engine/engine.h"
 #include "engine/error.h"
-#include "engine/fault_injection.h"
+#include "engine/testing/fault_injection.h"
 #include "tests/test_util.h"
 
 namespace llm {
@@ -88,11 +89,11 @@ class EngineStepFailureTest : public ::testing::TestWithParam<bool> {
     EXPECT_EQ(s.num_running + s.num_waiting, 0);
   }
 
-  static const LlamaModel* model_;
+  static const CpuModel* model_;
   static const Tokenizer* tokenizer_;
   FaultInjectingExecutor* injector_ = nullptr;
 };
-const LlamaModel* EngineStepFailureTest::model_ = nullptr;
+const CpuModel* EngineStepFailureTest::model_ = nullptr;
 const Tokenizer* EngineStepFailureTest::tokenizer_ = nullptr;
 
 // Without isolation: a running decode and a new poisoned prompt share the failing step: both

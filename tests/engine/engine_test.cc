@@ -5,6 +5,7 @@
 // exact and demanded bit for bit. Also here: streamed text, stop strings and the split-KV
 // decode path against the reference text, request/sequence gauges, cancellation, deadlines,
 // validation, and a soak of 1,000 requests.
+#include "engine/cpu/cpu_executor.h"
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
@@ -25,10 +26,10 @@ class EngineTest : public ::testing::Test {
     model_ = &test::StoriesModel();
     tokenizer_ = &test::StoriesTokenizer();
   }
-  static const LlamaModel* model_;
+  static const CpuModel* model_;
   static const Tokenizer* tokenizer_;
 };
-const LlamaModel* EngineTest::model_ = nullptr;
+const CpuModel* EngineTest::model_ = nullptr;
 const Tokenizer* EngineTest::tokenizer_ = nullptr;
 
 using test::Collected;

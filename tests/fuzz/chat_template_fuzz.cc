@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/error.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace llm::fuzz {
 

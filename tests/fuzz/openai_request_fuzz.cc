@@ -12,7 +12,7 @@
 #include <sstream>
 #include <vector>
 
-#include "engine/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/error.h"
 #include "server/openai_api.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "engine/error.h"
-#include "engine/safetensors.h"
+#include "engine/loader/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The one-shot peer-access all-reduce (kernels/cuda/all_reduce.h) against its CPU reference:
+// The one-shot peer-access all-reduce (kernels/cuda/all_reduce/all_reduce.h) against its CPU reference:
 // the sum over ranks 0..N-1 in that order, in fp32, so every rank's result must equal it bit
 // for bit. Repeated launches (the device-side epochs advance), sizes from one float4 to the
 // largest it takes, and a CUDA graph replayed several times. Label gpu: skips with a message
@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/all_reduce.h"
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/all_reduce/all_reduce.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace llm::cuda {
 namespace {

@@ -38,10 +38,10 @@
 #include <vector>
 
 #include "kernels/cpu/flash_attention.h"
-#include "kernels/cuda/attention.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/decode_attention.h"
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/common/launch.h"
 #include "kernels/dtype.h"
 
 namespace llm {

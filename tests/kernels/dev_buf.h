@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace llm::test {
 

@@ -29,8 +29,8 @@
 
 #include "engine/cuda/gemm.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/ops/model_ops.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 #include "tests/kernels/dev_buf.h"

@@ -1,4 +1,4 @@
-// The small-batch GEMV (kernels/cuda/gemv.h) against a float64 CPU reference of the same
+// The small-batch GEMV (kernels/cuda/gemv/gemv.h) against a float64 CPU reference of the same
 // math: y = x · wᵀ of half-precision inputs, with half-precision weights or fp8 (e4m3) codes
 // and row scales from cpu::QuantizeFp8Rows (dequantized as the CPU twin cpu::Linear reads them),
 // then each epilogue (store rounded to the dtype, fp32 store, fp32 accumulate, SiLU·mul of the
@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/gemv.h"
-#include "kernels/cuda/launch.h"
-#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemv/gemv.h"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/ops/model_ops.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 #include "kernels/paged_kv.h"

@@ -1,4 +1,4 @@
-// The FP8 (e4m3) KV cache on the GPU (kernels/cuda/attention.h: KvCacheFormat; kernels/fp8.h)
+// The FP8 (e4m3) KV cache on the GPU (kernels/cuda/attention/attention.h: KvCacheFormat; kernels/fp8.h)
 // against its CPU specification (label gpu; every test skips without a GPU, except the host-only
 // variant resolution check):
 //   DecodeFp8Gpu        PagedDecodeAttention over e4m3 pools vs cpu::PagedDecodeAttention (fp8):
@@ -76,13 +76,13 @@
 
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/attention.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/decode_attention.h"
-#include "kernels/cuda/gemv.h"
-#include "kernels/cuda/launch.h"
-#include "kernels/cuda/model_ops.h"
-#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/gemv/gemv.h"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/ops/model_ops.h"
+#include "kernels/cuda/attention/prefill_attention.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 #include "kernels/paged_kv.h"

@@ -1,4 +1,4 @@
-// The fused element-wise ops of kernels/cuda/model_ops.cu against their CPU twins (label gpu;
+// The fused element-wise ops of kernels/cuda/ops/model_ops.cu against their CPU twins (label gpu;
 // skips without a GPU): EmbeddingGather, AddRmsNorm (residual add + optional row gather),
 // RopeAppendKv (cpu::ApplyRope + cpu::AppendKv), SiluMul; bf16 and fp16; head_dim 64 / 128
 // (+ a 24 that takes the scalar path), GQA ratios 1 / 4 / 8, block sizes 8 / 16 / 32.
@@ -29,8 +29,8 @@
 
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/ops/model_ops.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/dev_buf.h"
 

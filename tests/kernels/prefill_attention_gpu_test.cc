@@ -1,4 +1,4 @@
-// GPU paged prefill attention (every rung of kernels/cuda/prefill_attention.h) against the CPU
+// GPU paged prefill attention (every rung of kernels/cuda/attention/prefill_attention.h) against the CPU
 // reference cpu::PagedPrefillAttention (label gpu; skips without a GPU).
 //
 // Each case draws a ragged batch (q lengths 1 … 1000, not multiples of any tile), cached
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "kernels/cpu/flash_attention.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/attention/prefill_attention.h"
 #include "kernels/dtype.h"
 
 namespace llm {

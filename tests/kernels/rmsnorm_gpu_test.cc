@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/ops/rmsnorm.h"
 #include "kernels/dtype.h"
 
 namespace llm {

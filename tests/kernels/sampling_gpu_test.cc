@@ -1,4 +1,4 @@
-// The GPU sampler (kernels/cuda/sampling.cu) against the engine's Sampler (engine/sampler.h),
+// The GPU sampler (kernels/cuda/sampling/sampling.cu) against the engine's Sampler (engine/sample/sampler.h),
 // label gpu; skips without a GPU.
 //  - Greedy: ids exactly equal to Sampler's (ties -> lowest id, ties placed on purpose), over
 //    vocabularies from 5 to 256000 (multiples of 4 and not: both copy paths); top_k = 1 is
@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampler.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/model_ops.h"
+#include "engine/sample/sampler.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/ops/model_ops.h"
 
 namespace llm {
 namespace {

@@ -8,7 +8,8 @@
 
 #include <future>
 
-#include "engine/fault_injection.h"
+#include "engine/cpu/cpu_executor.h"
+#include "engine/testing/fault_injection.h"
 #include "llm.grpc.pb.h"
 #include "tests/test_util.h"
 
@@ -25,7 +26,7 @@ class GrpcServerTest : public ::testing::Test {
     engine_ = std::make_unique<Engine>(*model_, *tokenizer_, EngineConfig{.num_kv_blocks = 256});
     Serve();
   }
-  // Replaces the engine with one whose steps fail as `plan` says (engine/fault_injection.h).
+  // Replaces the engine with one whose steps fail as `plan` says (engine/testing/fault_injection.h).
   void RestartFaulty(FaultPlan plan) {
     TearDown();
     auto cpu = std::make_unique<CpuExecutor>(*model_, 256, 16);
@@ -75,7 +76,7 @@ class GrpcServerTest : public ::testing::Test {
     return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -2;
   }
 
-  static const LlamaModel* model_;
+  static const CpuModel* model_;
   static const Tokenizer* tokenizer_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<GrpcServer> server_;
@@ -83,7 +84,7 @@ class GrpcServerTest : public ::testing::Test {
   std::unique_ptr<v1::Llm::Stub> stub_;
   int port_ = 0;
 };
-const LlamaModel* GrpcServerTest::model_ = nullptr;
+const CpuModel* GrpcServerTest::model_ = nullptr;
 const Tokenizer* GrpcServerTest::tokenizer_ = nullptr;
 
 TEST_F(GrpcServerTest, StreamsTokensAndFinishesWithUsage) {

@@ -13,8 +13,9 @@
 
 #include <thread>
 
-#include "engine/fault_injection.h"
-#include "engine/make_model.h"
+#include "engine/cpu/cpu_executor.h"
+#include "engine/testing/fault_injection.h"
+#include "engine/loader/make_model.h"
 #include "tests/test_util.h"
 
 namespace llm::server {
@@ -38,7 +39,7 @@ class HttpServerTest : public ::testing::Test {
                         "max_position_embeddings": 4096, "tie_word_embeddings": true})");
     MakeRandomModel({(slow_dir_->path() / "in.json").string(), slow_dir_->path().string(),
                      ModelDir() + "/tokenizer.model", 1, DType::kBF16, ""});
-    slow_model_ = LlamaModel::Load(slow_dir_->path().string()).release();
+    slow_model_ = CpuModel::Load(slow_dir_->path().string()).release();
   }
   static void TearDownTestSuite() {
     delete slow_model_;
@@ -46,20 +47,20 @@ class HttpServerTest : public ::testing::Test {
   }
   void Start(ServerConfig config = {}, EngineConfig engine_config = {.num_kv_blocks = 256},
              bool slow = false, ChatRenderer chat = nullptr) {
-    const LlamaModel& model = slow ? *slow_model_ : *model_;
+    const CpuModel& model = slow ? *slow_model_ : *model_;
     engine_ = std::make_unique<Engine>(model, *tokenizer_, engine_config);
     Serve(model, config, chat);
   }
-  // The same over an executor whose steps fail as `plan` says (engine/fault_injection.h).
+  // The same over an executor whose steps fail as `plan` says (engine/testing/fault_injection.h).
   void StartFaulty(FaultPlan plan, ServerConfig config = {}, bool slow = false) {
-    const LlamaModel& model = slow ? *slow_model_ : *model_;
+    const CpuModel& model = slow ? *slow_model_ : *model_;
     auto cpu = std::make_unique<CpuExecutor>(model, 256, 16);
     engine_ = std::make_unique<Engine>(
         std::make_unique<FaultInjectingExecutor>(std::move(cpu), std::move(plan)), *tokenizer_,
         EngineConfig{});
     Serve(model, config, nullptr);
   }
-  void Serve(const LlamaModel& model, ServerConfig config, ChatRenderer chat) {
+  void Serve(const CpuModel& model, ServerConfig config, ChatRenderer chat) {
     config.port = 0;
     ModelInfo info{"stories260K", model.config().max_position_embeddings,
                    model.config().vocab_size};
@@ -91,8 +92,8 @@ class HttpServerTest : public ::testing::Test {
   }
   static json Body(const httplib::Result& r) { return json::parse(r->body); }
 
-  static const LlamaModel* model_;
-  static LlamaModel* slow_model_;
+  static const CpuModel* model_;
+  static CpuModel* slow_model_;
   static const Tokenizer* tokenizer_;
   static test::TempDir* slow_dir_;
   std::unique_ptr<Engine> engine_;
@@ -100,8 +101,8 @@ class HttpServerTest : public ::testing::Test {
   std::thread thread_;
   int port_ = 0;
 };
-const LlamaModel* HttpServerTest::model_ = nullptr;
-LlamaModel* HttpServerTest::slow_model_ = nullptr;
+const CpuModel* HttpServerTest::model_ = nullptr;
+CpuModel* HttpServerTest::slow_model_ = nullptr;
 test::TempDir* HttpServerTest::slow_dir_ = nullptr;
 const Tokenizer* HttpServerTest::tokenizer_ = nullptr;
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How far Hugging Face transformers' own bf16 / fp16 logits sit from its fp32 logits.
 
-The CUDA backend's test (tests/engine/cuda_executor_gpu_test.cc) accepts GPU-vs-CPU logit
+The CUDA backend's test (tests/engine/cuda/cuda_executor_gpu_test.cc) accepts GPU-vs-CPU logit
 differences up to a small multiple of what transformers itself shows between half precision
 and fp32 for the same model and tokens: the tolerance is measured, not guessed. Run on the GPU
 machine (torch + transformers there):

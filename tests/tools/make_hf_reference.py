@@ -3,7 +3,7 @@
 
 Runs where torch + transformers + sentencepiece are installed (the GPU machine; see
 ../shared/DEVICE.md). Writes tests/data/stories260k_reference.json, which
-tests/engine/model_reference_test.cc compares our CPU model against:
+tests/engine/cpu/model_reference_test.cc compares our CPU model against:
 
   python3 tests/tools/make_hf_reference.py --model ../shared/models/stories260K \
       --out tests/data/stories260k_reference.json

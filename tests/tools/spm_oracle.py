@@ -2,7 +2,7 @@
 """SentencePiece oracle for the tokenizer tests (ctest fixture `spm_oracle`).
 
 Runs the real library (Debian's python3-sentencepiece) in its own process and writes, for
-each tokenizer, a JSON file into --out that tests/engine/tokenizer_oracle_test.cc compares
+each tokenizer, a JSON file into --out that tests/engine/tokenizer/tokenizer_oracle_test.cc compares
 our C++ tokenizer against:
 
   {"name": str, "model": absolute path of tokenizer.model,

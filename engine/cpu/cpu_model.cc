@@ -1,0 +1,246 @@
+#include "engine/cpu/cpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+#include "engine/loader/checkpoint_check.h"
+#include "engine/error.h"
+#include "engine/cpu/kv_cache.h"
+#include "engine/loader/safetensors.h"
+#include "kernels/cpu/flash_attention.h"
+#include "kernels/cpu/ops.h"
+
+namespace llm {
+namespace {
+
+std::string LayerName(int64_t i, const char* suffix) {
+  return "model.layers." + std::to_string(i) + "." + suffix;
+}
+
+// Converts `count` elements of `src` (any dtype) to fp32.
+void ToF32(const TensorView& src, float* dst, int64_t count) {
+  cpu::WeightMatrix m{src.dtype, src.data, 1, count};
+  cpu::LoadRow(m, 0, dst);
+}
+
+}  // namespace
+
+CpuModel::~CpuModel() = default;
+
+cpu::WeightMatrix CpuModel::Matrix(const std::string& name, std::vector<int64_t> shape) {
+  const TensorView& t = checkpoint_->GetWithShape(name, shape);
+  cpu::WeightMatrix m{t.dtype, t.data, shape[0], shape[1]};
+  if (t.dtype == weight_dtype_) return m;  // zero copy: points into the mapping
+  const int64_t n = shape[0] * shape[1];
+  if (weight_dtype_ == DType::kF32) {
+    owned32_.emplace_back(static_cast<size_t>(n));
+    ToF32(t, owned32_.back().data(), n);
+    m.data = owned32_.back().data();
+  } else {
+    owned16_.emplace_back(static_cast<size_t>(n));
+    uint16_t* dst = owned16_.back().data();
+    std::vector<float> row(static_cast<size_t>(shape[1]));
+    for (int64_t r = 0; r < shape[0]; ++r) {
+      cpu::LoadRow(m, r, row.data());
+      for (int64_t c = 0; c < shape[1]; ++c) {
+        dst[r * shape[1] + c] =
+            weight_dtype_ == DType::kBF16 ? F32ToBf16(row[c]) : F32ToF16(row[c]);
+      }
+    }
+    m.data = dst;
+  }
+  m.dtype = weight_dtype_;
+  return m;
+}
+
+cpu::WeightMatrix CpuModel::LinearMatrix(const std::string& name, std::vector<int64_t> shape) {
+  if (!fp8_weights_) return Matrix(name, shape);
+  const TensorView& t = checkpoint_->GetWithShape(name, shape);
+  const int64_t rows = shape[0], cols = shape[1];
+  std::vector<float> f32(static_cast<size_t>(rows * cols));
+  ToF32(t, f32.data(), rows * cols);
+  owned8_.emplace_back(static_cast<size_t>(rows * cols));
+  owned32_.emplace_back(static_cast<size_t>(rows));
+  if (!cpu::QuantizeFp8Rows(f32.data(), rows, cols, owned8_.back().data(),
+                            owned32_.back().data())) {
+    throw Error(t.file + ": tensor " + name +
+                " holds a NaN or infinite weight (--quantization fp8 cannot scale it)");
+  }
+  cpu::WeightMatrix m{DType::kF8E4M3, owned8_.back().data(), rows, cols};
+  m.scales = owned32_.back().data();
+  return m;
+}
+
+std::string CpuModel::WeightsDescription() const {
+  const std::string base(DTypeName(weight_dtype_));
+  return fp8_weights_ ? "F8_E4M3 (linear layers, per-row scales) + " + base : base;
+}
+
+std::vector<float> CpuModel::Vector(const std::string& name, int64_t size) {
+  const TensorView& t = checkpoint_->GetWithShape(name, {size});
+  std::vector<float> out(static_cast<size_t>(size));
+  ToF32(t, out.data(), size);
+  return out;
+}
+
+std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir,
+                                             const LoadOptions& options) {
+  std::unique_ptr<CpuModel> m(new CpuModel());
+  m->config_ = ModelConfig::Load(model_dir);
+  m->checkpoint_ = Checkpoint::Open(model_dir);
+  ValidateCheckpoint(m->config_, *m->checkpoint_);
+  const ModelConfig& c = m->config_;
+  const TensorView& embed = m->checkpoint_->Get("model.embed_tokens.weight");
+  m->weight_dtype_ = options.weight_dtype.value_or(embed.dtype);
+  m->fp8_weights_ = options.fp8_weights;
+
+  const int64_t hidden = c.hidden_size, q_dim = c.num_heads * c.head_dim;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim, inter = c.intermediate_size;
+  m->embed_ = m->Matrix("model.embed_tokens.weight", {c.vocab_size, hidden});
+  const bool has_head = m->checkpoint_->Find("lm_head.weight") != nullptr;
+  m->lm_head_ = (c.tie_word_embeddings && !has_head)
+                    ? m->embed_
+                    : m->Matrix("lm_head.weight", {c.vocab_size, hidden});
+  m->final_norm_ = m->Vector("model.norm.weight", hidden);
+  m->layers_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    Layer& l = m->layers_[static_cast<size_t>(i)];
+    l.input_norm = m->Vector(LayerName(i, "input_layernorm.weight"), hidden);
+    l.post_attention_norm = m->Vector(LayerName(i, "post_attention_layernorm.weight"), hidden);
+    l.q = m->LinearMatrix(LayerName(i, "self_attn.q_proj.weight"), {q_dim, hidden});
+    l.k = m->LinearMatrix(LayerName(i, "self_attn.k_proj.weight"), {kv_dim, hidden});
+    l.v = m->LinearMatrix(LayerName(i, "self_attn.v_proj.weight"), {kv_dim, hidden});
+    l.o = m->LinearMatrix(LayerName(i, "self_attn.o_proj.weight"), {hidden, q_dim});
+    l.gate = m->LinearMatrix(LayerName(i, "mlp.gate_proj.weight"), {inter, hidden});
+    l.up = m->LinearMatrix(LayerName(i, "mlp.up_proj.weight"), {inter, hidden});
+    l.down = m->LinearMatrix(LayerName(i, "mlp.down_proj.weight"), {hidden, inter});
+  }
+  m->inv_freq_ = RopeInvFreq(c);
+  return m;
+}
+
+int64_t CpuModel::weight_bytes_per_token() const {
+  int64_t bytes = lm_head_.num_bytes();
+  for (const Layer& l : layers_) {
+    for (const cpu::WeightMatrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+      bytes += w->num_bytes();
+    }
+  }
+  return bytes;
+}
+
+void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+                           const ForwardBatch& batch, KvCachePool& kv) const {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.num_tokens();
+  const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  std::vector<float> q(static_cast<size_t>(n * q_dim)), k(static_cast<size_t>(n * kv_dim)),
+      v(static_cast<size_t>(n * kv_dim)), attn(static_cast<size_t>(n * q_dim));
+  cpu::Linear(normed, layer.q, q.data(), n);
+  cpu::Linear(normed, layer.k, k.data(), n);
+  cpu::Linear(normed, layer.v, v.data(), n);
+  cpu::ApplyRope(q.data(), n, c.num_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
+  cpu::ApplyRope(k.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
+  // fp32 pools, or fp8 pools (--kv-cache-dtype fp8: quantized on append, dequantized tile by
+  // tile inside the attention kernels).
+  const bool fp8 = kv.dtype() == KvCacheDType::kFp8E4m3;
+  PagedKvView<float> layer_kv{};
+  PagedKvView<uint8_t> layer_kv8{};
+  if (fp8) {
+    layer_kv8 = kv.Fp8Layer(layer_index);
+    cpu::AppendKv(k.data(), v.data(), batch.slot_mapping.data(), n, layer_kv8, kv.fp8_scales());
+  } else {
+    layer_kv = kv.Layer(layer_index);
+    cpu::AppendKv(k.data(), v.data(), batch.slot_mapping.data(), n, layer_kv);
+  }
+  const PagedKvView<const float> read_kv{layer_kv.k, layer_kv.v, layer_kv.layout};
+  const PagedKvView<const uint8_t> read_kv8{layer_kv8.k, layer_kv8.v, layer_kv8.layout};
+  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  // Batch-invariant mode runs decode tokens through the prefill kernel too: one code path
+  // per query row, so a token's logits are bit-identical alone, batched, chunked or
+  // recomputed after preemption (the split-KV decode kernel merges partial softmax states
+  // in a different order than a straight pass).
+  const int64_t num_decode = batch.is_batch_invariant ? 0 : batch.num_decode_seqs;
+  if (num_decode > 0) {
+    AttentionBatch decode{num_decode, batch.cu_seqlens_q.data(), batch.context_lens.data(),
+                          batch.block_tables.data(), batch.max_blocks_per_seq};
+    if (fp8) {
+      cpu::PagedDecodeAttention(q.data(), read_kv8, kv.fp8_scales(), decode, c.num_heads, scale,
+                                attn.data());
+    } else {
+      cpu::PagedDecodeAttention(q.data(), read_kv, decode, c.num_heads, scale, attn.data());
+    }
+  }
+  if (batch.num_seqs() > num_decode) {
+    // The prefill chunks follow the decode tokens: rebase their query offsets to 0.
+    std::vector<int32_t> cu(batch.cu_seqlens_q.begin() + num_decode, batch.cu_seqlens_q.end());
+    for (int32_t& x : cu) x -= static_cast<int32_t>(num_decode);
+    AttentionBatch prefill{batch.num_seqs() - num_decode, cu.data(),
+                           batch.context_lens.data() + num_decode,
+                           batch.block_tables.data() + num_decode * batch.max_blocks_per_seq,
+                           batch.max_blocks_per_seq};
+    if (fp8) {
+      cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv8, kv.fp8_scales(), prefill,
+                                 c.num_heads, scale, attn.data() + num_decode * q_dim);
+    } else {
+      cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv, prefill, c.num_heads,
+                                 scale, attn.data() + num_decode * q_dim);
+    }
+  }
+  cpu::Linear(attn.data(), layer.o, out, n);
+}
+
+void CpuModel::Mlp(const Layer& layer, const float* normed, float* out,
+                     int64_t num_tokens) const {
+  const int64_t inter = config_.intermediate_size;
+  std::vector<float> gate(static_cast<size_t>(num_tokens * inter));
+  std::vector<float> up(static_cast<size_t>(num_tokens * inter));
+  cpu::Linear(normed, layer.gate, gate.data(), num_tokens);
+  cpu::Linear(normed, layer.up, up.data(), num_tokens);
+  cpu::SiluMul(gate.data(), up.data(), gate.data(), num_tokens * inter);
+  cpu::Linear(gate.data(), layer.down, out, num_tokens);
+}
+
+std::vector<float> CpuModel::Forward(const ForwardBatch& batch, KvCachePool& kv) const {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.num_tokens(), hidden = c.hidden_size;
+  if (n == 0) throw Error("Forward: no tokens");
+  if (batch.has_fed_tokens()) {
+    throw std::logic_error("CpuModel::Forward: fed tokens (ModelExecutor::Launch resolves them)");
+  }
+  std::vector<float> x(static_cast<size_t>(n * hidden));
+  for (int64_t t = 0; t < n; ++t) {
+    const int id = batch.token_ids[static_cast<size_t>(t)];
+    if (id < 0 || id >= c.vocab_size) {
+      throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                  std::to_string(c.vocab_size) + ")");
+    }
+    cpu::LoadRow(embed_, id, x.data() + t * hidden);
+  }
+  std::vector<float> normed(x.size()), delta(x.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const Layer& layer = layers_[static_cast<size_t>(i)];
+    cpu::RmsNorm(x.data(), layer.input_norm.data(), normed.data(), n, hidden, eps);
+    Attention(layer, i, normed.data(), delta.data(), batch, kv);
+    cpu::AddInPlace(x.data(), delta.data(), n * hidden);
+    cpu::RmsNorm(x.data(), layer.post_attention_norm.data(), normed.data(), n, hidden, eps);
+    Mlp(layer, normed.data(), delta.data(), n);
+    cpu::AddInPlace(x.data(), delta.data(), n * hidden);
+  }
+  // Final norm and lm_head only for the rows that need logits.
+  const int64_t num_out = static_cast<int64_t>(batch.logits_indices.size());
+  std::vector<float> rows(static_cast<size_t>(num_out * hidden));
+  for (int64_t r = 0; r < num_out; ++r) {
+    const float* src = x.data() + batch.logits_indices[static_cast<size_t>(r)] * hidden;
+    std::copy(src, src + hidden, rows.data() + r * hidden);
+  }
+  cpu::RmsNorm(rows.data(), final_norm_.data(), rows.data(), num_out, hidden, eps);
+  std::vector<float> logits(static_cast<size_t>(num_out * c.vocab_size));
+  cpu::Linear(rows.data(), lm_head_, logits.data(), num_out);
+  return logits;
+}
+
+}  // namespace llm

@@ -1,0 +1,92 @@
+// The Llama forward pass on the CPU (fp32 compute; weights f32, bf16 or f16, or FP8 e4m3 linear
+// layers with per-row scales under --quantization fp8).
+//
+//   tokens ─ embed ─┬─ RMSNorm ─ q,k,v proj ─ RoPE ─ KV append ─ attention ─ o proj ─(+)─┐
+//                   └────────────────────────────────────────────────────────────────────┘
+//                   ┌─ RMSNorm ─ gate,up proj ─ SiLU·mul ─ down proj ─(+)─┐  × num_layers
+//                   └─────────────────────────────────────────────────────┘
+//                   ─ RMSNorm ─ lm_head (tied to embed_tokens when the config says so) ─ logits
+//
+// Attention is FlashAttention over the paged KV cache (kernels/cpu/flash_attention.h): the
+// new tokens' keys and values are appended into their slots, then decode sequences use the
+// split-KV decode kernel and prefill chunks the tiled prefill kernel.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/forward_batch.h"
+#include "engine/model/model_config.h"
+#include "engine/model/rope.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/dtype.h"
+
+namespace llm {
+
+class Checkpoint;
+
+struct LoadOptions {
+  // Element type the weight matrices are kept in. nullopt: as stored in the checkpoint
+  // (no copy: the matrices point into the memory-mapped files).
+  std::optional<DType> weight_dtype;
+  // --quantization fp8: the linear layers' matrices (q, k, v, o, gate, up, down) become e4m3
+  // codes with one fp32 scale per output row (cpu::QuantizeFp8Rows), a quarter of the bytes of
+  // f32 and half of bf16; the embeddings and lm_head stay in weight_dtype (as vLLM keeps them).
+  bool fp8_weights = false;
+};
+
+class KvCachePool;
+
+class CpuModel {
+ public:
+  // Reads config.json, validates every tensor of the checkpoint (names and shapes) and
+  // prepares the weights. Throws llm::Error naming the file and tensor at fault.
+  static std::unique_ptr<CpuModel> Load(const std::string& model_dir,
+                                          const LoadOptions& options = {});
+  ~CpuModel();
+
+  const ModelConfig& config() const { return config_; }
+  DType weight_dtype() const { return weight_dtype_; }
+  bool fp8_weights() const { return fp8_weights_; }
+  // "BF16", or "F8_E4M3 (linear layers, per-row scales) + BF16" under --quantization fp8.
+  std::string WeightsDescription() const;
+  // Bytes of weight matrices streamed per decoded token (all linear layers + lm_head).
+  int64_t weight_bytes_per_token() const;
+
+  // Runs one step: appends the batch's keys/values into `kv` and returns the logits of
+  // the rows in batch.logits_indices, [logits_indices.size(), vocab]. Throws llm::Error for
+  // a token id outside the vocabulary.
+  std::vector<float> Forward(const ForwardBatch& batch, KvCachePool& kv) const;
+
+ private:
+  struct Layer {
+    std::vector<float> input_norm, post_attention_norm;  // [hidden]
+    cpu::WeightMatrix q, k, v, o, gate, up, down;
+  };
+  CpuModel() = default;
+  cpu::WeightMatrix Matrix(const std::string& name, std::vector<int64_t> shape);
+  // A linear layer's matrix: Matrix(), or its FP8 quantization under fp8_weights_.
+  cpu::WeightMatrix LinearMatrix(const std::string& name, std::vector<int64_t> shape);
+  std::vector<float> Vector(const std::string& name, int64_t size);
+  void Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+                 const ForwardBatch& batch, KvCachePool& kv) const;
+  void Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const;
+
+  ModelConfig config_;
+  DType weight_dtype_ = DType::kF32;
+  bool fp8_weights_ = false;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::vector<std::vector<uint8_t>> owned8_;  // FP8 codes (fp8_weights_; scales in owned32_)
+  std::vector<std::vector<uint16_t>> owned16_;  // converted weights (when not as stored)
+  std::vector<std::vector<float>> owned32_;
+  cpu::WeightMatrix embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+};
+
+}  // namespace llm

@@ -1,0 +1,151 @@
+// The architecture registry: one table of the decoder architectures this engine serves, as
+// vLLM's model registry is (models/registry.py). Each spec names the Hugging Face classes it
+// accepts (MistralForCausalLM reuses Llama's spec), its feature fields, and one weight list
+// of {role, HF name, shape, fused slot, tensor-parallel split} that config validation
+// (ExpectedTensors), `llm make-model`, both backends' loaders, the CUDA backend's dummy
+// weights and the tensor-parallel split all iterate. Nothing else in the engine spells an
+// architecture's class name.
+//
+// Adding an architecture is: a table entry in architecture.cc, the hooks its features gate in
+// each backend's layer skeleton (engine/cpu/cpu_model.cc, engine/cuda/), its tests. A feature
+// that a backend does not implement is refused by RequireBackendSupport, for both backends in
+// the same words, before any weight is read.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llm {
+
+struct ModelConfig;
+
+// What a tensor is for, whatever the checkpoint calls it.
+enum class WeightRole {
+  kEmbed,              // [vocab, hidden]
+  kLmHead,             // [vocab, hidden]; absent when tied to kEmbed
+  kFinalNorm,          // [hidden]
+  kInputNorm,          // per layer [hidden], before attention
+  kPostAttentionNorm,  // per layer [hidden], before the MLP
+  kQProj,              // per layer [q_dim, hidden]
+  kKProj,              // per layer [kv_dim, hidden]
+  kVProj,              // per layer [kv_dim, hidden]
+  kOProj,              // per layer [hidden, q_dim]
+  kGateProj,           // per layer [intermediate, hidden]
+  kUpProj,             // per layer [intermediate, hidden]
+  kDownProj,           // per layer [hidden, intermediate]
+};
+
+// A dimension of a weight's shape, resolved against a config (WeightShape).
+enum class Dim { kNone, kHidden, kVocab, kQDim, kKvDim, kIntermediate };
+
+// The matrix a linear weight lands in on the backends that fuse them (the CUDA backend runs
+// q|k|v and gate|up as one GEMM each): members of one slot are stacked by rows in the
+// order of the weight list.
+enum class FusedSlot { kNone, kQkv, kGateUp };
+
+// Which part of a weight a tensor-parallel rank holds (engine/model/tensor_parallel.h).
+enum class TpSplit {
+  kReplicated,
+  kQHeadRows,          // rows by query heads (q_proj)
+  kKvHeadRows,         // rows by KV heads (k_proj, v_proj)
+  kQHeadCols,          // columns by query heads (o_proj)
+  kIntermediateRows,   // rows by MLP features (gate_proj, up_proj)
+  kIntermediateCols,   // columns by MLP features (down_proj)
+};
+
+struct WeightSpec {
+  WeightRole role;
+  std::string_view name;  // Hugging Face name; "{L}" stands for the layer index
+  bool per_layer;
+  Dim rows, cols;  // cols == kNone: a vector of `rows` elements
+  FusedSlot fused;
+  TpSplit tp;
+  bool is_linear;  // a projection: quantized by --quantization fp8, run as a GEMM
+};
+
+enum class NormStyle { kRmsNorm };  // x / rms(x) · w
+enum class MlpKind { kSwiGlu };     // down(silu(gate(x)) · up(x))
+
+// What distinguishes one architecture's forward from another's. The next architectures set
+// these (Qwen2: attention_bias; Qwen3: qk_norm; Gemma 3: its norms); the backends gate their
+// hooks on them.
+struct ArchitectureFeatures {
+  bool attention_bias = false;  // q/k/v projections carry biases
+  bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE
+  NormStyle norm = NormStyle::kRmsNorm;
+  MlpKind mlp = MlpKind::kSwiGlu;
+};
+
+struct ArchitectureSpec {
+  std::string_view name;  // ours, for logs: "llama"
+  struct HfClass {
+    std::string_view architecture;  // config.json "architectures"[0]
+    std::string_view model_type;    // config.json "model_type"
+  };
+  std::vector<HfClass> hf_classes;
+  ArchitectureFeatures features;
+  std::vector<WeightSpec> weights;  // global weights and one layer's, in load order
+};
+
+// Every registered architecture, in the order of the table.
+std::span<const ArchitectureSpec> Architectures();
+
+// The spec that accepts this "architectures" class name or model_type; nullptr when none does.
+const ArchitectureSpec* FindArchitecture(std::string_view hf_class);
+const ArchitectureSpec* FindArchitectureByModelType(std::string_view model_type);
+// "LlamaForCausalLM, MistralForCausalLM" (for error messages).
+std::string SupportedArchitectures();
+std::string SupportedModelTypes();
+// The registered class of `model_type`, and the model_type of a registered class ("" if none).
+std::string_view ArchitectureForModelType(std::string_view model_type);
+std::string_view ModelTypeOf(std::string_view hf_class);
+
+// The spec of a parsed config (ModelConfig::FromJson accepted only registered classes).
+const ArchitectureSpec& ArchitectureOf(const ModelConfig& config);
+
+// One weight's Hugging Face name and shape under a config: [rows, cols], or [rows].
+std::string WeightName(const WeightSpec& w, int64_t layer);
+std::vector<int64_t> WeightShape(const WeightSpec& w, const ModelConfig& config);
+int64_t DimSize(Dim d, const ModelConfig& config);
+// The spec's entry for `role` (every spec has the roles of the Llama skeleton).
+const WeightSpec& WeightOf(const ArchitectureSpec& spec, WeightRole role);
+
+// The tensors a checkpoint of this config must contain, with their shapes (lm_head only when
+// not tied), in the registry's order: globals first, then layer by layer.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  const WeightSpec* weight = nullptr;
+  int64_t layer = -1;  // -1 for the global weights
+};
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
+
+// A fused matrix of one layer: its members, stacked by rows in this order (a member's first
+// row is the sum of the rows the members before it hold on this rank).
+struct FusedMatrix {
+  FusedSlot slot = FusedSlot::kNone;
+  std::vector<const WeightSpec*> members;
+};
+// The per-layer linear weights grouped as the fusing backends hold them, in load order:
+// each fused slot once (at its first member), each unfused linear weight alone.
+std::vector<FusedMatrix> LayerLinearMatrices(const ArchitectureSpec& spec);
+
+// What a backend implements beyond the Llama skeleton. RequireBackendSupport throws
+// llm::Error naming the config field (or the architecture's feature) that `backend` cannot
+// run, in the same words for every backend.
+struct BackendSupport {
+  std::string_view backend;  // "cpu", "cuda"
+  bool sliding_window = false;
+  bool attention_bias = false;
+  bool qk_norm = false;
+};
+inline constexpr BackendSupport kCpuBackendSupport{"cpu"};
+inline constexpr BackendSupport kCudaBackendSupport{"cuda"};
+void RequireBackendSupport(const ModelConfig& config, const BackendSupport& backend);
+void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& spec,
+                           const BackendSupport& backend);
+
+}  // namespace llm

@@ -1,0 +1,311 @@
+// config.json / generation_config.json parsing. Every access goes through a typed reader so
+// that a wrong JSON type becomes an llm::Error naming the file and field, never a
+// nlohmann::json exception.
+#include "engine/model/model_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/error.h"
+#include "engine/loader/json_file.h"
+#include "engine/loader/safetensors_util.h"
+#include "engine/model/architecture.h"
+
+namespace llm {
+namespace {
+
+using nlohmann::json;
+
+// Typed, optional access to the fields of one JSON object. A null value counts as absent
+// (HF writes e.g. "rope_scaling": null, "sliding_window": null).
+class Fields {
+ public:
+  Fields(const json& j, std::string source, std::string prefix = "")
+      : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  [[noreturn]] void Fail(const std::string& field, const std::string& what) const {
+    throw Error(source_ + ": field '" + prefix_ + field + "' " + what);
+  }
+
+  const json* Get(const std::string& field) const {
+    auto it = j_.find(field);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  std::optional<int64_t> Int(const std::string& field) const {
+    const json* v = Get(field);
+    if (v == nullptr) return std::nullopt;
+    if (v->is_number_integer() && !(v->is_number_unsigned() && v->get<uint64_t>() > kMaxInt)) {
+      return v->get<int64_t>();
+    }
+    // 4096.0 is accepted: some exporters write integral values as floats.
+    if (v->is_number_float()) {
+      double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
+        return static_cast<int64_t>(d);
+      }
+    }
+    Fail(field, "must be an integer, got " + Text(*v));
+  }
+
+  int64_t Positive(const std::string& field, std::optional<int64_t> fallback) const {
+    std::optional<int64_t> v = Int(field);
+    if (!v && !fallback) Fail(field, "is required but missing");
+    if (v && *v <= 0) Fail(field, "must be positive, got " + std::to_string(*v));
+    return v ? *v : *fallback;
+  }
+
+  std::optional<double> Double(const std::string& field) const {
+    const json* v = Get(field);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) Fail(field, "must be a number, got " + Text(*v));
+    return v->get<double>();
+  }
+
+  double PositiveDouble(const std::string& field, std::optional<double> fallback) const {
+    std::optional<double> v = Double(field);
+    if (!v && !fallback) Fail(field, "is required but missing");
+    if (v && !(*v > 0 && std::isfinite(*v)))
+      Fail(field, "must be positive, got " + Text(*Get(field)));
+    return v ? *v : *fallback;
+  }
+
+  std::optional<bool> Bool(const std::string& field) const {
+    const json* v = Get(field);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) Fail(field, "must be true or false, got " + Text(*v));
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> String(const std::string& field) const {
+    const json* v = Get(field);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_string()) Fail(field, "must be a string, got " + Text(*v));
+    return v->get<std::string>();
+  }
+
+  // A token id: an int that fits and is not negative.
+  std::optional<int> TokenId(const std::string& field) const {
+    const json* v = Get(field);
+    return v ? std::optional<int>(CheckTokenId(*v, field)) : std::nullopt;
+  }
+
+  // eos_token_id: an int or a non-empty list of ints.
+  std::vector<int> TokenIds(const std::string& field) const {
+    const json* v = Get(field);
+    if (v == nullptr) return {};
+    if (!v->is_array()) return {CheckTokenId(*v, field)};
+    if (v->empty()) Fail(field, "is an empty list");
+    std::vector<int> ids;
+    for (size_t i = 0; i < v->size(); ++i) {
+      ids.push_back(CheckTokenId((*v)[i], field + "[" + std::to_string(i) + "]"));
+    }
+    return ids;
+  }
+
+  static std::string Text(const json& v) { return JsonSnippet(v); }
+
+ private:
+  int CheckTokenId(const json& v, const std::string& name) const {
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{kMax}
+                                     : v.is_number_integer() && v.get<int64_t>() >= 0;
+    if (!ok) Fail(name, "is not a valid token id: " + Text(v));
+    return v.get<int>();
+  }
+
+  static constexpr uint64_t kMaxInt = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  const json& j_;
+  std::string source_;
+  std::string prefix_;
+};
+
+// "architectures": [one registered class], falling back to model_type when absent
+// (engine/model/architecture.h: the registry decides which load).
+std::string ParseArchitecture(const Fields& f) {
+  const std::string supported_architectures = SupportedArchitectures();
+  const std::string supported_model_types = SupportedModelTypes();
+  std::string arch;
+  if (const json* archs = f.Get("architectures")) {
+    if (!archs->is_array() || archs->size() != 1 || !(*archs)[0].is_string()) {
+      f.Fail("architectures", "must be a list of one name, got " + Fields::Text(*archs));
+    }
+    arch = (*archs)[0].get<std::string>();
+    if (FindArchitecture(arch) == nullptr) {
+      f.Fail("architectures", "is '" + arch + "', supported: " + supported_architectures);
+    }
+  }
+  std::optional<std::string> model_type = f.String("model_type");
+  if (model_type && FindArchitectureByModelType(*model_type) == nullptr) {
+    f.Fail("model_type", "is '" + *model_type + "', supported: " + supported_model_types);
+  }
+  if (arch.empty()) {
+    if (!model_type) f.Fail("architectures", "is missing (and so is model_type)");
+    arch = std::string(ArchitectureForModelType(*model_type));
+  }
+  return arch;
+}
+
+RopeScaling ParseRopeScaling(const Fields& f, const std::string& source) {
+  RopeScaling rs;
+  const json* v = f.Get("rope_scaling");
+  if (v == nullptr) return rs;
+  if (!v->is_object()) f.Fail("rope_scaling", "must be an object or null, got " + Fields::Text(*v));
+  Fields r(*v, source, "rope_scaling.");
+  std::optional<std::string> type = r.String("rope_type");
+  if (!type) type = r.String("type");
+  if (!type) f.Fail("rope_scaling", "has neither 'rope_type' nor 'type'");
+  if (*type == "default") return rs;
+  if (*type == "linear") {
+    rs.type = RopeScaling::Type::kLinear;
+    rs.factor = r.PositiveDouble("factor", std::nullopt);
+    return rs;
+  }
+  if (*type != "llama3") {
+    f.Fail("rope_scaling", "has type '" + *type + "', supported: default, linear, llama3");
+  }
+  rs.type = RopeScaling::Type::kLlama3;
+  rs.factor = r.PositiveDouble("factor", std::nullopt);
+  rs.low_freq_factor = r.PositiveDouble("low_freq_factor", std::nullopt);
+  rs.high_freq_factor = r.PositiveDouble("high_freq_factor", std::nullopt);
+  rs.original_max_position_embeddings =
+      r.Positive("original_max_position_embeddings", std::nullopt);
+  // The llama3 formula divides by (high - low).
+  if (rs.high_freq_factor <= rs.low_freq_factor) {
+    f.Fail("rope_scaling", "needs high_freq_factor > low_freq_factor");
+  }
+  return rs;
+}
+
+// Features this engine does not implement must fail loudly, not compute a wrong model.
+void RejectUnsupported(const Fields& f) {
+  std::optional<std::string> act = f.String("hidden_act");
+  if (act && *act != "silu") f.Fail("hidden_act", "is '" + *act + "', only silu is supported");
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    if (f.Bool(bias).value_or(false)) f.Fail(bias, "is true; biases are not supported");
+  }
+}
+
+void ParseSizes(const Fields& f, ModelConfig* c) {
+  c->hidden_size = f.Positive("hidden_size", std::nullopt);
+  c->intermediate_size = f.Positive("intermediate_size", std::nullopt);
+  c->num_layers = f.Positive("num_hidden_layers", std::nullopt);
+  c->num_heads = f.Positive("num_attention_heads", std::nullopt);
+  c->vocab_size = f.Positive("vocab_size", std::nullopt);
+  c->num_kv_heads = f.Positive("num_key_value_heads", c->num_heads);
+  if (c->num_heads % c->num_kv_heads != 0) {
+    f.Fail("num_key_value_heads", std::string("(") + std::to_string(c->num_kv_heads) +
+                                      ") must divide num_attention_heads (" +
+                                      std::to_string(c->num_heads) + ")");
+  }
+  if (f.Get("head_dim") == nullptr && c->hidden_size % c->num_heads != 0) {
+    f.Fail("num_attention_heads", std::string("(") + std::to_string(c->num_heads) +
+                                      ") must divide hidden_size (" +
+                                      std::to_string(c->hidden_size) + ") when head_dim is absent");
+  }
+  c->head_dim = f.Positive("head_dim", c->hidden_size / c->num_heads);
+  c->max_position_embeddings = f.Positive("max_position_embeddings", 2048);
+  std::optional<int64_t> window = f.Int("sliding_window");
+  if (window && *window <= 0) f.Fail("sliding_window", "must be positive or null");
+  c->sliding_window = window;
+}
+
+GenerationDefaults ParseGeneration(const json& j, const std::string& source) {
+  if (!j.is_object()) throw Error(source + ": not a JSON object");
+  Fields f(j, source);
+  GenerationDefaults g;
+  g.temperature = f.Double("temperature");
+  g.top_p = f.Double("top_p");
+  if (auto k = f.Int("top_k")) {
+    if (*k < 0 || *k > std::numeric_limits<int>::max()) f.Fail("top_k", "is out of range");
+    g.top_k = static_cast<int>(*k);
+  }
+  g.do_sample = f.Bool("do_sample");
+  g.repetition_penalty = f.Double("repetition_penalty");
+  if (auto n = f.Int("max_new_tokens")) {
+    if (*n <= 0 || *n > std::numeric_limits<int>::max())
+      f.Fail("max_new_tokens", "is out of range");
+    g.max_new_tokens = static_cast<int>(*n);
+  }
+  g.eos_token_ids = f.TokenIds("eos_token_id");
+  return g;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::FromJson(const json& j, const std::string& source) {
+  if (!j.is_object()) throw Error(source + ": not a JSON object");
+  Fields f(j, source);
+  ModelConfig c;
+  c.architecture = ParseArchitecture(f);
+  RejectUnsupported(f);
+  ParseSizes(f, &c);
+  c.rms_norm_eps = f.PositiveDouble("rms_norm_eps", 1e-6);
+  c.rope_theta = f.PositiveDouble("rope_theta", 10000.0);
+  c.rope_scaling = ParseRopeScaling(f, source);
+  c.tie_word_embeddings = f.Bool("tie_word_embeddings").value_or(false);
+  c.bos_token_id = f.TokenId("bos_token_id").value_or(1);
+  std::vector<int> eos = f.TokenIds("eos_token_id");
+  if (!eos.empty()) c.eos_token_ids = eos;
+  // Newer transformers write "dtype" instead of "torch_dtype".
+  std::optional<std::string> dtype = f.String("torch_dtype");
+  if (!dtype) dtype = f.String("dtype");
+  if (dtype) c.torch_dtype = *dtype;
+  return c;
+}
+
+ModelConfig ModelConfig::Load(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const std::string config_path = (fs::path(model_dir) / "config.json").string();
+  ModelConfig c = FromJson(ReadJsonFile(config_path), config_path);
+  const std::string gen_path = (fs::path(model_dir) / "generation_config.json").string();
+  std::error_code ec;
+  if (fs::exists(gen_path, ec)) c.generation = ParseGeneration(ReadJsonFile(gen_path), gen_path);
+  return c;
+}
+
+json ModelConfig::ToJson() const {
+  json j = {
+      {"architectures", {architecture}},
+      {"model_type", std::string(ModelTypeOf(architecture))},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_layers},
+      {"num_attention_heads", num_heads},
+      {"num_key_value_heads", num_kv_heads},
+      {"head_dim", head_dim},
+      {"vocab_size", vocab_size},
+      {"max_position_embeddings", max_position_embeddings},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"bos_token_id", bos_token_id},
+      {"hidden_act", "silu"},
+      {"torch_dtype", torch_dtype},
+  };
+  j["eos_token_id"] = eos_token_ids.size() == 1 ? json(eos_token_ids[0]) : json(eos_token_ids);
+  j["sliding_window"] = sliding_window ? json(*sliding_window) : json(nullptr);
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::kNone:
+      j["rope_scaling"] = nullptr;
+      break;
+    case RopeScaling::Type::kLinear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+      break;
+    case RopeScaling::Type::kLlama3:
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", rope_scaling.factor},
+          {"low_freq_factor", rope_scaling.low_freq_factor},
+          {"high_freq_factor", rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  return j;
+}
+
+}  // namespace llm

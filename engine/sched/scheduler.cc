@@ -1,0 +1,178 @@
+#include "engine/sched/scheduler.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace llm {
+namespace {
+
+bool Contains(const SchedulerOutput& out, const Sequence* seq) {
+  return std::any_of(out.chunks.begin(), out.chunks.end(),
+                     [&](const ScheduledChunk& c) { return c.seq == seq; });
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* blocks)
+    : config_(config), blocks_(blocks) {
+  if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1) {
+    throw std::invalid_argument("scheduler budgets must be positive");
+  }
+}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+  seq->status = SeqStatus::kWaiting;
+  waiting_.push_back(seq);
+}
+
+void Scheduler::AddRunning(Sequence* seq) {
+  seq->status = SeqStatus::kRunning;
+  seq->admit_order = next_admit_order_++;
+  running_.push_back(seq);
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  std::erase(running_, seq);
+  std::erase(waiting_, seq);
+  if (blocks_->Has(seq->id)) blocks_->Free(seq->id);
+}
+
+void Scheduler::Requeue(Sequence* seq) {
+  std::erase(running_, seq);
+  std::erase(waiting_, seq);
+  if (blocks_->Has(seq->id)) blocks_->Free(seq->id);
+  seq->num_computed_tokens = 0;
+  ++seq->allocation;
+  seq->status = SeqStatus::kWaiting;
+  waiting_.push_front(seq);
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_num_batched_tokens;
+  focus_ = nullptr;
+  for (const Sequence* s : running_) {
+    if (s->request->isolated) {
+      focus_ = s->request;
+      break;
+    }
+  }
+  for (auto it = waiting_.begin(); focus_ == nullptr && it != waiting_.end(); ++it) {
+    if ((*it)->request->isolated) focus_ = (*it)->request;
+  }
+  ScheduleDecodes(&out, &budget);
+  SchedulePrefills(&out, &budget);
+  if (focus_ != nullptr) {
+    AdmitIsolated(&out, &budget);
+  } else {
+    Admit(&out, &budget);
+  }
+  out.num_batched_tokens = config_.max_num_batched_tokens - budget;
+  return out;
+}
+
+// The most recently admitted running sequence not scheduled this step, preferring one that may
+// not be scheduled this step anyway (isolation: another request's), so that an isolated
+// request does not preempt itself while others sit idle.
+Sequence* Scheduler::PickVictim(const SchedulerOutput& out) const {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (!Eligible(*it) && !Contains(out, *it)) return *it;
+  }
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (!Contains(out, *it)) return *it;
+  }
+  return nullptr;
+}
+
+void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
+  Requeue(seq);
+  out->preempted.push_back(seq);
+  ++num_preemptions_;
+}
+
+void Scheduler::ScheduleDecodes(SchedulerOutput* out, int64_t* budget) {
+  const std::vector<Sequence*> snapshot = running_;  // Preempt() edits running_
+  for (Sequence* seq : snapshot) {
+    if (seq->status != SeqStatus::kRunning || !seq->is_decode() || !Eligible(seq)) continue;
+    // Async: a pending token that reaches max_tokens ends the sequence; no step after it.
+    if (seq->num_pending > 0 &&
+        seq->num_output_tokens() >= seq->request->request.sampling.max_tokens) {
+      continue;
+    }
+    if (*budget == 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
+    const bool needs_slot = blocks_->NumTokens(seq->id) < seq->num_tokens();
+    while (needs_slot && !blocks_->CanAppend(seq->id, 1)) {
+      Sequence* victim = PickVictim(*out);
+      Preempt(victim, out);  // victim may be seq itself (the newest unscheduled one)
+      if (victim == seq) break;
+    }
+    if (seq->status != SeqStatus::kRunning) continue;
+    if (needs_slot) {
+      const int last[1] = {seq->token_ids.back()};
+      blocks_->Append(seq->id, last, &out->copies);
+    }
+    out->chunks.push_back({seq, 1, /*is_decode=*/true, /*samples=*/true});
+    --*budget;
+  }
+}
+
+void Scheduler::SchedulePrefills(SchedulerOutput* out, int64_t* budget) {
+  for (Sequence* seq : running_) {
+    if (seq->is_decode() || Contains(*out, seq) || !Eligible(seq)) continue;
+    if (*budget == 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
+    const int64_t n = std::min(seq->prefill_target() - seq->num_computed_tokens, *budget);
+    if (n <= 0) continue;
+    const bool samples = seq->num_computed_tokens + n == seq->num_tokens();
+    out->chunks.push_back({seq, n, /*is_decode=*/false, samples});
+    *budget -= n;
+  }
+}
+
+void Scheduler::Admit(SchedulerOutput* out, int64_t* budget) {
+  while (!waiting_.empty() && *budget > 0 && num_running() < config_.max_num_seqs &&
+         std::ssize(out->chunks) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    // Preempted with a token still pending (async): it waits for the token, and for room.
+    if (seq->num_pending > 0 || !blocks_->CanAllocate(seq->token_ids)) break;  // FCFS
+    waiting_.pop_front();
+    Start(seq, out, budget);
+  }
+}
+
+void Scheduler::Start(Sequence* seq, SchedulerOutput* out, int64_t* budget) {
+  const int64_t cached = blocks_->Allocate(seq->id, seq->token_ids);
+  seq->num_computed_tokens = cached;
+  if (!seq->has_output() && !seq->request->has_first_scheduled) {
+    seq->request->cached_prompt_tokens = cached;
+  }
+  AddRunning(seq);
+  const int64_t n = std::min(seq->prefill_target() - cached, *budget);
+  if (n <= 0) return;  // a recomputed sequence fully cached: it decodes next step
+  const bool samples = cached + n == seq->num_tokens();
+  out->chunks.push_back({seq, n, /*is_decode=*/false, samples});
+  *budget -= n;
+}
+
+// The isolated request's waiting sequences, wherever they are in the queue (requeued at its
+// front, though a later preemption may have gone in front of them), ahead of everyone: the
+// running sequences of other requests, which are not scheduled meanwhile, are preempted
+// (newest first) when their blocks are needed.
+void Scheduler::AdmitIsolated(SchedulerOutput* out, int64_t* budget) {
+  std::vector<Sequence*> mine;
+  for (Sequence* seq : waiting_) {
+    if (seq->request == focus_) mine.push_back(seq);
+  }
+  for (Sequence* seq : mine) {
+    if (*budget <= 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
+    if (seq->num_pending > 0) break;  // async: waits for its pending token
+    while (!blocks_->CanAllocate(seq->token_ids) || num_running() >= config_.max_num_seqs) {
+      Sequence* victim = PickVictim(*out);
+      if (victim == nullptr) return;  // cannot happen: a lone request always fits
+      Preempt(victim, out);
+    }
+    std::erase(waiting_, seq);
+    Start(seq, out, budget);
+  }
+}
+
+}  // namespace llm

@@ -1,0 +1,222 @@
+// Paged PREFILL flash attention on CUDA: the public entry point and the kernel ladder.
+//
+//   out[t, h, :] = softmax(scale · q[t, h, :] · K^T) · V over the keys 0 … ctx_i + r of its
+//   sequence (causal, with cached context: chunked prefill; AttentionParams::causal = false
+//   gives every query all ctx_i + q_len keys, v4 only), K/V read only through the block
+//   table of kernels/paged_kv.h. The CPU specification is cpu::PagedPrefillAttention
+//   (kernels/cpu/flash_attention.h); the online softmax is kernels/online_softmax.h.
+//
+// The ladder (each rung kept, tested by tests/kernels/prefill_attention_gpu_test.cc and timed by
+// bench/prefill_attention_gpu.cu):
+//   kNaive  prefill_attention_v1_naive.cu  one warp per query row, scalar online softmax
+//   kSmem   prefill_attention_v2_smem.cu   shared-memory Q/K/V tiles, fp32 FMA
+//   kMma    prefill_attention_v3_mma.cu    FA2: mma.sync m16n8k16, cp.async, swizzled smem
+//   kWgmma  prefill_attention_v4_wgmma.cu  FA3-style: wgmma + TMA per page + mbarriers,
+//                                          producer / 2 consumer warpgroups, setmaxnreg;
+//                                          fp8 caches through prefill_attention_fp8.cu
+//   kBest   the fastest rung that supports the shape (prefill_attention.cu: the selector)
+//
+// Test:  ninja -C build prefill_attention_gpu_test && (cd build && ctest -L gpu -R prefill)
+// Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/attention/attention.h"
+
+namespace llm::cuda {
+
+enum class PrefillVariant : uint8_t { kNaive, kSmem, kMma, kWgmma, kBest };
+
+// "v1_naive", "v2_smem", "v3_mma", "v4_wgmma", "best".
+const char* PrefillVariantName(PrefillVariant v);
+
+// Device scratch that lets kWgmma run over an fp8 (e4m3) cache (prefill_attention_fp8.cu): a
+// pass copies the batch's pages, exactly, into a pool of the attention dtype inside `data`,
+// and v4 reads that copy. num_pages: at least the pages the batch's sequences span,
+// PrefillPagesNeeded(...) of the same lengths (host arrays; pages past num_pages would read as
+// zeros: the scratch is never written out of bounds); bytes: at least
+// PrefillFp8ScratchBytes(layout, dtype, num_seqs, max_blocks_per_seq, num_pages); `data`
+// 256-byte aligned (cudaMalloc's). One launch at a time per scratch (stream order).
+struct PrefillScratch {
+  void* data = nullptr;
+  size_t bytes = 0;
+  int64_t num_pages = 0;
+};
+// Σ over the sequences of ceil((context_lens[s] + q_len[s]) / block_size), from host arrays.
+int64_t PrefillPagesNeeded(const int32_t* cu_seqlens_q, const int32_t* context_lens,
+                           int64_t num_seqs, int64_t block_size);
+size_t PrefillFp8ScratchBytes(const PagedKvLayout& layout, DType dtype, int64_t num_seqs,
+                              int64_t max_blocks_per_seq, int64_t num_pages);
+
+// The rung kBest (or `requested`) resolves to for these parameters, or throws
+// std::invalid_argument (unsupported dtype / head_dim, or a rung that cannot run the shape,
+// e.g. kWgmma with a block size that is not a multiple of 8 dividing 128). fp8 caches resolve
+// to kWgmma (over a copy of the pages) only with a `scratch` that fits.
+PrefillVariant ResolvePrefillVariant(const AttentionParams& p,
+                                     PrefillVariant requested = PrefillVariant::kBest,
+                                     const PrefillScratch* scratch = nullptr);
+
+// Whether v4_wgmma takes this page size: whole pages per 128-key tile, 8-row TMA swizzle atoms
+// (block_size a multiple of 8 dividing 128).
+bool PrefillWgmmaTakesBlockSize(int64_t block_size);
+
+// Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128 on every
+// rung, any other head_dim up to 128 on kNaive only (kBest picks it); std::invalid_argument
+// otherwise, naming the value. p.kv_format.fp8 (e4m3 pools) runs on kNaive and kMma, and on
+// kWgmma over an exact bf16 / fp16 copy of the pages when a PrefillScratch that fits is given
+// (kBest picks kWgmma then, else kMma for head_dim 64 / 128); kSmem rejects it. Asynchronous
+// on `stream`. Returns the rung it ran (ResolvePrefillVariant's answer).
+PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
+                                     PrefillVariant variant = PrefillVariant::kBest,
+                                     const PrefillScratch* scratch = nullptr);
+
+namespace detail {
+
+// The flat kernel argument block every rung receives (built once by the selector).
+struct PrefillArgs {
+  const void* q = nullptr;  // [num_tokens, num_heads, head_dim]
+  void* out = nullptr;      // same
+  const void* k = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim]
+  const void* v = nullptr;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  int64_t max_blocks_per_seq = 0;
+  int64_t num_blocks = 0;
+  int num_seqs = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int group = 1;  // num_heads / num_kv_heads
+  int head_dim = 0;
+  int block_size = 0;
+  int max_q_len = 0;
+  int64_t max_num_keys = 0;  // AttentionParams::max_num_keys (0: unknown)
+  float scale_log2 = 0;  // scale · log2(e) (fp8: · k_scale): scores live in the log2 domain
+  bool is_bf16 = true;
+  bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive, v3_mma, v4 over a copy
+  float out_scale = 1.f;  // fp8: v_scale, applied with the final 1 / l
+  int v4_flags = 0;  // kV4* bits below (0 in production)
+  bool causal = true;  // AttentionParams::causal (false: v4 only)
+};
+
+// v4 schedule knobs (runtime bits, one kernel): the test runs every combination, the bench
+// times them. Production uses kV4Default, the fastest measured (bench/RESULTS.md): with the
+// kernel not softmax-bound, ping-pong and intra-warpgroup overlap cost more in barriers than
+// they hide.
+inline constexpr int kV4NoPingPong = 1;  // consumer warpgroups issue GEMMs without taking turns
+inline constexpr int kV4NoOverlap = 2;   // wait for P·V before the softmax (no intra-WG overlap)
+inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no exp2 (wrong output)
+// Profiling only (wrong output): the load pipeline alone (consumers wait for each K/V tile and
+// give it back, no math), and the math alone (the first kStages tiles are loaded, later tiles
+// reuse those stages without waiting for loads).
+inline constexpr int kV4LoadsOnly = 8;
+inline constexpr int kV4ComputeOnly = 16;
+// Pairs neighbouring query tiles in a 2-CTA cluster that multicasts the K/V tiles both read
+// (half the L2 -> SM traffic). Off in production: on the H200 the loads alone get 15-25%
+// cheaper, but the pair runs in lockstep (the lighter CTA idles through the heavier one's
+// extra tile) and the whole kernel is slower, persistent or not (bench/RESULTS.md).
+inline constexpr int kV4Cluster = 32;
+// One CTA (or cluster) per query tile (pair), launched as a grid of them; the default is a
+// persistent grid of as many as fit at once, each walking its share of the tiles heaviest
+// first with the K/V ring running on from one tile to the next.
+inline constexpr int kV4NoPersist = 64;
+// V as two 64-column TMA boxes per page into [panel][key][64] tiles (the layout before
+// 2026-11-30), for comparison. The default loads each page's V as ONE box (a 4-D tensor map:
+// both panels) into [page][panel][key-in-page][64] tiles, halving V's boxes at head_dim 128;
+// the P·V descriptor steps page by page (at head_dim 64 both layouts are the same).
+inline constexpr int kV4PanelBoxV = 128;
+inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
+void SetPrefillV4Flags(int flags);  // applies to later PagedPrefillAttention calls
+
+// One launcher per rung (each defined in its own prefill_attention_v*.cu).
+void LaunchPrefillNaive(const PrefillArgs& a, cudaStream_t stream);
+void LaunchPrefillSmem(const PrefillArgs& a, cudaStream_t stream);
+void LaunchPrefillMma(const PrefillArgs& a, cudaStream_t stream);
+void LaunchPrefillWgmma(const PrefillArgs& a, cudaStream_t stream);
+// fp8 pools: the dequantizing copy into `scratch`, then LaunchPrefillWgmma over it.
+void LaunchPrefillWgmmaFp8(const PrefillArgs& a, const PrefillScratch& scratch,
+                           cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace llm::cuda
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/common/vec.cuh"
+#include "kernels/fp8.h"
+
+// Device helpers shared by the rungs (CUDA translation units only).
+namespace llm::cuda::detail {
+
+using vec::FromF32;  // bf16 / fp16 <-> fp32 (kernels/cuda/common/vec.cuh)
+using vec::ToF32;
+// A cached K/V element as fp32: bf16 / fp16, or an e4m3 code (fp8 caches; the scale is applied
+// by the caller).
+template <typename KV>
+__device__ __forceinline__ float KvToF32(KV x) {
+  if constexpr (std::is_same_v<KV, uint8_t>) {
+    return E4m3ToF32(x);
+  } else {
+    return ToF32(x);
+  }
+}
+// 2^x by one MUFU.EX2 (flush-to-zero: results below 2^-126 become 0, far below the
+// softmax's rounding; 2^-inf = 0).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// Two floats as one packed 32-bit pair (low half = first), the mma A/B operand format.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Where a CTA's (sequence, head, query tile) sits. Query tiles run heaviest-first (the last
+// tile of a causal sequence sees the most keys), so blockIdx.y counts down.
+struct TileCoords {
+  int seq, head, kv_head;
+  int q_start, q_len, ctx, num_keys;  // tokens of the chunk, cached context, visible keys
+  int q0;                             // first query row of this tile within the chunk
+};
+
+__device__ __forceinline__ TileCoords GetTileCoords(const PrefillArgs& a, int rows_per_tile) {
+  TileCoords c;
+  c.seq = blockIdx.x / a.num_heads;
+  c.head = blockIdx.x % a.num_heads;
+  c.kv_head = c.head / a.group;
+  c.q_start = a.cu_seqlens_q[c.seq];
+  c.q_len = a.cu_seqlens_q[c.seq + 1] - c.q_start;
+  c.ctx = a.context_lens[c.seq];
+  c.num_keys = c.ctx + c.q_len;
+  c.q0 = (gridDim.y - 1 - blockIdx.y) * rows_per_tile;
+  return c;
+}
+
+// Element offset of key `key` (row `key` of the sequence's cache) of KV head kv_head.
+__device__ __forceinline__ int64_t KvRowOffset(const PrefillArgs& a, const int32_t* table, int key,
+                                               int kv_head) {
+  const int block = table[key / a.block_size];
+  return ((int64_t(block) * a.num_kv_heads + kv_head) * a.block_size + key % a.block_size) *
+         a.head_dim;
+}
+
+}  // namespace llm::cuda::detail
+#endif

@@ -1,0 +1,735 @@
+// The Llama forward pass's fused element-wise ops on the GPU (interface and conventions:
+// kernels/cuda/ops/model_ops.h): EmbeddingGather, AddRmsNorm, RopeAppendKv, SiluMul, for bf16 and
+// fp16. CPU twins (the specification): cpu::RmsNorm / AddInPlace / ApplyRope / SiluMul in
+// kernels/cpu/ops.h and cpu::AppendKv in kernels/cpu/flash_attention.h. The GPU sampler of the
+// same header is in sampling.cu.
+//
+// All four ops are memory-bound: every byte is read once and written once, and the design is
+// only about doing that with wide accesses and without extra passes:
+//  - Elements move in chunks of kVec = 8 (16 bytes of bf16/fp16: one uint4; 32 bytes of fp32:
+//    two float4) when the row length and every base pointer allow it, else one element at a
+//    time (the same kernels instantiated with kVec = 1).
+//  - Math is fp32; each output is rounded once to its type (round to nearest even).
+//  - The grid depends only on the shape (no data-dependent launches, no host sync, no
+//    allocation), so every call can be captured in a CUDA graph.
+// Per op:
+//  - EmbeddingGather: one CTA per token, threads stride over the row's chunks.
+//  - AddRmsNorm: one CTA per output row; the (updated) residual chunks of the first
+//    kThreads * kCached chunks stay in registers between the sum-of-squares pass and the
+//    scaling pass (hidden <= 8192 at kVec = 8: all of it), the rest is re-read (L1/L2).
+//  - RopeAppendKv: one CTA per token. cos/sin of the token's angles are computed once into
+//    shared memory (fp32 angle = float(position) * inv_freq[i], sincosf: accurate, not the
+//    fast-math intrinsics), then threads stride over (head, pair-chunk) work items: q heads
+//    are rotated into q_out, k heads rotated into the cache slot, v heads copied to it.
+//  - SiluMul: a grid-stride loop over the chunks of [num_tokens, inter].
+// Test: ninja -C build-cuda model_ops_gpu_test && (cd build-cuda && ctest -L gpu -R model_ops)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/ops/model_ops.h"
+#include "kernels/cuda/common/vec.cuh"
+#include "kernels/fp8.h"
+
+namespace llm::cuda {
+namespace {
+
+using vec::kVec;
+using vec::Load;
+using vec::LoadF32;
+using vec::Store;
+using vec::StoreF32;
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void CheckDType(DType dtype, const char* op) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    throw std::invalid_argument(std::string(op) + ": dtype must be BF16 or F16, got " +
+                                std::string(DTypeName(dtype)));
+  }
+}
+
+// ---- EmbeddingGather ----------------------------------------------------------------------
+// table dtype [vocab, hidden]; out fp32 [num_tokens, hidden]; one CTA per token.
+constexpr int kGatherThreads = 256;
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kGatherThreads)
+    EmbeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ token_ids,
+                          int64_t hidden, float* __restrict__ out) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const T* src = table + int64_t(token_ids[blockIdx.x]) * hidden;
+  float* dst = out + int64_t(blockIdx.x) * hidden;
+  for (int64_t i = int64_t(threadIdx.x) * N; i < hidden; i += int64_t(kGatherThreads) * N) {
+    float x[N];
+    Load<T, N>(src + i, x);
+    StoreF32<N>(dst + i, x);
+  }
+}
+
+// ---- FeedSampledTokens ---------------------------------------------------------------------
+// A grid-stride loop over the tokens; a few blocks at most (a step has <= 8k tokens).
+constexpr int kFeedThreads = 256;
+
+__global__ void __launch_bounds__(kFeedThreads)
+    FeedSampledTokensKernel(int32_t* __restrict__ token_ids, const int32_t* __restrict__ feed,
+                            const int32_t* __restrict__ sampled, int64_t num_tokens) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  for (int64_t t = int64_t(blockIdx.x) * kFeedThreads + threadIdx.x; t < num_tokens;
+       t += int64_t(gridDim.x) * kFeedThreads) {
+    const int32_t row = feed[t];
+    if (row >= 0) token_ids[t] = sampled[row];
+  }
+}
+
+// ---- ScatterCopies -------------------------------------------------------------------------
+// blockIdx.y = the segment; blockIdx.x strides over its 16-byte words (then 4-byte tail words).
+constexpr int kScatterThreads = 256;
+struct ScatterArgs {
+  const std::byte* src;
+  CopySegment seg[kMaxCopySegments];
+};
+
+__global__ void __launch_bounds__(kScatterThreads) ScatterCopiesKernel(ScatterArgs a) {
+  const CopySegment s = a.seg[blockIdx.y];
+  const int64_t stride = int64_t(gridDim.x) * kScatterThreads;
+  const int64_t first = int64_t(blockIdx.x) * kScatterThreads + threadIdx.x;
+  const auto* in = reinterpret_cast<const uint4*>(a.src + s.src_offset);
+  auto* out = static_cast<uint4*>(s.dst);
+  const int64_t words16 = s.bytes / 16;
+  for (int64_t i = first; i < words16; i += stride) out[i] = in[i];
+  const auto* in4 = reinterpret_cast<const uint32_t*>(a.src + s.src_offset);
+  auto* out4 = static_cast<uint32_t*>(s.dst);
+  for (int64_t i = words16 * 4 + first; i < s.bytes / 4; i += stride) out4[i] = in4[i];
+}
+
+// ---- FP8 rows (dynamic per-row scales) ------------------------------------------------------
+// One CTA of kQuantThreads per row. A source functor yields chunk c (N values, fp32) of the row;
+// the first kQuantCached chunks of each thread stay in registers between the max pass and the
+// code pass (16,384 elements at N = 8: every Llama hidden and intermediate size), the rest are
+// produced again. scale = max|v| / 448 (1 for an all-zero row), code = F32ToE4m3(v / scale):
+// cpu::QuantizeFp8Rows's rule, bit for bit (IEEE division; fmaxf ignores NaN, as std::max
+// there does not matter: a non-finite row is an error for weights).
+constexpr int kQuantThreads = 256;
+constexpr int kQuantCached = 8;
+
+// Max over the CTA (kQuantThreads threads), result in every thread.
+__device__ __forceinline__ float QuantBlockMax(float v) {
+  __shared__ float warp_max[kQuantThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = 0.f;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+  return m;
+}
+
+// N codes F32ToE4m3(x / scale) at dst (one 8-byte store for N = 8: dst is then 8-aligned).
+template <int N>
+__device__ __forceinline__ void StoreE4m3(uint8_t* dst, const float (&x)[N], float scale) {
+  uint8_t c[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) c[j] = F32ToE4m3(x[j] / scale);
+  if constexpr (N == 8) {
+    uint2 packed;
+    memcpy(&packed, c, 8);
+    *reinterpret_cast<uint2*>(dst) = packed;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = c[j];
+  }
+}
+
+
+// Quantizes the row `src` yields (num_chunks chunks of N) into codes [num_chunks * N] and
+// *scale_out. nonfinite (may be null; uniform over the CTA): incremented when the row holds a
+// NaN or an infinity.
+template <int N, typename Src>
+__device__ __forceinline__ void QuantizeRow(const Src& src, int64_t num_chunks,
+                                            uint8_t* __restrict__ codes, float* scale_out,
+                                            int* nonfinite) {
+  float cache[kQuantCached][N];
+  float amax = 0.f;
+  bool bad = false;
+  int64_t c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
+    if (c < num_chunks) {
+      src(c, cache[j]);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        amax = fmaxf(amax, fabsf(cache[j][i]));
+        bad |= !isfinite(cache[j][i]);
+      }
+    }
+  }
+  for (; c < num_chunks; c += kQuantThreads) {
+    float x[N];
+    src(c, x);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      amax = fmaxf(amax, fabsf(x[i]));
+      bad |= !isfinite(x[i]);
+    }
+  }
+  if (nonfinite != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) atomicAdd(nonfinite, 1);
+  amax = QuantBlockMax(amax);
+  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+  if (threadIdx.x == 0) *scale_out = scale;
+  c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
+    if (c < num_chunks) StoreE4m3<N>(codes + c * N, cache[j], scale);
+  }
+  for (; c < num_chunks; c += kQuantThreads) {
+    float x[N];
+    src(c, x);
+    StoreE4m3<N>(codes + c * N, x, scale);
+  }
+}
+
+// Sources: a row of T (bf16 / fp16) or fp32 values; silu(gate) * up of a gate|up row.
+template <typename T, int N>
+struct RowSource {
+  const T* row;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    if constexpr (std::is_same_v<T, float>) {
+      LoadF32<N>(row + c * N, x);
+    } else {
+      Load<T, N>(row + c * N, x);
+    }
+  }
+};
+
+template <typename T, int N>
+struct SiluMulSource {
+  const T* gate;  // the row's gate half; up = gate + inter
+  int64_t inter;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    float u[N];
+    Load<T, N>(gate + c * N, x);
+    Load<T, N>(gate + inter + c * N, u);
+#pragma unroll
+    for (int j = 0; j < N; ++j) x[j] = x[j] / (1.f + expf(-x[j])) * u[j];
+  }
+};
+
+// weight * (residual * inv_rms): AddRmsNorm's normalized row in fp32.
+template <int N>
+struct NormSource {
+  const float* res;
+  const float* weight;
+  float inv_rms;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    float w[N];
+    LoadF32<N>(res + c * N, x);
+    LoadF32<N>(weight + c * N, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = w[i] * (x[i] * inv_rms);
+  }
+};
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsKernel(const T* __restrict__ in, int64_t cols, uint8_t* __restrict__ codes,
+                       float* __restrict__ scales, int* nonfinite) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t r = blockIdx.x;
+  QuantizeRow<N>(RowSource<T, N>{in + r * cols}, cols / N, codes + r * cols, scales + r,
+                 nonfinite);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
+    SiluMulE4m3Kernel(const T* __restrict__ gate_up, int64_t inter, uint8_t* __restrict__ codes,
+                      float* __restrict__ scales) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t t = blockIdx.x;
+  QuantizeRow<N>(SiluMulSource<T, N>{gate_up + t * 2 * inter, inter}, inter / N,
+                 codes + t * inter, scales + t, nullptr);
+}
+
+// ---- AddRmsNorm ---------------------------------------------------------------------------
+constexpr int kNormThreads = 256;
+constexpr int kNormCached = 4;  // register-cached chunks per thread: 8192 elements at kVec 8
+
+// Sum over the CTA (kNormThreads threads), result in every thread. Fixed order: deterministic.
+__device__ __forceinline__ float NormBlockSum(float v) {
+  __shared__ float warp_sums[kNormThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
+// residual fp32 [*, hidden]; delta T [*, hidden] or null; weight fp32 [hidden];
+// out T [num_rows, hidden]; rows int32 [num_rows] or null. One CTA per output row.
+// kFp8Out: out is e4m3 codes [num_rows, hidden] of the fp32 normalized row with one dynamic
+// scale per row (out_scale), QuantizeRow's rule.
+template <typename T, int N, bool kFp8Out>
+__global__ void __launch_bounds__(kNormThreads)
+    AddRmsNormKernel(float* __restrict__ residual, const T* __restrict__ delta,
+                     const float* __restrict__ weight, T* __restrict__ out,
+                     const int32_t* __restrict__ rows, int64_t hidden, float eps,
+                     uint8_t* __restrict__ out8, float* __restrict__ out_scale) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
+  float* res = residual + r * hidden;
+  const T* del = delta ? delta + r * hidden : nullptr;
+  T* dst = kFp8Out ? nullptr : out + int64_t(blockIdx.x) * hidden;  // (out is null with kFp8Out)
+  const int64_t num_chunks = hidden / N;
+  float cache[kNormCached][N];
+  float sum_sq = 0.f;
+  // Pass 1: residual += delta (written back), sum of squares; chunk c = threadIdx + j·threads.
+  int64_t c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
+    if (c < num_chunks) {
+      LoadF32<N>(res + c * N, cache[j]);
+      if (del) {
+        float d[N];
+        Load<T, N>(del + c * N, d);
+#pragma unroll
+        for (int i = 0; i < N; ++i) cache[j][i] += d[i];
+        StoreF32<N>(res + c * N, cache[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i) sum_sq += cache[j][i] * cache[j][i];
+    }
+  }
+  for (; c < num_chunks; c += kNormThreads) {  // rows longer than the register cache
+    float x[N];
+    LoadF32<N>(res + c * N, x);
+    if (del) {
+      float d[N];
+      Load<T, N>(del + c * N, d);
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] += d[i];
+      StoreF32<N>(res + c * N, x);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) sum_sq += x[i] * x[i];
+  }
+  // 1 / sqrt (IEEE sqrt and division, as the CPU twin), not rsqrtf: costs nothing once per row.
+  const float inv_rms = 1.f / sqrtf(NormBlockSum(sum_sq) / static_cast<float>(hidden) + eps);
+  if constexpr (kFp8Out) {
+    // Chunk c is handled by the same thread as above (c = threadIdx + j·threads), so the
+    // residual it re-reads is its own write: no barrier needed.
+    static_assert(kQuantThreads == kNormThreads, "the same chunk-to-thread map");
+    QuantizeRow<N>(NormSource<N>{res, weight, inv_rms}, num_chunks,
+                   out8 + int64_t(blockIdx.x) * hidden, out_scale + blockIdx.x, nullptr);
+    return;
+  }
+  // Pass 2: out = weight * (x * inv_rms), the CPU twin's operation order. A thread re-reads
+  // only residual chunks it wrote itself, so no barrier is needed between the passes.
+  c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
+    if (c < num_chunks) {
+      float w[N], y[N];
+      LoadF32<N>(weight + c * N, w);
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] = w[i] * (cache[j][i] * inv_rms);
+      Store<T, N>(dst + c * N, y);
+    }
+  }
+  for (; c < num_chunks; c += kNormThreads) {
+    float x[N], w[N];
+    LoadF32<N>(res + c * N, x);
+    LoadF32<N>(weight + c * N, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = w[i] * (x[i] * inv_rms);
+    Store<T, N>(dst + c * N, x);
+  }
+}
+
+// ---- RopeAppendKv -------------------------------------------------------------------------
+constexpr int kRopeThreads = 128;
+constexpr int kMaxHeadDim = 512;
+
+// qkv T [num_tokens, (num_heads + 2 num_kv_heads) * head_dim]; q_out T [num_tokens, num_heads,
+// head_dim]; kc / vc: the pools. One CTA per token. A work item is N consecutive dims
+// [i, i + N) of the first half of a head together with [i + half, i + half + N) (the rotate-half
+// partners), or for v heads two such plain chunks.
+// kFp8: the pools hold e4m3 codes (KvCacheFormat): the rotated k is quantized from fp32, the v
+// from its dtype value, both as F32ToE4m3(x / scale).
+template <typename T, int N, bool kFp8>
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeAppendKvKernel(const T* __restrict__ qkv, const int32_t* __restrict__ positions,
+                       const int64_t* __restrict__ slot_mapping, const float* __restrict__ inv_freq,
+                       int num_heads, int num_kv_heads, int head_dim, PagedKvLayout layout,
+                       void* __restrict__ kc, void* __restrict__ vc, T* __restrict__ q_out,
+                       KvCacheFormat format) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
+  const int64_t t = blockIdx.x;
+  const int half = head_dim / 2;
+  const float pos = static_cast<float>(positions[t]);
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+    sincosf(pos * inv_freq[i], &sin_s[i], &cos_s[i]);
+  }
+  __syncthreads();
+  const int64_t slot = slot_mapping[t];
+  const int chunks_per_head = half / N;
+  // Heads in qkv order: q heads, then k heads, then v heads; k and v only with a slot.
+  const int num_items = (slot < 0 ? num_heads : num_heads + 2 * num_kv_heads) * chunks_per_head;
+  const T* src_row = qkv + t * int64_t(num_heads + 2 * num_kv_heads) * head_dim;
+  for (int item = threadIdx.x; item < num_items; item += kRopeThreads) {
+    const int head = item / chunks_per_head;  // index into the token's q | k | v heads
+    const int i = (item % chunks_per_head) * N;
+    const T* src = src_row + int64_t(head) * head_dim;
+    float a[N], b[N];
+    Load<T, N>(src + i, a);
+    Load<T, N>(src + i + half, b);
+    int64_t dst_off;  // element offset in q_out or in the pool
+    if (head < num_heads) {
+      dst_off = (t * num_heads + head) * int64_t(head_dim);
+    } else if (head < num_heads + num_kv_heads) {
+      dst_off = layout.SlotOffset(slot, head - num_heads);
+    } else {  // v: copied unchanged (bf16/fp16 -> fp32 -> same type is exact)
+      dst_off = layout.SlotOffset(slot, head - num_heads - num_kv_heads);
+      if constexpr (kFp8) {
+        uint8_t* dst = static_cast<uint8_t*>(vc) + dst_off;
+        StoreE4m3<N>(dst + i, a, format.v_scale);
+        StoreE4m3<N>(dst + i + half, b, format.v_scale);
+      } else {
+        T* dst = static_cast<T*>(vc) + dst_off;
+        Store<T, N>(dst + i, a);
+        Store<T, N>(dst + i + half, b);
+      }
+      continue;
+    }
+    float lo[N], hi[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float c = cos_s[i + j], s = sin_s[i + j];
+      lo[j] = a[j] * c - b[j] * s;
+      hi[j] = b[j] * c + a[j] * s;
+    }
+    if (kFp8 && head >= num_heads) {
+      uint8_t* dst = static_cast<uint8_t*>(kc) + dst_off;
+      StoreE4m3<N>(dst + i, lo, format.k_scale);
+      StoreE4m3<N>(dst + i + half, hi, format.k_scale);
+    } else {
+      T* dst = (head < num_heads ? q_out : static_cast<T*>(kc)) + dst_off;
+      Store<T, N>(dst + i, lo);
+      Store<T, N>(dst + i + half, hi);
+    }
+  }
+}
+
+// ---- SiluMul ------------------------------------------------------------------------------
+constexpr int kSiluThreads = 256;
+
+// gate_up T [num_tokens, 2 inter] (gate | up); out T [num_tokens, inter]. Grid-stride loop
+// over the num_tokens * inter / N chunks.
+template <typename T, int N>
+__global__ void __launch_bounds__(kSiluThreads)
+    SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t num_tokens,
+                  int64_t inter) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t chunks_per_row = inter / N;
+  const int64_t total = num_tokens * chunks_per_row;
+  for (int64_t c = blockIdx.x * int64_t(kSiluThreads) + threadIdx.x; c < total;
+       c += int64_t(gridDim.x) * kSiluThreads) {
+    const int64_t t = c / chunks_per_row;
+    const int64_t i = (c % chunks_per_row) * N;
+    const T* row = gate_up + t * 2 * inter;
+    float g[N], u[N];
+    Load<T, N>(row + i, g);
+    Load<T, N>(row + inter + i, u);
+#pragma unroll
+    for (int j = 0; j < N; ++j) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    Store<T, N>(out + t * inter + i, g);
+  }
+}
+
+// ---- launchers: T and the chunk width become template arguments --------------------------
+template <typename T>
+void LaunchEmbeddingGather(const void* table, const int32_t* token_ids, int64_t num_tokens,
+                           int64_t hidden, float* out, bool vec, cudaStream_t stream) {
+  const T* t = static_cast<const T*>(table);
+  if (vec) {
+    Launch(EmbeddingGatherKernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kGatherThreads), 0,
+           stream, t, token_ids, hidden, out);
+  } else {
+    Launch(EmbeddingGatherKernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kGatherThreads), 0, stream,
+           t, token_ids, hidden, out);
+  }
+}
+
+template <typename T>
+void LaunchAddRmsNorm(float* residual, const void* delta, const float* weight, void* out,
+                      const int32_t* rows, int64_t num_rows, int64_t hidden, float eps, bool vec,
+                      cudaStream_t stream) {
+  const T* d = static_cast<const T*>(delta);
+  T* o = static_cast<T*>(out);
+  if (vec) {
+    Launch(AddRmsNormKernel<T, kVec, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
+           stream, residual, d, weight, o, rows, hidden, eps, nullptr, nullptr);
+  } else {
+    Launch(AddRmsNormKernel<T, 1, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
+           stream, residual, d, weight, o, rows, hidden, eps, nullptr, nullptr);
+  }
+}
+
+template <typename T>
+void LaunchAddRmsNormE4m3(float* residual, const void* delta, const float* weight, uint8_t* out,
+                          float* out_scale, const int32_t* rows, int64_t num_rows, int64_t hidden,
+                          float eps, bool vec, cudaStream_t stream) {
+  const T* d = static_cast<const T*>(delta);
+  if (vec) {
+    Launch(AddRmsNormKernel<T, kVec, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
+           stream, residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out,
+           out_scale);
+  } else {
+    Launch(AddRmsNormKernel<T, 1, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
+           residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out, out_scale);
+  }
+}
+
+template <typename T>
+void LaunchQuantizeRows(const void* in, int64_t rows, int64_t cols, uint8_t* codes, float* scales,
+                        int* nonfinite, bool vec, cudaStream_t stream) {
+  const T* p = static_cast<const T*>(in);
+  if (vec) {
+    Launch(QuantizeRowsKernel<T, kVec>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p,
+           cols, codes, scales, nonfinite);
+  } else {
+    Launch(QuantizeRowsKernel<T, 1>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p, cols,
+           codes, scales, nonfinite);
+  }
+}
+
+template <typename T>
+void LaunchSiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
+                       int64_t inter, bool vec, cudaStream_t stream) {
+  const T* p = static_cast<const T*>(gate_up);
+  if (vec) {
+    Launch(SiluMulE4m3Kernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream,
+           p, inter, out, out_scale);
+  } else {
+    Launch(SiluMulE4m3Kernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream, p,
+           inter, out, out_scale);
+  }
+}
+
+template <typename T, int N, bool kFp8>
+void LaunchRope(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                int head_dim, const PagedKvView<void>& kv, void* q_out,
+                const KvCacheFormat& format, cudaStream_t stream) {
+  Launch(RopeAppendKvKernel<T, N, kFp8>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0,
+         stream, static_cast<const T*>(qkv), positions, slot_mapping, inv_freq, num_heads,
+         num_kv_heads, head_dim, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format);
+}
+
+template <typename T>
+void LaunchRopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                        const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                        int head_dim, const PagedKvView<void>& kv, void* q_out, bool vec,
+                        const KvCacheFormat& format, cudaStream_t stream) {
+  auto* launch = vec ? (format.fp8 ? LaunchRope<T, kVec, true> : LaunchRope<T, kVec, false>)
+                     : (format.fp8 ? LaunchRope<T, 1, true> : LaunchRope<T, 1, false>);
+  launch(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads, num_kv_heads, head_dim, kv,
+         q_out, format, stream);
+}
+
+template <typename T>
+void LaunchSiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter,
+                   unsigned blocks, bool vec, cudaStream_t stream) {
+  const T* in = static_cast<const T*>(gate_up);
+  T* o = static_cast<T*>(out);
+  if (vec) {
+    Launch(SiluMulKernel<T, kVec>, dim3(blocks), dim3(kSiluThreads), 0, stream, in, o, num_tokens,
+           inter);
+  } else {
+    Launch(SiluMulKernel<T, 1>, dim3(blocks), dim3(kSiluThreads), 0, stream, in, o, num_tokens,
+           inter);
+  }
+}
+
+}  // namespace
+
+void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids, int64_t num_tokens,
+                     int64_t hidden, float* out, cudaStream_t stream) {
+  CheckDType(dtype, "EmbeddingGather");
+  if (num_tokens <= 0 || hidden <= 0) return;
+  const bool vec = hidden % kVec == 0 && Aligned16(table) && Aligned16(out);
+  if (dtype == DType::kBF16) {
+    LaunchEmbeddingGather<__nv_bfloat16>(table, token_ids, num_tokens, hidden, out, vec, stream);
+  } else {
+    LaunchEmbeddingGather<__half>(table, token_ids, num_tokens, hidden, out, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void FeedSampledTokens(int32_t* token_ids, const int32_t* feed, const int32_t* sampled,
+                       int64_t num_tokens, cudaStream_t stream) {
+  if (num_tokens <= 0) return;
+  const int64_t blocks = std::min<int64_t>((num_tokens + kFeedThreads - 1) / kFeedThreads, 64);
+  Launch(FeedSampledTokensKernel, dim3(unsigned(blocks)), dim3(kFeedThreads), 0, stream, token_ids,
+         feed, sampled, num_tokens);
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void ScatterCopies(const void* src, const CopySegment* segments, int count,
+                   cudaStream_t stream) {
+  if (count < 0 || count > kMaxCopySegments) {
+    throw std::invalid_argument("ScatterCopies: " + std::to_string(count) + " segments (at most " +
+                                std::to_string(kMaxCopySegments) + ")");
+  }
+  ScatterArgs a{};
+  a.src = static_cast<const std::byte*>(src);
+  int64_t most = 0;
+  for (int i = 0; i < count; ++i) {
+    const CopySegment& s = segments[i];
+    if (s.bytes < 0 || s.bytes % 4 != 0 || s.src_offset % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(s.dst) % 16 != 0 || (s.bytes > 0 && s.dst == nullptr)) {
+      throw std::invalid_argument("ScatterCopies: segment " + std::to_string(i) +
+                                  " needs 16-byte aligned offsets and a size in 4-byte words");
+    }
+    a.seg[i] = s;
+    most = std::max(most, s.bytes);
+  }
+  if (count == 0 || most == 0) return;
+  // ~64 KiB per CTA of the largest segment (block tables at large batch), at most 128 wide.
+  const int64_t wide = std::clamp<int64_t>((most + 65535) / 65536, 1, 128);
+  ScatterCopiesKernel<<<dim3(unsigned(wide), unsigned(count)), kScatterThreads, 0, stream>>>(a);
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddRmsNorm(float* residual, const void* delta, const float* weight, void* out, DType dtype,
+                const int32_t* rows, int64_t num_rows, int64_t hidden, float eps,
+                cudaStream_t stream) {
+  CheckDType(dtype, "AddRmsNorm");
+  if (num_rows <= 0 || hidden <= 0) return;
+  const bool vec = hidden % kVec == 0 && Aligned16(residual) && Aligned16(weight) &&
+                   Aligned16(out) && (delta == nullptr || Aligned16(delta));
+  if (dtype == DType::kBF16) {
+    LaunchAddRmsNorm<__nv_bfloat16>(residual, delta, weight, out, rows, num_rows, hidden, eps, vec,
+                                    stream);
+  } else {
+    LaunchAddRmsNorm<__half>(residual, delta, weight, out, rows, num_rows, hidden, eps, vec,
+                             stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                  const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                  int head_dim, PagedKvView<void> kv, DType dtype, void* q_out,
+                  cudaStream_t stream, const KvCacheFormat& format) {
+  CheckDType(dtype, "RopeAppendKv");
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim ||
+      kv.layout.head_dim != head_dim || kv.layout.num_kv_heads != num_kv_heads) {
+    throw std::invalid_argument(
+        "RopeAppendKv: head_dim must be even and <= 512, and head_dim / num_kv_heads must match "
+        "the cache layout");
+  }
+  if (num_tokens <= 0) return;
+  // 16-byte chunks need both halves of every head row 16-byte aligned: half % 8 == 0.
+  const bool vec = (head_dim / 2) % kVec == 0 && Aligned16(qkv) && Aligned16(q_out) &&
+                   Aligned16(kv.k) && Aligned16(kv.v);
+  if (dtype == DType::kBF16) {
+    LaunchRopeAppendKv<__nv_bfloat16>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
+                                      num_kv_heads, head_dim, kv, q_out, vec, format, stream);
+  } else {
+    LaunchRopeAppendKv<__half>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
+                               num_kv_heads, head_dim, kv, q_out, vec, format, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
+             cudaStream_t stream) {
+  CheckDType(dtype, "SiluMul");
+  if (num_tokens <= 0 || inter <= 0) return;
+  const bool vec = inter % kVec == 0 && Aligned16(gate_up) && Aligned16(out);
+  const int64_t chunks = num_tokens * (inter / (vec ? kVec : 1));
+  // Enough CTAs to fill the machine several times over; the loop covers the rest.
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((chunks + kSiluThreads - 1) / kSiluThreads, 8192));
+  if (dtype == DType::kBF16) {
+    LaunchSiluMul<__nv_bfloat16>(gate_up, out, num_tokens, inter, blocks, vec, stream);
+  } else {
+    LaunchSiluMul<__half>(gate_up, out, num_tokens, inter, blocks, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddRmsNormE4m3(float* residual, const void* delta, const float* weight, uint8_t* out,
+                    float* out_scale, DType dtype, const int32_t* rows, int64_t num_rows,
+                    int64_t hidden, float eps, cudaStream_t stream) {
+  CheckDType(dtype, "AddRmsNormE4m3");
+  if (num_rows <= 0 || hidden <= 0) return;
+  // Codes of 8 elements are one 8-byte store: out 8-byte aligned.
+  const bool vec = hidden % kVec == 0 && Aligned16(residual) && Aligned16(weight) &&
+                   reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
+                   (delta == nullptr || Aligned16(delta));
+  if (dtype == DType::kBF16) {
+    LaunchAddRmsNormE4m3<__nv_bfloat16>(residual, delta, weight, out, out_scale, rows, num_rows,
+                                        hidden, eps, vec, stream);
+  } else {
+    LaunchAddRmsNormE4m3<__half>(residual, delta, weight, out, out_scale, rows, num_rows, hidden,
+                                 eps, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void QuantizeRowsE4m3(const void* in, DType dtype, int64_t rows, int64_t cols, uint8_t* codes,
+                      float* scales, int* nonfinite, cudaStream_t stream) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    throw std::invalid_argument("QuantizeRowsE4m3: dtype must be BF16, F16 or F32, got " +
+                                std::string(DTypeName(dtype)));
+  }
+  if (rows <= 0 || cols <= 0) return;
+  const bool vec = cols % kVec == 0 && Aligned16(in) && reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  if (dtype == DType::kBF16) {
+    LaunchQuantizeRows<__nv_bfloat16>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  } else if (dtype == DType::kF16) {
+    LaunchQuantizeRows<__half>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  } else {
+    LaunchQuantizeRows<float>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
+                 int64_t inter, DType dtype, cudaStream_t stream) {
+  CheckDType(dtype, "SiluMulE4m3");
+  if (num_tokens <= 0 || inter <= 0) return;
+  const bool vec = inter % kVec == 0 && Aligned16(gate_up) &&
+                   reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  if (dtype == DType::kBF16) {
+    LaunchSiluMulE4m3<__nv_bfloat16>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
+  } else {
+    LaunchSiluMulE4m3<__half>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace llm::cuda
