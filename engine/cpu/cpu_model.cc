@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "engine/loader/checkpoint_check.h"
+#include "engine/model/architecture.h"
 #include "engine/error.h"
 #include "engine/cpu/kv_cache.h"
 #include "engine/loader/safetensors.h"
@@ -14,10 +15,6 @@
 
 namespace llm {
 namespace {
-
-std::string LayerName(int64_t i, const char* suffix) {
-  return "model.layers." + std::to_string(i) + "." + suffix;
-}
 
 // Converts `count` elements of `src` (any dtype) to fp32.
 void ToF32(const TensorView& src, float* dst, int64_t count) {
@@ -86,39 +83,92 @@ std::vector<float> CpuModel::Vector(const std::string& name, int64_t size) {
 }
 
 std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir,
-                                             const LoadOptions& options) {
+                                         const LoadOptions& options) {
   std::unique_ptr<CpuModel> m(new CpuModel());
   m->config_ = ModelConfig::Load(model_dir);
+  const ArchitectureSpec& spec = ArchitectureOf(m->config_);
+  RequireBackendSupport(m->config_, spec, kCpuBackendSupport);
   m->checkpoint_ = Checkpoint::Open(model_dir);
   ValidateCheckpoint(m->config_, *m->checkpoint_);
   const ModelConfig& c = m->config_;
-  const TensorView& embed = m->checkpoint_->Get("model.embed_tokens.weight");
+  const TensorView& embed = m->checkpoint_->Get(WeightName(WeightOf(spec, WeightRole::kEmbed), -1));
   m->weight_dtype_ = options.weight_dtype.value_or(embed.dtype);
   m->fp8_weights_ = options.fp8_weights;
 
-  const int64_t hidden = c.hidden_size, q_dim = c.num_heads * c.head_dim;
-  const int64_t kv_dim = c.num_kv_heads * c.head_dim, inter = c.intermediate_size;
-  m->embed_ = m->Matrix("model.embed_tokens.weight", {c.vocab_size, hidden});
-  const bool has_head = m->checkpoint_->Find("lm_head.weight") != nullptr;
-  m->lm_head_ = (c.tie_word_embeddings && !has_head)
-                    ? m->embed_
-                    : m->Matrix("lm_head.weight", {c.vocab_size, hidden});
-  m->final_norm_ = m->Vector("model.norm.weight", hidden);
+  // Every weight of the registry's list, by role; a tied lm_head (absent from the checkpoint)
+  // is the embedding matrix.
   m->layers_.resize(static_cast<size_t>(c.num_layers));
+  bool has_head = false;
+  auto load = [&](const WeightSpec& w, int64_t layer) {
+    const std::string name = WeightName(w, layer);
+    const std::vector<int64_t> shape = WeightShape(w, c);
+    if (w.role == WeightRole::kLmHead) {
+      has_head = m->checkpoint_->Find(name) != nullptr;
+      if (c.tie_word_embeddings && !has_head) return;
+    }
+    if (w.cols == Dim::kNone) {
+      *m->VectorOf(w.role, layer) = m->Vector(name, shape[0]);
+    } else {
+      *m->MatrixOf(w.role, layer) = w.is_linear ? m->LinearMatrix(name, shape)
+                                                : m->Matrix(name, shape);
+    }
+  };
+  for (const WeightSpec& w : spec.weights) {
+    if (!w.per_layer) load(w, -1);
+  }
+  if (c.tie_word_embeddings && !has_head) m->lm_head_ = m->embed_;
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    Layer& l = m->layers_[static_cast<size_t>(i)];
-    l.input_norm = m->Vector(LayerName(i, "input_layernorm.weight"), hidden);
-    l.post_attention_norm = m->Vector(LayerName(i, "post_attention_layernorm.weight"), hidden);
-    l.q = m->LinearMatrix(LayerName(i, "self_attn.q_proj.weight"), {q_dim, hidden});
-    l.k = m->LinearMatrix(LayerName(i, "self_attn.k_proj.weight"), {kv_dim, hidden});
-    l.v = m->LinearMatrix(LayerName(i, "self_attn.v_proj.weight"), {kv_dim, hidden});
-    l.o = m->LinearMatrix(LayerName(i, "self_attn.o_proj.weight"), {hidden, q_dim});
-    l.gate = m->LinearMatrix(LayerName(i, "mlp.gate_proj.weight"), {inter, hidden});
-    l.up = m->LinearMatrix(LayerName(i, "mlp.up_proj.weight"), {inter, hidden});
-    l.down = m->LinearMatrix(LayerName(i, "mlp.down_proj.weight"), {hidden, inter});
+    for (const WeightSpec& w : spec.weights) {
+      if (w.per_layer) load(w, i);
+    }
   }
   m->inv_freq_ = RopeInvFreq(c);
   return m;
+}
+
+cpu::WeightMatrix* CpuModel::MatrixOf(WeightRole role, int64_t layer) {
+  switch (role) {
+    case WeightRole::kEmbed:
+      return &embed_;
+    case WeightRole::kLmHead:
+      return &lm_head_;
+    default:
+      break;
+  }
+  Layer& l = layers_.at(static_cast<size_t>(layer));
+  switch (role) {
+    case WeightRole::kQProj:
+      return &l.q;
+    case WeightRole::kKProj:
+      return &l.k;
+    case WeightRole::kVProj:
+      return &l.v;
+    case WeightRole::kOProj:
+      return &l.o;
+    case WeightRole::kGateProj:
+      return &l.gate;
+    case WeightRole::kUpProj:
+      return &l.up;
+    case WeightRole::kDownProj:
+      return &l.down;
+    default:
+      throw std::logic_error("CpuModel: weight role " + std::to_string(static_cast<int>(role)) +
+                             " is not a matrix");
+  }
+}
+
+std::vector<float>* CpuModel::VectorOf(WeightRole role, int64_t layer) {
+  if (role == WeightRole::kFinalNorm) return &final_norm_;
+  Layer& l = layers_.at(static_cast<size_t>(layer));
+  switch (role) {
+    case WeightRole::kInputNorm:
+      return &l.input_norm;
+    case WeightRole::kPostAttentionNorm:
+      return &l.post_attention_norm;
+    default:
+      throw std::logic_error("CpuModel: weight role " + std::to_string(static_cast<int>(role)) +
+                             " is not a vector");
+  }
 }
 
 int64_t CpuModel::weight_bytes_per_token() const {

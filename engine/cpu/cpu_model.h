@@ -1,5 +1,7 @@
-// The Llama forward pass on the CPU (fp32 compute; weights f32, bf16 or f16, or FP8 e4m3 linear
-// layers with per-row scales under --quantization fp8).
+// The CPU backend's forward pass (fp32 compute; weights f32, bf16 or f16, or FP8 e4m3 linear
+// layers with per-row scales under --quantization fp8): the one layer skeleton of the
+// registry's architectures (engine/model/architecture.h), loaded by walking the spec's weight
+// list. Today the registry holds the Llama decoder:
 //
 //   tokens ─ embed ─┬─ RMSNorm ─ q,k,v proj ─ RoPE ─ KV append ─ attention ─ o proj ─(+)─┐
 //                   └────────────────────────────────────────────────────────────────────┘
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "engine/forward_batch.h"
+#include "engine/model/architecture.h"
 #include "engine/model/model_config.h"
 #include "engine/model/rope.h"
 #include "kernels/cpu/matmul.h"
@@ -72,6 +75,9 @@ class CpuModel {
   // A linear layer's matrix: Matrix(), or its FP8 quantization under fp8_weights_.
   cpu::WeightMatrix LinearMatrix(const std::string& name, std::vector<int64_t> shape);
   std::vector<float> Vector(const std::string& name, int64_t size);
+  // Where the registry's weight of `role` (of layer `layer`, for per-layer roles) lives.
+  cpu::WeightMatrix* MatrixOf(WeightRole role, int64_t layer);
+  std::vector<float>* VectorOf(WeightRole role, int64_t layer);
   void Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
                  const ForwardBatch& batch, KvCachePool& kv) const;
   void Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const;

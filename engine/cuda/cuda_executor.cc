@@ -27,6 +27,7 @@
 #endif
 
 #include "engine/loader/checkpoint_check.h"
+#include "engine/model/architecture.h"
 #include "engine/model/rope.h"
 #include "engine/cuda/gemm.h"
 #include "engine/error.h"
@@ -57,10 +58,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kDecodeWorkspaceBytes = size_t{64} << 20;  // split counters + partials (any batch)
 constexpr int64_t kMinTableWidth = 16;
-
-std::string LayerName(int64_t i, const char* suffix) {
-  return "model.layers." + std::to_string(i) + "." + suffix;
-}
 
 std::string Gib(double bytes) {
   char buf[32];
@@ -498,11 +495,50 @@ struct CudaExecutor::Impl {
     }
   };
 
+  // Where the registry's per-layer weights live on the device: a (fused) matrix with its fp8 row
+  // scales, and the norm vectors (the CUDA backend's layer skeleton fuses q|k|v and gate|up).
+  struct DeviceMatrix {
+    void* data = nullptr;
+    float* scales = nullptr;
+  };
+  static DeviceMatrix MatrixOf(Layer& l, const FusedMatrix& m) {
+    switch (m.slot) {
+      case FusedSlot::kQkv:
+        return {l.qkv, l.qkv_s};
+      case FusedSlot::kGateUp:
+        return {l.gate_up, l.gate_up_s};
+      case FusedSlot::kNone:
+        break;
+    }
+    switch (m.members.front()->role) {
+      case WeightRole::kOProj:
+        return {l.o, l.o_s};
+      case WeightRole::kDownProj:
+        return {l.down, l.down_s};
+      default:
+        throw std::logic_error("CUDA executor: no device matrix for weight " +
+                               std::string(m.members.front()->name));
+    }
+  }
+  static float* VectorOf(Layer& l, WeightRole role) {
+    switch (role) {
+      case WeightRole::kInputNorm:
+        return l.input_norm;
+      case WeightRole::kPostAttentionNorm:
+        return l.post_norm;
+      default:
+        throw std::logic_error("CUDA executor: no device vector for weight role " +
+                               std::to_string(int(role)));
+    }
+  }
+
   void LoadCheckpoint(const std::string& dir) {
     std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir);
     ValidateCheckpoint(config, *ckpt);
     const ModelConfig& c = config;
-    const bool has_head = ckpt->Find("lm_head.weight") != nullptr;
+    const ArchitectureSpec& spec = ArchitectureOf(c);
+    const std::string head_name = WeightName(WeightOf(spec, WeightRole::kLmHead), -1);
+    const bool has_head = ckpt->Find(head_name) != nullptr;
     const bool head_here = shard.rank == 0;  // the other ranks compute no logits
     AllocWeights();
     if (!lm_head && head_here) lm_head = has_head ? Alloc(vocab * hidden * int64_t(esize)) : embed;
@@ -517,10 +553,9 @@ struct CudaExecutor::Impl {
     // into codes and row scales: the values the CPU backend quantizes (widening is exact), by
     // its rule (cpu::QuantizeFp8Rows), so at one GPU the codes are the CPU's bit for bit.
     Fp8Stage stage(*this);
-    auto put_part = [&](const std::string& name, int64_t rows, int64_t cols, TpWeight w,
+    auto put_part = [&](const std::string& name, int64_t rows, int64_t cols, const TpSlice& sl,
                         void* base, float* scales, int64_t row0) {
       const TensorView& t = ckpt->GetWithShape(name, {rows, cols});
-      const TpSlice sl = shard.Slice(w);
       if (!fp8) {
         UploadSlice(t, cols, sl, dtype,
                     static_cast<std::byte*>(base) + row0 * sl.num_cols * int64_t(esize));
@@ -534,30 +569,30 @@ struct CudaExecutor::Impl {
                      static_cast<std::byte*>(base) + row0 * sl.num_cols, scales + row0,
                      t.file + ": tensor " + name);
     };
-    put("model.embed_tokens.weight", {vocab, hidden}, dtype, embed);
-    if (lm_head && lm_head != embed) put("lm_head.weight", {vocab, hidden}, dtype, lm_head);
-    put("model.norm.weight", {hidden}, DType::kF32, final_norm);
-    const int64_t full_q = c.num_heads * c.head_dim, full_kv = c.num_kv_heads * c.head_dim;
-    const int64_t full_inter = c.intermediate_size;
+    const WeightSpec& embed_w = WeightOf(spec, WeightRole::kEmbed);
+    put(WeightName(embed_w, -1), WeightShape(embed_w, c), dtype, embed);
+    if (lm_head && lm_head != embed) put(head_name, {vocab, hidden}, dtype, lm_head);
+    const WeightSpec& norm_w = WeightOf(spec, WeightRole::kFinalNorm);
+    put(WeightName(norm_w, -1), WeightShape(norm_w, c), DType::kF32, final_norm);
+    const std::vector<FusedMatrix> matrices = LayerLinearMatrices(spec);
     const auto start = Clock::now();
     for (int64_t i = 0; i < c.num_layers; ++i) {
       Layer& l = layers[size_t(i)];
-      put_part(LayerName(i, "self_attn.q_proj.weight"), full_q, hidden, TpWeight::kQProj, l.qkv,
-               l.qkv_s, 0);
-      put_part(LayerName(i, "self_attn.k_proj.weight"), full_kv, hidden, TpWeight::kKProj, l.qkv,
-               l.qkv_s, q_dim);
-      put_part(LayerName(i, "self_attn.v_proj.weight"), full_kv, hidden, TpWeight::kVProj, l.qkv,
-               l.qkv_s, q_dim + kv_dim);
-      put_part(LayerName(i, "self_attn.o_proj.weight"), hidden, full_q, TpWeight::kOProj, l.o,
-               l.o_s, 0);
-      put_part(LayerName(i, "mlp.gate_proj.weight"), full_inter, hidden, TpWeight::kGateProj,
-               l.gate_up, l.gate_up_s, 0);
-      put_part(LayerName(i, "mlp.up_proj.weight"), full_inter, hidden, TpWeight::kUpProj,
-               l.gate_up, l.gate_up_s, inter);
-      put_part(LayerName(i, "mlp.down_proj.weight"), hidden, full_inter, TpWeight::kDownProj,
-               l.down, l.down_s, 0);
-      put(LayerName(i, "input_layernorm.weight"), {hidden}, DType::kF32, l.input_norm);
-      put(LayerName(i, "post_attention_layernorm.weight"), {hidden}, DType::kF32, l.post_norm);
+      for (const FusedMatrix& m : matrices) {
+        const DeviceMatrix d = MatrixOf(l, m);
+        int64_t row0 = 0;  // members stack by rows: q|k|v, gate|up
+        for (const WeightSpec* w : m.members) {
+          const std::vector<int64_t> shape = WeightShape(*w, c);
+          const TpSlice sl = shard.Slice(*w, c);
+          put_part(WeightName(*w, i), shape[0], shape[1], sl, d.data, d.scales, row0);
+          row0 += sl.num_rows;
+        }
+      }
+      for (const WeightSpec& w : spec.weights) {
+        if (w.per_layer && !w.is_linear) {
+          put(WeightName(w, i), WeightShape(w, c), DType::kF32, VectorOf(l, w.role));
+        }
+      }
       if (opt.log && head_here && isatty(fileno(stderr))) {
         std::fprintf(stderr, "\r[cuda] loading weights: layer %lld/%lld", (long long)(i + 1),
                      (long long)c.num_layers);
@@ -574,6 +609,7 @@ struct CudaExecutor::Impl {
 
   void FillDummy() {
     const ModelConfig& c = config;
+    const ArchitectureSpec& spec = ArchitectureOf(c);
     const bool head_here = shard.rank == 0;  // the other ranks compute no logits
     AllocWeights();
     if (!lm_head && head_here) {
@@ -586,38 +622,49 @@ struct CudaExecutor::Impl {
       cuda::FillUniform(p, dtype, count, 1e-3f, seed++, stream);
     };
     auto ones = [&](float* p) { cuda::FillConstant(p, DType::kF32, hidden, 1.f, stream); };
-    // A split weight: the full tensor with the seed it has at N = 1, generated into a scratch
-    // buffer, of which this rank keeps its blocks (concatenated by rows, as the fused q|k|v
-    // and gate|up weights are).
-    const int64_t full_q = c.num_heads * c.head_dim, full_kv = c.num_kv_heads * c.head_dim;
-    const int64_t full_inter = c.intermediate_size;
+    // A split weight: the full (fused) tensor with the seed it has at N = 1, generated into a
+    // scratch buffer, of which this rank keeps its blocks (concatenated by rows, as the fused
+    // q|k|v and gate|up weights are). One seed per device matrix, in the registry's order.
+    const std::vector<FusedMatrix> matrices = LayerLinearMatrices(spec);
+    struct Plan {
+      int64_t rows = 0, cols = 0;            // the full fused tensor
+      int64_t rows_here = 0, cols_here = 0;  // this rank's matrix
+      std::vector<TpSlice> parts;            // this rank's blocks of the full tensor
+    };
+    std::vector<Plan> plans;
+    int64_t most = 0;
+    for (const FusedMatrix& m : matrices) {
+      Plan p;
+      for (const WeightSpec* w : m.members) {
+        const std::vector<int64_t> shape = WeightShape(*w, c);
+        TpSlice sl = shard.Slice(*w, c);
+        p.rows_here += sl.num_rows;
+        p.cols_here = sl.num_cols;
+        sl.row_begin += p.rows;  // the member's rows within the fused tensor
+        p.parts.push_back(sl);
+        p.rows += shape[0];
+        p.cols = shape[1];
+      }
+      most = std::max(most, p.rows * p.cols);
+      plans.push_back(std::move(p));
+    }
     std::byte* scratch = nullptr;
     if (shard.size > 1) {
-      const int64_t most = std::max(full_q + 2 * full_kv, 2 * full_inter) * hidden;
       LLM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), size_t(most) * esize));
     }
-    auto rnd_parts = [&](void* dst, int64_t rows, int64_t cols,
-                         std::initializer_list<TpSlice> parts) {
-      if (!scratch) return rnd(dst, rows * cols);
-      cuda::FillUniform(scratch, dtype, rows * cols, 1e-3f, seed++, stream);
+    auto rnd_parts = [&](void* dst, const Plan& p) {
+      if (!scratch) return rnd(dst, p.rows * p.cols);
+      cuda::FillUniform(scratch, dtype, p.rows * p.cols, 1e-3f, seed++, stream);
       auto* out = static_cast<std::byte*>(dst);
-      for (const TpSlice& sl : parts) {
+      for (const TpSlice& sl : p.parts) {
         LLM_CUDA_CHECK(cudaMemcpy2DAsync(
             out, size_t(sl.num_cols) * esize,
-            scratch + (size_t(sl.row_begin) * size_t(cols) + size_t(sl.col_begin)) * esize,
-            size_t(cols) * esize, size_t(sl.num_cols) * esize, size_t(sl.num_rows),
+            scratch + (size_t(sl.row_begin) * size_t(p.cols) + size_t(sl.col_begin)) * esize,
+            size_t(p.cols) * esize, size_t(sl.num_cols) * esize, size_t(sl.num_rows),
             cudaMemcpyDeviceToDevice, stream));
         out += size_t(sl.num_rows * sl.num_cols) * esize;
       }
     };
-    auto rows_from = [](TpSlice sl, int64_t offset) {
-      sl.row_begin += offset;
-      return sl;
-    };
-    const TpSlice q = shard.Slice(TpWeight::kQProj), k = shard.Slice(TpWeight::kKProj);
-    const TpSlice v = shard.Slice(TpWeight::kVProj), o = shard.Slice(TpWeight::kOProj);
-    const TpSlice gate = shard.Slice(TpWeight::kGateProj), up = shard.Slice(TpWeight::kUpProj);
-    const TpSlice down = shard.Slice(TpWeight::kDownProj);
     rnd(embed, vocab * hidden);
     if (lm_head != embed) {
       if (lm_head) {
@@ -629,22 +676,21 @@ struct CudaExecutor::Impl {
     ones(final_norm);
     // fp8: this rank's matrix is generated in dtype into a staging buffer, then quantized.
     Fp8Stage stage(*this);
-    auto linear = [&](void* dst, float* scales, int64_t rows_here, int64_t cols_here,
-                      int64_t rows, int64_t cols, std::initializer_list<TpSlice> parts) {
-      if (!fp8) return rnd_parts(dst, rows, cols, parts);
-      void* buf = stage.Get(rows_here * cols_here * int64_t(esize));
-      rnd_parts(buf, rows, cols, parts);
-      stage.Quantize(buf, dtype, rows_here, cols_here, dst, scales, "dummy weight");
-    };
     for (Layer& l : layers) {
-      ones(l.input_norm);
-      ones(l.post_norm);
-      linear(l.qkv, l.qkv_s, qkv_dim, hidden, full_q + 2 * full_kv, hidden,
-             {q, rows_from(k, full_q), rows_from(v, full_q + full_kv)});
-      linear(l.o, l.o_s, hidden, q_dim, hidden, full_q, {o});
-      linear(l.gate_up, l.gate_up_s, 2 * inter, hidden, 2 * full_inter, hidden,
-             {gate, rows_from(up, full_inter)});
-      linear(l.down, l.down_s, hidden, inter, hidden, full_inter, {down});
+      for (const WeightSpec& w : spec.weights) {
+        if (w.per_layer && !w.is_linear) ones(VectorOf(l, w.role));
+      }
+      for (size_t k = 0; k < matrices.size(); ++k) {
+        const DeviceMatrix d = MatrixOf(l, matrices[k]);
+        const Plan& p = plans[k];
+        if (!fp8) {
+          rnd_parts(d.data, p);
+          continue;
+        }
+        void* buf = stage.Get(p.rows_here * p.cols_here * int64_t(esize));
+        rnd_parts(buf, p);
+        stage.Quantize(buf, dtype, p.rows_here, p.cols_here, d.data, d.scales, "dummy weight");
+      }
     }
     LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (scratch) cudaFree(scratch);
@@ -1971,10 +2017,7 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(const std::string& model_path
     throw Error("the CUDA backend supports head_dim up to 128 (the model has " +
                 std::to_string(config.head_dim) + ")");
   }
-  if (config.sliding_window) {
-    throw Error("the CUDA backend has no sliding-window attention (the model sets " +
-                std::to_string(*config.sliding_window) + ")");
-  }
+  RequireBackendSupport(config, kCudaBackendSupport);
   const int world = options.tensor_parallel_size;
   MakeTensorParallelShard(config, 0, world);  // validates the split
   if (world > 1) {

@@ -15,10 +15,6 @@ std::vector<WeightSpec> LlamaWeights() {
   return {
       {R::kEmbed, "model.embed_tokens.weight", false, Dim::kVocab, Dim::kHidden, FusedSlot::kNone,
        TpSplit::kReplicated, false},
-      {R::kLmHead, "lm_head.weight", false, Dim::kVocab, Dim::kHidden, FusedSlot::kNone,
-       TpSplit::kReplicated, false},
-      {R::kFinalNorm, "model.norm.weight", false, Dim::kHidden, Dim::kNone, FusedSlot::kNone,
-       TpSplit::kReplicated, false},
       {R::kInputNorm, "model.layers.{L}.input_layernorm.weight", true, Dim::kHidden, Dim::kNone,
        FusedSlot::kNone, TpSplit::kReplicated, false},
       {R::kQProj, "model.layers.{L}.self_attn.q_proj.weight", true, Dim::kQDim, Dim::kHidden,
@@ -37,6 +33,10 @@ std::vector<WeightSpec> LlamaWeights() {
        FusedSlot::kGateUp, TpSplit::kIntermediateRows, true},
       {R::kDownProj, "model.layers.{L}.mlp.down_proj.weight", true, Dim::kHidden,
        Dim::kIntermediate, FusedSlot::kNone, TpSplit::kIntermediateCols, true},
+      {R::kFinalNorm, "model.norm.weight", false, Dim::kHidden, Dim::kNone, FusedSlot::kNone,
+       TpSplit::kReplicated, false},
+      {R::kLmHead, "lm_head.weight", false, Dim::kVocab, Dim::kHidden, FusedSlot::kNone,
+       TpSplit::kReplicated, false},
   };
 }
 
@@ -158,15 +158,22 @@ const WeightSpec& WeightOf(const ArchitectureSpec& spec, WeightRole role) {
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   const ArchitectureSpec& spec = ArchitectureOf(c);
   std::vector<TensorSpec> out;
-  for (const WeightSpec& w : spec.weights) {
-    if (w.per_layer) continue;
-    if (w.role == WeightRole::kLmHead && c.tie_word_embeddings) continue;
+  auto global = [&](const WeightSpec& w) {
+    if (w.role == WeightRole::kLmHead && c.tie_word_embeddings) return;
     out.push_back({WeightName(w, -1), WeightShape(w, c), &w, -1});
+  };
+  // The table's order: the globals listed before the layer weights, every layer, the rest.
+  size_t first_layer = 0;
+  while (first_layer < spec.weights.size() && !spec.weights[first_layer].per_layer) {
+    global(spec.weights[first_layer++]);
   }
   for (int64_t i = 0; i < c.num_layers; ++i) {
     for (const WeightSpec& w : spec.weights) {
       if (w.per_layer) out.push_back({WeightName(w, i), WeightShape(w, c), &w, i});
     }
+  }
+  for (size_t k = first_layer; k < spec.weights.size(); ++k) {
+    if (!spec.weights[k].per_layer) global(spec.weights[k]);
   }
   return out;
 }

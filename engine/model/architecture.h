@@ -87,7 +87,9 @@ struct ArchitectureSpec {
   };
   std::vector<HfClass> hf_classes;
   ArchitectureFeatures features;
-  std::vector<WeightSpec> weights;  // global weights and one layer's, in load order
+  // The weights in checkpoint order: global ones (embeddings) first, one layer's, then the
+  // global ones after the layers (final norm, lm_head).
+  std::vector<WeightSpec> weights;
 };
 
 // Every registered architecture, in the order of the table.
@@ -114,7 +116,7 @@ int64_t DimSize(Dim d, const ModelConfig& config);
 const WeightSpec& WeightOf(const ArchitectureSpec& spec, WeightRole role);
 
 // The tensors a checkpoint of this config must contain, with their shapes (lm_head only when
-// not tied), in the registry's order: globals first, then layer by layer.
+// not tied), in the registry's order: the leading globals, layer by layer, the other globals.
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;

@@ -45,22 +45,28 @@ TensorParallelShard MakeTensorParallelShard(const ModelConfig& c, int rank, int 
   return s;
 }
 
-TpSlice TensorParallelShard::Slice(TpWeight w) const {
-  switch (w) {
-    case TpWeight::kQProj:
+TpSlice TensorParallelShard::Slice(TpSplit split) const {
+  switch (split) {
+    case TpSplit::kReplicated:
+      return {};
+    case TpSplit::kQHeadRows:
       return {rank * q_dim(), q_dim(), 0, hidden};
-    case TpWeight::kKProj:
-    case TpWeight::kVProj:
+    case TpSplit::kKvHeadRows:
       return {kv_head_begin * head_dim, kv_dim(), 0, hidden};
-    case TpWeight::kOProj:
+    case TpSplit::kQHeadCols:
       return {0, hidden, rank * q_dim(), q_dim()};
-    case TpWeight::kGateProj:
-    case TpWeight::kUpProj:
+    case TpSplit::kIntermediateRows:
       return {rank * intermediate, intermediate, 0, hidden};
-    case TpWeight::kDownProj:
+    case TpSplit::kIntermediateCols:
       return {0, hidden, rank * intermediate, intermediate};
   }
   return {};
+}
+
+TpSlice TensorParallelShard::Slice(const WeightSpec& w, const ModelConfig& config) const {
+  if (w.tp != TpSplit::kReplicated) return Slice(w.tp);
+  const std::vector<int64_t> shape = WeightShape(w, config);
+  return {0, shape[0], 0, shape.size() > 1 ? shape[1] : 1};
 }
 
 void CopySlice(const void* src, int64_t cols, const TpSlice& s, size_t elem_size, void* dst) {

@@ -1,5 +1,5 @@
-// Tensor parallelism (Megatron-LM style) of a Llama model over `size` GPUs of one host: which
-// part of each weight a rank holds. Host-only, so the CPU tests check the split's arithmetic;
+// Tensor parallelism (Megatron-LM style) of a decoder over `size` GPUs of one host: which
+// part of each weight a rank holds (each weight's TpSplit is in the architecture registry). Host-only, so the CPU tests check the split's arithmetic;
 // the CUDA executor (engine/cuda/cuda_executor.cc) loads and runs the shards.
 //
 //   attention: q/k/v projections split by rows = by heads (rank r holds query heads
@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/model/architecture.h"
 #include "engine/model/model_config.h"
 
 namespace llm {
@@ -29,8 +30,6 @@ struct TpSlice {
   int64_t row_begin = 0, num_rows = 0, col_begin = 0, num_cols = 0;
 };
 
-// The weights a rank splits (the others are replicated).
-enum class TpWeight { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
 
 struct TensorParallelShard {
   int rank = 0;
@@ -45,8 +44,11 @@ struct TensorParallelShard {
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
 
-  // The part of the full checkpoint tensor (its Hugging Face [out, in] shape) this rank holds.
-  TpSlice Slice(TpWeight w) const;
+  // The part of the full checkpoint tensor (its Hugging Face [out, in] shape) this rank holds,
+  // by the split the registry gives the weight (engine/model/architecture.h). kReplicated
+  // needs the full shape: Slice(TpSplit::kReplicated) is empty.
+  TpSlice Slice(TpSplit split) const;
+  TpSlice Slice(const WeightSpec& w, const ModelConfig& config) const;
 };
 
 // Throws llm::Error, naming the model's numbers, when `size` does not divide the query heads or

@@ -683,6 +683,11 @@ TEST_F(CudaExecutorTest, BadInputIsAClearError) {
   CudaExecutorOptions o = SmallOptions();
   o.dtype = DType::kF32;
   test::ExpectError([&] { CudaExecutor::Create(test::StoriesDir(), o); }, {"bf16"});
+  // A sliding window is refused where the CPU backend refuses it (engine/model/architecture.h),
+  // in the same words, before any weight is read.
+  const std::string sw = (test::SharedDir() / "models/hf-arch/mistral_sw16").string();
+  test::ExpectError([&] { CudaExecutor::Create(sw, SmallOptions()); },
+                    {"'sliding_window' is 16", "the cuda backend has no sliding-window attention"});
 }
 
 }  // namespace

@@ -22,9 +22,19 @@ namespace {
 
 using test::ExpectError;
 
+// The split weights of one layer, indexing the test's matrices; their splits and shapes come
+// from the architecture registry (the Llama spec), as the CUDA loader takes them.
+enum class TpWeight { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
 constexpr TpWeight kSplitWeights[] = {TpWeight::kQProj,   TpWeight::kKProj,    TpWeight::kVProj,
                                       TpWeight::kOProj,   TpWeight::kGateProj, TpWeight::kUpProj,
                                       TpWeight::kDownProj};
+constexpr WeightRole kRoles[] = {WeightRole::kQProj,   WeightRole::kKProj,  WeightRole::kVProj,
+                                 WeightRole::kOProj,   WeightRole::kGateProj, WeightRole::kUpProj,
+                                 WeightRole::kDownProj};
+const WeightSpec& Spec(TpWeight w) {
+  return WeightOf(*FindArchitecture("LlamaForCausalLM"), kRoles[int(w)]);
+}
+TpSlice SliceOf(const TensorParallelShard& s, TpWeight w) { return s.Slice(Spec(w).tp); }
 constexpr int kSizes[] = {1, 2, 4, 8};
 constexpr int64_t kNumTokens = 3;
 
@@ -43,13 +53,8 @@ bool Meet(int64_t a, int64_t na, int64_t b, int64_t nb) { return a < b + nb && b
 
 // The full checkpoint tensor's Hugging Face [out, in] shape.
 std::pair<int64_t, int64_t> FullShape(const ModelConfig& c, TpWeight w) {
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
-  const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-  // In TpWeight's order: q, k, v, o, gate, up, down.
-  const std::pair<int64_t, int64_t> shapes[] = {{q_dim, hidden}, {kv_dim, hidden}, {kv_dim, hidden},
-                                                {hidden, q_dim}, {inter, hidden},  {inter, hidden},
-                                                {hidden, inter}};
-  return shapes[int(w)];
+  const std::vector<int64_t> shape = WeightShape(Spec(w), c);
+  return {shape[0], shape[1]};
 }
 
 // A row-major fp32 matrix [rows, cols].
@@ -94,7 +99,7 @@ Layer RandomLayer(const ModelConfig& c, std::mt19937& rng) {
 
 Layer Shard(const Layer& full, const TensorParallelShard& s) {
   Layer layer;
-  for (TpWeight w : kSplitWeights) layer.w.push_back(Cut(full[w], s.Slice(w)));
+  for (TpWeight w : kSplitWeights) layer.w.push_back(Cut(full[w], SliceOf(s, w)));
   return layer;
 }
 
@@ -159,9 +164,9 @@ TEST(TensorParallelTest, ValidatesAndCountsLocally) {
   for (int rank = 0; rank < 16; ++rank) {
     const TensorParallelShard s = MakeTensorParallelShard(c, rank, 16);
     EXPECT_EQ(std::tuple(s.num_heads, s.num_kv_heads, s.kv_head_begin), std::tuple(2, 1, rank / 2));
-    const TpSlice k = s.Slice(TpWeight::kKProj);
+    const TpSlice k = SliceOf(s, TpWeight::kKProj);
     EXPECT_EQ(std::tuple(k.row_begin, k.num_rows), std::tuple(int64_t(rank / 2) * 128, 128));
-    const int64_t first_q = s.Slice(TpWeight::kQProj).row_begin / 128;
+    const int64_t first_q = SliceOf(s, TpWeight::kQProj).row_begin / 128;
     EXPECT_EQ(first_q / 4, rank / 2);
     EXPECT_EQ((first_q + 1) / 4, rank / 2);
   }
@@ -195,7 +200,7 @@ TEST(TensorParallelTest, SlicesPartitionWeightsAndKeepKvHeadsLocal) {
         std::vector<TpSlice> slices;
         int64_t area = 0;
         for (int rank = 0; rank < size; ++rank) {
-          const TpSlice s = MakeTensorParallelShard(c, rank, size).Slice(w);
+          const TpSlice s = SliceOf(MakeTensorParallelShard(c, rank, size), w);
           EXPECT_TRUE(s.row_begin >= 0 && s.num_rows > 0 && s.row_begin + s.num_rows <= rows);
           EXPECT_TRUE(s.col_begin >= 0 && s.num_cols > 0 && s.col_begin + s.num_cols <= cols);
           for (const TpSlice& o : slices) {
@@ -210,9 +215,9 @@ TEST(TensorParallelTest, SlicesPartitionWeightsAndKeepKvHeadsLocal) {
       }
       for (int rank = 0; rank < size; ++rank) {
         const TensorParallelShard s = MakeTensorParallelShard(c, rank, size);
-        const TpSlice k = s.Slice(TpWeight::kKProj), v = s.Slice(TpWeight::kVProj);
+        const TpSlice k = SliceOf(s, TpWeight::kKProj), v = SliceOf(s, TpWeight::kVProj);
         EXPECT_TRUE(k.row_begin == v.row_begin && k.num_rows == v.num_rows);
-        const int64_t first_q = s.Slice(TpWeight::kQProj).row_begin / c.head_dim;
+        const int64_t first_q = SliceOf(s, TpWeight::kQProj).row_begin / c.head_dim;
         const int64_t first_kv = k.row_begin / c.head_dim;
         for (int64_t j = 0; j < s.num_heads; ++j) {
           EXPECT_EQ(j / (s.num_heads / s.num_kv_heads),
@@ -281,7 +286,7 @@ TEST(TensorParallelTest, AttentionPartialsSumToFullOutput) {
     for (int rank = 0; rank < size; ++rank) {
       const TensorParallelShard s = MakeTensorParallelShard(c, rank, size);
       const Layer local = Shard(layer, s);
-      const TpSlice q = s.Slice(TpWeight::kQProj);
+      const TpSlice q = SliceOf(s, TpWeight::kQProj);
       const TpSlice head_cols = {0, kNumTokens, q.row_begin, q.num_rows};  // of A [tokens, H·hd]
       const Mat a_rank = Attention(x, local, s);
       ExpectClose(a_rank, Cut(a_full, head_cols));

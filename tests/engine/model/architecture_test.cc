@@ -1,0 +1,169 @@
+// engine/model/architecture: the registry's lookups, the weight list every loader walks, the
+// fused matrices of the CUDA backend, and the one place that refuses what a backend lacks
+// (sliding_window on both backends, with the same words; a feature through a test spec).
+#include "engine/model/architecture.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/cpu_model.h"
+#include "engine/error.h"
+#include "engine/model/model_config.h"
+#include "engine/model/tensor_parallel.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+ModelConfig Llama(int64_t layers = 2) {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_layers = layers;
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 8;
+  c.vocab_size = 100;
+  return c;
+}
+
+TEST(ArchitectureTest, EveryClassAndModelTypeResolvesToItsSpec) {
+  ASSERT_FALSE(Architectures().empty());
+  for (const ArchitectureSpec& spec : Architectures()) {
+    for (const ArchitectureSpec::HfClass& c : spec.hf_classes) {
+      EXPECT_EQ(FindArchitecture(c.architecture), &spec) << c.architecture;
+      EXPECT_EQ(FindArchitectureByModelType(c.model_type), &spec) << c.model_type;
+      EXPECT_EQ(ModelTypeOf(c.architecture), c.model_type);
+      EXPECT_EQ(ArchitectureForModelType(c.model_type), c.architecture);
+      EXPECT_NE(SupportedArchitectures().find(std::string(c.architecture)), std::string::npos);
+    }
+  }
+  // Mistral's checkpoints are Llama's: one spec, as vLLM's registry maps them.
+  EXPECT_EQ(FindArchitecture("MistralForCausalLM"), FindArchitecture("LlamaForCausalLM"));
+  EXPECT_EQ(FindArchitecture("GPT2LMHeadModel"), nullptr);
+  EXPECT_EQ(FindArchitectureByModelType("gpt2"), nullptr);
+  EXPECT_EQ(ModelTypeOf("GPT2LMHeadModel"), "");
+}
+
+TEST(ArchitectureTest, ConfigParsingAcceptsExactlyTheRegisteredClasses) {
+  nlohmann::json j = Llama().ToJson();
+  for (const ArchitectureSpec& spec : Architectures()) {
+    for (const ArchitectureSpec::HfClass& c : spec.hf_classes) {
+      j["architectures"] = {c.architecture};
+      j["model_type"] = c.model_type;
+      EXPECT_EQ(ModelConfig::FromJson(j, "config.json").architecture, c.architecture);
+      j.erase("architectures");  // model_type alone names the class
+      EXPECT_EQ(ModelConfig::FromJson(j, "config.json").architecture, c.architecture);
+    }
+  }
+  j["architectures"] = {"Qwen2MoeForCausalLM"};
+  j["model_type"] = "llama";
+  test::ExpectError([&] { ModelConfig::FromJson(j, "config.json"); },
+                    {"architectures", "Qwen2MoeForCausalLM", SupportedArchitectures()});
+}
+
+TEST(ArchitectureTest, ExpectedTensorsWalkTheWeightListInCheckpointOrder) {
+  const ModelConfig c = Llama(2);
+  const ArchitectureSpec& spec = ArchitectureOf(c);
+  const std::vector<TensorSpec> tensors = ExpectedTensors(c);
+  int64_t per_layer = 0, global = 0;
+  for (const WeightSpec& w : spec.weights) (w.per_layer ? per_layer : global) += 1;
+  ASSERT_EQ(std::ssize(tensors), global + 2 * per_layer);
+  EXPECT_EQ(tensors.front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(tensors[1].name, "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(tensors[1].layer, 0);
+  EXPECT_EQ(tensors[1 + per_layer].name, "model.layers.1.input_layernorm.weight");
+  EXPECT_EQ(tensors.back().name, "lm_head.weight");
+  for (const TensorSpec& t : tensors) {
+    ASSERT_NE(t.weight, nullptr);
+    EXPECT_EQ(t.name, WeightName(*t.weight, t.layer));
+    EXPECT_EQ(t.shape, WeightShape(*t.weight, c));
+  }
+  EXPECT_EQ(WeightShape(WeightOf(spec, WeightRole::kKProj), c), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(WeightShape(WeightOf(spec, WeightRole::kDownProj), c), (std::vector<int64_t>{64, 96}));
+  ModelConfig tied = c;
+  tied.tie_word_embeddings = true;
+  EXPECT_EQ(std::ssize(ExpectedTensors(tied)), std::ssize(tensors) - 1);
+  EXPECT_NE(ExpectedTensors(tied).back().name, "lm_head.weight");
+}
+
+TEST(ArchitectureTest, LayerMatricesFuseQkvAndGateUpInRowOrder) {
+  const ArchitectureSpec& spec = *FindArchitecture("LlamaForCausalLM");
+  const std::vector<FusedMatrix> m = LayerLinearMatrices(spec);
+  ASSERT_EQ(m.size(), 4u);
+  auto roles = [](const FusedMatrix& f) {
+    std::vector<WeightRole> r;
+    for (const WeightSpec* w : f.members) r.push_back(w->role);
+    return r;
+  };
+  EXPECT_EQ(m[0].slot, FusedSlot::kQkv);
+  EXPECT_EQ(roles(m[0]),
+            (std::vector<WeightRole>{WeightRole::kQProj, WeightRole::kKProj, WeightRole::kVProj}));
+  EXPECT_EQ(roles(m[1]), (std::vector<WeightRole>{WeightRole::kOProj}));
+  EXPECT_EQ(m[2].slot, FusedSlot::kGateUp);
+  EXPECT_EQ(roles(m[2]), (std::vector<WeightRole>{WeightRole::kGateProj, WeightRole::kUpProj}));
+  EXPECT_EQ(roles(m[3]), (std::vector<WeightRole>{WeightRole::kDownProj}));
+  // The splits the registry gives are the tensor-parallel shard's: at 2 ranks the fused q|k|v
+  // of rank 1 holds its query heads, then its KV heads.
+  const ModelConfig c = Llama();
+  const TensorParallelShard s = MakeTensorParallelShard(c, 1, 2);
+  EXPECT_EQ(s.Slice(*m[0].members[0], c).row_begin, 32);  // 4 of 8 query heads, head_dim 8
+  EXPECT_EQ(s.Slice(*m[0].members[1], c).row_begin, 16);  // 2 of 4 KV heads
+  EXPECT_EQ(s.Slice(*m[1].members[0], c).col_begin, 32);  // o_proj by columns
+  const TpSlice norm = s.Slice(WeightOf(spec, WeightRole::kInputNorm), c);
+  EXPECT_EQ(norm.num_rows, 64);  // replicated: the whole vector
+}
+
+TEST(ArchitectureTest, SlidingWindowIsRefusedOnBothBackendsInTheSameWords) {
+  ModelConfig c = Llama();
+  RequireBackendSupport(c, kCpuBackendSupport);  // no window: fine
+  RequireBackendSupport(c, kCudaBackendSupport);
+  c.sliding_window = 16;
+  std::string cpu, cuda;
+  try {
+    RequireBackendSupport(c, kCpuBackendSupport);
+  } catch (const Error& e) {
+    cpu = e.what();
+  }
+  try {
+    RequireBackendSupport(c, kCudaBackendSupport);
+  } catch (const Error& e) {
+    cuda = e.what();
+  }
+  ASSERT_NE(cpu.find("'sliding_window' is 16"), std::string::npos) << cpu;
+  ASSERT_NE(cpu.find("the cpu backend"), std::string::npos) << cpu;
+  std::string cuda_as_cpu = cuda;
+  cuda_as_cpu.replace(cuda_as_cpu.find("the cuda backend"), 16, "the cpu backend");
+  EXPECT_EQ(cuda_as_cpu, cpu);
+}
+
+TEST(ArchitectureTest, AFeatureABackendLacksIsRefusedNamingIt) {
+  ArchitectureSpec spec = *FindArchitecture("LlamaForCausalLM");
+  spec.name = "test-qk-norm";
+  spec.features.qk_norm = true;
+  const ModelConfig c = Llama();
+  test::ExpectError([&] { RequireBackendSupport(c, spec, kCpuBackendSupport); },
+                    {"qk_norm", "test-qk-norm", "the cpu backend"});
+  BackendSupport with_it = kCudaBackendSupport;
+  with_it.qk_norm = true;
+  RequireBackendSupport(c, spec, with_it);
+  spec.features.attention_bias = true;
+  test::ExpectError([&] { RequireBackendSupport(c, spec, with_it); },
+                    {"attention_bias", "the cuda backend"});
+}
+
+// The CPU backend refuses a real sliding-window checkpoint (Mistral with a window of 16,
+// written by transformers) before reading a weight, instead of computing full attention.
+TEST(ArchitectureTest, CpuModelRefusesARealSlidingWindowCheckpoint) {
+  const std::string dir = (test::SharedDir() / "models/hf-arch/mistral_sw16").string();
+  ASSERT_TRUE(std::filesystem::exists(dir + "/config.json")) << dir;
+  test::ExpectError([&] { CpuModel::Load(dir); }, {"sliding_window", "16", "the cpu backend"});
+}
+
+}  // namespace
+}  // namespace llm
