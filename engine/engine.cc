@@ -30,16 +30,18 @@ int64_t NumBlocks(const ModelConfig& model, const EngineConfig& c) {
 
 }  // namespace
 
-Engine::Engine(const CpuModel& model, const Tokenizer& tokenizer, const EngineConfig& config)
+Engine::Engine(const CpuModel& model, const Tokenizer& tokenizer, const EngineConfig& config,
+               StepObserver* observer)
     : Engine(std::make_unique<CpuExecutor>(model, NumBlocks(model.config(), config),
                                            config.block_size, config.kv_cache_dtype),
-             tokenizer, config) {}
+             tokenizer, config, observer) {}
 
 Engine::Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokenizer,
-               const EngineConfig& config)
+               const EngineConfig& config, StepObserver* observer)
     : executor_(std::move(executor)),
       tokenizer_(tokenizer),
       config_(config),
+      observer_(observer),
       num_blocks_(executor_->num_kv_blocks()),
       blocks_(num_blocks_, config.block_size, config.enable_prefix_caching),
       scheduler_({config.max_num_batched_tokens, config.max_num_seqs}, &blocks_),
@@ -169,10 +171,7 @@ bool Engine::Step() {
   if (!in_flight_.empty() && in_flight_.back().needs_sync) FinishOldestStep();
   bool worked = !in_flight_.empty();
   SchedulerOutput sched = scheduler_.Schedule();
-  if (num_step_calls_++ == config_.test_throw_in_step) {
-    throw std::logic_error("injected engine error in step " +
-                           std::to_string(config_.test_throw_in_step));
-  }
+  if (observer_) observer_->OnScheduled(sched);
   bool launched = false;
   if (!sched.empty()) {
     worked = true;

@@ -69,10 +69,6 @@ struct EngineConfig {
   // that only a request that fails by itself ends with "error". false: the step's requests all
   // end with "error" (the behaviour before).
   bool isolate_failed_requests = true;
-  // TEST ONLY (engine_step_failure_test): the Step() call with this index (0-based) throws
-  // std::logic_error after scheduling, outside any executor call, as an engine bug would.
-  // -1: never.
-  int64_t test_throw_in_step = -1;
   // vLLM's --async-scheduling: step N+1 is scheduled and launched while the executor runs
   // step N, and only then are N's tokens processed (see engine_step.cc). Outputs are the
   // same tokens as without it; off by default until measured on the GPU.
@@ -96,13 +92,26 @@ struct EngineStats {
   bool is_healthy = true;
 };
 
+// Sees every step the engine thread runs, once it is scheduled: an injected interface (the
+// engine's tests make it throw, as a bug in the engine's own code would:
+// engine/testing/fault_injection.h). Called on the engine thread.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // Once per Step(), after scheduling and before the step's executor calls; `sched` may be
+  // empty. What it throws escapes Step(), as an exception from the engine's own code does.
+  virtual void OnScheduled(const SchedulerOutput& sched) = 0;
+};
+
 class Engine {
  public:
-  // The CPU backend over `model` (not owned), with a KV pool sized by `config`.
-  Engine(const CpuModel& model, const Tokenizer& tokenizer, const EngineConfig& config);
+  // The CPU backend over `model` (not owned), with a KV pool sized by `config`. `observer`
+  // (not owned, may be null) outlives the engine.
+  Engine(const CpuModel& model, const Tokenizer& tokenizer, const EngineConfig& config,
+         StepObserver* observer = nullptr);
   // Any backend; the executor's KV pool decides num_kv_blocks (config.block_size must match).
   Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokenizer,
-         const EngineConfig& config);
+         const EngineConfig& config, StepObserver* observer = nullptr);
   ~Engine();  // stops the thread; unfinished requests get finish reason "abort"
 
   // Validates and queues a request. Returns its channel; a request that is invalid or can
@@ -196,6 +205,7 @@ class Engine {
   std::unique_ptr<ModelExecutor> executor_;
   const Tokenizer& tokenizer_;
   EngineConfig config_;
+  StepObserver* observer_ = nullptr;
   int64_t num_blocks_ = 0;
   BlockManager blocks_;
   Scheduler scheduler_;
@@ -205,7 +215,6 @@ class Engine {
   EngineStats counters_;  // engine thread's running totals
   int num_consecutive_step_failures_ = 0;
   std::deque<InFlightStep> in_flight_;  // launched, results not processed (at most 2)
-  int64_t num_step_calls_ = 0;  // Step() calls (test_throw_in_step)
   int64_t next_step_id_ = 0;
   struct Grave {
     int64_t last_step = 0;  // the newest step launched when the request ended

@@ -34,6 +34,7 @@ struct ServeFlags {
   std::string tokenizer_dir;  // default: the model folder
   server::ServerConfig http;
   server::GrpcConfig grpc;
+  server::AdmissionLimits admission;  // HTTP and gRPC together
   EngineConfig engine;
   int64_t kv_cache_mb = 1024;
   double shutdown_timeout = 30;
@@ -44,7 +45,8 @@ struct ServeFlags {
 void Log(const std::string& line) { std::fprintf(stderr, "[llm] %s\n", line.c_str()); }
 
 // Waits for signals on a dedicated thread (all threads block them): first drain, then exit.
-void HandleSignals(server::HttpServer& http, server::GrpcServer* grpc, double shutdown_timeout) {
+void HandleSignals(server::HttpServer& http, server::GrpcServer* grpc,
+                   const server::FrontEnd& front_end, double shutdown_timeout) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -62,7 +64,7 @@ void HandleSignals(server::HttpServer& http, server::GrpcServer* grpc, double sh
   }).detach();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(int64_t(shutdown_timeout * 1000));
-  auto in_flight = [&] { return http.num_in_flight() + (grpc ? grpc->num_in_flight() : 0); };
+  auto in_flight = [&] { return front_end.num_in_flight(); };  // HTTP and gRPC
   while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -98,7 +100,8 @@ int RunServe(ServeFlags f) {
   info.max_model_len = model_config.max_position_embeddings;
   info.vocab_size = model_config.vocab_size;
   server::ChatRenderer chat = server::MakeChatRenderer(tok_dir, *tokenizer);
-  server::HttpServer http(engine, *tokenizer, info, f.http, chat);
+  server::FrontEnd front_end(engine, info.id, f.admission);
+  server::HttpServer http(engine, front_end, *tokenizer, info, f.http, chat);
   loading.Stop();
   const int port = http.Bind();
   std::unique_ptr<server::GrpcServer> grpc;
@@ -106,7 +109,7 @@ int RunServe(ServeFlags f) {
   if (f.grpc.port >= 0) {
     f.grpc.host = f.http.host;
     f.grpc.default_timeout_seconds = f.http.default_timeout_seconds;
-    grpc = std::make_unique<server::GrpcServer>(engine, *tokenizer, info, f.grpc);
+    grpc = std::make_unique<server::GrpcServer>(engine, front_end, *tokenizer, info, f.grpc);
     grpc_port = grpc->Start();
   }
   engine.Start();
@@ -120,7 +123,8 @@ int RunServe(ServeFlags f) {
       (chat ? "yes" : "no"));
   Log("listening on http://" + f.http.host + ":" + std::to_string(port) +
       (grpc ? ", gRPC " + f.http.host + ":" + std::to_string(grpc_port) : ""));
-  std::thread signals(HandleSignals, std::ref(http), grpc.get(), f.shutdown_timeout);
+  std::thread signals(HandleSignals, std::ref(http), grpc.get(), std::cref(front_end),
+                      f.shutdown_timeout);
   signals.detach();
   http.Serve();
   engine.Stop();
@@ -143,8 +147,12 @@ Command AddServe(CLI::App& app) {
   cmd->add_option("--api-key", f->http.api_key, "require Authorization: Bearer KEY")
       ->envname("LLM_API_KEY");
   cmd->add_option("--max-body-bytes", f->http.max_body_bytes)->capture_default_str();
-  cmd->add_option("--max-queued-requests", f->http.max_queued_requests)->capture_default_str();
-  cmd->add_option("--max-queued-prompt-tokens", f->http.max_queued_prompt_tokens)
+  cmd->add_option("--max-queued-requests", f->admission.max_queued_requests,
+                  "requests beyond the running batch, HTTP and gRPC together (then 429 / "
+                  "RESOURCE_EXHAUSTED)")
+      ->capture_default_str();
+  cmd->add_option("--max-queued-prompt-tokens", f->admission.max_queued_prompt_tokens,
+                  "prompt tokens of the admitted requests, HTTP and gRPC together")
       ->capture_default_str();
   cmd->add_option("--request-timeout", f->http.default_timeout_seconds,
                   "default per-request timeout in seconds (0 = none)")

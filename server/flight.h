@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/request.h"
+#include "server/front_end.h"
 #include "server/openai_api.h"
 
 namespace llm::server {
@@ -17,9 +18,9 @@ struct Flight {
   std::shared_ptr<OutputChannel> channel;
   std::unique_ptr<ResponseBuilder> builder;
   int64_t prompt_tokens = 0;
+  AdmissionSlot slot;  // from admission until Finish() runs
   bool sent_roles = false;
-  bool done = false;      // the last event was read
-  bool released = false;  // Finish() ran
+  bool done = false;  // the last event was read
   Clock::time_point last_event = Clock::now();
 };
 

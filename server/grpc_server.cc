@@ -11,7 +11,6 @@
 #include "engine/error.h"
 #include "llm.grpc.pb.h"
 #include "server/grpc_convert.h"
-#include "server/metrics.h"
 
 namespace llm::server {
 namespace {
@@ -47,12 +46,18 @@ class ErrorReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 }  // namespace
 
 // One reactor per Generate call. A pump thread moves the request's channel to the wire,
-// one write in flight at a time; a cancelled call cancels the engine request.
+// one write in flight at a time; a cancelled call cancels the engine request. The call's
+// admission slot goes back when the reactor is done.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  GenerateReactor(Engine& engine, std::shared_ptr<OutputChannel> channel, std::string id,
-                  std::atomic<int64_t>& in_flight)
-      : engine_(engine), channel_(std::move(channel)), id_(std::move(id)), in_flight_(in_flight) {
+  GenerateReactor(Engine& engine, FrontEnd& front_end, std::shared_ptr<OutputChannel> channel,
+                  std::string id, int64_t num_prompt_tokens, AdmissionSlot slot)
+      : engine_(engine),
+        front_end_(front_end),
+        channel_(std::move(channel)),
+        id_(std::move(id)),
+        num_prompt_tokens_(num_prompt_tokens),
+        slot_(std::move(slot)) {
     // Held while pump_ is assigned: Pump() takes mu_ first, so OnDone (which only follows
     // the pump's Finish) never reads pump_ before this write (a data race otherwise).
     std::lock_guard<std::mutex> lock(mu_);
@@ -75,8 +80,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     } else {
       pump_.join();
     }
-    in_flight_ -= 1;
-    delete this;
+    delete this;  // releases slot_
   }
 
  private:
@@ -90,10 +94,16 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         if (cancelled_) break;
       }
       if (!channel_->Pop(&out, std::chrono::milliseconds(50))) continue;
+      const auto now = Clock::now();
+      if (!out.token_ids.empty()) {
+        front_end_.metrics().InterTokenGap(
+            std::chrono::duration<double>(now - last_event_).count());
+      }
+      last_event_ = now;
       if (out.finish_reason == FinishReason::kError) {
         // A failed step: the call ends with an error status (one, not a message per choice).
         if (!out.is_last) continue;
-        LogRequestFinished(id_, "grpc", out, out.finish_reason);
+        front_end_.RecordFinished(id_, "grpc", out);
         const auto code =
             engine_.IsHealthy() ? grpc::StatusCode::INTERNAL : grpc::StatusCode::UNAVAILABLE;
         Finish(grpc::Status(code, out.error));
@@ -107,20 +117,24 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         write_pending_ = true;
       }
       if (last) {
-        LogRequestFinished(id_, "grpc", out, out.finish_reason);
+        front_end_.RecordFinished(id_, "grpc", out);
         StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
         return;  // nothing touches `this` after Finish
       }
       StartWrite(&msg_);
     }
     engine_.Cancel(id_);  // the client went away: abort (blocks freed at the next step)
+    front_end_.RecordAborted(id_, "grpc", num_prompt_tokens_);
     Finish(grpc::Status::CANCELLED);
   }
 
   Engine& engine_;
+  FrontEnd& front_end_;
   std::shared_ptr<OutputChannel> channel_;
   std::string id_;
-  std::atomic<int64_t>& in_flight_;
+  int64_t num_prompt_tokens_;
+  AdmissionSlot slot_;
+  Clock::time_point last_event_ = Clock::now();  // for the metrics' inter-token gaps
   v1::GenerateResponse msg_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -131,9 +145,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
 class GrpcServer::Service : public v1::Llm::CallbackService {
  public:
-  Service(Engine& engine, const Tokenizer& tokenizer, server::ModelInfo model,
+  Service(Engine& engine, FrontEnd& front_end, const Tokenizer& tokenizer, server::ModelInfo model,
           const GrpcConfig& config)
-      : engine_(engine), tokenizer_(tokenizer), model_(std::move(model)), config_(config) {}
+      : engine_(engine),
+        front_end_(front_end),
+        tokenizer_(tokenizer),
+        model_(std::move(model)),
+        config_(config) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext*, const v1::GenerateRequest* req) override {
@@ -142,10 +160,14 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
       return new ErrorReactor(
           {grpc::StatusCode::UNAVAILABLE, "engine unhealthy: " + engine_.UnhealthyReason()});
     }
-    if (in_flight_.load() >= config_.max_in_flight) {
+    Request request = ToRequest(*req, tokenizer_, config_.default_timeout_seconds);
+    // The same admission as HTTP's (its 429), by the same count; the slot goes back when the
+    // call is done, or here when the request goes no further.
+    const int64_t num_prompt_tokens = std::ssize(request.prompt_ids);
+    AdmissionSlot slot = front_end_.Admit(num_prompt_tokens);
+    if (!slot) {
       return new ErrorReactor({grpc::StatusCode::RESOURCE_EXHAUSTED, "at capacity; retry later"});
     }
-    Request request = ToRequest(*req, tokenizer_, config_.default_timeout_seconds);
     request.request_id =
         req->request_id().empty() ? "grpc-" + std::to_string(next_id_++) : req->request_id();
     std::shared_ptr<OutputChannel> channel;
@@ -156,8 +178,8 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
     } catch (const Error& e) {
       return new ErrorReactor({grpc::StatusCode::INVALID_ARGUMENT, e.what()});
     }
-    in_flight_ += 1;
-    return new GenerateReactor(engine_, std::move(channel), request.request_id, in_flight_);
+    return new GenerateReactor(engine_, front_end_, std::move(channel), request.request_id,
+                               num_prompt_tokens, std::move(slot));
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
@@ -181,19 +203,19 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
   }
 
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> in_flight_{0};
 
  private:
   Engine& engine_;
+  FrontEnd& front_end_;
   const Tokenizer& tokenizer_;
   server::ModelInfo model_;
   GrpcConfig config_;
   std::atomic<uint64_t> next_id_{0};
 };
 
-GrpcServer::GrpcServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model,
-                       GrpcConfig config)
-    : service_(std::make_unique<Service>(engine, tokenizer, std::move(model), config)),
+GrpcServer::GrpcServer(Engine& engine, FrontEnd& front_end, const Tokenizer& tokenizer,
+                       ModelInfo model, GrpcConfig config)
+    : service_(std::make_unique<Service>(engine, front_end, tokenizer, std::move(model), config)),
       engine_(engine),
       config_(std::move(config)) {}
 
@@ -229,7 +251,5 @@ void GrpcServer::Stop() {
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_.reset();
 }
-
-int64_t GrpcServer::num_in_flight() const { return service_->in_flight_.load(); }
 
 }  // namespace llm::server

@@ -2,7 +2,9 @@
 // call; cancelling the call aborts the request in the engine. The standard health service
 // (grpc.health.v1) and server reflection run on the same port. A request whose engine step
 // failed ends with status INTERNAL (UNAVAILABLE once the engine is unhealthy, which also
-// turns the health service NOT_SERVING and new calls UNAVAILABLE).
+// turns the health service NOT_SERVING and new calls UNAVAILABLE). Admission and metrics are
+// the FrontEnd's, shared with HTTP (server/front_end.h): beyond the limits, RESOURCE_EXHAUSTED;
+// every call is counted in GET /metrics.
 #pragma once
 
 #include <atomic>
@@ -12,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/front_end.h"
 #include "server/openai_api.h"
 
 namespace grpc {
@@ -22,19 +25,19 @@ namespace llm::server {
 
 struct GrpcConfig {
   std::string host = "127.0.0.1";
-  int port = 50051;             // 0: any free port
-  int64_t max_in_flight = 512;  // beyond it: RESOURCE_EXHAUSTED
+  int port = 50051;  // 0: any free port
   double default_timeout_seconds = 0;
 };
 
 class GrpcServer {
  public:
-  GrpcServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model, GrpcConfig config);
+  // `front_end` (admission, metrics) is shared with the HTTP server; it outlives this one.
+  GrpcServer(Engine& engine, FrontEnd& front_end, const Tokenizer& tokenizer, ModelInfo model,
+             GrpcConfig config);
   ~GrpcServer();
   int Start();        // returns the bound port; throws llm::Error when it cannot bind
   void BeginDrain();  // health NOT_SERVING; new calls UNAVAILABLE; running streams go on
   void Stop();        // cancels what is left
-  int64_t num_in_flight() const;
 
   class Service;
 

@@ -23,8 +23,7 @@ ApiError HttpServer::EngineFailure(const RequestOutput& out) const {
 
 void HttpServer::RecordFinished(Flight& flight, const RequestOutput& last) {
   flight.done = true;
-  metrics_.RequestFinished(last, last.finish_reason);
-  LogRequestFinished(flight.id, "http", last, last.finish_reason);
+  front_end_.RecordFinished(flight.id, "http", last);
 }
 
 void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, bool is_chat) {
@@ -64,18 +63,10 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
   }
   flight->prompt_tokens = std::ssize(request.prompt_ids);
   // Bounded admission: beyond the running batch, a bounded queue; past it, come back later.
-  // The slot is reserved before it is checked (fetch_add), so simultaneous requests cannot
-  // all pass a check that only one of them fits (a load-then-add let a burst overshoot).
-  const int64_t limit = engine_.config().max_num_seqs + config_.max_queued_requests;
-  const int64_t slots_before = in_flight_.fetch_add(1);
-  const int64_t tokens_before = in_flight_prompt_tokens_.fetch_add(flight->prompt_tokens);
-  auto unreserve = [&] {
-    in_flight_ -= 1;
-    in_flight_prompt_tokens_ -= flight->prompt_tokens;
-  };
-  if (slots_before >= limit ||
-      tokens_before + flight->prompt_tokens > config_.max_queued_prompt_tokens) {
-    unreserve();
+  // The slot (server/front_end.h: one count for HTTP and gRPC) goes back in Finish(), or with
+  // `flight` when the request goes no further than this handler.
+  flight->slot = front_end_.Admit(flight->prompt_tokens);
+  if (!flight->slot) {
     res.set_header("Retry-After", "1");
     return SendError(res, {429, "The server is at capacity; retry later.", "rate_limit_error", "",
                            "overloaded"});
@@ -85,10 +76,8 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
   try {
     flight->channel = engine_.AddRequest(request);
   } catch (const EngineUnavailableError& e) {
-    unreserve();
     return SendError(res, {503, e.what(), "server_error", "", "engine_unhealthy"});
   } catch (const Error& e) {
-    unreserve();
     return SendError(res, {400, e.what(), "invalid_request_error", "", "invalid_request"});
   }
   flight->builder =
@@ -102,17 +91,12 @@ void HttpServer::Generate(const httplib::Request& req, httplib::Response& res, b
 
 // Runs once per request, when its response is over or its client went away.
 void HttpServer::Finish(Flight& flight, bool client_gone) {
-  if (flight.released) return;
-  flight.released = true;
+  if (!flight.slot) return;  // ran already
   if (client_gone && !flight.done) {
     engine_.Cancel(flight.id);
-    RequestOutput aborted;
-    aborted.usage.prompt_tokens = flight.prompt_tokens;
-    metrics_.RequestFinished(aborted, FinishReason::kAbort);
-    LogRequestFinished(flight.id, "http", aborted, FinishReason::kAbort);
+    front_end_.RecordAborted(flight.id, "http", flight.prompt_tokens);
   }
-  in_flight_ -= 1;
-  in_flight_prompt_tokens_ -= flight.prompt_tokens;
+  flight.slot.Release();
 }
 
 void HttpServer::StreamResponse(std::shared_ptr<Flight> flight, httplib::Response& res) {
@@ -137,7 +121,9 @@ void HttpServer::StreamResponse(std::shared_ptr<Flight> flight, httplib::Respons
           return sink.write(kPing, sizeof(kPing) - 1);
         }
         const auto now = Clock::now();
-        if (!out.token_ids.empty()) metrics_.InterTokenGap(Seconds(now - flight->last_event));
+        if (!out.token_ids.empty()) {
+          front_end_.metrics().InterTokenGap(Seconds(now - flight->last_event));
+        }
         flight->last_event = now;
         if (out.finish_reason == FinishReason::kError) {
           // One OpenAI error event for the request (not one per choice), then a clean end.

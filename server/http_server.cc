@@ -16,15 +16,15 @@ void SendError(httplib::Response& res, const ApiError& error) {
   res.set_content(ErrorBody(error).dump(), "application/json");
 }
 
-HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model,
-                       ServerConfig config, ChatRenderer chat)
+HttpServer::HttpServer(Engine& engine, FrontEnd& front_end, const Tokenizer& tokenizer,
+                       ModelInfo model, ServerConfig config, ChatRenderer chat)
     : engine_(engine),
+      front_end_(front_end),
       tokenizer_(tokenizer),
       model_(std::move(model)),
       config_(std::move(config)),
       chat_(std::move(chat)),
-      http_(std::make_unique<httplib::Server>()),
-      metrics_(model_.id) {
+      http_(std::make_unique<httplib::Server>()) {
   const int threads = config_.num_http_threads;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(config_.max_body_bytes);
@@ -99,7 +99,8 @@ void HttpServer::Routes() {
                                "application/json");
              }));
   http_->Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
-               res.set_content(metrics_.Render(engine_.Stats()), "text/plain; version=0.0.4");
+               res.set_content(front_end_.metrics().Render(engine_.Stats()),
+                               "text/plain; version=0.0.4");
              }));
   http_->Post("/v1/completions",
               guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -137,7 +138,7 @@ void HttpServer::Routes() {
     http_->Delete(path, not_allowed);
   }
   http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    metrics_.HttpResponse(res.status);
+    front_end_.metrics().HttpResponse(res.status);
     if (res.status == 404 && res.body.empty()) {
       SendError(res, {404, "Unknown route " + req.method + " " + req.path.substr(0, 200),
                       "invalid_request_error", "", "not_found"});

@@ -4,9 +4,10 @@
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 // GET /metrics, POST /tokenize, POST /detokenize, and the chat page (GET /, GET /static/NAME:
 // server/web_assets.h; public, no API key). Lifecycle: bounded admission (429 +
-// Retry-After), body limit (413), API key (401), drain (503), client disconnect -> the
-// request is cancelled in the engine (a streamed response notices on its next write; long
-// prefills and non-streamed responses are probed with SSE comments / leading whitespace).
+// Retry-After; the count is shared with gRPC: server/front_end.h), body limit (413), API key
+// (401), drain (503), client disconnect -> the request is cancelled in the engine (a streamed
+// response notices on its next write; long prefills and non-streamed responses are probed
+// with SSE comments / leading whitespace).
 // A request whose engine step failed: a 500 (503 once the engine is unhealthy) with an OpenAI
 // error body, or in a stream an error event {"error": {...}} and then [DONE]; an unhealthy
 // engine turns /health and new requests into 503s.
@@ -23,7 +24,7 @@
 
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "server/metrics.h"
+#include "server/front_end.h"
 #include "server/openai_api.h"
 
 namespace httplib {
@@ -41,8 +42,6 @@ struct ServerConfig {
   int port = 8000;           // 0: any free port (tests)
   std::string api_key = "";  // empty: no authentication
   size_t max_body_bytes = 4 << 20;
-  int64_t max_queued_requests = 256;  // beyond the engine's running sequences
-  int64_t max_queued_prompt_tokens = 1 << 20;
   double default_timeout_seconds = 0;   // 0: none
   double probe_interval_seconds = 1.0;  // disconnect probe while nothing else is written
   int num_http_threads = 128;
@@ -55,8 +54,9 @@ ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tok
 
 class HttpServer {
  public:
-  HttpServer(Engine& engine, const Tokenizer& tokenizer, ModelInfo model, ServerConfig config,
-             ChatRenderer chat = nullptr);
+  // `front_end` (admission, metrics) is shared with the gRPC server; it outlives this one.
+  HttpServer(Engine& engine, FrontEnd& front_end, const Tokenizer& tokenizer, ModelInfo model,
+             ServerConfig config, ChatRenderer chat = nullptr);
   ~HttpServer();
 
   int Bind();    // binds host:port, returns the port (throws llm::Error when it cannot)
@@ -64,8 +64,6 @@ class HttpServer {
   void Stop();
   // Stops accepting work: /health and new requests answer 503; in-flight ones continue.
   void BeginDrain();
-  int64_t num_in_flight() const { return in_flight_.load(); }
-  Metrics& metrics() { return metrics_; }
 
  private:
   void Routes();
@@ -80,16 +78,14 @@ class HttpServer {
   ApiError EngineFailure(const RequestOutput& out) const;
 
   Engine& engine_;
+  FrontEnd& front_end_;
   const Tokenizer& tokenizer_;
   ModelInfo model_;
   ServerConfig config_;
   ChatRenderer chat_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> in_flight_{0};
-  std::atomic<int64_t> in_flight_prompt_tokens_{0};
   std::atomic<uint64_t> next_id_{0};
-  Metrics metrics_;
 };
 
 void SendError(httplib::Response& res, const ApiError& error);

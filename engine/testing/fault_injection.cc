@@ -64,4 +64,10 @@ StepHandle FaultInjectingExecutor::Launch(const ForwardBatch& batch,
   return inner().Launch(batch, tasks);
 }
 
+void EngineErrorInjector::OnScheduled(const SchedulerOutput&) {
+  if (num_steps_++ == throw_in_step_) {
+    throw std::logic_error("injected engine error in step " + std::to_string(throw_in_step_));
+  }
+}
+
 }  // namespace llm

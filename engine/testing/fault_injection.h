@@ -1,7 +1,8 @@
 // A ModelExecutor that makes chosen steps fail: the way tests (and the server's test-only
 // hook LLM_TEST_FAIL_FORWARD_ON_TOKEN, server/backend.cc) reach the engine's step-failure
 // path with a real model underneath. It wraps another executor and, on the steps its plan
-// names, throws from Forward / ForwardAndSample / Launch instead of returning. Not for production.
+// names, throws from Forward / ForwardAndSample / Launch instead of returning. And a
+// StepObserver that throws from the engine's own code (EngineErrorInjector). Not for production.
 #pragma once
 
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/engine.h"
 #include "engine/executor.h"
 
 namespace llm {
@@ -47,6 +49,19 @@ class FaultInjectingExecutor final : public ForwardingExecutor {
 
   FaultPlan plan_;
   std::atomic<int64_t> num_steps_{0}, num_failures_{0};
+};
+
+// Makes the Step() call with index `throw_in_step` (0-based, idle steps too) throw
+// std::logic_error("injected engine error in step N") after scheduling, outside any executor
+// call: an exception from the engine's own code, as a bug would throw (not a failed step).
+class EngineErrorInjector final : public StepObserver {
+ public:
+  explicit EngineErrorInjector(int64_t throw_in_step) : throw_in_step_(throw_in_step) {}
+  void OnScheduled(const SchedulerOutput& sched) override;
+
+ private:
+  int64_t throw_in_step_;
+  int64_t num_steps_ = 0;  // engine thread only
 };
 
 }  // namespace llm

@@ -262,11 +262,13 @@ TEST_P(EngineStepFailureTest, ExecutorResultsOutsideTheVocabularyFailTheStep) {
 // An exception from the engine's own code (not the executor's), on the engine thread: the
 // process must not end (an escaping exception would std::terminate it). The engine turns
 // unhealthy ("engine error"), its health listener runs, every request ends once with "error",
-// new ones are refused, no block leaks, and Stop() joins the thread.
+// new ones are refused, no block leaks, and Stop() joins the thread. The exception comes from
+// Step() itself, after scheduling its 4th step (EngineErrorInjector, a StepObserver).
 TEST_P(EngineStepFailureTest, EngineErrorOnTheEngineThreadTurnsItUnhealthyWithoutACrash) {
-  EngineConfig config{.max_num_seqs = 2, .test_throw_in_step = 3};
+  EngineConfig config{.max_num_seqs = 2};
   config.async_scheduling = GetParam();
-  Engine engine(*model_, *tokenizer_, config);
+  EngineErrorInjector bug(/*throw_in_step=*/3);
+  Engine engine(*model_, *tokenizer_, config, &bug);
   std::mutex mu;
   std::condition_variable cv;
   bool is_notified = false;

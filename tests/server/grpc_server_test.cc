@@ -29,6 +29,7 @@ class GrpcServerTest : public ::testing::Test {
   // Replaces the engine with one whose steps fail as `plan` says (engine/testing/fault_injection.h).
   void RestartFaulty(FaultPlan plan) {
     TearDown();
+    server_.reset();  // before the engine and the front end it refers to
     auto cpu = std::make_unique<CpuExecutor>(*model_, 256, 16);
     engine_ = std::make_unique<Engine>(
         std::make_unique<FaultInjectingExecutor>(std::move(cpu), std::move(plan)), *tokenizer_,
@@ -36,8 +37,10 @@ class GrpcServerTest : public ::testing::Test {
     Serve();
   }
   void Serve() {
-    server_ = std::make_unique<GrpcServer>(
-        *engine_, *tokenizer_, ModelInfo{"stories260K", 512, 512}, GrpcConfig{.port = 0});
+    front_end_ = std::make_unique<FrontEnd>(*engine_, "stories260K");
+    server_ =
+        std::make_unique<GrpcServer>(*engine_, *front_end_, *tokenizer_,
+                                     ModelInfo{"stories260K", 512, 512}, GrpcConfig{.port = 0});
     port_ = server_->Start();
     engine_->Start();
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
@@ -79,6 +82,7 @@ class GrpcServerTest : public ::testing::Test {
   static const CpuModel* model_;
   static const Tokenizer* tokenizer_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<FrontEnd> front_end_;
   std::unique_ptr<GrpcServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Llm::Stub> stub_;

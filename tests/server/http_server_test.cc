@@ -64,7 +64,8 @@ class HttpServerTest : public ::testing::Test {
     config.port = 0;
     ModelInfo info{"stories260K", model.config().max_position_embeddings,
                    model.config().vocab_size};
-    server_ = std::make_unique<HttpServer>(*engine_, *tokenizer_, info, config, chat);
+    front_end_ = std::make_unique<FrontEnd>(*engine_, info.id, limits_);
+    server_ = std::make_unique<HttpServer>(*engine_, *front_end_, *tokenizer_, info, config, chat);
     port_ = server_->Bind();
     engine_->Start();
     thread_ = std::thread([this] { server_->Serve(); });
@@ -96,7 +97,9 @@ class HttpServerTest : public ::testing::Test {
   static CpuModel* slow_model_;
   static const Tokenizer* tokenizer_;
   static test::TempDir* slow_dir_;
+  AdmissionLimits limits_;  // the server's admission, set before Start()
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<FrontEnd> front_end_;
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
   int port_ = 0;
@@ -323,7 +326,8 @@ TEST_F(HttpServerTest, DisconnectDuringPrefillCancelsAndFreesBlocks) {
 }
 
 TEST_F(HttpServerTest, OverloadGets429WithRetryAfter) {
-  Start({.max_queued_requests = 0}, {.num_kv_blocks = 256, .max_num_seqs = 1}, /*slow=*/true);
+  limits_.max_queued_requests = 0;
+  Start({}, {.num_kv_blocks = 256, .max_num_seqs = 1}, /*slow=*/true);
   std::thread slow([this] {
     // Busy for the whole test; a sanitizer build's slower steps need fewer tokens for that.
     const json req = {

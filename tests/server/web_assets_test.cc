@@ -24,8 +24,9 @@ class WebAssetsTest : public ::testing::Test {
                                        EngineConfig{.num_kv_blocks = 16});
     config.port = 0;
     const ModelConfig& model = test::StoriesModel().config();
+    front_end_ = std::make_unique<FrontEnd>(*engine_, "stories260K");
     server_ = std::make_unique<HttpServer>(
-        *engine_, test::StoriesTokenizer(),
+        *engine_, *front_end_, test::StoriesTokenizer(),
         ModelInfo{"stories260K", model.max_position_embeddings, model.vocab_size}, config);
     port_ = server_->Bind();
     engine_->Start();
@@ -39,6 +40,7 @@ class WebAssetsTest : public ::testing::Test {
   httplib::Client Client() { return httplib::Client("127.0.0.1", port_); }
 
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<FrontEnd> front_end_;
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
   int port_ = 0;
