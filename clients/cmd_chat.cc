@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "server/commands.h"
+#include "server/cli/commands.h"
 
 namespace llm::cli {
 namespace {

@@ -12,7 +12,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
 # The corpus: the repository's prose and code, in a fixed order.
-(cd "$root" && ls *.md engine/*.h engine/*.cc kernels/cpu/*.h kernels/cpu/*.cc server/*.cc \
+(cd "$root" && ls *.md engine/*.h engine/*.cc engine/*/*.h engine/*/*.cc kernels/cpu/*.h kernels/cpu/*.cc server/*.cc \
    2>/dev/null | LC_ALL=C sort | xargs cat) > "$tmp/corpus.txt"
 # Relative paths: spm_train records them in the model, which must not depend on $tmp.
 (cd "$tmp" && spm_train --input=corpus.txt --model_prefix=tok --vocab_size=1000 \

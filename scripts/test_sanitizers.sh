@@ -127,7 +127,7 @@ run_address() {
 # the same code http_server_test and engine_test run under TSan; the reactor's own lifetime
 # (OnDone joins the pump thread, then deletes) is checked for use after free by the ASan stage.
 TSAN_TESTS=${LLM_TSAN_TESTS:-engine_test|engine_async_test|engine_step_failure_test|http_server_test}
-# Left out under TSan until the test is fixed (tests/server/http_server_test.cc): it expects
+# Left out under TSan until the test is fixed (tests/server/http/http_server_test.cc): it expects
 # the request to be running once the first response bytes arrive, but those are the server's
 # probes, written while the request still waits for the (TSan-slowed) engine thread, so it
 # failed on every attempt here (num_running 0). DisconnectDuringPrefillCancelsAndFreesBlocks

@@ -1,5 +1,5 @@
 // A ModelExecutor that makes chosen steps fail: the way tests (and the server's test-only
-// hook LLM_TEST_FAIL_FORWARD_ON_TOKEN, server/backend.cc) reach the engine's step-failure
+// hook LLM_TEST_FAIL_FORWARD_ON_TOKEN, server/cli/backend.cc) reach the engine's step-failure
 // path with a real model underneath. It wraps another executor and, on the steps its plan
 // names, throws from Forward / ForwardAndSample / Launch instead of returning. And a
 // StepObserver that throws from the engine's own code (EngineErrorInjector). Not for production.

@@ -1,5 +1,5 @@
 // Fuzzes the gRPC request conversion: the input is a serialized llm.v1.GenerateRequest; a
-// message that parses is converted to an engine Request (server/grpc_convert.h, prompt text
+// message that parses is converted to an engine Request (server/grpc/grpc_convert.h, prompt text
 // through the stories260K tokenizer) and its sampling parameters validated, as Generate
 // does before AddRequest. Nothing here may throw: validation reports with a string.
 //
@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "server/grpc_convert.h"
+#include "server/grpc/grpc_convert.h"
 #include "tests/fuzz/fuzz_util.h"
 
 // Protobuf logs every string field with invalid UTF-8 it refuses: keep the fuzzer's output

@@ -14,7 +14,7 @@
 
 #include "engine/chat/chat_template.h"
 #include "engine/error.h"
-#include "server/openai_api.h"
+#include "server/http/openai_api.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -17,8 +17,8 @@
 
 #include "engine/cpu/cpu_executor.h"
 #include "llm.grpc.pb.h"
-#include "server/grpc_server.h"
-#include "server/http_server.h"
+#include "server/grpc/grpc_server.h"
+#include "server/http/http_server.h"
 #include "tests/test_util.h"
 
 namespace llm::server {

@@ -1,6 +1,6 @@
 // The gRPC front end in-process with a real gRPC client: token streaming, health, errors,
 // cancellation freeing KV blocks, draining.
-#include "server/grpc_server.h"
+#include "server/grpc/grpc_server.h"
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>

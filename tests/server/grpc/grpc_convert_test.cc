@@ -1,6 +1,6 @@
-// The gRPC request conversion (server/grpc_convert.h): the inputs that the fuzzer
+// The gRPC request conversion (server/grpc/grpc_convert.h): the inputs that the fuzzer
 // (tests/fuzz/grpc_request_fuzz.cc) found, embedded as serialized GenerateRequests.
-#include "server/grpc_convert.h"
+#include "server/grpc/grpc_convert.h"
 
 #include <gtest/gtest.h>
 

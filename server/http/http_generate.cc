@@ -2,8 +2,8 @@
 #include <httplib.h>
 
 #include "engine/error.h"
-#include "server/flight.h"
-#include "server/http_server.h"
+#include "server/http/flight.h"
+#include "server/http/http_server.h"
 
 namespace llm::server {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/grpc_convert.h"
+#include "server/grpc/grpc_convert.h"
 
 namespace llm::server {
 

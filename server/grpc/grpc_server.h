@@ -15,7 +15,7 @@
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/front_end.h"
-#include "server/openai_api.h"
+#include "server/http/openai_api.h"
 
 namespace grpc {
 class Server;

@@ -18,8 +18,8 @@
 #include "engine/cpu/generator.h"
 #include "engine/cpu/cpu_model.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "server/backend.h"
-#include "server/commands.h"
+#include "server/cli/backend.h"
+#include "server/cli/commands.h"
 
 namespace llm::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/backend.h"
+#include "server/cli/backend.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -180,7 +180,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
 }
 #endif
 
-// TEST-ONLY hook, for tests that run the real `llm` binary (tests/server/serve_process_test.cc):
+// TEST-ONLY hook, for tests that run the real `llm` binary (tests/server/cli/serve_process_test.cc):
 // LLM_TEST_FAIL_FORWARD_ON_TOKEN=<id> wraps the executor so that every step whose batch holds
 // token <id> throws (as a step that ran out of memory would); LLM_TEST_FAIL_FORWARD_FATAL=1
 // makes those failures fatal (as a sticky CUDA error is). Unset, nothing changes.

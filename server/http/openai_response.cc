@@ -1,7 +1,7 @@
 // ResponseBuilder: engine outputs -> OpenAI response objects and SSE chunks.
 #include <chrono>
 
-#include "server/openai_api.h"
+#include "server/http/openai_api.h"
 
 namespace llm::server {
 namespace {

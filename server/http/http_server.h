@@ -3,7 +3,7 @@
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 // GET /metrics, POST /tokenize, POST /detokenize, and the chat page (GET /, GET /static/NAME:
-// server/web_assets.h; public, no API key). Lifecycle: bounded admission (429 +
+// server/http/web_assets.h; public, no API key). Lifecycle: bounded admission (429 +
 // Retry-After; the count is shared with gRPC: server/front_end.h), body limit (413), API key
 // (401), drain (503), client disconnect -> the request is cancelled in the engine (a streamed
 // response notices on its next write; long prefills and non-streamed responses are probed
@@ -25,7 +25,7 @@
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/front_end.h"
-#include "server/openai_api.h"
+#include "server/http/openai_api.h"
 
 namespace httplib {
 class Server;

@@ -20,10 +20,10 @@
 #include "engine/error.h"
 #include "engine/cpu/cpu_model.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "server/backend.h"
-#include "server/commands.h"
-#include "server/grpc_server.h"
-#include "server/http_server.h"
+#include "server/cli/backend.h"
+#include "server/cli/commands.h"
+#include "server/grpc/grpc_server.h"
+#include "server/http/http_server.h"
 
 namespace llm::cli {
 namespace {

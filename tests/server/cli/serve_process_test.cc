@@ -1,6 +1,6 @@
 // `llm serve` as a process: the shutdown contract. SIGTERM stops accepting (503), lets the
 // in-flight request finish, exits 0; a second signal exits at once. And failed engine steps
-// through the test-only hook LLM_TEST_FAIL_FORWARD_ON_TOKEN (server/backend.cc).
+// through the test-only hook LLM_TEST_FAIL_FORWARD_ON_TOKEN (server/cli/backend.cc).
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>

@@ -1,7 +1,7 @@
 // The chat page (server/web/, compiled in): served at / and /static/NAME with the right
 // Content-Type, revalidated by ETag, public when the API needs a key, 404 for unknown files,
 // and referring to nothing but its own embedded files.
-#include "server/web_assets.h"
+#include "server/http/web_assets.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -9,7 +9,7 @@
 #include <regex>
 #include <thread>
 
-#include "server/http_server.h"
+#include "server/http/http_server.h"
 #include "tests/test_util.h"
 
 namespace llm::server {

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "engine/loader/make_model.h"
-#include "server/commands.h"
+#include "server/cli/commands.h"
 
 namespace llm::cli {
 

@@ -1,4 +1,4 @@
-#include "server/openai_api.h"
+#include "server/http/openai_api.h"
 
 #include <algorithm>
 #include <chrono>

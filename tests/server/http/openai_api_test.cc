@@ -1,6 +1,6 @@
-// Request parsing of the OpenAI API (server/openai_api.h) without a server: the inputs that
+// Request parsing of the OpenAI API (server/http/openai_api.h) without a server: the inputs that
 // the fuzzer (tests/fuzz/openai_request_fuzz.cc) found, each embedded as it was found.
-#include "server/openai_api.h"
+#include "server/http/openai_api.h"
 
 #include <gtest/gtest.h>
 

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "engine/error.h"
-#include "server/commands.h"
+#include "server/cli/commands.h"
 
 namespace llm::cli {
 namespace {

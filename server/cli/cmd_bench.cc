@@ -18,8 +18,8 @@
 #include "engine/error.h"
 #include "engine/cpu/cpu_model.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "server/backend.h"
-#include "server/commands.h"
+#include "server/cli/backend.h"
+#include "server/cli/commands.h"
 
 #if defined(LLM_HAS_CUDA)
 #include "engine/cuda/cuda_executor.h"

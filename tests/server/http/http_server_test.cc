@@ -1,7 +1,7 @@
 // The HTTP front end in-process on loopback (stories260K, CPU engine thread), driven by a
 // real HTTP client: completions streamed and not, errors, limits, auth, disconnects,
 // timeouts, draining, 64 concurrent streams.
-#include "server/http_server.h"
+#include "server/http/http_server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

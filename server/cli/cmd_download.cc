@@ -30,7 +30,7 @@
 
 #include "engine/error.h"
 #include "engine/model/model_config.h"
-#include "server/commands.h"
+#include "server/cli/commands.h"
 
 namespace llm::cli {
 namespace {

@@ -1,11 +1,11 @@
-#include "server/http_server.h"
+#include "server/http/http_server.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
 
 #include "engine/error.h"
-#include "server/flight.h"
-#include "server/web_assets.h"
+#include "server/http/flight.h"
+#include "server/http/web_assets.h"
 
 namespace llm::server {
 

@@ -6,8 +6,8 @@
 #include "engine/chat/chat_template.h"
 #include "engine/error.h"
 #include "engine/loader/json_file.h"
-#include "server/http_server.h"
-#include "server/openai_api.h"
+#include "server/http/http_server.h"
+#include "server/http/openai_api.h"
 
 namespace llm::server {
 

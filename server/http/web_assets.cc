@@ -1,4 +1,4 @@
-#include "server/web_assets.h"
+#include "server/http/web_assets.h"
 
 #include <httplib.h>
 

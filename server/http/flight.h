@@ -7,7 +7,7 @@
 
 #include "engine/request.h"
 #include "server/front_end.h"
-#include "server/openai_api.h"
+#include "server/http/openai_api.h"
 
 namespace llm::server {
 

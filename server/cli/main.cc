@@ -4,7 +4,7 @@
 #include <exception>
 
 #include "engine/error.h"
-#include "server/commands.h"
+#include "server/cli/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"llm: a Llama-family inference server built around tiled flash attention"};

@@ -1,4 +1,4 @@
-#include "server/grpc_server.h"
+#include "server/grpc/grpc_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -10,7 +10,7 @@
 
 #include "engine/error.h"
 #include "llm.grpc.pb.h"
-#include "server/grpc_convert.h"
+#include "server/grpc/grpc_convert.h"
 
 namespace llm::server {
 namespace {
