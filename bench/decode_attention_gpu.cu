@@ -76,6 +76,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/decode_attention.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/vec.cuh"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 
@@ -96,8 +97,7 @@ __global__ void FillKernel(uint16_t* p, size_t n, uint32_t seed) {
     x *= 0x846ca68bu;
     x ^= x >> 16;
     const float f = float(x >> 8) * (2.f / 16777216.f) - 1.f;
-    __nv_bfloat16 b = __float2bfloat16_rn(f);
-    p[i] = *reinterpret_cast<uint16_t*>(&b);
+    p[i] = __bfloat16_as_ushort(llm::cuda::vec::FromF32<__nv_bfloat16>(f));
   }
 }
 

@@ -184,11 +184,9 @@ float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detai
                                       ref.data(), /*causal=*/false);
   }
   LLM_CUDA_CHECK(cudaMemset(pr.dout, 0xff, pr.q.size() * 2));  // NaN poison
-  llm::cuda::detail::SetPrefillV4Flags(v4_flags);
   auto params = pr.Params();
   params.causal = causal;
-  llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch);
-  llm::cuda::detail::SetPrefillV4Flags(llm::cuda::detail::kV4Default);
+  llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch, v4_flags);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> got(pr.q.size());
   LLM_CUDA_CHECK(cudaMemcpy(got.data(), pr.dout, got.size() * 2, cudaMemcpyDeviceToHost));
@@ -323,20 +321,18 @@ int main(int argc, char** argv) {
         cudaEvent_t e0, e1;
         LLM_CUDA_CHECK(cudaEventCreate(&e0));
         LLM_CUDA_CHECK(cudaEventCreate(&e1));
-        llm::cuda::detail::SetPrefillV4Flags(v4_flags);
         for (int it = 0; it < reps + 2; ++it) {
           const Problem& pr = (it & 1) ? b : a;
           auto params = pr.Params();
           params.causal = causal;
           LLM_CUDA_CHECK(cudaEventRecord(e0));
-          llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch);
+          llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch, v4_flags);
           LLM_CUDA_CHECK(cudaEventRecord(e1));
           LLM_CUDA_CHECK(cudaEventSynchronize(e1));
           float t = 0;
           LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
           if (it >= 2) ms.push_back(t);
         }
-        llm::cuda::detail::SetPrefillV4Flags(llm::cuda::detail::kV4Default);
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
         std::sort(ms.begin(), ms.end());

@@ -1,5 +1,6 @@
 // GPU paged decode attention and KV append against the CPU references (label gpu; skips
-// without a GPU). kernels/cuda/decode_attention.{h,cu}, kernels/cuda/kv_append.cu.
+// without a GPU). kernels/cuda/attention/decode_attention.{h,cu},
+// kernels/cuda/attention/kv_append.cu.
 //
 // Error bound: the CPU reference runs in fp32 on the SAME bf16/fp16-rounded q, K, V, so the
 // only differences are the kernel's own roundings: P (the softmax weights, in [0, 1]) is

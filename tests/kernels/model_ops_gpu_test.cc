@@ -13,7 +13,7 @@
 //
 // Poisons: outputs start as NaN; cache slots that no token writes (including those of
 // slot -1 tokens, which are otherwise valid slots) must still be NaN afterwards.
-//   ninja -C build-cuda model_ops_gpu_test && (cd build-cuda && ctest -L gpu -R model_ops)
+//   ninja -C build model_ops_gpu_test && (cd build && ctest -L gpu -R model_ops)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

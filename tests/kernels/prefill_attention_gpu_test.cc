@@ -177,9 +177,8 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
                        (i == 17 ? cuda::detail::kV4Cluster : 0);
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
-      if (v4) cuda::detail::SetPrefillV4Flags(flags);
-      cuda::PagedPrefillAttention(p, nullptr, variant);
-      cuda::detail::SetPrefillV4Flags(cuda::detail::kV4Default);
+      cuda::PagedPrefillAttention(p, nullptr, variant, /*scratch=*/nullptr,
+                                  v4 ? flags : cuda::detail::kV4Default);
       LLM_CUDA_CHECK(cudaDeviceSynchronize());
       LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout.ptr, qn * 2, cudaMemcpyDeviceToHost));
       float err = 0.f;
@@ -225,9 +224,8 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
   for (int flags : {kV4Default, kV4Default | kV4Cluster, kV4Default | kV4NoPersist, 0}) {
     std::vector<uint16_t> poisoned(qn, poison);
     LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
-    cuda::detail::SetPrefillV4Flags(flags);
-    cuda::PagedPrefillAttention(p, nullptr, cuda::PrefillVariant::kWgmma);
-    cuda::detail::SetPrefillV4Flags(kV4Default);
+    cuda::PagedPrefillAttention(p, nullptr, cuda::PrefillVariant::kWgmma, /*scratch=*/nullptr,
+                                flags);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout.ptr, qn * 2, cudaMemcpyDeviceToHost));
     float err = 0.f;

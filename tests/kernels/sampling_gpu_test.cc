@@ -23,7 +23,7 @@
 //    Gumbel; double scores): the kernel's pruning of hopeless elements leaves the token exact;
 //    and the same rows drawn with the pruning switched off (a test hook) give the same tokens
 //    and logprobs bit for bit.
-//   ninja -C build-cuda sampling_gpu_test && (cd build-cuda && ctest -L gpu -R sampling)
+//   ninja -C build sampling_gpu_test && (cd build && ctest -L gpu -R sampling)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -91,7 +91,8 @@ struct GpuResult {
 // Runs SampleTokens over logits [num_logit_rows, vocab] (rows of at most 1024 per launch).
 GpuResult RunGpu(const std::vector<float>& logits, int64_t vocab,
                  const std::vector<SampleRowParams>& params,
-                 const std::vector<LogitAdjust>& adjust = {}) {
+                 const std::vector<LogitAdjust>& adjust = {},
+                 const cuda::SampleOptions& options = {}) {
   constexpr int K = cuda::kMaxTopLogprobs;
   GpuResult r;
   DevBuf dlogits(logits.size() * 4), dadjust(std::max<size_t>(adjust.size(), 1) * sizeof(LogitAdjust));
@@ -111,7 +112,7 @@ GpuResult RunGpu(const std::vector<float>& logits, int64_t vocab,
                             static_cast<int32_t*>(dtid.p), static_cast<float*>(dtlp.p)};
     cuda::SampleTokens(static_cast<const float*>(dlogits.p), vocab,
                        static_cast<const SampleRowParams*>(dparams.p), n,
-                       static_cast<const LogitAdjust*>(dadjust.p), dws.p, out, nullptr);
+                       static_cast<const LogitAdjust*>(dadjust.p), dws.p, out, nullptr, options);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     auto append = [](auto& dst, const auto& src) { dst.insert(dst.end(), src.begin(), src.end()); };
     append(r.token, Download<int32_t>(dtok, n));
@@ -700,8 +701,8 @@ TEST_F(SamplingGpu, TemperatureOnlyDrawEqualsTheGumbelArgmax) {
 }
 
 // The pruning of the temperature-only draw changes no token: the same rows drawn with it and
-// without it (cuda::detail::SetGumbelPruning(false): every element's noise computed) give the
-// same tokens and logprobs bit for bit, over rows where pruning is heavy (small T, a peaked
+// without it (SampleOptions::has_gumbel_pruning = false: every element's noise computed) give
+// the same tokens and logprobs bit for bit, over rows where pruning is heavy (small T, a peaked
 // row), light (large T, flat rows, where the noise decides), and over -inf / NaN / huge logits,
 // at the vocabulary sizes of the other tests.
 TEST_F(SamplingGpu, GumbelPruningChangesNoToken) {
@@ -745,15 +746,9 @@ TEST_F(SamplingGpu, GumbelPruningChangesNoToken) {
     }
     const int64_t vocab = int64_t(c.logits.size());
     const GpuResult pruned = RunGpu(c.logits, vocab, params);
-    const GpuResult full = [&] {
-      // Restored however RunGpu leaves (it throws on a CUDA error): later tests cover the
-      // pruned path.
-      struct NoPruning {
-        NoPruning() { cuda::detail::SetGumbelPruning(false); }
-        ~NoPruning() { cuda::detail::SetGumbelPruning(true); }
-      } no_pruning;
-      return RunGpu(c.logits, vocab, params);
-    }();
+    cuda::SampleOptions no_pruning;
+    no_pruning.has_gumbel_pruning = false;
+    const GpuResult full = RunGpu(c.logits, vocab, params, /*adjust=*/{}, no_pruning);
     EXPECT_EQ(pruned.token, full.token) << c.name;
     EXPECT_EQ(0, std::memcmp(pruned.logprob.data(), full.logprob.data(),
                              pruned.logprob.size() * sizeof(float)))

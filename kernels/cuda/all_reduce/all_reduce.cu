@@ -1,3 +1,8 @@
+// The one-shot peer-access all-reduce (algorithm and contract: all_reduce.h): one kernel,
+// P2PAllReduceKernel, and its launcher.
+// Test:  ninja -C build all_reduce_gpu_test && (cd build && ctest -L gpu -R all_reduce)
+//        (needs 2 GPUs with peer access; skips otherwise)
+// Bench: ninja -C build bench_all_reduce_gpu && ./build/bench_all_reduce_gpu   (against NCCL)
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -5,19 +10,13 @@
 #include "kernels/cuda/all_reduce/all_reduce.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/ptx.cuh"
 
 namespace llm::cuda {
 namespace {
 
-__device__ __forceinline__ void StoreRelease(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+using ptx::LoadAcquire;  // system scope: the flags are polled by the peer GPUs
+using ptx::StoreRelease;
 
 __global__ void __launch_bounds__(kP2PThreads)
     P2PAllReduceKernel(P2PAllReduceArgs a, int64_t count4) {

@@ -34,9 +34,9 @@
 //    of the config: the count with the smallest estimated time waves × (tiles per split +
 //    per-CTA overhead), ties to more splits, so few-CTA shapes fill every resident slot (or
 //    whole waves) while each split keeps >= 2 tiles.
-//  - Programmatic dependent launch (kernels/cuda/common/launch.h): the kernel triggers its dependents
-//    first thing and waits (PdlWait) before its first global read, so its CTAs' launch and
-//    set-up overlap the previous kernel's tail when the executor enables PDL.
+//  - Programmatic dependent launch (kernels/cuda/common/launch.h): the kernel triggers its
+//    dependents first thing and waits (PdlWait) before its first global read, so its CTAs'
+//    launch and set-up overlap the previous kernel's tail when the executor enables PDL.
 //  - Prologue: the Q fragment loads, the context length, then the page indices of the first
 //    kStages - 1 tiles as ONE cp.async group (v2 loaded them with plain loads tile by tile,
 //    dependent round trips before the first K/V copy could be issued).
@@ -58,9 +58,16 @@
 // from 0.79 to 0.92.
 // Instantiations: DecodeKernel {bf16, fp16} × {64, 128} × {cache dtype, fp8, fp8 transposed}
 // = 12, DecodeItemsKernel {bf16, fp16} × {64, 128} × {original, transposed step} = 8.
+// One file for one kernel family: both kernels' instantiations share the per-warp steps
+// (WarpKeysStep, WarpKeysStepT), the copies (StagePages, IssueKvRows), the fragment loads and
+// the swizzle, and the host side (SelectSplits, LaunchDecode) picks among them; split, those
+// device functions would move to a header that only this family includes.
 //
-// Test: ninja -C build decode_attention_gpu_test && (cd build && ctest -L gpu -R decode_attention)
+// Test:  ninja -C build decode_attention_gpu_test &&
+//        (cd build && ctest -L gpu -R decode_attention)
+//        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
 // Bench: ninja -C build bench_decode_attention_gpu && ./build/bench_decode_attention_gpu
+//        (bf16 and e4m3 caches: --kv both, the default)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -75,6 +82,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/decode_attention.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/online_softmax.h"
 
@@ -155,82 +163,19 @@ struct KernelArgs {
   unsigned* counters;  // [num_seqs * num_kv_heads] arrivals, zero between calls (num_splits > 1)
 };
 
-// ---- PTX wrappers -----------------------------------------------------------------------
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte global -> shared copy through L2 only; src_bytes 0 zero-fills the destination.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void PrefetchL2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// D[16x8] += A[16x16] · B[16x8], fp32 accumulation.
-template <typename T>
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two fp32 -> packed pair (lo in the low half, as the mma fragments expect).
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-// A packed pair of T as a pair of the mma type M: as is, or (fp8 caches, M = fp16) through
-// fp32, saturated to ±65504 so that no finite query becomes infinite.
-template <typename T, typename M>
-__device__ __forceinline__ uint32_t ToMmaPair(uint32_t x) {
-  if constexpr (std::is_same_v<T, M>) {
-    return x;
-  } else {
-    const T* e = reinterpret_cast<const T*>(&x);
-    constexpr float kMax = 65504.f;
-    return Pack2<M>(fminf(fmaxf(vec::ToF32(e[0]), -kMax), kMax),
-                    fminf(fmaxf(vec::ToF32(e[1]), -kMax), kMax));
-  }
-}
-
+// ---- the instructions (kernels/cuda/common/ptx.cuh) and conversions (vec.cuh) ----------
+using ptx::CpAsync16;  // 16-byte global -> shared copy through L2; 0 source bytes zero-fill
+using ptx::CpAsync4;
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::LdMatrixX4;
+using ptx::LdMatrixX4Trans;
+using ptx::Mma16816;  // D[16x8] += A[16x16] · B[16x8], fp32 accumulation
+using ptx::MovMatrixTrans;
+using ptx::PrefetchL2;
+using ptx::SmemAddr;
+using vec::PackPair;   // two fp32 -> a packed pair (lo in the low half, as mma fragments expect)
+using vec::ToMmaPair;  // a packed pair of T as one of the mma type (fp8: fp16, saturated)
 using vec::E4m3x4ToHalf2x2;  // e4m3 codes -> fp16 pairs, exactly (kernels/cuda/common/vec.cuh)
 
 // Two transposed fp8 V matrices of one chunk (ldmatrix.trans: t0 = keys 2c, 2c + 1 and t1 =
@@ -397,7 +342,7 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
       for (int n = 0; n < 2; ++n) {
         uint32_t b0, b1;
         E4m3x4ToHalf2x2(t[n], b0, b1);
-        Mma<M>(s[n], qa[ks], b0, b1);
+        Mma16816<M>(s[n], qa[ks], b0, b1);
       }
     });
   } else {
@@ -405,8 +350,8 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
       uint32_t b[4];
       LdMatrixX4(b, k_tile + SwizzledOffset<D>(k_row, 2 * ks + k_chunk_lo) * sizeof(M));
-      Mma<M>(s[0], qa[ks], b[0], b[1]);
-      Mma<M>(s[1], qa[ks], b[2], b[3]);
+      Mma16816<M>(s[0], qa[ks], b[0], b[1]);
+      Mma16816<M>(s[1], qa[ks], b[2], b[3]);
     }
   }
 
@@ -456,23 +401,23 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
 
   // O += P·V: P is the A operand straight from the S accumulators (rows g / g+8, keys
   // 2c.., 8+2c..); V through ldmatrix.trans, two n8 tiles of head_dim per x4.
-  const uint32_t pa[4] = {Pack2<M>(s[0][0], s[0][1]), Pack2<M>(s[0][2], s[0][3]),
-                          Pack2<M>(s[1][0], s[1][1]), Pack2<M>(s[1][2], s[1][3])};
+  const uint32_t pa[4] = {PackPair<M>(s[0][0], s[0][1]), PackPair<M>(s[0][2], s[0][3]),
+                          PackPair<M>(s[1][0], s[1][1]), PackPair<M>(s[1][2], s[1][3])};
   if constexpr (kFp8) {
     // Transposed chunks (VPairsFp8); output tile 2ch + p is (chunk ch, parity p).
     ForEachChunkFp8<D, true>(v_tile, v8_row, lane, [&](int ch, const uint32_t(&t)[2]) {
       uint32_t even0, odd0, even1, odd1;  // keys 2c.. (t[0]) and 8 + 2c.. (t[1])
       VPairsFp8(t[0], t[1], even0, odd0, even1, odd1);
-      Mma<M>(o[2 * ch], pa, even0, even1);
-      Mma<M>(o[2 * ch + 1], pa, odd0, odd1);
+      Mma16816<M>(o[2 * ch], pa, even0, even1);
+      Mma16816<M>(o[2 * ch + 1], pa, odd0, odd1);
     });
   } else {
 #pragma unroll
     for (int n2 = 0; n2 < Tr::kNTiles / 2; ++n2) {
       uint32_t b[4];
       LdMatrixX4Trans(b, v_tile + SwizzledOffset<D>(v_row, 2 * n2 + v_chunk_lo) * sizeof(M));
-      Mma<M>(o[2 * n2], pa, b[0], b[1]);
-      Mma<M>(o[2 * n2 + 1], pa, b[2], b[3]);
+      Mma16816<M>(o[2 * n2], pa, b[0], b[1]);
+      Mma16816<M>(o[2 * n2 + 1], pa, b[2], b[3]);
     }
   }
 }
@@ -496,11 +441,6 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
 //    of chunk h are its dims 2g / 2g + 1 (even / odd), keys 2c.. / 2c+8.. as k.
 //  - O^T accumulators o[h]: dims 16h + 2g (elements 0, 1) and 16h + 2g + 1 (2, 3) × heads 2c,
 //    2c + 1 (elements 0, 2 / 1, 3).
-__device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
 
 // The transposed step's per-head sums: x over the 8 lanes of equal c (the keys g of a tile).
 __device__ __forceinline__ float SumOverKeyLanes(float x) {
@@ -546,7 +486,7 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
       E4m3x4ToHalf2x2(b[2 * h], lo0, hi0);      // key g
       E4m3x4ToHalf2x2(b[2 * h + 1], lo1, hi1);  // key g + 8
       const uint32_t ka[4] = {lo0, lo1, hi0, hi1};
-      Mma<__half>(s, ka, qb[2 * j + h][0], qb[2 * j + h][1]);
+      Mma16816<__half>(s, ka, qb[2 * j + h][0], qb[2 * j + h][1]);
     }
   }
   // Online softmax per head (r = 0, 1: heads 2c, 2c + 1), keys g (s[r]) and g + 8 (s[2 + r]).
@@ -577,8 +517,8 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
       o[h][3] *= alpha[1];
     }
   }
-  const uint32_t pb0 = MovMatrixTrans(Pack2<__half>(s[0], s[1]));  // keys 2c, 2c+1 of head g
-  const uint32_t pb1 = MovMatrixTrans(Pack2<__half>(s[2], s[3]));  // keys 2c+8, 2c+9
+  const uint32_t pb0 = MovMatrixTrans(PackPair<__half>(s[0], s[1]));  // keys 2c, 2c+1 of head g
+  const uint32_t pb1 = MovMatrixTrans(PackPair<__half>(s[2], s[3]));  // keys 2c+8, 2c+9
 #pragma unroll
   for (int j = 0; j < D / 32; ++j) {
     uint32_t b[4];
@@ -588,7 +528,7 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
       uint32_t even0, odd0, even1, odd1;  // keys 2c.. (b[2h]) and 8 + 2c.. (b[2h + 1])
       VPairsFp8(b[2 * h], b[2 * h + 1], even0, odd0, even1, odd1);
       const uint32_t va[4] = {even0, odd0, even1, odd1};
-      Mma<__half>(o[2 * j + h], va, pb0, pb1);
+      Mma16816<__half>(o[2 * j + h], va, pb0, pb1);
     }
   }
 }
@@ -935,8 +875,8 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     }
     const float inv_l = (l_run > 0.f ? 1.f / l_run : 0.f) * (kFp8 ? a.out_scale : 1.f);
     uint2 packed;
-    packed.x = Pack2<T>(acc.x * inv_l, acc.y * inv_l);
-    packed.y = Pack2<T>(acc.z * inv_l, acc.w * inv_l);
+    packed.x = PackPair<T>(acc.x * inv_l, acc.y * inv_l);
+    packed.y = PackPair<T>(acc.z * inv_l, acc.w * inv_l);
     *reinterpret_cast<uint2*>(static_cast<T*>(a.out) + head * D + 4 * v4) = packed;
   }
 }
@@ -1125,7 +1065,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
 #pragma unroll
         for (int h = 0; h < D / 16; ++h) {
           *reinterpret_cast<uint32_t*>(out + head * D + 16 * h + 2 * g) =
-              Pack2<T>(o[h][r] * scale, o[h][2 + r] * scale);
+              PackPair<T>(o[h][r] * scale, o[h][2 + r] * scale);
         }
       }
     } else {
@@ -1141,8 +1081,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
           const float* e = o[2 * h];
           const float* f = o[2 * h + 1];
           uint2 packed;
-          packed.x = Pack2<T>(e[2 * r] * scale, f[2 * r] * scale);
-          packed.y = Pack2<T>(e[2 * r + 1] * scale, f[2 * r + 1] * scale);
+          packed.x = PackPair<T>(e[2 * r] * scale, f[2 * r] * scale);
+          packed.y = PackPair<T>(e[2 * r + 1] * scale, f[2 * r + 1] * scale);
           *reinterpret_cast<uint2*>(out + row * D + 16 * h + 4 * c) = packed;
         }
       }

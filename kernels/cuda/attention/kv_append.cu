@@ -4,8 +4,10 @@
 // a negative slot skips the token (padding). Memory-bound and tiny next to attention:
 // num_tokens × kv_dim elements against attention's num_tokens × context reads. Rows whose
 // byte size or pointers are not 16-byte aligned fall back to 2-byte chunks.
-// Test: ctest -L gpu -R decode_attention (AppendKv round trip in
-// tests/kernels/decode_attention_gpu_test.cc).
+// Test:  ninja -C build decode_attention_gpu_test &&
+//        (cd build && ctest -L gpu -R decode_attention)   (the AppendKv round trip)
+//        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8 (AppendKvFp8Gpu)
+// Bench: none of its own (tiny next to attention, above).
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>

@@ -6,8 +6,11 @@
 //           fp8 (e4m3) caches: v4 over an exact bf16 / fp16 copy of the batch's pages when the
 //           caller gives a PrefillScratch that holds them (prefill_attention_fp8.cu), else v3,
 //           which dequantizes each tile in shared memory.
-// Test:  ctest -L gpu -R prefill_attention   (tests/kernels/prefill_attention_gpu_test.cc)
-// Bench: ./build/bench_prefill_attention_gpu (bench/prefill_attention_gpu.cu)
+// Test:  ninja -C build prefill_attention_gpu_test &&
+//        (cd build && ctest -L gpu -R prefill_attention)
+//        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
+// Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
+//        (--kv fp8: the e4m3 caches, v3 and v4)
 #include <stdexcept>
 #include <string>
 
@@ -31,13 +34,6 @@ const char* PrefillVariantName(PrefillVariant v) {
   }
   return "?";
 }
-
-namespace detail {
-namespace {
-int g_v4_flags = kV4Default;  // changed by the test and the bench only
-}  // namespace
-void SetPrefillV4Flags(int flags) { g_v4_flags = flags; }
-}  // namespace detail
 
 namespace {
 
@@ -134,7 +130,8 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
 }
 
 PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
-                                     PrefillVariant variant, const PrefillScratch* scratch) {
+                                     PrefillVariant variant, const PrefillScratch* scratch,
+                                     int v4_flags) {
   // non-causal: v4 or an error; fp8: v4 only with a scratch that fits
   const PrefillVariant v = ResolvePrefillVariant(p, variant, scratch);
   if (p.batch.num_seqs == 0 || p.max_q_len == 0) return v;
@@ -160,7 +157,7 @@ PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stre
   a.scale_log2 = p.scale * 1.44269504088896340736f * (a.kv_fp8 ? p.kv_format.k_scale : 1.f);
   a.out_scale = a.kv_fp8 ? p.kv_format.v_scale : 1.f;
   a.is_bf16 = p.dtype == DType::kBF16;
-  a.v4_flags = detail::g_v4_flags;
+  a.v4_flags = v4_flags;
   a.causal = p.causal;
   switch (v) {
     case PrefillVariant::kNaive:

@@ -64,15 +64,50 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p,
 // (block_size a multiple of 8 dividing 128).
 bool PrefillWgmmaTakesBlockSize(int64_t block_size);
 
+namespace detail {
+
+// v4 schedule knobs (runtime bits of one kernel, PagedPrefillAttention's v4_flags): the test
+// runs every combination, the bench times them. Production uses kV4Default, the fastest
+// measured (bench/RESULTS.md): with the kernel not softmax-bound, ping-pong and
+// intra-warpgroup overlap cost more in barriers than they hide.
+inline constexpr int kV4NoPingPong = 1;  // consumer warpgroups issue GEMMs without taking turns
+inline constexpr int kV4NoOverlap = 2;   // wait for P·V before the softmax (no intra-WG overlap)
+inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no exp2 (wrong output)
+// Profiling only (wrong output): the load pipeline alone (consumers wait for each K/V tile and
+// give it back, no math), and the math alone (the first kStages tiles are loaded, later tiles
+// reuse those stages without waiting for loads).
+inline constexpr int kV4LoadsOnly = 8;
+inline constexpr int kV4ComputeOnly = 16;
+// Pairs neighbouring query tiles in a 2-CTA cluster that multicasts the K/V tiles both read
+// (half the L2 -> SM traffic). Off in production: on the H200 the loads alone get 15-25%
+// cheaper, but the pair runs in lockstep (the lighter CTA idles through the heavier one's
+// extra tile) and the whole kernel is slower, persistent or not (bench/RESULTS.md).
+inline constexpr int kV4Cluster = 32;
+// One CTA (or cluster) per query tile (pair), launched as a grid of them; the default is a
+// persistent grid of as many as fit at once, each walking its share of the tiles heaviest
+// first with the K/V ring running on from one tile to the next.
+inline constexpr int kV4NoPersist = 64;
+// V as two 64-column TMA boxes per page into [panel][key][64] tiles (the layout before
+// 2026-11-30), for comparison. The default loads each page's V as ONE box (a 4-D tensor map:
+// both panels) into [page][panel][key-in-page][64] tiles, halving V's boxes at head_dim 128;
+// the P·V descriptor steps page by page (at head_dim 64 both layouts are the same).
+inline constexpr int kV4PanelBoxV = 128;
+inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
+
+}  // namespace detail
+
 // Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128 on every
 // rung, any other head_dim up to 128 on kNaive only (kBest picks it); std::invalid_argument
 // otherwise, naming the value. p.kv_format.fp8 (e4m3 pools) runs on kNaive and kMma, and on
 // kWgmma over an exact bf16 / fp16 copy of the pages when a PrefillScratch that fits is given
-// (kBest picks kWgmma then, else kMma for head_dim 64 / 128); kSmem rejects it. Asynchronous
-// on `stream`. Returns the rung it ran (ResolvePrefillVariant's answer).
+// (kBest picks kWgmma then, else kMma for head_dim 64 / 128); kSmem rejects it. v4_flags:
+// kWgmma's schedule (detail::kV4* bits; the other rungs ignore it): production's is
+// kV4Default, the test and the bench pass the others. Asynchronous on `stream`. Returns the
+// rung it ran (ResolvePrefillVariant's answer).
 PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
                                      PrefillVariant variant = PrefillVariant::kBest,
-                                     const PrefillScratch* scratch = nullptr);
+                                     const PrefillScratch* scratch = nullptr,
+                                     int v4_flags = detail::kV4Default);
 
 namespace detail {
 
@@ -99,38 +134,9 @@ struct PrefillArgs {
   bool is_bf16 = true;
   bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive, v3_mma, v4 over a copy
   float out_scale = 1.f;  // fp8: v_scale, applied with the final 1 / l
-  int v4_flags = 0;  // kV4* bits below (0 in production)
+  int v4_flags = kV4Default;  // kV4* bits: PagedPrefillAttention's v4_flags
   bool causal = true;  // AttentionParams::causal (false: v4 only)
 };
-
-// v4 schedule knobs (runtime bits, one kernel): the test runs every combination, the bench
-// times them. Production uses kV4Default, the fastest measured (bench/RESULTS.md): with the
-// kernel not softmax-bound, ping-pong and intra-warpgroup overlap cost more in barriers than
-// they hide.
-inline constexpr int kV4NoPingPong = 1;  // consumer warpgroups issue GEMMs without taking turns
-inline constexpr int kV4NoOverlap = 2;   // wait for P·V before the softmax (no intra-WG overlap)
-inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no exp2 (wrong output)
-// Profiling only (wrong output): the load pipeline alone (consumers wait for each K/V tile and
-// give it back, no math), and the math alone (the first kStages tiles are loaded, later tiles
-// reuse those stages without waiting for loads).
-inline constexpr int kV4LoadsOnly = 8;
-inline constexpr int kV4ComputeOnly = 16;
-// Pairs neighbouring query tiles in a 2-CTA cluster that multicasts the K/V tiles both read
-// (half the L2 -> SM traffic). Off in production: on the H200 the loads alone get 15-25%
-// cheaper, but the pair runs in lockstep (the lighter CTA idles through the heavier one's
-// extra tile) and the whole kernel is slower, persistent or not (bench/RESULTS.md).
-inline constexpr int kV4Cluster = 32;
-// One CTA (or cluster) per query tile (pair), launched as a grid of them; the default is a
-// persistent grid of as many as fit at once, each walking its share of the tiles heaviest
-// first with the K/V ring running on from one tile to the next.
-inline constexpr int kV4NoPersist = 64;
-// V as two 64-column TMA boxes per page into [panel][key][64] tiles (the layout before
-// 2026-11-30), for comparison. The default loads each page's V as ONE box (a 4-D tensor map:
-// both panels) into [page][panel][key-in-page][64] tiles, halving V's boxes at head_dim 128;
-// the P·V descriptor steps page by page (at head_dim 64 both layouts are the same).
-inline constexpr int kV4PanelBoxV = 128;
-inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
-void SetPrefillV4Flags(int flags);  // applies to later PagedPrefillAttention calls
 
 // One launcher per rung (each defined in its own prefill_attention_v*.cu).
 void LaunchPrefillNaive(const PrefillArgs& a, cudaStream_t stream);
@@ -156,7 +162,8 @@ void LaunchPrefillWgmmaFp8(const PrefillArgs& a, const PrefillScratch& scratch,
 // Device helpers shared by the rungs (CUDA translation units only).
 namespace llm::cuda::detail {
 
-using vec::FromF32;  // bf16 / fp16 <-> fp32 (kernels/cuda/common/vec.cuh)
+using vec::FromF32;   // bf16 / fp16 <-> fp32 (kernels/cuda/common/vec.cuh)
+using vec::PackPair;  // two floats as one packed pair (low half = first), the mma operand format
 using vec::ToF32;
 // A cached K/V element as fp32: bf16 / fp16, or an e4m3 code (fp8 caches; the scale is applied
 // by the caller).
@@ -167,26 +174,6 @@ __device__ __forceinline__ float KvToF32(KV x) {
   } else {
     return ToF32(x);
   }
-}
-// 2^x by one MUFU.EX2 (flush-to-zero: results below 2^-126 become 0, far below the
-// softmax's rounding; 2^-inf = 0).
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// Two floats as one packed 32-bit pair (low half = first), the mma A/B operand format.
-template <typename T>
-__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Where a CTA's (sequence, head, query tile) sits. Query tiles run heaviest-first (the last

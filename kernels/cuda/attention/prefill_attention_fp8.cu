@@ -21,6 +21,10 @@
 // Scratch layout: [table: num_seqs × max_blocks_per_seq int32, 256-byte aligned] [K pages] [V
 // pages], each page [num_kv_heads, block_size, head_dim] as in kernels/paged_kv.h; sequence s's
 // pages are scratch pages base_s … base_s + n_s - 1 with base_s = n_0 + … + n_{s-1}.
+// Test:  the kv_fp8*_gpu_test targets (ninja -C build <them>), then
+//        (cd build && ctest -L gpu -R kv_fp8)   (PrefillFp8Gpu)
+// Bench: ninja -C build bench_prefill_attention_gpu &&
+//        ./build/bench_prefill_attention_gpu --kv fp8
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

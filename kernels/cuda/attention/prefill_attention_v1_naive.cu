@@ -1,11 +1,15 @@
 // Prefill attention, rung 1 (v1_naive): the correctness baseline.
 //
 // Algorithm: one warp per (query row, head); lane j holds dimensions j, j + 32, … (any
-// head_dim ≤ 128: also the tiny ones of test models). For every visible key (0 … ctx + r, read through the block table) the warp forms
-// the dot product by a shuffle reduction and applies the scalar online softmax
-// (kernels/online_softmax.h: log2-domain scores, exp2, running max m and sum l) to its
-// fp32 accumulator. No tiling, no reuse: every K/V row is read from L2/HBM once per query row.
-// Test:  ctest -L gpu -R prefill_attention     Bench: ./build/bench_prefill_attention_gpu
+// head_dim ≤ 128: also the tiny ones of test models). For every visible key (0 … ctx + r,
+// read through the block table) the warp forms the dot product by a shuffle reduction and
+// applies the scalar online softmax (kernels/online_softmax.h: log2-domain scores, exp2,
+// running max m and sum l) to its fp32 accumulator. No tiling, no reuse: every K/V row is
+// read from L2/HBM once per query row.
+// Test:  ninja -C build prefill_attention_gpu_test &&
+//        (cd build && ctest -L gpu -R prefill_attention)
+//        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
+// Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
 // Previous rung: none (the CPU reference cpu::PagedPrefillAttention is the specification).
 #include <cmath>
 

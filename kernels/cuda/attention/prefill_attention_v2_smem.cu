@@ -6,7 +6,9 @@
 // Per key tile: thread (row, sub) forms the scores of keys sub, sub+4, …; the row's max and
 // the online softmax run over the 4 threads of a row (shuffles), P goes through shared memory,
 // and each thread accumulates head_dim/4 output dimensions in registers.
-// Test:  ctest -L gpu -R prefill_attention     Bench: ./build/bench_prefill_attention_gpu
+// Test:  ninja -C build prefill_attention_gpu_test &&
+//        (cd build && ctest -L gpu -R prefill_attention)
+// Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
 // Change from v1: K/V rows are read once per 64 query rows instead of once per row (64× less
 // traffic), tiles are masked only on the causal diagonal, the loads are cooperative.
 #include <cmath>

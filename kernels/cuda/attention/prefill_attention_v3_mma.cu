@@ -14,7 +14,11 @@
 //    ldmatrix.trans). O (16 × d per warp) stays in fp32 registers; 1/l at the end.
 //  - Swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8), so the 8 rows an ldmatrix
 //    phase reads land in 8 distinct bank groups (no conflicts).
-// Test:  ctest -L gpu -R prefill_attention     Bench: ./build/bench_prefill_attention_gpu
+// Test:  ninja -C build prefill_attention_gpu_test &&
+//        (cd build && ctest -L gpu -R prefill_attention)
+//        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
+// Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
+//        (--kv fp8: the e4m3 caches, which v3 dequantizes per tile)
 // Change from v2: tensor cores (bf16 in, fp32 accumulate) instead of fp32 FMA; S and P never
 // touch shared memory; asynchronous, double-buffered, swizzled tile loads.
 #include <cuda_fp8.h>
@@ -22,8 +26,10 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/ptx.cuh"
+#include "kernels/cuda/common/vec.cuh"
 
 namespace llm::cuda::detail {
 namespace {
@@ -51,72 +57,21 @@ struct MmaTraits {
                 "whole cp.async rounds");
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte cp.async; src_bytes 0 zero-fills the destination.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
-__device__ __forceinline__ void CpAsyncWaitAll() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// D (16×8 fp32) += A (16×16) · B (16×8).
-template <typename T>
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
+using ptx::CpAsync16;  // 16-byte cp.async; 0 source bytes zero-fill the destination
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::FastExp2;
+using ptx::LdMatrixX4;
+using ptx::LdMatrixX4Trans;
+using ptx::Mma16816;  // D (16×8 fp32) += A (16×16) · B (16×8)
+using ptx::SmemAddr;
+using vec::E4m3x2ToHalf2;  // two e4m3 codes -> their exact fp16 values, packed
+using vec::ToMmaPair;      // a packed pair of T as one of the mma type (fp8: fp16, saturated)
 
 // Element offset of 16-byte chunk `ch` of row `row` in a swizzled [rows][HD] tile.
 template <int HD>
 __device__ __forceinline__ int Swz(int row, int ch) {
   return row * HD + ((ch ^ (row & 7)) << 3);
-}
-
-// A packed pair of T as a pair of the mma type M: as is, or (fp8 caches: M = fp16) through fp32,
-// saturated to ±65504.
-template <typename T, typename M>
-__device__ __forceinline__ uint32_t ToMmaPair(uint32_t x) {
-  if constexpr (std::is_same_v<T, M>) {
-    return x;
-  } else {
-    const T* e = reinterpret_cast<const T*>(&x);
-    constexpr float kMax = 65504.f;
-    return PackPair<M>(fminf(fmaxf(ToF32(e[0]), -kMax), kMax),
-                       fminf(fmaxf(ToF32(e[1]), -kMax), kMax));
-  }
-}
-
-// Two e4m3 codes (low byte first) -> their exact fp16 values, packed (one cvt on sm_89+).
-__device__ __forceinline__ uint32_t E4m3x2ToHalf2(uint32_t codes) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
 template <typename T, int HD, bool kFp8>
@@ -204,7 +159,7 @@ __global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKerne
   uint32_t qf[HD / 16][4];
 
   for (int j = 0; j < n_tiles; ++j) {
-    CpAsyncWaitAll();
+    CpAsyncWait<0>();
     __syncthreads();  // tile j resident for all; everyone is done with tile j-1's stage
     if (j == 0) {
 #pragma unroll

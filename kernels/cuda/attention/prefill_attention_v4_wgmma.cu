@@ -38,7 +38,11 @@
 //  - Keys past the sequence end in the last tile: their pages are not loaded, and those V rows
 //    are zeroed by the consumers (stale slots may hold NaN, and 0·NaN = NaN).
 // Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
-// Test:  ctest -L gpu -R prefill_attention     Bench: ./build/bench_prefill_attention_gpu
+// Test:  ninja -C build prefill_attention_gpu_test &&
+//        (cd build && ctest -L gpu -R prefill_attention)
+//        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
+// Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
+//        (--kv fp8: e4m3 caches, through the copy of prefill_attention_fp8.cu)
 // Profile: scripts/gpu_prefill_profile.sh (ablations: loads alone, math alone; ncu)
 // Change from v3: wgmma (64-row warpgroup MMAs, operands straight from shared memory, async)
 // instead of mma.sync + ldmatrix; TMA + mbarriers instead of cp.async; warp specialisation
@@ -52,6 +56,9 @@
 // [panel][key][64] V layout for comparison.
 // Not yet (the next rung, RESULTS.md): Q as a register operand (less shared-memory traffic),
 // a TMA store of O.
+// One file for one kernel: PrefillWgmmaKernel's 4 instantiations ({bf16, fp16} × {64, 128}),
+// the device helpers only it uses (work split, wgmma descriptors) and its host launcher (tensor
+// maps, persistent grid); the instructions themselves are kernels/cuda/common/ptx.cuh's.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -60,8 +67,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/ptx.cuh"
 
 namespace llm::cuda::detail {
 namespace {
@@ -94,121 +102,40 @@ struct WgmmaTraits {
                 "setmaxnreg budget");
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits for the phase with parity `parity` to complete. A wait that never ends (a pipeline
-// bug) traps after a few seconds instead of hanging the GPU.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  for (uint32_t i = 0;; ++i) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return;
-    if (i > (1u << 24)) __trap();
-  }
-}
-__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void TmaLoad4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          int c2, int c3, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void TmaLoad4dMulticast(uint32_t dst, const CUtensorMap* map, int c0,
-                                                   int c1, int c2, int c3, uint32_t bar,
-                                                   uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
-      "h"(mask)
-      : "memory");
-}
-// The same box multicast to the CTAs of `mask` in the cluster: each receives it at this CTA-relative
-// shared address and signals its own mbarrier at the same offset.
-__device__ __forceinline__ void TmaLoad3dMulticast(uint32_t dst, const CUtensorMap* map, int c0,
-                                                   int c1, int c2, uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-      : "memory");
-}
-__device__ __forceinline__ uint32_t ClusterCtaRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void ClusterArrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void ClusterWait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrives on the mbarrier at the same offset in CTA `cta` of the cluster.
-__device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-}
-__device__ __forceinline__ void MbarArriveCount(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void NamedBarrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void FenceProxyAsync() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accesses of wgmma accumulators across the async window.
-template <int N>
-__device__ __forceinline__ void FenceRegs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
+// The instructions (kernels/cuda/common/ptx.cuh): cp.async for Q, TMA + mbarriers for K/V,
+// cluster and named barriers, register reallocation, wgmma.
+using ptx::ClusterArrive;
+using ptx::ClusterCtaRank;
+using ptx::ClusterWait;
+using ptx::CpAsync16;
+using ptx::CpAsyncWaitAll;
+using ptx::FastExp2;
+using ptx::FenceProxyAsync;  // generic-proxy shared writes -> later wgmma / TMA reads
+using ptx::FenceRegs;
+using ptx::MbarArrive;
+using ptx::MbarArriveCount;
+using ptx::MbarArriveRemote;
+using ptx::MbarExpectTx;
+using ptx::MbarInit;
+using ptx::MbarInitFence;
+using ptx::MbarWait;  // traps after ~2^24 polls instead of hanging the GPU
+using ptx::NamedBarrier;
+using ptx::NamedBarrierArrive;
+using ptx::SetMaxNRegDec;
+using ptx::SetMaxNRegInc;
+using ptx::SmemAddr;
+using ptx::StoreSharedZero16;
+using ptx::TmaLoad3d;
+using ptx::TmaLoad3dMulticast;
+using ptx::TmaLoad4d;
+using ptx::TmaLoad4dMulticast;
+using ptx::WgmmaCommit;
+using ptx::WgmmaFence;
+using ptx::WgmmaRS128;  // D[64×128] += A (registers) · B (smem, transposed)
+using ptx::WgmmaRS64;   // D[64×64] += A (registers) · B (smem, transposed)
+using ptx::WgmmaSS128;  // D[64×128] (+)= A (smem) · B (smem), both K-major
+using ptx::WgmmaWait;
+
 // Shared-memory matrix descriptor, 128-byte swizzle. K-major operands: 8-row groups SBO apart
 // (LBO unused); N-major (transposed) V: 64-column panels LBO apart, 8-key groups SBO apart.
 __device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -228,122 +155,6 @@ __device__ __forceinline__ DescBase MakeDescBase(uint32_t addr, uint32_t lbo, ui
 }
 __device__ __forceinline__ uint64_t DescAt(DescBase b, uint32_t byte_offset) {
   return (uint64_t(b.hi) << 32) | (b.lo + (byte_offset >> 4));
-}
-
-// ---- wgmma wrappers (generated: 64 or 32 accumulator registers per thread) ----
-// D[64×128] (+)= A[64×16] (smem, K-major) · B[16×128] (smem, K-major), bf16.
-__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t da, uint64_t db, int accumulate,
-                                           __nv_bfloat16) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-// D[64×128] += A[64×16] (registers) · B[16×128] (smem, MN-major: transposed), bf16.
-__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
-                                           __nv_bfloat16) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-// D[64×64] += A[64×16] (registers) · B[16×64] (smem, MN-major: transposed), bf16.
-__device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
-                                          __nv_bfloat16) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-// D[64×128] (+)= A[64×16] (smem, K-major) · B[16×128] (smem, K-major), f16.
-__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t da, uint64_t db, int accumulate,
-                                           __half) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-// D[64×128] += A[64×16] (registers) · B[16×128] (smem, MN-major: transposed), f16.
-__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
-                                           __half) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-// D[64×64] += A[64×16] (registers) · B[16×64] (smem, MN-major: transposed), f16.
-__device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
-                                          __half) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
-      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-      "%28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
 template <typename T, int HD>
@@ -459,7 +270,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       MbarInit(full_v(s), 1);
       MbarInit(empty(s), 2 * 4 * Tr::kConsumers);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    MbarInitFence();
   }
   __syncthreads();
   if (cluster) {  // the peer's barriers are initialised before anything is multicast to them
@@ -471,7 +282,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
 
   if (wg == 0) {  // ---------------- producer ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegs));
+    SetMaxNRegDec<Tr::kProducerRegs>();
     if (threadIdx.x >= 32) return;
     const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
     const int lane = threadIdx.x;
@@ -531,7 +342,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   }
 
   // ---------------- consumers ----------------
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegs));
+  SetMaxNRegInc<Tr::kConsumerRegs>();
   const int w = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g4 = lane / 4, t = lane % 4;
   const uint32_t q_base = sQ + w * 64 * 128;
@@ -679,9 +490,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   };
   auto fence_p = [](uint32_t(&p)[kBc / 16][4]) {  // keep P live until its wgmma is done
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(p[kk][i])::"memory");
+    for (int kk = 0; kk < kBc / 16; ++kk) FenceRegs(p[kk]);
   };
   // One steady-state step: S_j and P_{j-1}·V_{j-1} issued together on this warpgroup's turn.
   // With overlap, the softmax of S_j runs while P_{j-1}·V_{j-1} is still accumulating (two P
@@ -747,7 +556,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
             sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
         CpAsync16(dst, src, ok ? 16 : 0);
       }
-      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      CpAsyncWaitAll();
       FenceProxyAsync();  // generic-proxy writes, read next by wgmma (async proxy)
       NamedBarrier(1 + w, 128);
 #pragma unroll
@@ -789,8 +598,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
                 page_v ? uint32_t(((r >> bs_shift) * Tr::kHalves + h) * bs + (r & (bs - 1))) * 128
                        : h * Tr::kKvHalfBytes + r * 128;
             const uint32_t addr = v_base + row_off + (rem % 8) * 16;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0)
-                         : "memory");
+            StoreSharedZero16(addr);
           }
           FenceProxyAsync();
           NamedBarrier(1 + w, 128);

@@ -1,3 +1,6 @@
+// Host side of cuda_check.h: the CUDA error exception and device discovery. No kernels.
+// Test:  every GPU test calls DeviceAvailable first (ninja -C build && (cd build && ctest -L
+//        gpu)). Bench: none.
 #include "kernels/cuda/common/cuda_check.h"
 
 namespace llm::cuda {

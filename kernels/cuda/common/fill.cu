@@ -1,4 +1,7 @@
 // Dummy-weight initialisation (fill.h): a grid-stride loop, one splitmix64 hash per element.
+// Test:  no kernel test of its own: the CUDA executor's --load-format dummy runs it
+//        (ninja -C build cuda_executor_gpu_test && (cd build && ctest -L gpu -R cuda_executor)).
+// Bench: none (bench_gemm_peak_gpu fills its inputs with it).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -6,6 +9,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/fill.h"
+#include "kernels/cuda/common/vec.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -21,9 +25,9 @@ __device__ __forceinline__ void Store(void* dst, DType dtype, int64_t i, float v
   if (dtype == DType::kF32) {
     static_cast<float*>(dst)[i] = v;
   } else if (dtype == DType::kBF16) {
-    static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(v);
+    static_cast<__nv_bfloat16*>(dst)[i] = vec::FromF32<__nv_bfloat16>(v);
   } else {
-    static_cast<__half*>(dst)[i] = __float2half_rn(v);
+    static_cast<__half*>(dst)[i] = vec::FromF32<__half>(v);
   }
 }
 

@@ -1,10 +1,13 @@
 // Element conversions and 16-byte vector accesses shared by the CUDA kernels of kernels/cuda
-// (model_ops.cu, gemv.cu, the attention kernels): bf16 / fp16 <-> fp32, rounding to nearest
-// even.
+// (model_ops.cu, gemv.cu, rmsnorm.cu, fill.cu, the attention kernels): bf16 / fp16 <-> fp32,
+// rounding to nearest even, one element or a packed pair (the mma operand format), and e4m3 ->
+// fp16 pairs; each defined here once.
+// Test and bench: through their kernels (tests/kernels/*_gpu_test.cc, bench/*_gpu.cu).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -27,6 +30,33 @@ __device__ __forceinline__ T FromF32(float x) {
     return __float2bfloat16_rn(x);
   } else {
     return __float2half_rn(x);
+  }
+}
+
+// Two floats as one packed 32-bit pair of T (low half = first, rounding to nearest even): the
+// mma A / B operand format.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// A packed pair of T as a pair of the mma type M: as is, or (fp8 caches: M = fp16) through
+// fp32, saturated to ±65504 so that no finite value becomes infinite.
+template <typename T, typename M>
+__device__ __forceinline__ uint32_t ToMmaPair(uint32_t x) {
+  if constexpr (std::is_same_v<T, M>) {
+    return x;
+  } else {
+    const T* e = reinterpret_cast<const T*>(&x);
+    constexpr float kMax = 65504.f;
+    return PackPair<M>(fminf(fmaxf(ToF32(e[0]), -kMax), kMax),
+                       fminf(fmaxf(ToF32(e[1]), -kMax), kMax));
   }
 }
 
@@ -88,6 +118,16 @@ __device__ __forceinline__ void E4m3x4ToHalf2x2(uint32_t codes, uint32_t& lo, ui
       " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
       : "=r"(lo), "=r"(hi)
       : "r"(codes));
+}
+
+// Two e4m3 codes (the low two bytes, low byte first) -> their exact fp16 values, packed,
+// through the cuda_fp8.h intrinsic (prefill_attention_v3_mma.cu's tile dequantization). It
+// costs two integer instructions per pair more than E4m3x4ToHalf2x2; v3 still uses it
+// (switching would change v3's code: a change to measure on a GPU, not a refactor).
+__device__ __forceinline__ uint32_t E4m3x2ToHalf2(uint32_t codes) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
 // Rounds x to T and back (what storing to T and reloading gives).

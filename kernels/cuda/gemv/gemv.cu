@@ -4,6 +4,13 @@
 // Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 without spills: the dtype
 // kernels at <= 64 (4 CTAs of 256 per SM; with the RMSNorm prologue <= 80, 3 CTAs: at 64 its
 // RoPE variant spilled), the e4m3 ones at <= 80 (6 CTAs of 128; bench/RESULTS.md).
+// One file for one kernel: GemvKernel's instantiations share the weight formats, the staged
+// loads, the FMA loop, the prologue and the epilogues (device functions of this file only).
+// Test:  the gemv*_gpu_test targets (ninja -C build <them>), then
+//        (cd build && ctest -L gpu -R gemv); the fp8 kRopeAppendKv epilogue: the
+//        kv_fp8*_gpu_test targets, ctest -L gpu -R kv_fp8 (GemvRopeFp8Gpu)
+// Bench: ninja -C build bench_gemm_peak_gpu && ./build/bench_gemm_peak_gpu   (the "gemv" and
+//        "decode_chain" lines)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,6 +23,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemv/gemv.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/fp8.h"
 
@@ -38,14 +46,7 @@ constexpr int kChunk = 8;   // elements of x per 16-byte chunk
 #endif
 static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
-// The weights are read exactly once: stream them past L1.
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+using ptx::LoadStream;  // the weights are read exactly once: stream them past L1
 
 template <typename T>
 __device__ __forceinline__ void Unpack(const uint4& v, float (&f)[kChunk]) {
@@ -151,20 +152,9 @@ __device__ __forceinline__ void LoadStage(Stage& s, const GemvArgs& a, int64_t g
 // the other x loads). With plain loads, which the compiler schedules freely, the e4m3 kernel at
 // n = 1 spills (52 bytes at the 80-register cap: two x chunks per weight chunk); the dtype
 // kernel keeps the plain load (it spills with this one).
-__device__ __forceinline__ uint4 LoadInOrder(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
+using ptx::LoadInOrder;
 // One fp32 value, loaded where the program issues it (volatile: not sunk to its first use).
-__device__ __forceinline__ float LoadF32InOrder(const float* p) {
-  float v;
-  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
+using ptx::LoadF32InOrder;
 
 // The 8 activations of chunk c of token t: x as is, or with the RMSNorm prologue the
 // normalized row the prologue left in shared memory (xs: [n, k / 8] chunks of dtype).

@@ -22,7 +22,13 @@
 //    fast-math intrinsics), then threads stride over (head, pair-chunk) work items: q heads
 //    are rotated into q_out, k heads rotated into the cache slot, v heads copied to it.
 //  - SiluMul: a grid-stride loop over the chunks of [num_tokens, inter].
-// Test: ninja -C build-cuda model_ops_gpu_test && (cd build-cuda && ctest -L gpu -R model_ops)
+// One file for one job, the forward pass's element-wise ops: they share the chunked accesses
+// (vec.cuh at kVec = 8 or 1), the dtype dispatch and the e4m3 rounding (StoreE4m3: the fp8
+// RoPE append, and QuantizeRow, which AddRmsNormE4m3, QuantizeRowsE4m3 and SiluMulE4m3 end in).
+// Test:  ninja -C build model_ops_gpu_test fp8_linear_gpu_test &&
+//        (cd build && ctest -L gpu -R 'model_ops|fp8_linear')   (fp8_linear: the e4m3 outputs)
+//        e4m3 caches (RopeAppendKv): the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
+// Bench: none of its own (memory-bound, each op a small share of a decode step).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

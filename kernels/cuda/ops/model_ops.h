@@ -143,17 +143,18 @@ struct SampleOutputs {
   float* top_logprobs = nullptr;
 };
 
+// How SampleTokens runs; the defaults are production's.
+struct SampleOptions {
+  // The temperature-only draw skips the noise of elements that provably cannot win (exact: the
+  // same tokens). false computes every element's noise: tests compare the two bit for bit.
+  bool has_gumbel_pruning = true;
+};
+
 // logits fp32 [*, vocab] (not modified). `workspace` of SampleWorkspaceBytes(num_rows, vocab)
 // bytes holds the adjusted rows. adjust: device array of LogitAdjust.
 size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab);
 void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* params,
                   int64_t num_rows, const LogitAdjust* adjust, void* workspace,
-                  const SampleOutputs& out, cudaStream_t stream);
-
-namespace detail {
-// Tests only: the temperature-only draw without its exact pruning (every element's noise
-// computed), to compare tokens bit for bit. Process-wide; applies to later SampleTokens calls.
-void SetGumbelPruning(bool on);
-}  // namespace detail
+                  const SampleOutputs& out, cudaStream_t stream, const SampleOptions& options = {});
 
 }  // namespace llm::cuda

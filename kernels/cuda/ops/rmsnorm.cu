@@ -1,10 +1,13 @@
 // RMSNorm: one 256-thread block per token; each thread sums squares over a strided slice,
 // a warp-shuffle + shared-memory reduction gives the row's mean square, then each thread
 // scales its slice. Memory-bound: one read of x, one write of out.
-// Test: ctest -L gpu -R RmsNorm   (tests/kernels/rmsnorm_gpu_test.cc)
+// Not on the engine's path (its AddRmsNorm is model_ops.cu's): kept with its test.
+// Test:  ninja -C build rmsnorm_gpu_test && (cd build && ctest -L gpu -R rmsnorm)
+// Bench: none.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/vec.cuh"
 #include "kernels/cuda/ops/rmsnorm.h"
 
 namespace llm::cuda {
@@ -12,12 +15,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// bf16 elements travel as their bits (uint16_t, the interface's type). The load widens them
+// by a shift (exact, as any bf16 -> fp32); vec::ToF32 would emit cvt.f32.bf16 instead, the
+// same values through different machine code.
 __device__ inline float ToFloat(float v) { return v; }
 __device__ inline float ToFloat(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
 __device__ inline void Store(float* p, float v) { *p = v; }
 __device__ inline void Store(uint16_t* p, float v) {
-  __nv_bfloat16 b = __float2bfloat16_rn(v);
-  *p = *reinterpret_cast<uint16_t*>(&b);
+  *p = __bfloat16_as_ushort(vec::FromF32<__nv_bfloat16>(v));
 }
 
 template <typename T>

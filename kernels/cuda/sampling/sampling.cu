@@ -1,6 +1,9 @@
 // The GPU sampler (interface: kernels/cuda/ops/model_ops.h, SampleTokens). CPU twin and
-// specification: Sampler::Sample in engine/sampler.{h,cc}; same steps in the same order.
-// Test: ninja -C build-cuda sampling_gpu_test && (cd build-cuda && ctest -L gpu -R sampling)
+// specification: Sampler::Sample in engine/sample/sampler.{h,cc}; same steps in the same order.
+// One file for one kernel: SampleKernel and the block reductions, radix searches and filters
+// only it calls.
+// Test:  ninja -C build sampling_gpu_test && (cd build && ctest -L gpu -R sampling)
+// Bench: ninja -C build bench_sampling_gpu && ./build/bench_sampling_gpu
 //
 // One CTA of 1024 threads per sampled row; nothing is sorted. Per row:
 //  1. Rows with LogitAdjust entries: copy pass, logits row -> workspace row (float4 where
@@ -537,7 +540,7 @@ __device__ void TopLogprobs(const float* raw, int vocab, int n, float thread_max
 }
 
 // One CTA per sampled row. workspace: [num_rows, vocab] fp32, the processed rows. prune: the
-// Gumbel draw's exact pruning (false only for tests: detail::SetGumbelPruning).
+// Gumbel draw's exact pruning (SampleOptions::has_gumbel_pruning; false only in tests).
 __global__ void __launch_bounds__(kThreads, 1)
     SampleKernel(const float* __restrict__ logits, int vocab,
                  const SampleRowParams* __restrict__ params, const LogitAdjust* __restrict__ adjust,
@@ -681,13 +684,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-bool g_gumbel_pruning = true;  // detail::SetGumbelPruning (tests)
-
 }  // namespace
-
-namespace detail {
-void SetGumbelPruning(bool on) { g_gumbel_pruning = on; }
-}  // namespace detail
 
 size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab) {
   if (num_rows <= 0 || vocab <= 0) return 0;
@@ -696,14 +693,15 @@ size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab) {
 
 void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* params,
                   int64_t num_rows, const LogitAdjust* adjust, void* workspace,
-                  const SampleOutputs& out, cudaStream_t stream) {
+                  const SampleOutputs& out, cudaStream_t stream,
+                  const SampleOptions& options) {
   if (num_rows <= 0) return;
   if (vocab <= 0 || vocab > INT_MAX / 2) {
     throw std::invalid_argument("SampleTokens: vocab must be in [1, 2^30)");
   }
   SampleKernel<<<unsigned(num_rows), kThreads, 0, stream>>>(
       logits, static_cast<int>(vocab), params, adjust, static_cast<float*>(workspace), out,
-      g_gumbel_pruning);
+      options.has_gumbel_pruning);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 
