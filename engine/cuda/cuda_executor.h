@@ -9,14 +9,14 @@
 //   then the final norm gathers only the rows that need logits, the lm_head GEMM writes fp32
 //   logits, and the GPU sampler returns token ids (and requested logprobs) to the host.
 //   GEMMs: cuBLASLt (engine/cuda/gemm.h); fused ops and sampler: kernels/cuda/ops/model_ops.h;
-//   attention: kernels/cuda/{prefill,decode}_attention.h.
+//   attention: kernels/cuda/attention/{prefill,decode}_attention.h.
 //
 // Tensor parallelism (options.tensor_parallel_size = N > 1; engine/model/tensor_parallel.h): one
-// Impl per GPU 0..N-1 holding its shard (heads, MLP features, KV heads), rank 0 driven by the
-// caller's thread and each other rank by a worker thread of its own. A step is uploaded and
-// validated by rank 0 first, then handed to the workers (the batch broadcast), which upload
-// and enqueue the same step on their GPUs; the ranks meet only on the device, in NCCL: the
-// tokens that async scheduling feeds from rank 0's sampler are broadcast from rank 0, and the
+// worker (engine/cuda/cuda_worker.h) per GPU 0..N-1 holding its shard (heads, MLP features, KV
+// heads), rank 0 driven by the caller's thread and each other rank by a worker thread of its own. A
+// step is uploaded and validated by rank 0 first, then handed to the workers (the batch broadcast),
+// which upload and enqueue the same step on their GPUs; the ranks meet only on the device, in NCCL:
+// the tokens that async scheduling feeds from rank 0's sampler are broadcast from rank 0, and the
 // partial outputs of o_proj and down_proj are all-reduced (fp32, in place on the residual
 // stream: rank 0 adds its partial to the residual, the others store theirs). Rank 0 alone
 // computes the logits and samples. Decode graphs are captured on every rank, NCCL calls
@@ -56,8 +56,9 @@ struct CudaExecutorOptions {
   bool kv_cache_fp8 = false;
   // fp8 KV cache: prefill and mixed steps' attention runs the wgmma kernel over an exact
   // bf16/fp16 copy of the step's prefill pages, made by one memory-bound pass into a scratch
-  // sized at start-up for a maximum-length sequence (kernels/cuda/attention/prefill_attention_fp8.cu),
-  // instead of the mma.sync kernel that reads e4m3 directly (--no-fp8-prefill-wgmma).
+  // sized at start-up for a maximum-length sequence
+  // (kernels/cuda/attention/prefill_attention_fp8.cu), instead of the mma.sync kernel that reads
+  // e4m3 directly (--no-fp8-prefill-wgmma).
   bool fp8_prefill_wgmma = true;
   // The scratch's pages (0: a maximum-length sequence's plus a step's new tokens); tests set it
   // small so that a step's prefill sequences run as several launches.
@@ -65,14 +66,15 @@ struct CudaExecutorOptions {
   // --quantization fp8: the linear layers' weights (q|k|v, o, gate|up, down) become e4m3 codes
   // with one fp32 scale per output row, quantized on the device at load (as
   // cpu::QuantizeFp8Rows, bit for bit at one GPU; tensor parallel, each rank scales the rows of
-  // its own slice, so the column-split o and down get per-rank row scales); activations are quantized per token on the fly (fused
-  // into the RMSNorm and SiLU·mul kernels) and the GEMMs run on cuBLASLt's FP8 path (W8A8,
-  // engine/cuda/gemm.h). Embeddings and lm_head stay dtype. Needs every linear layer's input
-  // width (hidden, q_dim, intermediate per GPU) to be a multiple of 16.
+  // its own slice, so the column-split o and down get per-rank row scales); activations are
+  // quantized per token on the fly (fused into the RMSNorm and SiLU·mul kernels) and the GEMMs run
+  // on cuBLASLt's FP8 path (W8A8, engine/cuda/gemm.h). Embeddings and lm_head stay dtype. Needs
+  // every linear layer's input width (hidden, q_dim, intermediate per GPU) to be a multiple of 16.
   bool fp8_weights = false;
   // fp8: the GEMMs' accumulation on the tensor cores' fast path (CUBLASLT_MATMUL_DESC_FAST_ACCUM,
   // what vLLM's and TensorRT-LLM's FP8 kernels use) rather than cuBLASLt's periodic promotion
-  // to fp32 (its default; --fp8-precise-accum). Accuracy of both: tests/kernels/fp8_linear_gpu_test.
+  // to fp32 (its default; --fp8-precise-accum). Accuracy of both:
+  // tests/kernels/fp8_linear_gpu_test.
   bool fp8_fast_accum = true;
   // cuBLASLt algorithms tuned at start-up (cuda::Gemm::set_tuning): one eager pass per
   // captured decode batch size (above gemv_max_tokens) times the heuristic's candidates for
@@ -128,9 +130,6 @@ struct CudaExecutorOptions {
   // kernel over peer access (kernels/cuda/all_reduce/all_reduce.h) instead of NCCL; vLLM's custom
   // all-reduce. --disable-custom-all-reduce turns it off.
   bool custom_all_reduce = true;
-  // TEST ONLY (cuda_tp_gpu_test): ranks > 0 fail every step whose batch holds this token,
-  // after rank 0 has enqueued its side of the step. -1: never.
-  int test_fail_peer_on_token = -1;
   bool log = true;  // progress and the memory plan on stderr
 };
 
@@ -156,13 +155,28 @@ struct CudaExecutorStats {
   int64_t gemm_tuned_shapes = 0, gemm_retuned_shapes = 0;
 };
 
+// Tensor parallel: told of every step a rank > 0 is about to run, on that rank's worker thread,
+// before the rank uploads or enqueues any of it (rank 0 has handed the step over and enqueues
+// its own side meanwhile). Throwing fails the rank mid-step, as a device fault would: rank 0's
+// next wait sees it, aborts the communicators and fails with FatalExecutorError. Tests inject
+// a failed rank this way (tests/engine/cuda/cuda_tp_gpu_test.cc).
+class PeerStepObserver {
+ public:
+  virtual ~PeerStepObserver() = default;
+  virtual void BeforeStep(int rank, const ForwardBatch& batch) = 0;
+};
+
+struct CudaWorker;  // one rank's device state (engine/cuda/cuda_worker.h)
+
 class CudaExecutor final : public ModelExecutor {
  public:
   // model_path: a Hugging Face model folder; with options.dummy_weights, a folder holding a
   // config.json or a config .json file. Throws llm::Error (bad checkpoint, no GPU, too
   // little memory for the KV cache) with a message naming what is wrong.
-  static std::unique_ptr<CudaExecutor> Create(const std::string& model_path,
-                                              const CudaExecutorOptions& options);
+  // peer_step_observer: see PeerStepObserver (ignored at tensor_parallel_size 1).
+  static std::unique_ptr<CudaExecutor> Create(
+      const std::string& model_path, const CudaExecutorOptions& options,
+      std::shared_ptr<PeerStepObserver> peer_step_observer = nullptr);
   ~CudaExecutor() override;
 
   const ModelConfig& config() const override;
@@ -183,11 +197,9 @@ class CudaExecutor final : public ModelExecutor {
   CudaExecutorStats stats() const;
   void ResetStats();
 
-  struct Impl;
-
  private:
-  explicit CudaExecutor(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit CudaExecutor(std::unique_ptr<CudaWorker> worker);
+  std::unique_ptr<CudaWorker> worker_;  // rank 0 (it drives the other ranks' workers)
 };
 
 // True when the CUDA backend can run here (a device and a driver); otherwise why not.

@@ -14,10 +14,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "engine/cuda/cuda_executor.h"
 #include "engine/engine.h"
 #include "engine/error.h"
+#include "engine/forward_batch.h"
 #include "tests/test_util.h"
 
 namespace llm {
@@ -203,6 +206,22 @@ TEST_F(CudaTpTest, GreedyTokensMatchOneGpuOnLlama3Shape) {
   ExpectSameGreedy(one, two, "llama-3-8b dummy", kTokens);
 }
 
+// Fails every step of a rank > 0 whose batch holds `token` (the executor calls it on that
+// rank's worker thread before the rank runs the step; rank 0 has handed the step over).
+class FailOnToken final : public PeerStepObserver {
+ public:
+  explicit FailOnToken(int token) : token_(token) {}
+  void BeforeStep(int rank, const ForwardBatch& batch) override {
+    if (std::count(batch.token_ids.begin(), batch.token_ids.end(), token_) > 0) {
+      throw Error("test: tensor-parallel rank " + std::to_string(rank) + " fails on token " +
+                  std::to_string(token_));
+    }
+  }
+
+ private:
+  const int token_;
+};
+
 // A rank that fails mid-step (after rank 0 has enqueued its half of the step's collectives)
 // must not leave rank 0 waiting forever: the executor aborts the communicators and the
 // one-shot all-reduce, the step ends with FatalExecutorError, the engine fails the request,
@@ -213,9 +232,9 @@ TEST_F(CudaTpTest, AFailedRankFailsTheEngineWithoutHanging) {
     SCOPED_TRACE(custom ? "peer all-reduce" : "NCCL");
     CudaExecutorOptions o = Options(2);
     o.custom_all_reduce = custom;
-    o.test_fail_peer_on_token = kPoison;
-    auto engine = std::make_unique<Engine>(CudaExecutor::Create(test::StoriesDir(), o),
-                                           test::StoriesTokenizer(), ServerLikeConfig());
+    auto engine = std::make_unique<Engine>(
+        CudaExecutor::Create(test::StoriesDir(), o, std::make_shared<FailOnToken>(kPoison)),
+        test::StoriesTokenizer(), ServerLikeConfig());
     auto drain = [](OutputChannel& ch) {
       std::string error;
       int tokens = 0;

@@ -1,0 +1,266 @@
+// The forward pass of one step on the worker's stream: every layer's kernels (RMSNorm, q|k|v,
+// RoPE + KV append, attention, o, gate|up, SiLU·mul, down) on the GEMV kernel for small steps
+// or cuBLASLt (fp8: W8A8), then the logits of the rows that need them.
+#include <cmath>
+#include <cstdint>
+
+#include "engine/cuda/cuda_worker.h"
+#include "kernels/cuda/attention/prefill_attention.h"
+
+namespace llm {
+
+PagedKvView<void> CudaWorker::Kv(int64_t layer) const {
+  return {k_pool[size_t(layer)], v_pool[size_t(layer)], layout};
+}
+
+void CudaWorker::Attention(int64_t layer, const Shape& s) {
+  cuda::AttentionParams p;
+  const PagedKvView<void> kv = Kv(layer);
+  p.kv = {kv.k, kv.v, kv.layout};
+  p.num_heads = heads;
+  p.scale = 1.f / std::sqrt(float(config.head_dim));
+  p.dtype = dtype;
+  p.kv_format = kv_format;
+  const int64_t nd = s.num_decode;
+  if (nd > 0) {
+    p.q = q;
+    p.out = attn;
+    p.batch = {nd, d_cu, d_ctx, d_tables, s.width};
+    p.max_q_len = 1;
+    p.max_num_keys = s.max_keys_decode;
+    cuda::PagedDecodeAttention(p, s.splits, decode_ws, kDecodeWorkspaceBytes, stream);
+  }
+  if (s.num_seqs > nd) {
+    const int64_t offset = nd * q_dim * int64_t(esize);
+    p.q = static_cast<const std::byte*>(q) + offset;
+    p.out = static_cast<std::byte*>(attn) + offset;
+    p.batch = {s.num_seqs - nd, d_cu_prefill, d_ctx + nd, d_tables + nd * s.width, s.width};
+    p.max_q_len = s.max_q_len;
+    p.max_num_keys = s.max_keys_prefill;
+    if (s.prefill_groups.empty()) {
+      cuda::PagedPrefillAttention(p, stream);
+    }
+    // fp8 KV: v4 over a copy of each group's pages (cu_prefill indexes q from the first
+    // prefill token, so a group keeps q and out and offsets the per-sequence arrays).
+    for (const Shape::PrefillGroup& g : s.prefill_groups) {
+      p.batch = {g.end - g.begin, d_cu_prefill + (g.begin - nd), d_ctx + g.begin,
+                 d_tables + g.begin * s.width, s.width};
+      // A group of one sequence with more pages than the scratch holds runs on the mma.sync
+      // kernel (no scratch), even where the table's slack would hold its pages.
+      const cuda::PrefillScratch scratch{prefill_scratch, prefill_scratch_bytes, g.pages};
+      const bool fits = g.pages <= prefill_scratch_pages;
+      if (cuda::PagedPrefillAttention(p, stream, cuda::PrefillVariant::kBest,
+                                      fits ? &scratch : nullptr) == cuda::PrefillVariant::kWgmma) {
+        ++stats.fp8_prefill_copies;
+      }
+    }
+  }
+}
+
+// One linear layer of a small step on the GEMV kernel (kernels/cuda/gemv/gemv.h); with `norm`,
+// `in` is the fp32 residual and the RMSNorm runs in the GEMV's prologue.
+// fp8: w_scale is the matrix's row scales (e4m3 weights, bf16/fp16 activations).
+cuda::GemvArgs CudaWorker::SmallArgs(cuda::GemvEpilogue epilogue, const void* in, const float* norm,
+                                     const void* w, const float* w_scale, void* out, int64_t n,
+                                     int64_t m, int64_t k) const {
+  cuda::GemvArgs g;
+  g.w_scale = w_scale;
+  g.epilogue = epilogue;
+  g.x = in;
+  g.norm_weight = norm;
+  g.eps = float(config.rms_norm_eps);
+  g.w = w;
+  g.y = out;
+  g.n = n;
+  g.m = m;
+  g.k = k;
+  g.dtype = dtype;
+  return g;
+}
+
+void CudaWorker::SmallLinear(cuda::GemvEpilogue epilogue, const void* in, const float* norm,
+                             const void* w, const float* w_scale, void* out, int64_t n, int64_t m,
+                             int64_t k) {
+  cuda::Gemv(SmallArgs(epilogue, in, norm, w, w_scale, out, n, m, k), stream);
+}
+
+// Moves the RMSNorm of the fp32 residual `resid` (weight `norm`) into g's prologue when the
+// executor's option allows it and the GEMV supports it; false: g still reads `normed`, which
+// a separate AddRmsNorm must write.
+bool CudaWorker::FuseNorm(cuda::GemvArgs& g, const float* resid, const float* norm) const {
+  if (!opt.gemv_norm_prologue) return false;
+  cuda::GemvArgs fused = g;
+  fused.x = resid;
+  fused.norm_weight = norm;
+  if (!cuda::GemvSupports(fused)) return false;
+  g = fused;
+  return true;
+}
+
+// The RMSNorm (weight) of the residual x before GEMV g, which reads `normed`: folded (the
+// GEMV before g wrote `normed` and x's sums of squares: GemvArgs::rms_partials), in g's
+// prologue (FuseNorm), or its own kernel.
+void CudaWorker::NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weight, int64_t n) {
+  if (folded_in) {
+    g.rms_partials = rms_partials;
+    g.rms_num_partials = (hidden + 3) / 4;  // the producer's row groups
+    ++stats.gemv_folded_norms;
+    return;
+  }
+  if (FuseNorm(g, x, weight)) {
+    ++stats.gemv_prologue_norms;
+    return;
+  }
+  cuda::AddRmsNorm(x, nullptr, weight, normed, dtype, nullptr, n, hidden,
+                   float(config.rms_norm_eps), stream);
+}
+
+// g (a residual GEMV) also writes the folded RMSNorm's input for the GEMV after it: `normed`
+// = dtype(weight ⊙ x) and rms_partials (GemvArgs::rms_partials).
+void CudaWorker::FoldInto(cuda::GemvArgs& g, const float* weight) const {
+  g.rms_weight = weight;
+  g.rms_x = normed;
+  g.rms_partials = rms_partials;
+}
+
+bool CudaWorker::SmallStep(int64_t rows) const {
+  return gemv_ok && rows <= std::min<int64_t>(cuda::kGemvMaxTokens, opt.gemv_max_tokens);
+}
+
+// Every kernel of one step, on `stream` (capturable: no sync, no allocation).
+void CudaWorker::RunModel(const Shape& s) {
+  const int64_t n = s.num_tokens;
+  const float eps = float(config.rms_norm_eps);
+  const DType f32 = DType::kF32;
+  // Steps of at most gemv_max_tokens tokens (decode at small batch) run every linear layer
+  // on the GEMV kernel, which streams the weights at close to the copy bandwidth where
+  // cuBLASLt's n = 1 kernels reach 1.5-2 TB/s on 4096-wide matrices; its epilogues carry
+  // RoPE + KV append (q|k|v), the residual add (o, down) and SiLU·mul (gate|up): per layer
+  // RMSNorm, q|k|v, attention, o, RMSNorm, gate|up, down. Two opt-in alternatives for the
+  // RMSNorms, both measured slower on the H200 (bench/RESULTS.md): opt.gemv_fold_norm folds
+  // them into the GEMVs (GemvArgs::rms_partials: o and down also write the next RMSNorm's
+  // input dtype(weight ⊙ x) into `normed` and its sums of squares, gate|up and the next
+  // layer's q|k|v scale their sums by 1 / rms; layer 0's input RMSNorm stays a kernel), and
+  // opt.gemv_norm_prologue normalizes in each GEMV's prologue (FuseNorm). With both, the
+  // fold wins where it applies and the prologue takes layer 0's q|k|v.
+  const bool small = SmallStep(n);
+  using E = cuda::GemvEpilogue;
+  const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&
+                    rms_partials != nullptr;
+  bool folded = false;  // normed and rms_partials hold x's folded RMSNorm for q|k|v
+  cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    if (fp8 && !small) {  // W8A8: the layer's own path
+      RunLayerFp8(i, s);
+      continue;
+    }
+    const Layer& l = layers[size_t(i)];
+    // Small steps: q|k|v, RoPE and the KV append in one GEMV where it takes the head layout.
+    cuda::GemvArgs rope =
+        SmallArgs(E::kRopeAppendKv, normed, nullptr, l.qkv, l.qkv_s, q, n, qkv_dim, hidden);
+    if (small) {
+      const PagedKvView<void> kv = Kv(i);
+      rope.rope = {.positions = d_positions,
+                   .slot_mapping = d_slots,
+                   .inv_freq = inv_freq,
+                   .num_heads = int(heads),
+                   .num_kv_heads = int(kv_heads),
+                   .head_dim = int(config.head_dim),
+                   .layout = kv.layout,
+                   .k_cache = kv.k,
+                   .v_cache = kv.v,
+                   .kv_format = kv_format};
+    }
+    const bool rope_gemv = small && cuda::GemvSupports(rope);
+    // The fold needs both GEMVs of each pair; x always holds the whole residual, so a step
+    // can fall back to the RMSNorm kernel at any layer.
+    const bool fold_here = fold && rope_gemv;
+    if (rope_gemv) {
+      NormBefore(rope, folded && fold_here, l.input_norm, n);
+      cuda::Gemv(rope, stream);
+    } else {
+      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      if (small) {
+        SmallLinear(E::kStore, normed, nullptr, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden);
+      } else {
+        gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
+      }
+      cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(heads), int(kv_heads),
+                         int(config.head_dim), Kv(i), dtype, q, stream, kv_format);
+    }
+    Attention(i, s);
+    // o and down add their output to the residual stream x. Tensor parallel: each rank's is
+    // a partial sum; rank 0 adds its partial to x, the others store theirs in x, and the
+    // all-reduce leaves x + Σ partials on every rank.
+    const bool add = shard.rank == 0;
+    const E residual = add ? E::kAccumulateF32 : E::kStoreF32;
+    if (small) {
+      // o: one CTA per row group, not the persistent wave. The decode attention's CTAs still
+      // hold SM slots when o launches (PDL), so some persistent CTAs would start late with a
+      // full share of rows each: Llama-2-7B batch 1 4.40 ms/token persistent, 3.90 not
+      // (bench/RESULTS.md).
+      cuda::GemvArgs o = SmallArgs(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim);
+      o.waves = 0;
+      if (fold_here) FoldInto(o, l.post_norm);
+      cuda::Gemv(o, stream);
+      AllReduceResidual(n);
+      cuda::GemvArgs gate_up = SmallArgs(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act,
+                                         n, 2 * inter, hidden);
+      NormBefore(gate_up, fold_here, l.post_norm, n);
+      cuda::Gemv(gate_up, stream);
+      cuda::GemvArgs down =
+          SmallArgs(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
+      folded = fold_here && i + 1 < config.num_layers;
+      if (folded) FoldInto(down, layers[size_t(i + 1)].input_norm);
+      cuda::Gemv(down, stream);
+    } else {
+      gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, add, stream);
+      AllReduceResidual(n);
+      cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
+      cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
+      gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, add, stream);
+    }
+    AllReduceResidual(n);
+  }
+  if (s.num_rows == 0 || shard.rank != 0) return;  // rank 0 alone computes logits
+  cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
+                   stream);
+  if (SmallStep(s.num_rows)) {
+    SmallLinear(E::kStoreF32, rows_normed, nullptr, lm_head, nullptr, logits, s.num_rows, vocab,
+                hidden);
+  } else {
+    gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
+                 stream);
+  }
+}
+
+// One layer with fp8 weights (W8A8): each GEMM's input is quantized per token by the kernel
+// that produces it (the RMSNorms and SiLU·mul write e4m3 codes and scales; the attention
+// output takes a quantization pass of its own), and cuBLASLt applies both scale vectors in
+// its FP8 GEMM's epilogue (engine/cuda/gemm.h).
+void CudaWorker::RunLayerFp8(int64_t i, const Shape& s) {
+  const int64_t n = s.num_tokens;
+  const float eps = float(config.rms_norm_eps);
+  const DType f32 = DType::kF32;
+  const Layer& l = layers[size_t(i)];
+  cuda::AddRmsNormE4m3(x, nullptr, l.input_norm, act8, act8_scale, dtype, nullptr, n, hidden, eps,
+                       stream);
+  gemm->LinearFp8(act8, act8_scale, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden, dtype, false, stream);
+  cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(heads), int(kv_heads),
+                     int(config.head_dim), Kv(i), dtype, q, stream, kv_format);
+  Attention(i, s);
+  const bool add = shard.rank == 0;  // tensor parallel: see RunModel
+  cuda::QuantizeRowsE4m3(attn, dtype, n, q_dim, act8, act8_scale, nullptr, stream);
+  gemm->LinearFp8(act8, act8_scale, l.o, l.o_s, x, n, hidden, q_dim, f32, add, stream);
+  AllReduceResidual(n);
+  cuda::AddRmsNormE4m3(x, nullptr, l.post_norm, act8, act8_scale, dtype, nullptr, n, hidden, eps,
+                       stream);
+  gemm->LinearFp8(act8, act8_scale, l.gate_up, l.gate_up_s, gate_up, n, 2 * inter, hidden, dtype,
+                  false, stream);
+  cuda::SiluMulE4m3(gate_up, act8, act8_scale, n, inter, dtype, stream);
+  gemm->LinearFp8(act8, act8_scale, l.down, l.down_s, x, n, hidden, inter, f32, add, stream);
+  AllReduceResidual(n);
+}
+
+}  // namespace llm
