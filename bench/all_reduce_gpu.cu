@@ -1,6 +1,6 @@
 // Tensor parallelism's all-reduce on the GPUs of one process: our one-shot peer-access kernel
-// (kernels/cuda/all_reduce/all_reduce.h) against NCCL's all-reduce, both as CUDA graphs of 64 calls (one
-// batch-1 decode step of a 32-layer model holds 64), and a graph of 64 empty kernels (the
+// (kernels/cuda/all_reduce/all_reduce.h) against NCCL's all-reduce, both as CUDA graphs of 64 calls
+// (one batch-1 decode step of a 32-layer model holds 64), and a graph of 64 empty kernels (the
 // launch floor). Sizes: 1, 8 and 64 tokens of a 4096-wide fp32 residual. Validates the peer
 // kernel's sums against the host first. Prints JSON lines {"kind":"all_reduce",...}.
 //   build/bench_all_reduce_gpu        (needs 2 GPUs with peer access; NCCL when built with it)

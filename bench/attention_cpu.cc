@@ -138,7 +138,7 @@ void Report(const char* kind, const char* variant, const Shape& s, Timing t, dou
   const double work = is_prefill ? 4.0 * num_pairs * s.head_dim * s.num_heads * s.num_seqs
                                  : 2.0 * (s.context + 1) * s.num_kv_heads * s.head_dim *
                                        kv_bytes_per_element * s.num_seqs;  // K and V bytes read
-  const double rate = work / t.best / 1e9;          // GFLOP/s or GB/s
+  const double rate = work / t.best / 1e9;                                 // GFLOP/s or GB/s
   char shape[96];
   std::snprintf(shape, sizeof(shape), "%lldx%lld ctx %lld h %lld/%lld hd %lld",
                 (long long)s.num_seqs, (long long)s.q_len, (long long)s.context,

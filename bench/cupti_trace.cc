@@ -68,9 +68,16 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
       continue;
     }
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    kernels.push_back(Kernel{k->start, k->end, k->graphNodeId, k->graphId, k->streamId,
-                             {k->gridX, k->gridY, k->gridZ}, k->blockX, k->dynamicSharedMemory,
-                             k->registersPerThread, k->name ? k->name : "?"});
+    kernels.push_back(Kernel{k->start,
+                             k->end,
+                             k->graphNodeId,
+                             k->graphId,
+                             k->streamId,
+                             {k->gridX, k->gridY, k->gridZ},
+                             k->blockX,
+                             k->dynamicSharedMemory,
+                             k->registersPerThread,
+                             k->name ? k->name : "?"});
   }
   size_t n = 0;
   Check(cuptiActivityGetNumDroppedRecords(nullptr, 0, &n), "dropped records");

@@ -73,8 +73,8 @@
 
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/attention/attention.h"
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/dtype.h"
@@ -208,13 +208,13 @@ struct Result {
   int ctas;
   float max_err;
   float rel_err;
-  float graph_ms;      // per launch inside a captured graph, PDL off (0 = not measured)
-  float graph_pdl_ms;  // same, PDL on
+  float graph_ms;             // per launch inside a captured graph, PDL off (0 = not measured)
+  float graph_pdl_ms;         // same, PDL on
   float fp8_over_bf16 = 0.f;  // fp8 only: ms / the same variant's bf16 ms (0 = no bf16 run)
 };
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
-int kBlock = 16;  // tokens per KV page (--block-size)
+int kBlock = 16;        // tokens per KV page (--block-size)
 bool g_ragged = false;  // --ragged
 
 // One shape: `sets` disjoint KV sets in one pool, each with its own shuffled block table.
@@ -226,8 +226,8 @@ struct Problem {
   PagedKvLayout layout;
   void* k = nullptr;
   void* v = nullptr;
-  void* q = nullptr;    // [sets, batch, heads, hd]
-  void* out = nullptr;  // [batch, heads, hd]
+  void* q = nullptr;          // [sets, batch, heads, hd]
+  void* out = nullptr;        // [batch, heads, hd]
   int32_t* tables = nullptr;  // [sets, batch, blocks_per_seq]
   int32_t* ctx = nullptr;
   int32_t* cu = nullptr;
@@ -265,8 +265,8 @@ struct Problem {
     std::shuffle(perm.begin(), perm.end(), rng);
     host_tables = perm;  // [sets][batch][blocks_per_seq]
     LLM_CUDA_CHECK(cudaMalloc(&tables, host_tables.size() * 4));
-    LLM_CUDA_CHECK(cudaMemcpy(tables, host_tables.data(), host_tables.size() * 4,
-                              cudaMemcpyHostToDevice));
+    LLM_CUDA_CHECK(
+        cudaMemcpy(tables, host_tables.data(), host_tables.size() * 4, cudaMemcpyHostToDevice));
     std::vector<int32_t> h_ctx(s.batch, s.context - 1), h_cu(s.batch + 1);
     std::mt19937 len_rng(7);
     for (int i = 1; g_ragged && i < s.batch; ++i)
@@ -293,8 +293,8 @@ struct Problem {
     p.q = static_cast<const uint16_t*>(q) + size_t(set) * shape.batch * kHeads * kHeadDim;
     p.out = out;
     p.kv = PagedKvView<const void>{k, v, layout};
-    p.batch = AttentionBatch{shape.batch, cu, ctx, tables + int64_t(set) * shape.batch * blocks_per_seq,
-                             blocks_per_seq};
+    p.batch = AttentionBatch{shape.batch, cu, ctx,
+                             tables + int64_t(set) * shape.batch * blocks_per_seq, blocks_per_seq};
     p.num_heads = kHeads;
     p.scale = 1.f / std::sqrt(float(kHeadDim));
     p.dtype = llm::DType::kBF16;
@@ -350,8 +350,8 @@ struct Problem {
           continue;
         }
         const uint16_t* pool = static_cast<const uint16_t*>(kv == 0 ? k : v);
-        LLM_CUDA_CHECK(cudaMemcpy(tmp.data(), pool + src * bstride, bstride * 2,
-                                  cudaMemcpyDeviceToHost));
+        LLM_CUDA_CHECK(
+            cudaMemcpy(tmp.data(), pool + src * bstride, bstride * 2, cudaMemcpyDeviceToHost));
         float* dst = (kv == 0 ? kf.data() : vf.data()) + b * bstride;
         for (int64_t i = 0; i < bstride; ++i) dst[i] = llm::Bf16ToF32(tmp[i]);
       }
@@ -363,12 +363,13 @@ struct Problem {
     for (size_t i = 0; i < row; ++i) qf[i] = llm::Bf16ToF32(qh[i]);
     AttentionBatch b{1, cu_h.data(), ctx_h.data(), table.data(), n};
     if (fp8) {
-      llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const uint8_t>{kc.data(), vc.data(), small},
-                                     CpuScales(), b, kHeads, 1.f / std::sqrt(float(kHeadDim)),
-                                     ref.data(), 1);
+      llm::cpu::PagedDecodeAttention(
+          qf.data(), PagedKvView<const uint8_t>{kc.data(), vc.data(), small}, CpuScales(), b,
+          kHeads, 1.f / std::sqrt(float(kHeadDim)), ref.data(), 1);
     } else {
-      llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), small},
-                                     b, kHeads, 1.f / std::sqrt(float(kHeadDim)), ref.data(), 1);
+      llm::cpu::PagedDecodeAttention(qf.data(),
+                                     PagedKvView<const float>{kf.data(), vf.data(), small}, b,
+                                     kHeads, 1.f / std::sqrt(float(kHeadDim)), ref.data(), 1);
     }
     float err = 0, mx = 0;
     for (size_t i = 0; i < row; ++i) {
@@ -444,8 +445,17 @@ struct Problem {
     const float g = graphs ? GraphTime(splits, false, 30, 5) : 0.f;
     const float gp = graphs ? GraphTime(splits, true, 30, 5) : 0.f;
     const auto [err, mx] = Check(splits);
-    return Result{variant, fp8, shape, med, bytes / (med * 1e-3) / 1e12, info.num_splits,
-                  info.num_ctas, err, mx > 0 ? err / mx : err, g, gp};
+    return Result{variant,
+                  fp8,
+                  shape,
+                  med,
+                  bytes / (med * 1e-3) / 1e12,
+                  info.num_splits,
+                  info.num_ctas,
+                  err,
+                  mx > 0 ? err / mx : err,
+                  g,
+                  gp};
   }
 };
 
@@ -469,7 +479,8 @@ bool Validate(bool fp8) {
   for (int64_t s = 0; s < ns; ++s) {
     ctx[s] = keys[s] - 1;
     cu[s] = int32_t(s);
-    for (int64_t b = 0; b < (keys[s] + kBlock - 1) / kBlock; ++b) tables[s * maxb + b] = perm[next++];
+    for (int64_t b = 0; b < (keys[s] + kBlock - 1) / kBlock; ++b)
+      tables[s * maxb + b] = perm[next++];
   }
   cu[ns] = int32_t(ns);
   const size_t pool = size_t(layout.pool_elements());
@@ -502,11 +513,13 @@ bool Validate(bool fp8) {
   const float scale = 1.f / std::sqrt(float(kHeadDim));
   AttentionBatch hb{ns, cu.data(), ctx.data(), tables.data(), maxb};
   if (fp8) {
-    llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const uint8_t>{kc.data(), vc.data(), layout},
+    llm::cpu::PagedDecodeAttention(qf.data(),
+                                   PagedKvView<const uint8_t>{kc.data(), vc.data(), layout},
                                    CpuScales(), hb, kHeads, scale, ref.data(), 1);
   } else {
-    llm::cpu::PagedDecodeAttention(qf.data(), PagedKvView<const float>{kf.data(), vf.data(), layout},
-                                   hb, kHeads, scale, ref.data(), 1);
+    llm::cpu::PagedDecodeAttention(qf.data(),
+                                   PagedKvView<const float>{kf.data(), vf.data(), layout}, hb,
+                                   kHeads, scale, ref.data(), 1);
   }
   auto up = [](const auto& h) {
     void* d = nullptr;
@@ -514,7 +527,8 @@ bool Validate(bool fp8) {
     LLM_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(h[0]), cudaMemcpyHostToDevice));
     return d;
   };
-  void *dk = fp8 ? up(kc) : up(kb), *dv = fp8 ? up(vc) : up(vb), *dq = up(qb), *dt = up(tables), *dc = up(ctx), *du = up(cu);
+  void *dk = fp8 ? up(kc) : up(kb), *dv = fp8 ? up(vc) : up(vb), *dq = up(qb), *dt = up(tables),
+       *dc = up(ctx), *du = up(cu);
   void* dout = nullptr;
   LLM_CUDA_CHECK(cudaMalloc(&dout, qb.size() * 2));
   const size_t ws_bytes = llm::cuda::DecodeWorkspaceBytes(ns, kHeads, kHeadDim, 8);
@@ -547,9 +561,13 @@ bool Validate(bool fp8) {
   };
   std::vector<Run> runs = {{Choice::kCta, 1, 0}, {Choice::kCta, 0, 0}, {Choice::kCta, 8, 0}};
   if (fp8) {
-    runs.insert(runs.end(), {{Choice::kAuto, 1, 0}, {Choice::kAuto, 0, 0}, {Choice::kAuto, 8, 0},
-                             {Choice::kWarpItems, 0, 1}, {Choice::kWarpItems, 0, 2},
-                             {Choice::kWarpItemsT, 0, 1}, {Choice::kWarpItemsT, 0, 2}});
+    runs.insert(runs.end(), {{Choice::kAuto, 1, 0},
+                             {Choice::kAuto, 0, 0},
+                             {Choice::kAuto, 8, 0},
+                             {Choice::kWarpItems, 0, 1},
+                             {Choice::kWarpItems, 0, 2},
+                             {Choice::kWarpItemsT, 0, 1},
+                             {Choice::kWarpItemsT, 0, 2}});
   }
   for (const Run& run : runs) {
     LLM_CUDA_CHECK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN poison
@@ -591,7 +609,8 @@ void PrintJson(const Result& r, int sets, double copy_tbs, bool pass, const Resu
   std::printf(
       "JSON {\"kind\":\"decode\",\"variant\":\"%s\",\"batch\":%d,\"context\":%d,"
       "\"num_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"dtype\":\"bf16\",\"kv\":\"%s\","
-      "\"block_size\":%d,\"ms\":%.4f,\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%.3f,\"splits\":%d,"
+      "\"block_size\":%d,\"ms\":%.4f,\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%."
+      "3f,\"splits\":%d,"
       "\"ctas\":%d,\"graph_us\":%.2f,\"graph_pdl_us\":%.2f,"
       "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d%s%s%s}\n",
       r.variant.c_str(), r.shape.batch, r.shape.context, kHeads, kKvHeads, kHeadDim, KvName(r.fp8),
@@ -606,7 +625,7 @@ void PrintJson(const Result& r, int sets, double copy_tbs, bool pass, const Resu
 int main(int argc, char** argv) {
   bool sanitize_small = false;
   std::vector<bool> kvs = {false, true};  // KV formats, in run order: bf16, then fp8
-  std::vector<Shape> shapes = {{1, 4096}, {1, 32768}, {16, 4096},
+  std::vector<Shape> shapes = {{1, 4096},  {1, 32768},  {16, 4096},
                                {64, 4096}, {64, 16384}, {256, 2048}};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--sanitize-small") == 0) {
@@ -647,7 +666,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]] [--kv fp8|bf16|both] [--block-size N] [--ragged]\n",
+                   "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]] [--kv fp8|bf16|both] "
+                   "[--block-size N] [--ragged]\n",
                    argv[0]);
       return 2;
     }
@@ -679,8 +699,8 @@ int main(int argc, char** argv) {
         Choice choice;
         int splits;
       };
-      std::vector<Run> runs = {{"v3", Choice::kCta, 0}, {"v3", Choice::kCta, 1},
-                               {"v3", Choice::kCta, 7}};
+      std::vector<Run> runs = {
+          {"v3", Choice::kCta, 0}, {"v3", Choice::kCta, 1}, {"v3", Choice::kCta, 7}};
       if (fp8) {
         runs.insert(runs.end(), {{"v4-items", Choice::kWarpItems, 0},
                                  {"v4-itemsT", Choice::kWarpItemsT, 0},
@@ -726,9 +746,9 @@ int main(int argc, char** argv) {
       const Result v3 = run("v3", 0);
       // bf16: as before, from the selector; fp8: from the split count v3 actually used (the
       // fp8 config's occupancy differs from the bf16 one DecodeAutoSplits assumes).
-      const bool split = fp8 ? v3.splits > 1
-                             : llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context,
-                                                           kHeadDim, 128) > 1;
+      const bool split =
+          fp8 ? v3.splits > 1
+              : llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context, kHeadDim, 128) > 1;
       if (split) run("v3-nosplit", 1);
       if (fp8) {
         run("auto", 0, llm::cuda::DecodeKernelChoice::kAuto);
@@ -737,9 +757,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\n%-11s %4s %6s %7s %7s %6s %9s %8s %7s %9s %9s %9s %9s\n", "variant", "kv",
-              "batch", "context", "splits", "ctas", "ms", "TB/s", "ratio", "graph_us",
-              "g+pdl_us", "rel_err", "fp8/bf16");
+  std::printf("\n%-11s %4s %6s %7s %7s %6s %9s %8s %7s %9s %9s %9s %9s\n", "variant", "kv", "batch",
+              "context", "splits", "ctas", "ms", "TB/s", "ratio", "graph_us", "g+pdl_us", "rel_err",
+              "fp8/bf16");
   for (const Result& r : results) {
     char vs[16] = "";
     if (r.fp8_over_bf16 > 0) std::snprintf(vs, sizeof(vs), "%.3f", r.fp8_over_bf16);

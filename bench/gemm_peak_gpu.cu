@@ -23,8 +23,8 @@
 #include "engine/cuda/gemm.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/fill.h"
-#include "kernels/cuda/gemv/gemv.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/gemv/gemv.h"
 #include "kernels/cuda/ops/model_ops.h"
 
 namespace {
@@ -213,8 +213,13 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
   // gemv_pdl_per_group: one CTA per row group (the GEMV's grid before it was persistent);
   // the other GEMV rows run the executor's grids (a persistent wave; o one CTA per group).
-  const char* impls[] = {"cublaslt",     "gemv",  "gemv_pdl", "gemv_pdl_norm_prologue",
-                         "gemv_pdl_fp8", "gemv_pdl_per_group", "gemv_pdl_fp8_per_group"};
+  const char* impls[] = {"cublaslt",
+                         "gemv",
+                         "gemv_pdl",
+                         "gemv_pdl_norm_prologue",
+                         "gemv_pdl_fp8",
+                         "gemv_pdl_per_group",
+                         "gemv_pdl_fp8_per_group"};
   for (int impl = 0; impl < 7; ++impl) {
     const bool fp8 = impl == 4 || impl == 6;
     const bool per_group = impl >= 5;

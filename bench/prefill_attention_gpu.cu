@@ -1,5 +1,5 @@
-// Paged prefill attention on the GPU: every rung of kernels/cuda/attention/prefill_attention.h, validated
-// against the CPU reference on a small ragged shape, then timed.
+// Paged prefill attention on the GPU: every rung of kernels/cuda/attention/prefill_attention.h,
+// validated against the CPU reference on a small ragged shape, then timed.
 //
 // Timed shapes (DESIGN.md's attention ceilings use the same): bf16, 16 query heads = 16 KV
 // heads, head_dim 128 and 64, batch × length = 16k tokens for lengths 512 … 16k, causal (and
@@ -17,12 +17,12 @@
 // --reps N (default 10), --kv fp8 (e4m3 pools, scales 1: the codes of the same random values;
 // v3_mma reads them directly, v4_wgmma over a bf16 copy of the pages made by the dequantizing
 // pass, which the timings include; validated against the CPU's fp8 reference).
-#include <cstring>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "kernels/cpu/flash_attention.h"
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 
@@ -124,8 +124,8 @@ struct Problem {
       dk = up(k8.data(), k8.size());
       dv = up(v8.data(), v8.size());
       scratch.num_pages = total_blocks;
-      scratch.bytes = llm::cuda::PrefillFp8ScratchBytes(layout, DType::kBF16, num_seqs,
-                                                        max_blocks, total_blocks);
+      scratch.bytes = llm::cuda::PrefillFp8ScratchBytes(layout, DType::kBF16, num_seqs, max_blocks,
+                                                        total_blocks);
       LLM_CUDA_CHECK(cudaMalloc(&dscratch, scratch.bytes));
       scratch.data = dscratch;
     } else {
@@ -344,8 +344,7 @@ int main(int argc, char** argv) {
             "\"num_heads\":%d,\"head_dim\":%d,\"causal\":%s,\"dtype\":\"bf16\",\"kv\":\"%s\","
             "\"block_size\":%d,\"ms\":%.4f,\"tflops\":%.1f,\"max_err\":%.3e%s}\n",
             name.c_str(), B, L, kHeads, hd, causal ? "true" : "false", fp8 ? "fp8" : "bf16", bs,
-            med, tflops, err,
-            profiling ? ",\"profiling\":true" : "");
+            med, tflops, err, profiling ? ",\"profiling\":true" : "");
         std::fflush(stdout);
       };
       for (PrefillVariant v : variants) {
@@ -353,26 +352,27 @@ int main(int argc, char** argv) {
         time_one(v, llm::cuda::detail::kV4Default, llm::cuda::PrefillVariantName(v), errs[v]);
       }
       if (noncausal_err <= 2e-2f) {  // FLOPs 4·B·H·L²·d: twice the causal count
-        time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Default, "v4_wgmma",
-                 noncausal_err, false, /*causal=*/false);
+        time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Default, "v4_wgmma", noncausal_err,
+                 false, /*causal=*/false);
       }
       // v4 schedule ablations on the long shapes: ping-pong + intra-warpgroup overlap, each
       // alone, and (profiling, wrong output) the production schedule without exp2.
       if (ablations_on && L >= 2048 && errs[PrefillVariant::kWgmma] <= 2e-2f) {
         using namespace llm::cuda::detail;
-        const std::pair<int, const char*> ablations[] = {{0, "v4/pp+ovl"},
-                                                         {kV4NoPingPong, "v4/ovl"},
-                                                         {kV4NoOverlap, "v4/pp"},
-                                                         {kV4Default | kV4SkipExp, "v4/noexp"},
-                                                         {kV4Default | kV4LoadsOnly, "v4/loads"},
-                                                         {kV4Default | kV4ComputeOnly, "v4/compute"},
-                                                         {kV4NoOverlap | kV4ComputeOnly, "v4/pp-compute"},
-                                                         {kV4ComputeOnly, "v4/ppovl-compute"},
-                                                         {kV4Default | kV4NoPersist, "v4/nopersist"},
-                                                         {kV4Default | kV4PanelBoxV, "v4/panelv"},
-                                                         {kV4Default | kV4Cluster, "v4/cluster"},
-                                                         {kV4Cluster, "v4/ppovl-cl"},
-                                                         {kV4Default | kV4LoadsOnly | kV4Cluster, "v4/loads-cl"}};
+        const std::pair<int, const char*> ablations[] = {
+            {0, "v4/pp+ovl"},
+            {kV4NoPingPong, "v4/ovl"},
+            {kV4NoOverlap, "v4/pp"},
+            {kV4Default | kV4SkipExp, "v4/noexp"},
+            {kV4Default | kV4LoadsOnly, "v4/loads"},
+            {kV4Default | kV4ComputeOnly, "v4/compute"},
+            {kV4NoOverlap | kV4ComputeOnly, "v4/pp-compute"},
+            {kV4ComputeOnly, "v4/ppovl-compute"},
+            {kV4Default | kV4NoPersist, "v4/nopersist"},
+            {kV4Default | kV4PanelBoxV, "v4/panelv"},
+            {kV4Default | kV4Cluster, "v4/cluster"},
+            {kV4Cluster, "v4/ppovl-cl"},
+            {kV4Default | kV4LoadsOnly | kV4Cluster, "v4/loads-cl"}};
         for (const auto& [flags, name] : ablations) {
           const bool profiling = flags & (kV4SkipExp | kV4LoadsOnly | kV4ComputeOnly);
           const float err = profiling ? NAN : Validate(PrefillVariant::kWgmma, hd, bs, flags);

@@ -50,14 +50,15 @@ int Run(int reps) {
   LogitAdjust* adjust = nullptr;
   int32_t* tokens = nullptr;
   LLM_CUDA_CHECK(cudaMalloc(&logits, h_logits.size() * sizeof(float)));
-  LLM_CUDA_CHECK(cudaMemcpy(logits, h_logits.data(), h_logits.size() * sizeof(float),
-                            cudaMemcpyHostToDevice));
+  LLM_CUDA_CHECK(
+      cudaMemcpy(logits, h_logits.data(), h_logits.size() * sizeof(float), cudaMemcpyHostToDevice));
   LLM_CUDA_CHECK(cudaMalloc(&workspace, llm::cuda::SampleWorkspaceBytes(max_rows, vocab)));
   LLM_CUDA_CHECK(cudaMalloc(&params, max_rows * sizeof(SampleRowParams)));
   LLM_CUDA_CHECK(cudaMalloc(&adjust, max_rows * sizeof(LogitAdjust)));
   LLM_CUDA_CHECK(cudaMalloc(&tokens, max_rows * sizeof(int32_t)));
   std::vector<LogitAdjust> h_adjust(static_cast<size_t>(max_rows));
-  for (int64_t r = 0; r < max_rows; ++r) h_adjust[size_t(r)] = {int32_t(r * 97 % vocab), 1.f, 1.f, 0.f};
+  for (int64_t r = 0; r < max_rows; ++r)
+    h_adjust[size_t(r)] = {int32_t(r * 97 % vocab), 1.f, 1.f, 0.f};
   LLM_CUDA_CHECK(cudaMemcpy(adjust, h_adjust.data(), h_adjust.size() * sizeof(LogitAdjust),
                             cudaMemcpyHostToDevice));
   cudaEvent_t start, stop;
@@ -93,8 +94,8 @@ int Run(int reps) {
       launch();
       LLM_CUDA_CHECK(cudaDeviceSynchronize());
       std::vector<int32_t> got(static_cast<size_t>(rows));
-      LLM_CUDA_CHECK(cudaMemcpy(got.data(), tokens, got.size() * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost));
+      LLM_CUDA_CHECK(
+          cudaMemcpy(got.data(), tokens, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
       std::set<int32_t> distinct;
       for (int64_t r = 0; r < rows; ++r) {
         const int32_t t = got[size_t(r)];
@@ -114,8 +115,8 @@ int Run(int reps) {
         }
       }
       if (mode.temperature > 0.f && rows >= 128 && distinct.size() < size_t(rows) / 4) {
-        std::fprintf(stderr, "%s rows %lld: only %zu distinct tokens\n", mode.name,
-                     (long long)rows, distinct.size());
+        std::fprintf(stderr, "%s rows %lld: only %zu distinct tokens\n", mode.name, (long long)rows,
+                     distinct.size());
         ++failures;
       }
       for (int i = 0; i < 3; ++i) launch();
@@ -152,7 +153,8 @@ int Run(int reps) {
 int main(int argc, char** argv) {
   int reps = 20;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
   }
   std::string why;
   if (!llm::cuda::DeviceAvailable(&why)) {

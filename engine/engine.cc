@@ -1,10 +1,10 @@
-#include "engine/cpu/cpu_executor.h"
 #include "engine/engine.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <unordered_set>
 
+#include "engine/cpu/cpu_executor.h"
 #include "engine/error.h"
 
 namespace llm {

@@ -12,8 +12,8 @@
 // with finish reason "error", the others go on as if nothing had happened (an out-of-memory
 // step, or one poisoned request, fails that request only). Otherwise (one request, n > 1, a
 // failure only seen when waiting for an asynchronous step) the step's requests end with
-// "error" and their blocks are freed. A FatalExecutorError, or max_consecutive_step_failures failed steps in a
-// row, turns the engine unhealthy for good: every request then fails, AddRequest throws
+// "error" and their blocks are freed. A FatalExecutorError, or max_consecutive_step_failures failed
+// steps in a row, turns the engine unhealthy for good: every request then fails, AddRequest throws
 // EngineUnavailableError, and the front ends report it (HTTP /health 503, gRPC NOT_SERVING)
 // so that an orchestrator restarts the process. An exception from the engine's own code (not
 // the executor's: a bug, host memory exhaustion) cannot be pinned on a step: the engine thread
@@ -35,11 +35,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/sched/block_manager.h"
-#include "engine/executor.h"
 #include "engine/cpu/cpu_model.h"
 #include "engine/cpu/kv_cache.h"
+#include "engine/executor.h"
 #include "engine/request.h"
+#include "engine/sched/block_manager.h"
 #include "engine/sched/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -86,8 +86,8 @@ struct EngineStats {
   int64_t num_preemptions = 0, num_steps = 0;
   int64_t num_prompt_tokens_computed = 0, num_generated_tokens = 0;
   int64_t num_finished_requests = 0;
-  int64_t num_failed_steps = 0;     // steps whose executor call threw
-  int64_t num_failed_requests = 0;  // requests ended with "error" (failed step, unhealthy)
+  int64_t num_failed_steps = 0;      // steps whose executor call threw
+  int64_t num_failed_requests = 0;   // requests ended with "error" (failed step, unhealthy)
   int64_t num_isolated_retries = 0;  // requests of failed steps requeued to run alone
   bool is_healthy = true;
 };
@@ -167,7 +167,7 @@ class Engine {
     std::vector<SampleResult> results;
     std::vector<int64_t> computed_after;  // per chunk: its sequence's computed tokens after it
     std::vector<int64_t> allocations;     // per chunk: its sequence's allocation at launch
-    bool needs_sync = false;  // the next step must not be scheduled before these tokens
+    bool needs_sync = false;              // the next step must not be scheduled before these tokens
   };
   // Runs the executor on `sched` (Launch, or ForwardAndSample when synchronous). False when
   // it threw: the steps in flight are finished first, then this step fails (FailStep).

@@ -86,8 +86,8 @@ void Engine::FailStep(const SchedulerOutput& sched, std::exception_ptr error, bo
       return std::find(retried.begin(), retried.end(), r) != retried.end();
     });
   }
-  Log("step failed (" + std::to_string(failed.size() + retried.size()) + " requests: " +
-      DescribeRequests(failed.empty() ? retried : failed) + "; " +
+  Log("step failed (" + std::to_string(failed.size() + retried.size()) +
+      " requests: " + DescribeRequests(failed.empty() ? retried : failed) + "; " +
       std::to_string(sched.num_batched_tokens) + " tokens" + (is_fatal ? "; fatal" : "") +
       "): " + what +
       (retried.empty() ? std::string()

@@ -19,15 +19,14 @@ std::vector<SampleResult> ModelExecutor::ForwardAndSample(const ForwardBatch& ba
 }
 
 ForwardBatch ModelExecutor::ResolveFedTokens(const ForwardBatch& batch,
-                                              std::span<const int> previous) {
+                                             std::span<const int> previous) {
   ForwardBatch fed = batch;
   for (size_t t = 0; t < fed.prev_sample_rows.size(); ++t) {
     const int32_t row = fed.prev_sample_rows[t];
     if (row < 0) continue;
     if (static_cast<size_t>(row) >= previous.size()) {
-      throw std::logic_error("ForwardBatch: token " + std::to_string(t) +
-                             " is fed from task " + std::to_string(row) +
-                             " of the previous step, which sampled " +
+      throw std::logic_error("ForwardBatch: token " + std::to_string(t) + " is fed from task " +
+                             std::to_string(row) + " of the previous step, which sampled " +
                              std::to_string(previous.size()) + " tokens");
     }
     fed.token_ids[t] = previous[static_cast<size_t>(row)];
@@ -40,8 +39,9 @@ StepHandle ModelExecutor::Launch(const ForwardBatch& batch, std::span<const Samp
   const int64_t id = next_step_id_++;
   std::vector<SampleResult> results;
   try {
-    results = batch.has_fed_tokens() ? ForwardAndSample(ResolveFedTokens(batch, last_tokens_), tasks)
-                                     : ForwardAndSample(batch, tasks);
+    results = batch.has_fed_tokens()
+                  ? ForwardAndSample(ResolveFedTokens(batch, last_tokens_), tasks)
+                  : ForwardAndSample(batch, tasks);
   } catch (...) {
     last_tokens_.clear();  // nothing may be fed from a step that failed
     throw;

@@ -16,8 +16,8 @@
 
 #include "engine/forward_batch.h"
 #include "engine/model/model_config.h"
-#include "engine/sched/block_manager.h"
 #include "engine/sample/sampler.h"
+#include "engine/sched/block_manager.h"
 
 namespace llm {
 
@@ -43,9 +43,9 @@ struct StepHandle {
   int64_t id = -1;
 };
 
-// A step (CopyBlocks, Forward, ForwardAndSample, Launch, Wait) may throw: the engine survives it. What the
-// step was writing into the KV cache is then treated as garbage (its blocks are never offered
-// to the prefix cache), and its requests end with finish reason "error".
+// A step (CopyBlocks, Forward, ForwardAndSample, Launch, Wait) may throw: the engine survives it.
+// What the step was writing into the KV cache is then treated as garbage (its blocks are never
+// offered to the prefix cache), and its requests end with finish reason "error".
 class ModelExecutor {
  public:
   virtual ~ModelExecutor() = default;

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/sched/block_manager.h"
 #include "engine/request.h"
 #include "engine/sample/sampler.h"
+#include "engine/sched/block_manager.h"
 #include "engine/stop_strings.h"
 #include "engine/tokenizer/tokenizer.h"
 

@@ -12,9 +12,7 @@ namespace llm {
 // only, each matrix row with its own fp32 scale: cpu::WeightMatrix::scales).
 enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3 };
 
-constexpr size_t DTypeSize(DType t) {
-  return t == DType::kF32 ? 4 : t == DType::kF8E4M3 ? 1 : 2;
-}
+constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : t == DType::kF8E4M3 ? 1 : 2; }
 
 // The names safetensors uses ("F32", "F16", "BF16", "F8_E4M3").
 constexpr std::string_view DTypeName(DType t) {

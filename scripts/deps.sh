@@ -30,6 +30,7 @@ for g in $groups; do
         chromium              # the chat page's browser test (headless, driven by playwright-core)
         python3-matplotlib    # bench/plot_bench_serve.py (latency against load, bench_serve test)
         python3-munkres       # fonttools' alternative to scipy: keeps 45 MB of scipy/pythran out
+        clang-format          # scripts/check_format.sh (the ctest clang_format)
       )
       # The openai npm package test needs node and npm (a base image may already have them).
       command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)

@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "engine/error.h"
 #include "engine/cpu/cpu_model.h"
+#include "engine/error.h"
 #include "engine/loader/make_model.h"
 #include "engine/tokenizer/tokenizer.h"
 

@@ -1,8 +1,8 @@
 #include "engine/chat/chat_template.h"
 
-#include "engine/error.h"
 #include "engine/chat/jinja_ast.h"
 #include "engine/chat/jinja_eval.h"
+#include "engine/error.h"
 
 namespace llm {
 

@@ -4,8 +4,8 @@
 #include <cctype>
 #include <string_view>
 
-#include "engine/error.h"
 #include "engine/chat/jinja_ast.h"
+#include "engine/error.h"
 
 namespace llm::jinja {
 namespace {

@@ -1,8 +1,8 @@
 // The chat-template parser: recursive descent over the lexer's tokens, with Jinja2's operator
 // precedence (or < and < not < comparisons < + - < ~ < * / // % < ** < unary < filters, tests
 // and postfix access). Unsupported statements fail here, at start-up, with line and column.
-#include "engine/error.h"
 #include "engine/chat/jinja_ast.h"
+#include "engine/error.h"
 
 namespace llm::jinja {
 namespace {

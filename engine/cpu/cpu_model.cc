@@ -5,11 +5,11 @@
 #include <numbers>
 #include <stdexcept>
 
-#include "engine/loader/checkpoint_check.h"
-#include "engine/model/architecture.h"
-#include "engine/error.h"
 #include "engine/cpu/kv_cache.h"
+#include "engine/error.h"
+#include "engine/loader/checkpoint_check.h"
 #include "engine/loader/safetensors.h"
+#include "engine/model/architecture.h"
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cpu/ops.h"
 
@@ -82,8 +82,7 @@ std::vector<float> CpuModel::Vector(const std::string& name, int64_t size) {
   return out;
 }
 
-std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir,
-                                         const LoadOptions& options) {
+std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const LoadOptions& options) {
   std::unique_ptr<CpuModel> m(new CpuModel());
   m->config_ = ModelConfig::Load(model_dir);
   const ArchitectureSpec& spec = ArchitectureOf(m->config_);
@@ -109,8 +108,8 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir,
     if (w.cols == Dim::kNone) {
       *m->VectorOf(w.role, layer) = m->Vector(name, shape[0]);
     } else {
-      *m->MatrixOf(w.role, layer) = w.is_linear ? m->LinearMatrix(name, shape)
-                                                : m->Matrix(name, shape);
+      *m->MatrixOf(w.role, layer) =
+          w.is_linear ? m->LinearMatrix(name, shape) : m->Matrix(name, shape);
     }
   };
   for (const WeightSpec& w : spec.weights) {
@@ -182,7 +181,7 @@ int64_t CpuModel::weight_bytes_per_token() const {
 }
 
 void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
-                           const ForwardBatch& batch, KvCachePool& kv) const {
+                         const ForwardBatch& batch, KvCachePool& kv) const {
   const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens();
   const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
@@ -242,8 +241,7 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
   cpu::Linear(attn.data(), layer.o, out, n);
 }
 
-void CpuModel::Mlp(const Layer& layer, const float* normed, float* out,
-                     int64_t num_tokens) const {
+void CpuModel::Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const {
   const int64_t inter = config_.intermediate_size;
   std::vector<float> gate(static_cast<size_t>(num_tokens * inter));
   std::vector<float> up(static_cast<size_t>(num_tokens * inter));

@@ -49,7 +49,7 @@ class CpuModel {
   // Reads config.json, validates every tensor of the checkpoint (names and shapes) and
   // prepares the weights. Throws llm::Error naming the file and tensor at fault.
   static std::unique_ptr<CpuModel> Load(const std::string& model_dir,
-                                          const LoadOptions& options = {});
+                                        const LoadOptions& options = {});
   ~CpuModel();
 
   const ModelConfig& config() const { return config_; }
@@ -86,7 +86,7 @@ class CpuModel {
   DType weight_dtype_ = DType::kF32;
   bool fp8_weights_ = false;
   std::unique_ptr<Checkpoint> checkpoint_;
-  std::vector<std::vector<uint8_t>> owned8_;  // FP8 codes (fp8_weights_; scales in owned32_)
+  std::vector<std::vector<uint8_t>> owned8_;    // FP8 codes (fp8_weights_; scales in owned32_)
   std::vector<std::vector<uint16_t>> owned16_;  // converted weights (when not as stored)
   std::vector<std::vector<float>> owned32_;
   cpu::WeightMatrix embed_, lm_head_;

@@ -9,9 +9,8 @@
 
 namespace llm {
 
-GenerateResult Generate(const CpuModel& model, const Tokenizer& tokenizer,
-                        std::string_view prompt, const GenerateOptions& options,
-                        const TextCallback& on_text) {
+GenerateResult Generate(const CpuModel& model, const Tokenizer& tokenizer, std::string_view prompt,
+                        const GenerateOptions& options, const TextCallback& on_text) {
   const std::vector<int> ids = tokenizer.EncodePrompt(prompt);
   return GenerateFromIds(model, tokenizer, ids, options, on_text);
 }

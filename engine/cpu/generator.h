@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/cpu/kv_cache.h"
 #include "engine/cpu/cpu_model.h"
+#include "engine/cpu/kv_cache.h"
 #include "engine/sample/sampler.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -35,9 +35,8 @@ struct GenerateResult {
 using TextCallback = std::function<void(std::string_view delta)>;
 
 // Tokenizes `prompt` as the tokenizer config says (BOS etc.) and generates.
-GenerateResult Generate(const CpuModel& model, const Tokenizer& tokenizer,
-                        std::string_view prompt, const GenerateOptions& options,
-                        const TextCallback& on_text = {});
+GenerateResult Generate(const CpuModel& model, const Tokenizer& tokenizer, std::string_view prompt,
+                        const GenerateOptions& options, const TextCallback& on_text = {});
 
 // The same from token ids.
 GenerateResult GenerateFromIds(const CpuModel& model, const Tokenizer& tokenizer,

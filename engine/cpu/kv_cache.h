@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/sched/block_manager.h"
 #include "engine/model/model_config.h"
+#include "engine/sched/block_manager.h"
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/paged_kv.h"
 

@@ -7,9 +7,9 @@
 #include <span>
 #include <vector>
 
-#include "engine/sched/block_manager.h"
-#include "engine/cpu/kv_cache.h"
 #include "engine/cpu/cpu_model.h"
+#include "engine/cpu/kv_cache.h"
+#include "engine/sched/block_manager.h"
 
 namespace llm {
 

@@ -96,8 +96,8 @@ Gemm::Plan& Gemm::GetPlan(const Key& key) {
         "set workspace");
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      handle_, p.op, p.a, p.b, p.c, p.c, pref, kTuneCandidates, results, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref,
+                                                           kTuneCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     throw std::runtime_error("cuBLASLt: no algorithm for GEMM n=" + std::to_string(n) +

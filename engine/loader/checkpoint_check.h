@@ -2,9 +2,9 @@
 // used: a wrong shape found here is a clear error instead of an out-of-bounds read later.
 #pragma once
 
+#include "engine/loader/safetensors.h"
 #include "engine/model/architecture.h"
 #include "engine/model/model_config.h"
-#include "engine/loader/safetensors.h"
 
 namespace llm {
 

@@ -10,11 +10,10 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/model/architecture.h"
 #include "engine/loader/json_file.h"
+#include "engine/loader/safetensors.h"
 #include "engine/model/architecture.h"
 #include "engine/model/model_config.h"
-#include "engine/loader/safetensors.h"
 
 namespace llm {
 namespace {

@@ -101,7 +101,8 @@ std::string_view ModelTypeOf(std::string_view hf_class) {
 }
 
 std::string SupportedArchitectures() {
-  return JoinClasses([](const ArchitectureSpec::HfClass& c) { return std::string(c.architecture); });
+  return JoinClasses(
+      [](const ArchitectureSpec::HfClass& c) { return std::string(c.architecture); });
 }
 
 std::string SupportedModelTypes() {
@@ -111,8 +112,8 @@ std::string SupportedModelTypes() {
 const ArchitectureSpec& ArchitectureOf(const ModelConfig& config) {
   const ArchitectureSpec* spec = FindArchitecture(config.architecture);
   if (spec == nullptr) {
-    throw Error("architecture '" + config.architecture + "' is not registered (supported: " +
-                SupportedArchitectures() + ")");
+    throw Error("architecture '" + config.architecture +
+                "' is not registered (supported: " + SupportedArchitectures() + ")");
   }
   return *spec;
 }
@@ -207,8 +208,8 @@ void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& sp
                 " has no sliding-window attention yet (set it to null to attend to every "
                 "token, which changes the model's output past the window)");
   }
-  const std::string arch = "architecture " + config.architecture + " (" + std::string(spec.name) +
-                           ") needs ";
+  const std::string arch =
+      "architecture " + config.architecture + " (" + std::string(spec.name) + ") needs ";
   if (spec.features.attention_bias && !backend.attention_bias) {
     throw Error(arch + "attention biases (attention_bias), which " + where + " does not implement");
   }

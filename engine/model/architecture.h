@@ -49,11 +49,11 @@ enum class FusedSlot { kNone, kQkv, kGateUp };
 // Which part of a weight a tensor-parallel rank holds (engine/model/tensor_parallel.h).
 enum class TpSplit {
   kReplicated,
-  kQHeadRows,          // rows by query heads (q_proj)
-  kKvHeadRows,         // rows by KV heads (k_proj, v_proj)
-  kQHeadCols,          // columns by query heads (o_proj)
-  kIntermediateRows,   // rows by MLP features (gate_proj, up_proj)
-  kIntermediateCols,   // columns by MLP features (down_proj)
+  kQHeadRows,         // rows by query heads (q_proj)
+  kKvHeadRows,        // rows by KV heads (k_proj, v_proj)
+  kQHeadCols,         // columns by query heads (o_proj)
+  kIntermediateRows,  // rows by MLP features (gate_proj, up_proj)
+  kIntermediateCols,  // columns by MLP features (down_proj)
 };
 
 struct WeightSpec {

@@ -1,6 +1,7 @@
 // Tensor parallelism (Megatron-LM style) of a decoder over `size` GPUs of one host: which
-// part of each weight a rank holds (each weight's TpSplit is in the architecture registry). Host-only, so the CPU tests check the split's arithmetic;
-// the CUDA executor (engine/cuda/cuda_executor.cc) loads and runs the shards.
+// part of each weight a rank holds (each weight's TpSplit is in the architecture registry).
+// Host-only, so the CPU tests check the split's arithmetic; the CUDA executor
+// (engine/cuda/cuda_executor.cc) loads and runs the shards.
 //
 //   attention: q/k/v projections split by rows = by heads (rank r holds query heads
 //              [r·H/N, (r+1)·H/N) and KV heads [r·KV/N, (r+1)·KV/N), so every query head's KV
@@ -29,7 +30,6 @@ namespace llm {
 struct TpSlice {
   int64_t row_begin = 0, num_rows = 0, col_begin = 0, num_cols = 0;
 };
-
 
 struct TensorParallelShard {
   int rank = 0;

@@ -197,7 +197,8 @@ void Sampler::AppendAdjustments(int64_t vocab, std::vector<TokenAdjust>* out) co
   };
   for (const auto& [id, bias] : params_.logit_bias) entry(id, "logit_bias").bias = bias;
   if (params_.repetition_penalty != 1.0) {
-    for (int id : seen_) entry(id, "seen").repetition = static_cast<float>(params_.repetition_penalty);
+    for (int id : seen_)
+      entry(id, "seen").repetition = static_cast<float>(params_.repetition_penalty);
   }
   if (params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) {
     for (const auto& [id, count] : output_counts_) {

@@ -79,9 +79,7 @@ class Scheduler {
   // Admits `seq` (already out of the queue): blocks for all its tokens, its first chunk.
   void Start(Sequence* seq, SchedulerOutput* out, int64_t* budget);
   // Whether `seq` may be scheduled this step (all, or only the isolated request's).
-  bool Eligible(const Sequence* seq) const {
-    return focus_ == nullptr || seq->request == focus_;
-  }
+  bool Eligible(const Sequence* seq) const { return focus_ == nullptr || seq->request == focus_; }
   void Preempt(Sequence* seq, SchedulerOutput* out);
   Sequence* PickVictim(const SchedulerOutput& out) const;
 

@@ -233,12 +233,14 @@ void LinearRows(const float* x, const WeightMatrix& w, float* y, int64_t num_tok
       const int64_t cols = w.cols, n = row_end - row_begin;
       wide.resize(static_cast<size_t>(n * cols));
       const uint8_t* q = static_cast<const uint8_t*>(w.data);
-      for (int64_t r = 0; r < n; ++r) WidenFp8Row(q + (row_begin + r) * cols, cols, &wide[r * cols]);
+      for (int64_t r = 0; r < n; ++r)
+        WidenFp8Row(q + (row_begin + r) * cols, cols, &wide[r * cols]);
       for (int64_t t = 0; t < num_tokens; ++t) {
         const float* xt = x + t * cols;
         float* yt = y + t * w.rows;
         for (int64_t r = 0; r < n; ++r) {
-          yt[row_begin + r] = RowDotFp8(xt, Fp8Widened{&wide[r * cols]}, cols, w.scales[row_begin + r]);
+          yt[row_begin + r] =
+              RowDotFp8(xt, Fp8Widened{&wide[r * cols]}, cols, w.scales[row_begin + r]);
         }
       }
       return;
@@ -298,8 +300,7 @@ void LoadRow(const WeightMatrix& w, int64_t row, float* out) {
   }
 }
 
-bool QuantizeFp8Rows(const float* src, int64_t rows, int64_t cols, uint8_t* codes,
-                     float* scales) {
+bool QuantizeFp8Rows(const float* src, int64_t rows, int64_t cols, uint8_t* codes, float* scales) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * cols;
     float amax = 0.f;

@@ -36,8 +36,7 @@ struct WeightMatrix {
 // code of w / scale, rounded to nearest even. `src` is [rows, cols] fp32; writes rows·cols
 // codes and `rows` scales. Returns false (writing nothing useful) if a weight is NaN or
 // infinite: the caller names the tensor.
-bool QuantizeFp8Rows(const float* src, int64_t rows, int64_t cols, uint8_t* codes,
-                     float* scales);
+bool QuantizeFp8Rows(const float* src, int64_t rows, int64_t cols, uint8_t* codes, float* scales);
 
 void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens);
 

@@ -115,8 +115,9 @@ LoadOptions CpuLoadOptions(const BackendFlags& f) {
 void CheckCpuFlags(const BackendFlags& f) {
   if (f.load_format == "dummy") throw Error("--load-format dummy needs --device cuda");
   if (f.fp8_precise_accum) {
-    throw Error("--fp8-precise-accum applies to --device cuda --quantization fp8 (the CPU's fp8 "
-                "weights accumulate in fp32)");
+    throw Error(
+        "--fp8-precise-accum applies to --device cuda --quantization fp8 (the CPU's fp8 "
+        "weights accumulate in fp32)");
   }
   if (f.tensor_parallel_size > 1) throw Error("--tensor-parallel-size needs --device cuda");
 }
@@ -180,10 +181,11 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
 }
 #endif
 
-// TEST-ONLY hook, for tests that run the real `llm` binary (tests/server/cli/serve_process_test.cc):
-// LLM_TEST_FAIL_FORWARD_ON_TOKEN=<id> wraps the executor so that every step whose batch holds
-// token <id> throws (as a step that ran out of memory would); LLM_TEST_FAIL_FORWARD_FATAL=1
-// makes those failures fatal (as a sticky CUDA error is). Unset, nothing changes.
+// TEST-ONLY hook, for tests that run the real `llm` binary
+// (tests/server/cli/serve_process_test.cc): LLM_TEST_FAIL_FORWARD_ON_TOKEN=<id> wraps the executor
+// so that every step whose batch holds token <id> throws (as a step that ran out of memory would);
+// LLM_TEST_FAIL_FORWARD_FATAL=1 makes those failures fatal (as a sticky CUDA error is). Unset,
+// nothing changes.
 void InjectTestFaults(Backend* b) {
   const char* token = std::getenv("LLM_TEST_FAIL_FORWARD_ON_TOKEN");
   if (token == nullptr || *token == '\0') return;

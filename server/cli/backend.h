@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 
+#include "engine/cpu/cpu_model.h"
 #include "engine/engine.h"
 #include "engine/executor.h"
-#include "engine/cpu/cpu_model.h"
 
 namespace llm::cli {
 
@@ -20,19 +20,19 @@ struct BackendFlags {
   std::string dtype = "auto";   // cpu: weights as stored / f32 / bf16 / f16; cuda: bf16 / f16
   std::string load_format = "auto";
   double gpu_memory_utilization = 0.90;
-  bool enforce_eager = false;   // no CUDA graphs
-  int64_t gemv_max_tokens = 8;  // cuda: steps up to this many tokens use the GEMV kernel
+  bool enforce_eager = false;              // no CUDA graphs
+  int64_t gemv_max_tokens = 8;             // cuda: steps up to this many tokens use the GEMV kernel
   int64_t decode_min_tiles_per_split = 1;  // cuda: the decode attention's split selector
-  bool packed_step_inputs = true;  // cuda: one packed host-to-device copy per step
-  bool fp8_prefill_wgmma = true;   // cuda, fp8 KV: prefill on wgmma over a bf16 copy of pages
-  bool gemm_autotune = false;      // cuda: time cuBLASLt's candidate algorithms at start-up
-  bool disable_pdl = false;     // cuda: no programmatic dependent launch
+  bool packed_step_inputs = true;          // cuda: one packed host-to-device copy per step
+  bool fp8_prefill_wgmma = true;    // cuda, fp8 KV: prefill on wgmma over a bf16 copy of pages
+  bool gemm_autotune = false;       // cuda: time cuBLASLt's candidate algorithms at start-up
+  bool disable_pdl = false;         // cuda: no programmatic dependent launch
   bool gemv_norm_prologue = false;  // cuda: RMSNorm in the GEMV's prologue on GEMV steps
-  bool gemv_fold_norm = false;  // cuda: the RMSNorms folded into the GEMVs around them
-  bool fp8_precise_accum = false;  // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
+  bool gemv_fold_norm = false;      // cuda: the RMSNorms folded into the GEMVs around them
+  bool fp8_precise_accum = false;   // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
   uint64_t dummy_seed = 0;
-  int tensor_parallel_size = 1;  // cuda: GPUs 0..N-1, one shard each over NCCL
-  std::string kv_cache_dtype = "auto";  // auto (cpu f32, cuda the model dtype) or fp8 (cpu)
+  int tensor_parallel_size = 1;            // cuda: GPUs 0..N-1, one shard each over NCCL
+  std::string kv_cache_dtype = "auto";     // auto (cpu f32, cuda the model dtype) or fp8 (cpu)
   bool disable_custom_all_reduce = false;  // cuda, N > 1: NCCL for every all-reduce
   std::string quantization = "none";       // none, or fp8: FP8 e4m3 linear weights
   // vLLM's --async-scheduling: schedule step N+1 while step N runs (EngineConfig).

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/cpu_model.h"
 #include "engine/engine.h"
 #include "engine/error.h"
-#include "engine/cpu/cpu_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/cli/backend.h"
 #include "server/cli/commands.h"
@@ -82,7 +82,7 @@ int RunBench(const BenchFlags& f) {
   config.max_num_seqs = f.max_num_seqs;
   config.max_num_batched_tokens = f.max_num_batched_tokens;
   Backend backend = MakeBackend(f.model_dir, f.backend, &config);
-  const std::string tok_dir = !f.tokenizer_dir.empty()             ? f.tokenizer_dir
+  const std::string tok_dir = !f.tokenizer_dir.empty()           ? f.tokenizer_dir
                               : f.backend.load_format == "dummy" ? DefaultModelDir()
                                                                  : f.model_dir;
   auto tokenizer = Tokenizer::Load(tok_dir);
@@ -128,7 +128,8 @@ int RunBench(const BenchFlags& f) {
   std::FILE* ids_file = nullptr;
   if (!f.output_ids_path.empty()) {
     ids_file = std::fopen(f.output_ids_path.c_str(), "w");
-    if (ids_file == nullptr) throw llm::Error("cannot write --output-ids file " + f.output_ids_path);
+    if (ids_file == nullptr)
+      throw llm::Error("cannot write --output-ids file " + f.output_ids_path);
   }
   for (auto& ch : channels) {
     RequestOutput out;

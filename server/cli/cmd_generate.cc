@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include "engine/error.h"
-#include "engine/cpu/generator.h"
 #include "engine/cpu/cpu_model.h"
+#include "engine/cpu/generator.h"
+#include "engine/error.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/cli/backend.h"
 #include "server/cli/commands.h"

@@ -16,9 +16,9 @@
 #include <fstream>
 #include <thread>
 
+#include "engine/cpu/cpu_model.h"
 #include "engine/engine.h"
 #include "engine/error.h"
-#include "engine/cpu/cpu_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/cli/backend.h"
 #include "server/cli/commands.h"

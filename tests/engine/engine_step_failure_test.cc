@@ -187,9 +187,9 @@ TEST_P(EngineStepFailureTest, IsolationFailsOnlyTheRequestThatFailsAlone) {
 // A transient failure (one out-of-memory step holding four requests, then none): every
 // request is retried alone once and completes with a fresh engine's tokens; nobody fails.
 TEST_P(EngineStepFailureTest, IsolationTurnsATransientFailureIntoNoFailure) {
-  auto engine = FaultyEngine(
-      {.fail_steps = {1}, .max_failures = 1, .kind = FaultPlan::Kind::kBadAlloc},
-      {.max_num_batched_tokens = 64, .max_num_seqs = 4});
+  auto engine =
+      FaultyEngine({.fail_steps = {1}, .max_failures = 1, .kind = FaultPlan::Kind::kBadAlloc},
+                   {.max_num_batched_tokens = 64, .max_num_seqs = 4});
   const char* openings[] = {"Once upon a time", "The little dog", "Tom had a", "Lily saw"};
   std::vector<Request> requests;
   std::vector<std::shared_ptr<OutputChannel>> channels;
@@ -383,9 +383,9 @@ TEST_P(EngineStepFailureTest, IsolationRetryKeepsSeededDrawStreams) {
 TEST_P(EngineStepFailureTest, IsolationEndsOnlyAfterTheRequestSampledAlone) {
   // Prefix caching off: otherwise the retried prompt's clean first chunk comes from the cache
   // and its lone step is the poisoned one anyway.
-  auto engine = FaultyEngine({.fail_on_token = kPoison}, {.max_num_batched_tokens = 16,
-                                                          .max_num_seqs = 2,
-                                                          .enable_prefix_caching = false});
+  auto engine = FaultyEngine(
+      {.fail_on_token = kPoison},
+      {.max_num_batched_tokens = 16, .max_num_seqs = 2, .enable_prefix_caching = false});
   // A prompt longer than one chunk ending in the poison: its first chunk is clean, the
   // sampling chunk holds the poison.
   std::vector<int> long_prompt = Prompt("Once upon a time, there was a little girl named Lily.");

@@ -5,7 +5,6 @@
 // exact and demanded bit for bit. Also here: streamed text, stop strings and the split-KV
 // decode path against the reference text, request/sequence gauges, cancellation, deadlines,
 // validation, and a soak of 1,000 requests.
-#include "engine/cpu/cpu_executor.h"
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "engine/cpu/cpu_executor.h"
 #include "engine/error.h"
 #include "tests/engine/engine_invariance.h"
 #include "tests/test_util.h"

@@ -1,6 +1,6 @@
-// The one-shot peer-access all-reduce (kernels/cuda/all_reduce/all_reduce.h) against its CPU reference:
-// the sum over ranks 0..N-1 in that order, in fp32, so every rank's result must equal it bit
-// for bit. Repeated launches (the device-side epochs advance), sizes from one float4 to the
+// The one-shot peer-access all-reduce (kernels/cuda/all_reduce/all_reduce.h) against its CPU
+// reference: the sum over ranks 0..N-1 in that order, in fp32, so every rank's result must equal it
+// bit for bit. Repeated launches (the device-side epochs advance), sizes from one float4 to the
 // largest it takes, and a CUDA graph replayed several times. Label gpu: skips with a message
 // without 2 GPUs with peer access.
 //   ninja -C build all_reduce_gpu_test && (cd build && ctest -L gpu -R all_reduce)

@@ -40,8 +40,8 @@
 
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/attention/attention.h"
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
 #include "kernels/dtype.h"
 
@@ -123,7 +123,8 @@ TEST_P(DecodeAttentionGpu, MatchesCpuReference) {
   for (int64_t s = 0; s < num_seqs; ++s) {
     context_lens[s] = num_keys[s] - 1;
     cu_q[s] = static_cast<int32_t>(s);
-    for (int64_t b = 0; b < (num_keys[s] + bs - 1) / bs; ++b) tables[s * max_blocks + b] = perm[next++];
+    for (int64_t b = 0; b < (num_keys[s] + bs - 1) / bs; ++b)
+      tables[s * max_blocks + b] = perm[next++];
     for (int64_t pos = 0; pos < num_keys[s]; ++pos) {
       const int64_t block = tables[s * max_blocks + pos / bs];
       for (int64_t h = 0; h < num_kv_heads; ++h) {
@@ -235,8 +236,13 @@ struct RaggedProblem {
   cuda::AttentionParams p;
 
   RaggedProblem(const Case& c, std::vector<int32_t> keys, int64_t kv_heads, uint32_t seed)
-      : tc(c), num_kv_heads(kv_heads), num_heads(kv_heads * c.group), hd(c.head_dim),
-        bs(c.block_size), num_seqs(int64_t(keys.size())), num_keys(std::move(keys)) {
+      : tc(c),
+        num_kv_heads(kv_heads),
+        num_heads(kv_heads * c.group),
+        hd(c.head_dim),
+        bs(c.block_size),
+        num_seqs(int64_t(keys.size())),
+        num_keys(std::move(keys)) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.f, 1.f);
     int64_t used_blocks = 0;
@@ -281,8 +287,7 @@ struct RaggedProblem {
       q32[i] = FromBits(q16[i], tc.dtype);
     }
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-    AttentionBatch cpu_batch{num_seqs, cu_q.data(), context_lens.data(), tables.data(),
-                             max_blocks};
+    AttentionBatch cpu_batch{num_seqs, cu_q.data(), context_lens.data(), tables.data(), max_blocks};
     ref.resize(q_elems);
     cpu::PagedDecodeAttention(q32.data(), PagedKvView<const float>{k32.data(), v32.data(), layout},
                               cpu_batch, num_heads, scale, ref.data(), 1);
@@ -413,8 +418,8 @@ TEST_F(DecodeAttentionGpuV3, ManySplitsMergedInKernel) {
       cuda::DecodeLaunchInfo info;
       cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, nullptr, &info);
       const std::string what = std::string(DTypeName(c.tc.dtype)) + " hd " +
-                               std::to_string(c.tc.head_dim) + " g " +
-                               std::to_string(c.tc.group) + " splits " + std::to_string(splits);
+                               std::to_string(c.tc.head_dim) + " g " + std::to_string(c.tc.group) +
+                               " splits " + std::to_string(splits);
       EXPECT_EQ(info.num_splits, std::min<int64_t>(splits, pr.MaxTiles())) << what;
       EXPECT_EQ(info.num_ctas, pr.num_seqs * pr.num_kv_heads * info.num_splits) << what;
       const float err = pr.MaxErr(pr.Download(pr.p.out), what);
@@ -510,8 +515,8 @@ TEST_F(DecodeAttentionGpuV3, PdlOnOffBitIdentical) {
       for (uint16_t h : results[0][i]) {
         ASSERT_FALSE(std::isnan(FromBits(h, DType::kBF16))) << what << " output " << i;
       }
-      EXPECT_TRUE(BitEqual(results[0][i], results[1][i])) << what << ": output " << i
-                                                          << " differs with PDL on";
+      EXPECT_TRUE(BitEqual(results[0][i], results[1][i]))
+          << what << ": output " << i << " differs with PDL on";
     }
   }
 }
@@ -528,9 +533,9 @@ TEST_F(DecodeAttentionGpuV3, SplitsCappedByWorkspace) {
     int want;
     int expect;
   };
-  for (const R& r : {R{ws.buf.p, ws.bytes, 5, 5}, R{ws.buf.p, ws.bytes, 40, 5},
-                     R{ws.buf.p, ws.bytes - 1, 5, 4}, R{nullptr, 0, 8, 1},
-                     R{ws.buf.p, cuda::kDecodeCounterBytes, 8, 1}}) {
+  for (const R& r :
+       {R{ws.buf.p, ws.bytes, 5, 5}, R{ws.buf.p, ws.bytes, 40, 5}, R{ws.buf.p, ws.bytes - 1, 5, 4},
+        R{nullptr, 0, 8, 1}, R{ws.buf.p, cuda::kDecodeCounterBytes, 8, 1}}) {
     pr.Poison(pr.p.out);
     cuda::DecodeLaunchInfo info;
     cuda::PagedDecodeAttention(pr.p, r.want, r.ws, r.bytes, nullptr, &info);
@@ -557,8 +562,8 @@ TEST_F(DecodeAttentionGpuV3, AutoSplitsFillTheMachine) {
   const int s16x4k = cuda::DecodeAutoSplits(16, 8, 4096, 128, 128);
   std::printf("[ info ] %d SMs x %d CTAs: auto splits 1x32k %d, 1x4k %d, 16x4k %d\n", sms,
               info.ctas_per_sm, s32k, s4k, s16x4k);
-  EXPECT_EQ(s32k, std::min(128, slots / 8));  // every slot of one wave
-  EXPECT_EQ(s4k, std::min(32, slots / 8));    // 64 tiles, >= 2 per split
+  EXPECT_EQ(s32k, std::min(128, slots / 8));         // every slot of one wave
+  EXPECT_EQ(s4k, std::min(32, slots / 8));           // 64 tiles, >= 2 per split
   EXPECT_LE(16 * 8 * s16x4k, std::max(slots, 128));  // one wave
   EXPECT_EQ(cuda::DecodeAutoSplits(64, 8, 4096, 128, 128), 1);
   EXPECT_EQ(cuda::DecodeAutoSplits(64, 8, 16384, 128, 128), 1);
@@ -655,8 +660,7 @@ TEST(AppendKvGpu, MatchesCpuAppend) {
     for (float& x : kc) x = round(normal(rng));
     for (float& x : vc) x = round(normal(rng));
     const auto kb = to_bytes(k), vb = to_bytes(v), kcb = to_bytes(kc), vcb = to_bytes(vc);
-    DevBuf dk(kb.size()), dv(vb.size()), dkc(kcb.size()), dvc(vcb.size()),
-        dslots(slots.size() * 8);
+    DevBuf dk(kb.size()), dv(vb.size()), dkc(kcb.size()), dvc(vcb.size()), dslots(slots.size() * 8);
     DevBuf::Upload(dk, kb);
     DevBuf::Upload(dv, vb);
     DevBuf::Upload(dkc, kcb);

@@ -1,11 +1,11 @@
 // cpu::Linear against the double-precision reference for every weight dtype (FP8 e4m3 with
-// per-row scales included) and awkward shapes (rows not a multiple of the 4-row tile, cols not a multiple of 8, 1..70 tokens).
+// per-row scales included) and awkward shapes (rows not a multiple of the 4-row tile, cols not a
+// multiple of 8, 1..70 tokens).
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <random>
 #include <string>
@@ -121,7 +121,7 @@ TEST(Fp8Weights, KernelDequantizesEveryCodeExactly) {
   std::vector<uint8_t> codes;
   for (int c = 0; c < 256; ++c)
     if ((c & 0x7f) != 0x7f) codes.push_back(uint8_t(c));  // NaN codes are never written
-  const int64_t cols = int64_t(codes.size());               // 254: vector body and a tail
+  const int64_t cols = int64_t(codes.size());             // 254: vector body and a tail
   const float scale = 0.25f;
   const WeightMatrix w{DType::kF8E4M3, codes.data(), 1, cols, &scale};
   for (int64_t k = 0; k < cols; ++k) {
@@ -135,9 +135,9 @@ TEST(Fp8Weights, KernelDequantizesEveryCodeExactly) {
 
 TEST(Fp8Weights, QuantizerScalesEachRowToItsMaximum) {
   const int64_t rows = 3, cols = 5;
-  const std::vector<float> w = {0.5f, -1.f, 0.25f, 0.f, 0.125f,   // max 1
-                                0.f,  0.f,  0.f,   0.f, 0.f,      // all zero: scale 1
-                                448.f, -896.f, 1e-6f, 3.f, 7.f};  // max 896: scale 2
+  const std::vector<float> w = {0.5f,  -1.f,   0.25f, 0.f, 0.125f,  // max 1
+                                0.f,   0.f,    0.f,   0.f, 0.f,     // all zero: scale 1
+                                448.f, -896.f, 1e-6f, 3.f, 7.f};    // max 896: scale 2
   std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
   std::vector<float> s(static_cast<size_t>(rows));
   ASSERT_TRUE(QuantizeFp8Rows(w.data(), rows, cols, q.data(), s.data()));

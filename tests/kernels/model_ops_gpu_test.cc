@@ -8,8 +8,9 @@
 // each output; a rounding that lands on the other side of a midpoint costs at most one ulp:
 // 2^-7 relative for bf16, 2^-10 for fp16. Bound used: |got - ref| <= ulp_rel · |ref| + 1e-5
 // (outputs near 0 after cancellation, where fp32 and sincosf-vs-std::cos differences of a few
-// 1e-7 · |input| are not covered by a relative term; inputs are O(1)). A wrong angle, head, slot or pair is off by O(|ref|).
-// V is copied, so it must match bit for bit; EmbeddingGather is exact (a widening).
+// 1e-7 · |input| are not covered by a relative term; inputs are O(1)). A wrong angle, head, slot or
+// pair is off by O(|ref|). V is copied, so it must match bit for bit; EmbeddingGather is exact (a
+// widening).
 //
 // Poisons: outputs start as NaN; cache slots that no token writes (including those of
 // slot -1 tokens, which are otherwise valid slots) must still be NaN afterwards.
@@ -103,7 +104,8 @@ TEST_P(ModelOpsGpu, AddRmsNormMatchesCpu) {
       for (bool gather : {false, true}) {
         const int64_t num_tokens = 9;
         std::normal_distribution<float> dist(0.f, 3.f);
-        std::vector<float> residual(static_cast<size_t>(num_tokens * hidden)), weight(static_cast<size_t>(hidden));
+        std::vector<float> residual(static_cast<size_t>(num_tokens * hidden)),
+            weight(static_cast<size_t>(hidden));
         for (float& v : residual) v = dist(rng);
         for (float& v : weight) v = 1.f + 0.2f * dist(rng);
         std::vector<uint16_t> dbits;
@@ -129,8 +131,7 @@ TEST_P(ModelOpsGpu, AddRmsNormMatchesCpu) {
         DevBuf dres(residual), dw(weight), ddelta(dbits), drows(rows);
         DevBuf dout(std::vector<uint16_t>(size_t(num_rows * hidden), NanBits(t)));
         cuda::AddRmsNorm(dres.as<float>(), has_delta ? ddelta.p : nullptr, dw.as<float>(), dout.p,
-                         t, gather ? drows.as<int32_t>() : nullptr, num_rows, hidden, eps,
-                         nullptr);
+                         t, gather ? drows.as<int32_t>() : nullptr, num_rows, hidden, eps, nullptr);
         const std::vector<uint16_t> out = dout.Download<uint16_t>();
         const std::vector<float> res_got = dres.Download<float>();
         const std::string what = std::string(Name(t)) + " hidden " + std::to_string(hidden) +
@@ -151,8 +152,8 @@ TEST_P(ModelOpsGpu, AddRmsNormMatchesCpu) {
 TEST_P(ModelOpsGpu, SiluMulMatchesCpu) {
   const DType t = GetParam();
   std::mt19937 rng(3);
-  for (auto [num_tokens, inter] : {std::pair<int64_t, int64_t>{1, 64}, {7, 11008}, {3, 1000},
-                                   {5, 13}, {300, 256}}) {
+  for (auto [num_tokens, inter] :
+       {std::pair<int64_t, int64_t>{1, 64}, {7, 11008}, {3, 1000}, {5, 13}, {300, 256}}) {
     std::vector<uint16_t> bits;
     std::vector<float> vals;
     RandomRounded(size_t(num_tokens * 2 * inter), t, 3.f, rng, &bits, &vals);
@@ -195,7 +196,8 @@ class RopeAppendKvGpu : public ::testing::TestWithParam<RopeCase> {
  protected:
   void SetUp() override {
     std::string why;
-    if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU, RopeAppendKv GPU test skipped: " << why;
+    if (!cuda::DeviceAvailable(&why))
+      GTEST_SKIP() << "no GPU, RopeAppendKv GPU test skipped: " << why;
   }
 };
 
@@ -224,8 +226,7 @@ TEST_P(RopeAppendKvGpu, MatchesApplyRopeAndAppendKv) {
   for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / float(hd));
 
   // CPU: split q | k | v, rotate q and k, append k and v.
-  std::vector<float> q(size_t(num_tokens) * nh * hd), k(size_t(num_tokens) * nkv * hd),
-      v(k.size());
+  std::vector<float> q(size_t(num_tokens) * nh * hd), k(size_t(num_tokens) * nkv * hd), v(k.size());
   for (int64_t tk = 0; tk < num_tokens; ++tk) {
     const float* src = qkv.data() + tk * row;
     std::copy(src, src + nh * hd, q.begin() + tk * nh * hd);
@@ -288,8 +289,8 @@ TEST(ScatterCopiesGpu, EqualsMemcpyPerSegment) {
   std::string why;
   if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
   std::mt19937 rng(7);
-  const std::vector<int64_t> sizes = {0, 4, 12, 16, 20, 28, 64, 100, 4096, 4100, 1 << 20,
-                                      (1 << 20) + 4, 8};
+  const std::vector<int64_t> sizes = {
+      0, 4, 12, 16, 20, 28, 64, 100, 4096, 4100, 1 << 20, (1 << 20) + 4, 8};
   std::vector<int64_t> offsets;
   int64_t total = 0;
   for (int64_t b : sizes) {
@@ -333,8 +334,8 @@ TEST(ModelOpsArgs, RejectsUnsupportedDType) {
                                 1e-5f, nullptr),
                std::invalid_argument);
   EXPECT_THROW(cuda::RopeAppendKv(nullptr, nullptr, nullptr, nullptr, 1, 1, 1, 64,
-                                  PagedKvView<void>{nullptr, nullptr, {1, 16, 1, 64}},
-                                  DType::kF32, nullptr, nullptr),
+                                  PagedKvView<void>{nullptr, nullptr, {1, 16, 1, 64}}, DType::kF32,
+                                  nullptr, nullptr),
                std::invalid_argument);
 }
 

@@ -1,9 +1,9 @@
-// GPU paged prefill attention (every rung of kernels/cuda/attention/prefill_attention.h) against the CPU
-// reference cpu::PagedPrefillAttention (label gpu; skips without a GPU).
+// GPU paged prefill attention (every rung of kernels/cuda/attention/prefill_attention.h) against
+// the CPU reference cpu::PagedPrefillAttention (label gpu; skips without a GPU).
 //
 // Each case draws a ragged batch (q lengths 1 … 1000, not multiples of any tile), cached
-// context (chunked prefill), GQA groups 1/4/8, block sizes 4/8/16/32/64/128, head_dim 64/128, bf16 and
-// fp16, and a shuffled block table. Pool slots no sequence owns, and the slots of a sequence's
+// context (chunked prefill), GQA groups 1/4/8, block sizes 4/8/16/32/64/128, head_dim 64/128, bf16
+// and fp16, and a shuffled block table. Pool slots no sequence owns, and the slots of a sequence's
 // last block past its last key, hold NaN on the GPU (stale cache contents must never reach the
 // output); the reference sees zeros there. Outputs are poisoned with NaN before every run.
 //
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "kernels/cpu/flash_attention.h"
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/dtype.h"
 
 namespace llm {
@@ -170,11 +170,10 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
     for (int i = 0; i < (v4 ? 18 : 1); ++i) {
-      const int flags =
-          i < 16 ? (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0) |
-                       ((i & 8) ? cuda::detail::kV4NoPersist : 0)
-                 : cuda::detail::kV4Default | cuda::detail::kV4PanelBoxV |
-                       (i == 17 ? cuda::detail::kV4Cluster : 0);
+      const int flags = i < 16 ? (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0) |
+                                     ((i & 8) ? cuda::detail::kV4NoPersist : 0)
+                               : cuda::detail::kV4Default | cuda::detail::kV4PanelBoxV |
+                                     (i == 17 ? cuda::detail::kV4Cluster : 0);
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       cuda::PagedPrefillAttention(p, nullptr, variant, /*scratch=*/nullptr,
@@ -302,8 +301,8 @@ TEST(PrefillAttentionGpuApi, NonCausalRunsOnV4OrIsRefused) {
       EXPECT_THROW(cuda::ResolvePrefillVariant(p, v), std::invalid_argument) << hd;
     }
   }
-  for (const PagedKvLayout& layout : {PagedKvLayout{4, 16, 8, 8}, PagedKvLayout{4, 16, 8, 96},
-                                      PagedKvLayout{4, 4, 8, 128}}) {
+  for (const PagedKvLayout& layout :
+       {PagedKvLayout{4, 16, 8, 8}, PagedKvLayout{4, 16, 8, 96}, PagedKvLayout{4, 4, 8, 128}}) {
     p.kv.layout = layout;
     for (auto v : {cuda::PrefillVariant::kBest, cuda::PrefillVariant::kNaive}) {
       try {

@@ -1,5 +1,5 @@
-// The GPU sampler (kernels/cuda/sampling/sampling.cu) against the engine's Sampler (engine/sample/sampler.h),
-// label gpu; skips without a GPU.
+// The GPU sampler (kernels/cuda/sampling/sampling.cu) against the engine's Sampler
+// (engine/sample/sampler.h), label gpu; skips without a GPU.
 //  - Greedy: ids exactly equal to Sampler's (ties -> lowest id, ties placed on purpose), over
 //    vocabularies from 5 to 256000 (multiples of 4 and not: both copy paths); top_k = 1 is
 //    greedy at any temperature.
@@ -15,9 +15,10 @@
 //    min-p and combinations, the GPU draws only tokens of the kept set, and over 20000 draws
 //    the frequencies match the renormalised probabilities (chi-square with rare tokens pooled,
 //    bound mean + 10 sd; deterministic seeds, so the test cannot flake). The kept set is
-//    computed here by a direct double-precision transcription of Sampler's steps 5-8 (sort, prefix), which is itself checked against
-//    the CPU Sampler's draws. Big-vocabulary variants (all-equal logits: the kept set is the
-//    lowest ids) exercise the radix passes and the id-ordered tie cutoffs.
+//    computed here by a direct double-precision transcription of Sampler's steps 5-8 (sort,
+//    prefix), which is itself checked against the CPU Sampler's draws. Big-vocabulary variants
+//    (all-equal logits: the kept set is the lowest ids) exercise the radix passes and the
+//    id-ordered tie cutoffs.
 //  - The temperature-only (Gumbel-max) draw equals its definition computed here over the whole
 //    row (Philox4x32-10 on the host, checked against Random123's known answers; the same float
 //    Gumbel; double scores): the kernel's pruning of hopeless elements leaves the token exact;
@@ -95,7 +96,8 @@ GpuResult RunGpu(const std::vector<float>& logits, int64_t vocab,
                  const cuda::SampleOptions& options = {}) {
   constexpr int K = cuda::kMaxTopLogprobs;
   GpuResult r;
-  DevBuf dlogits(logits.size() * 4), dadjust(std::max<size_t>(adjust.size(), 1) * sizeof(LogitAdjust));
+  DevBuf dlogits(logits.size() * 4),
+      dadjust(std::max<size_t>(adjust.size(), 1) * sizeof(LogitAdjust));
   Upload(dlogits, logits);
   Upload(dadjust, adjust);
   for (size_t begin = 0; begin < params.size(); begin += 1024) {
@@ -148,7 +150,8 @@ TEST_F(SamplingGpu, GreedyAndLogprobsMatchSampler) {
     for (int r = 0; r < num_rows; ++r) {
       std::vector<float> l = RandomLogits(vocab, uint32_t(vocab + r));
       const int top = Argmax(l);
-      if (r == 1 && vocab > 3) l[size_t(vocab - 1)] = l[size_t(top)], l[size_t(top / 2)] = l[size_t(top)];
+      if (r == 1 && vocab > 3)
+        l[size_t(vocab - 1)] = l[size_t(top)], l[size_t(top / 2)] = l[size_t(top)];
       if (r == 2) l[size_t(vocab - 1)] = l[size_t(top)] + 1.f;
       logits.insert(logits.end(), l.begin(), l.end());
     }
@@ -463,8 +466,11 @@ TEST_F(SamplingGpu, FiltersKeepTheCpuSetWithTheCpuFrequencies) {
   const auto tie_p = with({{3, 0.f}, {50, std::log(0.5f)}, {7, std::log(0.5f)}});
   CheckFilter(tie_p, {1.f, 0, 0.6f, 0.f}, draws, "top_p=0.6 tie");
   // A 5-token distribution 0.4 / 0.25 / 0.15 / 0.1 / 0.1: top_p 0.75 keeps 3.
-  const auto five = with({{100, std::log(0.4f)}, {200, std::log(0.25f)}, {300, std::log(0.15f)},
-                          {400, std::log(0.1f)}, {500, std::log(0.1f)}});
+  const auto five = with({{100, std::log(0.4f)},
+                          {200, std::log(0.25f)},
+                          {300, std::log(0.15f)},
+                          {400, std::log(0.1f)},
+                          {500, std::log(0.1f)}});
   CheckFilter(five, {1.f, 0, 0.75f, 0.f}, draws, "top_p=0.75");
   CheckFilter(five, {1.f, 0, 1.f, 0.3f}, draws, "min_p=0.3");
   CheckFilter(five, {0.75f, 0, 1.f, 0.1f}, draws, "min_p=0.1 T=0.75");
@@ -754,9 +760,10 @@ TEST_F(SamplingGpu, GumbelPruningChangesNoToken) {
                              pruned.logprob.size() * sizeof(float)))
         << c.name;
     std::set<int32_t> distinct(full.token.begin(), full.token.end());
-    std::printf("  %-28s vocab %6lld: 64 draws, %zu distinct tokens, equal with and without "
-                "pruning\n",
-                c.name.c_str(), (long long)vocab, distinct.size());
+    std::printf(
+        "  %-28s vocab %6lld: 64 draws, %zu distinct tokens, equal with and without "
+        "pruning\n",
+        c.name.c_str(), (long long)vocab, distinct.size());
     if (c.name == "two equal tops") {  // each wins half the draws; both in 64 but for 2^-63
       EXPECT_EQ(distinct, (std::set<int32_t>{500, 60000})) << c.name;
     }
@@ -784,10 +791,9 @@ TEST_F(SamplingGpu, FiltersOnBigVocabularyTies) {
 TEST_F(SamplingGpu, RandomRowsDrawOnlyKeptTokens) {
   const int64_t vocab = 128256;
   const std::vector<float> logits = RandomLogits(vocab, 77, 2.5f);
-  for (const Filter& f : {Filter{1.f, 0, 1.f, 0.f}, Filter{0.8f, 40, 1.f, 0.f},
-                          Filter{1.f, 0, 0.5f, 0.f},
-                          Filter{0.9f, 50, 0.9f, 0.f}, Filter{1.f, 0, 1.f, 0.2f},
-                          Filter{1.1f, 1000, 0.95f, 0.01f}}) {
+  for (const Filter& f :
+       {Filter{1.f, 0, 1.f, 0.f}, Filter{0.8f, 40, 1.f, 0.f}, Filter{1.f, 0, 0.5f, 0.f},
+        Filter{0.9f, 50, 0.9f, 0.f}, Filter{1.f, 0, 1.f, 0.2f}, Filter{1.1f, 1000, 0.95f, 0.01f}}) {
     std::map<int, double> kept = ReferenceKept(logits, f);
     std::vector<SampleRowParams> params(1024);
     for (int i = 0; i < 1024; ++i) {

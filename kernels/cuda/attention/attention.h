@@ -1,7 +1,8 @@
 // CUDA flash attention over the paged KV cache: the shared parameter block of the prefill
-// and decode kernels (kernels/cuda/prefill_attention*.cu, kernels/cuda/attention/decode_attention.cu).
-// The CPU twins (the specification) are in kernels/cpu/flash_attention.h; the layout is
-// kernels/paged_kv.h; the online softmax math is kernels/online_softmax.h.
+// and decode kernels (kernels/cuda/prefill_attention*.cu,
+// kernels/cuda/attention/decode_attention.cu). The CPU twins (the specification) are in
+// kernels/cpu/flash_attention.h; the layout is kernels/paged_kv.h; the online softmax math is
+// kernels/online_softmax.h.
 #pragma once
 
 #include <cuda_runtime.h>

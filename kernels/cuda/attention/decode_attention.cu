@@ -79,8 +79,8 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
@@ -96,9 +96,9 @@ template <int kHeadDim, bool kFp8 = false>
 struct DecodeTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kKeysPerWarp = 16;                   // one k16 step of P·V per tile
-  static constexpr int kTileKeys = kWarps * kKeysPerWarp;   // 64 keys per pipeline stage
-  static constexpr int kElemBytes = kFp8 ? 1 : 2;           // bytes per cached element
+  static constexpr int kKeysPerWarp = 16;                  // one k16 step of P·V per tile
+  static constexpr int kTileKeys = kWarps * kKeysPerWarp;  // 64 keys per pipeline stage
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;          // bytes per cached element
   // K+V stages in flight: 96 KiB / 64 KiB (bf16, hd 128 / 64: 2 / 3 CTAs per SM); fp8 4 / 6
   // stages of half the bytes (64 / 48 KiB: 3 CTAs per SM, what its registers allow).
   static constexpr int kStages = kFp8 ? (kHeadDim == 128 ? 3 : 6) : (kHeadDim == 128 ? 3 : 4);
@@ -109,11 +109,11 @@ struct DecodeTraits {
   static constexpr int kPasses = kTileKeys / kRowsPerPass;  // cp.async per thread per K tile
   static constexpr int kTileElems = kTileKeys * kHeadDim;   // one K (or V) tile
   static constexpr size_t kStageBytes = size_t(2) * kTileElems * kElemBytes;  // K + V as cached
-  static constexpr int kKSteps = kHeadDim / 16;             // k16 steps of Q·Kᵀ
-  static constexpr int kNTiles = kHeadDim / 8;              // n8 tiles of the output
-  static constexpr int kPageSlots = 2 * kStages;            // page-index ring (see kernel)
-  static constexpr int kPageSlotInts = kTileKeys + 2;       // pages one tile can touch (bs>=1)
-  static constexpr int kRows = 16;                          // mma M: query rows, padded
+  static constexpr int kKSteps = kHeadDim / 16;        // k16 steps of Q·Kᵀ
+  static constexpr int kNTiles = kHeadDim / 8;         // n8 tiles of the output
+  static constexpr int kPageSlots = 2 * kStages;       // page-index ring (see kernel)
+  static constexpr int kPageSlotInts = kTileKeys + 2;  // pages one tile can touch (bs>=1)
+  static constexpr int kRows = 16;                     // mma M: query rows, padded
   static constexpr int kRedStride = kHeadDim + 8;  // fp32 epilogue row, padded vs bank conflicts
   static constexpr size_t kKvSmemBytes = size_t(kStages) * kStageBytes;
   // fp8: every warp streams only its own 16 keys of each tile (its rows of the stages, of the
@@ -156,10 +156,10 @@ struct KernelArgs {
   int num_kv_heads;
   int group;
   int num_splits;
-  float scale_log2;  // scale · log2(e) (fp8: · k_scale)
-  float out_scale;   // 1, or the fp8 cache's v_scale
-  float* part_acc;   // [num_seqs, num_heads, num_splits, D] (num_splits > 1)
-  float* part_ml;    // [num_seqs, num_heads, num_splits, 2]  (m, l)
+  float scale_log2;    // scale · log2(e) (fp8: · k_scale)
+  float out_scale;     // 1, or the fp8 cache's v_scale
+  float* part_acc;     // [num_seqs, num_heads, num_splits, D] (num_splits > 1)
+  float* part_ml;      // [num_seqs, num_heads, num_splits, 2]  (m, l)
   unsigned* counters;  // [num_seqs * num_kv_heads] arrivals, zero between calls (num_splits > 1)
 };
 
@@ -174,16 +174,16 @@ using ptx::Mma16816;  // D[16x8] += A[16x16] · B[16x8], fp32 accumulation
 using ptx::MovMatrixTrans;
 using ptx::PrefetchL2;
 using ptx::SmemAddr;
+using vec::E4m3x4ToHalf2x2;  // e4m3 codes -> fp16 pairs, exactly (kernels/cuda/common/vec.cuh)
 using vec::PackPair;   // two fp32 -> a packed pair (lo in the low half, as mma fragments expect)
 using vec::ToMmaPair;  // a packed pair of T as one of the mma type (fp8: fp16, saturated)
-using vec::E4m3x4ToHalf2x2;  // e4m3 codes -> fp16 pairs, exactly (kernels/cuda/common/vec.cuh)
 
 // Two transposed fp8 V matrices of one chunk (ldmatrix.trans: t0 = keys 2c, 2c + 1 and t1 =
 // keys 8 + 2c, 8 + 2c + 1, each × dims 2g, 2g + 1, low key first) as fp16 key pairs: one byte
 // permute per matrix makes the even-dim pair (bytes 0, 2) the low half and the odd-dim pair
 // (bytes 1, 3) the high half, then an exact e4m3 -> fp16 conversion.
-__device__ __forceinline__ void VPairsFp8(uint32_t t0, uint32_t t1, uint32_t& even0,
-                                          uint32_t& odd0, uint32_t& even1, uint32_t& odd1) {
+__device__ __forceinline__ void VPairsFp8(uint32_t t0, uint32_t t1, uint32_t& even0, uint32_t& odd0,
+                                          uint32_t& even1, uint32_t& odd1) {
   E4m3x4ToHalf2x2(__byte_perm(t0, 0u, 0x3120u), even0, odd0);
   E4m3x4ToHalf2x2(__byte_perm(t1, 0u, 0x3120u), even1, odd1);
 }
@@ -315,10 +315,9 @@ __device__ __forceinline__ void LoadQFragment(const KernelArgs& a, int seq, int 
 // Shared by DecodeKernel and DecodeItemsKernel.
 template <typename T, int D, bool kFp8>
 __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], uint32_t k_tile,
-                                             uint32_t v_tile, int lane, int warp_row,
-                                             int warp_key0, int key_end, float scale_log2,
-                                             float (&m)[2], float (&l)[2],
-                                             float (&o)[D / 8][4]) {
+                                             uint32_t v_tile, int lane, int warp_row, int warp_key0,
+                                             int key_end, float scale_log2, float (&m)[2],
+                                             float (&l)[2], float (&o)[D / 8][4]) {
   using Tr = DecodeTraits<D, kFp8>;
   using M = std::conditional_t<kFp8, __half, T>;
   const int c = lane & 3;
@@ -469,8 +468,7 @@ template <int D>
 __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], uint32_t k_tile,
                                               uint32_t v_tile, int lane, int warp_row,
                                               int warp_key0, int key_end, float scale_log2,
-                                              float (&m)[2], float (&l)[2],
-                                              float (&o)[D / 16][4]) {
+                                              float (&m)[2], float (&l)[2], float (&o)[D / 16][4]) {
   const int g = lane >> 2;
   const int row8 = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);  // as WarpKeysStep's k8_row
   float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -698,8 +696,8 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     const uint32_t v_tile = k_tile + Tr::kTileElems * Tr::kElemBytes;
 
     if constexpr (kT) {
-      WarpKeysStepT<D>(qa, k_tile, v_tile, lane, warp_row,
-                       key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m, l, o);
+      WarpKeysStepT<D>(qa, k_tile, v_tile, lane, warp_row, key_begin + i * Tr::kTileKeys + warp_row,
+                       key_end, a.scale_log2, m, l, o);
     } else {
       WarpKeysStep<T, D, kFp8>(qa, k_tile, v_tile, lane, warp_row,
                                key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m,
@@ -849,13 +847,13 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
       for (int k = 0; k < kChunk; ++k) {
         const int s = s0 + k;
         part_ml[k] = s < n_active ? __ldcg(ml + s) : make_float2(-INFINITY, 0.f);
-        part_acc[k] = s < n_active ? __ldcg(src + int64_t(s) * kVecs)
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+        part_acc[k] =
+            s < n_active ? __ldcg(src + int64_t(s) * kVecs) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       float m_new = m_run;
 #pragma unroll
       for (int k = 0; k < kChunk; ++k) m_new = Max(m_new, part_ml[k].x);
-      if (m_new == -INFINITY) continue;  // nothing visible yet (acc, l stay 0)
+      if (m_new == -INFINITY) continue;          // nothing visible yet (acc, l stay 0)
       const float alpha = exp2f(m_run - m_new);  // 0 while m_run was -inf
       acc.x *= alpha;
       acc.y *= alpha;
@@ -968,8 +966,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
   // This warp's rows of every stage (the same layout as DecodeKernel's fp8 path) and its own
   // page-index ring.
   const int warp_row = warp * kKeys;
-  int* pages = reinterpret_cast<int*>(smem + Tr::kKvSmemBytes) +
-               warp * Tr::kPageSlots * Tr::kWarpPageInts;
+  int* pages =
+      reinterpret_cast<int*>(smem + Tr::kKvSmemBytes) + warp * Tr::kPageSlots * Tr::kWarpPageInts;
   auto stage_k = [&](int t) { return SmemAddr(smem + (t % Tr::kStages) * Tr::kStageBytes); };
   auto slot_of = [&](int t) { return pages + (t % Tr::kPageSlots) * Tr::kWarpPageInts; };
 
@@ -981,8 +979,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
   auto stage_pages = [&](int pt) {
     if (pc.item < num_items) {
       const int k0 = pc.chunk * kKeys;
-      StagePages(a, a.block_tables + int64_t(pc.item / a.num_kv_heads) * a.max_blocks_per_seq,
-                 k0, min(pc.num_keys, k0 + kKeys) - 1, slot_of(pt), lane, 32);
+      StagePages(a, a.block_tables + int64_t(pc.item / a.num_kv_heads) * a.max_blocks_per_seq, k0,
+                 min(pc.num_keys, k0 + kKeys) - 1, slot_of(pt), lane, 32);
     }
     AdvanceCursor(a, pc, stride, num_items, kKeys);
   };
@@ -1142,8 +1140,9 @@ void LaunchCfg(const KernelArgs& args, int64_t ctas, cudaStream_t stream) {
 }
 
 constexpr int kTileKeys = DecodeTraits<128>::kTileKeys;
-static_assert(DecodeTraits<64>::kTileKeys == kTileKeys && DecodeTraits<64, true>::kTileKeys ==
-                  kTileKeys && DecodeTraits<128, true>::kTileKeys == kTileKeys,
+static_assert(DecodeTraits<64>::kTileKeys == kTileKeys &&
+                  DecodeTraits<64, true>::kTileKeys == kTileKeys &&
+                  DecodeTraits<128, true>::kTileKeys == kTileKeys,
               "one tile size for the split math");
 
 // Per-CTA fixed cost in units of one tile's streaming time, for the split selector: the
@@ -1298,8 +1297,8 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
          PartialBytesPerSplit(num_seqs, num_heads, head_dim) * size_t(max_splits);
 }
 
-int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
-                     int64_t head_dim, int64_t max_splits, int64_t min_tiles_per_split) {
+int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys, int64_t head_dim,
+                     int64_t max_splits, int64_t min_tiles_per_split) {
   const int slots = NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 ? 64 : 128, false);
   return SelectSplits(num_seqs * num_kv_heads, max_num_keys, slots, max_splits,
                       min_tiles_per_split);
@@ -1385,8 +1384,8 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
     unsigned char* ws = static_cast<unsigned char*>(workspace);
     args.counters = reinterpret_cast<unsigned*>(ws);
     args.part_acc = reinterpret_cast<float*>(ws + kDecodeCounterBytes);
-    args.part_ml = args.part_acc +
-                   size_t(num_seqs) * size_t(p.num_heads) * size_t(splits) * size_t(head_dim);
+    args.part_ml =
+        args.part_acc + size_t(num_seqs) * size_t(p.num_heads) * size_t(splits) * size_t(head_dim);
   }
 
   LaunchOf launch{args, num_seqs, splits, choice, items_max_ctas, stream, info};

@@ -19,9 +19,9 @@ namespace llm::cuda {
 
 // What the selector chose for a call (for benches and tests).
 struct DecodeLaunchInfo {
-  int num_splits = 0;   // key chunks per (sequence, kv head); 1 = no split, no merge
-  int ctas_per_sm = 0;  // resident CTAs per SM of the chosen config (occupancy)
-  int num_ctas = 0;     // grid size of the attention kernel (its only launch)
+  int num_splits = 0;            // key chunks per (sequence, kv head); 1 = no split, no merge
+  int ctas_per_sm = 0;           // resident CTAs per SM of the chosen config (occupancy)
+  int num_ctas = 0;              // grid size of the attention kernel (its only launch)
   bool warp_items = false;       // the persistent warp-item kernel ran (fp8; see below)
   bool transposed_step = false;  // its warps ran the transposed step (fp8, groups <= 8)
 };
@@ -60,16 +60,16 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 // sequence index), attending over context_lens[i] + 1 keys through the block table.
 //   p.dtype kBF16 or kF16; p.kv_format.fp8: e4m3 pools (the tensor-core math then runs in fp16:
 //   q is converted to fp16 saturating at ±65504, K/V dequantize exactly, P is rounded to fp16;
-//   the output is written in p.dtype); head_dim 64 or 128; num_heads a multiple of num_kv_heads with at
-//   most 16 query heads per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes
+//   the output is written in p.dtype); head_dim 64 or 128; num_heads a multiple of num_kv_heads
+//   with at most 16 query heads per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes
 //   the split selector's choice; the kernel reads the true lengths on the device).
 // num_splits: 0 = automatic (from the batch shape and the SM count), 1 = no split, n = n key
 // chunks per sequence, capped by the tiles of the longest sequence, by 128 and by what the
 // workspace holds (see above; a null or too small workspace runs fewer splits, down to 1);
 // info->num_splits reports the count used. With splits > 1 the last CTA of each (sequence,
 // KV head) merges the partials in the same kernel (one launch either way).
-// Launched through cuda::Launch (kernels/cuda/common/launch.h): with programmatic dependent launch on,
-// the kernel waits (PdlWait) before reading q, the batch arrays, K/V or the workspace and
+// Launched through cuda::Launch (kernels/cuda/common/launch.h): with programmatic dependent launch
+// on, the kernel waits (PdlWait) before reading q, the batch arrays, K/V or the workspace and
 // before writing anything, so results are bit-identical with it on or off.
 // Unsupported dtype / head_dim / group: std::invalid_argument naming the value. Asynchronous
 // on `stream`.
@@ -83,8 +83,8 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
 // every split gets at least min_tiles_per_split tiles of 64 keys of the longest sequence (2:
 // each CTA pipelines its tiles, as PagedDecodeAttention's num_splits = 0 picks; 1: short
 // contexts at small batch split further, each CTA one tile, which the executor uses).
-int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys,
-                     int64_t head_dim, int64_t max_splits, int64_t min_tiles_per_split = 2);
+int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys, int64_t head_dim,
+                     int64_t max_splits, int64_t min_tiles_per_split = 2);
 
 // Writes new keys and values (same semantics as cpu::AppendKv):
 //   k, v: [num_tokens, num_kv_heads, head_dim] of `dtype` (device)

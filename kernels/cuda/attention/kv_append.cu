@@ -8,16 +8,16 @@
 //        (cd build && ctest -L gpu -R decode_attention)   (the AppendKv round trip)
 //        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8 (AppendKvFp8Gpu)
 // Bench: none of its own (tiny next to attention, above).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/decode_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/fp8.h"
 
@@ -105,8 +105,7 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void AppendKv(const void* k, const void* v, const int64_t* slot_mapping, int64_t num_tokens,
-              PagedKvView<void> kv, DType dtype, cudaStream_t stream,
-              const KvCacheFormat& format) {
+              PagedKvView<void> kv, DType dtype, cudaStream_t stream, const KvCacheFormat& format) {
   if (num_tokens <= 0 || kv.layout.num_kv_heads <= 0 || kv.layout.head_dim <= 0) return;
   if (format.fp8) {
     if (dtype == DType::kBF16) {
@@ -120,8 +119,8 @@ void AppendKv(const void* k, const void* v, const int64_t* slot_mapping, int64_t
     return;
   }
   const size_t row_bytes = size_t(kv.layout.head_dim) * DTypeSize(dtype);
-  const bool vec16 = row_bytes % 16 == 0 && Aligned16(k) && Aligned16(v) && Aligned16(kv.k) &&
-                     Aligned16(kv.v);
+  const bool vec16 =
+      row_bytes % 16 == 0 && Aligned16(k) && Aligned16(v) && Aligned16(kv.k) && Aligned16(kv.v);
   if (vec16) {
     Launch<uint4>(k, v, slot_mapping, num_tokens, kv, row_bytes, stream);
   } else {

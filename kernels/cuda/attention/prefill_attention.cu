@@ -14,8 +14,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace llm::cuda {
 
@@ -74,8 +74,8 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
   // fp8 pools reach v4 through a copy of their pages (prefill_attention_fp8.cu).
   const bool v4_pools = !p.kv_format.fp8 || ScratchFits(p, scratch);
   if (!p.causal) {  // the benchmark shapes' non-causal case: v4 alone has the mode
-    if ((requested == PrefillVariant::kBest || requested == PrefillVariant::kWgmma) &&
-        v4_pools && (hd == 64 || hd == 128) && WgmmaSupports(p)) {
+    if ((requested == PrefillVariant::kBest || requested == PrefillVariant::kWgmma) && v4_pools &&
+        (hd == 64 || hd == 128) && WgmmaSupports(p)) {
       return PrefillVariant::kWgmma;
     }
     throw std::invalid_argument(std::string("PagedPrefillAttention: non-causal attention runs on "

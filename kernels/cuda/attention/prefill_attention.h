@@ -130,12 +130,12 @@ struct PrefillArgs {
   int block_size = 0;
   int max_q_len = 0;
   int64_t max_num_keys = 0;  // AttentionParams::max_num_keys (0: unknown)
-  float scale_log2 = 0;  // scale · log2(e) (fp8: · k_scale): scores live in the log2 domain
+  float scale_log2 = 0;      // scale · log2(e) (fp8: · k_scale): scores live in the log2 domain
   bool is_bf16 = true;
-  bool kv_fp8 = false;    // e4m3 pools (KvCacheFormat): v1_naive, v3_mma, v4 over a copy
-  float out_scale = 1.f;  // fp8: v_scale, applied with the final 1 / l
+  bool kv_fp8 = false;        // e4m3 pools (KvCacheFormat): v1_naive, v3_mma, v4 over a copy
+  float out_scale = 1.f;      // fp8: v_scale, applied with the final 1 / l
   int v4_flags = kV4Default;  // kV4* bits: PagedPrefillAttention's v4_flags
-  bool causal = true;  // AttentionParams::causal (false: v4 only)
+  bool causal = true;         // AttentionParams::causal (false: v4 only)
 };
 
 // One launcher per rung (each defined in its own prefill_attention_v*.cu).

@@ -33,8 +33,8 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/vec.cuh"
 
 namespace llm::cuda {
@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(kDequantThreads) DequantizePagesKernel(Dequant
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // fp16 -> fp32 -> bf16: exact
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 x = __float22bfloat162_rn(__half22float2(
-            reinterpret_cast<const __half2&>(h[i])));
+        const __nv_bfloat162 x =
+            __float22bfloat162_rn(__half22float2(reinterpret_cast<const __half2&>(h[i])));
         h[i] = reinterpret_cast<const uint32_t&>(x);
       }
     }

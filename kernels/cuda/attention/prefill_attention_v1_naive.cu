@@ -13,8 +13,8 @@
 // Previous rung: none (the CPU reference cpu::PagedPrefillAttention is the specification).
 #include <cmath>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace llm::cuda::detail {
 namespace {

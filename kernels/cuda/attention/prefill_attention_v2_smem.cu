@@ -13,8 +13,8 @@
 // traffic), tiles are masked only on the causal diagonal, the loads are cooperative.
 #include <cmath>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/attention/prefill_attention.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace llm::cuda::detail {
 namespace {

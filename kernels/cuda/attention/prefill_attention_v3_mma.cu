@@ -49,7 +49,7 @@ struct MmaTraits {
   static constexpr int kStages = 2;
   static constexpr size_t kQBytes = size_t(2) * kBr * HD;
   static constexpr size_t kStageTileBytes = size_t(kBc) * HD * kKvElemBytes;  // one K or V tile
-  static constexpr size_t kCvtBytes = kFp8 ? size_t(2) * 2 * kBc * HD : 0;   // fp16 K and V
+  static constexpr size_t kCvtBytes = kFp8 ? size_t(2) * 2 * kBc * HD : 0;    // fp16 K and V
   static constexpr size_t kSmemBytes = kQBytes + kStages * 2 * kStageTileBytes + kCvtBytes;
   static_assert(HD % 64 == 0 && HD <= 128, "head_dim 64 or 128");
   static_assert(kBc % 16 == 0 && kChunks >= 8, "swizzle spans 8 chunks");
@@ -77,7 +77,7 @@ __device__ __forceinline__ int Swz(int row, int ch) {
 template <typename T, int HD, bool kFp8>
 __global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKernel(PrefillArgs a) {
   using Tr = MmaTraits<HD, kFp8>;
-  using M = std::conditional_t<kFp8, __half, T>;  // the tensor-core operand type
+  using M = std::conditional_t<kFp8, __half, T>;    // the tensor-core operand type
   using KV = std::conditional_t<kFp8, uint8_t, T>;  // the cached element type
   constexpr int kBr = Tr::kBr, kBc = Tr::kBc, kChunks = Tr::kChunks, kKvChunks = Tr::kKvChunks;
   constexpr int kKvChunkElems = 16 / Tr::kKvElemBytes;
@@ -136,11 +136,11 @@ __global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKerne
             *reinterpret_cast<const uint4*>((kv == 0 ? sK : sV) + st * kBc * HD + src);
         M* dst = kv == 0 ? cK : cV;
         *reinterpret_cast<uint4*>(dst + Swz<HD>(row, 2 * ch)) =
-            make_uint4(E4m3x2ToHalf2(codes.x), E4m3x2ToHalf2(codes.x >> 16),
-                       E4m3x2ToHalf2(codes.y), E4m3x2ToHalf2(codes.y >> 16));
+            make_uint4(E4m3x2ToHalf2(codes.x), E4m3x2ToHalf2(codes.x >> 16), E4m3x2ToHalf2(codes.y),
+                       E4m3x2ToHalf2(codes.y >> 16));
         *reinterpret_cast<uint4*>(dst + Swz<HD>(row, 2 * ch + 1)) =
-            make_uint4(E4m3x2ToHalf2(codes.z), E4m3x2ToHalf2(codes.z >> 16),
-                       E4m3x2ToHalf2(codes.w), E4m3x2ToHalf2(codes.w >> 16));
+            make_uint4(E4m3x2ToHalf2(codes.z), E4m3x2ToHalf2(codes.z >> 16), E4m3x2ToHalf2(codes.w),
+                       E4m3x2ToHalf2(codes.w >> 16));
       }
     }
   };
@@ -299,7 +299,8 @@ void LaunchDim(const PrefillArgs& a, cudaStream_t stream) {
 
 void LaunchPrefillMma(const PrefillArgs& a, cudaStream_t stream) {
   if (a.is_bf16) {
-    a.kv_fp8 ? LaunchDim<__nv_bfloat16, true>(a, stream) : LaunchDim<__nv_bfloat16, false>(a, stream);
+    a.kv_fp8 ? LaunchDim<__nv_bfloat16, true>(a, stream)
+             : LaunchDim<__nv_bfloat16, false>(a, stream);
   } else {
     a.kv_fp8 ? LaunchDim<__half, true>(a, stream) : LaunchDim<__half, false>(a, stream);
   }

@@ -10,9 +10,10 @@
 //    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
 //    tile (a page's block_size rows of one KV head are contiguous in the pool): K as one
 //    cp.async.bulk.tensor.3d box per 64-column panel, V as one 4-D box of both panels (below),
-//    all completing on the stage's "full" mbarrier (expect_tx = bytes of the pages that exist). It refills a stage once every
-//    consumer warp has arrived on its "empty" mbarrier. The ring runs on from one item to the
-//    next, so the next item's first tiles load while the consumers finish the last one.
+//    all completing on the stage's "full" mbarrier (expect_tx = bytes of the pages that exist). It
+//    refills a stage once every consumer warp has arrived on its "empty" mbarrier. The ring runs on
+//    from one item to the next, so the next item's first tiles load while the consumers finish the
+//    last one.
 //  - Consumer warpgroups 1 and 2 (setmaxnreg.inc 232) own 64 query rows each. Their Q rows
 //    arrive by cp.async into 128-byte-swizzled shared memory at the start of each item. Per
 //    key tile j:
@@ -86,7 +87,7 @@ struct WgmmaTraits {
   static constexpr uint32_t kQBytes = kHalves * kQHalfBytes;
   static constexpr uint32_t kKvHalfBytes = kBc * 128;
   static constexpr uint32_t kKvBytes = kHalves * kKvHalfBytes;  // one K (or V) stage
-  static constexpr uint32_t kBarBytes = 128;  // 3 · kStages mbarriers of 8 bytes
+  static constexpr uint32_t kBarBytes = 128;                    // 3 · kStages mbarriers of 8 bytes
   static_assert(kBarBytes >= 3 * kStages * 8, "full K, full V and empty barrier per stage");
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKvBytes + kBarBytes;
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
@@ -98,7 +99,8 @@ struct WgmmaTraits {
   // increase the pool cannot cover blocks forever — 32 / 240 hung the kernel).
   static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-  static_assert((kEntryRegs - kProducerRegs) * 128 >= (kConsumerRegs - kEntryRegs) * 128 * kConsumers,
+  static_assert((kEntryRegs - kProducerRegs) * 128 >=
+                    (kConsumerRegs - kEntryRegs) * 128 * kConsumers,
                 "setmaxnreg budget");
 };
 
@@ -347,8 +349,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const int g4 = lane / 4, t = lane % 4;
   const uint32_t q_base = sQ + w * 64 * 128;
   float o[HD / 2];
-  float m[2], l[2];  // l: this thread's partial sums
-  float s[64];       // S of the current tile (64 × 128 per warpgroup)
+  float m[2], l[2];                             // l: this thread's partial sums
+  float s[64];                                  // S of the current tile (64 × 128 per warpgroup)
   uint32_t pa0[kBc / 16][4], pa1[kBc / 16][4];  // P of two tiles: register A operands of P·V
   float alpha[2];  // O's rescale factor for the current tile (rows row0, +8)
   const bool ping_pong = !(a.v4_flags & kV4NoPingPong);
@@ -357,8 +359,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   const bool loads_only = a.v4_flags & kV4LoadsOnly;
   // Per-item values the main loop reads, as plain scalars (the item's other coordinates are
   // recomputed for the epilogue: a persistent loop must not hold more registers than one tile).
-  uint32_t g0 = 0;  // slots before this item
-  int diag = 0;     // ctx + this warpgroup's first row: key > diag + r masks row r (causal)
+  uint32_t g0 = 0;   // slots before this item
+  int diag = 0;      // ctx + this warpgroup's first row: key > diag + r masks row r (causal)
   int last_key = 0;  // the sequence's last key: key > last_key masks every row (non-causal)
   const uint32_t peer = cluster ? ClusterCtaRank() ^ 1 : 0;
   // A warp gives slot j of the item (stage st) back once its wgmmas that read it have

@@ -50,8 +50,8 @@ void Launch(void* dst, DType dtype, int64_t count, float scale, uint64_t seed, b
   if (count <= 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((count + kThreads - 1) / kThreads, 65536);
-  FillKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(dst, dtype, count, scale,
-                                                                    seed, random, value);
+  FillKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(dst, dtype, count, scale, seed,
+                                                                     random, value);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 

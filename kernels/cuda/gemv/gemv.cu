@@ -21,20 +21,20 @@
 #include <type_traits>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/gemv/gemv.h"
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
+#include "kernels/cuda/gemv/gemv.h"
 #include "kernels/fp8.h"
 
 namespace llm::cuda {
 namespace {
 
-constexpr int kRows = 4;    // output rows per group (kSiluMul: 2 gate + 2 up)
+constexpr int kRows = 4;  // output rows per group (kSiluMul: 2 gate + 2 up)
 // 16-byte chunks per row per thread per stage. 1: two stages double buffered fit the n = 1
 // kernels in 80 registers (with 2, the persistent loop spilled).
 constexpr int kUnroll = 1;
-constexpr int kChunk = 8;   // elements of x per 16-byte chunk
+constexpr int kChunk = 8;  // elements of x per 16-byte chunk
 // CTAs per SM at n = 1 (__launch_bounds__): dtype weights 4 of 256 threads (<= 64 registers),
 // so that every SM keeps 128 KiB of weights in flight (2 stages of 16 KiB per CTA); e4m3 6 of
 // 128 (<= 80 registers; at 8 the fused RoPE spills). Before the RoPE tables and the prologue's
@@ -62,9 +62,9 @@ template <typename T>
 struct DTypeWeights {  // w: dtype [m, k]
   using Element = T;
   static constexpr int kSubChunks = 1;
-  static constexpr int kThreads = 256;                     // a 4096-wide row: 2 stages
+  static constexpr int kThreads = 256;                           // a 4096-wide row: 2 stages
   static constexpr int kCtasPerSm = LLM_GEMV_DTYPE_CTAS_PER_SM;  // at n = 1
-  static constexpr int kStageChunks = kUnroll * kThreads;  // chunks of a row per stage
+  static constexpr int kStageChunks = kUnroll * kThreads;        // chunks of a row per stage
   __device__ static __forceinline__ void Unpack(const uint4& v, int /*sub*/, float (&f)[kChunk]) {
     cuda::Unpack<T>(v, f);
   }
@@ -74,8 +74,8 @@ struct Fp8Weights {  // w: e4m3 codes [m, k], w_scale: fp32 [m], applied after t
   using Element = uint8_t;
   static constexpr int kSubChunks = 2;
   // Half the threads, so that a 4096-wide row is again 2 chunks per thread (2 stages): as many
-  // bytes in flight per thread as the dtype kernel, and 6 CTAs per SM. With 256 threads (1 chunk per
-  // thread at k = 4096: half the bytes in flight per SM) the Llama-3-8B chain took 2.46 ms
+  // bytes in flight per thread as the dtype kernel, and 6 CTAs per SM. With 256 threads (1 chunk
+  // per thread at k = 4096: half the bytes in flight per SM) the Llama-3-8B chain took 2.46 ms
   // (2.84 TB/s of codes), with 128 2.20 ms (3.17), with 64 2.23 ms (gemv.h).
   static constexpr int kThreads = 128;
   static constexpr int kCtasPerSm = 6;  // at n = 1
@@ -138,8 +138,8 @@ __device__ __forceinline__ void LoadStage(Stage& s, const GemvArgs& a, int64_t g
   using Element = typename W::Element;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const uint4* row =
-        reinterpret_cast<const uint4*>(static_cast<const Element*>(a.w) + WeightRow<E>(a, g, r) * a.k);
+    const uint4* row = reinterpret_cast<const uint4*>(static_cast<const Element*>(a.w) +
+                                                      WeightRow<E>(a, g, r) * a.k);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = int64_t(stage) * W::kStageChunks + u * W::kThreads + threadIdx.x;
@@ -176,8 +176,8 @@ __device__ __forceinline__ void LoadX(const GemvArgs& a, const uint4* xs, int t,
 // Weight chunk c (16 bytes of each row) against x chunks c · kSubChunks + sub (the same k
 // range): for e4m3 weights two 16-byte chunks of x per weight chunk.
 template <typename T, typename W, bool Norm, int N>
-__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, const uint4* xs,
-                                         int n, int stage, int64_t chunks, float (&acc)[kRows][N]) {
+__device__ __forceinline__ void FmaStage(const Stage& s, const GemvArgs& a, const uint4* xs, int n,
+                                         int stage, int64_t chunks, float (&acc)[kRows][N]) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t c = int64_t(stage) * W::kStageChunks + u * W::kThreads + threadIdx.x;
@@ -216,7 +216,7 @@ __device__ __forceinline__ void NormalizeToShared(const GemvArgs& a, int n, uint
   float ss[N];
 #pragma unroll
   for (int t = 0; t < N; ++t) ss[t] = 0.f;
-  // Not unrolled: the two weight stages loaded before PdlWait are live here (registers).
+    // Not unrolled: the two weight stages loaded before PdlWait are live here (registers).
 #pragma unroll 1
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
 #pragma unroll
@@ -281,8 +281,7 @@ static_assert(kGemvNormSharedBytes + sizeof(RopeStage<kGemvMaxTokens>) + 4096 <=
               "prologue rows + RoPE tables + reduction scratch exceed 48 KiB");
 
 template <int N>
-__device__ __forceinline__ void StageRope(const GemvArgs& a, int n, int threads,
-                                          RopeStage<N>& rs) {
+__device__ __forceinline__ void StageRope(const GemvArgs& a, int n, int threads, RopeStage<N>& rs) {
   const int half = a.rope.head_dim / 2;
   if (threadIdx.x < n) rs.slot[threadIdx.x] = a.rope.slot_mapping[threadIdx.x];
 #pragma unroll 1
@@ -297,8 +296,8 @@ __device__ __forceinline__ void StageRope(const GemvArgs& a, int n, int threads,
 // for token t (already scaled for e4m3 weights) when `mine`. total: warp 0's scratch.
 template <typename T, GemvEpilogue E, bool Fold, int N>
 __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, int t, bool mine,
-                                         float v, float (&total)[kRows][N],
-                                         const RopeStage<N>& rs, float xold, float gnext) {
+                                         float v, float (&total)[kRows][N], const RopeStage<N>& rs,
+                                         float xold, float gnext) {
   const int n = static_cast<int>(a.n);
   if constexpr (E == GemvEpilogue::kRopeAppendKv) {
     if (mine) total[r][t] = v;
@@ -394,9 +393,8 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
 // Fold: the folded RMSNorm (GemvArgs::rms_partials): kAccumulateF32 produces, the others
 // consume.
 template <typename T, typename W, GemvEpilogue E, bool Norm, bool Fold, int N>
-__global__ void __launch_bounds__(W::kThreads,
-                                  N == 1 ? (Norm && !kIsFp8<W> ? 3 : W::kCtasPerSm) : 1)
-    GemvKernel(GemvArgs a) {
+__global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 : W::kCtasPerSm)
+                                                      : 1) GemvKernel(GemvArgs a) {
   constexpr int kWarps = W::kThreads / 32;
   constexpr bool kFoldOut = Fold && E == GemvEpilogue::kAccumulateF32;
   constexpr bool kFoldIn = Fold && !kFoldOut;

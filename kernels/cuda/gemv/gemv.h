@@ -35,10 +35,10 @@
 // weights are in flight while it multiplies, reduces and stores a group (the reduction scratch
 // alternates by group parity: one barrier per group). Against one CTA per group (a new CTA's
 // ramp for every 32 KiB), the Llama-2-7B linear chain went 3.40 -> 3.30 ms (bench/RESULTS.md).
-// The first two items are loaded before PdlWait() (kernels/cuda/common/launch.h): under programmatic
-// dependent launch a GEMV streams its weights while the previous kernel finishes. No group's
-// epilogue waits on a global load: kAccumulateF32 adds with a fire-and-forget reduction (each
-// element once, so the same fp32 add as y += v, except that red.add.f32 flushes subnormals to
+// The first two items are loaded before PdlWait() (kernels/cuda/common/launch.h): under
+// programmatic dependent launch a GEMV streams its weights while the previous kernel finishes. No
+// group's epilogue waits on a global load: kAccumulateF32 adds with a fire-and-forget reduction
+// (each element once, so the same fp32 add as y += v, except that red.add.f32 flushes subnormals to
 // zero: irrelevant for a residual stream), kRopeAppendKv reads slots and the cos / sin of every
 // (token, dim) that the CTA computed into shared memory once (so head_dim <= 256). At n = 1
 // the dtype kernels fit 64 registers (4 CTAs per SM; the q|k|v GEMV needed 74 with its sincosf
@@ -127,7 +127,7 @@ struct GemvArgs {
   const float* rms_weight = nullptr;  // producer: fp32 [m], the next RMSNorm's weight
   void* rms_x = nullptr;              // producer: dtype [n, m]
   float* rms_partials = nullptr;
-  int64_t rms_num_partials = 0;       // consumer
+  int64_t rms_num_partials = 0;  // consumer
   // The grid: min(row groups, waves × SMs × resident CTAs); waves = 0: one CTA per row group.
   int waves = 1;
   // > 0: at most this many CTAs (tests: many row groups per CTA).

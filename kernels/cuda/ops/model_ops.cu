@@ -41,8 +41,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
-#include "kernels/cuda/ops/model_ops.h"
 #include "kernels/cuda/common/vec.cuh"
+#include "kernels/cuda/ops/model_ops.h"
 #include "kernels/fp8.h"
 
 namespace llm::cuda {
@@ -160,7 +160,6 @@ __device__ __forceinline__ void StoreE4m3(uint8_t* dst, const float (&x)[N], flo
   }
 }
 
-
 // Quantizes the row `src` yields (num_chunks chunks of N) into codes [num_chunks * N] and
 // *scale_out. nonfinite (may be null; uniform over the CTA): incremented when the row holds a
 // NaN or an infinity.
@@ -256,8 +255,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   const int64_t r = blockIdx.x;
-  QuantizeRow<N>(RowSource<T, N>{in + r * cols}, cols / N, codes + r * cols, scales + r,
-                 nonfinite);
+  QuantizeRow<N>(RowSource<T, N>{in + r * cols}, cols / N, codes + r * cols, scales + r, nonfinite);
 }
 
 template <typename T, int N>
@@ -267,8 +265,8 @@ __global__ void __launch_bounds__(kQuantThreads)
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   const int64_t t = blockIdx.x;
-  QuantizeRow<N>(SiluMulSource<T, N>{gate_up + t * 2 * inter, inter}, inter / N,
-                 codes + t * inter, scales + t, nullptr);
+  QuantizeRow<N>(SiluMulSource<T, N>{gate_up + t * 2 * inter, inter}, inter / N, codes + t * inter,
+                 scales + t, nullptr);
 }
 
 // ---- AddRmsNorm ---------------------------------------------------------------------------
@@ -497,8 +495,8 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const float* weight, v
     Launch(AddRmsNormKernel<T, kVec, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
            stream, residual, d, weight, o, rows, hidden, eps, nullptr, nullptr);
   } else {
-    Launch(AddRmsNormKernel<T, 1, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
-           stream, residual, d, weight, o, rows, hidden, eps, nullptr, nullptr);
+    Launch(AddRmsNormKernel<T, 1, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
+           residual, d, weight, o, rows, hidden, eps, nullptr, nullptr);
   }
 }
 
@@ -508,9 +506,8 @@ void LaunchAddRmsNormE4m3(float* residual, const void* delta, const float* weigh
                           float eps, bool vec, cudaStream_t stream) {
   const T* d = static_cast<const T*>(delta);
   if (vec) {
-    Launch(AddRmsNormKernel<T, kVec, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
-           stream, residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out,
-           out_scale);
+    Launch(AddRmsNormKernel<T, kVec, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
+           residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out, out_scale);
   } else {
     Launch(AddRmsNormKernel<T, 1, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
            residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out, out_scale);
@@ -546,11 +543,11 @@ void LaunchSiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int6
 template <typename T, int N, bool kFp8>
 void LaunchRope(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                 const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
-                int head_dim, const PagedKvView<void>& kv, void* q_out,
-                const KvCacheFormat& format, cudaStream_t stream) {
-  Launch(RopeAppendKvKernel<T, N, kFp8>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0,
-         stream, static_cast<const T*>(qkv), positions, slot_mapping, inv_freq, num_heads,
-         num_kv_heads, head_dim, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format);
+                int head_dim, const PagedKvView<void>& kv, void* q_out, const KvCacheFormat& format,
+                cudaStream_t stream) {
+  Launch(RopeAppendKvKernel<T, N, kFp8>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0, stream,
+         static_cast<const T*>(qkv), positions, slot_mapping, inv_freq, num_heads, num_kv_heads,
+         head_dim, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format);
 }
 
 template <typename T>
@@ -602,8 +599,7 @@ void FeedSampledTokens(int32_t* token_ids, const int32_t* feed, const int32_t* s
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 
-void ScatterCopies(const void* src, const CopySegment* segments, int count,
-                   cudaStream_t stream) {
+void ScatterCopies(const void* src, const CopySegment* segments, int count, cudaStream_t stream) {
   if (count < 0 || count > kMaxCopySegments) {
     throw std::invalid_argument("ScatterCopies: " + std::to_string(count) + " segments (at most " +
                                 std::to_string(kMaxCopySegments) + ")");
@@ -647,8 +643,8 @@ void AddRmsNorm(float* residual, const void* delta, const float* weight, void* o
 
 void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                   const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
-                  int head_dim, PagedKvView<void> kv, DType dtype, void* q_out,
-                  cudaStream_t stream, const KvCacheFormat& format) {
+                  int head_dim, PagedKvView<void> kv, DType dtype, void* q_out, cudaStream_t stream,
+                  const KvCacheFormat& format) {
   CheckDType(dtype, "RopeAppendKv");
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim ||
       kv.layout.head_dim != head_dim || kv.layout.num_kv_heads != num_kv_heads) {
@@ -728,8 +724,8 @@ void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t nu
                  int64_t inter, DType dtype, cudaStream_t stream) {
   CheckDType(dtype, "SiluMulE4m3");
   if (num_tokens <= 0 || inter <= 0) return;
-  const bool vec = inter % kVec == 0 && Aligned16(gate_up) &&
-                   reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const bool vec =
+      inter % kVec == 0 && Aligned16(gate_up) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
   if (dtype == DType::kBF16) {
     LaunchSiluMulE4m3<__nv_bfloat16>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
   } else {

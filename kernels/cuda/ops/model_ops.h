@@ -21,8 +21,8 @@ namespace llm::cuda {
 
 // out[t, :] = float(table[token_ids[t], :]), out fp32 [num_tokens, hidden]. Ids must be in
 // range (the caller validates them on the host).
-void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids,
-                     int64_t num_tokens, int64_t hidden, float* out, cudaStream_t stream);
+void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids, int64_t num_tokens,
+                     int64_t hidden, float* out, cudaStream_t stream);
 
 // Async scheduling: token_ids[t] = sampled[feed[t]] for every t with feed[t] >= 0 (the ids the
 // previous step sampled, still on the device); other tokens are unchanged. All int32
@@ -53,8 +53,8 @@ void ScatterCopies(const void* src, const CopySegment* segments, int count, cuda
 //   out[i, :] = dtype(residual[r, :] / sqrt(mean(residual[r, :]²) + eps) * weight[:])
 // residual fp32 [*, hidden]; delta dtype [*, hidden] or null; weight fp32 [hidden];
 // out dtype [num_rows, hidden]. `rows` (null = identity) gathers the rows that need logits.
-void AddRmsNorm(float* residual, const void* delta, const float* weight, void* out,
-                DType dtype, const int32_t* rows, int64_t num_rows, int64_t hidden, float eps,
+void AddRmsNorm(float* residual, const void* delta, const float* weight, void* out, DType dtype,
+                const int32_t* rows, int64_t num_rows, int64_t hidden, float eps,
                 cudaStream_t stream);
 
 // ---- FP8 (e4m3) activations and weights (--quantization fp8) ------------------------------
@@ -88,12 +88,13 @@ void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t nu
 //   the rotated k and the unchanged v are written to the cache slot slot_mapping[t] of
 //   kv (layout kernels/paged_kv.h, same dtype); slot < 0 skips the token's K/V.
 //   format.fp8: e4m3 pools; the rotated k (fp32, before any rounding to dtype) and the v
-//   (dtype) are written as F32ToE4m3(x / scale) (kernels/cuda/attention/attention.h: KvCacheFormat).
+//   (dtype) are written as F32ToE4m3(x / scale) (kernels/cuda/attention/attention.h:
+//   KvCacheFormat).
 // positions int32 [num_tokens]; inv_freq fp32 [head_dim / 2].
 void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                   const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
-                  int head_dim, PagedKvView<void> kv, DType dtype, void* q_out,
-                  cudaStream_t stream, const KvCacheFormat& format = {});
+                  int head_dim, PagedKvView<void> kv, DType dtype, void* q_out, cudaStream_t stream,
+                  const KvCacheFormat& format = {});
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]   (fp32 math, one rounding)
 // gate_up dtype [num_tokens, 2 * inter], out dtype [num_tokens, inter].

@@ -93,8 +93,8 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kEdges = 16;      // one nibble of the key per radix pass
-constexpr int kTopCap = 2048;   // top-N candidates ranked in shared memory
+constexpr int kEdges = 16;     // one nibble of the key per radix pass
+constexpr int kTopCap = 2048;  // top-N candidates ranked in shared memory
 constexpr unsigned kFull = 0xffffffffu;
 static_assert(kWarps == 32, "the warp-maxima threshold assumes 32 warps (N <= 20 < 32)");
 static_assert(kMaxTopLogprobs < kWarps, "top-N threshold needs N <= the number of warps");
@@ -407,10 +407,10 @@ __device__ int SampleFiltered(const float* proc, int vocab, const SampleRowParam
   if (p.top_k > 0 && p.top_k < vocab) {
     int above, target;
     kk = RadixSearch<int>(
-        proc, vocab, [](int, float, uint32_t) { return 1; },
-        [&](int) { return p.top_k; }, s.red_i, s.bcast_i, &above, &target);
-    ck = NthIdCutoff(proc, vocab, [=](int, float l) { return Key(l) == kk; },
-                     int64_t(p.top_k) - above, s);
+        proc, vocab, [](int, float, uint32_t) { return 1; }, [&](int) { return p.top_k; }, s.red_i,
+        s.bcast_i, &above, &target);
+    ck = NthIdCutoff(
+        proc, vocab, [=](int, float l) { return Key(l) == kk; }, int64_t(p.top_k) - above, s);
   }
   auto cand_k = [=](int i, uint32_t key) { return key > kk || (key == kk && i < ck); };
 
@@ -420,8 +420,7 @@ __device__ int SampleFiltered(const float* proc, int vocab, const SampleRowParam
   if (p.top_p < 1.f) {
     float above, target;
     kp = RadixSearch<float>(
-        proc, vocab,
-        [=](int i, float l, uint32_t key) { return cand_k(i, key) ? weight(l) : 0.f; },
+        proc, vocab, [=](int i, float l, uint32_t key) { return cand_k(i, key) ? weight(l) : 0.f; },
         [&](float total) { return p.top_p * total; }, s.red_f, s.bcast_f, &above, &target);
     const float w = weight(KeyToFloat(kp));
     // The ties at kp all weigh w; the CPU adds them in id order until the mass reaches target.
@@ -693,15 +692,14 @@ size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab) {
 
 void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* params,
                   int64_t num_rows, const LogitAdjust* adjust, void* workspace,
-                  const SampleOutputs& out, cudaStream_t stream,
-                  const SampleOptions& options) {
+                  const SampleOutputs& out, cudaStream_t stream, const SampleOptions& options) {
   if (num_rows <= 0) return;
   if (vocab <= 0 || vocab > INT_MAX / 2) {
     throw std::invalid_argument("SampleTokens: vocab must be in [1, 2^30)");
   }
-  SampleKernel<<<unsigned(num_rows), kThreads, 0, stream>>>(
-      logits, static_cast<int>(vocab), params, adjust, static_cast<float*>(workspace), out,
-      options.has_gumbel_pruning);
+  SampleKernel<<<unsigned(num_rows), kThreads, 0, stream>>>(logits, static_cast<int>(vocab), params,
+                                                            adjust, static_cast<float*>(workspace),
+                                                            out, options.has_gumbel_pruning);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -244,8 +244,8 @@ TEST(ChatTemplateTest, NamespaceCyclesAreFreedAfterTheRender) {
   EXPECT_EQ(R("{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.b = b %}"
               "{% set a.d = {'x': a} %}{{ a.d.x.b.a is defined }}"),
             "True");
-  test::ExpectError([] { R("{% set ns = namespace() %}{% set ns.me = ns %}{{ raise_exception('x') }}"); },
-                    {"x"});
+  test::ExpectError(
+      [] { R("{% set ns = namespace() %}{% set ns.me = ns %}{{ raise_exception('x') }}"); }, {"x"});
 }
 
 TEST(ChatTemplateTest, SourceFromTokenizerConfig) {

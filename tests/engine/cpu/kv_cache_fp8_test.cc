@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <numeric>
 
+#include "engine/cpu/kv_cache.h"
 #include "engine/engine.h"
 #include "engine/error.h"
-#include "engine/cpu/kv_cache.h"
 #include "tests/test_util.h"
 
 namespace llm {

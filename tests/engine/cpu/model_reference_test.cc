@@ -12,11 +12,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "engine/error.h"
-#include "engine/cpu/generator.h"
 #include "engine/cpu/cpu_model.h"
-#include "engine/loader/safetensors.h"
+#include "engine/cpu/generator.h"
 #include "engine/cpu/sequence_runner.h"
+#include "engine/error.h"
+#include "engine/loader/safetensors.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
@@ -197,9 +197,10 @@ TEST(Stories260KFp8, LogitsCloseToTheReference) {
     const int next[1] = {want[agree]};
     l = runner.Feed(next);
   }
-  std::printf("  stories260K fp8 weights: last-position logits %.3e of max|ref|; greedy %zu of "
-              "the first 16 tokens before the first divergence\n",
-              err, agree);
+  std::printf(
+      "  stories260K fp8 weights: last-position logits %.3e of max|ref|; greedy %zu of "
+      "the first 16 tokens before the first divergence\n",
+      err, agree);
   EXPECT_LE(err, 8e-2);
   EXPECT_GE(agree, 4u);
 }

@@ -87,8 +87,7 @@ std::vector<Request> Requests() {
 }
 
 EngineRun RunEngine(const std::string& model, bool graphs, bool is_async, bool packed = false) {
-  std::unique_ptr<CudaExecutor> ex =
-      CudaExecutor::Create(ModelDir(model), Options(graphs, packed));
+  std::unique_ptr<CudaExecutor> ex = CudaExecutor::Create(ModelDir(model), Options(graphs, packed));
   CudaExecutor* raw = ex.get();
   EngineConfig cfg;
   cfg.block_size = kBlockSize;
@@ -136,8 +135,7 @@ TEST_F(CudaAsyncTest, AsyncGivesTheSameTokensAsSync) {
         EXPECT_EQ(packed_sync.tokens[i], sync.tokens[i]) << what << ", packed sync, request " << i;
         EXPECT_EQ(packed_sync.logprobs[i], sync.logprobs[i])
             << what << ", packed sync, request " << i;
-        EXPECT_EQ(std::ssize(async.tokens[i]), 8 + 3 * int64_t(i))
-            << what;
+        EXPECT_EQ(std::ssize(async.tokens[i]), 8 + 3 * int64_t(i)) << what;
       }
       EXPECT_EQ(async.stats.steps, sync.stats.steps) << what << ": the same batches";
       EXPECT_EQ(async.stats.packed_uploads, 0) << what;
@@ -148,11 +146,11 @@ TEST_F(CudaAsyncTest, AsyncGivesTheSameTokensAsSync) {
       }
       EXPECT_GT(async.stats.device_ms, 0) << what;
       EXPECT_EQ(async.engine.num_free_kv_blocks, async.engine.num_kv_blocks) << what;
-      std::printf("[cuda async] %s: %lld steps (%lld graphs); device %.1f ms, executor host "
-                  "%.1f ms (sync: device %.1f ms, host %.1f ms)\n",
-                  what.c_str(), (long long)async.stats.steps, (long long)async.stats.graph_steps,
-                  async.stats.device_ms, async.stats.wall_ms, sync.stats.device_ms,
-                  sync.stats.wall_ms);
+      std::printf(
+          "[cuda async] %s: %lld steps (%lld graphs); device %.1f ms, executor host "
+          "%.1f ms (sync: device %.1f ms, host %.1f ms)\n",
+          what.c_str(), (long long)async.stats.steps, (long long)async.stats.graph_steps,
+          async.stats.device_ms, async.stats.wall_ms, sync.stats.device_ms, sync.stats.wall_ms);
     }
   }
 }

@@ -23,11 +23,11 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cpu/cpu_executor.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/cpu/sequence_runner.h"
 #include "engine/cuda/cuda_executor.h"
 #include "engine/engine.h"
-#include "engine/cpu/cpu_model.h"
 #include "engine/loader/safetensors.h"
-#include "engine/cpu/sequence_runner.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
@@ -147,7 +147,9 @@ struct LogitsCase {
 std::string CaseName(const ::testing::TestParamInfo<LogitsCase>& info) {
   return std::string(info.param.model) + (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
          (info.param.gemv ? "_gemv" : "_cublaslt") +
-         (info.param.norm == 1 ? "_foldnorm" : info.param.norm == 2 ? "_normprologue" : "") +
+         (info.param.norm == 1   ? "_foldnorm"
+          : info.param.norm == 2 ? "_normprologue"
+                                 : "") +
          (info.param.tune ? "_autotune" : "");
 }
 
@@ -187,23 +189,18 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   EXPECT_EQ(st.gemm_tuned_shapes > 0, c.tune) << st.gemm_tuned_shapes;
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaLogits,
-                         ::testing::Values(LogitsCase{"stories260K", DType::kBF16},
-                                           LogitsCase{"stories260K", DType::kF16},
-                                           LogitsCase{"hd128", DType::kBF16},
-                                           LogitsCase{"hd128", DType::kF16},
-                                           LogitsCase{"hd64", DType::kBF16},
-                                           LogitsCase{"hd128", DType::kBF16, true},
-                                           LogitsCase{"hd128", DType::kF16, true},
-                                           LogitsCase{"hd64", DType::kBF16, true},
-                                           LogitsCase{"hd64", DType::kF16, true},
-                                           LogitsCase{"hd128", DType::kBF16, true, 1},
-                                           LogitsCase{"hd64", DType::kBF16, true, 1},
-                                           LogitsCase{"hd128", DType::kBF16, true, 2},
-                                           LogitsCase{"hd128", DType::kBF16, false, 0, true},
-                                           LogitsCase{"hd64", DType::kF16, false, 0, true},
-                                           LogitsCase{"hd64", DType::kF16, true, 2}),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaLogits,
+    ::testing::Values(
+        LogitsCase{"stories260K", DType::kBF16}, LogitsCase{"stories260K", DType::kF16},
+        LogitsCase{"hd128", DType::kBF16}, LogitsCase{"hd128", DType::kF16},
+        LogitsCase{"hd64", DType::kBF16}, LogitsCase{"hd128", DType::kBF16, true},
+        LogitsCase{"hd128", DType::kF16, true}, LogitsCase{"hd64", DType::kBF16, true},
+        LogitsCase{"hd64", DType::kF16, true}, LogitsCase{"hd128", DType::kBF16, true, 1},
+        LogitsCase{"hd64", DType::kBF16, true, 1}, LogitsCase{"hd128", DType::kBF16, true, 2},
+        LogitsCase{"hd128", DType::kBF16, false, 0, true},
+        LogitsCase{"hd64", DType::kF16, false, 0, true}, LogitsCase{"hd64", DType::kF16, true, 2}),
+    CaseName);
 
 // --kv-cache-dtype fp8 on the GPU (e4m3 pools: the fp8 append, the fp8 decode kernel, the fp8
 // prefill rungs) against the CPU backend's fp8 cache, the specification. Both quantize every
@@ -254,9 +251,10 @@ void ExpectFp8LogitsMatchTheCpu(const LogitsCase& c, bool kv_fp8, bool weights_f
   auto direct = CudaExecutor::Create(dir, o);
   const std::vector<float> got_direct = AllLogits(*direct, ids, 40);
   const double rel_direct = Relative(got_direct, cpu_fp8);
-  std::printf("  without the copy (mma.sync over e4m3): gpu vs cpu-fp8 %.3e; the two GPU paths "
-              "differ by %.3e\n",
-              rel_direct, Relative(got, got_direct));
+  std::printf(
+      "  without the copy (mma.sync over e4m3): gpu vs cpu-fp8 %.3e; the two GPU paths "
+      "differ by %.3e\n",
+      rel_direct, Relative(got, got_direct));
   EXPECT_LE(rel_direct, 2 * hf + cost_factor * fp8_cost);
   EXPECT_EQ(direct->stats().fp8_prefill_copies, 0);
 }
@@ -338,8 +336,8 @@ TEST_F(CudaExecutorTest, Fp8PrefillGroupsAreBitIdenticalToOneLaunch) {
     return logits;
   };
   int64_t one = 0, three = 0, fallback = 0;
-  const std::vector<float> a = run(0, &one);   // default scratch: one launch
-  const std::vector<float> b = run(4, &three);  // 3 + 4 > 4, 4 + 2 > 4: three launches
+  const std::vector<float> a = run(0, &one);       // default scratch: one launch
+  const std::vector<float> b = run(4, &three);     // 3 + 4 > 4, 4 + 2 > 4: three launches
   const std::vector<float> c = run(3, &fallback);  // the 4-page sequence does not fit alone
   EXPECT_EQ(one, 1);
   EXPECT_EQ(three, 3);

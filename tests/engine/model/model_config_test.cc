@@ -6,8 +6,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "engine/loader/checkpoint_check.h"
 #include "engine/error.h"
+#include "engine/loader/checkpoint_check.h"
 #include "engine/loader/safetensors.h"
 #include "tests/test_util.h"
 

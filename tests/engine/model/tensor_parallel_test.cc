@@ -28,7 +28,7 @@ enum class TpWeight { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownP
 constexpr TpWeight kSplitWeights[] = {TpWeight::kQProj,   TpWeight::kKProj,    TpWeight::kVProj,
                                       TpWeight::kOProj,   TpWeight::kGateProj, TpWeight::kUpProj,
                                       TpWeight::kDownProj};
-constexpr WeightRole kRoles[] = {WeightRole::kQProj,   WeightRole::kKProj,  WeightRole::kVProj,
+constexpr WeightRole kRoles[] = {WeightRole::kQProj,   WeightRole::kKProj,    WeightRole::kVProj,
                                  WeightRole::kOProj,   WeightRole::kGateProj, WeightRole::kUpProj,
                                  WeightRole::kDownProj};
 const WeightSpec& Spec(TpWeight w) {

@@ -26,7 +26,8 @@ class GrpcServerTest : public ::testing::Test {
     engine_ = std::make_unique<Engine>(*model_, *tokenizer_, EngineConfig{.num_kv_blocks = 256});
     Serve();
   }
-  // Replaces the engine with one whose steps fail as `plan` says (engine/testing/fault_injection.h).
+  // Replaces the engine with one whose steps fail as `plan` says
+  // (engine/testing/fault_injection.h).
   void RestartFaulty(FaultPlan plan) {
     TearDown();
     server_.reset();  // before the engine and the front end it refers to

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "engine/cpu/cpu_executor.h"
-#include "engine/testing/fault_injection.h"
 #include "engine/loader/make_model.h"
+#include "engine/testing/fault_injection.h"
 #include "tests/test_util.h"
 
 namespace llm::server {
