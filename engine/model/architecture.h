@@ -1,7 +1,7 @@
 // The architecture registry: one table of the decoder architectures this engine serves, as
 // vLLM's model registry is (models/registry.py). Each spec names the Hugging Face classes it
-// accepts (MistralForCausalLM reuses Llama's spec), its feature fields, and one weight list
-// of {role, HF name, shape, fused slot, tensor-parallel split} that config validation
+// accepts (several may share one spec, as Mistral's shares Llama's), its feature fields, and one
+// weight list of {role, HF name, shape, fused slot, tensor-parallel split} that config validation
 // (ExpectedTensors), `llm make-model`, both backends' loaders, the CUDA backend's dummy
 // weights and the tensor-parallel split all iterate. Nothing else in the engine spells an
 // architecture's class name.
@@ -98,7 +98,7 @@ std::span<const ArchitectureSpec> Architectures();
 // The spec that accepts this "architectures" class name or model_type; nullptr when none does.
 const ArchitectureSpec* FindArchitecture(std::string_view hf_class);
 const ArchitectureSpec* FindArchitectureByModelType(std::string_view model_type);
-// "LlamaForCausalLM, MistralForCausalLM" (for error messages).
+// The accepted class names / model_types, comma-separated (for error messages).
 std::string SupportedArchitectures();
 std::string SupportedModelTypes();
 // The registered class of `model_type`, and the model_type of a registered class ("" if none).

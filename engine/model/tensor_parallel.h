@@ -1,7 +1,7 @@
 // Tensor parallelism (Megatron-LM style) of a decoder over `size` GPUs of one host: which
 // part of each weight a rank holds (each weight's TpSplit is in the architecture registry).
 // Host-only, so the CPU tests check the split's arithmetic; the CUDA executor
-// (engine/cuda/cuda_executor.cc) loads and runs the shards.
+// (engine/cuda/weights.cc) loads and runs the shards.
 //
 //   attention: q/k/v projections split by rows = by heads (rank r holds query heads
 //              [r·H/N, (r+1)·H/N) and KV heads [r·KV/N, (r+1)·KV/N), so every query head's KV
