@@ -33,7 +33,8 @@ shared=$(pwd)/.shared
 if [ "$PHASE" = tests ]; then
   # Build only (no tests yet: the executor test reads the tolerance measured next).
   GPU_TEST_REGEX='^$' OUT=$OUT bash scripts/gpu_run.sh \
-    llm cuda_executor_gpu_test engine_gpu_test gemv_gpu_test gemv_fused_gpu_test model_ops_gpu_test sampling_gpu_test prefill_attention_gpu_test \
+    llm cuda_executor_gpu_test engine_gpu_test gemv_gpu_test gemv_fused_gpu_test model_ops_gpu_test sampling_gpu_test sampling_gumbel_gpu_test \
+    prefill_attention_gpu_test \
     decode_attention_gpu_test rmsnorm_gpu_test bench_gemm_peak_gpu bench_copy_bandwidth_gpu \
     bench_decode_attention_gpu cuda_async_gpu_test cuda_step_failure_gpu_test \
     demo_model cuda_tp_gpu_test all_reduce_gpu_test bench_all_reduce_gpu kv_fp8_attention_gpu_test kv_fp8_append_gpu_test \

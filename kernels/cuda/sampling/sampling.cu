@@ -2,7 +2,8 @@
 // specification: Sampler::Sample in engine/sample/sampler.{h,cc}; same steps in the same order.
 // One file for one kernel: SampleKernel and the block reductions, radix searches and filters
 // only it calls.
-// Test:  ninja -C build sampling_gpu_test && (cd build && ctest -L gpu -R sampling)
+// Test:  ninja -C build sampling_gpu_test sampling_gumbel_gpu_test &&
+//        (cd build && ctest -L gpu -R sampling)
 // Bench: ninja -C build bench_sampling_gpu && ./build/bench_sampling_gpu
 //
 // One CTA of 1024 threads per sampled row; nothing is sorted. Per row:
