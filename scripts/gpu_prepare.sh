@@ -4,19 +4,24 @@
 # into .debs/ (git-ignored) and copies ../shared's models into .shared/ (../shared does not
 # travel; .shared is excluded locally through .git/info/exclude). Then carry both:
 #   run(command=..., carry=[".debs", ".shared"])
-# Idempotent: an existing .debs/ or .shared/ is kept.
+# Idempotent: packages already in .debs/ and an existing .shared/ are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -d .debs ] || [ -z "$(ls .debs/*.deb 2>/dev/null)" ]; then
-  mkdir -p .debs
-  (cd .debs && apt-get download \
-    googletest libgtest-dev libgmock-dev \
-    libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 \
-    libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32 \
-    protobuf-compiler protobuf-compiler-grpc \
-    libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libre2-dev libre2-9 \
-    nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libcpp-httplib0.11 \
-    libbrotli-dev libbrotli1 libssl-dev libssl3 zlib1g-dev) 2>&1 | grep -v '^W:' || true
+packages=(googletest libgtest-dev libgmock-dev
+  libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29
+  libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32
+  protobuf-compiler protobuf-compiler-grpc
+  libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libre2-dev libre2-9
+  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libcpp-httplib0.11
+  libbrotli-dev libbrotli1 libssl-dev libssl3 zlib1g-dev
+  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72)
+mkdir -p .debs
+missing=()
+for p in "${packages[@]}"; do
+  ls .debs/"${p}"_*.deb >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  (cd .debs && apt-get download "${missing[@]}") 2>&1 | grep -v '^W:' || true
 fi
 if [ ! -d .shared/models ]; then
   mkdir -p .shared

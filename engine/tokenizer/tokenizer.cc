@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/tokenizer_impl.h"
 #include "sentencepiece_model.pb.h"
 
@@ -196,19 +197,26 @@ size_t Tokenizer::Impl::MatchUserSymbol(std::string_view text) const {
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
-std::unique_ptr<Tokenizer> Tokenizer::FromFile(const std::string& tokenizer_model_path) {
-  return std::unique_ptr<Tokenizer>(new Tokenizer(LoadModel(tokenizer_model_path)));
+std::unique_ptr<Tokenizer> Tokenizer::FromFile(const std::string& tokenizer_path) {
+  if (fs::path(tokenizer_path).extension() == ".json") return LoadHuggingFace(tokenizer_path, "");
+  return std::unique_ptr<Tokenizer>(new Tokenizer(LoadModel(tokenizer_path)));
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::Load(const std::string& model_dir) {
-  auto impl = LoadModel((fs::path(model_dir) / "tokenizer.model").string());
   const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
   std::error_code ec;
-  if (fs::exists(config_path, ec)) ApplyConfig(config_path, *impl);
+  const bool has_config = fs::exists(config_path, ec);
+  if (const fs::path json_path = fs::path(model_dir) / "tokenizer.json";
+      fs::exists(json_path, ec)) {
+    return LoadHuggingFace(json_path.string(), has_config ? config_path : "");
+  }
+  auto impl = LoadModel((fs::path(model_dir) / "tokenizer.model").string());
+  if (has_config) ApplyConfig(config_path, *impl);
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
 std::vector<int> Tokenizer::EncodePrompt(std::string_view text) const {
+  if (hf_) return HfEncodePrompt(text);
   std::vector<int> ids;
   if (impl_->add_bos && impl_->bos_id >= 0) ids.push_back(impl_->bos_id);
   const std::vector<int> body = Encode(text);
@@ -217,21 +225,31 @@ std::vector<int> Tokenizer::EncodePrompt(std::string_view text) const {
   return ids;
 }
 
-int Tokenizer::vocab_size() const { return static_cast<int>(impl_->pieces.size()); }
+int Tokenizer::vocab_size() const {
+  return hf_ ? hf_->vocab_size() : static_cast<int>(impl_->pieces.size());
+}
 
 std::string_view Tokenizer::IdToPiece(int id) const {
+  if (hf_) return hf_->IdToToken(id);
   if (id < 0 || id >= vocab_size()) return {};
   return impl_->pieces[id].text;
 }
 
-int Tokenizer::PieceToId(std::string_view piece) const { return impl_->LookupPiece(piece); }
-bool Tokenizer::IsControl(int id) const { return impl_->IsType(id, PieceType::kControl); }
-bool Tokenizer::IsByte(int id) const { return impl_->IsType(id, PieceType::kByte); }
-int Tokenizer::bos_id() const { return impl_->bos_id; }
-int Tokenizer::eos_id() const { return impl_->eos_id; }
-int Tokenizer::unk_id() const { return impl_->unk_id; }
-int Tokenizer::pad_id() const { return impl_->pad_id; }
-bool Tokenizer::add_bos_token() const { return impl_->add_bos; }
-bool Tokenizer::add_eos_token() const { return impl_->add_eos; }
+int Tokenizer::PieceToId(std::string_view piece) const {
+  if (hf_) return hf_->TokenToId(piece).value_or(unk_id());
+  return impl_->LookupPiece(piece);
+}
+bool Tokenizer::IsControl(int id) const {
+  return hf_ ? hf_->IsSpecial(id) : impl_->IsType(id, PieceType::kControl);
+}
+bool Tokenizer::IsByte(int id) const {
+  return hf_ ? hf_->IsByteToken(id) : impl_->IsType(id, PieceType::kByte);
+}
+int Tokenizer::bos_id() const { return hf_ ? hf_config_->bos_id : impl_->bos_id; }
+int Tokenizer::eos_id() const { return hf_ ? hf_config_->eos_id : impl_->eos_id; }
+int Tokenizer::unk_id() const { return hf_ ? hf_config_->unk_id : impl_->unk_id; }
+int Tokenizer::pad_id() const { return hf_ ? hf_config_->pad_id : impl_->pad_id; }
+bool Tokenizer::add_bos_token() const { return hf_ ? hf_config_->add_bos : impl_->add_bos; }
+bool Tokenizer::add_eos_token() const { return hf_ ? hf_config_->add_eos : impl_->add_eos; }
 
 }  // namespace llm

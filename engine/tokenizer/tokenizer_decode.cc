@@ -11,6 +11,7 @@
 // longer start one. That is what makes the streaming decoder equal to Decode.
 #include <cstring>
 
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/tokenizer_impl.h"
 
@@ -106,7 +107,8 @@ void Tokenizer::Impl::DecodeId(DecodeState& state, int id, std::string* out) con
   if (out->size() > size_before) state.text_empty = false;
 }
 
-std::string Tokenizer::Decode(std::span<const int> ids) const {
+std::string Tokenizer::Decode(std::span<const int> ids, bool skip_special_tokens) const {
+  if (hf_) return hf_->Decode(ids, skip_special_tokens);
   DecodeState state;
   std::string text;
   for (int id : ids) impl_->DecodeId(state, id, &text);
@@ -114,8 +116,20 @@ std::string Tokenizer::Decode(std::span<const int> ids) const {
   return text;
 }
 
-IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int> context_ids)
-    : tokenizer_(tokenizer), state_(std::make_unique<DecodeState>()) {
+IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int> context_ids,
+                                       bool skip_special_tokens)
+    : tokenizer_(tokenizer), skip_special_tokens_(skip_special_tokens) {
+  if (const hf::HfTokenizer* hf = tokenizer_.hf_.get()) {
+    // The context's text is settled as Decode(context) settles it, and dropped.
+    hf_state_ = std::make_unique<hf::HfDecodeState>();
+    hf->DecodeStart(hf_state_.get());
+    std::string discarded;
+    for (int id : context_ids)
+      hf->DecodePush(hf_state_.get(), id, skip_special_tokens_, &discarded);
+    hf->DecodeFinish(hf_state_.get(), &discarded);
+    return;
+  }
+  state_ = std::make_unique<DecodeState>();
   // Run the context through the same state machine and drop its text: what remains is
   // whether a leading "▁" may still be dropped. Bytes of a character the context leaves
   // unfinished are settled now as Decode(context) settles them (U+FFFD each), since that
@@ -129,12 +143,20 @@ IncrementalDecoder::~IncrementalDecoder() = default;
 
 std::string IncrementalDecoder::Push(int id) {
   std::string text;
+  if (hf_state_) {
+    tokenizer_.hf_->DecodePush(hf_state_.get(), id, skip_special_tokens_, &text);
+    return text;
+  }
   tokenizer_.impl_->DecodeId(*state_, id, &text);
   return text;
 }
 
 std::string IncrementalDecoder::Flush() {
   std::string text;
+  if (hf_state_) {
+    tokenizer_.hf_->DecodeFinish(hf_state_.get(), &text);
+    return text;
+  }
   tokenizer_.impl_->FlushBytes(*state_, &text);
   return text;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <queue>
 
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/tokenizer_impl.h"
 
@@ -254,6 +255,7 @@ std::vector<Segment> Tokenizer::Impl::EncodeUnigram(std::string_view normalized)
 }
 
 std::vector<int> Tokenizer::Encode(std::string_view text) const {
+  if (hf_) return hf_->Encode(text, /*add_special_tokens=*/false);
   const Impl& impl = *impl_;
   const std::string normalized = impl.Normalize(text);
   const std::vector<Segment> segments =

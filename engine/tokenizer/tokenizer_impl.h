@@ -93,6 +93,16 @@ struct Tokenizer::Impl {
   void FlushBytes(DecodeState& state, std::string* out) const;
 };
 
+// tokenizer_config.json beside a tokenizer.json (tokenizer_hf.cc).
+struct Tokenizer::HfConfig {
+  int bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  bool add_bos = false, add_eos = false;
+  // A Llama / Gemma tokenizer_class with add_bos_token or add_eos_token: transformers
+  // rebuilds the post-processor as "BOS? $A EOS?" from those flags.
+  bool flags_decide = false;
+  bool clean_up_spaces = false;
+};
+
 // SentencePiece's UTF-8 rules (string_util::DecodeUTF8 / IsValidDecodeUTF8): the length of
 // the valid character at the start of `text`, or 0 when it is malformed or cut short.
 // Overlong forms, surrogates and code points above U+10FFFF are malformed.

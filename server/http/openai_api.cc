@@ -162,40 +162,6 @@ std::vector<int> PromptIds(const json& body, const Tokenizer& tokenizer, const M
   throw BadParam("prompt", "prompt must be a non-empty string or list of token ids (one prompt)");
 }
 
-// A chat template writes control tokens as text ("<s>", "</s>"): they become their ids,
-// and the text between them is encoded as usual (SentencePiece's "legacy" behaviour, as
-// Hugging Face's slow Llama tokenizer does).
-std::vector<int> EncodeWithSpecialTokens(const Tokenizer& tokenizer, const std::string& text) {
-  std::vector<std::pair<std::string, int>> specials;
-  for (int id = 0; id < tokenizer.vocab_size(); ++id) {
-    if (tokenizer.IsControl(id) && !tokenizer.IdToPiece(id).empty()) {
-      specials.emplace_back(std::string(tokenizer.IdToPiece(id)), id);
-    }
-  }
-  std::vector<int> ids;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t best = std::string::npos;
-    const std::pair<std::string, int>* hit = nullptr;
-    for (const auto& sp : specials) {
-      const size_t at = text.find(sp.first, pos);
-      if (at < best || (at == best && hit && sp.first.size() > hit->first.size())) {
-        best = at;
-        hit = &sp;
-      }
-    }
-    const size_t end = hit ? best : text.size();
-    if (end > pos) {
-      const std::vector<int> part = tokenizer.Encode(std::string_view(text).substr(pos, end - pos));
-      ids.insert(ids.end(), part.begin(), part.end());
-    }
-    if (!hit) break;
-    ids.push_back(hit->second);
-    pos = best + hit->first.size();
-  }
-  return ids;
-}
-
 }  // namespace
 
 json ErrorBody(const ApiError& error) {
@@ -234,7 +200,7 @@ ParsedRequest ParseChat(const json& body, const std::string& rendered_prompt,
   out.is_chat = true;
   const Fields f(body);
   // The chat template already wrote BOS where the model wants it: no second one.
-  out.request.prompt_ids = EncodeWithSpecialTokens(tokenizer, rendered_prompt);
+  out.request.prompt_ids = tokenizer.EncodeWithSpecialTokens(rendered_prompt);
   if (out.request.prompt_ids.empty()) throw BadParam("messages", "the conversation is empty");
   ParseSampling(body, model, std::ssize(out.request.prompt_ids), &out);
   if (f.Bool("logprobs", false)) {
