@@ -14,6 +14,7 @@
 #include "engine/loader/safetensors.h"
 #include "engine/model/architecture.h"
 #include "engine/model/model_config.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {
@@ -69,6 +70,41 @@ void FillRandom(std::vector<std::byte>& out, int64_t count, DType dtype, uint64_
   }
 }
 
+// --tokenizer: a tokenizer.model or tokenizer.json file, or a folder holding either (with its
+// tokenizer_config.json); tokenizer.json wins when a folder has both.
+struct TokenizerSource {
+  std::string json_file, config_file, model_file;
+};
+
+TokenizerSource FindTokenizer(const std::string& path) {
+  TokenizerSource source;
+  if (path.empty()) return source;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path dir(path);
+    if (fs::exists(dir / "tokenizer.json", ec)) {
+      source.json_file = (dir / "tokenizer.json").string();
+    } else if (fs::exists(dir / "tokenizer.model", ec)) {
+      source.model_file = (dir / "tokenizer.model").string();
+    } else {
+      throw Error(path + ": no tokenizer.json or tokenizer.model in this folder");
+    }
+    if (!source.json_file.empty() && fs::exists(dir / "tokenizer_config.json", ec)) {
+      source.config_file = (dir / "tokenizer_config.json").string();
+    }
+    return source;
+  }
+  if (!fs::exists(path, ec)) throw Error(path + ": tokenizer not found");
+  if (fs::path(path).extension() == ".json") {
+    source.json_file = path;
+    const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
+    if (fs::exists(config, ec)) source.config_file = config.string();
+  } else {
+    source.model_file = path;
+  }
+  return source;
+}
+
 const char* TorchDtype(DType d) {
   return d == DType::kF32 ? "float32" : d == DType::kBF16 ? "bfloat16" : "float16";
 }
@@ -79,9 +115,7 @@ void MakeRandomModel(const MakeModelOptions& options) {
   json config_json = ReadJsonFile(options.config_path);
   config_json["torch_dtype"] = TorchDtype(options.dtype);
   const ModelConfig config = ModelConfig::FromJson(config_json, options.config_path);
-  if (!options.tokenizer_path.empty() && !fs::exists(options.tokenizer_path)) {
-    throw Error(options.tokenizer_path + ": tokenizer model not found");
-  }
+  const TokenizerSource source = FindTokenizer(options.tokenizer_path);
   const fs::path out(options.out_dir);
   fs::create_directories(out);
   WriteJson(out / "config.json", config_json);
@@ -89,21 +123,33 @@ void MakeRandomModel(const MakeModelOptions& options) {
   gen["eos_token_id"] =
       config.eos_token_ids.size() == 1 ? json(config.eos_token_ids[0]) : json(config.eos_token_ids);
   WriteJson(out / "generation_config.json", gen);
+  json tok;
+  if (!source.json_file.empty()) {  // Hugging Face: tokenizer.json and its config as they are
+    fs::copy_file(source.json_file, out / "tokenizer.json", fs::copy_options::overwrite_existing);
+    tok = source.config_file.empty() ? json::object() : ReadJsonFile(source.config_file);
+  } else if (!source.model_file.empty()) {
+    fs::copy_file(source.model_file, out / "tokenizer.model", fs::copy_options::overwrite_existing);
+    tok = {{"tokenizer_class", "LlamaTokenizer"},
+           {"add_bos_token", true},
+           {"add_eos_token", false},
+           {"bos_token", "<s>"},
+           {"eos_token", "</s>"},
+           {"unk_token", "<unk>"}};
+  }
   if (!options.tokenizer_path.empty()) {
-    fs::copy_file(options.tokenizer_path, out / "tokenizer.model",
-                  fs::copy_options::overwrite_existing);
-    json tok = {{"tokenizer_class", "LlamaTokenizer"},
-                {"add_bos_token", true},
-                {"add_eos_token", false},
-                {"bos_token", "<s>"},
-                {"eos_token", "</s>"},
-                {"unk_token", "<unk>"}};
     if (!options.chat_template_path.empty()) {
       std::ifstream in(options.chat_template_path, std::ios::binary);
       if (!in) throw Error(options.chat_template_path + ": cannot open the chat template");
       tok["chat_template"] = std::string(std::istreambuf_iterator<char>(in), {});
     }
     WriteJson(out / "tokenizer_config.json", tok);
+    // Every id the tokenizer can produce must have an embedding row.
+    const int tokenizer_vocab = Tokenizer::Load(out.string())->vocab_size();
+    if (tokenizer_vocab > config.vocab_size) {
+      throw Error(options.config_path + ": vocab_size " + std::to_string(config.vocab_size) +
+                  " is smaller than the tokenizer's " + std::to_string(tokenizer_vocab) + " ids (" +
+                  options.tokenizer_path + ")");
+    }
   }
 
   const std::vector<TensorSpec> specs = ExpectedTensors(config);

@@ -1,5 +1,5 @@
 // `llm make-model`: writes a complete Hugging Face checkpoint folder with random weights
-// (config.json, generation_config.json, model.safetensors, tokenizer.model,
+// (config.json, generation_config.json, model.safetensors, tokenizer.json or tokenizer.model,
 // tokenizer_config.json) for tests, the demo model and benchmarks at real shapes. Like
 // vLLM's dummy load format, speed does not depend on the weight values.
 #pragma once
@@ -12,9 +12,11 @@
 namespace llm {
 
 struct MakeModelOptions {
-  std::string config_path;     // a config.json of a registered architecture
-  std::string out_dir;         // created if missing
-  std::string tokenizer_path;  // a SentencePiece tokenizer.model to copy in
+  std::string config_path;  // a config.json of a registered architecture
+  std::string out_dir;      // created if missing
+  // A tokenizer.model or tokenizer.json (with the tokenizer_config.json beside it), or a folder
+  // holding them, to copy in; "" for none. The config's vocab_size must cover its ids.
+  std::string tokenizer_path;
   uint64_t seed = 0;
   DType dtype = DType::kBF16;
   std::string chat_template_path;  // a Jinja chat template for tokenizer_config.json (optional)

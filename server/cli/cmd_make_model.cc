@@ -1,5 +1,5 @@
 // `llm make-model --config CONFIG.json --out DIR [--seed S] [--dtype bf16|f16|f32]
-//                 [--tokenizer tokenizer.model]`
+//                 [--tokenizer tokenizer.model|tokenizer.json|FOLDER] [--chat-template T]`
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -28,7 +28,8 @@ Command AddMakeModel(CLI::App& app) {
       ->transform(CLI::CheckedTransformer(dtypes, CLI::ignore_case))
       ->default_str("bf16");
   cmd->add_option("--tokenizer", opts->tokenizer_path,
-                  "SentencePiece tokenizer.model to include (default: the demo model's)")
+                  "tokenizer to include: a tokenizer.model or tokenizer.json file, or a folder "
+                  "with one (and its tokenizer_config.json) (default: the demo model's)")
       ->capture_default_str();
   cmd->add_option("--chat-template", opts->chat_template_path,
                   "Jinja chat template to store in tokenizer_config.json")

