@@ -20,7 +20,7 @@ for g in $groups; do
         libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev
         libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc
         libssl-dev   # `llm download`: HTTPS (cpp-httplib's OpenSSL support) and sha256 (EVP)
-        libpcre2-dev libicu-dev   # tokenizer.json: pre-tokenizer regexes, Unicode data
+        libpcre2-dev libicu-dev libsimdjson-dev   # tokenizer.json: regexes, Unicode, parsing
       )
       ;;&
     test)

@@ -14,7 +14,8 @@ packages=(googletest libgtest-dev libgmock-dev
   libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libre2-dev libre2-9
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libcpp-httplib0.11
   libbrotli-dev libbrotli1 libssl-dev libssl3 zlib1g-dev
-  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72)
+  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
+  libsimdjson-dev libsimdjson14)
 mkdir -p .debs
 missing=()
 for p in "${packages[@]}"; do

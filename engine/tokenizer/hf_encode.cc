@@ -403,8 +403,8 @@ void HfTokenizer::PreTokenize(std::vector<PreToken>* pieces) const {
 void Bpe::Tokenize(std::string_view word, std::vector<int>* ids) const {
   if (word.empty()) return;
   if (ignore_merges) {
-    if (auto it = vocab.find(std::string(word)); it != vocab.end()) {
-      ids->push_back(it->second);
+    if (const int id = vocab.Find(word); id >= 0) {
+      ids->push_back(id);
       return;
     }
   }
@@ -429,10 +429,10 @@ void Bpe::Tokenize(std::string_view word, std::vector<int>* ids) const {
     if (start > 0 && continuing_subword_prefix) s += *continuing_subword_prefix;
     s.append(word.substr(start, pos - start));
     if (pos >= word.size() && end_of_word_suffix) s += *end_of_word_suffix;
-    if (auto it = vocab.find(s); it != vocab.end()) {
+    if (const int id = vocab.Find(s); id >= 0) {
       if (unk >= 0) add(unk);
       unk = -1;
-      add(it->second);
+      add(id);
       continue;
     }
     if (byte_fallback) {
@@ -461,11 +461,7 @@ void Bpe::Tokenize(std::string_view word, std::vector<int>* ids) const {
     }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
-  auto lookup = [&](int left, int right) -> const Merge* {
-    const uint64_t key = (static_cast<uint64_t>(left) << 32) | static_cast<uint32_t>(right);
-    auto it = merges.find(key);
-    return it == merges.end() ? nullptr : &it->second;
-  };
+  auto lookup = [&](int left, int right) { return merges.Find(left, right); };
   for (size_t i = 0; i + 1 < symbols.size(); ++i) {
     if (const Merge* m = lookup(symbols[i].id, symbols[i + 1].id)) {
       queue.push({m->rank, static_cast<int>(i), m->new_id});
@@ -534,9 +530,12 @@ std::vector<int> HfTokenizer::Encode(std::string_view text, bool add_special_tok
       EncodeSegment(text.substr(split.begin, split.end - split.begin), split.begin == 0, &ids);
     }
   }
-  if (!add_special_tokens || post_single_.empty()) return ids;
+  if (post_single_.empty()) return ids;
+  // The template's sequences are there with or without special tokens (a template may repeat
+  // the sequence, or leave it out); its special tokens only with.
   std::vector<int> out;
   for (const TemplateItem& item : post_single_) {
+    if (!item.is_sequence && !add_special_tokens) continue;
     const std::vector<int>& part = item.is_sequence ? ids : item.ids;
     out.insert(out.end(), part.begin(), part.end());
   }
@@ -553,13 +552,13 @@ std::optional<int> HfTokenizer::TokenToId(std::string_view token) const {
   if (auto it = added_by_content_.find(std::string(token)); it != added_by_content_.end()) {
     return added_[it->second].id;
   }
-  if (auto it = bpe_.vocab.find(std::string(token)); it != bpe_.vocab.end()) return it->second;
+  if (const int id = bpe_.vocab.Find(token); id >= 0) return id;
   return std::nullopt;
 }
 
 bool HfTokenizer::IsSpecial(int id) const {
   auto it = added_by_id_.find(id);
-  return it != added_by_id_.end() && added_[it->second].special;
+  return it != added_by_id_.end() && special_contents_.count(added_[it->second].content) > 0;
 }
 
 bool HfTokenizer::IsByteToken(int id) const {

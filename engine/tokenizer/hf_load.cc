@@ -1,10 +1,11 @@
 // Reading tokenizer.json into HfTokenizer's components. Every error names the file and the
 // field ("tokenizer.json: pre_tokenizer.pretokenizers[1].behavior: ..."); a component the
 // pipeline does not implement is refused by name, never skipped.
+#include <simdjson.h>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
-#include "engine/loader/json_file.h"
 #include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/unicode.h"
 
@@ -25,8 +26,7 @@ class HfLoader {
   explicit HfLoader(std::string path) : path_(std::move(path)) {}
 
   std::unique_ptr<HfTokenizer> Load() {
-    const json root = ReadJsonFile(path_);
-    if (!root.is_object()) Fail("", "not a JSON object");
+    const json root = Parse();
     auto tok = std::make_unique<HfTokenizer>();
     tok->path_ = path_;
     if (root.contains("version") && root["version"] != "1.0") {
@@ -49,13 +49,53 @@ class HfLoader {
     if (const json* p = Get(root, "post_processor")) {
       std::vector<TemplateItem> items = {TemplateItem{true, {}}};
       LoadPostProcessor(*p, "post_processor", tok.get(), &items);
-      bool only_sequence = items.size() == 1 && items[0].is_sequence;
+      const bool only_sequence = items.size() == 1 && items[0].is_sequence;
       if (!only_sequence) tok->post_single_ = std::move(items);
     }
     return tok;
   }
 
  private:
+  // simdjson reads the file (a 33 MB tokenizer.json in tens of milliseconds, where a
+  // nlohmann::json DOM takes about a second); everything but the model's vocab and merges,
+  // which LoadModel walks in simdjson's DOM, is handed to nlohmann::json for the checks below.
+  json Parse() {
+    auto loaded = simdjson::padded_string::load(path_);
+    if (loaded.error()) Fail("", "cannot read the file");
+    file_ = std::move(loaded.value());
+    simdjson::dom::element doc;
+    if (const auto error = parser_.parse(file_).get(doc)) {
+      Fail("", std::string("not well-formed JSON: ") + simdjson::error_message(error));
+    }
+    simdjson::dom::object object;
+    if (doc.get_object().get(object)) Fail("", "not a JSON object");
+    auto to_json = [](simdjson::dom::element e) { return json::parse(simdjson::minify(e)); };
+    json root = json::object();
+    for (const auto field : object) {
+      const std::string key(field.key);
+      if (key != "model" || !field.value.is_object()) {
+        root[key] = to_json(field.value);
+        continue;
+      }
+      json model = json::object();
+      simdjson::dom::object model_object;
+      if (field.value.get_object().get(model_object)) Fail("model", "must be an object");
+      for (const auto m : model_object) {
+        if (m.key == "vocab") {
+          vocab_ = m.value;
+          model["vocab"] = true;  // present; read from vocab_
+        } else if (m.key == "merges") {
+          merges_ = m.value;
+          model["merges"] = true;
+        } else {
+          model[std::string(m.key)] = to_json(m.value);
+        }
+      }
+      root[key] = std::move(model);
+    }
+    return root;
+  }
+
   [[noreturn]] void Fail(const std::string& field, const std::string& message) const {
     throw Error(path_ + ": " + (field.empty() ? "" : field + ": ") + message);
   }
@@ -78,11 +118,23 @@ class HfLoader {
     if (!v->is_string()) Fail(field + "." + key, "must be a string or null");
     return v->get<std::string>();
   }
+  // An optional flag (the library's Option<bool>): missing or null is `fallback`.
   bool Bool(const json& object, const char* key, bool fallback, const std::string& field) const {
     const json* v = Get(object, key);
     if (v == nullptr) return fallback;
     if (!v->is_boolean()) Fail(field + "." + key, "must be true or false");
     return v->get<bool>();
+  }
+  // A flag the library's deserializer requires (a plain bool field: null is refused too).
+  bool RequiredBool(const json& object, const char* key, const std::string& field) const {
+    const auto it = object.find(key);
+    if (it == object.end() || !it->is_boolean()) Fail(field + "." + key, "must be true or false");
+    return it->get<bool>();
+  }
+  // A flag with a serde default: missing is `fallback`, null is refused.
+  bool DefaultBool(const json& object, const char* key, bool fallback,
+                   const std::string& field) const {
+    return object.contains(key) ? RequiredBool(object, key, field) : fallback;
   }
   size_t Size(const json& object, const char* key, const std::string& field) const {
     const json* v = Get(object, key);
@@ -106,6 +158,17 @@ class HfLoader {
       Fail(field + "." + key, "must be one character");
     }
     return s;
+  }
+
+  // ByteLevel's fields, one struct for the pre-tokenizer, the decoder and the post-processor
+  // (byte_level.rs): add_prefix_space and trim_offsets required, use_regex true by default.
+  bool ByteLevelFlags(const json& object, const std::string& field,
+                      bool* use_regex = nullptr) const {
+    const bool add_prefix_space = RequiredBool(object, "add_prefix_space", field);
+    RequiredBool(object, "trim_offsets", field);
+    const bool regex = DefaultBool(object, "use_regex", true, field);
+    if (use_regex != nullptr) *use_regex = regex;
+    return add_prefix_space;
   }
 
   // {"String": "..."} or {"Regex": "..."}; *literal gets the string of a String pattern.
@@ -143,11 +206,14 @@ class HfLoader {
     Fail(field + ".behavior", "unknown behavior \"" + b + "\"");
   }
 
-  // Metaspace's prepend_scheme, with the older add_prefix_space (false means "never").
+  // Metaspace's prepend_scheme (default "always"), with the older add_prefix_space: false must
+  // come with "never" (metaspace.rs refuses it with the default "always", as the library
+  // does).
   PrependScheme Prepend(const json& object, const std::string& field) const {
     PrependScheme scheme = PrependScheme::kAlways;
-    if (const json* p = Get(object, "prepend_scheme")) {
-      const std::string s = p->is_string() ? p->get<std::string>() : "";
+    if (object.contains("prepend_scheme")) {
+      const json& p = object["prepend_scheme"];
+      const std::string s = p.is_string() ? p.get<std::string>() : "";
       if (s == "always") {
         scheme = PrependScheme::kAlways;
       } else if (s == "first") {
@@ -158,11 +224,9 @@ class HfLoader {
         Fail(field + ".prepend_scheme", "must be \"always\", \"first\" or \"never\"");
       }
     }
-    if (!Bool(object, "add_prefix_space", true, field)) {
-      if (scheme != PrependScheme::kNever && Get(object, "prepend_scheme") != nullptr) {
-        Fail(field + ".add_prefix_space", "false does not match prepend_scheme");
-      }
-      scheme = PrependScheme::kNever;
+    if (!Bool(object, "add_prefix_space", true, field) && scheme != PrependScheme::kNever) {
+      Fail(field + ".add_prefix_space",
+           "false does not match prepend_scheme (\"never\" is needed)");
     }
     return scheme;
   }
@@ -171,8 +235,11 @@ class HfLoader {
     if (!m.is_object()) Fail(field, "must be an object");
     const std::string type = Get(m, "type") ? String(m, "type", field) : "BPE";
     if (type != "BPE") Fail(field + ".type", "the " + type + " model is not supported (BPE is)");
-    if (const json* d = Get(m, "dropout"); d != nullptr && !d->is_number()) {
-      Fail(field + ".dropout", "must be a number or null");
+    // Dropout is a training-time randomization: inference ignores it (the library with
+    // dropout > 0 skips merges at random). Its range is checked as the library checks it.
+    if (const json* d = Get(m, "dropout");
+        d != nullptr && (!d->is_number() || d->get<double>() < 0 || d->get<double>() > 1)) {
+      Fail(field + ".dropout", "must be a number in [0, 1] or null");
     }
     bpe->unk_token = OptionalString(m, "unk_token", field);
     bpe->continuing_subword_prefix = OptionalString(m, "continuing_subword_prefix", field);
@@ -180,68 +247,111 @@ class HfLoader {
     bpe->fuse_unk = Bool(m, "fuse_unk", false, field);
     bpe->byte_fallback = Bool(m, "byte_fallback", false, field);
     bpe->ignore_merges = Bool(m, "ignore_merges", false, field);
-    const json* vocab = Get(m, "vocab");
-    if (vocab == nullptr || !vocab->is_object()) Fail(field + ".vocab", "must be an object");
-    bpe->vocab.reserve(vocab->size());
+    simdjson::dom::object vocab;
+    if (Get(m, "vocab") == nullptr || vocab_.get_object().get(vocab)) {
+      Fail(field + ".vocab", "must be an object");
+    }
+    bpe->vocab.Reserve(vocab.size(), vocab.size() * 8);
     int max_id = -1;
-    for (auto it = vocab->begin(); it != vocab->end(); ++it) {
-      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() >= (1 << 30)) {
-        Fail(field + ".vocab[\"" + it.key() + "\"]", "the id must be an integer in [0, 2^30)");
+    for (const auto entry : vocab) {
+      int64_t id = -1;
+      if (entry.value.get_int64().get(id) || id < 0 || id >= (1 << 30)) {
+        Fail(field + ".vocab[\"" + std::string(entry.key) + "\"]",
+             "the id must be an integer in [0, 2^30)");
       }
-      const int id = it->get<int>();
-      bpe->vocab[it.key()] = id;
-      max_id = std::max(max_id, id);
+      bpe->vocab.Insert(entry.key, static_cast<int>(id));
+      max_id = std::max(max_id, static_cast<int>(id));
     }
     bpe->id_to_token.assign(max_id + 1, std::string_view());
-    for (const auto& [token, id] : bpe->vocab) bpe->id_to_token[id] = token;
-    auto id_of = [&](const std::string& token, const std::string& f) {
-      auto it = bpe->vocab.find(token);
-      if (it == bpe->vocab.end()) Fail(f, "\"" + token + "\" is not in the vocabulary");
-      return it->second;
-    };
+    bpe->vocab.ForEach([&](std::string_view token, int id) { bpe->id_to_token[id] = token; });
     if (bpe->unk_token) {
-      auto it = bpe->vocab.find(*bpe->unk_token);
-      if (it == bpe->vocab.end()) {
+      bpe->unk_id = bpe->vocab.Find(*bpe->unk_token);
+      if (bpe->unk_id < 0) {
         Fail(field + ".unk_token", "\"" + *bpe->unk_token + "\" is not in the vocabulary");
       }
-      bpe->unk_id = it->second;
     }
     for (int b = 0; b < 256; ++b) {
       char name[8];
       std::snprintf(name, sizeof(name), "<0x%02X>", b);
-      auto it = bpe->vocab.find(name);
-      bpe->byte_ids[b] = it == bpe->vocab.end() ? -1 : it->second;
+      bpe->byte_ids[b] = bpe->vocab.Find(name);
     }
-    const json& merges = Array(m, "merges", field);
+    simdjson::dom::array merges;
+    if (Get(m, "merges") == nullptr || merges_.get_array().get(merges)) {
+      Fail(field + ".merges", "must be an array");
+    }
     const size_t prefix_length =
         bpe->continuing_subword_prefix ? bpe->continuing_subword_prefix->size() : 0;
-    bpe->merges.reserve(merges.size());
-    uint32_t rank = 0;
-    for (size_t i = 0; i < merges.size(); ++i) {
-      const json& merge = merges[i];
-      const std::string f = field + ".merges[" + std::to_string(i) + "]";
-      std::string a, b;
-      if (merge.is_string()) {
-        const std::string line = merge.get<std::string>();
+    bpe->merges.Reserve(merges.size());
+    // The merges' texts first, then their ids looked up on every core (millions of lookups
+    // for a big vocabulary), then the table in rank order.
+    struct Pair {
+      std::string_view a, b;
+      size_t index;  // in the file (for errors)
+    };
+    std::vector<Pair> pairs;
+    pairs.reserve(merges.size());
+    size_t index = 0;
+    // One form for the whole list (the library reads either Vec<String> or Vec<(String, String)>).
+    const bool as_strings = merges.size() > 0 && merges.at(0).is_string();
+    for (const simdjson::dom::element merge : merges) {
+      const size_t i = index++;
+      const auto where = [&] { return field + ".merges[" + std::to_string(i) + "]"; };
+      std::string_view a, b, line;
+      simdjson::dom::array pair;
+      if (merge.is_string() != as_strings) {
+        Fail(where(), "merges must be all \"a b\" strings or all [\"a\", \"b\"] pairs");
+      }
+      if (!merge.get_string().get(line)) {
         if (line.starts_with("#version")) continue;
         const size_t space = line.find(' ');
-        if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-          Fail(f, "must be two tokens separated by one space");
+        if (space == std::string_view::npos ||
+            line.find(' ', space + 1) != std::string_view::npos) {
+          Fail(where(), "must be two tokens separated by one space");
         }
         a = line.substr(0, space);
         b = line.substr(space + 1);
-      } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
-                 merge[1].is_string()) {
-        a = merge[0].get<std::string>();
-        b = merge[1].get<std::string>();
-      } else {
-        Fail(f, "must be \"a b\" or [\"a\", \"b\"]");
+      } else if (merge.get_array().get(pair) || pair.size() != 2 ||
+                 pair.at(0).get_string().get(a) || pair.at(1).get_string().get(b)) {
+        Fail(where(), "must be \"a b\" or [\"a\", \"b\"]");
       }
-      const int a_id = id_of(a, f), b_id = id_of(b, f);
-      if (b.size() < prefix_length) Fail(f, "\"" + b + "\" is shorter than the subword prefix");
-      const int new_id = id_of(a + b.substr(prefix_length), f);
-      const uint64_t key = (static_cast<uint64_t>(a_id) << 32) | static_cast<uint32_t>(b_id);
-      bpe->merges[key] = Bpe::Merge{rank++, new_id};
+      pairs.push_back(Pair{a, b, i});
+    }
+    struct Ids {
+      int a, b, merged;  // -1: not in the vocabulary; -2: b shorter than the subword prefix
+    };
+    std::vector<Ids> ids(pairs.size());
+    const int64_t n = static_cast<int64_t>(pairs.size());
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < n; ++k) {
+      const Pair& p = pairs[k];
+      Ids& out = ids[k];
+      out.a = bpe->vocab.Find(p.a);
+      out.b = bpe->vocab.Find(p.b);
+      if (p.b.size() < prefix_length) {
+        out.merged = -2;
+        continue;
+      }
+      std::string merged;
+      merged.reserve(p.a.size() + p.b.size());
+      merged.append(p.a).append(p.b.substr(prefix_length));
+      out.merged = bpe->vocab.Find(merged);
+    }
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      const Ids& m = ids[k];
+      if (m.a >= 0 && m.b >= 0 && m.merged >= 0) {
+        bpe->merges.Insert(m.a, m.b, Bpe::Merge{static_cast<uint32_t>(k), m.merged});
+        continue;
+      }
+      const Pair& p = pairs[k];
+      const std::string where = field + ".merges[" + std::to_string(p.index) + "]";
+      const std::string_view missing = m.a < 0 ? p.a : m.b < 0 ? p.b : std::string_view();
+      if (!missing.empty() || m.merged == -1) {
+        const std::string text = !missing.empty()
+                                     ? std::string(missing)
+                                     : std::string(p.a) + std::string(p.b.substr(prefix_length));
+        Fail(where, "\"" + text + "\" is not in the vocabulary");
+      }
+      Fail(where, "\"" + std::string(p.b) + "\" is shorter than the subword prefix");
     }
   }
 
@@ -274,8 +384,8 @@ class HfLoader {
       step.content = String(n, "prepend", field);
     } else if (type == "Strip") {
       step.kind = K::kStrip;
-      step.strip_left = Bool(n, "strip_left", false, field);
-      step.strip_right = Bool(n, "strip_right", false, field);
+      step.strip_left = RequiredBool(n, "strip_left", field);
+      step.strip_right = RequiredBool(n, "strip_right", field);
       if (step.strip_left) tok->strips_leading_ = true;
     } else {
       Fail(field + ".type", "the " + type + " normalizer is not supported");
@@ -298,11 +408,10 @@ class HfLoader {
       step.kind = K::kSplit;
       step.pattern = Pattern(p, field);
       step.behavior = Behavior(p, field);
-      step.invert = Bool(p, "invert", false, field);
+      step.invert = RequiredBool(p, "invert", field);
     } else if (type == "ByteLevel") {
       step.kind = K::kByteLevel;
-      step.add_prefix_space = Bool(p, "add_prefix_space", true, field);
-      step.use_regex = Bool(p, "use_regex", true, field);
+      step.add_prefix_space = ByteLevelFlags(p, field, &step.use_regex);
       if (step.use_regex) step.pattern = std::make_shared<Regex>(kByteLevelPattern);
     } else if (type == "Metaspace") {
       step.kind = K::kMetaspace;
@@ -311,7 +420,7 @@ class HfLoader {
       step.split = Bool(p, "split", true, field);
     } else if (type == "Digits") {
       step.kind = K::kDigits;
-      step.individual_digits = Bool(p, "individual_digits", false, field);
+      step.individual_digits = RequiredBool(p, "individual_digits", field);
     } else if (type == "Punctuation") {
       step.kind = K::kPunctuation;
       step.behavior = Behavior(p, field, SplitBehavior::kIsolated);
@@ -337,6 +446,7 @@ class HfLoader {
       return;
     } else if (type == "ByteLevel") {
       step.kind = K::kByteLevel;
+      ByteLevelFlags(d, field);
     } else if (type == "Metaspace") {
       step.kind = K::kMetaspace;
       step.replacement = OneChar(d, "replacement", field);
@@ -370,8 +480,8 @@ class HfLoader {
       if (joined && (step.kind == K::kByteLevel || step.kind == K::kByteFallback ||
                      (step.kind == K::kReplace && step.literal.empty()))) {
         Fail("decoder",
-             "a ByteLevel, ByteFallback or regex Replace step after a joining step "
-             "(ByteLevel, Fuse) is not supported");
+             "a ByteLevel, ByteFallback or Replace (of a regex or of \"\") step after a "
+             "joining step (ByteLevel, Fuse) is not supported");
       }
       if (step.kind == K::kByteLevel || step.kind == K::kFuse) joined = true;
     }
@@ -386,15 +496,15 @@ class HfLoader {
       if (!t.is_object()) Fail(f, "must be an object");
       AddedToken added;
       added.content = String(t, "content", f);
-      if (added.content.empty()) continue;  // the library ignores empty tokens
       if (!t.contains("id") || !t["id"].is_number_unsigned()) {
         Fail(f + ".id", "must be a non-negative integer");
       }
-      added.special = Bool(t, "special", false, f);
-      added.single_word = Bool(t, "single_word", false, f);
-      added.lstrip = Bool(t, "lstrip", false, f);
-      added.rstrip = Bool(t, "rstrip", false, f);
-      added.normalized = Bool(t, "normalized", !added.special, f);
+      added.special = RequiredBool(t, "special", f);
+      added.single_word = RequiredBool(t, "single_word", f);
+      added.lstrip = RequiredBool(t, "lstrip", f);
+      added.rstrip = RequiredBool(t, "rstrip", f);
+      added.normalized = RequiredBool(t, "normalized", f);
+      if (added.content.empty()) continue;  // the library skips empty tokens (no id)
       // The library assigns the id (AddedVocabulary::add_tokens): an existing token's, the
       // model's for a vocabulary token, else the next free one; the file's id must agree.
       int id;
@@ -408,10 +518,24 @@ class HfLoader {
                             "\" gets id " + std::to_string(id));
       }
       added.id = id;
+      // What decoding yields: the normalized form the library caches per id when it differs
+      // from the content; a later entry of the same content without one keeps the earlier's
+      // (add_tokens never clears the cache).
+      const auto existing = tok->added_by_id_.find(id);
       added.decoded = added.normalized ? tok->Normalize(added.content) : added.content;
+      if (added.normalized && added.decoded.empty()) {
+        Fail(f + ".normalized",
+             "\"" + added.content + "\" normalizes to an empty string (it would match everywhere)");
+      }
+      if (added.decoded == added.content && existing != tok->added_by_id_.end()) {
+        added.decoded = tok->added_[existing->second].decoded;
+      }
+      // Decoding skips a token whose text was ever added as special (the library's set of
+      // special contents only grows).
+      if (added.special) tok->special_contents_.insert(added.content);
       *max_id = std::max(*max_id, id);
-      if (auto it = tok->added_by_id_.find(id); it != tok->added_by_id_.end()) {
-        tok->added_[it->second] = added;
+      if (existing != tok->added_by_id_.end()) {
+        tok->added_[existing->second] = added;
         continue;
       }
       tok->added_by_id_[id] = tok->added_.size();
@@ -456,32 +580,52 @@ class HfLoader {
         LoadPostProcessor(list[i], field + ".processors[" + std::to_string(i) + "]", tok, items);
       }
     } else if (type == "ByteLevel") {
-      // Offsets only: the ids are unchanged.
+      ByteLevelFlags(p, field);  // offsets only: the ids are unchanged
     } else if (type == "TemplateProcessing") {
-      const json& single = Array(p, "single", field);
+      // single, pair and special_tokens are all required; every special token a template
+      // names must be defined (the library panics on encoding otherwise), and `single` has
+      // only sequence A (B indexes a second encoding a single text does not have).
       const json* specials = Get(p, "special_tokens");
+      if (specials == nullptr || !specials->is_object()) {
+        Fail(field + ".special_tokens", "must be an object");
+      }
       std::vector<TemplateItem> outer;
-      for (size_t i = 0; i < single.size(); ++i) {
-        const std::string f = field + ".single[" + std::to_string(i) + "]";
-        const json& piece = single[i];
-        if (piece.is_object() && piece.contains("Sequence")) {
-          outer.push_back(TemplateItem{true, {}});
-          continue;
+      for (const char* key : {"single", "pair"}) {
+        const json& pieces = Array(p, key, field);
+        for (size_t i = 0; i < pieces.size(); ++i) {
+          const std::string f = field + "." + key + "[" + std::to_string(i) + "]";
+          const json& piece = pieces[i];
+          const bool is_sequence = piece.is_object() && piece.size() == 1 &&
+                                   piece.contains("Sequence") && piece["Sequence"].is_object();
+          const bool is_special = piece.is_object() && piece.size() == 1 &&
+                                  piece.contains("SpecialToken") &&
+                                  piece["SpecialToken"].is_object();
+          if (!is_sequence && !is_special) {
+            Fail(f, "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+          }
+          const json& body = piece[is_sequence ? "Sequence" : "SpecialToken"];
+          const std::string bf = f + (is_sequence ? ".Sequence" : ".SpecialToken");
+          Size(body, "type_id", bf);
+          const std::string name = String(body, "id", bf);
+          const bool is_single = std::string(key) == "single";
+          if (is_sequence) {
+            if (name != "A" && name != "B") Fail(bf + ".id", "must be \"A\" or \"B\"");
+            if (is_single && name == "B") Fail(bf + ".id", "a single template has only A");
+            if (is_single) outer.push_back(TemplateItem{true, {}});
+            continue;
+          }
+          const json* entry = Get(*specials, name.c_str());
+          if (entry == nullptr) Fail(f, "special token \"" + name + "\" is not in special_tokens");
+          const std::string ef = field + ".special_tokens[\"" + name + "\"]";
+          const json& ids = Array(*entry, "ids", ef);
+          Array(*entry, "tokens", ef);
+          TemplateItem item;
+          for (size_t k = 0; k < ids.size(); ++k) {
+            if (!ids[k].is_number_integer()) Fail(ef + ".ids", "must hold integers");
+            item.ids.push_back(checked_id(ids[k].get<int64_t>(), ef + ".ids"));
+          }
+          if (is_single) outer.push_back(std::move(item));
         }
-        if (!piece.is_object() || !piece.contains("SpecialToken")) {
-          Fail(f, "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}");
-        }
-        const std::string name = String(piece["SpecialToken"], "id", f + ".SpecialToken");
-        const json* entry = specials ? Get(*specials, name.c_str()) : nullptr;
-        if (entry == nullptr) Fail(f, "special token \"" + name + "\" is not in special_tokens");
-        const std::string ef = field + ".special_tokens[\"" + name + "\"]";
-        const json& ids = Array(*entry, "ids", ef);
-        TemplateItem item;
-        for (size_t k = 0; k < ids.size(); ++k) {
-          if (!ids[k].is_number_integer()) Fail(ef + ".ids", "must hold integers");
-          item.ids.push_back(checked_id(ids[k].get<int64_t>(), ef + ".ids"));
-        }
-        outer.push_back(std::move(item));
       }
       wrap(std::move(outer));
     } else if (type == "RobertaProcessing" || type == "BertProcessing") {
@@ -499,6 +643,9 @@ class HfLoader {
   }
 
   std::string path_;
+  simdjson::padded_string file_;
+  simdjson::dom::parser parser_;
+  simdjson::dom::element vocab_, merges_;  // model.vocab and model.merges, when present
 };
 
 std::unique_ptr<HfTokenizer> HfTokenizer::Load(const std::string& path) {

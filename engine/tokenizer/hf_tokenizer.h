@@ -14,8 +14,10 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "engine/tokenizer/flat_map.h"
 #include "engine/tokenizer/regex.h"
 
 namespace llm::hf {
@@ -102,13 +104,10 @@ struct DecoderStep {
 
 // The BPE model (models/bpe/model.rs).
 struct Bpe {
-  std::unordered_map<std::string, int> vocab;
-  std::vector<std::string_view> id_to_token;  // views of vocab's keys; empty where no token
-  struct Merge {
-    uint32_t rank;
-    int new_id;
-  };
-  std::unordered_map<uint64_t, Merge> merges;  // key: (left id << 32) | right id
+  StringIds vocab;
+  std::vector<std::string_view> id_to_token;  // views of vocab's texts; empty where no token
+  using Merge = PairTable::Value;
+  PairTable merges;
   std::optional<std::string> unk_token;
   std::optional<std::string> continuing_subword_prefix;
   std::optional<std::string> end_of_word_suffix;
@@ -174,13 +173,14 @@ class HfTokenizer {
   std::vector<AddedToken> added_;
   std::unordered_map<int, size_t> added_by_id_;
   std::unordered_map<std::string, size_t> added_by_content_;
+  std::unordered_set<std::string> special_contents_;  // every content added as special
   TokenTrie raw_trie_, normalized_trie_;
   std::vector<NormalizerStep> normalizer_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
   bool has_decoder_ = false;
   std::vector<DecoderStep> decoder_;
   std::vector<bool> decoder_joined_;       // per step: whether its input is one joined string
-  std::vector<TemplateItem> post_single_;  // empty: no post-processor specials
+  std::vector<TemplateItem> post_single_;  // the single template; empty: the ids as they are
   bool strips_leading_ = false;            // a normalizer step may remove leading characters
   int vocab_size_ = 0;
 };
