@@ -2,6 +2,7 @@
 // as the library's Rust code does it (tokenizer/added_vocabulary.rs, normalizers/,
 // pre_tokenizers/, tokenizer/normalizer.rs's split, models/bpe/, processors/).
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <queue>
 
@@ -400,6 +401,26 @@ void HfTokenizer::PreTokenize(std::vector<PreToken>* pieces) const {
   }
 }
 
+Bpe::Bpe() {
+  static std::atomic<uint64_t> next_instance{1};
+  instance = next_instance++;
+}
+
+// Words repeat: each thread keeps the ids of the words it merged (as the library's BPE cache
+// does), for one Bpe at a time, up to a bound.
+namespace {
+struct WordCache {
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::vector<int>, Hash, std::equal_to<>> words;
+};
+constexpr size_t kMaxCachedWords = 1 << 16;
+constexpr size_t kMaxCachedWordBytes = 256;
+}  // namespace
+
 void Bpe::Tokenize(std::string_view word, std::vector<int>* ids) const {
   if (word.empty()) return;
   if (ignore_merges) {
@@ -408,6 +429,24 @@ void Bpe::Tokenize(std::string_view word, std::vector<int>* ids) const {
       return;
     }
   }
+  thread_local WordCache cache;
+  if (cache.owner != instance) {
+    cache.words.clear();
+    cache.owner = instance;
+  }
+  if (auto it = cache.words.find(word); it != cache.words.end()) {
+    ids->insert(ids->end(), it->second.begin(), it->second.end());
+    return;
+  }
+  const size_t first = ids->size();
+  MergeWord(word, ids);
+  if (word.size() < kMaxCachedWordBytes) {
+    if (cache.words.size() >= kMaxCachedWords) cache.words.clear();
+    cache.words.emplace(std::string(word), std::vector<int>(ids->begin() + first, ids->end()));
+  }
+}
+
+void Bpe::MergeWord(std::string_view word, std::vector<int>* ids) const {
   struct Symbol {
     int id;
     int prev, next;

@@ -117,8 +117,12 @@ struct Bpe {
   int unk_id = -1;
   int byte_ids[256];  // "<0xNN>" ids (byte_fallback), -1 when absent
 
-  // Appends the ids of one pre-token (BPE::tokenize).
+  Bpe();
+  // Appends the ids of one pre-token (BPE::tokenize); thread-safe.
   void Tokenize(std::string_view word, std::vector<int>* ids) const;
+  // The merging itself (BPE::merge_word), uncached.
+  void MergeWord(std::string_view word, std::vector<int>* ids) const;
+  uint64_t instance = 0;  // names this model in the per-thread word caches
 };
 
 // One post-processor item: special-token ids, or the encoded sequence.
