@@ -46,10 +46,14 @@ std::string ByteLevelBytes(std::string_view token) {
   return bytes;
 }
 
+// "<0xNN>" -> NN, read as byte_fallback.rs reads it (u8::from_str_radix, which also takes a
+// sign: "<0x+A>" is byte 0x0A).
 std::optional<uint8_t> ByteToken(std::string_view token) {
   if (token.size() != 6 || !token.starts_with("<0x") || token.back() != '>') return std::nullopt;
+  std::string_view digits = token.substr(3, 2);
+  if (digits[0] == '+') digits.remove_prefix(1);
   int value = 0;
-  for (char c : token.substr(3, 2)) {
+  for (char c : digits) {
     const int digit = c >= '0' && c <= '9'   ? c - '0'
                       : c >= 'a' && c <= 'f' ? c - 'a' + 10
                       : c >= 'A' && c <= 'F' ? c - 'A' + 10
@@ -265,19 +269,16 @@ void HfTokenizer::DecodePush(HfDecodeState* state, int id, bool skip_special_tok
                              std::string* out) const {
   std::string_view token;
   if (auto it = added_by_id_.find(id); it != added_by_id_.end()) {
-    const AddedToken& added = added_[it->second];
-    if (skip_special_tokens && added.special) return;
-    token = added.decoded;
+    token = added_[it->second].decoded;
   } else if (id >= 0 && id < static_cast<int>(bpe_.id_to_token.size())) {
     token = bpe_.id_to_token[id];
-    if (token.empty()) return;  // an id the vocabulary skips
-    if (skip_special_tokens && added_by_content_.count(std::string(token)) > 0 &&
-        added_[added_by_content_.at(std::string(token))].special) {
-      return;
-    }
+    if (token.data() == nullptr) return;  // an id the vocabulary skips (a "" token is kept)
   } else {
     return;  // outside the vocabulary: the library drops it
   }
+  // The library skips a token whose text (the decoded form, for an added token) is in its set
+  // of special contents; a special token whose normalized form differs is not skipped.
+  if (skip_special_tokens && special_contents_.count(std::string(token)) > 0) return;
   if (!has_decoder_) {
     if (state->joined_any) out->push_back(' ');
     state->joined_any = true;

@@ -134,24 +134,24 @@ void SplitPieces(std::vector<PreToken>* pieces, SplitFn&& split) {
   for (PreToken& piece : *pieces) {
     for (const auto& [begin, end] : split(piece)) {
       if (end <= begin) continue;
-      out.push_back(PreToken{piece.text.substr(begin, end - begin), piece.first && begin == 0});
+      PreToken part{piece.text.substr(begin, end - begin), piece.first && begin == 0, {}};
+      if (!piece.origins.empty()) {
+        part.origins.assign(piece.origins.begin() + begin, piece.origins.begin() + end);
+        part.first = part.origins[0] == 0;
+      }
+      out.push_back(std::move(part));
     }
   }
   *pieces = std::move(out);
 }
 
-void ReplaceAll(const Regex& pattern, const std::string& content, std::string* text) {
-  const auto found = pattern.FindAll(*text);
-  if (found.empty()) return;
-  std::string out;
-  size_t prev = 0;
-  for (const auto& [begin, end] : found) {
-    out.append(*text, prev, begin - prev);
-    out.append(content);
-    prev = end;
+// Puts `prefix` before the piece (NormalizedString::prepend: it takes the origin of the
+// character it is put before).
+void Prepend(std::string_view prefix, PreToken* piece) {
+  if (!piece->origins.empty()) {
+    piece->origins.insert(piece->origins.begin(), prefix.size(), piece->origins[0]);
   }
-  out.append(*text, prev);
-  *text = std::move(out);
+  piece->text.insert(0, prefix);
 }
 
 // The byte-level alphabet (pre_tokenizers/byte_level.rs's bytes_char), as UTF-8.
@@ -270,58 +270,6 @@ bool TokenTrie::FindFrom(std::string_view text, size_t from, size_t* start, size
   return false;
 }
 
-std::string HfTokenizer::Normalize(std::string_view text) const {
-  std::string s(text);
-  using K = NormalizerStep::Kind;
-  for (const NormalizerStep& step : normalizer_) {
-    switch (step.kind) {
-      case K::kNfc:
-        s = unicode::Normalize(unicode::NormalForm::kNfc, s);
-        break;
-      case K::kNfd:
-        s = unicode::Normalize(unicode::NormalForm::kNfd, s);
-        break;
-      case K::kNfkc:
-        s = unicode::Normalize(unicode::NormalForm::kNfkc, s);
-        break;
-      case K::kNfkd:
-        s = unicode::Normalize(unicode::NormalForm::kNfkd, s);
-        break;
-      case K::kLowercase:
-        s = unicode::LowercaseChars(s);
-        break;
-      case K::kReplace:
-        ReplaceAll(*step.pattern, step.content, &s);
-        break;
-      case K::kPrepend:
-        if (!s.empty()) s = step.content + s;
-        break;
-      case K::kStrip: {
-        size_t begin = 0, end = s.size();
-        if (step.strip_left) {
-          while (begin < end) {
-            size_t p = begin;
-            if (!unicode::IsWhitespace(unicode::NextChar(s, &p))) break;
-            begin = p;
-          }
-        }
-        if (step.strip_right) {
-          while (end > begin) {
-            size_t c = end - 1;
-            while (c > begin && (static_cast<unsigned char>(s[c]) & 0xC0) == 0x80) --c;
-            size_t p = c;
-            if (!unicode::IsWhitespace(unicode::NextChar(s, &p))) break;
-            end = c;
-          }
-        }
-        s = s.substr(begin, end - begin);
-        break;
-      }
-    }
-  }
-  return s;
-}
-
 void HfTokenizer::PreTokenize(std::vector<PreToken>* pieces) const {
   using K = PreTokenizerStep::Kind;
   for (const PreTokenizerStep& step : pre_tokenizer_) {
@@ -338,7 +286,7 @@ void HfTokenizer::PreTokenize(std::vector<PreToken>* pieces) const {
       case K::kByteLevel: {
         if (step.add_prefix_space) {
           for (PreToken& p : *pieces) {
-            if (!p.text.starts_with(' ')) p.text.insert(0, 1, ' ');
+            if (!p.text.empty() && !p.text.starts_with(' ')) Prepend(" ", &p);
           }
         }
         if (step.use_regex) {
@@ -350,18 +298,25 @@ void HfTokenizer::PreTokenize(std::vector<PreToken>* pieces) const {
         for (PreToken& p : *pieces) {
           std::string mapped;
           mapped.reserve(p.text.size() * 2);
-          for (char c : p.text) mapped += chars[static_cast<unsigned char>(c)];
+          std::vector<uint32_t> origins;  // a byte's character keeps the origin of the byte
+          for (size_t i = 0; i < p.text.size(); ++i) {
+            const std::string& c = chars[static_cast<unsigned char>(p.text[i])];
+            mapped += c;
+            if (!p.origins.empty()) origins.insert(origins.end(), c.size(), p.origins[i]);
+          }
           p.text = std::move(mapped);
+          if (!p.origins.empty()) p.origins = std::move(origins);
         }
         break;
       }
       case K::kMetaspace: {
         const Regex space = Regex::Literal(" ");
         for (PreToken& p : *pieces) {
-          ReplaceAll(space, step.replacement, &p.text);
+          ReplaceMatches(space, step.replacement, &p.text, p.origins.empty() ? nullptr : &p.origins,
+                         0);
           const bool prepend = step.prepend_scheme == PrependScheme::kAlways ||
                                (step.prepend_scheme == PrependScheme::kFirst && p.first);
-          if (prepend && !p.text.starts_with(step.replacement)) p.text.insert(0, step.replacement);
+          if (prepend && !p.text.starts_with(step.replacement)) Prepend(step.replacement, &p);
         }
         if (step.split) {
           size_t pos = 0;
@@ -534,21 +489,32 @@ void Bpe::MergeWord(std::string_view word, std::vector<int>* ids) const {
   }
 }
 
-void HfTokenizer::EncodeSegment(std::string_view raw, bool at_start, std::vector<int>* ids) const {
-  const std::string normalized = Normalize(raw);
-  // Whether the normalized text still starts at the original offset 0 (a Strip normalizer
-  // may have removed leading whitespace).
-  bool first = at_start;
-  if (first && strips_leading_ && !raw.empty()) {
-    size_t p = 0;
-    first = !unicode::IsWhitespace(unicode::NextChar(raw, &p));
+void HfTokenizer::EncodeSegment(std::string_view raw, size_t offset, std::vector<int>* ids) const {
+  // Tracked: each byte's origin in the whole text (its character's start), through the
+  // normalizer; a piece is "first" where its first byte's origin is 0.
+  std::vector<uint32_t> origins;
+  if (track_origins_) {
+    origins.resize(raw.size());
+    for (size_t pos = 0; pos < raw.size();) {
+      const size_t at = pos;
+      unicode::NextChar(raw, &pos);
+      std::fill(origins.begin() + at, origins.begin() + pos, static_cast<uint32_t>(offset + at));
+    }
   }
+  const std::string normalized =
+      Normalize(raw, track_origins_ ? &origins : nullptr, static_cast<uint32_t>(offset));
   for (const AddedSplit& split : FindAddedTokens(normalized_trie_, added_, normalized)) {
     if (split.token >= 0) {
       ids->push_back(added_[split.token].id);
     } else if (split.end > split.begin) {
-      std::vector<PreToken> pieces = {PreToken{
-          normalized.substr(split.begin, split.end - split.begin), first && split.begin == 0}};
+      std::vector<PreToken> pieces = {
+          PreToken{normalized.substr(split.begin, split.end - split.begin),
+                   offset == 0 && split.begin == 0,
+                   {}}};
+      if (track_origins_) {
+        pieces[0].origins.assign(origins.begin() + split.begin, origins.begin() + split.end);
+        pieces[0].first = pieces[0].origins[0] == 0;
+      }
       PreTokenize(&pieces);
       for (const PreToken& p : pieces) bpe_.Tokenize(p.text, ids);
     }
@@ -566,7 +532,7 @@ std::vector<int> HfTokenizer::Encode(std::string_view text, bool add_special_tok
     if (split.token >= 0) {
       ids.push_back(added_[split.token].id);
     } else if (split.end > split.begin) {
-      EncodeSegment(text.substr(split.begin, split.end - split.begin), split.begin == 0, &ids);
+      EncodeSegment(text.substr(split.begin, split.end - split.begin), split.begin, &ids);
     }
   }
   if (post_single_.empty()) return ids;

@@ -38,6 +38,17 @@ class HfLoader {
     if (const json* p = Get(root, "pre_tokenizer")) {
       LoadPreTokenizer(*p, "pre_tokenizer", &tok->pre_tokenizer_);
     }
+    // Metaspace "first" asks whether a piece starts at the text's offset 0; a normalizer or an
+    // earlier text-changing step (ByteLevel, Metaspace) can move that, so origins are tracked.
+    bool moves_characters = !tok->normalizer_.empty();
+    for (const PreTokenizerStep& step : tok->pre_tokenizer_) {
+      using K = PreTokenizerStep::Kind;
+      if (step.kind == K::kMetaspace && step.prepend_scheme == PrependScheme::kFirst) {
+        tok->track_origins_ = tok->track_origins_ || moves_characters;
+      }
+      moves_characters =
+          moves_characters || step.kind == K::kByteLevel || step.kind == K::kMetaspace;
+    }
     if (const json* d = Get(root, "decoder")) {
       tok->has_decoder_ = true;
       LoadDecoder(*d, "decoder", &tok->decoder_);
@@ -386,7 +397,6 @@ class HfLoader {
       step.kind = K::kStrip;
       step.strip_left = RequiredBool(n, "strip_left", field);
       step.strip_right = RequiredBool(n, "strip_right", field);
-      if (step.strip_left) tok->strips_leading_ = true;
     } else {
       Fail(field + ".type", "the " + type + " normalizer is not supported");
     }

@@ -63,11 +63,21 @@ struct NormalizerStep {
 };
 
 // A piece of text between pre-tokenization steps; `first` when it starts at the original
-// text's offset 0 (what Metaspace's prepend_scheme "first" asks).
+// text's offset 0 (what Metaspace's prepend_scheme "first" asks). Where normalization or an
+// earlier step may move characters (HfTokenizer::track_origins_), `origins` holds, per byte,
+// the offset in the original text where its character begins, and `first` is origins[0] == 0
+// (so a piece after a prepended or expanded character may be first too, as in the library).
 struct PreToken {
   std::string text;
   bool first = false;
+  std::vector<uint32_t> origins;  // empty: not tracked
 };
+
+// Replaces every match of `pattern` in *text by `content` (NormalizedString::replace). With
+// `origins` (per byte of *text, see PreToken; nullptr: not tracked) the inserted bytes take the
+// origin of the byte before the match's end, `base` at offset 0, as the library aligns them.
+void ReplaceMatches(const Regex& pattern, std::string_view content, std::string* text,
+                    std::vector<uint32_t>* origins, uint32_t base);
 
 struct PreTokenizerStep {
   enum class Kind {
@@ -165,9 +175,13 @@ class HfTokenizer {
 
  private:
   friend class HfLoader;
-  void EncodeSegment(std::string_view raw, bool at_start, std::vector<int>* ids) const;
+  // Encodes the text between two raw added tokens, `offset` bytes into the text.
+  void EncodeSegment(std::string_view raw, size_t offset, std::vector<int>* ids) const;
   void PreTokenize(std::vector<PreToken>* pieces) const;
-  std::string Normalize(std::string_view text) const;
+  // The normalizer chain (hf_normalize.cc); `origins`, when given, are updated with the text
+  // (`base`: the origin of an insertion at offset 0, the text's own start).
+  std::string Normalize(std::string_view text, std::vector<uint32_t>* origins = nullptr,
+                        uint32_t base = 0) const;
   // Runs tokens through decoder steps from `step` on (the streaming chain).
   void Feed(HfDecodeState* state, size_t step, std::string token, std::string* out) const;
   void FlushStep(HfDecodeState* state, size_t step, std::string* out) const;
@@ -185,7 +199,7 @@ class HfTokenizer {
   std::vector<DecoderStep> decoder_;
   std::vector<bool> decoder_joined_;       // per step: whether its input is one joined string
   std::vector<TemplateItem> post_single_;  // the single template; empty: the ids as they are
-  bool strips_leading_ = false;            // a normalizer step may remove leading characters
+  bool track_origins_ = false;  // a Metaspace "first" step after steps that move characters
   int vocab_size_ = 0;
 };
 

@@ -85,8 +85,9 @@ Regex::Regex(const std::string& oniguruma_pattern) {
   const std::string pattern = TranslateClasses(oniguruma_pattern);
   int error = 0;
   PCRE2_SIZE offset = 0;
+  // Oniguruma's default (Ruby) syntax anchors ^ and $ at line boundaries: PCRE2's multiline.
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                        PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+                        PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &offset, nullptr);
   if (code_ == nullptr) {
     throw Error("regex /" + oniguruma_pattern + "/: " + ErrorText(error) + " at offset " +
                 std::to_string(offset));
@@ -119,7 +120,11 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) con
   std::vector<std::pair<size_t, size_t>> matches;
   ThreadMatchState& state = MatchState();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  // As the onig crate's find_iter: an empty match where the previous match ended is skipped
+  // (the search steps over one character), so "x*" on "xa" matches "x" and the empty string
+  // at the end, not also the empty string right after "x".
   size_t start = 0;
+  size_t last_end = std::string_view::npos;
   while (start <= text.size()) {
     const int rc = pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.data,
                                state.context);
@@ -127,7 +132,10 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) con
     if (rc < 0) throw Error("regex match failed: " + ErrorText(rc));
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     const size_t begin = ovector[0], end = ovector[1];
-    matches.emplace_back(begin, end);
+    if (end > begin || end != last_end) {
+      matches.emplace_back(begin, end);
+      last_end = end;
+    }
     if (end > begin) {
       start = end;
     } else {  // an empty match: step over one character

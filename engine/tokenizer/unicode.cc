@@ -143,6 +143,10 @@ std::string Normalize(NormalForm form, std::string_view text) {
   return out;
 }
 
+bool HasNormalizationBoundaryBefore(NormalForm form, char32_t c) {
+  return Instance(form).hasBoundaryBefore(static_cast<UChar32>(c));
+}
+
 std::string LowercaseChars(std::string_view text) {
   std::string out;
   out.reserve(text.size());

@@ -27,6 +27,9 @@ bool IsPunctuation(char32_t c);   // ASCII punctuation or a P* category (Punctua
 
 enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
 std::string Normalize(NormalForm form, std::string_view text);
+// Whether `c` never interacts with what precedes it under `form` (text split before such
+// characters normalizes piece by piece to the same result).
+bool HasNormalizationBoundaryBefore(NormalForm form, char32_t c);
 // Every character replaced by its full lowercase mapping, one character at a time (as the
 // library's NormalizedString::lowercase does: no final-sigma context).
 std::string LowercaseChars(std::string_view text);

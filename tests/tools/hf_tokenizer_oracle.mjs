@@ -1,27 +1,60 @@
 // The Hugging Face tokenizers library (npm `tokenizers`, the official binding of its Rust
 // core) as the oracle of our tokenizer.json implementation, run in its own process by
-// tests/engine/tokenizer/tokenizer_hf_oracle_test.cc.
+// tests/engine/tokenizer/tokenizer_hf_*_test.cc.
 // Usage: node hf_tokenizer_oracle.mjs REQUEST.json RESPONSE.json
 //   request:  {"tokenizer": path, "texts": [...], "decode": [[ids], ...]}
 //   response: {"ids": [[...]], "ids_special": [[...]], "text": [...], "text_skip": [...]}
 //             ids / ids_special: encode(text) without / with the post-processor's special
 //             tokens; text / text_skip: decode(ids) keeping / skipping special tokens.
+// Batch form, many tokenizers in one process (what the synthetic-file tests send):
+//   request:  {"tokenizers": [{"tokenizer": path, "texts": [...], "decode": [...]}, ...]}
+//   response: {"results": [one response as above, or {"error": message} when the library
+//             refuses the file]}; an encode or decode the library refuses gives null in its
+//             slot (and "errors": the first such message).
 import { readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 
 const require = createRequire(process.env.LLM_NPM_DIR + '/');
 const { Tokenizer } = require('tokenizers');
 
+async function run(request, catchErrors) {
+  let tokenizer;
+  try {
+    tokenizer = Tokenizer.fromFile(request.tokenizer);
+  } catch (e) {
+    if (!catchErrors) throw e;
+    return { error: String(e.message ?? e) };
+  }
+  const out = { ids: [], ids_special: [], text: [], text_skip: [] };
+  const guard = async (f) => {
+    if (!catchErrors) return await f();
+    try {
+      return await f();
+    } catch (e) {
+      out.errors ??= String(e.message ?? e);
+      return null;
+    }
+  };
+  for (const text of request.texts ?? []) {
+    const encode = async (addSpecialTokens) =>
+      Array.from((await tokenizer.encode(text, null, { addSpecialTokens })).getIds());
+    out.ids.push(await guard(() => encode(false)));
+    out.ids_special.push(await guard(() => encode(true)));
+  }
+  for (const ids of request.decode ?? []) {
+    out.text.push(await guard(() => tokenizer.decode(ids, false)));
+    out.text_skip.push(await guard(() => tokenizer.decode(ids, true)));
+  }
+  return out;
+}
+
 const [requestPath, responsePath] = process.argv.slice(2);
 const request = JSON.parse(readFileSync(requestPath, 'utf8'));
-const tokenizer = Tokenizer.fromFile(request.tokenizer);
-const out = { ids: [], ids_special: [], text: [], text_skip: [] };
-for (const text of request.texts ?? []) {
-  out.ids.push(Array.from((await tokenizer.encode(text, null, { addSpecialTokens: false })).getIds()));
-  out.ids_special.push(Array.from((await tokenizer.encode(text, null, { addSpecialTokens: true })).getIds()));
+let response;
+if (request.tokenizers) {
+  response = { results: [] };
+  for (const one of request.tokenizers) response.results.push(await run(one, true));
+} else {
+  response = await run(request, false);
 }
-for (const ids of request.decode ?? []) {
-  out.text.push(await tokenizer.decode(ids, false));
-  out.text_skip.push(await tokenizer.decode(ids, true));
-}
-writeFileSync(responsePath, JSON.stringify(out));
+writeFileSync(responsePath, JSON.stringify(response));

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -213,6 +214,144 @@ std::string RandomText(std::mt19937& rng, const std::vector<std::string>& specia
     }
   }
   return text;
+}
+
+namespace {
+
+std::vector<std::string> SplitChars(std::string_view text) {
+  std::vector<std::string> chars;
+  for (size_t pos = 0; pos < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[pos]);
+    const size_t n = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    chars.emplace_back(text.substr(pos, n));
+    pos += n;
+  }
+  return chars;
+}
+
+}  // namespace
+
+nlohmann::json SyntheticBpeTokenizer(const std::vector<std::string>& alphabet,
+                                     const std::vector<std::string>& words, int num_merges,
+                                     const SyntheticBpeOptions& options) {
+  const std::string prefix = options.continuing_subword_prefix.value_or("");
+  const std::string suffix = options.end_of_word_suffix.value_or("");
+  std::vector<std::string> tokens;
+  std::map<std::string, int> ids;
+  auto add = [&](const std::string& token) {
+    if (ids.emplace(token, static_cast<int>(tokens.size())).second) tokens.push_back(token);
+  };
+  if (options.unk_token) add(*options.unk_token);
+  if (options.byte_fallback) {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      add(name);
+    }
+  }
+  for (const std::string& c : alphabet) {
+    add(c);
+    if (!prefix.empty()) add(prefix + c);
+    if (!suffix.empty()) add(c + suffix);
+    if (!prefix.empty() && !suffix.empty()) add(prefix + c + suffix);
+  }
+  // Each word as its symbols: the first character bare, the others after the subword prefix,
+  // the last one before the word suffix.
+  std::vector<std::vector<std::string>> symbols;
+  for (const std::string& word : words) {
+    const std::vector<std::string> chars = SplitChars(word);
+    std::vector<std::string> s;
+    for (size_t i = 0; i < chars.size(); ++i) {
+      s.push_back((i > 0 ? prefix : "") + chars[i] + (i + 1 == chars.size() ? suffix : ""));
+      add(s.back());
+    }
+    symbols.push_back(std::move(s));
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+  for (int m = 0; m < num_merges; ++m) {
+    std::map<std::pair<std::string, std::string>, int> counts;
+    for (const auto& s : symbols) {
+      for (size_t i = 0; i + 1 < s.size(); ++i) ++counts[{s[i], s[i + 1]}];
+    }
+    if (counts.empty()) break;
+    auto best = counts.begin();  // the most frequent pair, the smallest among equals
+    for (auto it = counts.begin(); it != counts.end(); ++it) {
+      if (it->second > best->second) best = it;
+    }
+    const auto [a, b] = best->first;
+    const std::string merged = a + b.substr(prefix.size());
+    add(merged);
+    merges.emplace_back(a, b);
+    for (auto& s : symbols) {
+      std::vector<std::string> out;
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
+          out.push_back(merged);
+          ++i;
+        } else {
+          out.push_back(s[i]);
+        }
+      }
+      s = std::move(out);
+    }
+  }
+  // "a b" cannot hold a piece with a space: such a vocabulary writes pairs.
+  bool as_pairs = options.merges_as_pairs;
+  for (const auto& [a, b] : merges) {
+    as_pairs = as_pairs || a.find(' ') != std::string::npos || b.find(' ') != std::string::npos;
+  }
+  nlohmann::json merge_list = nlohmann::json::array();
+  for (const auto& [a, b] : merges) {
+    merge_list.push_back(as_pairs ? nlohmann::json::array({a, b}) : nlohmann::json(a + " " + b));
+  }
+  nlohmann::json vocab = nlohmann::json::object();
+  for (size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = i;
+  auto optional = [](const std::optional<std::string>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", nlohmann::json::array()},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", nullptr},
+          {"post_processor", nullptr},
+          {"decoder", nullptr},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", options.dropout},
+            {"unk_token", optional(options.unk_token)},
+            {"continuing_subword_prefix", optional(options.continuing_subword_prefix)},
+            {"end_of_word_suffix", optional(options.end_of_word_suffix)},
+            {"fuse_unk", options.fuse_unk},
+            {"byte_fallback", options.byte_fallback},
+            {"ignore_merges", options.ignore_merges},
+            {"vocab", vocab},
+            {"merges", merge_list}}}};
+}
+
+std::vector<std::string> ByteLevelAlphabet() {
+  std::vector<std::string> chars(256);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    Append(printable ? b : 256 + n++, &chars[b]);
+  }
+  return chars;
+}
+
+std::string ByteLevelString(std::string_view text) {
+  static const std::vector<std::string> alphabet = ByteLevelAlphabet();
+  std::string out;
+  for (char c : text) out += alphabet[static_cast<unsigned char>(c)];
+  return out;
+}
+
+nlohmann::json AddedTokenJson(int id, const std::string& content, bool special, bool normalized,
+                              bool lstrip, bool rstrip, bool single_word) {
+  return {{"id", id},          {"content", content}, {"single_word", single_word},
+          {"lstrip", lstrip},  {"rstrip", rstrip},   {"normalized", normalized},
+          {"special", special}};
 }
 
 }  // namespace llm::test
