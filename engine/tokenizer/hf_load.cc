@@ -55,7 +55,7 @@ class HfLoader {
       CheckDecoderChain(tok.get());
     }
     int max_id = static_cast<int>(tok->bpe_.id_to_token.size()) - 1;
-    if (const json* a = Get(root, "added_tokens")) LoadAddedTokens(*a, tok.get(), &max_id);
+    if (root.contains("added_tokens")) LoadAddedTokens(root["added_tokens"], tok.get(), &max_id);
     tok->vocab_size_ = max_id + 1;
     if (const json* p = Get(root, "post_processor")) {
       std::vector<TemplateItem> items = {TemplateItem{true, {}}};
