@@ -1,13 +1,16 @@
 // Hugging Face chat templates, rendered as transformers' apply_chat_template renders them
 // (Jinja2 with trim_blocks, lstrip_blocks, loopcontrols, its tojson and raise_exception).
 // The interpreter covers the Jinja2 subset chat templates use (jinja_*.cc); anything else
-// fails in Parse, at start-up, with line and column, never silently at request time.
+// fails in Parse, at start-up, with line and column (or, for a method a value lacks, at render
+// time naming it), never as a prompt rendered without it.
 //
 //   auto tmpl = ChatTemplate::Parse(ChatTemplateSource(tokenizer_config));
 //   std::string prompt = tmpl.Render(messages, /*add_generation_prompt=*/true,
 //                                    {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
 //
-// Tests: ninja -C build chat_template_test && build/chat_template_test
+// Tests: ninja -C build chat_template_test chat_template_hf_test && build/chat_template_test &&
+// build/chat_template_hf_test (the second against @huggingface/jinja on real tokenizers'
+// templates; it lists where that library departs from Jinja2, which we follow).
 #pragma once
 
 #include <memory>

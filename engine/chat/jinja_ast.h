@@ -45,7 +45,7 @@ struct Expr {
   enum class Kind {
     kLiteral,    // value
     kName,       // name
-    kList,       // children
+    kList,       // children; name "tuple" for a tuple (it prints as one)
     kDict,       // children: key, value, key, value, ...
     kAttr,       // children[0].name
     kItem,       // children[0][children[1]]
@@ -79,7 +79,8 @@ struct Node {
     kMacro,   // macro name(params = defaults): body
     kBreak,
     kContinue,
-    kCallBlock,  // {% generation %} body: rendered as is
+    kCallBlock,    // {% generation %} body: rendered as is
+    kFilterBlock,  // {% filter f | g(...) %} body: expr is g(f(<the body>)), innermost a kName
   };
   Kind kind;
   std::string text;

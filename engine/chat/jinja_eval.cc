@@ -3,6 +3,7 @@
 // template's top level) and enforces the render limits.
 #include "engine/chat/jinja_eval.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/error.h"
@@ -11,6 +12,21 @@ namespace llm::jinja {
 namespace {
 
 enum class Flow { kNormal, kBreak, kContinue };
+
+// Whether `nodes` read the variable `name` anywhere.
+bool Mentions(const Expr& e, const std::string& name);
+bool Mentions(const NodeList& nodes, const std::string& name) {
+  for (const auto& node : nodes) {
+    for (const Expr* e : {node->expr.get(), node->filter.get()}) {
+      if (e && Mentions(*e, name)) return true;
+    }
+    for (const auto& d : node->defaults) {
+      if (d && Mentions(*d, name)) return true;
+    }
+    if (Mentions(node->body, name) || Mentions(node->else_body, name)) return true;
+  }
+  return false;
+}
 
 struct Macro {
   const Node* node;
@@ -96,6 +112,9 @@ class Evaluator {
         return Flow::kContinue;
       case Node::Kind::kCallBlock:
         return RenderNodes(node.body);
+      case Node::Kind::kFilterBlock:
+        Append(ApplyFilterChain(*node.expr, Value::String(Capture(node.body))).ToString());
+        return Flow::kNormal;
     }
     return Flow::kNormal;
   }
@@ -127,6 +146,8 @@ class Evaluator {
       loop.Set("first", Value::Bool(i == 0));
       loop.Set("last", Value::Bool(i == n - 1));
       loop.Set("length", Value::Int(n));
+      loop.Set("depth", Value::Int(1));  // loops are not recursive here
+      loop.Set("depth0", Value::Int(0));
       loop.Set("previtem", i > 0 ? items[i - 1] : Value());
       loop.Set("nextitem", i + 1 < n ? items[i + 1] : Value());
       loop.Set("cycle", Value::MakeFunction([i](CallArgs& args) {
@@ -152,17 +173,34 @@ class Evaluator {
     for (size_t k = 0; k < parts.size(); ++k) scopes_.back().Set(node.targets[k], parts[k]);
   }
 
-  void RenderSet(const Node& node) {
-    Value value;
-    if (node.expr) {
-      value = Eval(*node.expr);
-    } else {
-      std::string saved = std::move(out_);
-      out_.clear();
-      RenderNodes(node.body);
-      value = Value::String(std::move(out_));
-      out_ = std::move(saved);
+  // What `nodes` print, apart from the output so far.
+  std::string Capture(const NodeList& nodes) {
+    std::string saved = std::move(out_);
+    out_.clear();
+    struct Restore {
+      std::string& out;
+      std::string& saved;
+      ~Restore() { out = std::move(saved); }
+    };
+    std::string captured;
+    {
+      Restore restore{out_, saved};
+      RenderNodes(nodes);
+      captured = std::move(out_);
     }
+    return captured;
+  }
+
+  // A filter block's filters, innermost (applied first) at the body's placeholder.
+  Value ApplyFilterChain(const Expr& e, Value body) {
+    if (e.kind == Expr::Kind::kName && e.name.empty()) return body;
+    if (e.kind != Expr::Kind::kFilter) throw RuntimeError("a filter block takes only filters");
+    Value input = ApplyFilterChain(*e.children[0], std::move(body));
+    return ApplyFilter(e.name, input, EvalArgs(e), limits_);
+  }
+
+  void RenderSet(const Node& node) {
+    Value value = node.expr ? Eval(*node.expr) : Value::String(Capture(node.body));
     if (!node.attr.empty()) {
       Value target = Lookup(node.targets[0]);
       if (target.kind() != Value::Kind::kNamespace) {
@@ -192,6 +230,27 @@ class Evaluator {
       if (v.is_undefined() && macro.defaults[k]) v = Eval(*macro.defaults[k]);
       locals.Set(macro.targets[k], v);
     }
+    // Jinja2's varargs and kwargs: the arguments beyond the parameters, an error unless the
+    // macro reads them.
+    List varargs;
+    for (size_t k = macro.targets.size(); k < args.args.size(); ++k)
+      varargs.push_back(args.args[k]);
+    Dict kwargs;
+    for (const auto& [name, value] : args.kwargs) {
+      if (std::find(macro.targets.begin(), macro.targets.end(), name) == macro.targets.end()) {
+        kwargs.Set(name, value);
+      }
+    }
+    if (!varargs.empty() && !Mentions(macro.body, "varargs")) {
+      throw RuntimeError("macro '" + macro.text + "' takes not more than " +
+                         std::to_string(macro.targets.size()) + " argument(s)");
+    }
+    if (!kwargs.entries.empty() && !Mentions(macro.body, "kwargs")) {
+      throw RuntimeError("macro '" + macro.text + "' takes no keyword argument '" +
+                         kwargs.entries[0].first + "'");
+    }
+    locals.Set("varargs", Value::MakeTuple(std::move(varargs)));
+    locals.Set("kwargs", Value::MakeDict(std::move(kwargs)));
     // A macro sees the globals, the template's top level and its arguments.
     std::vector<Dict> saved(scopes_.begin() + 2, scopes_.end());
     scopes_.resize(2);
@@ -260,7 +319,8 @@ class Evaluator {
       case Expr::Kind::kList: {
         List items;
         for (const auto& child : e.children) items.push_back(Eval(*child));
-        return Value::MakeList(std::move(items));
+        return e.name == "tuple" ? Value::MakeTuple(std::move(items))
+                                 : Value::MakeList(std::move(items));
       }
       case Expr::Kind::kDict: {
         Dict dict;
@@ -284,7 +344,19 @@ class Evaluator {
       case Expr::Kind::kSlice:
         return EvalSlice(e);
       case Expr::Kind::kCall: {
-        Value callee = Eval(*e.children[0]);
+        const Expr& target = *e.children[0];
+        Value callee;
+        if (target.kind == Expr::Kind::kAttr) {  // a method: name what lacks it
+          const Value obj = Eval(*target.children[0]);
+          if (obj.is_undefined()) throw RuntimeError(Describe(*target.children[0]));
+          callee = GetAttribute(obj, target.name, limits_);
+          if (callee.is_undefined()) {
+            throw RuntimeError("'" + obj.TypeName() + "' object has no method '" + target.name +
+                               "'");
+          }
+        } else {
+          callee = Eval(target);
+        }
         if (callee.kind() != Value::Kind::kFunction) {
           throw RuntimeError(callee.is_undefined()
                                  ? Describe(*e.children[0])
@@ -482,6 +554,17 @@ class Evaluator {
   int current_line_ = 0;  // where the innermost failing expression is
   int current_column_ = 0;
 };
+
+bool Mentions(const Expr& e, const std::string& name) {
+  if (e.kind == Expr::Kind::kName && e.name == name) return true;
+  for (const auto& child : e.children) {
+    if (child && Mentions(*child, name)) return true;
+  }
+  for (const auto& [key, child] : e.kwargs) {
+    if (Mentions(*child, name)) return true;
+  }
+  return false;
+}
 
 void CheckExprNames(const Expr& e) {
   if (e.kind == Expr::Kind::kFilter && !HasFilter(e.name)) {

@@ -25,7 +25,8 @@ std::string Render(const NodeList& nodes, const Dict& variables, const RenderLim
 // (Jinja2 also rejects unknown filters when it compiles a template).
 void CheckNames(const NodeList& nodes);
 
-// Built-ins (jinja_builtins.cc). They throw RuntimeError.
+// Built-ins: filters (jinja_filters.cc), tests, attributes and globals (jinja_builtins.cc).
+// They throw RuntimeError.
 bool HasFilter(const std::string& name);
 bool HasTest(const std::string& name);
 Value ApplyFilter(const std::string& name, const Value& input, const CallArgs& args,

@@ -139,6 +139,20 @@ class Parser {
       Fail(keyword, "unexpected '" + k + "'" +
                         (open_blocks_.empty() ? "" : ", expected '" + open_blocks_.back() + "'"));
     }
+    if (k == "filter") {
+      Next();
+      auto node = MakeNode(Node::Kind::kFilterBlock, keyword);
+      // {% filter f(args) | g %}: f applies to a placeholder (an unnamed kName) for the body.
+      auto first = MakeExpr(Expr::Kind::kFilter, Peek());
+      first->name = ExpectName();
+      first->children.push_back(MakeExpr(Expr::Kind::kName, keyword));
+      if (IsOp("(")) ParseCallArgs(*first);
+      node->expr = ParseFilters(std::move(first));
+      ExpectBlockEnd();
+      node->body = ParseBody({"endfilter"});
+      ExpectEnd("endfilter");
+      return node;
+    }
     if (k == "generation") {
       Next();
       ExpectBlockEnd();
@@ -217,7 +231,19 @@ class Parser {
       return node;
     }
     ExpectOp("=");
+    const Token& at = Peek();
     node->expr = ParseExpression();
+    if (IsOp(",")) {  // {% set a, b = 1, 2 %}: the right side is a tuple
+      auto tuple = MakeExpr(Expr::Kind::kList, at);
+      tuple->name = "tuple";
+      tuple->children.push_back(std::move(node->expr));
+      while (IsOp(",")) {
+        Next();
+        if (Peek().type == T::kBlockEnd) break;
+        tuple->children.push_back(ParseExpression());
+      }
+      node->expr = std::move(tuple);
+    }
     ExpectBlockEnd();
     return node;
   }
@@ -512,8 +538,9 @@ class Parser {
         if (t.text == "(") {
           Next();
           ExprPtr inner = ParseExpression();
-          if (IsOp(",")) {  // tuple: a list here
+          if (IsOp(",")) {  // a tuple
             auto list = MakeExpr(Expr::Kind::kList, t);
+            list->name = "tuple";
             list->children.push_back(std::move(inner));
             while (IsOp(",")) {
               Next();

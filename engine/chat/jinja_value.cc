@@ -60,6 +60,11 @@ Value Value::MakeList(List items) {
   v.list_ = std::make_shared<const List>(std::move(items));
   return v;
 }
+Value Value::MakeTuple(List items) {
+  Value v = MakeList(std::move(items));
+  v.is_tuple_ = true;
+  return v;
+}
 Value Value::MakeDict(Dict dict) {
   Value v;
   v.kind_ = Kind::kDict;
@@ -212,8 +217,9 @@ std::string Value::Repr() const {
     case Kind::kString:
       return StringRepr(*s_);
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = is_tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
+      if (is_tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict: {
@@ -224,8 +230,14 @@ std::string Value::Repr() const {
       }
       return out + "}";
     }
-    case Kind::kNamespace:
-      return "<Namespace>";
+    case Kind::kNamespace: {
+      std::string out = "<Namespace {";
+      for (size_t i = 0; i < dict_->entries.size(); ++i) {
+        out += (i ? ", " : "") + StringRepr(dict_->entries[i].first) + ": " +
+               dict_->entries[i].second.Repr();
+      }
+      return out + "}>";
+    }
     case Kind::kFunction:
       return "<function>";
     default:
@@ -233,10 +245,16 @@ std::string Value::Repr() const {
   }
 }
 
-// json.dumps(ensure_ascii=False) string escaping.
-static void JsonString(const std::string& s, std::string& out) {
+// json.dumps's string escaping; with ensure_ascii, non-ASCII as \uXXXX (UTF-16 units).
+static void JsonString(const std::string& s, bool ensure_ascii, std::string& out) {
+  auto hex4 = [&out](unsigned u) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "\\u%04x", u);
+    out += buf;
+  };
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"':
         out += "\\\"";
@@ -260,10 +278,19 @@ static void JsonString(const std::string& s, std::string& out) {
         out += "\\f";
         break;
       default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
+        if (c < 0x20 || (ensure_ascii && c == 0x7F)) {
+          hex4(c);
+        } else if (ensure_ascii && c >= 0x80) {
+          const size_t len = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+          uint32_t cp = len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+          for (size_t k = 1; k < len && i + 1 < s.size(); ++k) cp = (cp << 6) | (s[++i] & 0x3F);
+          if (cp >= 0x10000) {
+            cp -= 0x10000;
+            hex4(0xD800 + (cp >> 10));
+            hex4(0xDC00 + (cp & 0x3FF));
+          } else {
+            hex4(cp);
+          }
         } else {
           out += static_cast<char>(c);
         }
@@ -272,14 +299,16 @@ static void JsonString(const std::string& s, std::string& out) {
   out += '"';
 }
 
-static void JsonDump(const Value& v, int indent, bool sort_keys, int depth, std::string& out) {
+static void JsonDump(const Value& v, const JsonOptions& o, int depth, std::string& out) {
   if (depth > 256) throw RuntimeError("tojson: value nested too deeply");
-  // Python: separators (', ', ': ') without indent, (',', ': ') with it.
-  std::string item_sep = indent >= 0 ? "," : ", ";
+  const std::string item_sep = !o.item_separator.empty() ? o.item_separator
+                               : o.indent >= 0           ? ","
+                                                         : ", ";
+  const std::string key_sep = !o.key_separator.empty() ? o.key_separator : ": ";
   auto newline = [&](int level) {
-    if (indent < 0) return;
+    if (o.indent < 0) return;
     out += '\n';
-    out.append(static_cast<size_t>(indent) * static_cast<size_t>(level), ' ');
+    out.append(static_cast<size_t>(o.indent) * static_cast<size_t>(level), ' ');
   };
   switch (v.kind()) {
     case Value::Kind::kNone:
@@ -299,7 +328,7 @@ static void JsonDump(const Value& v, int indent, bool sort_keys, int depth, std:
       return;
     }
     case Value::Kind::kString:
-      JsonString(v.str(), out);
+      JsonString(v.str(), o.ensure_ascii, out);
       return;
     case Value::Kind::kList: {
       if (v.list().empty()) {
@@ -310,7 +339,7 @@ static void JsonDump(const Value& v, int indent, bool sort_keys, int depth, std:
       for (size_t i = 0; i < v.list().size(); ++i) {
         if (i) out += item_sep;
         newline(depth + 1);
-        JsonDump(v.list()[i], indent, sort_keys, depth + 1, out);
+        JsonDump(v.list()[i], o, depth + 1, out);
       }
       newline(depth);
       out += "]";
@@ -323,7 +352,7 @@ static void JsonDump(const Value& v, int indent, bool sort_keys, int depth, std:
       }
       std::vector<const std::pair<std::string, Value>*> entries;
       for (const auto& entry : v.dict().entries) entries.push_back(&entry);
-      if (sort_keys) {
+      if (o.sort_keys) {
         std::stable_sort(entries.begin(), entries.end(),
                          [](auto* a, auto* b) { return a->first < b->first; });
       }
@@ -331,9 +360,9 @@ static void JsonDump(const Value& v, int indent, bool sort_keys, int depth, std:
       for (size_t i = 0; i < entries.size(); ++i) {
         if (i) out += item_sep;
         newline(depth + 1);
-        JsonString(entries[i]->first, out);
-        out += ": ";
-        JsonDump(entries[i]->second, indent, sort_keys, depth + 1, out);
+        JsonString(entries[i]->first, o.ensure_ascii, out);
+        out += key_sep;
+        JsonDump(entries[i]->second, o, depth + 1, out);
       }
       newline(depth);
       out += "}";
@@ -344,9 +373,9 @@ static void JsonDump(const Value& v, int indent, bool sort_keys, int depth, std:
   }
 }
 
-std::string Value::ToJson(int indent, bool sort_keys) const {
+std::string Value::ToJson(const JsonOptions& options) const {
   std::string out;
-  JsonDump(*this, indent, sort_keys, 0, out);
+  JsonDump(*this, options, 0, out);
   return out;
 }
 
@@ -421,7 +450,7 @@ bool Equals(const Value& a, const Value& b) {
     case Value::Kind::kString:
       return a.str() == b.str();
     case Value::Kind::kList: {
-      if (a.list().size() != b.list().size()) return false;
+      if (a.list().size() != b.list().size() || a.is_tuple() != b.is_tuple()) return false;
       for (size_t i = 0; i < a.list().size(); ++i) {
         if (!Equals(a.list()[i], b.list()[i])) return false;
       }

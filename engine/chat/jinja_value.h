@@ -30,6 +30,14 @@ struct Dict {
   void Set(const std::string& key, Value value);
 };
 struct CallArgs;
+// json.dumps's options as transformers' tojson passes them.
+struct JsonOptions {
+  int indent = -1;  // < 0: one line
+  bool sort_keys = false;
+  bool ensure_ascii = false;  // \uXXXX (surrogate pairs above U+FFFF) for non-ASCII
+  // Python's defaults when empty: ", " and ": " on one line, "," and ": " with indent.
+  std::string item_separator, key_separator;
+};
 using Function = std::function<Value(CallArgs&)>;
 
 class Value {
@@ -54,6 +62,7 @@ class Value {
   static Value Float(double f);
   static Value String(std::string s);
   static Value MakeList(List items);
+  static Value MakeTuple(List items);  // a list that prints as Python's tuple: (1, 2)
   static Value MakeDict(Dict dict);
   static Value Namespace(Dict dict);  // mutable by `set ns.x = ...`, shared by reference
   static Value MakeFunction(Function fn);
@@ -67,6 +76,7 @@ class Value {
     return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool;
   }
   bool is_list() const { return kind_ == Kind::kList; }
+  bool is_tuple() const { return kind_ == Kind::kList && is_tuple_; }
   bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
 
   bool as_bool() const { return b_; }
@@ -83,8 +93,8 @@ class Value {
   std::string ToString() const;
   // Python repr(): how lists and dicts print their items.
   std::string Repr() const;
-  // json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=...) as transformers' tojson.
-  std::string ToJson(int indent, bool sort_keys) const;
+  // json.dumps(x, ...) as transformers' tojson calls it.
+  std::string ToJson(const JsonOptions& options) const;
   // "string", "list", ... for error messages.
   std::string TypeName() const;
   // Items of a for loop: list items, dict keys, string characters; undefined is empty.
@@ -93,6 +103,7 @@ class Value {
  private:
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
+  bool is_tuple_ = false;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;

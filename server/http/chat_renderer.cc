@@ -31,11 +31,15 @@ ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tok
     }
     return id >= 0 ? std::string(tokenizer.IdToPiece(id)) : "";
   };
-  nlohmann::ordered_json extra = {{"bos_token", token_string("bos_token", tokenizer.bos_id())},
-                                  {"eos_token", token_string("eos_token", tokenizer.eos_id())}};
-  return [chat, extra](const nlohmann::ordered_json& messages, bool add_generation_prompt) {
+  const nlohmann::ordered_json tokens = {
+      {"bos_token", token_string("bos_token", tokenizer.bos_id())},
+      {"eos_token", token_string("eos_token", tokenizer.eos_id())}};
+  return [chat, tokens](const ChatInputs& inputs) {
+    // The request's variables (tools, chat_template_kwargs) over the special tokens.
+    nlohmann::ordered_json variables = tokens;
+    for (const auto& [key, value] : inputs.variables.items()) variables[key] = value;
     try {
-      return chat->Render(messages, add_generation_prompt, extra);
+      return chat->Render(inputs.messages, inputs.add_generation_prompt, variables);
     } catch (const Error& e) {  // raise_exception(...) in the template: the client's fault
       throw ApiError{400, e.what(), "invalid_request_error", "messages", "chat_template_error"};
     }

@@ -216,14 +216,36 @@ ParsedRequest ParseChat(const json& body, const std::string& rendered_prompt,
 ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const ChatRenderer& chat,
                             const Tokenizer& tokenizer, const ModelInfo& model) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
-    throw ApiError{400, "messages must be a non-empty list", "invalid_request_error", "messages",
-                   "invalid_parameter"};
+    throw BadParam("messages", "messages must be a non-empty list");
   }
-  const auto ordered = nlohmann::ordered_json::parse(body_text);
+  const Fields f(body);
+  if (f.Has("tools")) {
+    const json& tools = body["tools"];
+    if (!tools.is_array() ||
+        !std::all_of(tools.begin(), tools.end(), [](const json& t) { return t.is_object(); })) {
+      throw BadParam("tools", "tools must be a list of objects");
+    }
+  }
+  if (f.Has("chat_template_kwargs")) {
+    if (!body["chat_template_kwargs"].is_object()) {
+      throw BadParam("chat_template_kwargs", "chat_template_kwargs must be an object");
+    }
+    if (body["chat_template_kwargs"].contains("messages")) {
+      throw BadParam("chat_template_kwargs", "chat_template_kwargs cannot set messages");
+    }
+  }
+  auto ordered = nlohmann::ordered_json::parse(body_text);
+  ChatInputs inputs;
+  inputs.messages = std::move(ordered["messages"]);
   // Fields::Bool, not json::value: a non-boolean is a 400, not a json::type_error (a 500).
-  const std::string prompt =
-      chat(ordered["messages"], Fields(body).Bool("add_generation_prompt", true));
-  return ParseChat(body, prompt, tokenizer, model);
+  inputs.add_generation_prompt = f.Bool("add_generation_prompt", true);
+  if (f.Has("tools")) inputs.variables["tools"] = std::move(ordered["tools"]);
+  if (f.Has("chat_template_kwargs")) {
+    for (auto& [key, value] : ordered["chat_template_kwargs"].items()) {
+      inputs.variables[key] = std::move(value);
+    }
+  }
+  return ParseChat(body, chat(inputs), tokenizer, model);
 }
 
 }  // namespace llm::server

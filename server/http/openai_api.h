@@ -56,15 +56,24 @@ ParsedRequest ParseCompletion(const nlohmann::json& body, const Tokenizer& token
 ParsedRequest ParseChat(const nlohmann::json& body, const std::string& rendered_prompt,
                         const Tokenizer& tokenizer, const ModelInfo& model);
 
+// What a chat request gives its template. ordered_json: a template's tojson / items() show
+// keys in the client's order.
+struct ChatInputs {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  bool add_generation_prompt = true;
+  // More template variables: `tools` (the request's), then chat_template_kwargs' keys (as
+  // vLLM passes them: they override the special tokens, `tools` and add_generation_prompt).
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();
+};
+
 // Renders a chat conversation to prompt text; throws ApiError / llm::Error.
-// (ordered_json: a template's tojson / items() show keys in the client's order.)
-using ChatRenderer =
-    std::function<std::string(const nlohmann::ordered_json& messages, bool add_generation_prompt)>;
+using ChatRenderer = std::function<std::string(const ChatInputs& inputs)>;
 
 // POST /v1/chat/completions from the body's text (`body` is its parse): checks `messages`
-// (a non-empty list) and `add_generation_prompt` (a boolean, default true), renders the
-// messages with `chat` (keys in the client's order), then ParseChat. Throws ApiError, or
-// llm::Error from the renderer.
+// (a non-empty list), `add_generation_prompt` (a boolean, default true), `tools` (a list of
+// objects) and `chat_template_kwargs` (an object, not setting `messages`), renders them with
+// `chat` (keys in the client's order), then ParseChat. Throws ApiError, or llm::Error from the
+// renderer.
 ParsedRequest ParseChatBody(std::string_view body_text, const nlohmann::json& body,
                             const ChatRenderer& chat, const Tokenizer& tokenizer,
                             const ModelInfo& model);

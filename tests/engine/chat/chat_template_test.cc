@@ -63,7 +63,7 @@ TEST(ChatTemplateTest, Literals) {
               "None }}"),
             "it's\n|\xC3\xA9\t|42|1.5|1e+20|True|None");
   EXPECT_EQ(R("{{ [1, 'a', none] }}|{{ {'k': \"it's\"} }}|{{ (1, 2) }}"),
-            "[1, 'a', None]|{'k': \"it's\"}|[1, 2]");
+            "[1, 'a', None]|{'k': \"it's\"}|(1, 2)");
 }
 
 TEST(ChatTemplateTest, Arithmetic) {
@@ -150,7 +150,7 @@ TEST(ChatTemplateTest, Filters) {
   EXPECT_EQ(R("{{ {'a': [1, 'é'], 'b': none}|tojson }}"), "{\"a\": [1, \"é\"], \"b\": null}");
   EXPECT_EQ(R("{{ {'a': [1], 'e': {}}|tojson(indent=2) }}"),
             "{\n  \"a\": [\n    1\n  ],\n  \"e\": {}\n}");
-  EXPECT_EQ(R("{{ {'b': 1, 'a': 2}|items|list }}"), "[['b', 1], ['a', 2]]");
+  EXPECT_EQ(R("{{ {'b': 1, 'a': 2}|items|list }}"), "[('b', 1), ('a', 2)]");
 }
 
 TEST(ChatTemplateTest, StringMethods) {
@@ -202,6 +202,80 @@ TEST(ChatTemplateTest, SyntaxErrorsHaveLineAndColumn) {
                     {"line 1, column 6", "unterminated '{{'"});
   test::ExpectError([] { ChatTemplate::Parse("{% if x %}{% endfor %}"); }, {"expected 'endif'"});
   test::ExpectError([] { ChatTemplate::Parse("{# never closed"); }, {"unterminated comment"});
+}
+
+// What the interpreter cannot render is an llm::Error that names the construct (the statement,
+// filter, test, method or argument), at Parse when it can be seen there, never a prompt
+// rendered without it.
+TEST(ChatTemplateTest, WhatItCannotRenderIsAnErrorNamingTheConstruct) {
+  for (const char* statement : {"include", "import", "from", "extends", "block", "call", "with",
+                                "do", "autoescape", "raw", "trans"}) {
+    test::ExpectError([&] { ChatTemplate::Parse(std::string("{% ") + statement + " x %}"); },
+                      {"unsupported statement '" + std::string(statement) + "'"});
+  }
+  test::ExpectError([] { ChatTemplate::Parse("{% for x in xs recursive %}{% endfor %}"); },
+                    {"recursive loops are not supported"});
+  for (const char* filter : {"format", "wordcount", "batch", "center", "groupby", "xmlattr"}) {
+    test::ExpectError([&] { ChatTemplate::Parse(std::string("{{ x | ") + filter + " }}"); },
+                      {"unsupported filter '" + std::string(filter) + "'"});
+  }
+  test::ExpectError([] { ChatTemplate::Parse("{{ x is escaped }}"); },
+                    {"unsupported test 'escaped'"});
+  test::ExpectError([] { ChatTemplate::Parse("{% filter nosuch %}x{% endfilter %}"); },
+                    {"unsupported filter 'nosuch'"});
+  test::ExpectError([] { ChatTemplate::Parse("{{ f(*xs) }}"); }, {"unexpected '*'"});
+  test::ExpectError([] { ChatTemplate::Parse("{{ f(**kw) }}"); }, {"unexpected '**'"});
+  // At render time: methods that str and dict do not have, a macro's extra arguments.
+  test::ExpectError([] { R("{{ 'abc'.zfill(5) }}"); },
+                    {"'string' object has no method 'zfill'", "line 1"});
+  test::ExpectError([] { R("{{ {'a': 1}.pop('a') }}"); }, {"'dict' object has no method 'pop'"});
+  test::ExpectError([] { R("{% for x in [1] %}{{ loop.changed(x) }}{% endfor %}"); },
+                    {"has no method 'changed'"});
+  test::ExpectError([] { R("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}"); },
+                    {"macro 'm' takes not more than 1 argument(s)"});
+  test::ExpectError([] { R("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, b=2) }}"); },
+                    {"macro 'm' takes no keyword argument 'b'"});
+  test::ExpectError([] { R("{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}"); },
+                    {"'caller' is undefined"});
+}
+
+TEST(ChatTemplateTest, FilterBlocksTuplesAndMacroArguments) {
+  EXPECT_EQ(R("{% filter upper %}ab{{ 'c' }}{% endfilter %}|{% filter trim|replace('A', 'x') %} "
+              "aAb {% endfilter %}"),
+            "ABC|axb");
+  EXPECT_EQ(R("{% set a, b = 1, 2 %}{{ a }}{{ b }}|{{ (1,) }}|{{ {'k': 1}.items()|list }}"),
+            "12|(1,)|[('k', 1)]");
+  EXPECT_EQ(R("{% macro m(a) %}{{ a }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 2, k=3) }}"),
+            "1(2,){'k': 3}");
+  EXPECT_EQ(R("{% for x in [1] %}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}"), "10");
+  EXPECT_EQ(R("{% set ns = namespace(a=1) %}{{ ns }}"), "<Namespace {'a': 1}>");
+}
+
+TEST(ChatTemplateTest, UnicodeStrings) {
+  // str.strip() and |trim strip Unicode whitespace (U+00A0, U+3000, ...); case mappings are
+  // Unicode's (ß -> SS); lengths, find and slices count code points.
+  EXPECT_EQ(
+      R("[{{ s|trim }}|{{ s.strip() }}|{{ s.split() }}]", {{"s", "\u00a0 a b\u3000c \u2028"}}),
+      "[a b\u3000c|a b\u3000c|['a', 'b', 'c']]");
+  EXPECT_EQ(R("{{ 'ß'|upper }}{{ 'ÀÉ'|lower }}{{ 'élan vital'|title }}{{ 'élan'|capitalize }}"),
+            "SSàéÉlan VitalÉlan");
+  EXPECT_EQ(R("{{ s|length }}{{ s.find('l') }}{{ s[::-1] }}{{ s.strip('hé') }}", {{"s", "héllo"}}),
+            "52olléhllo");
+  EXPECT_EQ(R("{{ s|tojson }}|{{ s|tojson(ensure_ascii=true) }}", {{"s", "é😀"}}),
+            "\"é😀\"|\"\\u00e9\\ud83d\\ude00\"");
+  EXPECT_EQ(R("{{ {'b': 1, 'a': [1, 2]}|tojson(separators=(',', ':'), sort_keys=true) }}"),
+            "{\"a\":[1,2],\"b\":1}");
+}
+
+TEST(ChatTemplateTest, SortUniqueDictsortMinMax) {
+  EXPECT_EQ(R("{{ [3, 1, 2]|sort(reverse=true) }}{{ ['b', 'A', 'a']|sort }}{{ ['b', 'A', "
+              "'a']|unique|list }}{{ {'b': 1, 'a': 2}|dictsort }}{{ [3, 1, 2]|max }}{{ [3, 1, "
+              "2]|min }}{{ [1, 2, 3]|sum }}"),
+            "[3, 2, 1]['A', 'a', 'b']['b', 'A'][('a', 2), ('b', 1)]316");
+  ordered_json extra = {{"xs", {{{"n", "b"}, {"k", 2}}, {{"n", "a"}, {"k", 1}}}}};
+  EXPECT_EQ(R("{{ xs|sort(attribute='k')|map(attribute='n')|join }}{{ (xs|max(attribute='k')).n }}",
+              extra),
+            "abb");
 }
 
 TEST(ChatTemplateTest, HostileTemplatesFailQuickly) {

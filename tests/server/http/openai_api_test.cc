@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "engine/error.h"
+#include "server/http/http_server.h"
 #include "tests/test_util.h"
 
 namespace llm::server {
@@ -30,6 +31,19 @@ class OpenAiApiTest : public ::testing::Test {
   static ApiError CompletionError(const std::string& body_text) {
     try {
       ParseCompletion(json::parse(body_text), *tokenizer_, model_);
+    } catch (const ApiError& e) {
+      return e;
+    }
+    ADD_FAILURE() << "no ApiError for " << body_text;
+    return {};
+  }
+
+  // The ApiError that ParseChatBody throws for `body_text` (its renderer answers "hi").
+  static ApiError ChatError(const std::string& body_text) {
+    try {
+      ParseChatBody(
+          body_text, json::parse(body_text), [](const ChatInputs&) { return std::string("hi"); },
+          *tokenizer_, model_);
     } catch (const ApiError& e) {
       return e;
     }
@@ -83,7 +97,7 @@ TEST_F(OpenAiApiTest, HugeTimeoutIsCapped) {
 TEST_F(OpenAiApiTest, NonBooleanAddGenerationPromptIsAnApiError) {
   const std::string body_text =
       R"({"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":1})";
-  const ChatRenderer chat = [](const nlohmann::ordered_json&, bool) { return "hi"; };
+  const ChatRenderer chat = [](const ChatInputs&) { return "hi"; };
   try {
     ParseChatBody(body_text, json::parse(body_text), chat, *tokenizer_, model_);
     ADD_FAILURE() << "no ApiError";
@@ -91,6 +105,70 @@ TEST_F(OpenAiApiTest, NonBooleanAddGenerationPromptIsAnApiError) {
     EXPECT_EQ(e.status, 400);
     EXPECT_EQ(e.param, "add_generation_prompt");
   }
+}
+
+// chat_template_kwargs (an object, as vLLM accepts it) and tools reach the template as
+// variables, keys in the client's order; the kwargs override the special tokens.
+TEST_F(OpenAiApiTest, ChatTemplateKwargsAndToolsAreTemplateVariables) {
+  const std::string body_text = R"({"messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": 2}}}],
+      "chat_template_kwargs": {"enable_thinking": false, "bos_token": "<B>"}})";
+  ChatInputs seen;
+  const ChatRenderer capture = [&seen](const ChatInputs& inputs) {
+    seen = inputs;
+    return std::string("hi");
+  };
+  ParseChatBody(body_text, json::parse(body_text), capture, *tokenizer_, model_);
+  EXPECT_EQ(seen.messages.dump(), R"([{"role":"user","content":"hi"}])");
+  EXPECT_TRUE(seen.add_generation_prompt);
+  EXPECT_EQ(seen.variables.dump(),
+            R"({"tools":[{"type":"function","function":{"name":"f","parameters":{"b":1,"a":2}}}],)"
+            R"("enable_thinking":false,"bos_token":"<B>"})");
+
+  // Through a model folder's template, as the server renders it.
+  test::TempDir dir;
+  const json config = {
+      {"chat_template",
+       "{{ bos_token }}{% if enable_thinking is defined and enable_thinking is false %}<no-think>"
+       "{% endif %}{% for t in tools or [] %}{{ t.function.name }}"
+       "{{ t.function.parameters|tojson }}{% endfor %}{{ messages[0].content }}"
+       "{{ '|gen' if add_generation_prompt }}"}};
+  test::WriteFile(dir.path() / "tokenizer_config.json", config.dump());
+  const ChatRenderer chat = MakeChatRenderer(dir.path().string(), *tokenizer_);
+  EXPECT_EQ(chat(seen), "<B><no-think>f{\"b\": 1, \"a\": 2}hi|gen");
+  // Without them: tools is none, bos_token the tokenizer's.
+  EXPECT_EQ(chat(ChatInputs{seen.messages, false, nlohmann::ordered_json::object()}), "<s>hi");
+}
+
+// A chat_template_kwargs that is not an object, one that sets messages, and tools that are not
+// a list of objects are a 400 naming the parameter, in OpenAI's error shape.
+TEST_F(OpenAiApiTest, BadChatTemplateKwargsOrToolsAreA400) {
+  const std::string messages = R"({"messages": [{"role": "user", "content": "hi"}], )";
+  for (const char* kwargs : {"[]", "\"x\"", "1", "true", "[{\"a\": 1}]", R"({"messages": []})"}) {
+    SCOPED_TRACE(kwargs);
+    const ApiError e = ChatError(messages + R"("chat_template_kwargs": )" + kwargs + "}");
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "chat_template_kwargs");
+    const json body = ErrorBody(e);
+    EXPECT_EQ(body["error"]["param"], "chat_template_kwargs");
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(body["error"]["code"], "invalid_parameter");
+    EXPECT_NE(body["error"]["message"].get<std::string>().find("chat_template_kwargs"),
+              std::string::npos);
+  }
+  for (const char* tools : {"{}", "\"f\"", "[1]", "[[]]"}) {
+    SCOPED_TRACE(tools);
+    EXPECT_EQ(ChatError(messages + R"("tools": )" + tools + "}").param, "tools");
+  }
+  // null is the field left out.
+  const std::string ok = messages + R"("chat_template_kwargs": null, "tools": null})";
+  EXPECT_NO_THROW(ParseChatBody(
+      ok, json::parse(ok),
+      [](const ChatInputs& in) {
+        EXPECT_TRUE(in.variables.empty());
+        return std::string("hi");
+      },
+      *tokenizer_, model_));
 }
 
 }  // namespace
