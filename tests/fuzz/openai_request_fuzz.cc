@@ -37,10 +37,11 @@ const std::vector<llm::server::ChatRenderer>& Renderers() {
       std::stringstream source;
       source << in.rdbuf();
       auto chat = std::make_shared<llm::ChatTemplate>(llm::ChatTemplate::Parse(source.str()));
-      out.push_back([chat](const nlohmann::ordered_json& messages, bool add_generation_prompt) {
+      out.push_back([chat](const llm::server::ChatInputs& inputs) {
+        nlohmann::ordered_json variables = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
+        for (const auto& [key, value] : inputs.variables.items()) variables[key] = value;
         try {
-          return chat->Render(messages, add_generation_prompt,
-                              {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+          return chat->Render(inputs.messages, inputs.add_generation_prompt, variables);
         } catch (const llm::Error& e) {
           throw ApiError{400, e.what(), "invalid_request_error", "messages", "chat_template_error"};
         }
