@@ -157,6 +157,25 @@ void HttpServer::Routes() {
 
 void HttpServer::Tokenize(const httplib::Request& req, httplib::Response& res) {
   json body = json::parse(req.body, nullptr, false);
+  if (body.is_object() && body.contains("messages")) {  // a chat prompt, as vLLM's /tokenize
+    if (!chat_) {
+      return SendError(res, {400, "This model has no chat template.", "invalid_request_error",
+                             "messages", "no_chat_template"});
+    }
+    std::vector<int> ids;
+    try {
+      ids = ParseChatBody(req.body, body, chat_, tokenizer_, model_).request.prompt_ids;
+    } catch (const ApiError& e) {
+      return SendError(res, e);
+    } catch (const Error& e) {
+      return SendError(res, {400, e.what(), "invalid_request_error", "", "invalid_request"});
+    }
+    res.set_content(
+        json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model_.max_model_len}}
+            .dump(),
+        "application/json");
+    return;
+  }
   const json* text = body.is_object() ? (body.contains("prompt") ? &body["prompt"]
                                          : body.contains("text") ? &body["text"]
                                                                  : nullptr)
@@ -188,7 +207,14 @@ void HttpServer::Detokenize(const httplib::Request& req, httplib::Response& res)
     }
     ids.push_back(t.get<int>());
   }
-  res.set_content(json{{"prompt", tokenizer_.Decode(ids)}}.dump(), "application/json");
+  const json::const_iterator skip = body.find("skip_special_tokens");
+  if (skip != body.end() && !skip->is_boolean()) {
+    return SendError(res, {400, "skip_special_tokens must be true or false",
+                           "invalid_request_error", "skip_special_tokens", "invalid_parameter"});
+  }
+  const bool skip_special = skip == body.end() || skip->get<bool>();
+  res.set_content(json{{"prompt", tokenizer_.Decode(ids, skip_special)}}.dump(),
+                  "application/json");
 }
 
 }  // namespace llm::server

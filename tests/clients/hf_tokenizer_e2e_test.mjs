@@ -73,6 +73,26 @@ const rendered = new Template(config.chat_template).render({
   messages, add_generation_prompt: true, bos_token: name(config.bos_token),
   eos_token: name(config.eos_token),
 });
-const promptIds = (await tokenizer.encode(rendered, null, { addSpecialTokens: false })).getIds();
+const promptIds = Array.from((await tokenizer.encode(rendered, null, { addSpecialTokens: false })).getIds());
 assert.equal(reply.usage.prompt_tokens, promptIds.length, 'chat prompt tokens vs the template');
+const chatIds = JSON.parse(await post('/tokenize', { messages })).tokens;
+assert.deepEqual(chatIds, promptIds, '/tokenize of the messages vs the template + the library');
+const withSpecials = JSON.parse(await post('/detokenize', { tokens: chatIds, skip_special_tokens: false })).prompt;
+assert.equal(withSpecials, await tokenizer.decode(chatIds, false), '/detokenize keeping specials');
 console.log(`ok chat: streamed == non-streamed, prompt = the template (${promptIds.length} tokens)`);
+
+// chat_template_kwargs reach the template (Qwen3's enable_thinking; other templates ignore it).
+const kwargs = { enable_thinking: false };
+const renderedNoThink = new Template(config.chat_template).render({
+  messages, add_generation_prompt: true, bos_token: name(config.bos_token),
+  eos_token: name(config.eos_token), ...kwargs,
+});
+const noThinkIds = Array.from(
+  (await tokenizer.encode(renderedNoThink, null, { addSpecialTokens: false })).getIds());
+const ours = JSON.parse(await post('/tokenize', { messages, chat_template_kwargs: kwargs })).tokens;
+assert.deepEqual(ours, noThinkIds, '/tokenize with chat_template_kwargs');
+const thinkArgs = { ...args, chat_template_kwargs: kwargs };
+const noThink = JSON.parse(await post('/v1/chat/completions', thinkArgs));
+assert.equal(noThink.usage.prompt_tokens, noThinkIds.length);
+assert.equal(await streamText('/v1/chat/completions', thinkArgs), noThink.choices[0].message.content);
+console.log(`ok chat_template_kwargs ${JSON.stringify(kwargs)}: ${noThinkIds.length} prompt tokens`);
