@@ -1,214 +1,50 @@
 // Differential test of every tokenizer.json component the real tokenizers (tokenizer_hf_oracle_
 // test.cc) leave out, against Hugging Face's tokenizers library itself (npm `tokenizers`, run
 // by tests/tools/hf_tokenizer_oracle.mjs, one process per group of files): synthetic
-// tokenizer.json files, each a small BPE vocabulary (characters or the byte-level alphabet,
-// merges learned from a few words) around the component under test. For each file a few
-// hundred texts (random ones and ones made of the file's own pieces) must give the library's
-// ids with and without special tokens; decoding (our ids and random id lists) its text with and
-// without skipping special tokens; and the streaming decoder the whole Decode. A file the
-// library refuses, we must refuse. Skips, saying why, when npm could not install the packages.
+// tokenizer.json files (tests/engine/tokenizer/hf_synthetic.h), each a small BPE vocabulary
+// (characters or the byte-level alphabet, merges learned from a few words) around the component
+// under test. For each file a few hundred texts (random ones and ones made of the file's own
+// pieces) must give the library's ids with and without special tokens; decoding (our ids and
+// random id lists) its text with and without skipping special tokens; and the streaming
+// decoder the whole Decode. A file the library refuses, we must refuse. Skips, saying why, when
+// npm could not install the packages.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <functional>
-#include <map>
-#include <sstream>
+#include <iostream>
 
-#include "engine/error.h"
-#include "engine/tokenizer/tokenizer.h"
 #include "tests/engine/tokenizer/hf_fixtures.h"
+#include "tests/engine/tokenizer/hf_synthetic.h"
 #include "tests/test_util.h"
 
 namespace llm {
 namespace {
 
-using nlohmann::json;
+using test::AddBosEos;
+using test::AddedTokenJson;
+using test::AddTokens;
+using test::ByteBpe;
+using test::ByteLevel;
+using test::CharBpe;
+using test::IdOf;
+using test::kMeta;
+using test::Llama2Decoder;
+using test::Metaspace;
+using test::MetaspaceDecoder;
+using test::Pattern;
+using test::PiecesOf;
+using test::ReplaceStep;
+using test::Seq;
+using test::SpecialToken;
+using test::SplitPre;
+using test::StripDecoder;
+using test::Surface;
+using test::SyntheticCase;
+using test::TemplateProcessor;
+using json = nlohmann::json;
 
-constexpr int kNumRandomTexts = 120;
-constexpr int kNumPieceTexts = 160;
-constexpr int kNumRandomIdLists = 120;
-constexpr int kMaxReported = 8;
-
-// One synthetic tokenizer.json and the strings its texts are made of.
-struct Case {
-  std::string name;
-  json file;
-  std::vector<std::string> pieces;
-};
-
-// Words the merges are learned from and the texts are made of: ASCII, contractions, accents,
-// case pairs, CJK, digits, punctuation inside words.
-const std::vector<std::string>& Words() {
-  static const std::vector<std::string> words = {
-      "hello", "world", "the",   "tokenizer", "lower",  "lowest", "newer", "wider",
-      "don't", "café",  "naïve", "Straße",    "日本語", "東京",   "1234",  "2024",
-      "e.g.",  "x_y",   "co-op", "HELLO",     "Hello",  "ΣΊΣΥΦΟΣ"};
-  return words;
-}
-
-// One token per character: printable ASCII, space, newline, tab, the metaspace, and the
-// non-ASCII characters of Words() and a few more (the rest of Unicode is unknown).
-std::vector<std::string> CharAlphabet() {
-  std::vector<std::string> alphabet = {" ", "\n", "\t", "\xE2\x96\x81"};
-  for (char c = '!'; c <= '~'; ++c) alphabet.emplace_back(1, c);
-  for (const char* c : {"é", "ï", "ß", "ü", "日", "本", "語", "東", "京", "Σ", "Ί",
-                        "Υ", "Φ", "Ο", "σ", "ί",  "υ",  "φ",  "ο",  "ς",  "😀", "ﬁ"}) {
-    alphabet.emplace_back(c);
-  }
-  return alphabet;
-}
-
-const std::string kMeta = "\xE2\x96\x81";  // ▁
-
-// The words as the model sees them after a pre-tokenizer: plain, after Metaspace (a leading
-// ▁, spaces as ▁) or after ByteLevel (byte-level characters, "Ġ" for a space).
-enum class Surface { kPlain, kMetaspace, kByteLevel };
-
-std::vector<std::string> ModelWords(Surface surface) {
-  std::vector<std::string> out;
-  for (const std::string& w : Words()) {
-    switch (surface) {
-      case Surface::kPlain:
-        out.push_back(w);
-        out.push_back(" " + w);
-        break;
-      case Surface::kMetaspace:
-        out.push_back(kMeta + w);
-        out.push_back(w);
-        break;
-      case Surface::kByteLevel:
-        out.push_back(test::ByteLevelString(" " + w));
-        out.push_back(test::ByteLevelString(w));
-        break;
-    }
-  }
-  return out;
-}
-
-// Model options by name: "unk" (<unk>), "fuse", "bytes" (byte_fallback), "prefix" (##),
-// "suffix" (</w>), "ignore" (ignore_merges), "pairs" (merges as pairs), "dropout0", "dropout2".
-test::SyntheticBpeOptions Options(const std::string& flags) {
-  test::SyntheticBpeOptions o;
-  std::istringstream in(flags);
-  for (std::string flag; in >> flag;) {
-    if (flag == "unk") o.unk_token = "<unk>";
-    if (flag == "fuse") o.fuse_unk = true;
-    if (flag == "bytes") o.byte_fallback = true;
-    if (flag == "prefix") o.continuing_subword_prefix = "##";
-    if (flag == "suffix") o.end_of_word_suffix = "</w>";
-    if (flag == "ignore") o.ignore_merges = true;
-    if (flag == "pairs") o.merges_as_pairs = true;
-    if (flag == "dropout0") o.dropout = 0.0;
-    if (flag == "dropout2") o.dropout = 2.0;
-  }
-  return o;
-}
-
-json CharBpe(Surface surface, const std::string& options = "unk", int num_merges = 80) {
-  return test::SyntheticBpeTokenizer(CharAlphabet(), ModelWords(surface), num_merges,
-                                     Options(options));
-}
-
-json ByteBpe(int num_merges = 120) {
-  return test::SyntheticBpeTokenizer(test::ByteLevelAlphabet(), ModelWords(Surface::kByteLevel),
-                                     num_merges);
-}
-
-// Appends added tokens with the ids the library gives them (the model's id for a vocabulary
-// token, else the next one after the vocabulary).
-void AddTokens(json* file, const std::vector<json>& tokens) {
-  int next = static_cast<int>((*file)["model"]["vocab"].size());
-  for (const json& t : (*file)["added_tokens"]) next = std::max(next, t["id"].get<int>() + 1);
-  for (json t : tokens) {
-    const std::string content = t["content"];
-    const json& vocab = (*file)["model"]["vocab"];
-    t["id"] = vocab.contains(content) ? vocab[content].get<int>() : next++;
-    (*file)["added_tokens"].push_back(t);
-  }
-}
-
-json Special(const std::string& content) { return test::AddedTokenJson(0, content, true); }
-
-int IdOf(const json& file, const std::string& token) {
-  for (const json& t : file["added_tokens"]) {
-    if (t["content"] == token) return t["id"];
-  }
-  return file["model"]["vocab"][token];
-}
-
-// <s> and </s> as special added tokens.
-void AddBosEos(json* file) { AddTokens(file, {Special("<s>"), Special("</s>")}); }
-
-json Pattern(const std::string& kind, const std::string& value) { return {{kind, value}}; }
-
-json SplitPre(const json& pattern, const std::string& behavior, bool invert) {
-  return {{"type", "Split"}, {"pattern", pattern}, {"behavior", behavior}, {"invert", invert}};
-}
-
-json ByteLevel(bool add_prefix_space, bool use_regex) {
-  return {{"type", "ByteLevel"},
-          {"add_prefix_space", add_prefix_space},
-          {"trim_offsets", true},
-          {"use_regex", use_regex}};
-}
-
-json Metaspace(const std::string& scheme, bool split, const std::string& replacement = kMeta) {
-  return {{"type", "Metaspace"},
-          {"replacement", replacement},
-          {"prepend_scheme", scheme},
-          {"split", split}};
-}
-
-json MetaspaceDecoder(const std::string& scheme, const std::string& replacement = kMeta) {
-  return {{"type", "Metaspace"}, {"replacement", replacement}, {"prepend_scheme", scheme}};
-}
-
-json Seq(const char* key, std::vector<json> items) { return {{"type", "Sequence"}, {key, items}}; }
-
-json ReplaceStep(const json& pattern, const std::string& content) {
-  return {{"type", "Replace"}, {"pattern", pattern}, {"content", content}};
-}
-
-// Strip with stop > 0 is not compared: strip.rs panics on a token of fewer than `stop`
-// characters, all of them `content` (and where start and stop overlap), which ends the oracle.
-json StripDecoder(const std::string& content, int start, int stop) {
-  return {{"type", "Strip"}, {"content", content}, {"start", start}, {"stop", stop}};
-}
-
-// Llama 2's decoder: ▁ -> space, byte tokens to bytes, one string, one leading space off.
-json Llama2Decoder() {
-  return Seq("decoders", {ReplaceStep(Pattern("String", kMeta), " "),
-                          {{"type", "ByteFallback"}},
-                          {{"type", "Fuse"}},
-                          StripDecoder(" ", 1, 0)});
-}
-
-json TemplateProcessor(const std::vector<std::string>& single, const json& file) {
-  json pieces = json::array(), specials = json::object();
-  for (const std::string& p : single) {
-    if (p == "$A") {
-      pieces.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
-    } else {
-      pieces.push_back({{"SpecialToken", {{"id", p}, {"type_id", 0}}}});
-      specials[p] = {{"id", p}, {"ids", {IdOf(file, p)}}, {"tokens", {p}}};
-    }
-  }
-  json pair = json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                           {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}});
-  return {{"type", "TemplateProcessing"},
-          {"single", pieces},
-          {"pair", pair},
-          {"special_tokens", specials}};
-}
-
-std::vector<std::string> PiecesOf(std::vector<std::string> extra = {}) {
-  std::vector<std::string> pieces = Words();
-  pieces.insert(pieces.end(), extra.begin(), extra.end());
-  return pieces;
-}
-
-std::vector<Case> PreTokenizerCases() {
-  std::vector<Case> cases;
+std::vector<SyntheticCase> PreTokenizerCases() {
+  std::vector<SyntheticCase> cases;
   const char* behaviors[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
                              "Contiguous"};
   for (const char* behavior : behaviors) {
@@ -349,8 +185,8 @@ std::vector<Case> PreTokenizerCases() {
   return cases;
 }
 
-std::vector<Case> NormalizerCases() {
-  std::vector<Case> cases;
+std::vector<SyntheticCase> NormalizerCases() {
+  std::vector<SyntheticCase> cases;
   // Each with Metaspace "always" and "first" after it ("first" asks whether a piece still
   // starts at the text's original offset 0 after normalization), or alone.
   auto with = [&](const std::string& name, const json& normalizer, bool metaspace = true) {
@@ -403,8 +239,8 @@ std::vector<Case> NormalizerCases() {
   return cases;
 }
 
-std::vector<Case> ModelCases() {
-  std::vector<Case> cases;
+std::vector<SyntheticCase> ModelCases() {
+  std::vector<SyntheticCase> cases;
   auto with = [&](const std::string& name, const std::string& options, const json& pre_tokenizer,
                   const json& decoder = nullptr) {
     json f = CharBpe(Surface::kMetaspace, options);
@@ -442,8 +278,8 @@ std::vector<Case> ModelCases() {
   return cases;
 }
 
-std::vector<Case> PostProcessorCases() {
-  std::vector<Case> cases;
+std::vector<SyntheticCase> PostProcessorCases() {
+  std::vector<SyntheticCase> cases;
   auto base = [] {
     json f = CharBpe(Surface::kMetaspace);
     AddBosEos(&f);
@@ -497,8 +333,8 @@ std::vector<Case> PostProcessorCases() {
   return cases;
 }
 
-std::vector<Case> DecoderCases() {
-  std::vector<Case> cases;
+std::vector<SyntheticCase> DecoderCases() {
+  std::vector<SyntheticCase> cases;
   auto with = [&](const std::string& name, const json& decoder, bool byte_fallback = true) {
     json f = CharBpe(Surface::kMetaspace, byte_fallback ? "unk bytes" : "unk");
     AddBosEos(&f);
@@ -550,8 +386,8 @@ std::vector<Case> DecoderCases() {
   return cases;
 }
 
-std::vector<Case> AddedTokenCases() {
-  std::vector<Case> cases;
+std::vector<SyntheticCase> AddedTokenCases() {
+  std::vector<SyntheticCase> cases;
   auto with = [&](const std::string& name, const json& normalizer,
                   const std::vector<json>& tokens) {
     json f = CharBpe(Surface::kMetaspace);
@@ -566,10 +402,10 @@ std::vector<Case> AddedTokenCases() {
     }
     cases.push_back({name, f, pieces});
   };
-  using test::AddedTokenJson;
   const json lower = {{"type", "Lowercase"}};
   // AddedTokenJson(id, content, special, normalized, lstrip, rstrip, single_word); ids set later.
-  with("special", nullptr, {Special("<s>"), Special("</s>"), Special("<|im_start|>")});
+  with("special", nullptr,
+       {SpecialToken("<s>"), SpecialToken("</s>"), SpecialToken("<|im_start|>")});
   with("special_lstrip_rstrip", nullptr,
        {AddedTokenJson(0, "[MASK]", true, false, true, true),
         AddedTokenJson(0, "<L>", true, false, true),
@@ -585,7 +421,7 @@ std::vector<Case> AddedTokenCases() {
        {AddedTokenJson(0, "the", false, false), AddedTokenJson(0, "l", true, false),
         AddedTokenJson(0, kMeta + "world", false, true)});
   with("overlapping", nullptr,
-       {Special("<a>"), Special("<a><b>"), AddedTokenJson(0, "a>", false, true),
+       {SpecialToken("<a>"), SpecialToken("<a><b>"), AddedTokenJson(0, "a>", false, true),
         AddedTokenJson(0, "hell", false, true), AddedTokenJson(0, "hello world", false, false)});
   with(
       "normalized_strip", {{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
@@ -598,87 +434,20 @@ std::vector<Case> AddedTokenCases() {
     json f = CharBpe(Surface::kMetaspace);
     f["pre_tokenizer"] = Metaspace("always", true);
     f["decoder"] = MetaspaceDecoder("always");
-    AddTokens(&f, {Special("<d>")});
+    AddTokens(&f, {SpecialToken("<d>")});
     f["added_tokens"].push_back(AddedTokenJson(f["added_tokens"][0]["id"], "<d>", false, true));
     cases.push_back({"duplicate_content", f, PiecesOf({"<d>"})});
     // An empty content is skipped (no id).
     f = CharBpe(Surface::kMetaspace);
     f["added_tokens"].push_back(AddedTokenJson(0, "", true));
-    AddTokens(&f, {Special("<e>")});
+    AddTokens(&f, {SpecialToken("<e>")});
     f["added_tokens"][1]["id"] = f["model"]["vocab"].size();
     cases.push_back({"empty_content", f, PiecesOf({"<e>"})});
   }
   return cases;
 }
 
-std::string Escape(std::string_view text) {
-  std::ostringstream out;
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') {
-      out << c;
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out << "\\x" << kHex[c >> 4] << kHex[c & 15];
-    }
-  }
-  return out.str();
-}
-
-std::string Join(const std::vector<int>& ids) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
-  out << "]";
-  return out.str();
-}
-
-std::string StreamDecode(const Tokenizer& tokenizer, const std::vector<int>& ids, bool skip) {
-  IncrementalDecoder decoder(tokenizer, {}, skip);
-  std::string text;
-  for (int id : ids) text += decoder.Push(id);
-  return text + decoder.Flush();
-}
-
-// A text of the file's pieces, with spaces, digits, punctuation and case changes between.
-std::string PieceText(std::mt19937& rng, const std::vector<std::string>& pieces) {
-  static const std::vector<std::string> kGlue = {" ",  " ", "  ", "\n",  "\t", "",      "",  ".",
-                                                 ",",  "!", "?",  "'",   "-",  "(",     ")", "0",
-                                                 "42", "7", "_",  kMeta, "é",  "\u3000"};
-  std::string text;
-  const int n = std::uniform_int_distribution<int>(1, 10)(rng);
-  for (int i = 0; i < n; ++i) {
-    if (rng() % 3 == 0) {
-      text += kGlue[rng() % kGlue.size()];
-    } else {
-      std::string piece = pieces[rng() % pieces.size()];
-      if (rng() % 6 == 0 && !piece.empty() && piece[0] >= 'a' && piece[0] <= 'z') piece[0] -= 32;
-      text += piece;
-    }
-  }
-  return text;
-}
-
-std::vector<std::string> Texts(std::mt19937& rng, const Case& c) {
-  std::vector<std::string> texts = {"",      " ",          "  ",      "\n",           "a",
-                                    " a",    "a ",         "  hello", "hello  ",      "hello world",
-                                    "1234",  "x\u0301",    "😀",       "\xE2\x96\x81", "<0x41>",
-                                    "<unk>", "don't stop", "ﬁ①"};
-  for (int i = 0; i < kNumRandomTexts; ++i) texts.push_back(test::RandomText(rng, c.pieces));
-  for (int i = 0; i < kNumPieceTexts; ++i) texts.push_back(PieceText(rng, c.pieces));
-  return texts;
-}
-
-// What one file is checked with and what we make of it.
-struct FileRun {
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::string load_error;
-  std::vector<std::string> texts;
-  std::vector<std::vector<int>> ids, ids_special, decodes;
-};
-
-class HfComponents : public ::testing::TestWithParam<std::string> {};
-
-std::vector<Case> CasesOf(const std::string& group) {
+std::vector<SyntheticCase> CasesOf(const std::string& group) {
   if (group == "PreTokenizers") return PreTokenizerCases();
   if (group == "Normalizers") return NormalizerCases();
   if (group == "Model") return ModelCases();
@@ -687,118 +456,16 @@ std::vector<Case> CasesOf(const std::string& group) {
   return AddedTokenCases();
 }
 
+class HfComponents : public ::testing::TestWithParam<std::string> {};
+
 TEST_P(HfComponents, SyntheticFilesMatchTheLibrary) {
   std::string why;
   if (test::HfNpmDir(&why).empty()) GTEST_SKIP() << why;
   test::TempDir dir;
-  const std::vector<Case> cases = CasesOf(GetParam());
-  std::vector<FileRun> runs(cases.size());
-  json request = {{"tokenizers", json::array()}};
-  std::mt19937 rng(std::hash<std::string>{}(GetParam()) & 0xFFFF);
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    const std::filesystem::path folder = dir.path() / c.name;
-    std::filesystem::create_directories(folder);
-    const std::string path = (folder / "tokenizer.json").string();
-    test::WriteFile(path, c.file.dump(1));
-    FileRun& run = runs[i];
-    run.texts = Texts(rng, c);
-    try {
-      run.tokenizer = Tokenizer::FromFile(path);
-    } catch (const Error& e) {
-      run.load_error = e.what();
-    }
-    if (run.tokenizer) {
-      const Tokenizer& t = *run.tokenizer;
-      for (const std::string& text : run.texts) {
-        run.ids.push_back(t.Encode(text));
-        run.ids_special.push_back(t.EncodePrompt(text));
-      }
-      run.decodes = run.ids_special;
-      std::vector<int> specials, bytes;
-      for (int id = 0; id < t.vocab_size(); ++id) {
-        if (t.IsControl(id)) specials.push_back(id);
-        if (t.IsByte(id)) bytes.push_back(id);
-      }
-      for (int k = 0; k < kNumRandomIdLists; ++k) {
-        std::vector<int> ids(1 + rng() % 12);
-        for (int& id : ids) {
-          const int kind = rng() % 4;
-          id = kind == 0 && !specials.empty() ? specials[rng() % specials.size()]
-               : kind == 1 && !bytes.empty()  ? bytes[rng() % bytes.size()]
-                                              : static_cast<int>(rng() % (t.vocab_size() + 3));
-        }
-        run.decodes.push_back(ids);
-      }
-    }
-    request["tokenizers"].push_back(
-        {{"tokenizer", path},
-         {"texts", run.tokenizer ? run.texts : std::vector<std::string>{}},
-         {"decode", run.decodes}});
-  }
-  const json response = test::RunNodeOracle("hf_tokenizer_oracle.mjs", request);
-
-  int total = 0;
-  std::string all;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    const FileRun& run = runs[i];
-    const json& lib = response["results"][i];
-    int mismatches = 0;
-    std::vector<std::string> details;
-    auto report = [&](const std::string& what) {
-      if (++mismatches <= kMaxReported) details.push_back(what);
-    };
-    if (lib.contains("error")) {
-      if (run.tokenizer)
-        report("the library refuses the file (" + lib["error"].get<std::string>() +
-               ") but we load it");
-    } else if (!run.tokenizer) {
-      report("we refuse the file (" + run.load_error + ") but the library loads it");
-    } else {
-      if (lib.contains("errors")) report("the library failed: " + lib["errors"].dump());
-      for (size_t k = 0; k < run.texts.size(); ++k) {
-        const json& want = lib["ids"][k];
-        const json& want_special = lib["ids_special"][k];
-        if (want.is_null() || run.ids[k] != want.get<std::vector<int>>()) {
-          report("encode \"" + Escape(run.texts[k]) + "\": ours " + Join(run.ids[k]) + " library " +
-                 want.dump());
-        }
-        if (want_special.is_null() || run.ids_special[k] != want_special.get<std::vector<int>>()) {
-          report("encode with specials \"" + Escape(run.texts[k]) + "\": ours " +
-                 Join(run.ids_special[k]) + " library " + want_special.dump());
-        }
-      }
-      for (size_t k = 0; k < run.decodes.size(); ++k) {
-        for (const bool skip : {false, true}) {
-          const json& want = lib[skip ? "text_skip" : "text"][k];
-          const std::string whole = run.tokenizer->Decode(run.decodes[k], skip);
-          const std::string streamed = StreamDecode(*run.tokenizer, run.decodes[k], skip);
-          const std::string mode = skip ? " (skipping specials)" : "";
-          if (want.is_null() || whole != want.get<std::string>()) {
-            report("decode" + mode + " " + Join(run.decodes[k]) + ": ours \"" + Escape(whole) +
-                   "\" library " +
-                   (want.is_null() ? "null" : "\"" + Escape(want.get<std::string>()) + "\""));
-          }
-          if (streamed != whole) {
-            report("streamed decode" + mode + " " + Join(run.decodes[k]) + ": \"" +
-                   Escape(streamed) + "\" but whole \"" + Escape(whole) + "\"");
-          }
-        }
-      }
-    }
-    total += mismatches;
-    if (mismatches > 0) {
-      all += "\n" + c.name + ": " + std::to_string(mismatches) + " differences";
-      for (const std::string& d : details) all += "\n  " + d;
-    }
-    std::cout << GetParam() << "/" << c.name << ": "
-              << (lib.contains("error") ? "refused by the library, "
-                                        : std::to_string(run.texts.size()) + " texts, " +
-                                              std::to_string(run.decodes.size()) + " id lists, ")
-              << mismatches << " differences\n";
-  }
-  EXPECT_EQ(total, 0) << all;
+  const test::LibraryComparison result = test::CompareWithLibrary(
+      CasesOf(GetParam()), dir.path(), std::hash<std::string>{}(GetParam()) & 0xFFFF);
+  std::cout << result.summary;
+  EXPECT_EQ(result.num_differences, 0) << result.details;
 }
 
 INSTANTIATE_TEST_SUITE_P(Synthetic, HfComponents,

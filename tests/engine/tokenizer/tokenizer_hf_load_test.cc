@@ -14,6 +14,7 @@
 #include "engine/error.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/engine/tokenizer/hf_fixtures.h"
+#include "tests/engine/tokenizer/hf_synthetic.h"
 #include "tests/test_util.h"
 
 namespace llm {
