@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/unicode.h"
 #include "tests/test_util.h"
 
 namespace llm::test {
@@ -54,25 +56,36 @@ nlohmann::json RunNodeOracle(const std::string& script, const nlohmann::json& re
   return nlohmann::json::parse(in);
 }
 
-namespace {
-
-void Append(char32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+std::string Escape(std::string_view text) {
+  std::ostringstream out;
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7F && c != '\\') {
+      out << c;
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out << "\\x" << kHex[c >> 4] << kHex[c & 15];
+    }
   }
+  return out.str();
 }
+
+std::string Join(const std::vector<int>& ids) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
+  out << "]";
+  return out.str();
+}
+
+std::string StreamDecode(const Tokenizer& tokenizer, const std::vector<int>& ids,
+                         bool skip_special_tokens) {
+  IncrementalDecoder decoder(tokenizer, {}, skip_special_tokens);
+  std::string text;
+  for (int id : ids) text += decoder.Push(id);
+  return text + decoder.Flush();
+}
+
+namespace {
 
 // PCRE2 10.42 (Debian 12) classes characters by Unicode 14; the library's regex engine and
 // Rust know later versions, which assign more characters (CJK extension H, ...). Text of
@@ -190,7 +203,7 @@ std::string RandomText(std::mt19937& rng, const std::vector<std::string>& specia
             else
               c = 0x10000 + rng() % (0x110000 - 0x10000);
           } while (!AssignedByUnicode14(c));
-          Append(c, &text);
+          unicode::AppendChar(c, &text);
         }
         break;
       }

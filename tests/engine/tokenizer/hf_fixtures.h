@@ -7,7 +7,12 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
+
+namespace llm {
+class Tokenizer;
+}  // namespace llm
 
 namespace llm::test {
 
@@ -18,6 +23,13 @@ std::filesystem::path LenmlModelDir(const std::string& name);
 // Runs `node tests/tools/<script> request.json response.json` with the npm dir on the module
 // path and returns the response; throws with node's stderr on failure.
 nlohmann::json RunNodeOracle(const std::string& script, const nlohmann::json& request);
+
+// Printable form of arbitrary bytes for failure messages: ASCII as is, the rest as \xNN.
+std::string Escape(std::string_view text);
+std::string Join(const std::vector<int>& ids);  // "[1,2,3]"
+// The IncrementalDecoder's text for `ids` pushed one by one, then flushed.
+std::string StreamDecode(const Tokenizer& tokenizer, const std::vector<int>& ids,
+                         bool skip_special_tokens = true);
 
 // Random text: 1-8 fragments of ASCII prose, code, CJK, Korean, Arabic, emoji with ZWJ and
 // skin tones, combining marks, digit runs, whitespace runs with \r\n and Unicode spaces,

@@ -315,34 +315,6 @@ std::vector<std::string> PiecesOf(std::vector<std::string> extra) {
 
 namespace {
 
-std::string Escape(std::string_view text) {
-  std::ostringstream out;
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') {
-      out << c;
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out << "\\x" << kHex[c >> 4] << kHex[c & 15];
-    }
-  }
-  return out.str();
-}
-
-std::string Join(const std::vector<int>& ids) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
-  out << "]";
-  return out.str();
-}
-
-std::string StreamDecode(const Tokenizer& tokenizer, const std::vector<int>& ids, bool skip) {
-  IncrementalDecoder decoder(tokenizer, {}, skip);
-  std::string text;
-  for (int id : ids) text += decoder.Push(id);
-  return text + decoder.Flush();
-}
-
 // A text of the file's pieces, with spaces, digits, punctuation and case changes between.
 std::string PieceText(std::mt19937& rng, const std::vector<std::string>& pieces) {
   static const std::vector<std::string> kGlue = {" ",  " ", "  ", "\n",  "\t", "",      "",  ".",

@@ -17,37 +17,13 @@
 namespace llm {
 namespace {
 
+using test::Escape;
+using test::Join;
+using test::StreamDecode;
+
 constexpr int kNumTexts = 10000;
 constexpr int kNumRandomIdLists = 3000;
 constexpr int kMaxReported = 6;
-
-std::string Escape(std::string_view text) {
-  std::ostringstream out;
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') {
-      out << c;
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out << "\\x" << kHex[c >> 4] << kHex[c & 15];
-    }
-  }
-  return out.str();
-}
-
-std::string Join(const std::vector<int>& ids) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
-  out << "]";
-  return out.str();
-}
-
-std::string StreamDecode(const Tokenizer& tokenizer, const std::vector<int>& ids, bool skip) {
-  IncrementalDecoder decoder(tokenizer, {}, skip);
-  std::string text;
-  for (int id : ids) text += decoder.Push(id);
-  return text + decoder.Flush();
-}
 
 // Fixed strings that have tripped tokenizers up, before the random ones.
 std::vector<std::string> EdgeCases() {

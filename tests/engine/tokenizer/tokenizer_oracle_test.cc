@@ -13,42 +13,18 @@
 #include <vector>
 
 #include "engine/tokenizer/tokenizer.h"
+#include "tests/engine/tokenizer/hf_fixtures.h"
 #include "tests/test_util.h"
 
 namespace llm {
 namespace {
 
+using test::Escape;
+using test::Join;
+using test::StreamDecode;
+
 namespace fs = std::filesystem;
 constexpr int kMaxReported = 8;  // mismatches printed per tokenizer
-
-// Printable form of arbitrary bytes: ASCII as is, the rest as \xNN.
-std::string Escape(std::string_view text) {
-  std::ostringstream out;
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') {
-      out << c;
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out << "\\x" << kHex[c >> 4] << kHex[c & 15];
-    }
-  }
-  return out.str();
-}
-
-std::string Join(const std::vector<int>& ids) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
-  out << "]";
-  return out.str();
-}
-
-std::string StreamDecode(const Tokenizer& tokenizer, const std::vector<int>& ids) {
-  IncrementalDecoder decoder(tokenizer);
-  std::string text;
-  for (int id : ids) text += decoder.Push(id);
-  return text + decoder.Flush();
-}
 
 // Counts of what one tokenizer's oracle file checked, and the first mismatches.
 struct Report {
