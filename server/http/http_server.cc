@@ -213,8 +213,11 @@ void HttpServer::Detokenize(const httplib::Request& req, httplib::Response& res)
                            "invalid_request_error", "skip_special_tokens", "invalid_parameter"});
   }
   const bool skip_special = skip == body.end() || skip->get<bool>();
-  res.set_content(json{{"prompt", tokenizer_.Decode(ids, skip_special)}}.dump(),
-                  "application/json");
+  // As transformers' decode: clean_up_tokenization_spaces (tokenizer_config.json) applies here;
+  // generated text is streamed and is not cleaned up (as vLLM streams it).
+  res.set_content(
+      json{{"prompt", tokenizer_.CleanUpSpaces(tokenizer_.Decode(ids, skip_special))}}.dump(),
+      "application/json");
 }
 
 }  // namespace llm::server
