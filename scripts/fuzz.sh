@@ -5,7 +5,8 @@
 # (scripts/deps.sh); installs nothing itself.
 #
 #   scripts/fuzz.sh [--seconds N] [--runs N] [TARGET...]
-#     TARGET: openai_request safetensors tokenizer chat_template grpc_request (default: all)
+#     TARGET: openai_request safetensors tokenizer hf_tokenizer chat_template grpc_request
+#             (default: all)
 #     --seconds N: -max_total_time=N per target (default 20); --runs N: -runs=N instead
 #     (both: whichever limit comes first)
 set -euo pipefail
@@ -21,12 +22,12 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(openai_request safetensors tokenizer chat_template grpc_request)
+  targets=(openai_request safetensors tokenizer hf_tokenizer chat_template grpc_request)
 fi
 
 if [[ ! -f $BUILD/build.ninja ]]; then

@@ -35,16 +35,36 @@ async function run(request, catchErrors) {
       return null;
     }
   };
-  for (const text of request.texts ?? []) {
-    const encode = async (addSpecialTokens) =>
+  const texts = request.texts ?? [], decodes = request.decode ?? [];
+  // Batched (one call each, the library's own batch API), one by one where a batch fails so
+  // that the failing item is found.
+  const encodeAll = async (addSpecialTokens) => {
+    const one = async (text) =>
       Array.from((await tokenizer.encode(text, null, { addSpecialTokens })).getIds());
-    out.ids.push(await guard(() => encode(false)));
-    out.ids_special.push(await guard(() => encode(true)));
-  }
-  for (const ids of request.decode ?? []) {
-    out.text.push(await guard(() => tokenizer.decode(ids, false)));
-    out.text_skip.push(await guard(() => tokenizer.decode(ids, true)));
-  }
+    try {
+      const encodings = await tokenizer.encodeBatch(texts, { addSpecialTokens });
+      return encodings.map((e) => Array.from(e.getIds()));
+    } catch (e) {
+      if (!catchErrors) throw e;
+      const ids = [];
+      for (const text of texts) ids.push(await guard(() => one(text)));
+      return ids;
+    }
+  };
+  const decodeAll = async (skip) => {
+    try {
+      return await tokenizer.decodeBatch(decodes, skip);
+    } catch (e) {
+      if (!catchErrors) throw e;
+      const out = [];
+      for (const ids of decodes) out.push(await guard(() => tokenizer.decode(ids, skip)));
+      return out;
+    }
+  };
+  out.ids = await encodeAll(false);
+  out.ids_special = await encodeAll(true);
+  out.text = await decodeAll(false);
+  out.text_skip = await decodeAll(true);
   return out;
 }
 
