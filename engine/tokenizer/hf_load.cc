@@ -273,6 +273,14 @@ class HfLoader {
       bpe->vocab.Insert(entry.key, static_cast<int>(id));
       max_id = std::max(max_id, static_cast<int>(id));
     }
+    // Ids index dense tables (id -> token, the model's vocab_size): gaps are fine, a few ids
+    // spread up to 2^30 (gigabytes of table for a kilobyte file) are refused.
+    const int64_t num_tokens = static_cast<int64_t>(vocab.size());
+    if (max_id >= num_tokens + (1 << 20)) {
+      Fail(field + ".vocab", "the largest id, " + std::to_string(max_id) +
+                                 ", leaves more than 2^20 ids unused (" +
+                                 std::to_string(num_tokens) + " tokens)");
+    }
     bpe->id_to_token.assign(max_id + 1, std::string_view());
     bpe->vocab.ForEach([&](std::string_view token, int id) { bpe->id_to_token[id] = token; });
     if (bpe->unk_token) {

@@ -112,6 +112,11 @@ std::string HfTokenizer::Normalize(std::string_view text, std::vector<uint32_t>*
           std::vector<uint32_t> out_origins;
           for (size_t pos = 0; pos < s.size();) {
             const size_t at = pos;
+            if (const char c = s[pos]; static_cast<unsigned char>(c) < 0x80) {
+              out.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c);
+              out_origins.push_back((*origins)[pos++]);
+              continue;
+            }
             unicode::NextChar(s, &pos);
             Append(unicode::LowercaseChars(std::string_view(s).substr(at, pos - at)),
                    (*origins)[at], &out, &out_origins);

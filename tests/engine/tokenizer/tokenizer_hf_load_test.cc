@@ -1,8 +1,9 @@
 // Loading tokenizer.json: a malformed file is a start-up llm::Error whose message names the
 // file and the field at fault, and the library (npm `tokenizers`, one process for all files)
 // refuses the same files, except the few we refuse on purpose (an unk_token outside the
-// vocabulary, an added token whose id disagrees, a template naming an undefined special token:
-// the library loads those and fails or panics later). Also: Tokenizer::Load prefers
+// vocabulary, an added token whose id disagrees, a template naming an undefined special token
+// or an id outside the vocabulary: the library loads those and fails or panics later; ids
+// leaving more than 2^20 unused: our id tables are dense). Also: Tokenizer::Load prefers
 // tokenizer.json to tokenizer.model in one folder.
 #include <gtest/gtest.h>
 
@@ -118,6 +119,9 @@ std::vector<Malformed> MalformedFiles() {
              {"model.vocab[\"a\"]", "integer"}),
       Edited("vocab_id_too_large", [](json& f) { f["model"]["vocab"]["a"] = 4294967296; },
              {"model.vocab[\"a\"]", "integer"}),
+      Edited(
+          "vocab_id_far_beyond_the_tokens", [](json& f) { f["model"]["vocab"]["<unk>"] = 1 << 29; },
+          {"model.vocab", "536870912", "unused"}, /*library_refuses=*/false),
       Edited("vocab_id_not_integer", [](json& f) { f["model"]["vocab"]["a"] = 1.5; },
              {"model.vocab[\"a\"]", "integer"}),
       Edited("vocab_id_string", [](json& f) { f["model"]["vocab"]["a"] = "1"; },
