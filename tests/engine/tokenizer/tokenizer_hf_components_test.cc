@@ -10,6 +10,8 @@
 // npm could not install the packages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <iostream>
 
@@ -264,6 +266,36 @@ std::vector<SyntheticCase> ModelCases() {
   with("end_of_word_suffix", "unk suffix", ws);
   with("prefix_and_suffix", "unk prefix suffix", ws);
   with("prefix_byte_fallback", "prefix bytes fuse", ws, Llama2Decoder());
+  for (const bool ignore : {false, true}) {
+    // Whole words in the vocabulary that no merge builds: ignore_merges takes them as one token.
+    json f = CharBpe(Surface::kMetaspace, ignore ? "unk ignore" : "unk");
+    for (const char* word : {"xyzzy", "\xE2\x96\x81xyzzy", "\xE2\x96\x81qq", "helloworld"}) {
+      f["model"]["vocab"][word] = f["model"]["vocab"].size();
+    }
+    f["pre_tokenizer"] = meta;
+    f["decoder"] = meta_decoder;
+    cases.push_back({std::string("unmerged_words") + (ignore ? "_ignore_merges" : ""), f,
+                     PiecesOf({"xyzzy", "qq", "helloworld"})});
+  }
+  {
+    // Byte fallback without the continuation bytes' tokens: a character falls back to bytes
+    // or, missing one, to <unk> (fused), in the order the library adds them.
+    json f = CharBpe(Surface::kMetaspace, "unk bytes fuse");
+    for (int b = 0x80; b < 0xC0; b += 3) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      f["model"]["vocab"].erase(name);
+    }
+    json vocab = json::object();  // ids without the holes
+    std::vector<std::pair<int, std::string>> order;
+    for (auto& [token, id] : f["model"]["vocab"].items()) order.emplace_back(id, token);
+    std::sort(order.begin(), order.end());
+    for (const auto& [id, token] : order) vocab[token] = vocab.size();
+    f["model"]["vocab"] = vocab;
+    f["pre_tokenizer"] = meta;
+    f["decoder"] = Llama2Decoder();
+    cases.push_back({"byte_fallback_partial", f, PiecesOf({"é", "ß", "日本", "😀"})});
+  }
   {
     // No pre-tokenizer: whole texts, spaces included, are one word.
     json f = CharBpe(Surface::kPlain, "unk fuse");
