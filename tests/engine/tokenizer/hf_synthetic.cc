@@ -231,7 +231,11 @@ void AddTokens(json* file, const std::vector<json>& tokens) {
   for (json t : tokens) {
     const std::string content = t["content"];
     const json& vocab = (*file)["model"]["vocab"];
-    t["id"] = vocab.contains(content) ? vocab[content].get<int>() : next++;
+    t["id"] = vocab.contains(content) ? vocab[content].get<int>() : -1;
+    for (const json& earlier : (*file)["added_tokens"]) {  // the same content: the same id
+      if (earlier["content"] == content) t["id"] = earlier["id"];
+    }
+    if (t["id"] == -1) t["id"] = next++;
     (*file)["added_tokens"].push_back(t);
   }
 }

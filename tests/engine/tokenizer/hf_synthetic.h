@@ -61,7 +61,7 @@ SyntheticBpeOptions BpeOptions(const std::string& flags);
 json CharBpe(Surface surface, const std::string& options = "unk", int num_merges = 80);
 json ByteBpe(int num_merges = 120);
 // Appends added tokens with the ids the library gives them (the model's id for a vocabulary
-// token, else the next one after the vocabulary).
+// token, an earlier entry's for the same content, else the next one after the vocabulary).
 void AddTokens(json* file, const std::vector<json>& tokens);
 json SpecialToken(const std::string& content);  // special, not normalized
 int IdOf(const json& file, const std::string& token);

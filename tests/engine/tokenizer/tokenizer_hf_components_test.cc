@@ -479,7 +479,125 @@ std::vector<SyntheticCase> AddedTokenCases() {
   return cases;
 }
 
+// Random pipelines: each file a random sequence of normalizers, of pre-tokenizers and of
+// decoders, random added tokens and a random post-processor, over a random vocabulary. The
+// decoder chains are the ones we support (no ByteLevel, ByteFallback or regex Replace after a
+// joining step) and Strip never strips at the end (the library panics there).
+std::vector<SyntheticCase> RandomPipelineCases() {
+  std::mt19937 rng(20261201);
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  auto coin = [&] { return rng() % 2 == 0; };
+  const char* behaviors[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
+                             "Contiguous"};
+  const char* schemes[] = {"always", "first", "never"};
+  const std::vector<json> patterns = {Pattern("String", " "),
+                                      Pattern("String", kMeta),
+                                      Pattern("Regex", R"(\s+)"),
+                                      Pattern("Regex", R"(\p{N}+)"),
+                                      Pattern("Regex", R"('s|'t| ?\p{L}+)"),
+                                      Pattern("Regex", "^.|.$")};
+  auto normalizer = [&]() -> json {
+    switch (pick(10)) {
+      case 0:
+        return {{"type", "NFC"}};
+      case 1:
+        return {{"type", "NFD"}};
+      case 2:
+        return {{"type", "NFKC"}};
+      case 3:
+        return {{"type", "NFKD"}};
+      case 4:
+        return {{"type", "Lowercase"}};
+      case 5:
+        return ReplaceStep(Pattern("String", " "), kMeta);
+      case 6:
+        return ReplaceStep(Pattern("Regex", R"(\s+|\d)"), " ");
+      case 7:
+        return {{"type", "Prepend"}, {"prepend", kMeta}};
+      case 8:
+        return {{"type", "Strip"}, {"strip_left", coin()}, {"strip_right", coin()}};
+      default:
+        return ReplaceStep(patterns[pick(patterns.size())], "<>");
+    }
+  };
+  auto pre_tokenizer = [&]() -> json {
+    switch (pick(7)) {
+      case 0:
+        return SplitPre(patterns[pick(patterns.size())], behaviors[pick(5)], coin());
+      case 1:
+        return Metaspace(schemes[pick(3)], coin());
+      case 2:
+        return {{"type", "Digits"}, {"individual_digits", coin()}};
+      case 3:
+        return {{"type", "Punctuation"}, {"behavior", behaviors[pick(5)]}};
+      case 4:
+        return {{"type", coin() ? "Whitespace" : "WhitespaceSplit"}};
+      default:
+        return ByteLevel(coin(), coin());
+    }
+  };
+  std::vector<SyntheticCase> cases;
+  for (int n = 0; n < 40; ++n) {
+    const char* options[] = {"unk", "unk fuse", "bytes", "unk bytes fuse", "unk ignore", ""};
+    json f = n % 5 == 4 ? ByteBpe()
+                        : CharBpe(coin() ? Surface::kMetaspace : Surface::kPlain, options[pick(6)]);
+    std::vector<json> added;
+    const char* contents[] = {"<s>", "</s>", "[MASK]", "hello", "<|x|>", "ll", "Ab"};
+    for (int k = pick(5); k > 0; --k) {
+      added.push_back(AddedTokenJson(0, contents[pick(7)], coin(), coin(), coin(), coin(), coin()));
+    }
+    AddBosEos(&f);
+    AddTokens(&f, added);
+    if (coin()) {
+      std::vector<json> steps;
+      for (int k = 1 + pick(3); k > 0; --k) steps.push_back(normalizer());
+      f["normalizer"] = steps.size() == 1 ? steps[0] : Seq("normalizers", steps);
+    }
+    if (pick(5) > 0) {
+      std::vector<json> steps;
+      for (int k = 1 + pick(3); k > 0; --k) steps.push_back(pre_tokenizer());
+      f["pre_tokenizer"] = steps.size() == 1 ? steps[0] : Seq("pretokenizers", steps);
+    }
+    switch (pick(4)) {
+      case 0:
+        f["post_processor"] = TemplateProcessor({"<s>", "$A", "</s>"}, f);
+        break;
+      case 1:
+        f["post_processor"] = ByteLevel(coin(), true);
+        break;
+      case 2:
+        f["post_processor"] =
+            Seq("processors", {ByteLevel(false, true), TemplateProcessor({"$A", "</s>", "$A"}, f)});
+        break;
+      default:
+        break;
+    }
+    if (pick(5) > 0) {
+      std::vector<json> steps;
+      bool joined = false;
+      for (int k = 1 + pick(4); k > 0; --k) {
+        const int kind = pick(7);
+        if (joined && (kind == 1 || kind == 5 || kind == 6)) continue;
+        joined = joined || kind == 2 || kind == 6;
+        steps.push_back(kind == 0   ? MetaspaceDecoder(schemes[pick(3)])
+                        : kind == 1 ? json{{"type", "ByteFallback"}}
+                        : kind == 2 ? json{{"type", "Fuse"}}
+                        : kind == 3 ? StripDecoder(coin() ? " " : kMeta, pick(3), 0)
+                        : kind == 4 ? ReplaceStep(Pattern("String", coin() ? kMeta : "l"), " ")
+                        : kind == 5 ? ReplaceStep(Pattern("Regex", "[lo]+"), "_")
+                                    : ByteLevel(false, true));
+      }
+      if (!steps.empty()) f["decoder"] = steps.size() == 1 ? steps[0] : Seq("decoders", steps);
+    }
+    std::vector<std::string> pieces = PiecesOf({"<s>", "</s>"});
+    for (const json& t : added) pieces.push_back(t["content"]);
+    cases.push_back({"random_" + std::to_string(n), f, pieces});
+  }
+  return cases;
+}
+
 std::vector<SyntheticCase> CasesOf(const std::string& group) {
+  if (group == "RandomPipelines") return RandomPipelineCases();
   if (group == "PreTokenizers") return PreTokenizerCases();
   if (group == "Normalizers") return NormalizerCases();
   if (group == "Model") return ModelCases();
@@ -502,7 +620,8 @@ TEST_P(HfComponents, SyntheticFilesMatchTheLibrary) {
 
 INSTANTIATE_TEST_SUITE_P(Synthetic, HfComponents,
                          ::testing::Values("PreTokenizers", "Normalizers", "Model",
-                                           "PostProcessors", "Decoders", "AddedTokens"),
+                                           "PostProcessors", "Decoders", "AddedTokens",
+                                           "RandomPipelines"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
