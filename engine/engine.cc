@@ -254,8 +254,16 @@ void Engine::Stop() {
 }
 
 EngineStats Engine::Stats() const {
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    s = stats_;
+  }
+  // The snapshot is published at the end of a step; health is live: a step that turns the
+  // engine unhealthy fails its requests before it publishes, and a client that saw its 503
+  // must not then read llm:engine_healthy 1 (http_server_test's fatal-failure test did).
+  s.is_healthy = IsHealthy();
+  return s;
 }
 
 void Engine::PublishStats() {
