@@ -247,10 +247,10 @@ std::string Value::Repr() const {
 
 // json.dumps's string escaping; with ensure_ascii, non-ASCII as \uXXXX (UTF-16 units).
 static void JsonString(const std::string& s, bool ensure_ascii, std::string& out) {
-  auto hex4 = [&out](unsigned u) {
-    char buf[8];
-    std::snprintf(buf, sizeof(buf), "\\u%04x", u);
-    out += buf;
+  auto hex4 = [&out](unsigned u) {  // u is a UTF-16 unit: four hex digits
+    static constexpr char kHex[] = "0123456789abcdef";
+    out += "\\u";
+    for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(u >> shift) & 0xF];
   };
   out += '"';
   for (size_t i = 0; i < s.size(); ++i) {
