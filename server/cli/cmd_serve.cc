@@ -159,6 +159,11 @@ Command AddServe(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--shutdown-timeout", f->shutdown_timeout, "seconds to drain on SIGTERM")
       ->capture_default_str();
+  cmd->add_option("--disconnect-probe-interval", f->http.probe_interval_seconds,
+                  "seconds between writes that look for a gone client while a response has "
+                  "nothing to send; a non-streamed response keeps its status this long")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb)->capture_default_str();
   cmd->add_option("--block-size", f->engine.block_size)->capture_default_str();
   cmd->add_option("--max-num-seqs", f->engine.max_num_seqs)->capture_default_str();

@@ -19,14 +19,29 @@
 
 namespace {
 
+// A started `llm serve`. A test that stops early (a failed ASSERT) must not leave it running:
+// it would keep ctest's output pipe open and ctest would wait for it until its timeout.
 struct Process {
   pid_t pid = -1;
   int port = 0;
+  Process() = default;
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+  Process(Process&& other) noexcept : pid(std::exchange(other.pid, -1)), port(other.port) {}
+  ~Process() {
+    if (pid > 0 && waitpid(pid, nullptr, WNOHANG) == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
 };
 
 // Starts `llm serve` on free ports (with `env` added to its environment) and waits for its
 // "listening on" log line.
-Process StartServer(const std::vector<std::pair<std::string, std::string>>& env = {}) {
+// Extra flags: `probe_interval` is --disconnect-probe-interval (a non-streamed request that
+// fails within it gets its 5xx status; after it the status is already 200).
+Process StartServer(const std::vector<std::pair<std::string, std::string>>& env = {},
+                    const char* probe_interval = "1") {
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
   const std::string llm = (llm::test::BuildDir() / "llm").string();
@@ -38,7 +53,8 @@ Process StartServer(const std::vector<std::pair<std::string, std::string>>& env 
     close(fds[0]);
     for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
     execl(llm.c_str(), llm.c_str(), "serve", "--model", model.c_str(), "--port", "0", "--grpc-port",
-          "0", "--shutdown-timeout", "20", "--kv-cache-mb", "64", static_cast<char*>(nullptr));
+          "0", "--shutdown-timeout", "20", "--kv-cache-mb", "64", "--disconnect-probe-interval",
+          probe_interval, static_cast<char*>(nullptr));
     _exit(127);
   }
   close(fds[1]);
@@ -136,7 +152,8 @@ TEST(ServeProcess, SecondSignalExitsAtOnce) {
 // a 500 in OpenAI's shape (streamed: an error event, then [DONE]); the next request succeeds,
 // /health stays 200, and SIGTERM still drains and exits 0.
 TEST(ServeProcess, FailedStepGives500AndTheServerGoesOn) {
-  Process p = StartServer({{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}});
+  // A step slower than the probe interval (a loaded machine) would have sent 200 already.
+  Process p = StartServer({{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}}, "60");
   ASSERT_GT(p.port, 0);
   httplib::Client c("127.0.0.1", p.port);
   c.set_read_timeout(30, 0);
@@ -169,8 +186,8 @@ TEST(ServeProcess, FailedStepGives500AndTheServerGoesOn) {
 // LLM_TEST_FAIL_FORWARD_FATAL=1: the failure is fatal (a sticky CUDA error): /health turns
 // 503 so that an orchestrator restarts the process, and new requests get 503s.
 TEST(ServeProcess, FatalStepFailureTurnsHealth503) {
-  Process p =
-      StartServer({{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}, {"LLM_TEST_FAIL_FORWARD_FATAL", "1"}});
+  Process p = StartServer(
+      {{"LLM_TEST_FAIL_FORWARD_ON_TOKEN", "7"}, {"LLM_TEST_FAIL_FORWARD_FATAL", "1"}}, "60");
   ASSERT_GT(p.port, 0);
   httplib::Client c("127.0.0.1", p.port);
   c.set_read_timeout(30, 0);
