@@ -278,7 +278,7 @@ void HfTokenizer::DecodePush(HfDecodeState* state, int id, bool skip_special_tok
   }
   // The library skips a token whose text (the decoded form, for an added token) is in its set
   // of special contents; a special token whose normalized form differs is not skipped.
-  if (skip_special_tokens && special_contents_.count(std::string(token)) > 0) return;
+  if (skip_special_tokens && special_contents_.find(token) != special_contents_.end()) return;
   if (!has_decoder_) {
     if (state->joined_any) out->push_back(' ');
     state->joined_any = true;

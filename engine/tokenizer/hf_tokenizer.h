@@ -191,7 +191,12 @@ class HfTokenizer {
   std::vector<AddedToken> added_;
   std::unordered_map<int, size_t> added_by_id_;
   std::unordered_map<std::string, size_t> added_by_content_;
-  std::unordered_set<std::string> special_contents_;  // every content added as special
+  struct ViewHash {  // lookups by std::string_view, no copy (decoding looks up every token)
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // every content added as special
+  std::unordered_set<std::string, ViewHash, std::equal_to<>> special_contents_;
   TokenTrie raw_trie_, normalized_trie_;
   std::vector<NormalizerStep> normalizer_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
