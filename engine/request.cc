@@ -27,13 +27,36 @@ const char* FinishReasonName(FinishReason reason) {
   return "";
 }
 
+void OutputWaker::Wake() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (wake_) wake_();
+}
+
+void OutputWaker::Detach() {
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_ = nullptr;
+}
+
 void OutputChannel::Push(RequestOutput output) {
+  std::shared_ptr<OutputWaker> waker;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (output.is_last) closed_ = true;
     queue_.push_back(std::move(output));
+    waker = waker_;
   }
   cv_.notify_all();
+  if (waker) waker->Wake();
+}
+
+void OutputChannel::SetWaker(std::shared_ptr<OutputWaker> waker) {
+  bool pending = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waker_ = waker;
+    pending = !queue_.empty();
+  }
+  if (waker && pending) waker->Wake();
 }
 
 bool OutputChannel::Pop(RequestOutput* out, std::chrono::milliseconds timeout) {

@@ -7,6 +7,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -65,7 +67,24 @@ struct RequestOutput {
   double queue_seconds = 0, first_token_seconds = 0, total_seconds = 0;
 };
 
-// A thread-safe queue of outputs, written by the engine thread, read by one reader.
+// How an event-driven reader learns that its channel has something: the channel calls Wake()
+// after each Push (on the pushing thread, the engine's, outside the channel's lock), so that no
+// thread has to wait in Pop. `wake` must be cheap and must not block or call back into the
+// channel (the front ends post a task to their I/O threads). Detach() is the reader's way out:
+// once it returns, `wake` never runs again (it waits for a Wake() already running).
+class OutputWaker {
+ public:
+  explicit OutputWaker(std::function<void()> wake) : wake_(std::move(wake)) {}
+  void Wake();
+  void Detach();
+
+ private:
+  std::mutex mu_;
+  std::function<void()> wake_;  // empty once detached
+};
+
+// A thread-safe queue of outputs, written by the engine thread, read by one reader: a thread
+// that blocks in Pop, or an event loop woken through its OutputWaker.
 class OutputChannel {
  public:
   void Push(RequestOutput output);
@@ -73,12 +92,16 @@ class OutputChannel {
   bool Pop(RequestOutput* out, std::chrono::milliseconds timeout = std::chrono::hours(24));
   bool TryPop(RequestOutput* out);
   bool closed() const;  // the last output has been pushed
+  // Wakes `waker` after every later Push, and once now if outputs are already queued (so a
+  // reader that sets it after AddRequest misses nothing). Null: no more wakes from here.
+  void SetWaker(std::shared_ptr<OutputWaker> waker);
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<RequestOutput> queue_;
   bool closed_ = false;
+  std::shared_ptr<OutputWaker> waker_;
 };
 
 }  // namespace llm

@@ -1,8 +1,42 @@
 #include "server/front_end.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace llm::server {
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  // Every byte of the longer string is read, whatever matches; volatile keeps the loop whole.
+  const size_t n = std::max(a.size(), b.size());
+  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = diff | static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+void WakerSet::Add(const std::shared_ptr<OutputWaker>& waker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (detached_) {
+    waker->Detach();
+    return;
+  }
+  wakers_.insert(waker);
+}
+
+void WakerSet::Remove(const std::shared_ptr<OutputWaker>& waker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wakers_.erase(waker);
+}
+
+void WakerSet::DetachAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  detached_ = true;
+  for (const auto& waker : wakers_) waker->Detach();
+  wakers_.clear();
+}
 
 AdmissionSlot::AdmissionSlot(AdmissionSlot&& other) noexcept
     : front_end_(std::exchange(other.front_end_, nullptr)),

@@ -6,7 +6,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 
 #include "engine/engine.h"
 #include "server/metrics.h"
@@ -20,6 +24,10 @@ struct AdmissionLimits {
 };
 
 class FrontEnd;
+
+// a == b in time that depends only on the lengths (an API key check leaks nothing about how
+// much of a guess was right).
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
 // One request's place in the admission count, from admission until its response is over.
 // Released by Release() or by its destructor; empty (false) when the request was refused.
@@ -40,6 +48,20 @@ class AdmissionSlot {
 
   FrontEnd* front_end_ = nullptr;
   int64_t num_prompt_tokens_ = 0;
+};
+
+// The live OutputWakers of a front end's responses: detached all at once when it stops, so
+// that the engine thread never posts to an event loop that is going away. Thread-safe.
+class WakerSet {
+ public:
+  void Add(const std::shared_ptr<OutputWaker>& waker);  // detached at once after DetachAll
+  void Remove(const std::shared_ptr<OutputWaker>& waker);
+  void DetachAll();
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<std::shared_ptr<OutputWaker>> wakers_;
+  bool detached_ = false;
 };
 
 class FrontEnd {

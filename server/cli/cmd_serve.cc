@@ -7,8 +7,10 @@
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +75,30 @@ void HandleSignals(server::HttpServer& http, server::GrpcServer* grpc,
   http.Stop();
 }
 
+// Every client socket is a file descriptor: raise the soft limit to the hard one, and keep
+// --max-connections within it (with room for the model's files, gRPC and the engine).
+void RaiseFileLimit(ServeFlags* f) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+    getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  constexpr int64_t kReserve = 256;
+  const int64_t fds =
+      limit.rlim_cur == RLIM_INFINITY ? int64_t{1} << 20 : static_cast<int64_t>(limit.rlim_cur);
+  const int64_t most = std::max<int64_t>(16, fds - kReserve);
+  if (f->http.max_connections > most) {
+    Log("--max-connections " + std::to_string(f->http.max_connections) + " lowered to " +
+        std::to_string(most) + " (file descriptor limit " + std::to_string(fds) + ")");
+    f->http.max_connections = most;
+  }
+  Log("file descriptors: " + std::to_string(fds) + "; HTTP holds up to " +
+      std::to_string(f->http.max_connections) + " connections on " +
+      std::to_string(f->http.num_io_threads) + " I/O threads");
+}
+
 int RunServe(ServeFlags f) {
   sigset_t set;
   sigemptyset(&set);
@@ -80,6 +106,7 @@ int RunServe(ServeFlags f) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: all inherit it
   if (f.threads > 0) omp_set_num_threads(f.threads);
+  RaiseFileLimit(&f);
   // /health answers 503 "loading" while the weights load (readiness probes wait for 200).
   server::LoadingResponder loading;
   f.http.port = loading.Start(f.http.host, f.http.port);
@@ -109,6 +136,7 @@ int RunServe(ServeFlags f) {
   if (f.grpc.port >= 0) {
     f.grpc.host = f.http.host;
     f.grpc.default_timeout_seconds = f.http.default_timeout_seconds;
+    f.grpc.api_key = f.http.api_key;
     grpc = std::make_unique<server::GrpcServer>(engine, front_end, *tokenizer, info, f.grpc);
     grpc_port = grpc->Start();
   }
@@ -146,7 +174,40 @@ Command AddServe(CLI::App& app) {
   cmd->add_option("--grpc-port", f->grpc.port, "gRPC port (-1: no gRPC)")->capture_default_str();
   cmd->add_option("--api-key", f->http.api_key, "require Authorization: Bearer KEY")
       ->envname("LLM_API_KEY");
-  cmd->add_option("--max-body-bytes", f->http.max_body_bytes)->capture_default_str();
+  cmd->add_option("--max-body-bytes", f->http.max_body_bytes, "request body limit (413 beyond)")
+      ->capture_default_str();
+  cmd->add_option("--max-header-bytes", f->http.max_header_bytes,
+                  "request line and headers limit (431 beyond)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", f->http.max_connections,
+                  "open HTTP connections (beyond: 503 and close; kept within the file limit)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--io-threads", f->http.num_io_threads,
+                  "HTTP event-loop threads (no thread per connection or stream)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--parse-threads", f->http.num_parse_threads,
+                  "threads that parse, template and tokenize HTTP requests")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--header-timeout", f->http.header_timeout_seconds,
+                  "seconds for a request's head to arrive (from its first byte)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--body-timeout", f->http.body_timeout_seconds,
+                  "seconds for a request's body to arrive")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--keep-alive-timeout", f->http.idle_timeout_seconds,
+                  "seconds an idle keep-alive connection stays open")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--write-timeout", f->http.write_timeout_seconds,
+                  "seconds a write may wait for a client that stopped reading (then its "
+                  "request is cancelled)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--max-queued-requests", f->admission.max_queued_requests,
                   "requests beyond the running batch, HTTP and gRPC together (then 429 / "
                   "RESOURCE_EXHAUSTED)")

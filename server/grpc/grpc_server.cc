@@ -4,9 +4,9 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include <condition_variable>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <mutex>
-#include <thread>
 
 #include "engine/error.h"
 #include "llm.grpc.pb.h"
@@ -45,55 +45,99 @@ class ErrorReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
 }  // namespace
 
-// One reactor per Generate call. A pump thread moves the request's channel to the wire,
-// one write in flight at a time; a cancelled call cancels the engine request. The call's
-// admission slot goes back when the reactor is done.
+// One reactor per Generate call, and no thread: the engine's pushes wake it (the waker posts
+// to the server's small wake pool), and each write's completion pulls the next output. One
+// write is in flight at a time; whoever holds the `busy_` token (a wake or a write completion)
+// pops and writes, so Finish is never called with a write outstanding. A cancelled call
+// cancels the engine request. The call's admission slot goes back when the reactor is done.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  GenerateReactor(Engine& engine, FrontEnd& front_end, std::shared_ptr<OutputChannel> channel,
-                  std::string id, int64_t num_prompt_tokens, AdmissionSlot slot)
+  GenerateReactor(Engine& engine, FrontEnd& front_end, WakerSet& wakers,
+                  std::shared_ptr<OutputChannel> channel, std::string id, int64_t num_prompt_tokens,
+                  AdmissionSlot slot)
       : engine_(engine),
         front_end_(front_end),
+        wakers_(wakers),
         channel_(std::move(channel)),
         id_(std::move(id)),
         num_prompt_tokens_(num_prompt_tokens),
-        slot_(std::move(slot)) {
-    // Held while pump_ is assigned: Pump() takes mu_ first, so OnDone (which only follows
-    // the pump's Finish) never reads pump_ before this write (a data race otherwise).
-    std::lock_guard<std::mutex> lock(mu_);
-    pump_ = std::thread([this] { Pump(); });
+        slot_(std::move(slot)) {}
+
+  // Makes the reactor and starts it: it lives until OnDone and the last posted wake.
+  static GenerateReactor* Start(boost::asio::thread_pool& pool, Engine& engine, FrontEnd& front_end,
+                                WakerSet& wakers, std::shared_ptr<OutputChannel> channel,
+                                std::string id, int64_t num_prompt_tokens, AdmissionSlot slot) {
+    auto self =
+        std::make_shared<GenerateReactor>(engine, front_end, wakers, std::move(channel),
+                                          std::move(id), num_prompt_tokens, std::move(slot));
+    self->self_ = self;
+    std::weak_ptr<GenerateReactor> weak = self;
+    self->waker_ = std::make_shared<OutputWaker>([weak, &pool, posted = self->wake_posted_] {
+      if (posted->exchange(true)) return;  // one wake in the pool at a time
+      boost::asio::post(pool, [weak, posted] {
+        posted->store(false);
+        if (auto r = weak.lock()) r->Wake();
+      });
+    });
+    wakers.Add(self->waker_);
+    self->channel_->SetWaker(self->waker_);
+    return self.get();
   }
+
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    write_pending_ = false;
     if (!ok) cancelled_ = true;
-    cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    Wake();
   }
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
-    cv_.notify_all();
+    Wake();
   }
   void OnDone() override {
-    if (pump_.get_id() == std::this_thread::get_id()) {
-      pump_.detach();
-    } else {
-      pump_.join();
-    }
-    delete this;  // releases slot_
+    waker_->Detach();
+    wakers_.Remove(waker_);
+    slot_.Release();
+    self_.reset();  // deleted now, or when the last posted wake lets go
   }
 
  private:
-  void Pump() {
-    { std::lock_guard<std::mutex> lock(mu_); }  // waits for the constructor to set pump_
+  // Any thread: takes the token if it is free and moves outputs to the wire.
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_ = true;
+      if (busy_ || finished_) return;
+      busy_ = true;
+    }
+    Run();
+  }
+
+  void Run() {
     RequestOutput out;
-    while (true) {
+    for (;;) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !write_pending_ || cancelled_; });
-        if (cancelled_) break;
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_ = false;
       }
-      if (!channel_->Pop(&out, std::chrono::milliseconds(50))) continue;
+      if (cancelled_) {
+        engine_.Cancel(id_);  // the client went away: abort (blocks freed at the next step)
+        front_end_.RecordAborted(id_, "grpc", num_prompt_tokens_);
+        return End(grpc::Status::CANCELLED);
+      }
+      bool got = false;
+      while (!got && channel_->TryPop(&out)) {
+        // A failed step ends the call with one error status, not a message per choice.
+        got = out.finish_reason != FinishReason::kError || out.is_last;
+      }
+      if (!got) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (pending_ || cancelled_) continue;  // woken while popping
+        busy_ = false;                         // idle: the next push wakes us
+        return;
+      }
       const auto now = Clock::now();
       if (!out.token_ids.empty()) {
         front_end_.metrics().InterTokenGap(
@@ -101,46 +145,50 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       }
       last_event_ = now;
       if (out.finish_reason == FinishReason::kError) {
-        // A failed step: the call ends with an error status (one, not a message per choice).
-        if (!out.is_last) continue;
         front_end_.RecordFinished(id_, "grpc", out);
         const auto code =
             engine_.IsHealthy() ? grpc::StatusCode::INTERNAL : grpc::StatusCode::UNAVAILABLE;
-        Finish(grpc::Status(code, out.error));
-        return;
+        return End(grpc::Status(code, out.error));
       }
       msg_.Clear();
       ToProto(out, &msg_);
-      const bool last = out.is_last;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        write_pending_ = true;
-      }
-      if (last) {
+      if (out.is_last) {
         front_end_.RecordFinished(id_, "grpc", out);
-        StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
-        return;  // nothing touches `this` after Finish
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          finished_ = true;
+        }
+        return StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
       }
-      StartWrite(&msg_);
+      return StartWrite(&msg_);  // the token stays taken until OnWriteDone
     }
-    engine_.Cancel(id_);  // the client went away: abort (blocks freed at the next step)
-    front_end_.RecordAborted(id_, "grpc", num_prompt_tokens_);
-    Finish(grpc::Status::CANCELLED);
+  }
+
+  void End(const grpc::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+    }
+    Finish(status);
   }
 
   Engine& engine_;
   FrontEnd& front_end_;
+  WakerSet& wakers_;
   std::shared_ptr<OutputChannel> channel_;
   std::string id_;
   int64_t num_prompt_tokens_;
   AdmissionSlot slot_;
+  std::shared_ptr<GenerateReactor> self_;  // gRPC's reference, until OnDone
+  std::shared_ptr<OutputWaker> waker_;
+  std::shared_ptr<std::atomic<bool>> wake_posted_ = std::make_shared<std::atomic<bool>>(false);
   Clock::time_point last_event_ = Clock::now();  // for the metrics' inter-token gaps
   v1::GenerateResponse msg_;
+  std::atomic<bool> cancelled_{false};
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool write_pending_ = false;
-  bool cancelled_ = false;
-  std::thread pump_;
+  bool busy_ = false;      // a thread is in Run(), or a write is in flight
+  bool pending_ = false;   // woken since Run() last looked
+  bool finished_ = false;  // Finish was called
 };
 
 class GrpcServer::Service : public v1::Llm::CallbackService {
@@ -151,10 +199,29 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
         front_end_(front_end),
         tokenizer_(tokenizer),
         model_(std::move(model)),
-        config_(config) {}
+        config_(config),
+        wake_pool_(static_cast<size_t>(std::max(1, config.num_threads))) {}
+
+  // The API key, as HTTP's: metadata `authorization: Bearer KEY` (the health and reflection
+  // services stay open for probes and tools).
+  bool Authorized(const grpc::CallbackServerContext* ctx) const {
+    if (config_.api_key.empty()) return true;
+    const auto& metadata = ctx->client_metadata();
+    const auto it = metadata.find("authorization");
+    if (it == metadata.end()) return false;
+    const std::string_view got(it->second.data(), it->second.size());
+    constexpr std::string_view kBearer = "Bearer ";
+    return got.starts_with(kBearer) &&
+           ConstantTimeEquals(got.substr(kBearer.size()), config_.api_key);
+  }
+  static grpc::Status Unauthenticated() {
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "invalid or missing API key (send metadata authorization: Bearer <key>)"};
+  }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext*, const v1::GenerateRequest* req) override {
+      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req) override {
+    if (!Authorized(ctx)) return new ErrorReactor(Unauthenticated());
     if (draining_) return new ErrorReactor({grpc::StatusCode::UNAVAILABLE, "shutting down"});
     if (!engine_.IsHealthy()) {
       return new ErrorReactor(
@@ -178,21 +245,30 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
     } catch (const Error& e) {
       return new ErrorReactor({grpc::StatusCode::INVALID_ARGUMENT, e.what()});
     }
-    return new GenerateReactor(engine_, front_end_, std::move(channel), request.request_id,
-                               num_prompt_tokens, std::move(slot));
+    return GenerateReactor::Start(wake_pool_, engine_, front_end_, wakers_, std::move(channel),
+                                  request.request_id, num_prompt_tokens, std::move(slot));
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
                                      const v1::TokenizeRequest* req,
                                      v1::TokenizeResponse* res) override {
-    for (int id : tokenizer_.EncodePrompt(req->text())) res->add_token_ids(id);
     auto* reactor = ctx->DefaultReactor();
+    if (!Authorized(ctx)) {
+      reactor->Finish(Unauthenticated());
+      return reactor;
+    }
+    for (int id : tokenizer_.EncodePrompt(req->text())) res->add_token_ids(id);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
 
   grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx, const v1::ModelInfoRequest*,
                                       v1::ModelInfoResponse* res) override {
+    if (!Authorized(ctx)) {
+      auto* reactor = ctx->DefaultReactor();
+      reactor->Finish(Unauthenticated());
+      return reactor;
+    }
     res->set_model(model_.id);
     res->set_max_model_len(model_.max_model_len);
     res->set_vocab_size(model_.vocab_size);
@@ -200,6 +276,12 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
+  }
+
+  // Stops the wakes: no engine push reaches the pool after this; then the pool ends.
+  void StopWakes() {
+    wakers_.DetachAll();
+    wake_pool_.join();
   }
 
   std::atomic<bool> draining_{false};
@@ -211,6 +293,8 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
   server::ModelInfo model_;
   GrpcConfig config_;
   std::atomic<uint64_t> next_id_{0};
+  WakerSet wakers_;
+  boost::asio::thread_pool wake_pool_;
 };
 
 GrpcServer::GrpcServer(Engine& engine, FrontEnd& front_end, const Tokenizer& tokenizer,
@@ -250,6 +334,7 @@ void GrpcServer::Stop() {
   engine_.RemoveHealthListener(health_listener_);  // before the health service goes away
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_.reset();
+  service_->StopWakes();
 }
 
 }  // namespace llm::server

@@ -1,5 +1,8 @@
 // The gRPC front end (proto/llm.proto): Generate streams tokens with one callback reactor per
-// call; cancelling the call aborts the request in the engine. The standard health service
+// call and no thread per call (the engine's pushes wake the reactor through a small pool; a
+// write's completion pulls the next output); cancelling the call aborts the request in the
+// engine. With an API key, Generate, Tokenize and ModelInfo need metadata `authorization:
+// Bearer KEY` (else UNAUTHENTICATED; health and reflection stay open). The standard health service
 // (grpc.health.v1) and server reflection run on the same port. A request whose engine step
 // failed ends with status INTERNAL (UNAVAILABLE once the engine is unhealthy, which also
 // turns the health service NOT_SERVING and new calls UNAVAILABLE). Admission and metrics are
@@ -27,6 +30,8 @@ struct GrpcConfig {
   std::string host = "127.0.0.1";
   int port = 50051;  // 0: any free port
   double default_timeout_seconds = 0;
+  std::string api_key = "";  // empty: no authentication (else metadata authorization: Bearer KEY)
+  int num_threads = 2;       // the pool that engine pushes wake streams on
 };
 
 class GrpcServer {

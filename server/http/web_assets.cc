@@ -1,6 +1,6 @@
 #include "server/http/web_assets.h"
 
-#include <httplib.h>
+#include "server/http/http_server.h"
 
 namespace llm::server {
 
@@ -20,29 +20,32 @@ const WebAsset* FindWebAsset(std::string_view url_path) {
   return nullptr;
 }
 
-void ServeWebAsset(const httplib::Request& req, httplib::Response& res) {
-  const WebAsset* asset = FindWebAsset(req.path);
+HttpResponse WebAssetResponse(const HttpRequest& req, std::string_view url_path) {
+  using beast_http::field;
+  const WebAsset* asset = FindWebAsset(url_path);
   if (asset == nullptr) {
-    res.status = 404;
-    return;
+    return ErrorResponse({404, "Unknown route GET " + std::string(url_path.substr(0, 200)),
+                          "invalid_request_error", "", "not_found"});
   }
-  const std::string etag(asset->etag);
+  HttpResponse res{beast_http::status::ok, 11};
   // The file names carry no hash, so browsers revalidate every time (a 304 costs nothing).
-  res.set_header("ETag", etag);
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set(field::etag, asset->etag);
+  res.set(field::cache_control, "no-cache");
+  res.set("X-Content-Type-Options", "nosniff");
   if (asset->name == "index.html") {
     // Nothing but this server: no CDN, no inline script, no framing.
-    res.set_header("Content-Security-Policy",
-                   "default-src 'self'; img-src 'self' data:; base-uri 'none'; "
-                   "form-action 'none'; frame-ancestors 'none'");
-    res.set_header("Referrer-Policy", "no-referrer");
+    res.set("Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; base-uri 'none'; "
+            "form-action 'none'; frame-ancestors 'none'");
+    res.set("Referrer-Policy", "no-referrer");
   }
-  if (req.get_header_value("If-None-Match").find(etag) != std::string::npos) {
-    res.status = 304;
-    return;
+  if (std::string_view(req[field::if_none_match]).find(asset->etag) != std::string_view::npos) {
+    res.result(beast_http::status::not_modified);
+    return res;
   }
-  res.set_content(asset->body.data(), asset->body.size(), std::string(asset->content_type));
+  res.set(field::content_type, asset->content_type);
+  res.body().assign(asset->body.data(), asset->body.size());
+  return res;
 }
 
 }  // namespace llm::server

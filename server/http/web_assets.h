@@ -7,10 +7,7 @@
 #include <span>
 #include <string_view>
 
-namespace httplib {
-struct Request;
-struct Response;
-}  // namespace httplib
+#include "server/http/http_connection.h"
 
 namespace llm::server {
 
@@ -27,8 +24,8 @@ std::span<const WebAsset> WebAssets();
 // The file behind a URL path ("/" or "/static/NAME"), or null.
 const WebAsset* FindWebAsset(std::string_view url_path);
 
-// Answers GET url_path: the file (200, or 304 when If-None-Match has its ETag), or a 404 with
-// an empty body (the server's error handler writes its JSON error).
-void ServeWebAsset(const httplib::Request& req, httplib::Response& res);
+// Answers GET url_path: the file (200, or 304 when If-None-Match has its ETag), or a 404 in
+// OpenAI's error shape.
+HttpResponse WebAssetResponse(const HttpRequest& req, std::string_view url_path);
 
 }  // namespace llm::server
