@@ -24,6 +24,15 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   (cd .debs && apt-get download "${missing[@]}") 2>&1 | grep -v '^W:' || true
 fi
+# Boost.Beast and Asio are header-only, and libboost1.74-dev (9.5 MB, 160 MB of headers) would
+# push the carried folders past the machine's 64 MiB: carry just the headers they include.
+if [ ! -f .debs/boost-beast-headers.tar.xz ]; then
+  [ -f /usr/include/boost/beast.hpp ] || { echo "gpu_prepare: install libboost1.74-dev first" >&2; exit 1; }
+  printf '#include <boost/beast.hpp>\n#include <boost/asio.hpp>\n' |
+    g++ -std=gnu++20 -DBOOST_BEAST_USE_STD_STRING_VIEW -DBOOST_ASIO_NO_DEPRECATED -M -x c++ - |
+    tr ' \\' '\n\n' | grep '^/usr/include/boost/' | sort -u | sed 's|^/||' |
+    tar -C / -cJf .debs/boost-beast-headers.tar.xz -T -
+fi
 if [ ! -d .shared/models ]; then
   mkdir -p .shared
   cp -r ../shared/models .shared/

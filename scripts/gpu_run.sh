@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /opt/deps
 for f in .debs/*.deb; do dpkg -x "$f" /opt/deps; done
+for f in .debs/*.tar.xz; do [ -f "$f" ] && tar -C /opt/deps -xJf "$f"; done  # Beast/Asio headers
 export PATH=/opt/deps/usr/bin:$PATH
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
@@ -28,6 +29,11 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt
   -DProtobuf_PROTOC_EXECUTABLE=/opt/deps/usr/bin/protoc -DLLM_SHARED_DIR="$shared" \
   -DLLM_NCCL_ROOT="$nccl_root" \
   > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+# A missing package makes CMake skip the server or the CUDA backend quietly: fail loudly.
+if grep -E 'SERVER SKIPPED|nvcc not found|CUDA disabled|llm download. is skipped' "$OUT/configure.log"; then
+  echo "gpu_run: configure skipped part of the build (above; $OUT/configure.log)" >&2
+  exit 1
+fi
 cmake --build build -- "$@" > "$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' -A5 "$OUT/build.log" | head -60; exit 1; }
 # GPU_TEST_REGEX narrows the GPU tests (ctest -R); GPU_POST runs afterwards (e.g. a bench).
 (cd build && ctest -L gpu -R "${GPU_TEST_REGEX:-.}" --output-on-failure --timeout 300) 2>&1 \

@@ -3,7 +3,9 @@
 // A serving benchmark like `vllm bench serve`: requests arrive as a Poisson process of rate R
 // (inf = all at once), at most C in flight, each a streamed /v1/completions; it reports TTFT,
 // time per output token (TPOT), inter-token latency (ITL) and end-to-end latency (mean, p50,
-// p90, p99) with request and token throughput, as text and JSON.
+// p90, p99) with request and token throughput, as text and JSON. While it runs it probes
+// /health (its latency on a new connection, as a Kubernetes probe) and samples /metrics'
+// running and waiting request gauges.
 #include <httplib.h>
 
 #include <algorithm>
@@ -38,7 +40,59 @@ struct BenchServeFlags {
   uint64_t seed = 0;
   std::string json_out;
   std::string api_key;
+  double probe_interval = 0.25;  // /health and /metrics sampling during the run (0: off)
 };
+
+// What a probe saw while the benchmark ran: /health latency on a new connection each time
+// (as a Kubernetes probe connects), and the server's running / waiting request gauges.
+struct ProbeSamples {
+  std::vector<double> health_latency;
+  int64_t health_failures = 0;  // not 200 within 10 s
+  std::vector<double> running, waiting;
+};
+
+// The value of the first sample of `name` in Prometheus text, or -1.
+double GaugeValue(const std::string& text, const std::string& name) {
+  size_t at = 0;
+  while ((at = text.find(name, at)) != std::string::npos) {
+    const bool line_start = at == 0 || text[at - 1] == '\n';
+    const size_t after = at + name.size();
+    at = after;
+    if (!line_start || after >= text.size() || (text[after] != '{' && text[after] != ' ')) continue;
+    const size_t space = text.find(' ', text[after] == '{' ? text.find('}', after) : after);
+    if (space == std::string::npos) return -1;
+    return std::atof(text.c_str() + space + 1);
+  }
+  return -1;
+}
+
+void Probe(const BenchServeFlags& f, const std::atomic<bool>& stop, ProbeSamples* out) {
+  const auto interval = std::chrono::duration<double>(f.probe_interval);
+  while (!stop.load()) {
+    const auto start = SteadyClock::now();
+    {
+      httplib::Client health(f.url);
+      health.set_connection_timeout(10, 0);
+      health.set_read_timeout(10, 0);
+      auto r = health.Get("/health");
+      const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+      if (r && r->status == 200) {
+        out->health_latency.push_back(seconds);
+      } else {
+        ++out->health_failures;
+      }
+    }
+    httplib::Client metrics(f.url);
+    metrics.set_read_timeout(10, 0);
+    httplib::Headers headers;
+    if (!f.api_key.empty()) headers.emplace("Authorization", "Bearer " + f.api_key);
+    if (auto m = metrics.Get("/metrics", headers); m && m->status == 200) {
+      out->running.push_back(GaugeValue(m->body, "vllm:num_requests_running"));
+      out->waiting.push_back(GaugeValue(m->body, "vllm:num_requests_waiting"));
+    }
+    std::this_thread::sleep_until(start + interval);
+  }
+}
 
 struct Result {
   bool ok = false;
@@ -146,6 +200,11 @@ int RunBenchServe(const BenchServeFlags& f) {
   std::exponential_distribution<double> gap(std::isinf(f.request_rate) ? 1.0 : f.request_rate);
   std::atomic<int> in_flight{0};
   std::vector<std::thread> threads;
+  ProbeSamples probes;
+  std::atomic<bool> stop_probe{false};
+  std::thread prober;
+  if (f.probe_interval > 0)
+    prober = std::thread(Probe, std::cref(f), std::cref(stop_probe), &probes);
   const auto start = SteadyClock::now();
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!std::isinf(f.request_rate) && i > 0) {
@@ -161,6 +220,8 @@ int RunBenchServe(const BenchServeFlags& f) {
   }
   for (auto& t : threads) t.join();
   const double duration = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  stop_probe = true;
+  if (prober.joinable()) prober.join();
   std::vector<double> ttft, tpot, itl, e2e;
   int64_t ok = 0, in_tokens = 0, out_tokens = 0;
   json errors = json::object();
@@ -193,7 +254,20 @@ int RunBenchServe(const BenchServeFlags& f) {
       {"ttft_s", Stats(ttft)},
       {"tpot_s", Stats(tpot)},
       {"itl_s", Stats(itl)},
-      {"e2el_s", Stats(e2e)}};
+      {"e2el_s", Stats(e2e)},
+      {"health_latency_s", Stats(probes.health_latency)},
+      {"health_latency_max_s",
+       probes.health_latency.empty()
+           ? 0.0
+           : *std::max_element(probes.health_latency.begin(), probes.health_latency.end())},
+      {"health_probes", std::ssize(probes.health_latency) + probes.health_failures},
+      {"health_failures", probes.health_failures},
+      {"requests_running_max",
+       probes.running.empty() ? -1.0
+                              : *std::max_element(probes.running.begin(), probes.running.end())},
+      {"requests_waiting_max",
+       probes.waiting.empty() ? -1.0
+                              : *std::max_element(probes.waiting.begin(), probes.waiting.end())}};
   std::printf("============ Serving Benchmark Result ============\n");
   std::printf("%-40s %d / %zu\n", "Successful requests:", int(ok), requests.size());
   std::printf("%-40s %.2f\n", "Benchmark duration (s):", duration);
@@ -206,6 +280,17 @@ int RunBenchServe(const BenchServeFlags& f) {
     std::printf("%-8s mean %8.2f ms  p50 %8.2f ms  p90 %8.2f ms  p99 %8.2f ms\n", key,
                 s["mean"].get<double>() * 1e3, s["p50"].get<double>() * 1e3,
                 s["p90"].get<double>() * 1e3, s["p99"].get<double>() * 1e3);
+  }
+  if (f.probe_interval > 0) {
+    const json& h = report["health_latency_s"];
+    std::printf("%-8s p50 %8.2f ms  p99 %8.2f ms  max %8.2f ms  (%lld probes, %lld failed)\n",
+                "health", h["p50"].get<double>() * 1e3, h["p99"].get<double>() * 1e3,
+                report["health_latency_max_s"].get<double>() * 1e3,
+                static_cast<long long>(report["health_probes"].get<int64_t>()),
+                static_cast<long long>(probes.health_failures));
+    std::printf("%-40s %.0f / %.0f\n", "Requests running / waiting (max seen):",
+                report["requests_running_max"].get<double>(),
+                report["requests_waiting_max"].get<double>());
   }
   if (!f.json_out.empty()) std::ofstream(f.json_out) << report.dump(2) << "\n";
   std::printf("JSON %s\n", report.dump().c_str());
@@ -234,6 +319,10 @@ Command AddBenchServe(CLI::App& app) {
   cmd->add_option("--seed", f->seed)->capture_default_str();
   cmd->add_option("--json-out", f->json_out, "write the report as JSON");
   cmd->add_option("--api-key", f->api_key)->envname("LLM_API_KEY");
+  cmd->add_option("--probe-interval", f->probe_interval,
+                  "seconds between /health (latency) and /metrics (running requests) samples "
+                  "during the run; 0: none")
+      ->capture_default_str();
   return [f] { return RunBenchServe(*f); };
 }
 
