@@ -97,21 +97,23 @@ void Connection::ReadHead() {
   fresh_ = false;
   beast_http::async_read_header(
       socket_, buffer_, *parser_,
-      asio::bind_executor(strand_,
-                          [self = shared_from_this()](error_code ec, size_t) { self->OnHead(ec); }));
+      asio::bind_executor(
+          strand_, [self = shared_from_this()](error_code ec, size_t) { self->OnHead(ec); }));
 }
 
 void Connection::OnHead(error_code ec) {
   if (closed_) return;
   if (ec == beast_http::error::header_limit) {
-    return Refuse(431, "Request header fields larger than " +
-                           std::to_string(listener_.limits().max_header_bytes) + " bytes",
+    return Refuse(431,
+                  "Request header fields larger than " +
+                      std::to_string(listener_.limits().max_header_bytes) + " bytes",
                   "header_too_large");
   }
   if (ec == beast_http::error::body_limit) {
-    return Refuse(413, "Request body larger than " +
-                           std::to_string(listener_.limits().max_body_bytes) + " bytes",
-                  "payload_too_large");
+    return Refuse(
+        413,
+        "Request body larger than " + std::to_string(listener_.limits().max_body_bytes) + " bytes",
+        "payload_too_large");
   }
   if (ec == beast_http::error::end_of_stream || ec == asio::error::eof ||
       ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
@@ -133,16 +135,17 @@ void Connection::ReadBody() {
   ArmReadDeadline(listener_.limits().body_timeout_seconds);
   beast_http::async_read(
       socket_, buffer_, *parser_,
-      asio::bind_executor(strand_,
-                          [self = shared_from_this()](error_code ec, size_t) { self->OnBody(ec); }));
+      asio::bind_executor(
+          strand_, [self = shared_from_this()](error_code ec, size_t) { self->OnBody(ec); }));
 }
 
 void Connection::OnBody(error_code ec) {
   if (closed_) return;
   if (ec == beast_http::error::body_limit) {
-    return Refuse(413, "Request body larger than " +
-                           std::to_string(listener_.limits().max_body_bytes) + " bytes",
-                  "payload_too_large");
+    return Refuse(
+        413,
+        "Request body larger than " + std::to_string(listener_.limits().max_body_bytes) + " bytes",
+        "payload_too_large");
   }
   if (ec) return Close();  // the client left mid-body, or a malformed body
   Dispatch();
@@ -240,10 +243,10 @@ void Connection::DoWrite() {
     }
     self->Gone();  // the client stopped reading
   });
-  asio::async_write(socket_, buffers,
-                    asio::bind_executor(strand_, [self = shared_from_this()](error_code ec, size_t) {
-                      self->OnWritten(ec);
-                    }));
+  asio::async_write(
+      socket_, buffers,
+      asio::bind_executor(
+          strand_, [self = shared_from_this()](error_code ec, size_t) { self->OnWritten(ec); }));
 }
 
 void Connection::OnWritten(error_code ec) {
@@ -307,7 +310,8 @@ HttpListener::~HttpListener() { Stop(); }
 
 int HttpListener::Bind(const std::string& host, int port) {
   error_code ec;
-  const asio::ip::address address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  const asio::ip::address address =
+      asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   const std::string where = host + ":" + std::to_string(port);
   if (ec) throw Error("cannot listen on " + where + ": " + ec.message());
   const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
@@ -348,7 +352,8 @@ void HttpListener::OnAccept(error_code ec, tcp::socket socket, const Strand& str
   if (ec) {
     // Out of file descriptors (EMFILE) or a connection reset before it was accepted: wait a
     // moment (a busy retry would spin) and go on.
-    accept_retry_.expires_after(std::chrono::milliseconds(ec == asio::error::no_descriptors ? 50 : 1));
+    accept_retry_.expires_after(
+        std::chrono::milliseconds(ec == asio::error::no_descriptors ? 50 : 1));
     accept_retry_.async_wait([this](error_code wait_ec) {
       if (!wait_ec) Accept();
     });
@@ -357,8 +362,8 @@ void HttpListener::OnAccept(error_code ec, tcp::socket socket, const Strand& str
   if (num_connections_.load() >= limits_.max_connections) {
     // Past the limit: a 503 and close, written without a Connection.
     auto sock = std::make_shared<tcp::socket>(std::move(socket));
-    HttpResponse res = handler_.Refusal(503, "Too many open connections; retry later.",
-                                        "too_many_connections");
+    HttpResponse res =
+        handler_.Refusal(503, "Too many open connections; retry later.", "too_many_connections");
     res.set(beast_http::field::retry_after, "1");
     res.keep_alive(false);
     res.prepare_payload();

@@ -44,13 +44,13 @@ using HttpResponse = beast_http::response<beast_http::string_body>;
 using Strand = asio::strand<asio::io_context::executor_type>;
 
 struct ConnectionLimits {
-  size_t max_header_bytes = 16 << 10;   // the request line and headers (431 beyond)
-  size_t max_body_bytes = 4 << 20;      // 413 beyond
-  double header_timeout_seconds = 10;   // from a connection's (or request's) first byte
-  double body_timeout_seconds = 60;     // from the end of the head to the end of the body
-  double idle_timeout_seconds = 60;     // a keep-alive connection between requests
-  double write_timeout_seconds = 30;    // each write: a client that stops reading is cut off
-  int64_t max_connections = 10000;      // open client sockets; beyond: 503 and close
+  size_t max_header_bytes = 16 << 10;  // the request line and headers (431 beyond)
+  size_t max_body_bytes = 4 << 20;     // 413 beyond
+  double header_timeout_seconds = 10;  // from a connection's (or request's) first byte
+  double body_timeout_seconds = 60;    // from the end of the head to the end of the body
+  double idle_timeout_seconds = 60;    // a keep-alive connection between requests
+  double write_timeout_seconds = 30;   // each write: a client that stops reading is cut off
+  int64_t max_connections = 10000;     // open client sockets; beyond: 503 and close
 };
 
 class Connection;
@@ -116,17 +116,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer read_timer_, write_timer_;
   boost::beast::flat_buffer buffer_;
   std::optional<beast_http::request_parser<beast_http::string_body>> parser_;
-  bool reading_ = false;       // a WaitForBytes read is posted
-  bool in_response_ = false;   // a request was dispatched and its response is not all written
+  bool reading_ = false;         // a WaitForBytes read is posted
+  bool in_response_ = false;     // a request was dispatched and its response is not all written
   bool response_ended_ = false;  // Reply/EndBody called: close or keep alive once written
   bool keep_alive_ = false;
-  bool chunked_ = false;       // the body in progress is chunked
-  bool fresh_ = true;          // no request read yet on this connection
-  bool reparse_ = false;       // the read was cancelled to parse bytes already buffered
+  bool chunked_ = false;  // the body in progress is chunked
+  bool fresh_ = true;     // no request read yet on this connection
+  bool reparse_ = false;  // the read was cancelled to parse bytes already buffered
   bool closed_ = false;
-  bool head_only_ = false;     // a HEAD request: the response's head without its body
+  bool head_only_ = false;  // a HEAD request: the response's head without its body
   unsigned version_ = 11;
-  std::deque<std::string> queued_;  // waiting for the write in flight
+  std::deque<std::string> queued_;    // waiting for the write in flight
   std::vector<std::string> writing_;  // the write in flight
   std::function<void()> on_gone_;
 };
@@ -136,8 +136,8 @@ class HttpListener {
   HttpListener(RequestHandler& handler, ConnectionLimits limits, int num_threads);
   ~HttpListener();
   int Bind(const std::string& host, int port);  // returns the port; throws llm::Error
-  void Start();  // the I/O threads begin accepting and serving
-  void Wait();   // blocks until Stop() has finished
+  void Start();                                 // the I/O threads begin accepting and serving
+  void Wait();                                  // blocks until Stop() has finished
   // Closes the listening socket and every connection (their responses see OnGone), then
   // stops and joins the I/O threads. `before_join` runs after the connections are closed and
   // before the threads stop (the front end detaches its engine wakers there).
