@@ -74,6 +74,8 @@ class FrontEnd {
   // cannot all pass a check that only one of them fits.
   AdmissionSlot Admit(int64_t num_prompt_tokens);
   int64_t num_in_flight() const { return num_in_flight_.load(); }  // admitted, not released
+  // Every admission slot taken: a new request would get 429 / RESOURCE_EXHAUSTED now.
+  bool at_capacity() const { return num_in_flight_.load() >= max_in_flight_; }
 
   // A request's last event: its metrics and its log line (`api`: "http" or "grpc").
   void RecordFinished(const std::string& id, const char* api, const RequestOutput& last);

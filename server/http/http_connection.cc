@@ -20,6 +20,7 @@ using tcp = asio::ip::tcp;
 // beyond, the socket is no longer read until the response is out.
 constexpr size_t kMaxReadAhead = 64 << 10;
 constexpr size_t kReadChunk = 4096;
+constexpr double kLingerSeconds = 2;
 
 std::string Serialize(const HttpResponse& res) {
   std::ostringstream os;
@@ -56,6 +57,13 @@ void Connection::Start() {
   WaitForBytes();
 }
 
+void Connection::StartRefused(HttpResponse response) {
+  in_response_ = true;
+  keep_alive_ = false;
+  fresh_ = false;
+  Reply(std::move(response));
+}
+
 void Connection::ArmReadDeadline(double seconds) {
   read_timer_.expires_after(SecondsToDuration(seconds));
   read_timer_.async_wait([self = shared_from_this()](error_code ec) {
@@ -81,6 +89,10 @@ void Connection::OnBytes(error_code ec, size_t n) {
   if (ec == asio::error::operation_aborted && std::exchange(reparse_, false)) return ReadHead();
   if (ec) return Gone();  // EOF or reset: while a response is made, the client left
   buffer_.commit(n);
+  if (lingering_) {
+    buffer_.consume(buffer_.size());  // what a refused client still sends: dropped
+    return WaitForBytes();
+  }
   if (in_response_) {
     if (buffer_.size() < kMaxReadAhead) WaitForBytes();
     return;
@@ -262,9 +274,16 @@ void Connection::ResponseWritten() {
   on_gone_ = nullptr;
   chunked_ = false;
   if (!keep_alive_) {
+    // Closing at once would reset a client still sending (a refused body, a pipelined
+    // request), and a reset can discard the response before it reads it. So end our side,
+    // then read and drop what comes for up to kLingerSeconds (as nginx's lingering close).
     error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_send, ignored);
-    return Close();
+    lingering_ = true;
+    buffer_.consume(buffer_.size());
+    ArmReadDeadline(kLingerSeconds);
+    if (!reading_) WaitForBytes();
+    return;
   }
   ArmReadDeadline(listener_.limits().idle_timeout_seconds);
   if (buffer_.size() == 0) {
@@ -359,23 +378,15 @@ void HttpListener::OnAccept(error_code ec, tcp::socket socket, const Strand& str
     });
     return;
   }
+  auto conn = std::make_shared<Connection>(*this, std::move(socket), strand);
   if (num_connections_.load() >= limits_.max_connections) {
-    // Past the limit: a 503 and close, written without a Connection.
-    auto sock = std::make_shared<tcp::socket>(std::move(socket));
+    // Past the limit: a 503 and close (the connection is not counted or kept).
     HttpResponse res =
         handler_.Refusal(503, "Too many open connections; retry later.", "too_many_connections");
     res.set(beast_http::field::retry_after, "1");
-    res.keep_alive(false);
-    res.prepare_payload();
-    auto bytes = std::make_shared<std::string>(Serialize(res));
-    handler_.Responded(503);
-    asio::async_write(*sock, asio::buffer(*bytes), [sock, bytes](error_code, size_t) {
-      error_code ignored;
-      sock->shutdown(tcp::socket::shutdown_both, ignored);
-      sock->close(ignored);
-    });
+    asio::post(conn->executor(),
+               [conn, res = std::move(res)]() mutable { conn->StartRefused(std::move(res)); });
   } else {
-    auto conn = std::make_shared<Connection>(*this, std::move(socket), strand);
     Register(conn);
     asio::post(conn->executor(), [conn] { conn->Start(); });
   }

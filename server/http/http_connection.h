@@ -92,7 +92,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool gone() const { return closed_; }
   void Close();  // now, from the strand (the server's Stop)
 
-  void Start();  // begins reading (the listener calls it)
+  void Start();                              // begins reading (the listener calls it)
+  void StartRefused(HttpResponse response);  // answers `response` at once, then closes
 
  private:
   void WaitForBytes();  // one read into buffer_: the next request's first bytes, or EOF
@@ -122,7 +123,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool keep_alive_ = false;
   bool chunked_ = false;  // the body in progress is chunked
   bool fresh_ = true;     // no request read yet on this connection
-  bool reparse_ = false;  // the read was cancelled to parse bytes already buffered
+  bool reparse_ = false;
+  bool lingering_ = false;  // our side is shut: reading and dropping until EOF or deadline  // the
+                            // read was cancelled to parse bytes already buffered
   bool closed_ = false;
   bool head_only_ = false;  // a HEAD request: the response's head without its body
   unsigned version_ = 11;

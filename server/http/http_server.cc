@@ -35,7 +35,18 @@ ConnectionLimits LimitsOf(const ServerConfig& c) {
 }
 
 // The routes and the one method each answers (any other method: 405 with Allow).
-enum class Route { kHealth, kModels, kMetrics, kCompletions, kChat, kTokenize, kDetokenize, kPage };
+enum class Route {
+  kHealth,
+  kLive,
+  kReady,
+  kModels,
+  kMetrics,
+  kCompletions,
+  kChat,
+  kTokenize,
+  kDetokenize,
+  kPage
+};
 struct RouteSpec {
   std::string_view path;
   verb method;
@@ -43,6 +54,8 @@ struct RouteSpec {
 };
 constexpr RouteSpec kRoutes[] = {
     {"/health", verb::get, Route::kHealth},
+    {"/health/live", verb::get, Route::kLive},
+    {"/health/ready", verb::get, Route::kReady},
     {"/v1/models", verb::get, Route::kModels},
     {"/metrics", verb::get, Route::kMetrics},
     {"/v1/completions", verb::post, Route::kCompletions},
@@ -112,6 +125,26 @@ HttpResponse HttpServer::Health() const {
   return JsonResponse(draining || !is_healthy ? 503 : 200, body);
 }
 
+// Liveness (restart me?): only an engine that turned unhealthy for good says no. A draining or
+// overloaded server is alive, and restarting it would lose the requests it holds.
+HttpResponse HttpServer::Live() const {
+  const bool is_healthy = engine_.IsHealthy();
+  json body = {{"status", is_healthy ? "ok" : "unhealthy"}};
+  if (!is_healthy) body["reason"] = engine_.UnhealthyReason();
+  return JsonResponse(is_healthy ? 200 : 503, body);
+}
+
+// Readiness (send me traffic?): no while draining, unhealthy, or with every admission slot
+// taken (a new request would get a 429), so a Service sends it to the other replicas.
+HttpResponse HttpServer::Ready() const {
+  const bool is_healthy = engine_.IsHealthy();
+  const char* status = draining_                  ? "draining"
+                       : !is_healthy              ? "unhealthy"
+                       : front_end_.at_capacity() ? "at_capacity"
+                                                  : "ok";
+  return JsonResponse(std::string_view(status) == "ok" ? 200 : 503, {{"status", status}});
+}
+
 HttpResponse HttpServer::Models() const {
   json model = {{"id", model_.id},
                 {"object", "model"},
@@ -161,6 +194,8 @@ void HttpServer::Handle(const ConnPtr& conn, HttpRequest req) {
   // The chat page and /health are public (a browser loads the page, then asks for the key).
   if (spec->route == Route::kPage) return conn->Reply(WebAssetResponse(req, path));
   if (spec->route == Route::kHealth) return conn->Reply(Health());
+  if (spec->route == Route::kLive) return conn->Reply(Live());
+  if (spec->route == Route::kReady) return conn->Reply(Ready());
   if (!Authorized(req)) {
     return conn->Reply(
         ErrorResponse({401, "Invalid or missing API key (send Authorization: Bearer <key>).",
@@ -183,6 +218,8 @@ void HttpServer::Handle(const ConnPtr& conn, HttpRequest req) {
     case Route::kDetokenize:
       return OffStrand(conn, [this, body = std::move(req.body())] { return Detokenize(body); });
     case Route::kHealth:
+    case Route::kLive:
+    case Route::kReady:
     case Route::kPage:
       break;
   }
@@ -266,7 +303,9 @@ void LoadingResponder::Stop() { listener_.Stop(); }
 
 void LoadingResponder::Handle(const std::shared_ptr<Connection>& conn, HttpRequest request) {
   const std::string_view target = request.target();
-  if (target.substr(0, target.find('?')) == "/health") {
+  const std::string_view path = target.substr(0, target.find('?'));
+  if (path == "/health/live") return conn->Reply(JsonResponse(200, {{"status", "loading"}}));
+  if (path == "/health" || path == "/health/ready") {
     return conn->Reply(JsonResponse(503, {{"status", "loading"}}));
   }
   conn->Reply(

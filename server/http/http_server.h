@@ -5,18 +5,20 @@
 // /health and /metrics are answered on the I/O threads from atomics and snapshots, never
 // behind the engine, the parse pool or other clients.
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-// GET /metrics, POST /tokenize, POST /detokenize, and the chat page (GET /, GET /static/NAME:
-// server/http/web_assets.h; public, no API key). Lifecycle: bounded admission (429 +
-// Retry-After; the count is shared with gRPC: server/front_end.h), body limit (413), header
-// limit (431), API key (401; compared in constant time), drain (503), connection limit (503
-// and close), deadlines for the head, the body, idle keep-alive and every write. A client that
-// goes away, or stops reading past the write deadline, has its request cancelled in the engine
-// (its KV blocks freed at the next step); long prefills and non-streamed responses still write
-// probes (SSE comments / leading whitespace) every probe interval, for proxies.
-// A request whose engine step failed: a 500 (503 once the engine is unhealthy) with an OpenAI
-// error body, or in a stream an error event {"error": {...}} and then [DONE]; an unhealthy
-// engine turns /health and new requests into 503s.
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health (200
+// ok; 503 draining, unhealthy or loading), GET /health/live (liveness: 503 only when the
+// engine turned unhealthy), GET /health/ready (readiness: 503 also while draining or with
+// every admission slot taken), GET /metrics, POST /tokenize, POST /detokenize, and the chat page
+// (GET /, GET /static/NAME: server/http/web_assets.h; public, no API key). Lifecycle: bounded
+// admission (429 + Retry-After; the count is shared with gRPC: server/front_end.h), body limit
+// (413), header limit (431), API key (401; compared in constant time), drain (503), connection
+// limit (503 and close), deadlines for the head, the body, idle keep-alive and every write. A
+// client that goes away, or stops reading past the write deadline, has its request cancelled in the
+// engine (its KV blocks freed at the next step); long prefills and non-streamed responses still
+// write probes (SSE comments / leading whitespace) every probe interval, for proxies. A request
+// whose engine step failed: a 500 (503 once the engine is unhealthy) with an OpenAI error body, or
+// in a stream an error event {"error": {...}} and then [DONE]; an unhealthy engine turns /health
+// and new requests into 503s.
 #pragma once
 
 #include <atomic>
@@ -87,6 +89,8 @@ class HttpServer : private RequestHandler {
 
   bool Authorized(const HttpRequest& req) const;
   HttpResponse Health() const;
+  HttpResponse Live() const;
+  HttpResponse Ready() const;
   HttpResponse Models() const;
   // Runs `work` on the parse pool and sends its response from the connection's strand.
   void OffStrand(const ConnPtr& conn, std::function<HttpResponse()> work);

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <future>
 
 #include "engine/cpu/cpu_executor.h"
@@ -37,11 +38,10 @@ class GrpcServerTest : public ::testing::Test {
         EngineConfig{});
     Serve();
   }
-  void Serve() {
-    front_end_ = std::make_unique<FrontEnd>(*engine_, "stories260K");
-    server_ =
-        std::make_unique<GrpcServer>(*engine_, *front_end_, *tokenizer_,
-                                     ModelInfo{"stories260K", 512, 512}, GrpcConfig{.port = 0});
+  void Serve(GrpcConfig config = {.port = 0}) {
+    front_end_ = std::make_unique<FrontEnd>(*engine_, "stories260K", limits_);
+    server_ = std::make_unique<GrpcServer>(*engine_, *front_end_, *tokenizer_,
+                                           ModelInfo{"stories260K", 512, 512}, config);
     port_ = server_->Start();
     engine_->Start();
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
@@ -80,8 +80,17 @@ class GrpcServerTest : public ::testing::Test {
     return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -2;
   }
 
+  // Replaces the server (and engine) with one made from `config` and `engine_config`.
+  void Restart(GrpcConfig config, EngineConfig engine_config) {
+    TearDown();
+    server_.reset();
+    engine_ = std::make_unique<Engine>(*model_, *tokenizer_, engine_config);
+    Serve(config);
+  }
+
   static const CpuModel* model_;
   static const Tokenizer* tokenizer_;
+  AdmissionLimits limits_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<FrontEnd> front_end_;
   std::unique_ptr<GrpcServer> server_;
@@ -215,6 +224,122 @@ TEST_F(GrpcServerTest, FailedStepEndsTheCallWithAnErrorStatus) {
       EXPECT_EQ(HealthStatus(), 1);
     }
   }
+}
+
+int ThreadsOfThisProcess() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// One streaming call on the callback API: no client thread per call either.
+class StreamReader : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  StreamReader(v1::Llm::Stub* stub, v1::GenerateRequest request, std::atomic<int>* done)
+      : request_(std::move(request)), done_(done) {
+    stub->async()->Generate(&ctx_, &request_, this);
+    StartRead(&msg_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    text_ += msg_.text();
+    StartRead(&msg_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_->fetch_add(1);
+  }
+  const std::string& text() const { return text_; }
+  const grpc::Status& status() const { return status_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::GenerateRequest request_;
+  v1::GenerateResponse msg_;
+  std::string text_;
+  grpc::Status status_;
+  std::atomic<int>* done_;
+};
+
+// 1,000 streams at once (a sanitizer build: 200) all complete with their solo text, and the
+// process never runs a thread per stream (the pump-thread server had one each).
+TEST_F(GrpcServerTest, ThousandConcurrentStreamsWithoutAThreadEach) {
+  const int n = test::Scaled(1000, 200);
+  limits_.max_queued_requests = 2 * n;
+  Restart({.port = 0}, {.num_kv_blocks = 4096, .max_num_seqs = 256});
+  const char* prompts[] = {"Once upon a time", "The little dog", "Tom had a", "Lily saw"};
+  auto request = [](const char* prompt) {
+    v1::GenerateRequest req;
+    req.set_text(prompt);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(16);
+    return req;
+  };
+  std::vector<std::string> solo;
+  for (const char* p : prompts) {
+    const auto [status, text] = Generate(request(p));
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    solo.push_back(text);
+  }
+  std::atomic<int> done{0};
+  std::vector<std::unique_ptr<StreamReader>> readers;
+  int max_threads = 0;
+  for (int i = 0; i < n; ++i) {
+    readers.push_back(std::make_unique<StreamReader>(stub_.get(), request(prompts[i % 4]), &done));
+    if (i % 50 == 0) max_threads = std::max(max_threads, ThreadsOfThisProcess());
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (done.load() < n && std::chrono::steady_clock::now() < until) {
+    max_threads = std::max(max_threads, ThreadsOfThisProcess());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(done.load(), n) << "streams still open after 120 s";
+  int failures = 0;
+  for (int i = 0; i < n; ++i) {
+    const StreamReader& r = *readers[static_cast<size_t>(i)];
+    if (!r.status().ok() || r.text() != solo[static_cast<size_t>(i % 4)]) {
+      if (++failures <= 3)
+        ADD_FAILURE() << i << ": " << r.status().error_message() << " " << r.text();
+    }
+  }
+  EXPECT_EQ(failures, 0);
+  EXPECT_LT(max_threads, 200) << "threads seen while " << n << " streams were open";
+}
+
+// With an API key, every call of the Llm service needs metadata `authorization: Bearer KEY`
+// (else UNAUTHENTICATED); health stays open for probes.
+TEST_F(GrpcServerTest, ApiKeyGuardsTheServiceButNotHealth) {
+  Restart({.port = 0, .api_key = "sekret"}, {.num_kv_blocks = 256});
+  EXPECT_EQ(HealthStatus(), 1);
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.mutable_sampling()->set_max_tokens(4);
+  EXPECT_EQ(Generate(req).first.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  for (const char* key : {"Bearer nope", "sekret", "Bearer sekret2"}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", key);
+    v1::TokenizeRequest treq;
+    treq.set_text("x");
+    v1::TokenizeResponse tres;
+    EXPECT_EQ(stub_->Tokenize(&ctx, treq, &tres).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << key;
+  }
+  grpc::ClientContext info_ctx;
+  v1::ModelInfoResponse info;
+  EXPECT_EQ(stub_->ModelInfo(&info_ctx, v1::ModelInfoRequest(), &info).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer sekret");
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  std::string text;
+  while (reader->Read(&msg)) text += msg.text();
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_FALSE(text.empty());
 }
 
 }  // namespace
