@@ -18,7 +18,7 @@ for g in $groups; do
       packages+=(
         build-essential cmake ninja-build pkg-config git ca-certificates
         libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev
-        libcpp-httplib-dev libboost1.74-dev libgrpc++-dev protobuf-compiler-grpc
+        libcpp-httplib-dev libboost-dev libgrpc++-dev protobuf-compiler-grpc
         libssl-dev   # `llm download`: HTTPS (cpp-httplib's OpenSSL support) and sha256 (EVP)
         libpcre2-dev libicu-dev libsimdjson-dev   # tokenizer.json: regexes, Unicode, parsing
       )
