@@ -32,6 +32,15 @@ int Scaled(int full, int small) { return IsSmallScale() ? small : full; }
 
 int SlowFactor() { return IsSmallScale() ? 10 : 1; }
 
+int ThreadsOfThisProcess() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
 std::string StoriesDir() { return (SharedDir() / "models" / "stories260K").string(); }
 
 const CpuModel& StoriesModel() {

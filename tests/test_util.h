@@ -83,6 +83,9 @@ int Scaled(int full, int small);
 // Wall-clock limits and waits for slow builds: 10 with LLM_TEST_SCALE=small, else 1.
 int SlowFactor();
 
+// The number of threads this process runs now (/proc/self/status), or -1.
+int ThreadsOfThisProcess();
+
 // Runs `fn`, which must throw llm::Error whose message contains every one of `parts`
 // (a GoogleTest failure otherwise).
 void ExpectError(const std::function<void()>& fn, const std::vector<std::string>& parts);

@@ -122,10 +122,7 @@ void Connection::OnHead(error_code ec) {
                   "header_too_large");
   }
   if (ec == beast_http::error::body_limit) {
-    return Refuse(
-        413,
-        "Request body larger than " + std::to_string(listener_.limits().max_body_bytes) + " bytes",
-        "payload_too_large");
+    return RefuseLargeBody();
   }
   if (ec == beast_http::error::end_of_stream || ec == asio::error::eof ||
       ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
@@ -154,10 +151,7 @@ void Connection::ReadBody() {
 void Connection::OnBody(error_code ec) {
   if (closed_) return;
   if (ec == beast_http::error::body_limit) {
-    return Refuse(
-        413,
-        "Request body larger than " + std::to_string(listener_.limits().max_body_bytes) + " bytes",
-        "payload_too_large");
+    return RefuseLargeBody();
   }
   if (ec) return Close();  // the client left mid-body, or a malformed body
   Dispatch();
@@ -175,6 +169,12 @@ void Connection::Dispatch() {
   // Watch the socket while the response is made: a close is seen at once.
   if (!reading_ && buffer_.size() < kMaxReadAhead) WaitForBytes();
   listener_.handler().Handle(shared_from_this(), std::move(request));
+}
+
+void Connection::RefuseLargeBody() {
+  Refuse(413,
+         "Request body larger than " + std::to_string(listener_.limits().max_body_bytes) + " bytes",
+         "payload_too_large");
 }
 
 void Connection::Refuse(int status, const std::string& message, const std::string& code) {

@@ -104,6 +104,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnBody(boost::system::error_code ec);
   void Dispatch();
   void Refuse(int status, const std::string& message, const std::string& code);
+  void RefuseLargeBody();  // 413: declared (Content-Length) or read
   void ArmReadDeadline(double seconds);
   void Send(std::string bytes);
   void DoWrite();

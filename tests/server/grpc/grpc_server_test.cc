@@ -6,7 +6,6 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <future>
 
 #include "engine/cpu/cpu_executor.h"
@@ -226,15 +225,6 @@ TEST_F(GrpcServerTest, FailedStepEndsTheCallWithAnErrorStatus) {
   }
 }
 
-int ThreadsOfThisProcess() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  }
-  return -1;
-}
-
 // One streaming call on the callback API: no client thread per call either.
 class StreamReader : public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
@@ -290,11 +280,11 @@ TEST_F(GrpcServerTest, ThousandConcurrentStreamsWithoutAThreadEach) {
   int max_threads = 0;
   for (int i = 0; i < n; ++i) {
     readers.push_back(std::make_unique<StreamReader>(stub_.get(), request(prompts[i % 4]), &done));
-    if (i % 50 == 0) max_threads = std::max(max_threads, ThreadsOfThisProcess());
+    if (i % 50 == 0) max_threads = std::max(max_threads, test::ThreadsOfThisProcess());
   }
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (done.load() < n && std::chrono::steady_clock::now() < until) {
-    max_threads = std::max(max_threads, ThreadsOfThisProcess());
+    max_threads = std::max(max_threads, test::ThreadsOfThisProcess());
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_EQ(done.load(), n) << "streams still open after 120 s";

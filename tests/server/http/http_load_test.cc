@@ -8,7 +8,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
-#include <fstream>
 
 #include "tests/server/http/http_test_fixture.h"
 
@@ -70,7 +69,8 @@ std::string BodyOf(const std::string& raw) {
   const size_t head_end = raw.find("\r\n\r\n");
   if (head_end == std::string::npos) return "";
   std::string head = raw.substr(0, head_end);
-  std::transform(head.begin(), head.end(), head.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(head.begin(), head.end(), head.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   std::string body = raw.substr(head_end + 4);
   if (head.find("transfer-encoding: chunked") == std::string::npos) return body;
   std::string out;
@@ -84,15 +84,6 @@ std::string BodyOf(const std::string& raw) {
     pos = eol + 2 + len + 2;
   }
   return out;
-}
-
-int ThreadsOfThisProcess() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  }
-  return -1;
 }
 
 // The soft file limit raised to the hard one; false when that is still below `needed`.
@@ -136,7 +127,7 @@ TEST_F(HttpLoadTest, TwoThousandConcurrentStreamsMatchTheirSoloText) {
   limits_.max_queued_requests = 2 * n;
   Start({}, {.num_kv_blocks = 4096, .max_num_seqs = 256});
   const char* prompts[] = {"Once upon a time", "The little dog", "Tom had a", "Lily saw",
-                           "One day, a", "The sun was", "Sam and", "In the park"};
+                           "One day, a",       "The sun was",    "Sam and",   "In the park"};
   auto request = [](const char* prompt) {
     return json{{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"stream", true}}
         .dump();
@@ -149,13 +140,15 @@ TEST_F(HttpLoadTest, TwoThousandConcurrentStreamsMatchTheirSoloText) {
     solo.push_back(text);
   }
   std::vector<std::string> requests;
-  for (int i = 0; i < n; ++i) requests.push_back(PostRequest("/v1/completions", request(prompts[i % 8])));
+  for (int i = 0; i < n; ++i)
+    requests.push_back(PostRequest("/v1/completions", request(prompts[i % 8])));
   std::atomic<bool> running{true};
   std::atomic<int> max_threads{0}, max_running{0};
   std::thread watcher([&] {
     while (running) {
-      max_threads = std::max(max_threads.load(), ThreadsOfThisProcess());
-      max_running = std::max<int>(max_running.load(), static_cast<int>(engine_->Stats().num_running));
+      max_threads = std::max(max_threads.load(), test::ThreadsOfThisProcess());
+      max_running =
+          std::max<int>(max_running.load(), static_cast<int>(engine_->Stats().num_running));
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
@@ -222,7 +215,8 @@ TEST_F(HttpLoadTest, SlowHeadsIdleConnectionsAndStalledBodiesAreClosed) {
   ASSERT_GT(send(stalled_body, body_start.data(), body_start.size(), 0), 0);
   const auto start = SteadyClock::now();
   std::thread dripper([drip] {
-    for (char c : std::string("GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")) {
+    for (char c :
+         std::string("GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")) {
       if (send(drip, &c, 1, MSG_NOSIGNAL) != 1) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -260,14 +254,13 @@ TEST_F(HttpLoadTest, ClientThatStopsReadingIsCutOffAndItsBlocksFreed) {
   addr.sin_port = htons(static_cast<uint16_t>(port_));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string req = PostRequest(
-      "/v1/completions", json{{"prompt", "Once upon a time"},
-                              {"max_tokens", 500},
-                              {"ignore_eos", true},
-                              {"n", 16},
-                              {"logprobs", 20},
-                              {"stream", true}}
-                             .dump());
+  const std::string req = PostRequest("/v1/completions", json{{"prompt", "Once upon a time"},
+                                                              {"max_tokens", 500},
+                                                              {"ignore_eos", true},
+                                                              {"n", 16},
+                                                              {"logprobs", 20},
+                                                              {"stream", true}}
+                                                             .dump());
   ASSERT_EQ(send(fd, req.data(), req.size(), 0), ssize_t(req.size()));
   const auto until = SteadyClock::now() + std::chrono::seconds(10 * test::SlowFactor());
   while (engine_->Stats().num_running == 0 && SteadyClock::now() < until) {
@@ -317,8 +310,9 @@ TEST_F(HttpLoadTest, MaxConnectionsAnswers503AndCloses) {
 // is served; HEAD gets the head of GET's response and no body.
 TEST_F(HttpLoadTest, SizeLimitsContinueAndHead) {
   Start({.max_body_bytes = 4096});
-  const std::string big_header = "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " +
-                                 std::string(20000, 'a') + "\r\nConnection: close\r\n\r\n";
+  const std::string big_header =
+      "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') +
+      "\r\nConnection: close\r\n\r\n";
   std::string raw = RunConcurrently(port_, {big_header})[0];
   EXPECT_EQ(raw.rfind("HTTP/1.1 431", 0), 0u) << raw.substr(0, 200);
   EXPECT_NE(raw.find("\"header_too_large\""), std::string::npos);
@@ -335,9 +329,10 @@ TEST_F(HttpLoadTest, SizeLimitsContinueAndHead) {
   }
   const int fd = ConnectLoopback(port_);
   const std::string body = R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0})";
-  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                           "Connection: close\r\nContent-Length: " +
-                           std::to_string(body.size()) + "\r\n\r\n";
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+      "Connection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
   send(fd, head.data(), head.size(), MSG_NOSIGNAL);
   char buf[256];
   timeval timeout{.tv_sec = 5, .tv_usec = 0};
@@ -351,7 +346,8 @@ TEST_F(HttpLoadTest, SizeLimitsContinueAndHead) {
   const std::string text = json::parse(BodyOf(got))["choices"][0]["text"];
   EXPECT_EQ(text.rfind(", there", 0), 0u) << text;
   close(fd);
-  raw = RunConcurrently(port_, {"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"})[0];
+  raw = RunConcurrently(port_,
+                        {"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"})[0];
   EXPECT_EQ(raw.rfind("HTTP/1.1 200 OK", 0), 0u) << raw;
   EXPECT_NE(raw.find("Content-Length: "), std::string::npos) << raw;
   EXPECT_EQ(BodyOf(raw), "") << "HEAD has no body";
@@ -366,7 +362,8 @@ TEST_F(HttpLoadTest, LivenessAndReadinessProbes) {
   auto c = Client();
   EXPECT_EQ(c.Get("/health/ready")->status, 200);
   std::thread busy([this] {
-    const json req = {{"prompt", "Once"}, {"max_tokens", test::Scaled(200, 60)}, {"ignore_eos", true}};
+    const json req = {
+        {"prompt", "Once"}, {"max_tokens", test::Scaled(200, 60)}, {"ignore_eos", true}};
     Client().Post("/v1/completions", req.dump(), "application/json");
   });
   const auto until = SteadyClock::now() + std::chrono::seconds(10 * test::SlowFactor());
