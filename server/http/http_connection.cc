@@ -343,6 +343,8 @@ int HttpListener::Bind(const std::string& host, int port) {
 }
 
 void HttpListener::Start() {
+  std::lock_guard<std::mutex> lock(mu_);  // Stop() from another thread waits for this
+  if (stopped_ || !threads_.empty()) return;
   asio::post(acceptor_.get_executor(), [this] { Accept(); });
   for (int i = 0; i < num_threads_; ++i) {
     threads_.emplace_back([this] {
@@ -412,6 +414,7 @@ void HttpListener::Wait() {
 
 void HttpListener::Stop(const std::function<void()>& before_join) {
   std::vector<std::shared_ptr<Connection>> open;
+  std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
@@ -419,6 +422,7 @@ void HttpListener::Stop(const std::function<void()>& before_join) {
     for (auto& [ptr, weak] : connections_) {
       if (auto conn = weak.lock()) open.push_back(std::move(conn));
     }
+    threads = std::move(threads_);
   }
   asio::post(acceptor_.get_executor(), [this] {
     error_code ignored;
@@ -427,7 +431,7 @@ void HttpListener::Stop(const std::function<void()>& before_join) {
   });
   for (auto& conn : open) asio::post(conn->executor(), [conn] { conn->Close(); });
   open.clear();
-  if (!threads_.empty()) {
+  if (!threads.empty()) {
     // Give the strands a moment to close their connections (their responses end).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (num_connections() > 0 && std::chrono::steady_clock::now() < until) {
@@ -436,8 +440,7 @@ void HttpListener::Stop(const std::function<void()>& before_join) {
   }
   if (before_join) before_join();
   ioc_.stop();
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
+  for (std::thread& t : threads) t.join();
   error_code ignored;
   acceptor_.close(ignored);  // the port is free when Stop returns (no thread runs now)
   {

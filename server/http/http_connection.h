@@ -162,7 +162,7 @@ class HttpListener {
   RequestHandler& handler_;
   ConnectionLimits limits_;
   int num_threads_;
-  std::mutex mu_;  // guards connections_, stopped_
+  std::mutex mu_;  // guards connections_, stopped_, threads_
   std::unordered_map<Connection*, std::weak_ptr<Connection>> connections_;
   std::atomic<int64_t> num_connections_{0};
   bool stopped_ = false;
