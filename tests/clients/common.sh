@@ -23,6 +23,9 @@ PY
 start_server() {
   local build=$1 log=$2
   shift 2
+  # The log exists before the server does: the child opens it only once it runs, and a sed
+  # that finds no file fails, which ends a caller under `set -e` (hf_tokenizer_e2e did).
+  : >"$log"
   "$build/llm" serve --port 0 "$@" 2>"$log" &
   SERVER_PID=$!
   HTTP_PORT=""

@@ -27,6 +27,7 @@ config["chat_template"] = open(sys.argv[2]).read()
 json.dump(config, open(sys.argv[3], "w"))
 PY
 log=$work/serve.log
+: >"$log"  # before the server opens it: the sed below must never find no file (set -e)
 max_body=65536
 "$build/llm" serve --model "$model" --port 0 --grpc-port -1 --threads 1 \
   --max-queued-requests 8 --max-body-bytes $max_body --kv-cache-mb 16 --max-num-seqs 16 \
