@@ -129,7 +129,8 @@ pkg=$state/python-pkg
 rm -rf "$pkg" && mkdir -p "$pkg"
 cp -r clients/python/llm_client "$pkg/"
 /usr/bin/python3 clients/python/build_stubs.py --root "$pkg" --proto proto/llm.proto > /dev/null
-if PYTHONPATH="$pkg" /usr/bin/python3 tests/clients/grpc_client_test.py "127.0.0.1:$grpc_port"; then
+# The server has an API key, and gRPC needs it too (metadata authorization: Bearer KEY).
+if LLM_API_KEY="$key" PYTHONPATH="$pkg" /usr/bin/python3 tests/clients/grpc_client_test.py "127.0.0.1:$grpc_port"; then
   ok "gRPC client (stream, health, tokenize, errors)"
 else
   fail "gRPC client"

@@ -3,6 +3,8 @@ non-streaming helper, tokenize, model info and the standard health check."""
 import dataclasses
 from typing import Iterator, List, Optional, Sequence, Union
 
+import os
+
 import grpc
 
 from llm_client._proto import llm_pb2, llm_pb2_grpc
@@ -94,7 +96,11 @@ class Client:
     grpc.RpcError (e.code(): INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE, ...)."""
 
     def __init__(self, target: str = "127.0.0.1:50051", *, timeout: Optional[float] = 60.0,
-                 channel: Optional[grpc.Channel] = None):
+                 channel: Optional[grpc.Channel] = None, api_key: Optional[str] = None):
+        # The server's --api-key (default: $LLM_API_KEY), sent as `authorization: Bearer KEY`
+        # on every Llm call (the health service needs none).
+        key = os.environ.get("LLM_API_KEY", "") if api_key is None else api_key
+        self._metadata = (("authorization", "Bearer " + key),) if key else None
         self._channel = channel or grpc.insecure_channel(target)
         self._owns_channel = channel is None
         self._stub = llm_pb2_grpc.LlmStub(self._channel)
@@ -138,7 +144,7 @@ class Client:
             request.text = prompt
         else:
             request.token_ids.ids.extend(prompt)
-        return Stream(self._stub.Generate(request, timeout=self.timeout))
+        return Stream(self._stub.Generate(request, timeout=self.timeout, metadata=self._metadata))
 
     def complete(self, prompt: Union[str, Sequence[int]], **params) -> Completion:
         """generate() gathered into one Completion."""
@@ -154,9 +160,10 @@ class Client:
                           usage.completion_tokens, usage.cached_prompt_tokens, logprobs)
 
     def tokenize(self, text: str) -> List[int]:
-        return list(self._stub.Tokenize(llm_pb2.TokenizeRequest(text=text),
-                                        timeout=self.timeout).token_ids)
+        return list(self._stub.Tokenize(llm_pb2.TokenizeRequest(text=text), timeout=self.timeout,
+                                        metadata=self._metadata).token_ids)
 
     def model_info(self) -> llm_pb2.ModelInfoResponse:
         """model, max_model_len, vocab_size, kv_cache_tokens."""
-        return self._stub.ModelInfo(llm_pb2.ModelInfoRequest(), timeout=self.timeout)
+        return self._stub.ModelInfo(llm_pb2.ModelInfoRequest(), timeout=self.timeout,
+                                    metadata=self._metadata)
