@@ -59,12 +59,23 @@ struct PagedKvView {
 //   [context_lens[i], context_lens[i] + q_len): the tokens before them are already cached,
 //   and the queries' own keys/values have been appended before attention runs, so sequence
 //   i attends causally over context_lens[i] + q_len keys.
+//   sliding_window W > 0 (Mistral's sliding_window, Gemma 3's sliding layers): a query at
+//   position p sees only keys at positions (p - W, p], W keys including its own (the mask of
+//   transformers' sliding_window_causal: q_idx - kv_idx < W); 0: every key up to p. The mask
+//   is defined once, here (VisibleKeyBegin), for every kernel and the references.
 struct AttentionBatch {
   int64_t num_seqs = 0;
   const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1]
   const int32_t* context_lens = nullptr;  // [num_seqs]
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
+  int64_t sliding_window = 0;  // 0: full causal attention
 };
+
+// The first key position a query at position `pos` sees (keys [VisibleKeyBegin, pos] are
+// visible; the causal limit is the other end).
+LLM_HOST_DEVICE int64_t VisibleKeyBegin(int64_t pos, int64_t sliding_window) {
+  return sliding_window > 0 && pos >= sliding_window ? pos - sliding_window + 1 : 0;
+}
 
 }  // namespace llm

@@ -46,6 +46,16 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   std::optional<int64_t> sliding_window;  // Mistral; null or absent = full attention
+  // Per layer: full causal attention or the sliding window (config.json "layer_types"; without
+  // it every layer slides when sliding_window is set). Size num_layers after FromJson.
+  enum class LayerType { kFull, kSliding };
+  std::vector<LayerType> layer_types;
+  // The window of layer `layer`'s attention (AttentionBatch::sliding_window): 0 = full.
+  int64_t SlidingWindowOf(int64_t layer) const {
+    return sliding_window && layer_types.at(static_cast<size_t>(layer)) == LayerType::kSliding
+               ? *sliding_window
+               : 0;
+  }
   int bos_token_id = 1;
   std::vector<int> eos_token_ids = {2};  // eos_token_id may be an int or a list
   std::string torch_dtype = "float32";

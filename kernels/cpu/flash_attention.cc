@@ -231,12 +231,18 @@ void ScoresDot(int64_t rows, int64_t n, int64_t hd, Scratch& sc) {
   tiles::ScoresFromRows(sc.q.data(), rows, hd, sc.k_rows, n, sc.s.data(), kKeys);
 }
 
-// Sets S[r][j] = -inf where key key0 + j lies right of row r's causal limit or j >= n.
+// Sets S[r][j] = -inf where key key0 + j lies right of row r's causal limit, left of its
+// sliding window (VisibleKeyBegin, kernels/paged_kv.h) or j >= n.
 void MaskScores(const Problem& p, const TileWork& w, int64_t key0, int64_t n, Scratch& sc) {
+  const int64_t window = p.batch->sliding_window;
   for (int64_t r = 0; r < RowsOf(p, w); ++r) {
     const int64_t pos = w.pos_begin + r / p.group;
     const int64_t num_visible = std::clamp<int64_t>(pos + 1 - key0, 0, n);
-    std::fill(sc.s.data() + r * kKeys + num_visible, sc.s.data() + (r + 1) * kKeys, -INFINITY);
+    const int64_t num_hidden =
+        std::clamp<int64_t>(VisibleKeyBegin(pos, window) - key0, 0, num_visible);
+    float* row = sc.s.data() + r * kKeys;
+    std::fill(row, row + num_hidden, -INFINITY);
+    std::fill(row + num_visible, row + kKeys, -INFINITY);
   }
 }
 
@@ -275,7 +281,9 @@ void AttendTile(const Problem& p, const TileWork& w, Scratch& sc) {
       ScoresTransposed(rows, n, p.head_dim, sc);
     }
     const bool is_diagonal = key0 + kKeys - 1 > w.pos_begin;  // some row may not see a key
-    if (is_diagonal || n < kKeys) MaskScores(p, w, key0, n, sc);
+    // ... or, with a sliding window, the last row may no longer see the tile's first key.
+    const bool leaves_window = key0 < VisibleKeyBegin(last_pos, p.batch->sliding_window);
+    if (is_diagonal || leaves_window || n < kKeys) MaskScores(p, w, key0, n, sc);
     SoftmaxTimesV(rows, n, p.head_dim, sc);
   }
 }
@@ -312,7 +320,10 @@ std::vector<TileWork> PrefillWork(const Problem& p) {
         w.token_begin = q_begin + tile * tile_tokens;
         w.num_tokens = std::min(tile_tokens, q_len - tile * tile_tokens);
         w.pos_begin = b.context_lens[seq] + tile * tile_tokens;
-        w.key_begin = 0;
+        // Key tiles wholly left of the first row's window are skipped; the tiles stay aligned
+        // to multiples of kTileKeys whatever the chunking, so that a row sums its keys in the
+        // same order in any batch (batch invariance).
+        w.key_begin = VisibleKeyBegin(w.pos_begin, b.sliding_window) / kKeys * kKeys;
         w.key_end = b.context_lens[seq] + q_len;
         work.push_back(w);
       }
@@ -361,8 +372,10 @@ DecodePlan PlanDecode(const Problem& p, int64_t requested_splits) {
   DecodePlan plan;
   for (int64_t seq = 0; seq < b.num_seqs; ++seq) {
     const int64_t num_keys = b.context_lens[seq] + 1;
-    const int64_t chunk = SplitChunk(num_keys, requested_splits);
-    const int64_t num_chunks = (num_keys + chunk - 1) / chunk;
+    // A sliding window: only its keys are split and read.
+    const int64_t first_key = VisibleKeyBegin(num_keys - 1, b.sliding_window);
+    const int64_t chunk = SplitChunk(num_keys - first_key, requested_splits);
+    const int64_t num_chunks = (num_keys - first_key + chunk - 1) / chunk;
     plan.max_splits = std::max(plan.max_splits, num_chunks);
     for (int64_t kv_head = 0; kv_head < p.kv.layout.num_kv_heads; ++kv_head) {
       plan.first_item.push_back(static_cast<int64_t>(plan.work.size()));
@@ -373,8 +386,8 @@ DecodePlan PlanDecode(const Problem& p, int64_t requested_splits) {
         w.token_begin = b.cu_seqlens_q[seq];
         w.num_tokens = 1;
         w.pos_begin = num_keys - 1;
-        w.key_begin = c * chunk;
-        w.key_end = std::min(num_keys, (c + 1) * chunk);
+        w.key_begin = first_key + c * chunk;
+        w.key_end = std::min(num_keys, first_key + (c + 1) * chunk);
         plan.work.push_back(w);
       }
     }
@@ -418,6 +431,17 @@ Problem MakeFp8Problem(const float* q, PagedKvView<const uint8_t> kv, Fp8KvScale
   return p;
 }
 
+// The keys AttendTile walks for a work item (its loop's range).
+int64_t KeysWalked(const TileWork& w) {
+  return std::max<int64_t>(0, std::min(w.key_end, w.pos_begin + w.num_tokens) - w.key_begin);
+}
+
+int64_t KeysWalked(const std::vector<TileWork>& work) {
+  int64_t keys = 0;
+  for (const TileWork& w : work) keys += KeysWalked(w);
+  return keys;
+}
+
 void RunPrefill(const Problem& p, float* out, AttentionStats* stats) {
   const std::vector<TileWork> work = PrefillWork(p);
   size_t scratch_bytes = 0;
@@ -435,6 +459,7 @@ void RunPrefill(const Problem& p, float* out, AttentionStats* stats) {
   if (stats != nullptr) {
     stats->scratch_bytes_per_thread = scratch_bytes;
     stats->num_splits = 0;
+    stats->keys_visited = KeysWalked(work);
   }
 }
 
@@ -467,6 +492,7 @@ void RunDecode(Problem& p, float* out, int64_t num_splits, AttentionStats* stats
   if (stats != nullptr) {
     stats->scratch_bytes_per_thread = scratch_bytes;
     stats->num_splits = plan.max_splits;
+    stats->keys_visited = KeysWalked(plan.work);
   }
 }
 
@@ -491,6 +517,8 @@ void PagedAttentionReferenceRow(const float* q, PagedKvView<const float> kv,
   const int64_t q0 = batch.cu_seqlens_q[seq], q_len = batch.cu_seqlens_q[seq + 1] - q0;
   const int64_t ctx = batch.context_lens[seq];
   const int64_t keys = causal ? ctx + (t - q0) + 1 : ctx + q_len;
+  // With a sliding window (causal only) the row's first visible key.
+  const int64_t first = causal ? VisibleKeyBegin(keys - 1, batch.sliding_window) : 0;
   const int32_t* table = batch.block_tables + seq * batch.max_blocks_per_seq;
   const float* qr = q + (t * num_heads + h) * hd;
   auto offset = [&](int64_t key) {
@@ -498,7 +526,7 @@ void PagedAttentionReferenceRow(const float* q, PagedKvView<const float> kv,
   };
   std::vector<double> s(static_cast<size_t>(keys));
   double mx = -INFINITY;
-  for (int64_t key = 0; key < keys; ++key) {
+  for (int64_t key = first; key < keys; ++key) {
     const float* k = kv.k + offset(key);
     double dot = 0;
     for (int64_t d = 0; d < hd; ++d) dot += double(qr[d]) * k[d];
@@ -507,7 +535,7 @@ void PagedAttentionReferenceRow(const float* q, PagedKvView<const float> kv,
   }
   double sum = 0;
   std::fill(out, out + hd, 0.0);
-  for (int64_t key = 0; key < keys; ++key) {
+  for (int64_t key = first; key < keys; ++key) {
     const double w = std::exp(s[size_t(key)] - mx);
     sum += w;
     const float* v = kv.v + offset(key);

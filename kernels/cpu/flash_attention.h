@@ -7,7 +7,9 @@
 //   kv:  one layer's paged pools (kernels/paged_kv.h)
 //   grouped-query attention: query head h reads KV head h / (num_heads / num_kv_heads)
 //   scale: softmax scale, normally 1/sqrt(head_dim); the flash kernels are causal (the plain
-//   PagedAttentionReference below takes either)
+//   PagedAttentionReference below takes either), with batch.sliding_window when it is set
+//   (kernels/paged_kv.h: VisibleKeyBegin); key tiles wholly left of a tile's window are
+//   skipped, not masked
 #pragma once
 
 #include <cstddef>
@@ -21,6 +23,9 @@ namespace llm::cpu {
 struct AttentionStats {
   size_t scratch_bytes_per_thread = 0;
   int64_t num_splits = 0;  // decode: KV splits used per sequence (max)
+  // Keys the work items walked (summed over items: query tiles or splits × KV heads): with a
+  // sliding window, only the tiles that reach into some row's window.
+  int64_t keys_visited = 0;
 };
 
 // Ragged prefill (each sequence may already have cached context: chunked prefill).

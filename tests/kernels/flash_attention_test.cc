@@ -42,6 +42,7 @@ struct PagedCase {
   int64_t block_size = 16;
   std::vector<int32_t> q_lens;
   std::vector<int32_t> context_lens;
+  int64_t sliding_window = 0;
 };
 
 struct PagedData {
@@ -93,7 +94,7 @@ PagedData MakePagedData(const PagedCase& c, std::mt19937& rng) {
   d.q = RandomVector(d.num_tokens * c.num_heads * c.head_dim, 2.f, rng);
   d.context_lens = c.context_lens;
   d.batch = {num_seqs, d.cu_seqlens_q.data(), d.context_lens.data(), d.block_tables.data(),
-             max_blocks};
+             max_blocks, c.sliding_window};
   return d;
 }
 
@@ -142,11 +143,12 @@ std::vector<float> Poisoned(size_t n) {
 }
 
 std::string Describe(const PagedCase& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "seqs=%zu heads=%lld/%lld hd=%lld bs=%lld tokens=%d",
+  char buf[180];
+  std::snprintf(buf, sizeof(buf), "seqs=%zu heads=%lld/%lld hd=%lld bs=%lld tokens=%d%s",
                 c.q_lens.size(), (long long)c.num_heads, (long long)c.num_kv_heads,
                 (long long)c.head_dim, (long long)c.block_size,
-                std::accumulate(c.q_lens.begin(), c.q_lens.end(), 0));
+                std::accumulate(c.q_lens.begin(), c.q_lens.end(), 0),
+                c.sliding_window > 0 ? (" W=" + std::to_string(c.sliding_window)).c_str() : "");
   return buf;
 }
 
@@ -421,6 +423,88 @@ TEST(PagedDecodeTest, SplitsMatchReferenceAndEachOther) {
     }
     EXPECT_LE(max_diff, kMaxRelError * max_abs);  // split == non-split within fp32 tolerance
   }
+}
+
+// Sliding windows (Mistral, Gemma 3): windows of one key, smaller than, equal to and larger
+// than a 64-key tile and than the sequences, over ragged, chunked (context offsets), GQA
+// batches of every block size: prefill and decode (split and not) against the reference.
+TEST(SlidingWindowTest, PrefillAndDecodeMatchReference) {
+  std::mt19937 rng(27);
+  double worst = 0;
+  for (int64_t window : {1, 5, 16, 63, 64, 65, 100, 1000, 5000}) {
+    for (int i = 0; i < test::Scaled(6, 2); ++i) {
+      PagedCase c = RandomCase(rng, i % 2 ? 200 : 30, 900);
+      c.sliding_window = window;
+      worst = std::max(worst, RunPrefillCase(c, rng));
+      std::fill(c.q_lens.begin(), c.q_lens.end(), 1);
+      const PagedData d = MakePagedData(c, rng);
+      AttentionStats stats;
+      for (int64_t splits : {0, 1, 3}) RunDecode(d, c, splits, &stats);
+    }
+  }
+  std::printf("sliding windows: worst prefill max rel err %.3g\n", worst);
+}
+
+// The reference's window is the definition: W = 1 returns each query's own value row; a
+// window at least as long as the sequence is full causal attention, bit for bit.
+TEST(SlidingWindowTest, ReferenceDefinition) {
+  std::mt19937 rng(28);
+  PagedCase c;
+  c.q_lens = {30, 7};
+  c.context_lens = {0, 41};
+  PagedData d = MakePagedData(c, rng);
+  const float scale = 1.f / std::sqrt(float(c.head_dim));
+  const size_t n = d.q.size();
+  std::vector<float> full(n), wide(n), one(n);
+  cpu::PagedAttentionReference(d.q.data(), d.View(), d.batch, c.num_heads, scale, full.data());
+  d.batch.sliding_window = 48;  // = the longest sequence
+  cpu::PagedAttentionReference(d.q.data(), d.View(), d.batch, c.num_heads, scale, wide.data());
+  EXPECT_EQ(full, wide);
+  d.batch.sliding_window = 1;
+  cpu::PagedAttentionReference(d.q.data(), d.View(), d.batch, c.num_heads, scale, one.data());
+  const int64_t hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int64_t t = d.cu_seqlens_q[s]; t < d.cu_seqlens_q[s + 1]; ++t) {
+      const int64_t pos = c.context_lens[s] + t - d.cu_seqlens_q[s];
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        const float* v = d.v.data() +
+                         d.layout.Offset(d.block_tables[s * d.batch.max_blocks_per_seq +
+                                                        pos / c.block_size],
+                                         h / group, pos % c.block_size);
+        for (int64_t i = 0; i < hd; ++i) {
+          ASSERT_NEAR(one[(t * c.num_heads + h) * hd + i], v[i], 1e-6);
+        }
+      }
+    }
+  }
+}
+
+// Tiles left of the window are not visited: decode at 4,000 keys with W = 100 walks at most
+// the window plus a tile per KV head, and prefill a small multiple of the window per tile.
+TEST(SlidingWindowTest, KeysLeftOfTheWindowAreSkipped) {
+  std::mt19937 rng(29);
+  PagedCase c;
+  c.q_lens = {1, 1};
+  c.context_lens = {3999, 2500};
+  c.sliding_window = 100;
+  const PagedData d = MakePagedData(c, rng);
+  AttentionStats stats;
+  RunDecode(d, c, 0, &stats);
+  EXPECT_EQ(stats.keys_visited, 2 * c.num_kv_heads * 100);
+  c.q_lens = {640};
+  c.context_lens = {3000};
+  const PagedData p = MakePagedData(c, rng);
+  std::vector<float> out(p.q.size());
+  PagedPrefillAttention(p.q.data(), p.View(), p.batch, c.num_heads,
+                        1.f / std::sqrt(float(c.head_dim)), out.data(), &stats);
+  const int64_t tiles = 640 / (64 / (c.num_heads / c.num_kv_heads)) * c.num_kv_heads;
+  EXPECT_GT(stats.keys_visited, 0);
+  EXPECT_LE(stats.keys_visited, tiles * (100 + 32 + 64));  // window + tile rows + alignment
+  c.sliding_window = 0;
+  const PagedData f = MakePagedData(c, rng);
+  PagedPrefillAttention(f.q.data(), f.View(), f.batch, c.num_heads,
+                        1.f / std::sqrt(float(c.head_dim)), out.data(), &stats);
+  EXPECT_GT(stats.keys_visited, tiles * 3000);
 }
 
 // One token per sequence appended through slot_mapping lands where the layout says, and
