@@ -16,6 +16,16 @@
 namespace llm {
 namespace {
 
+// Rows [begin, begin + count) of a matrix, pointing into it (with its fp8 row scales).
+cpu::WeightMatrix RowRange(const cpu::WeightMatrix& m, int64_t begin, int64_t count) {
+  cpu::WeightMatrix r = m;
+  r.data = static_cast<const std::byte*>(m.data) +
+           begin * m.cols * static_cast<int64_t>(DTypeSize(m.dtype));
+  r.rows = count;
+  if (m.scales != nullptr) r.scales = m.scales + begin;
+  return r;
+}
+
 // Converts `count` elements of `src` (any dtype) to fp32.
 void ToF32(const TensorView& src, float* dst, int64_t count) {
   cpu::WeightMatrix m{src.dtype, src.data, 1, count};
@@ -98,6 +108,7 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
   // is the embedding matrix.
   m->layers_.resize(static_cast<size_t>(c.num_layers));
   bool has_head = false;
+  const bool offset_norms = spec.features.norm == NormStyle::kRmsNormOffset;
   auto load = [&](const WeightSpec& w, int64_t layer) {
     const std::string name = WeightName(w, layer);
     const std::vector<int64_t> shape = WeightShape(w, c);
@@ -106,10 +117,28 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
       if (c.tie_word_embeddings && !has_head) return;
     }
     if (w.cols == Dim::kNone) {
-      *m->VectorOf(w.role, layer) = m->Vector(name, shape[0]);
+      std::vector<float> v = m->Vector(name, shape[0]);
+      const bool is_norm = w.role != WeightRole::kQBias && w.role != WeightRole::kKBias &&
+                           w.role != WeightRole::kVBias;
+      if (offset_norms && is_norm) {
+        for (float& x : v) x += 1.f;  // Gemma: x / rms(x) · (1 + w), in fp32 as transformers
+      }
+      *m->VectorOf(w.role, layer) = std::move(v);
+      return;
+    }
+    const cpu::WeightMatrix matrix =
+        w.is_linear ? m->LinearMatrix(name, shape) : m->Matrix(name, shape);
+    Layer* l = layer >= 0 ? &m->layers_[static_cast<size_t>(layer)] : nullptr;
+    if (w.role == WeightRole::kQkvProj) {  // Phi-3: rows q | k | v of one matrix
+      const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+      l->q = RowRange(matrix, 0, q_dim);
+      l->k = RowRange(matrix, q_dim, kv_dim);
+      l->v = RowRange(matrix, q_dim + kv_dim, kv_dim);
+    } else if (w.role == WeightRole::kGateUpProj) {  // rows gate | up
+      l->gate = RowRange(matrix, 0, c.intermediate_size);
+      l->up = RowRange(matrix, c.intermediate_size, c.intermediate_size);
     } else {
-      *m->MatrixOf(w.role, layer) =
-          w.is_linear ? m->LinearMatrix(name, shape) : m->Matrix(name, shape);
+      *m->MatrixOf(w.role, layer) = matrix;
     }
   };
   for (const WeightSpec& w : spec.weights) {
@@ -121,7 +150,14 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
       if (w.per_layer) load(w, i);
     }
   }
+  m->features_ = spec.features;
   m->inv_freq_ = RopeInvFreq(c);
+  if (c.sliding_rope) m->sliding_inv_freq_ = RopeInvFreq(*c.sliding_rope, c.head_dim);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    Layer& l = m->layers_[static_cast<size_t>(i)];
+    l.sliding_window = c.SlidingWindowOf(i);
+    l.inv_freq = c.sliding_rope && l.sliding_window > 0 ? &m->sliding_inv_freq_ : &m->inv_freq_;
+  }
   return m;
 }
 
@@ -164,6 +200,20 @@ std::vector<float>* CpuModel::VectorOf(WeightRole role, int64_t layer) {
       return &l.input_norm;
     case WeightRole::kPostAttentionNorm:
       return &l.post_attention_norm;
+    case WeightRole::kQBias:
+      return &l.q_bias;
+    case WeightRole::kKBias:
+      return &l.k_bias;
+    case WeightRole::kVBias:
+      return &l.v_bias;
+    case WeightRole::kQNorm:
+      return &l.q_norm;
+    case WeightRole::kKNorm:
+      return &l.k_norm;
+    case WeightRole::kAttnOutputNorm:
+      return &l.attn_out_norm;
+    case WeightRole::kMlpOutputNorm:
+      return &l.mlp_out_norm;
     default:
       throw std::logic_error("CpuModel: weight role " + std::to_string(static_cast<int>(role)) +
                              " is not a vector");
@@ -190,8 +240,19 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
   cpu::Linear(normed, layer.q, q.data(), n);
   cpu::Linear(normed, layer.k, k.data(), n);
   cpu::Linear(normed, layer.v, v.data(), n);
-  cpu::ApplyRope(q.data(), n, c.num_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
-  cpu::ApplyRope(k.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), inv_freq_.data());
+  if (features_.attention_bias) {
+    cpu::AddBias(q.data(), layer.q_bias.data(), n, q_dim);
+    cpu::AddBias(k.data(), layer.k_bias.data(), n, kv_dim);
+    cpu::AddBias(v.data(), layer.v_bias.data(), n, kv_dim);
+  }
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (features_.qk_norm) {  // each head's row normalized on its own
+    cpu::RmsNorm(q.data(), layer.q_norm.data(), q.data(), n * c.num_heads, c.head_dim, eps);
+    cpu::RmsNorm(k.data(), layer.k_norm.data(), k.data(), n * c.num_kv_heads, c.head_dim, eps);
+  }
+  const float* inv_freq = layer.inv_freq->data();
+  cpu::ApplyRope(q.data(), n, c.num_heads, c.head_dim, batch.positions.data(), inv_freq);
+  cpu::ApplyRope(k.data(), n, c.num_kv_heads, c.head_dim, batch.positions.data(), inv_freq);
   // fp32 pools, or fp8 pools (--kv-cache-dtype fp8: quantized on append, dequantized tile by
   // tile inside the attention kernels).
   const bool fp8 = kv.dtype() == KvCacheDType::kFp8E4m3;
@@ -206,15 +267,19 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
   }
   const PagedKvView<const float> read_kv{layer_kv.k, layer_kv.v, layer_kv.layout};
   const PagedKvView<const uint8_t> read_kv8{layer_kv8.k, layer_kv8.v, layer_kv8.layout};
-  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale = c.AttentionScale();
   // Batch-invariant mode runs decode tokens through the prefill kernel too: one code path
   // per query row, so a token's logits are bit-identical alone, batched, chunked or
   // recomputed after preemption (the split-KV decode kernel merges partial softmax states
   // in a different order than a straight pass).
   const int64_t num_decode = batch.is_batch_invariant ? 0 : batch.num_decode_seqs;
   if (num_decode > 0) {
-    AttentionBatch decode{num_decode, batch.cu_seqlens_q.data(), batch.context_lens.data(),
-                          batch.block_tables.data(), batch.max_blocks_per_seq};
+    AttentionBatch decode{num_decode,
+                          batch.cu_seqlens_q.data(),
+                          batch.context_lens.data(),
+                          batch.block_tables.data(),
+                          batch.max_blocks_per_seq,
+                          layer.sliding_window};
     if (fp8) {
       cpu::PagedDecodeAttention(q.data(), read_kv8, kv.fp8_scales(), decode, c.num_heads, scale,
                                 attn.data());
@@ -229,7 +294,7 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
     AttentionBatch prefill{batch.num_seqs() - num_decode, cu.data(),
                            batch.context_lens.data() + num_decode,
                            batch.block_tables.data() + num_decode * batch.max_blocks_per_seq,
-                           batch.max_blocks_per_seq};
+                           batch.max_blocks_per_seq, layer.sliding_window};
     if (fp8) {
       cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv8, kv.fp8_scales(), prefill,
                                  c.num_heads, scale, attn.data() + num_decode * q_dim);
@@ -239,6 +304,9 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
     }
   }
   cpu::Linear(attn.data(), layer.o, out, n);
+  if (features_.sandwich_norms) {
+    cpu::RmsNorm(out, layer.attn_out_norm.data(), out, n, c.hidden_size, eps);
+  }
 }
 
 void CpuModel::Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const {
@@ -247,8 +315,16 @@ void CpuModel::Mlp(const Layer& layer, const float* normed, float* out, int64_t 
   std::vector<float> up(static_cast<size_t>(num_tokens * inter));
   cpu::Linear(normed, layer.gate, gate.data(), num_tokens);
   cpu::Linear(normed, layer.up, up.data(), num_tokens);
-  cpu::SiluMul(gate.data(), up.data(), gate.data(), num_tokens * inter);
+  if (features_.mlp == MlpKind::kGeGluTanh) {
+    cpu::GeluTanhMul(gate.data(), up.data(), gate.data(), num_tokens * inter);
+  } else {
+    cpu::SiluMul(gate.data(), up.data(), gate.data(), num_tokens * inter);
+  }
   cpu::Linear(gate.data(), layer.down, out, num_tokens);
+  if (features_.sandwich_norms) {
+    cpu::RmsNorm(out, layer.mlp_out_norm.data(), out, num_tokens, config_.hidden_size,
+                 static_cast<float>(config_.rms_norm_eps));
+  }
 }
 
 std::vector<float> CpuModel::Forward(const ForwardBatch& batch, KvCachePool& kv) const {
@@ -266,6 +342,10 @@ std::vector<float> CpuModel::Forward(const ForwardBatch& batch, KvCachePool& kv)
                   std::to_string(c.vocab_size) + ")");
     }
     cpu::LoadRow(embed_, id, x.data() + t * hidden);
+  }
+  if (features_.scale_embeddings) {  // Gemma: × sqrt(hidden), rounded to float as transformers
+    const float s = static_cast<float>(std::sqrt(static_cast<double>(hidden)));
+    for (float& v : x) v *= s;
   }
   std::vector<float> normed(x.size()), delta(x.size());
   const float eps = static_cast<float>(c.rms_norm_eps);

@@ -1,13 +1,17 @@
 // The CPU backend's forward pass (fp32 compute; weights f32, bf16 or f16, or FP8 e4m3 linear
 // layers with per-row scales under --quantization fp8): the one layer skeleton of the
 // registry's architectures (engine/model/architecture.h), loaded by walking the spec's weight
-// list. Today the registry holds the Llama decoder:
+// list. The Llama decoder, with the hooks the other architectures' features gate ([...]):
 //
-//   tokens ─ embed ─┬─ RMSNorm ─ q,k,v proj ─ RoPE ─ KV append ─ attention ─ o proj ─(+)─┐
-//                   └────────────────────────────────────────────────────────────────────┘
-//                   ┌─ RMSNorm ─ gate,up proj ─ SiLU·mul ─ down proj ─(+)─┐  × num_layers
-//                   └─────────────────────────────────────────────────────┘
-//                   ─ RMSNorm ─ lm_head (tied to embed_tokens when the config says so) ─ logits
+//   tokens ─ embed [× sqrt(hidden)] ─┬─ RMSNorm ─ q,k,v proj [+ bias] [─ q/k RMSNorm] ─ RoPE ─
+//     KV append ─ attention [sliding window] ─ o proj [─ RMSNorm] ─(+)─┐
+//   ─────────────────────────────────┴───────────────────────────────────┘
+//   ┌─ RMSNorm ─ gate,up proj ─ SiLU·mul [GELU-tanh·mul] ─ down proj [─ RMSNorm] ─(+)─┐ × layers
+//   └────────────────────────────────────────────────────────────────────────────────┘
+//   ─ RMSNorm ─ lm_head (tied to embed_tokens when the config says so) ─ logits
+//
+// Gemma's (1 + w) RMSNorms are ordinary ones over 1 + w, added at load; Phi-3's packed
+// qkv_proj / gate_up_proj are split at load into row ranges of the one matrix (no copy).
 //
 // Attention is FlashAttention over the paged KV cache (kernels/cpu/flash_attention.h): the
 // new tokens' keys and values are appended into their slots, then decode sequences use the
@@ -69,6 +73,11 @@ class CpuModel {
   struct Layer {
     std::vector<float> input_norm, post_attention_norm;  // [hidden]
     cpu::WeightMatrix q, k, v, o, gate, up, down;
+    std::vector<float> q_bias, k_bias, v_bias;         // attention_bias
+    std::vector<float> q_norm, k_norm;                 // qk_norm: [head_dim]
+    std::vector<float> attn_out_norm, mlp_out_norm;    // sandwich_norms: [hidden]
+    const std::vector<float>* inv_freq = nullptr;      // this layer's RoPE
+    int64_t sliding_window = 0;
   };
   CpuModel() = default;
   cpu::WeightMatrix Matrix(const std::string& name, std::vector<int64_t> shape);
@@ -92,7 +101,9 @@ class CpuModel {
   cpu::WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_;          // [head_dim / 2]: full-attention layers
+  std::vector<float> sliding_inv_freq_;  // sliding layers with a RoPE of their own (Gemma 3)
+  ArchitectureFeatures features_;
 };
 
 }  // namespace llm

@@ -40,15 +40,120 @@ std::vector<WeightSpec> LlamaWeights() {
   };
 }
 
+// A per-layer vector of the attention block ("model.layers.{L}.self_attn.<name>").
+WeightSpec AttnVector(R role, std::string_view name, Dim rows, TpSplit tp) {
+  return {role, name, true, rows, Dim::kNone, FusedSlot::kNone, tp, false};
+}
+
+// `list` with `extra` inserted after the entry of role `after`.
+std::vector<WeightSpec> InsertAfter(std::vector<WeightSpec> list, R after,
+                                    const std::vector<WeightSpec>& extra) {
+  auto at = list.begin();
+  while (at != list.end() && at->role != after) ++at;
+  if (at == list.end()) throw std::logic_error("architecture table: no role to insert after");
+  list.insert(at + 1, extra.begin(), extra.end());
+  return list;
+}
+
+// Qwen2: Llama's weights with q/k/v biases.
+std::vector<WeightSpec> Qwen2Weights() {
+  return InsertAfter(
+      LlamaWeights(), R::kVProj,
+      {AttnVector(R::kQBias, "model.layers.{L}.self_attn.q_proj.bias", Dim::kQDim,
+                  TpSplit::kQHeadRows),
+       AttnVector(R::kKBias, "model.layers.{L}.self_attn.k_proj.bias", Dim::kKvDim,
+                  TpSplit::kKvHeadRows),
+       AttnVector(R::kVBias, "model.layers.{L}.self_attn.v_proj.bias", Dim::kKvDim,
+                  TpSplit::kKvHeadRows)});
+}
+
+std::vector<WeightSpec> QkNorms() {
+  return {AttnVector(R::kQNorm, "model.layers.{L}.self_attn.q_norm.weight", Dim::kHeadDim,
+                     TpSplit::kReplicated),
+          AttnVector(R::kKNorm, "model.layers.{L}.self_attn.k_norm.weight", Dim::kHeadDim,
+                     TpSplit::kReplicated)};
+}
+
+// Qwen3: Llama's weights with per-head q/k RMSNorms.
+std::vector<WeightSpec> Qwen3Weights() { return InsertAfter(LlamaWeights(), R::kOProj, QkNorms()); }
+
+// Phi-3: q|k|v and gate|up packed in one tensor each (split at load by the CPU backend; the
+// packed rows are the CUDA backend's fused matrices as they are).
+std::vector<WeightSpec> Phi3Weights() {
+  std::vector<WeightSpec> out;
+  for (const WeightSpec& w : LlamaWeights()) {
+    if (w.role == R::kQProj) {
+      out.push_back({R::kQkvProj, "model.layers.{L}.self_attn.qkv_proj.weight", true,
+                     Dim::kQkvDim, Dim::kHidden, FusedSlot::kQkv, TpSplit::kReplicated, true});
+    } else if (w.role == R::kGateProj) {
+      out.push_back({R::kGateUpProj, "model.layers.{L}.mlp.gate_up_proj.weight", true,
+                     Dim::kGateUpDim, Dim::kHidden, FusedSlot::kGateUp, TpSplit::kReplicated,
+                     true});
+    } else if (w.role != R::kKProj && w.role != R::kVProj && w.role != R::kUpProj) {
+      out.push_back(w);
+    }
+  }
+  return out;
+}
+
+// Gemma 3 (text): q/k norms, and the sandwich norms. Its checkpoint's
+// post_attention_layernorm normalizes the attention output and pre_feedforward_layernorm is
+// the norm before the MLP (Llama's post_attention_layernorm role).
+std::vector<WeightSpec> Gemma3Weights() {
+  std::vector<WeightSpec> out = InsertAfter(LlamaWeights(), R::kOProj, QkNorms());
+  for (WeightSpec& w : out) {
+    if (w.role == R::kPostAttentionNorm) w.name = "model.layers.{L}.pre_feedforward_layernorm.weight";
+  }
+  const WeightSpec norm{R::kAttnOutputNorm, "model.layers.{L}.post_attention_layernorm.weight",
+                        true, Dim::kHidden, Dim::kNone, FusedSlot::kNone, TpSplit::kReplicated,
+                        false};
+  out = InsertAfter(out, R::kKNorm, {norm});
+  WeightSpec mlp_norm = norm;
+  mlp_norm.role = R::kMlpOutputNorm;
+  mlp_norm.name = "model.layers.{L}.post_feedforward_layernorm.weight";
+  return InsertAfter(out, R::kDownProj, {mlp_norm});
+}
+
+ArchitectureFeatures Qwen2Features() {
+  ArchitectureFeatures f;
+  f.attention_bias = true;
+  return f;
+}
+
+ArchitectureFeatures Qwen3Features() {
+  ArchitectureFeatures f;
+  f.qk_norm = true;
+  return f;
+}
+
+ArchitectureFeatures Phi3Features() {
+  ArchitectureFeatures f;
+  f.packed_projections = true;
+  return f;
+}
+
+ArchitectureFeatures Gemma3Features() {
+  ArchitectureFeatures f;
+  f.qk_norm = true;
+  f.norm = NormStyle::kRmsNormOffset;
+  f.mlp = MlpKind::kGeGluTanh;
+  f.sandwich_norms = true;
+  f.scale_embeddings = true;
+  return f;
+}
+
 // The table. Mistral's checkpoints are Llama's (vLLM maps MistralForCausalLM to LlamaForCausalLM
-// too); its sliding window is a config field, refused by RequireBackendSupport until a backend
-// implements it.
+// too); its sliding window is a config field (ModelConfig::layer_types).
 const std::vector<ArchitectureSpec>& Table() {
   static const std::vector<ArchitectureSpec> table = {
       {"llama",
        {{"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}},
        ArchitectureFeatures{},
        LlamaWeights()},
+      {"qwen2", {{"Qwen2ForCausalLM", "qwen2"}}, Qwen2Features(), Qwen2Weights()},
+      {"qwen3", {{"Qwen3ForCausalLM", "qwen3"}}, Qwen3Features(), Qwen3Weights()},
+      {"phi3", {{"Phi3ForCausalLM", "phi3"}}, Phi3Features(), Phi3Weights()},
+      {"gemma3", {{"Gemma3ForCausalLM", "gemma3_text"}}, Gemma3Features(), Gemma3Weights()},
   };
   return table;
 }
@@ -68,6 +173,10 @@ std::string JoinClasses(Pred field) {
 }  // namespace
 
 std::span<const ArchitectureSpec> Architectures() { return Table(); }
+
+std::string_view ActivationName(MlpKind mlp) {
+  return mlp == MlpKind::kGeGluTanh ? "gelu_pytorch_tanh" : "silu";
+}
 
 const ArchitectureSpec* FindArchitecture(std::string_view hf_class) {
   for (const ArchitectureSpec& a : Table()) {
@@ -139,6 +248,12 @@ int64_t DimSize(Dim d, const ModelConfig& c) {
       return c.num_kv_heads * c.head_dim;
     case Dim::kIntermediate:
       return c.intermediate_size;
+    case Dim::kHeadDim:
+      return c.head_dim;
+    case Dim::kQkvDim:
+      return (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+    case Dim::kGateUpDim:
+      return 2 * c.intermediate_size;
   }
   return 0;
 }
@@ -148,10 +263,15 @@ std::vector<int64_t> WeightShape(const WeightSpec& w, const ModelConfig& c) {
   return {DimSize(w.rows, c), DimSize(w.cols, c)};
 }
 
-const WeightSpec& WeightOf(const ArchitectureSpec& spec, WeightRole role) {
+const WeightSpec* FindWeight(const ArchitectureSpec& spec, WeightRole role) {
   for (const WeightSpec& w : spec.weights) {
-    if (w.role == role) return w;
+    if (w.role == role) return &w;
   }
+  return nullptr;
+}
+
+const WeightSpec& WeightOf(const ArchitectureSpec& spec, WeightRole role) {
+  if (const WeightSpec* w = FindWeight(spec, role)) return *w;
   throw std::logic_error("architecture " + std::string(spec.name) + " has no weight of role " +
                          std::to_string(static_cast<int>(role)));
 }
@@ -202,12 +322,6 @@ void RequireBackendSupport(const ModelConfig& config, const BackendSupport& back
 void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& spec,
                            const BackendSupport& backend) {
   const std::string where = "the " + std::string(backend.backend) + " backend";
-  if (config.sliding_window && !backend.sliding_window) {
-    throw Error("config.json: field 'sliding_window' is " + std::to_string(*config.sliding_window) +
-                ": " + where +
-                " has no sliding-window attention yet (set it to null to attend to every "
-                "token, which changes the model's output past the window)");
-  }
   const std::string arch =
       "architecture " + config.architecture + " (" + std::string(spec.name) + ") needs ";
   if (spec.features.attention_bias && !backend.attention_bias) {
@@ -215,6 +329,25 @@ void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& sp
   }
   if (spec.features.qk_norm && !backend.qk_norm) {
     throw Error(arch + "per-head q/k norms (qk_norm), which " + where + " does not implement");
+  }
+  const ArchitectureFeatures& f = spec.features;
+  if ((f.norm != NormStyle::kRmsNorm || f.mlp != MlpKind::kSwiGlu || f.sandwich_norms ||
+       f.scale_embeddings) &&
+      !backend.gemma) {
+    throw Error(arch +
+                "Gemma's layer ((1 + w) RMSNorms, GeGLU, sandwich norms, scaled embeddings), "
+                "which " +
+                where + " does not implement yet");
+  }
+  if (f.packed_projections && !backend.packed) {
+    throw Error(arch + "packed qkv_proj / gate_up_proj tensors, which " + where +
+                " does not load yet");
+  }
+  if (config.sliding_window && !backend.sliding_window) {
+    throw Error("config.json: field 'sliding_window' is " + std::to_string(*config.sliding_window) +
+                ": " + where +
+                " has no sliding-window attention yet (set it to null to attend to every "
+                "token, which changes the model's output past the window)");
   }
 }
 

@@ -36,10 +36,30 @@ enum class WeightRole {
   kGateProj,           // per layer [intermediate, hidden]
   kUpProj,             // per layer [intermediate, hidden]
   kDownProj,           // per layer [hidden, intermediate]
+  // Beyond the Llama skeleton (each gated by an ArchitectureFeatures field):
+  kQBias,            // per layer [q_dim]  (attention_bias: Qwen2)
+  kKBias,            // per layer [kv_dim]
+  kVBias,            // per layer [kv_dim]
+  kQNorm,            // per layer [head_dim], RMSNorm of each query head (qk_norm: Qwen3, Gemma 3)
+  kKNorm,            // per layer [head_dim]
+  kAttnOutputNorm,   // per layer [hidden], of the attention output (sandwich_norms: Gemma 3)
+  kMlpOutputNorm,    // per layer [hidden], of the MLP output
+  kQkvProj,          // per layer [q_dim + 2 kv_dim, hidden]: q|k|v packed in one tensor (Phi-3)
+  kGateUpProj,       // per layer [2 intermediate, hidden]: gate|up packed (Phi-3)
 };
 
 // A dimension of a weight's shape, resolved against a config (WeightShape).
-enum class Dim { kNone, kHidden, kVocab, kQDim, kKvDim, kIntermediate };
+enum class Dim {
+  kNone,
+  kHidden,
+  kVocab,
+  kQDim,
+  kKvDim,
+  kIntermediate,
+  kHeadDim,
+  kQkvDim,     // q_dim + 2 kv_dim
+  kGateUpDim,  // 2 intermediate
+};
 
 // The matrix a linear weight lands in on the backends that fuse them (the CUDA backend runs
 // q|k|v and gate|up as one GEMM each): members of one slot are stacked by rows in the
@@ -66,17 +86,29 @@ struct WeightSpec {
   bool is_linear;  // a projection: quantized by --quantization fp8, run as a GEMM
 };
 
-enum class NormStyle { kRmsNorm };  // x / rms(x) · w
-enum class MlpKind { kSwiGlu };     // down(silu(gate(x)) · up(x))
+enum class NormStyle {
+  kRmsNorm,        // x / rms(x) · w
+  kRmsNormOffset,  // x / rms(x) · (1 + w)  (Gemma: the checkpoint stores w; loaders add 1)
+};
+enum class MlpKind {
+  kSwiGlu,      // down(silu(gate(x)) · up(x))
+  kGeGluTanh,   // down(gelu_tanh(gate(x)) · up(x))  (Gemma: hidden_activation gelu_pytorch_tanh)
+};
+// The config.json activation an MLP kind computes ("silu", "gelu_pytorch_tanh").
+std::string_view ActivationName(MlpKind mlp);
 
-// What distinguishes one architecture's forward from another's. The next architectures set
-// these (Qwen2: attention_bias; Qwen3: qk_norm; Gemma 3: its norms); the backends gate their
-// hooks on them.
+// What distinguishes one architecture's forward from another's; the backends gate their
+// hooks on them (and RequireBackendSupport refuses those a backend lacks).
 struct ArchitectureFeatures {
-  bool attention_bias = false;  // q/k/v projections carry biases
-  bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE
+  bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
+  bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
   NormStyle norm = NormStyle::kRmsNorm;
   MlpKind mlp = MlpKind::kSwiGlu;
+  // Gemma 3: the attention and MLP outputs are normalized before the residual add
+  // (kAttnOutputNorm, kMlpOutputNorm); kPostAttentionNorm is then its pre_feedforward norm.
+  bool sandwich_norms = false;
+  bool scale_embeddings = false;    // embeddings × sqrt(hidden) (Gemma)
+  bool packed_projections = false;  // q|k|v and gate|up stored packed (kQkvProj, kGateUpProj)
 };
 
 struct ArchitectureSpec {
@@ -112,8 +144,10 @@ const ArchitectureSpec& ArchitectureOf(const ModelConfig& config);
 std::string WeightName(const WeightSpec& w, int64_t layer);
 std::vector<int64_t> WeightShape(const WeightSpec& w, const ModelConfig& config);
 int64_t DimSize(Dim d, const ModelConfig& config);
-// The spec's entry for `role` (every spec has the roles of the Llama skeleton).
+// The spec's entry for `role` (every spec has the global roles of the Llama skeleton); the
+// second form is nullptr when the spec has none.
 const WeightSpec& WeightOf(const ArchitectureSpec& spec, WeightRole role);
+const WeightSpec* FindWeight(const ArchitectureSpec& spec, WeightRole role);
 
 // The tensors a checkpoint of this config must contain, with their shapes (lm_head only when
 // not tied), in the registry's order: the leading globals, layer by layer, the other globals.
@@ -143,8 +177,10 @@ struct BackendSupport {
   bool sliding_window = false;
   bool attention_bias = false;
   bool qk_norm = false;
+  bool gemma = false;   // (1 + w) norms, GeGLU, sandwich norms, scaled embeddings
+  bool packed = false;  // packed q|k|v and gate|up tensors
 };
-inline constexpr BackendSupport kCpuBackendSupport{"cpu"};
+inline constexpr BackendSupport kCpuBackendSupport{"cpu", true, true, true, true, true};
 inline constexpr BackendSupport kCudaBackendSupport{"cuda"};
 void RequireBackendSupport(const ModelConfig& config, const BackendSupport& backend);
 void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& spec,

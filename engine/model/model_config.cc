@@ -136,7 +136,13 @@ std::string ParseArchitecture(const Fields& f) {
     }
     arch = (*archs)[0].get<std::string>();
     if (FindArchitecture(arch) == nullptr) {
-      f.Fail("architectures", "is '" + arch + "', supported: " + supported_architectures);
+      // Mixture-of-experts checkpoints (Mixtral, Qwen3-MoE, ...) say so by their expert count.
+      const bool moe = f.Get("num_local_experts") != nullptr || f.Get("num_experts") != nullptr ||
+                       f.Get("n_routed_experts") != nullptr;
+      f.Fail("architectures",
+             "is '" + arch + "'" +
+                 (moe ? ", a mixture-of-experts model, which this engine does not serve yet" : "") +
+                 "; supported: " + supported_architectures);
     }
   }
   std::optional<std::string> model_type = f.String("model_type");
@@ -150,15 +156,21 @@ std::string ParseArchitecture(const Fields& f) {
   return arch;
 }
 
-RopeScaling ParseRopeScaling(const Fields& f, const std::string& source) {
+// A rope_scaling object (transformers 4) or one rope_parameters entry (transformers 5, which
+// holds rope_theta too): `field` names it in errors.
+RopeScaling ParseRopeScaling(const Fields& f, const std::string& field, const json* v,
+                             const std::string& source) {
   RopeScaling rs;
-  const json* v = f.Get("rope_scaling");
   if (v == nullptr) return rs;
-  if (!v->is_object()) f.Fail("rope_scaling", "must be an object or null, got " + Fields::Text(*v));
-  Fields r(*v, source, "rope_scaling.");
+  if (!v->is_object()) f.Fail(field, "must be an object or null, got " + Fields::Text(*v));
+  Fields r(*v, source, field + ".");
+  if (std::optional<double> partial = r.Double("partial_rotary_factor"); partial && *partial != 1) {
+    r.Fail("partial_rotary_factor", "is " + Fields::Text(*r.Get("partial_rotary_factor")) +
+                                        "; only full rotary embeddings (1.0) are supported");
+  }
   std::optional<std::string> type = r.String("rope_type");
   if (!type) type = r.String("type");
-  if (!type) f.Fail("rope_scaling", "has neither 'rope_type' nor 'type'");
+  if (!type) f.Fail(field, "has neither 'rope_type' nor 'type'");
   if (*type == "default") return rs;
   if (*type == "linear") {
     rs.type = RopeScaling::Type::kLinear;
@@ -166,7 +178,7 @@ RopeScaling ParseRopeScaling(const Fields& f, const std::string& source) {
     return rs;
   }
   if (*type != "llama3") {
-    f.Fail("rope_scaling", "has type '" + *type + "', supported: default, linear, llama3");
+    f.Fail(field, "has type '" + *type + "', supported: default, linear, llama3");
   }
   rs.type = RopeScaling::Type::kLlama3;
   rs.factor = r.PositiveDouble("factor", std::nullopt);
@@ -176,17 +188,127 @@ RopeScaling ParseRopeScaling(const Fields& f, const std::string& source) {
       r.Positive("original_max_position_embeddings", std::nullopt);
   // The llama3 formula divides by (high - low).
   if (rs.high_freq_factor <= rs.low_freq_factor) {
-    f.Fail("rope_scaling", "needs high_freq_factor > low_freq_factor");
+    f.Fail(field, "needs high_freq_factor > low_freq_factor");
   }
   return rs;
 }
 
+// One transformers 5 rope_parameters entry: {rope_theta, rope_type, ...}.
+RopeParameters ParseRopeEntry(const Fields& f, const std::string& field, const json& v,
+                              const std::string& source) {
+  RopeParameters rp;
+  rp.scaling = ParseRopeScaling(f, field, &v, source);
+  rp.theta = Fields(v, source, field + ".").PositiveDouble("rope_theta", 10000.0);
+  return rp;
+}
+
+// The RoPE of both config formats: transformers 5's "rope_parameters" (one entry, or one per
+// layer type: "full_attention", "sliding_attention"), else transformers 4's "rope_theta" +
+// "rope_scaling" (+ Gemma 3's "rope_local_base_freq" for its sliding layers).
+void ParseRope(const Fields& f, const std::string& source, ModelConfig* c) {
+  if (std::optional<double> partial = f.Double("partial_rotary_factor"); partial && *partial != 1) {
+    f.Fail("partial_rotary_factor", "is " + Fields::Text(*f.Get("partial_rotary_factor")) +
+                                        "; only full rotary embeddings (1.0) are supported");
+  }
+  if (const json* p = f.Get("rope_parameters")) {
+    if (!p->is_object()) f.Fail("rope_parameters", "must be an object, got " + Fields::Text(*p));
+    const bool per_type = p->contains("full_attention") || p->contains("sliding_attention");
+    if (!per_type) {
+      const RopeParameters rp = ParseRopeEntry(f, "rope_parameters", *p, source);
+      c->rope_theta = rp.theta;
+      c->rope_scaling = rp.scaling;
+      return;
+    }
+    for (const auto& [key, value] : p->items()) {
+      if (key != "full_attention" && key != "sliding_attention") {
+        f.Fail("rope_parameters", "has an entry '" + key +
+                                      "' (per layer type: full_attention, sliding_attention)");
+      }
+    }
+    if (!p->contains("full_attention")) f.Fail("rope_parameters", "has no 'full_attention' entry");
+    const RopeParameters full =
+        ParseRopeEntry(f, "rope_parameters.full_attention", p->at("full_attention"), source);
+    c->rope_theta = full.theta;
+    c->rope_scaling = full.scaling;
+    if (p->contains("sliding_attention")) {
+      c->sliding_rope = ParseRopeEntry(f, "rope_parameters.sliding_attention",
+                                       p->at("sliding_attention"), source);
+    }
+    return;
+  }
+  c->rope_theta = f.PositiveDouble("rope_theta", 10000.0);
+  c->rope_scaling = ParseRopeScaling(f, "rope_scaling", f.Get("rope_scaling"), source);
+  if (std::optional<double> local = f.Double("rope_local_base_freq")) {
+    c->sliding_rope = RopeParameters{f.PositiveDouble("rope_local_base_freq", std::nullopt), {}};
+  }
+}
+
+// Which layers slide: "layer_types" (transformers 5, and late 4.x), else the family's older
+// rule: Gemma 3's sliding_window_pattern (every pattern-th layer is full), Qwen's
+// use_sliding_window + max_window_layers (layers from max_window_layers on slide), else every
+// layer when sliding_window is set. Normalizes sliding_window to null when no layer slides.
+void ParseLayerTypes(const Fields& f, ModelConfig* c) {
+  using LT = ModelConfig::LayerType;
+  const size_t n = static_cast<size_t>(c->num_layers);
+  if (f.Bool("use_sliding_window") == false) c->sliding_window.reset();
+  if (const json* types = f.Get("layer_types")) {
+    if (!types->is_array() || types->size() != n) {
+      f.Fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(n) +
+                                ") entries, got " + Fields::Text(*types));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const json& t = (*types)[i];
+      if (t == "full_attention") {
+        c->layer_types.push_back(LT::kFull);
+      } else if (t == "sliding_attention") {
+        c->layer_types.push_back(LT::kSliding);
+      } else {
+        f.Fail("layer_types[" + std::to_string(i) + "]",
+               "is " + Fields::Text(t) + ", supported: full_attention, sliding_attention");
+      }
+    }
+  } else if (std::optional<int64_t> pattern = f.Int("sliding_window_pattern")) {
+    if (*pattern <= 0) f.Fail("sliding_window_pattern", "must be positive");
+    for (size_t i = 0; i < n; ++i) {
+      c->layer_types.push_back((int64_t(i) + 1) % *pattern == 0 ? LT::kFull : LT::kSliding);
+    }
+  } else if (f.Get("use_sliding_window") != nullptr) {
+    const int64_t first = f.Int("max_window_layers").value_or(0);
+    for (size_t i = 0; i < n; ++i) {
+      c->layer_types.push_back(int64_t(i) >= first ? LT::kSliding : LT::kFull);
+    }
+  } else {
+    c->layer_types.assign(n, LT::kSliding);
+  }
+  // A sliding layer without a window attends to every key (transformers: sliding_window null).
+  bool any = false;
+  for (LT& t : c->layer_types) {
+    if (!c->sliding_window) t = LT::kFull;
+    any = any || t == LT::kSliding;
+  }
+  if (!any) c->sliding_window.reset();
+}
+
 // Features this engine does not implement must fail loudly, not compute a wrong model.
-void RejectUnsupported(const Fields& f) {
-  std::optional<std::string> act = f.String("hidden_act");
-  if (act && *act != "silu") f.Fail("hidden_act", "is '" + *act + "', only silu is supported");
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (f.Bool(bias).value_or(false)) f.Fail(bias, "is true; biases are not supported");
+void RejectUnsupported(const Fields& f, const ArchitectureSpec& spec) {
+  // Gemma writes "hidden_activation" (and may keep a stale "hidden_act"); the others hidden_act.
+  const char* act_field = f.Get("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string_view want = ActivationName(spec.features.mlp);
+  std::optional<std::string> act = f.String(act_field);
+  if (act && *act != want) {
+    f.Fail(act_field, "is '" + *act + "'; " + std::string(spec.name) + " computes " +
+                          std::string(want));
+  }
+  // Qwen2's q/k/v biases are part of its architecture; elsewhere biases are not supported.
+  if (!spec.features.attention_bias && f.Bool("attention_bias").value_or(false)) {
+    f.Fail("attention_bias", "is true; biases are not supported for " + std::string(spec.name));
+  }
+  if (f.Bool("mlp_bias").value_or(false)) f.Fail("mlp_bias", "is true; biases are not supported");
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (f.Get(cap) != nullptr) f.Fail(cap, "is set; logit soft-capping is not supported");
+  }
+  if (f.Bool("use_bidirectional_attention").value_or(false)) {
+    f.Fail("use_bidirectional_attention", "is true; only causal attention is supported");
   }
 }
 
@@ -242,11 +364,14 @@ ModelConfig ModelConfig::FromJson(const json& j, const std::string& source) {
   Fields f(j, source);
   ModelConfig c;
   c.architecture = ParseArchitecture(f);
-  RejectUnsupported(f);
+  RejectUnsupported(f, ArchitectureOf(c));
   ParseSizes(f, &c);
+  ParseLayerTypes(f, &c);
   c.rms_norm_eps = f.PositiveDouble("rms_norm_eps", 1e-6);
-  c.rope_theta = f.PositiveDouble("rope_theta", 10000.0);
-  c.rope_scaling = ParseRopeScaling(f, source);
+  ParseRope(f, source, &c);
+  if (f.Get("query_pre_attn_scalar") != nullptr) {
+    c.query_pre_attn_scalar = f.PositiveDouble("query_pre_attn_scalar", std::nullopt);
+  }
   c.tie_word_embeddings = f.Bool("tie_word_embeddings").value_or(false);
   c.bos_token_id = f.TokenId("bos_token_id").value_or(1);
   std::vector<int> eos = f.TokenIds("eos_token_id");
@@ -268,6 +393,36 @@ ModelConfig ModelConfig::Load(const std::string& model_dir) {
   return c;
 }
 
+RopeParameters ModelConfig::RopeOf(int64_t layer) const {
+  if (sliding_rope && SlidingWindowOf(layer) > 0) return *sliding_rope;
+  return {rope_theta, rope_scaling};
+}
+
+float ModelConfig::AttentionScale() const {
+  const double d = query_pre_attn_scalar.value_or(static_cast<double>(head_dim));
+  return static_cast<float>(1.0 / std::sqrt(d));
+}
+
+namespace {
+
+json RopeScalingJson(const RopeScaling& rs) {
+  switch (rs.type) {
+    case RopeScaling::Type::kNone:
+      return nullptr;
+    case RopeScaling::Type::kLinear:
+      return {{"rope_type", "linear"}, {"factor", rs.factor}};
+    case RopeScaling::Type::kLlama3:
+      return {{"rope_type", "llama3"},
+              {"factor", rs.factor},
+              {"low_freq_factor", rs.low_freq_factor},
+              {"high_freq_factor", rs.high_freq_factor},
+              {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 json ModelConfig::ToJson() const {
   json j = {
       {"architectures", {architecture}},
@@ -284,27 +439,36 @@ json ModelConfig::ToJson() const {
       {"rope_theta", rope_theta},
       {"tie_word_embeddings", tie_word_embeddings},
       {"bos_token_id", bos_token_id},
-      {"hidden_act", "silu"},
+      {"hidden_act", std::string(ActivationName(ArchitectureOf(*this).features.mlp))},
       {"torch_dtype", torch_dtype},
   };
   j["eos_token_id"] = eos_token_ids.size() == 1 ? json(eos_token_ids[0]) : json(eos_token_ids);
+  // transformers 4's keys (what most Hub checkpoints carry), plus layer_types.
   j["sliding_window"] = sliding_window ? json(*sliding_window) : json(nullptr);
-  switch (rope_scaling.type) {
-    case RopeScaling::Type::kNone:
-      j["rope_scaling"] = nullptr;
-      break;
-    case RopeScaling::Type::kLinear:
-      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
-      break;
-    case RopeScaling::Type::kLlama3:
-      j["rope_scaling"] = {
-          {"rope_type", "llama3"},
-          {"factor", rope_scaling.factor},
-          {"low_freq_factor", rope_scaling.low_freq_factor},
-          {"high_freq_factor", rope_scaling.high_freq_factor},
-          {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
-      break;
+  j["rope_scaling"] = RopeScalingJson(rope_scaling);
+  if (sliding_rope) {
+    if (sliding_rope->scaling.type != RopeScaling::Type::kNone) {
+      // transformers 4 has no key for a scaled sliding rope: write transformers 5's.
+      j.erase("rope_theta");
+      j.erase("rope_scaling");
+      json full = RopeScalingJson(rope_scaling), slide = RopeScalingJson(sliding_rope->scaling);
+      if (full.is_null()) full = {{"rope_type", "default"}};
+      if (slide.is_null()) slide = {{"rope_type", "default"}};
+      full["rope_theta"] = rope_theta;
+      slide["rope_theta"] = sliding_rope->theta;
+      j["rope_parameters"] = {{"full_attention", full}, {"sliding_attention", slide}};
+    } else {
+      j["rope_local_base_freq"] = sliding_rope->theta;
+    }
   }
+  if (!layer_types.empty()) {
+    json types = json::array();
+    for (LayerType t : layer_types) {
+      types.push_back(t == LayerType::kSliding ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+  }
+  if (query_pre_attn_scalar) j["query_pre_attn_scalar"] = *query_pre_attn_scalar;
   return j;
 }
 

@@ -20,6 +20,12 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// One attention layer type's rotary embedding: base and scaling.
+struct RopeParameters {
+  double theta = 10000.0;
+  RopeScaling scaling;
+};
+
 // Sampling defaults from generation_config.json (absent fields stay unset).
 struct GenerationDefaults {
   std::optional<double> temperature;
@@ -42,20 +48,35 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
+  // RoPE of the full-attention layers (of every layer unless sliding_rope is set): from
+  // transformers 5's "rope_parameters" or transformers 4's "rope_theta" + "rope_scaling".
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  // Gemma 3: the sliding layers' own RoPE ("rope_parameters.sliding_attention", or transformers
+  // 4's "rope_local_base_freq" with no scaling).
+  std::optional<RopeParameters> sliding_rope;
   bool tie_word_embeddings = false;
-  std::optional<int64_t> sliding_window;  // Mistral; null or absent = full attention
-  // Per layer: full causal attention or the sliding window (config.json "layer_types"; without
-  // it every layer slides when sliding_window is set). Size num_layers after FromJson.
+  // The window of the sliding layers (Mistral, Gemma 3, Phi-3); null = none. Qwen2/3's
+  // "use_sliding_window": false nulls it, as transformers does.
+  std::optional<int64_t> sliding_window;
+  // Per layer: full causal attention or the sliding window (config.json "layer_types"; else
+  // Gemma 3's sliding_window_pattern, Qwen's max_window_layers, or every layer when
+  // sliding_window is set). Size num_layers after FromJson; an empty list = every layer slides
+  // (when sliding_window is set).
   enum class LayerType { kFull, kSliding };
   std::vector<LayerType> layer_types;
   // The window of layer `layer`'s attention (AttentionBatch::sliding_window): 0 = full.
   int64_t SlidingWindowOf(int64_t layer) const {
-    return sliding_window && layer_types.at(static_cast<size_t>(layer)) == LayerType::kSliding
-               ? *sliding_window
-               : 0;
+    const size_t i = static_cast<size_t>(layer);
+    const bool slides = i >= layer_types.size() || layer_types[i] == LayerType::kSliding;
+    return sliding_window && slides ? *sliding_window : 0;
   }
+  // The RoPE of layer `layer` (sliding_rope for a sliding layer when set).
+  RopeParameters RopeOf(int64_t layer) const;
+  // Gemma 3's query_pre_attn_scalar: the softmax scale is its inverse square root (else
+  // 1 / sqrt(head_dim)).
+  std::optional<double> query_pre_attn_scalar;
+  float AttentionScale() const;
   int bos_token_id = 1;
   std::vector<int> eos_token_ids = {2};  // eos_token_id may be an int or a list
   std::string torch_dtype = "float32";

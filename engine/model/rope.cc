@@ -7,11 +7,14 @@
 namespace llm {
 
 std::vector<float> RopeInvFreq(const ModelConfig& config) {
-  const int64_t dim = config.head_dim;
+  return RopeInvFreq(RopeParameters{config.rope_theta, config.rope_scaling}, config.head_dim);
+}
+
+std::vector<float> RopeInvFreq(const RopeParameters& rope, int64_t dim) {
   std::vector<float> inv_freq(static_cast<size_t>(dim / 2));
-  const RopeScaling& s = config.rope_scaling;
+  const RopeScaling& s = rope.scaling;
   for (int64_t i = 0; i < dim / 2; ++i) {
-    double f = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / dim);
+    double f = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / dim);
     if (s.type == RopeScaling::Type::kLinear) {
       f /= s.factor;
     } else if (s.type == RopeScaling::Type::kLlama3) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <limits>
 #include <vector>
 
@@ -30,6 +31,22 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+void GeluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
+  const float k = std::sqrt(2.f / std::numbers::pi_v<float>);
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void AddBias(float* x, const float* bias, int64_t num_tokens, int64_t dim) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* row = x + t * dim;
+    for (int64_t i = 0; i < dim; ++i) row[i] += bias[i];
   }
 }
 

@@ -18,6 +18,13 @@ void AddInPlace(float* x, const float* y, int64_t n);
 // out = silu(gate) * up, elementwise over n values (out may alias gate).
 void SiluMul(const float* gate, const float* up, float* out, int64_t n);
 
+// out = gelu_tanh(gate) * up (GeGLU; PyTorch's gelu(approximate="tanh"):
+// 0.5·g·(1 + tanh(sqrt(2/π)·(g + 0.044715·g³)))), elementwise over n values.
+void GeluTanhMul(const float* gate, const float* up, float* out, int64_t n);
+
+// x[t] += bias for every row t of x [num_tokens, dim].
+void AddBias(float* x, const float* bias, int64_t num_tokens, int64_t dim);
+
 // Rotary position embedding, Hugging Face "rotate half" convention:
 //   x: [num_tokens, num_heads, head_dim], positions: [num_tokens]
 //   inv_freq: [head_dim / 2] (already scaled for linear / llama3 rope scaling)

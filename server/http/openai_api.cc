@@ -184,6 +184,7 @@ ParsedRequest ParseCompletion(const json& body, const Tokenizer& tokenizer,
   if (f.Has("suffix")) throw BadParam("suffix", "suffix is not supported");
   out.request.prompt_ids = PromptIds(body, tokenizer, model);
   ParseSampling(body, model, std::ssize(out.request.prompt_ids), &out);
+  out.tokens_as_ids = f.Bool("return_tokens_as_token_ids", false);
   if (f.Has("logprobs")) {
     const int64_t n = f.Int("logprobs", 0);
     if (n < 0 || n > 20) throw BadParam("logprobs", "logprobs must be between 0 and 20");
@@ -203,6 +204,7 @@ ParsedRequest ParseChat(const json& body, const std::string& rendered_prompt,
   out.request.prompt_ids = tokenizer.EncodeWithSpecialTokens(rendered_prompt);
   if (out.request.prompt_ids.empty()) throw BadParam("messages", "the conversation is empty");
   ParseSampling(body, model, std::ssize(out.request.prompt_ids), &out);
+  out.tokens_as_ids = f.Bool("return_tokens_as_token_ids", false);
   if (f.Bool("logprobs", false)) {
     const int64_t n = f.Int("top_logprobs", 0);
     if (n < 0 || n > 20) throw BadParam("top_logprobs", "top_logprobs must be between 0 and 20");

@@ -45,6 +45,9 @@ struct ParsedRequest {
   bool is_chat = false;
   int top_logprobs = 0;  // chat: top_logprobs; completions: logprobs
   bool want_logprobs = false;
+  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" (ids that do not
+  // decode to text on their own stay distinguishable).
+  bool tokens_as_ids = false;
 };
 
 // POST /v1/completions. `prompt`: a string, a list with one string, a list of token ids, or
@@ -93,6 +96,7 @@ class ResponseBuilder {
 
  private:
   nlohmann::json LogprobsJson(const std::vector<OutputLogprob>& lps) const;
+  std::string TokenName(int token) const;  // the piece, or "token_id:<id>"
   nlohmann::json Envelope() const;
 
   const ParsedRequest& req_;

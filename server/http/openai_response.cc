@@ -38,6 +38,11 @@ json ResponseBuilder::Envelope() const {
           {"model", model_}};
 }
 
+std::string ResponseBuilder::TokenName(int token) const {
+  if (req_.tokens_as_ids) return "token_id:" + std::to_string(token);
+  return std::string(tokenizer_.IdToPiece(token));
+}
+
 json ResponseBuilder::LogprobsJson(const std::vector<OutputLogprob>& lps) const {
   if (!req_.want_logprobs) return nullptr;
   if (req_.is_chat) {  // {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}
@@ -46,9 +51,9 @@ json ResponseBuilder::LogprobsJson(const std::vector<OutputLogprob>& lps) const 
       json top = json::array();
       for (const TokenLogprob& t : lp.top) {
         top.push_back(
-            {{"token", std::string(tokenizer_.IdToPiece(t.token))}, {"logprob", t.logprob}});
+            {{"token", TokenName(t.token)}, {"logprob", t.logprob}});
       }
-      content.push_back({{"token", std::string(tokenizer_.IdToPiece(lp.token))},
+      content.push_back({{"token", TokenName(lp.token)},
                          {"logprob", lp.logprob},
                          {"top_logprobs", top}});
     }
@@ -56,11 +61,11 @@ json ResponseBuilder::LogprobsJson(const std::vector<OutputLogprob>& lps) const 
   }
   json tokens = json::array(), token_logprobs = json::array(), top = json::array();
   for (const OutputLogprob& lp : lps) {
-    tokens.push_back(std::string(tokenizer_.IdToPiece(lp.token)));
+    tokens.push_back(TokenName(lp.token));
     token_logprobs.push_back(lp.logprob);
     json alts = json::object();
     for (const TokenLogprob& t : lp.top)
-      alts[std::string(tokenizer_.IdToPiece(t.token))] = t.logprob;
+      alts[TokenName(t.token)] = t.logprob;
     top.push_back(alts);
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};

@@ -1,6 +1,7 @@
 // engine/model/architecture: the registry's lookups, the weight list every loader walks, the
 // fused matrices of the CUDA backend, and the one place that refuses what a backend lacks
-// (sliding_window on both backends, with the same words; a feature through a test spec).
+// (a feature the CUDA backend lacks, in the same words as any backend would; a feature
+// through a test spec).
 #include "engine/model/architecture.h"
 
 #include <gtest/gtest.h>
@@ -54,6 +55,7 @@ TEST(ArchitectureTest, ConfigParsingAcceptsExactlyTheRegisteredClasses) {
   nlohmann::json j = Llama().ToJson();
   for (const ArchitectureSpec& spec : Architectures()) {
     for (const ArchitectureSpec::HfClass& c : spec.hf_classes) {
+      j["hidden_act"] = std::string(ActivationName(spec.features.mlp));
       j["architectures"] = {c.architecture};
       j["model_type"] = c.model_type;
       EXPECT_EQ(ModelConfig::FromJson(j, "config.json").architecture, c.architecture);
@@ -63,6 +65,7 @@ TEST(ArchitectureTest, ConfigParsingAcceptsExactlyTheRegisteredClasses) {
   }
   j["architectures"] = {"Qwen2MoeForCausalLM"};
   j["model_type"] = "llama";
+  j["hidden_act"] = "silu";
   test::ExpectError([&] { ModelConfig::FromJson(j, "config.json"); },
                     {"architectures", "Qwen2MoeForCausalLM", SupportedArchitectures()});
 }
@@ -119,19 +122,26 @@ TEST(ArchitectureTest, LayerMatricesFuseQkvAndGateUpInRowOrder) {
   EXPECT_EQ(norm.num_rows, 64);  // replicated: the whole vector
 }
 
-TEST(ArchitectureTest, SlidingWindowIsRefusedOnBothBackendsInTheSameWords) {
+// A feature a backend lacks is refused in the same words whatever the backend: the CUDA
+// backend's refusal of a sliding window reads as the CPU backend's would.
+TEST(ArchitectureTest, AMissingFeatureIsRefusedInTheSameWordsOnEveryBackend) {
   ModelConfig c = Llama();
   RequireBackendSupport(c, kCpuBackendSupport);  // no window: fine
   RequireBackendSupport(c, kCudaBackendSupport);
   c.sliding_window = 16;
+  RequireBackendSupport(c, kCpuBackendSupport);  // the CPU backend slides
+  BackendSupport cpu_without = kCpuBackendSupport;
+  cpu_without.sliding_window = false;
+  BackendSupport cuda_without = kCudaBackendSupport;
+  cuda_without.sliding_window = false;
   std::string cpu, cuda;
   try {
-    RequireBackendSupport(c, kCpuBackendSupport);
+    RequireBackendSupport(c, cpu_without);
   } catch (const Error& e) {
     cpu = e.what();
   }
   try {
-    RequireBackendSupport(c, kCudaBackendSupport);
+    RequireBackendSupport(c, cuda_without);
   } catch (const Error& e) {
     cuda = e.what();
   }
@@ -147,7 +157,9 @@ TEST(ArchitectureTest, AFeatureABackendLacksIsRefusedNamingIt) {
   spec.name = "test-qk-norm";
   spec.features.qk_norm = true;
   const ModelConfig c = Llama();
-  test::ExpectError([&] { RequireBackendSupport(c, spec, kCpuBackendSupport); },
+  BackendSupport without = kCpuBackendSupport;
+  without.qk_norm = false;
+  test::ExpectError([&] { RequireBackendSupport(c, spec, without); },
                     {"qk_norm", "test-qk-norm", "the cpu backend"});
   BackendSupport with_it = kCudaBackendSupport;
   with_it.qk_norm = true;
@@ -157,12 +169,49 @@ TEST(ArchitectureTest, AFeatureABackendLacksIsRefusedNamingIt) {
                     {"attention_bias", "the cuda backend"});
 }
 
-// The CPU backend refuses a real sliding-window checkpoint (Mistral with a window of 16,
-// written by transformers) before reading a weight, instead of computing full attention.
-TEST(ArchitectureTest, CpuModelRefusesARealSlidingWindowCheckpoint) {
-  const std::string dir = (test::SharedDir() / "models/hf-arch/mistral_sw16").string();
-  ASSERT_TRUE(std::filesystem::exists(dir + "/config.json")) << dir;
-  test::ExpectError([&] { CpuModel::Load(dir); }, {"sliding_window", "16", "the cpu backend"});
+// The registered architectures beyond Llama, and what each adds to its weight list.
+TEST(ArchitectureTest, TodaysArchitecturesAreRegisteredWithTheirWeights) {
+  for (const char* arch : {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
+                           "Gemma3ForCausalLM", "MistralForCausalLM", "LlamaForCausalLM"}) {
+    EXPECT_NE(FindArchitecture(arch), nullptr) << arch;
+  }
+  const ArchitectureSpec& qwen2 = *FindArchitecture("Qwen2ForCausalLM");
+  EXPECT_TRUE(qwen2.features.attention_bias);
+  EXPECT_EQ(WeightOf(qwen2, WeightRole::kKBias).name, "model.layers.{L}.self_attn.k_proj.bias");
+  const ArchitectureSpec& qwen3 = *FindArchitecture("Qwen3ForCausalLM");
+  EXPECT_EQ(WeightOf(qwen3, WeightRole::kQNorm).rows, Dim::kHeadDim);
+  const ArchitectureSpec& phi3 = *FindArchitecture("Phi3ForCausalLM");
+  EXPECT_EQ(FindWeight(phi3, WeightRole::kQProj), nullptr);
+  ModelConfig c = Llama();
+  c.architecture = "Phi3ForCausalLM";
+  EXPECT_EQ(WeightShape(WeightOf(phi3, WeightRole::kQkvProj), c),
+            (std::vector<int64_t>{(8 + 2 * 4) * 8, 64}));
+  EXPECT_EQ(WeightShape(WeightOf(phi3, WeightRole::kGateUpProj), c),
+            (std::vector<int64_t>{2 * 96, 64}));
+  const std::vector<FusedMatrix> m = LayerLinearMatrices(phi3);
+  ASSERT_EQ(m.size(), 4u);  // the packed tensors are the fused matrices themselves
+  EXPECT_EQ(m[0].slot, FusedSlot::kQkv);
+  EXPECT_EQ(m[0].members.size(), 1u);
+  const ArchitectureSpec& gemma = *FindArchitecture("Gemma3ForCausalLM");
+  EXPECT_EQ(WeightOf(gemma, WeightRole::kPostAttentionNorm).name,
+            "model.layers.{L}.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(WeightOf(gemma, WeightRole::kAttnOutputNorm).name,
+            "model.layers.{L}.post_attention_layernorm.weight");
+  EXPECT_EQ(gemma.features.mlp, MlpKind::kGeGluTanh);
+}
+
+// The CUDA backend refuses what it does not run yet, naming it, before reading a weight.
+TEST(ArchitectureTest, CudaRefusesWhatItLacksNamingIt) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"qwen2", "attention_bias"}, {"qwen3", "qk_norm"}, {"phi3", "packed"},
+      {"gemma3", "Gemma"},         {"mistral_sw16", "sliding_window"}};
+  for (const auto& [folder, what] : cases) {
+    const ModelConfig c =
+        ModelConfig::Load((test::SharedDir() / "models/hf-arch" / folder).string());
+    test::ExpectError([&] { RequireBackendSupport(c, kCudaBackendSupport); },
+                      {what, "the cuda backend"});
+    RequireBackendSupport(c, kCpuBackendSupport);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,245 @@
+// Today's dense architectures on the CPU backend against Hugging Face transformers itself:
+// ../shared/models/hf-arch (PROVENANCE.md there) holds tiny random-weight checkpoints written
+// by transformers' save_pretrained with its fp32 logits at every position of two prompts and
+// its greedy 32-token continuation. Each folder must give those logits (relative error
+// <= 1e-4) and that continuation, whole-prompt and chunked; its config rewritten into
+// transformers 4's keys (rope_theta / rope_scaling / torch_dtype, no layer_types) must load as
+// the same model; the mixture-of-experts folders are refused by name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/cpu_model.h"
+#include "engine/cpu/sequence_runner.h"
+#include "engine/error.h"
+#include "engine/model/architecture.h"
+#include "engine/model/model_config.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr double kMaxRelError = 1e-4;
+
+std::string FolderOf(const std::string& name) {
+  return (test::SharedDir() / "models" / "hf-arch" / name).string();
+}
+
+json ReadJson(const fs::path& p) { return json::parse(test::ReadFile(p)); }
+
+// max |got - want| / max |want| over all rows.
+double RelativeError(const std::vector<float>& got, const json& want_rows, int64_t vocab) {
+  double max_diff = 0, max_ref = 0;
+  for (size_t r = 0; r < want_rows.size(); ++r) {
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double want = want_rows[r][size_t(v)].get<double>();
+      const double g = got[r * size_t(vocab) + size_t(v)];
+      max_diff = std::max(max_diff, std::isnan(g) ? INFINITY : std::fabs(g - want));
+      max_ref = std::max(max_ref, std::fabs(want));
+    }
+  }
+  return max_diff / max_ref;
+}
+
+int Argmax(const float* row, int64_t n) { return int(std::max_element(row, row + n) - row); }
+
+// The prompt's logits at every position, fed in chunks of `chunk` tokens (0: all at once).
+std::vector<float> PromptLogits(const CpuModel& model, const std::vector<int>& ids, size_t chunk) {
+  SequenceRunner run(model, int64_t(ids.size()) + 40);
+  if (chunk == 0) return run.Feed(ids, /*all_logits=*/true);
+  std::vector<float> out;
+  for (size_t at = 0; at < ids.size(); at += chunk) {
+    const size_t n = std::min(chunk, ids.size() - at);
+    const std::vector<float> part =
+        run.Feed(std::span<const int>(ids.data() + at, n), /*all_logits=*/true);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+std::vector<int> Greedy(const CpuModel& model, const std::vector<int>& ids, int n) {
+  SequenceRunner run(model, int64_t(ids.size()) + n + 1);
+  std::vector<float> logits = run.Feed(ids);
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(Argmax(logits.data(), model.config().vocab_size));
+    const int next = out.back();
+    logits = run.Feed(std::span<const int>(&next, 1));
+  }
+  return out;
+}
+
+class HfArchTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfArchTest, LogitsAndGreedyMatchTransformers) {
+  const std::string dir = FolderOf(GetParam());
+  ASSERT_TRUE(fs::exists(dir + "/config.json")) << dir;
+  const json ref = ReadJson(fs::path(dir) / "reference.json");
+  const std::unique_ptr<CpuModel> model = CpuModel::Load(dir);
+  const int64_t vocab = model->config().vocab_size;
+  EXPECT_EQ(model->config().architecture, ref["architecture"].get<std::string>());
+  for (const json& p : ref["prompts"]) {
+    const std::vector<int> ids = p["ids"].get<std::vector<int>>();
+    const double whole = RelativeError(PromptLogits(*model, ids, 0), p["logits_fp32"], vocab);
+    // Chunks of 7 cross the window (16) and the cache's blocks (16) at odd offsets.
+    const double chunked = RelativeError(PromptLogits(*model, ids, 7), p["logits_fp32"], vocab);
+    std::printf("%-13s %2zu tokens: max rel err %.2g (chunked %.2g)\n", GetParam().c_str(),
+                ids.size(), whole, chunked);
+    EXPECT_LE(whole, kMaxRelError);
+    EXPECT_LE(chunked, kMaxRelError);
+    EXPECT_EQ(Greedy(*model, ids, 32), p["greedy_32"].get<std::vector<int>>());
+  }
+}
+
+// transformers 4's keys for the same model: rope_theta / rope_scaling (/ rope_local_base_freq),
+// torch_dtype, and no layer_types (Gemma 3's sliding_window_pattern instead).
+json OldFormat(json c) {
+  if (c.contains("dtype")) {
+    c["torch_dtype"] = c["dtype"];
+    c.erase("dtype");
+  }
+  auto split = [&](json rope) {  // {rope_theta, rope_type, ...} -> theta, rope_scaling or null
+    const double theta = rope["rope_theta"].get<double>();
+    rope.erase("rope_theta");
+    if (rope.contains("partial_rotary_factor")) {
+      c["partial_rotary_factor"] = rope["partial_rotary_factor"];
+      rope.erase("partial_rotary_factor");
+    }
+    return std::make_pair(theta, rope["rope_type"] == "default" ? json(nullptr) : rope);
+  };
+  json rope = c["rope_parameters"];
+  c.erase("rope_parameters");
+  if (rope.contains("full_attention")) {
+    std::tie(c["rope_theta"], c["rope_scaling"]) = split(rope["full_attention"]);
+    c["rope_local_base_freq"] = split(rope["sliding_attention"]).first;
+  } else {
+    std::tie(c["rope_theta"], c["rope_scaling"]) = split(rope);
+  }
+  if (c.contains("layer_types")) {
+    std::vector<std::string> types = c["layer_types"];
+    c.erase("layer_types");
+    if (c["model_type"] == "gemma3_text") {
+      EXPECT_EQ(types, (std::vector<std::string>{"sliding_attention", "full_attention",
+                                                 "sliding_attention"}));
+      c["sliding_window_pattern"] = 2;  // every second layer is full: S, F, S
+    }
+  }
+  return c;
+}
+
+TEST_P(HfArchTest, TransformersFourConfigIsTheSameModel) {
+  const std::string dir = FolderOf(GetParam());
+  const test::TempDir tmp_dir;
+  const fs::path& tmp = tmp_dir.path();
+  const json old = OldFormat(ReadJson(fs::path(dir) / "config.json"));
+  ASSERT_FALSE(old.contains("rope_parameters"));
+  test::WriteFile(tmp / "config.json", old.dump(2));
+  fs::create_symlink(fs::path(dir) / "model.safetensors", tmp / "model.safetensors");
+  const std::unique_ptr<CpuModel> a = CpuModel::Load(dir), b = CpuModel::Load(tmp.string());
+  const ModelConfig &ca = a->config(), &cb = b->config();
+  EXPECT_EQ(ca.rope_theta, cb.rope_theta);
+  EXPECT_EQ(ca.rope_scaling.type, cb.rope_scaling.type);
+  EXPECT_EQ(ca.rope_scaling.factor, cb.rope_scaling.factor);
+  EXPECT_EQ(ca.sliding_rope.has_value(), cb.sliding_rope.has_value());
+  EXPECT_EQ(ca.sliding_window, cb.sliding_window);
+  for (int64_t i = 0; i < ca.num_layers; ++i) {
+    EXPECT_EQ(ca.SlidingWindowOf(i), cb.SlidingWindowOf(i)) << "layer " << i;
+  }
+  const json ref = ReadJson(fs::path(dir) / "reference.json");
+  const std::vector<int> ids = ref["prompts"][0]["ids"].get<std::vector<int>>();
+  EXPECT_EQ(PromptLogits(*a, ids, 0), PromptLogits(*b, ids, 0));  // bit for bit
+  // And our own writer's config (llm make-model) reads back as the same model.
+  const ModelConfig round = ModelConfig::FromJson(ca.ToJson(), "ToJson");
+  EXPECT_EQ(round.architecture, ca.architecture);
+  EXPECT_EQ(round.sliding_window, ca.sliding_window);
+  EXPECT_EQ(round.query_pre_attn_scalar, ca.query_pre_attn_scalar);
+  EXPECT_EQ(round.sliding_rope.has_value(), ca.sliding_rope.has_value());
+  for (int64_t i = 0; i < ca.num_layers; ++i) {
+    EXPECT_EQ(round.SlidingWindowOf(i), ca.SlidingWindowOf(i));
+    EXPECT_EQ(round.RopeOf(i).theta, ca.RopeOf(i).theta);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Folders, HfArchTest,
+                         ::testing::Values("qwen2", "qwen3", "mistral_sw16", "llama31", "phi3",
+                                           "gemma3"),
+                         [](const auto& info) { return info.param; });
+
+// What each folder exercises is what its config parses into.
+TEST(HfArchConfigTest, FeaturesParseAsTransformersDefinesThem) {
+  const ModelConfig gemma = ModelConfig::Load(FolderOf("gemma3"));
+  EXPECT_EQ(gemma.SlidingWindowOf(0), 16);
+  EXPECT_EQ(gemma.SlidingWindowOf(1), 0);
+  EXPECT_EQ(gemma.SlidingWindowOf(2), 16);
+  EXPECT_EQ(gemma.RopeOf(0).theta, 10000.0);
+  EXPECT_EQ(gemma.RopeOf(1).theta, 1e6);
+  EXPECT_FLOAT_EQ(gemma.AttentionScale(), 0.25f);  // query_pre_attn_scalar 16
+  const ModelConfig sw = ModelConfig::Load(FolderOf("mistral_sw16"));
+  for (int64_t i = 0; i < sw.num_layers; ++i) EXPECT_EQ(sw.SlidingWindowOf(i), 16);
+  const ModelConfig qwen3 = ModelConfig::Load(FolderOf("qwen3"));
+  EXPECT_EQ(qwen3.head_dim, 32);  // not hidden / heads = 16
+  EXPECT_FALSE(qwen3.sliding_window.has_value());
+  const ModelConfig llama31 = ModelConfig::Load(FolderOf("llama31"));
+  EXPECT_EQ(llama31.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(llama31.rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_EQ(llama31.rope_theta, 500000.0);
+  // Qwen2.5's Hub configs carry a window that use_sliding_window switches off.
+  json q = ReadJson(fs::path(FolderOf("qwen2")) / "config.json");
+  q["sliding_window"] = 32768;
+  q.erase("layer_types");
+  EXPECT_FALSE(ModelConfig::FromJson(q, "config.json").sliding_window.has_value());
+  q["use_sliding_window"] = true;
+  q["max_window_layers"] = 1;
+  const ModelConfig windowed = ModelConfig::FromJson(q, "config.json");
+  EXPECT_EQ(windowed.SlidingWindowOf(0), 0);
+  EXPECT_EQ(windowed.SlidingWindowOf(1), 32768);
+}
+
+TEST(HfArchConfigTest, BadFieldsAreErrorsNamingThem) {
+  json g = ReadJson(fs::path(FolderOf("gemma3")) / "config.json");
+  json bad = g;
+  bad["layer_types"] = {"sliding_attention", "full_attention"};
+  test::ExpectError([&] { ModelConfig::FromJson(bad, "config.json"); },
+                    {"config.json", "layer_types", "num_hidden_layers (3)"});
+  bad = g;
+  bad["layer_types"][1] = "chunked_attention";
+  test::ExpectError([&] { ModelConfig::FromJson(bad, "config.json"); },
+                    {"layer_types[1]", "chunked_attention"});
+  bad = g;
+  bad["final_logit_softcapping"] = 30.0;
+  test::ExpectError([&] { ModelConfig::FromJson(bad, "config.json"); },
+                    {"final_logit_softcapping", "soft-capping"});
+  bad = g;
+  bad["hidden_activation"] = "silu";
+  test::ExpectError([&] { ModelConfig::FromJson(bad, "config.json"); },
+                    {"hidden_activation", "'silu'", "gelu_pytorch_tanh"});
+  bad = g;
+  bad["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
+  test::ExpectError([&] { ModelConfig::FromJson(bad, "config.json"); },
+                    {"rope_parameters.full_attention", "yarn"});
+  json phi = ReadJson(fs::path(FolderOf("phi3")) / "config.json");
+  phi["rope_parameters"]["partial_rotary_factor"] = 0.75;
+  test::ExpectError([&] { ModelConfig::FromJson(phi, "config.json"); },
+                    {"partial_rotary_factor", "0.75"});
+}
+
+// Mixture-of-experts checkpoints are refused naming the architecture, before any weight.
+TEST(HfArchConfigTest, MixtureOfExpertsIsRefusedByName) {
+  for (const std::string name : {"mixtral", "qwen3_moe"}) {
+    const std::string arch = ReadJson(fs::path(FolderOf(name)) / "reference.json")["architecture"];
+    test::ExpectError([&] { CpuModel::Load(FolderOf(name)); },
+                      {"config.json", arch, "mixture-of-experts"});
+  }
+}
+
+}  // namespace
+}  // namespace llm
