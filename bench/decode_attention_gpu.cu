@@ -59,6 +59,11 @@
 //                      fp8, per shape)
 //   --ragged           sequence i > 0 attends over a length drawn from (0.75·C, C] instead of C
 //                      (a throughput run's decode batch); bytes count the keys actually read
+//   --window W         after each shape, the same shape with a sliding window of W keys
+//                      (AttentionBatch::sliding_window; variant "v3-sw", JSON "sliding_window"):
+//                      bytes count only the window's K and V (min(C, W) keys per sequence), the
+//                      bytes it must read, so ratio_to_copy compares like with like beside the
+//                      full-context line (e.g. --shapes 64x32768 --window 4096)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -195,7 +200,8 @@ double CopyBandwidthTBs() {
 
 struct Shape {
   int batch;
-  int context;  // keys attended per sequence (context_lens = context - 1)
+  int context;     // keys attended per sequence (context_lens = context - 1)
+  int window = 0;  // sliding window (0: every key)
 };
 
 struct Result {
@@ -241,7 +247,9 @@ struct Problem {
   int ElemBytes() const { return fp8 ? 1 : 2; }
 
   Problem(Shape s, int64_t min_bytes, bool fp8_cache) : shape(s), fp8(fp8_cache) {
-    const double kv_bytes = double(s.batch) * s.context * kKvHeads * kHeadDim * ElemBytes() * 2;
+    // Bytes one launch reads (with a window, only the window's keys): the rotation below.
+    const int read_keys = s.window > 0 ? std::min(s.context, s.window) : s.context;
+    const double kv_bytes = double(s.batch) * read_keys * kKvHeads * kHeadDim * ElemBytes() * 2;
     sets = std::max<int>(1, int(std::ceil(double(min_bytes) / kv_bytes)));
     blocks_per_seq = (s.context + kBlock - 1) / kBlock;
     const int64_t num_blocks = int64_t(sets) * s.batch * blocks_per_seq;
@@ -271,7 +279,7 @@ struct Problem {
     std::mt19937 len_rng(7);
     for (int i = 1; g_ragged && i < s.batch; ++i)
       h_ctx[i] -= int32_t(len_rng() % uint32_t(std::max(1, s.context / 4)));
-    for (int32_t c : h_ctx) total_keys += c + 1;
+    for (int32_t c : h_ctx) total_keys += s.window > 0 ? std::min(c + 1, s.window) : c + 1;
     host_ctx = h_ctx;
     std::iota(h_cu.begin(), h_cu.end(), 0);
     LLM_CUDA_CHECK(cudaMalloc(&ctx, h_ctx.size() * 4));
@@ -295,6 +303,7 @@ struct Problem {
     p.kv = PagedKvView<const void>{k, v, layout};
     p.batch = AttentionBatch{shape.batch, cu, ctx,
                              tables + int64_t(set) * shape.batch * blocks_per_seq, blocks_per_seq};
+    p.batch.sliding_window = shape.window;
     p.num_heads = kHeads;
     p.scale = 1.f / std::sqrt(float(kHeadDim));
     p.dtype = llm::DType::kBF16;
@@ -362,6 +371,7 @@ struct Problem {
     std::vector<float> qf(row), ref(row);
     for (size_t i = 0; i < row; ++i) qf[i] = llm::Bf16ToF32(qh[i]);
     AttentionBatch b{1, cu_h.data(), ctx_h.data(), table.data(), n};
+    b.sliding_window = shape.window;
     if (fp8) {
       llm::cpu::PagedDecodeAttention(
           qf.data(), PagedKvView<const uint8_t>{kc.data(), vc.data(), small}, CpuScales(), b,
@@ -611,11 +621,11 @@ void PrintJson(const Result& r, int sets, double copy_tbs, bool pass, const Resu
       "\"num_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"dtype\":\"bf16\",\"kv\":\"%s\","
       "\"block_size\":%d,\"ms\":%.4f,\"tb_per_s\":%.3f,\"copy_tb_per_s\":%.3f,\"ratio_to_copy\":%."
       "3f,\"splits\":%d,"
-      "\"ctas\":%d,\"graph_us\":%.2f,\"graph_pdl_us\":%.2f,"
+      "\"ctas\":%d,\"graph_us\":%.2f,\"graph_pdl_us\":%.2f,\"sliding_window\":%d,"
       "\"max_err\":%.3g,\"rel_err\":%.3g,\"sets\":%d%s%s%s}\n",
       r.variant.c_str(), r.shape.batch, r.shape.context, kHeads, kKvHeads, kHeadDim, KvName(r.fp8),
       kBlock, r.ms, r.tbs, copy_tbs, r.tbs / copy_tbs, r.splits, r.ctas, r.graph_ms * 1e3,
-      r.graph_pdl_ms * 1e3, r.max_err, r.rel_err, sets, extra.c_str(),
+      r.graph_pdl_ms * 1e3, r.shape.window, r.max_err, r.rel_err, sets, extra.c_str(),
       g_ragged ? ",\"ragged\":true" : "", pass ? "" : ",\"ok\":false");
   std::fflush(stdout);
 }
@@ -624,6 +634,7 @@ void PrintJson(const Result& r, int sets, double copy_tbs, bool pass, const Resu
 
 int main(int argc, char** argv) {
   bool sanitize_small = false;
+  int window = 0;                         // --window
   std::vector<bool> kvs = {false, true};  // KV formats, in run order: bf16, then fp8
   std::vector<Shape> shapes = {{1, 4096},  {1, 32768},  {16, 4096},
                                {64, 4096}, {64, 16384}, {256, 2048}};
@@ -644,6 +655,12 @@ int main(int argc, char** argv) {
       }
     } else if (std::strcmp(argv[i], "--ragged") == 0) {
       g_ragged = true;
+    } else if (std::strcmp(argv[i], "--window") == 0 && i + 1 < argc) {
+      window = std::atoi(argv[++i]);
+      if (window < 1) {
+        std::fprintf(stderr, "bad --window\n");
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--block-size") == 0 && i + 1 < argc) {
       kBlock = std::atoi(argv[++i]);
       if (kBlock < 1) {
@@ -667,7 +684,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]] [--kv fp8|bf16|both] "
-                   "[--block-size N] [--ragged]\n",
+                   "[--block-size N] [--ragged] [--window W]\n",
                    argv[0]);
       return 2;
     }
@@ -720,6 +737,14 @@ int main(int argc, char** argv) {
     }
     return ok ? 0 : 1;
   }
+  if (window > 0) {  // each shape, then the same with the window
+    std::vector<Shape> both;
+    for (const Shape& s : shapes) {
+      both.push_back(s);
+      both.push_back(Shape{s.batch, s.context, window});
+    }
+    shapes = both;
+  }
   const double copy_tbs = CopyBandwidthTBs();
   std::printf("copy bandwidth (cudaMemcpy D2D 2 GiB, read+write): %.3f TB/s\n", copy_tbs);
   std::vector<Result> results;
@@ -743,30 +768,33 @@ int main(int argc, char** argv) {
         if (!fp8) bf16_here.push_back(r);
         return r;
       };
-      const Result v3 = run("v3", 0);
+      const bool sw = s.window > 0;
+      const Result v3 = run(sw ? "v3-sw" : "v3", 0);
       // bf16: as before, from the selector; fp8: from the split count v3 actually used (the
       // fp8 config's occupancy differs from the bf16 one DecodeAutoSplits assumes).
-      const bool split =
-          fp8 ? v3.splits > 1
-              : llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context, kHeadDim, 128) > 1;
-      if (split) run("v3-nosplit", 1);
-      if (fp8) {
+      const bool split = fp8 ? v3.splits > 1
+                             : llm::cuda::DecodeAutoSplits(s.batch, kKvHeads, s.context, kHeadDim,
+                                                           128, 2, s.window) > 1;
+      if (split) run(sw ? "v3-sw-nosplit" : "v3-nosplit", 1);
+      if (fp8 && sw) {
+        run("auto-sw", 0, llm::cuda::DecodeKernelChoice::kAuto);  // (no window on warp items)
+      } else if (fp8) {
         run("auto", 0, llm::cuda::DecodeKernelChoice::kAuto);
         run("v4-items", 1, llm::cuda::DecodeKernelChoice::kWarpItems);
         run("v4-itemsT", 1, llm::cuda::DecodeKernelChoice::kWarpItemsT);
       }
     }
   }
-  std::printf("\n%-11s %4s %6s %7s %7s %6s %9s %8s %7s %9s %9s %9s %9s\n", "variant", "kv", "batch",
-              "context", "splits", "ctas", "ms", "TB/s", "ratio", "graph_us", "g+pdl_us", "rel_err",
-              "fp8/bf16");
+  std::printf("\n%-13s %4s %6s %7s %6s %7s %6s %9s %8s %7s %9s %9s %9s %9s\n", "variant", "kv",
+              "batch", "context", "window", "splits", "ctas", "ms", "TB/s", "ratio", "graph_us",
+              "g+pdl_us", "rel_err", "fp8/bf16");
   for (const Result& r : results) {
     char vs[16] = "";
     if (r.fp8_over_bf16 > 0) std::snprintf(vs, sizeof(vs), "%.3f", r.fp8_over_bf16);
-    std::printf("%-11s %4s %6d %7d %7d %6d %9.4f %8.3f %7.3f %9.2f %9.2f %9.2e %9s\n",
-                r.variant.c_str(), KvName(r.fp8), r.shape.batch, r.shape.context, r.splits, r.ctas,
-                r.ms, r.tbs, r.tbs / copy_tbs, r.graph_ms * 1e3, r.graph_pdl_ms * 1e3, r.rel_err,
-                vs);
+    std::printf("%-13s %4s %6d %7d %6d %7d %6d %9.4f %8.3f %7.3f %9.2f %9.2f %9.2e %9s\n",
+                r.variant.c_str(), KvName(r.fp8), r.shape.batch, r.shape.context, r.shape.window,
+                r.splits, r.ctas, r.ms, r.tbs, r.tbs / copy_tbs, r.graph_ms * 1e3,
+                r.graph_pdl_ms * 1e3, r.rel_err, vs);
   }
   std::printf("copy %.3f TB/s\n", copy_tbs);
   return ok ? 0 : 1;

@@ -21,11 +21,14 @@ void CudaWorker::Attention(int64_t layer, const Shape& s) {
   p.scale = 1.f / std::sqrt(float(config.head_dim));
   p.dtype = dtype;
   p.kv_format = kv_format;
+  // This layer's sliding window (0: full causal), set on every batch below.
+  const int64_t window = config.SlidingWindowOf(layer);
   const int64_t nd = s.num_decode;
   if (nd > 0) {
     p.q = q;
     p.out = attn;
     p.batch = {nd, d_cu, d_ctx, d_tables, s.width};
+    p.batch.sliding_window = window;
     p.max_q_len = 1;
     p.max_num_keys = s.max_keys_decode;
     cuda::PagedDecodeAttention(p, s.splits, decode_ws, kDecodeWorkspaceBytes, stream);
@@ -35,6 +38,7 @@ void CudaWorker::Attention(int64_t layer, const Shape& s) {
     p.q = static_cast<const std::byte*>(q) + offset;
     p.out = static_cast<std::byte*>(attn) + offset;
     p.batch = {s.num_seqs - nd, d_cu_prefill, d_ctx + nd, d_tables + nd * s.width, s.width};
+    p.batch.sliding_window = window;
     p.max_q_len = s.max_q_len;
     p.max_num_keys = s.max_keys_prefill;
     if (s.prefill_groups.empty()) {
@@ -45,6 +49,7 @@ void CudaWorker::Attention(int64_t layer, const Shape& s) {
     for (const Shape::PrefillGroup& g : s.prefill_groups) {
       p.batch = {g.end - g.begin, d_cu_prefill + (g.begin - nd), d_ctx + g.begin,
                  d_tables + g.begin * s.width, s.width};
+      p.batch.sliding_window = window;
       // A group of one sequence with more pages than the scratch holds runs on the mma.sync
       // kernel (no scratch), even where the table's slack would hold its pages.
       const cuda::PrefillScratch scratch{prefill_scratch, prefill_scratch_bytes, g.pages};

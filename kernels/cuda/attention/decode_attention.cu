@@ -30,6 +30,13 @@
 //    one parallel pass, writes the output and resets the counter to 0 (v3: no second launch;
 //    v1/v2 had a separate combine kernel). With one split the kernel normalises and writes the
 //    output itself (no workspace).
+//  - Sliding window (AttentionBatch::sliding_window W > 0): a sequence's key range is the
+//    window's, [VisibleKeyBegin(context_len, W), context_len] (kernels/paged_kv.h), in the
+//    64-key tiles from the one holding its first key; the tiles left of it are never read, and
+//    splits divide the window's tiles only. The keys left of the window in its first tile are
+//    masked by a warp-uniform branch taken in that tile alone (so W = 0 runs today's code).
+//    The selector sizes splits by the window's tiles (KeysRead: a function of max_num_keys and
+//    W, so the grid is fixed for a captured shape).
 //  - SelectSplits picks the split count from the batch shape, the SM count and the occupancy
 //    of the config: the count with the smallest estimated time waves × (tiles per split +
 //    per-CTA overhead), ties to more splits, so few-CTA shapes fill every resident slot (or
@@ -156,6 +163,7 @@ struct KernelArgs {
   int num_kv_heads;
   int group;
   int num_splits;
+  int sliding_window;  // AttentionBatch::sliding_window (0: every key; CTA kernel only)
   float scale_log2;    // scale · log2(e) (fp8: · k_scale)
   float out_scale;     // 1, or the fp8 cache's v_scale
   float* part_acc;     // [num_seqs, num_heads, num_splits, D] (num_splits > 1)
@@ -310,14 +318,17 @@ __device__ __forceinline__ void LoadQFragment(const KernelArgs& a, int seq, int 
 }
 
 // One warp's 16 keys of a tile (rows warp_row .. warp_row + 15 of the K and V tiles at
-// k_tile / v_tile, keys warp_key0 .. warp_key0 + 15; those >= key_end are masked): S = Q·Kᵀ,
-// the online-softmax update of (m, l) and O += P·V, on the fragments DecodeKernel describes.
-// Shared by DecodeKernel and DecodeItemsKernel.
+// k_tile / v_tile, keys warp_key0 .. warp_key0 + 15; those >= key_end, and with a sliding
+// window those < key_lo, are masked): S = Q·Kᵀ, the online-softmax update of (m, l) and
+// O += P·V, on the fragments DecodeKernel describes. Shared by DecodeKernel and
+// DecodeItemsKernel. key_lo > warp_key0 only in the window's first tile (a warp-uniform
+// branch; never taken without a window, key_lo = 0); a warp whose 16 keys are all left of the
+// window keeps m = -inf and adds nothing (online_softmax.h's conventions).
 template <typename T, int D, bool kFp8>
 __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], uint32_t k_tile,
                                              uint32_t v_tile, int lane, int warp_row, int warp_key0,
                                              int key_end, float scale_log2, float (&m)[2],
-                                             float (&l)[2], float (&o)[D / 8][4]) {
+                                             float (&l)[2], float (&o)[D / 8][4], int key_lo = 0) {
   using Tr = DecodeTraits<D, kFp8>;
   using M = std::conditional_t<kFp8, __half, T>;
   const int c = lane & 3;
@@ -363,8 +374,19 @@ __device__ __forceinline__ void WarpKeysStep(const uint32_t (&qa)[D / 16][4], ui
     for (int e = 0; e < 4; ++e) {
       const bool visible = key0 + 8 * n + (e & 1) < key_end;
       s[n][e] = visible ? s[n][e] * scale_log2 : -INFINITY;
-      tile_max[e >> 1] = Max(tile_max[e >> 1], s[n][e]);
     }
+  }
+  if (warp_key0 < key_lo) {  // the sliding window's first tile: keys left of it
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (key0 + 8 * n + (e & 1) < key_lo) s[n][e] = -INFINITY;
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tile_max[e >> 1] = Max(tile_max[e >> 1], s[n][e]);
   }
   float alpha[2];
 #pragma unroll
@@ -468,7 +490,8 @@ template <int D>
 __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], uint32_t k_tile,
                                               uint32_t v_tile, int lane, int warp_row,
                                               int warp_key0, int key_end, float scale_log2,
-                                              float (&m)[2], float (&l)[2], float (&o)[D / 16][4]) {
+                                              float (&m)[2], float (&l)[2], float (&o)[D / 16][4],
+                                              int key_lo = 0) {
   const int g = lane >> 2;
   const int row8 = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);  // as WarpKeysStep's k8_row
   float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -488,7 +511,11 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
     }
   }
   // Online softmax per head (r = 0, 1: heads 2c, 2c + 1), keys g (s[r]) and g + 8 (s[2 + r]).
-  const bool vis0 = warp_key0 + g < key_end, vis1 = warp_key0 + g + 8 < key_end;
+  bool vis0 = warp_key0 + g < key_end, vis1 = warp_key0 + g + 8 < key_end;
+  if (warp_key0 < key_lo) {  // the sliding window's first tile (as WarpKeysStep)
+    vis0 = vis0 && warp_key0 + g >= key_lo;
+    vis1 = vis1 && warp_key0 + g + 8 >= key_lo;
+  }
   float alpha[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -605,12 +632,17 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     LoadQFragment<T, D, kFp8>(a, seq, kv_head, lane, qa);
   }
 
-  // This CTA's key range: whole 64-key tiles [tile_begin, tile_begin + num_tiles).
+  // This CTA's key range: whole 64-key tiles [tile_begin, tile_begin + num_tiles). With a
+  // sliding window only the window's keys [first_key, num_keys) are split: its tiles start at
+  // the one holding first_key (tiles stay 64-aligned; the keys left of first_key in that tile
+  // are read and masked), the tiles left of it are never touched.
   const int num_keys = a.context_lens[seq] + 1;
-  const int total_tiles = (num_keys + Tr::kTileKeys - 1) / Tr::kTileKeys;
+  const int first_key = int(VisibleKeyBegin(num_keys - 1, a.sliding_window));  // 0: no window
+  const int first_tile = first_key / Tr::kTileKeys;
+  const int total_tiles = (num_keys + Tr::kTileKeys - 1) / Tr::kTileKeys - first_tile;
   int tile_begin, num_tiles;
   SplitTiles(total_tiles, a.num_splits, split, tile_begin, num_tiles);
-  const int key_begin = tile_begin * Tr::kTileKeys;
+  const int key_begin = (first_tile + tile_begin) * Tr::kTileKeys;
   const int key_end = min(num_keys, key_begin + num_tiles * Tr::kTileKeys);
 
   // Byte pointers to this KV head's rows (element offsets × kElemBytes).
@@ -697,11 +729,11 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
 
     if constexpr (kT) {
       WarpKeysStepT<D>(qa, k_tile, v_tile, lane, warp_row, key_begin + i * Tr::kTileKeys + warp_row,
-                       key_end, a.scale_log2, m, l, o);
+                       key_end, a.scale_log2, m, l, o, first_key);
     } else {
       WarpKeysStep<T, D, kFp8>(qa, k_tile, v_tile, lane, warp_row,
                                key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m,
-                               l, o);
+                               l, o, first_key);
     }
   }
 
@@ -1282,6 +1314,14 @@ struct LaunchOf {
   }
 };
 
+// The most keys one sequence's CTAs read: its whole context, or with a sliding window W the
+// window's keys in whole 64-key tiles (W keys touch at most ceil((W - 1) / 64) + 1 tiles, the
+// tiles of W + 63 keys). A function of the shape alone (max_num_keys, W), so the split count
+// and the grid stay fixed for a captured shape while the true lengths vary on the device.
+int64_t KeysRead(int64_t max_num_keys, int64_t sliding_window) {
+  return sliding_window > 0 ? std::min(max_num_keys, sliding_window + kTileKeys - 1) : max_num_keys;
+}
+
 size_t PartialBytesPerSplit(int64_t num_seqs, int64_t num_heads, int64_t head_dim) {
   return size_t(num_seqs) * size_t(num_heads) * size_t(head_dim + 2) * sizeof(float);
 }
@@ -1298,10 +1338,10 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 }
 
 int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys, int64_t head_dim,
-                     int64_t max_splits, int64_t min_tiles_per_split) {
+                     int64_t max_splits, int64_t min_tiles_per_split, int64_t sliding_window) {
   const int slots = NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 ? 64 : 128, false);
-  return SelectSplits(num_seqs * num_kv_heads, max_num_keys, slots, max_splits,
-                      min_tiles_per_split);
+  return SelectSplits(num_seqs * num_kv_heads, KeysRead(max_num_keys, sliding_window), slots,
+                      max_splits, min_tiles_per_split);
 }
 
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
@@ -1338,22 +1378,34 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   if (force_items && !p.kv_format.fp8) {
     throw std::invalid_argument("PagedDecodeAttention: the warp-item kernel reads fp8 caches only");
   }
+  const int64_t window = p.batch.sliding_window;
+  if (window < 0) {
+    throw std::invalid_argument("PagedDecodeAttention: sliding_window " + std::to_string(window) +
+                                " (0 = full attention, or a positive window)");
+  }
+  if (force_items && window > 0) {
+    throw std::invalid_argument(
+        "PagedDecodeAttention: the warp-item kernels (kWarpItems, kWarpItemsT) have no sliding "
+        "window; kAuto / kCta do");
+  }
   const int64_t num_seqs = p.batch.num_seqs;
   if (info != nullptr) *info = DecodeLaunchInfo{};
   if (num_seqs == 0) return;
 
   // Split count: what the workspace holds (after its counters; one counter per (sequence, KV
-  // head) must exist), capped by the tiles of the longest sequence and kMaxSplits.
+  // head) must exist), capped by the tiles of the longest sequence (with a sliding window: of
+  // the window, KeysRead) and kMaxSplits.
   const int64_t base = num_seqs * layout.num_kv_heads;
   const size_t per_split = PartialBytesPerSplit(num_seqs, p.num_heads, head_dim);
   int64_t ws_splits = 1;
   if (workspace != nullptr && workspace_bytes > kDecodeCounterBytes && base <= kDecodeMaxCounters)
     ws_splits = std::max<int64_t>(1, int64_t((workspace_bytes - kDecodeCounterBytes) / per_split));
-  const int64_t tiles = (std::max<int64_t>(p.max_num_keys, 1) + kTileKeys - 1) / kTileKeys;
+  const int64_t keys_read = KeysRead(p.max_num_keys, window);
+  const int64_t tiles = (std::max<int64_t>(keys_read, 1) + kTileKeys - 1) / kTileKeys;
   int splits = num_splits;
   if (splits == 0) {
     const int slots = NumSms() * CtasPerSm(p.dtype, head_dim, p.kv_format.fp8);
-    splits = SelectSplits(base, p.max_num_keys, slots, ws_splits);
+    splits = SelectSplits(base, keys_read, slots, ws_splits);
   } else {
     splits = static_cast<int>(std::min<int64_t>({splits, tiles, kMaxSplits, ws_splits}));
   }
@@ -1378,6 +1430,8 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   args.num_heads = static_cast<int>(p.num_heads);
   args.num_kv_heads = static_cast<int>(layout.num_kv_heads);
   args.group = static_cast<int>(group);
+  // A window of 2^31 keys or more covers every sequence (context lengths are int32).
+  args.sliding_window = static_cast<int>(std::min<int64_t>(window, 0x7fffffff));
   args.scale_log2 = p.scale * kLog2e * (p.kv_format.fp8 ? p.kv_format.k_scale : 1.f);
   args.out_scale = p.kv_format.fp8 ? p.kv_format.v_scale : 1.f;
   if (splits > 1) {  // workspace: [counters][part_acc][part_ml]

@@ -57,7 +57,11 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
                             int64_t max_splits);
 
 // Decode: exactly one query token per sequence (cu_seqlens_q[i] = i; q and out rows are the
-// sequence index), attending over context_lens[i] + 1 keys through the block table.
+// sequence index), attending over context_lens[i] + 1 keys through the block table; with
+// p.batch.sliding_window W > 0 over the last W of them, keys [VisibleKeyBegin(context_lens[i],
+// W), context_lens[i]] (kernels/paged_kv.h): only the window's 64-key tiles are read and split
+// (a 32k context with W = 4096 reads ~4096 keys), and the split count and grid depend on the
+// shape (max_num_keys, W) alone, so a captured graph stays valid as the contexts grow.
 //   p.dtype kBF16 or kF16; p.kv_format.fp8: e4m3 pools (the tensor-core math then runs in fp16:
 //   q is converted to fp16 saturating at ±65504, K/V dequantize exactly, P is rounded to fp16;
 //   the output is written in p.dtype); head_dim 64 or 128; num_heads a multiple of num_kv_heads
@@ -66,13 +70,14 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 // num_splits: 0 = automatic (from the batch shape and the SM count), 1 = no split, n = n key
 // chunks per sequence, capped by the tiles of the longest sequence, by 128 and by what the
 // workspace holds (see above; a null or too small workspace runs fewer splits, down to 1);
-// info->num_splits reports the count used. With splits > 1 the last CTA of each (sequence,
-// KV head) merges the partials in the same kernel (one launch either way).
-// Launched through cuda::Launch (kernels/cuda/common/launch.h): with programmatic dependent launch
-// on, the kernel waits (PdlWait) before reading q, the batch arrays, K/V or the workspace and
-// before writing anything, so results are bit-identical with it on or off.
-// Unsupported dtype / head_dim / group: std::invalid_argument naming the value. Asynchronous
-// on `stream`.
+// info->num_splits reports the count used (with a window, capped by the window's tiles). With
+// splits > 1 the last CTA of each (sequence, KV head) merges the partials in the same kernel (one
+// launch either way). Launched through cuda::Launch (kernels/cuda/common/launch.h): with
+// programmatic dependent launch on, the kernel waits (PdlWait) before reading q, the batch arrays,
+// K/V or the workspace and before writing anything, so results are bit-identical with it on or off.
+// Unsupported dtype / head_dim / group, a negative window, or a window with the warp-item
+// kernels (kWarpItems / kWarpItemsT, which have none): std::invalid_argument naming the value.
+// Asynchronous on `stream`.
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream,
                           DecodeLaunchInfo* info = nullptr,
@@ -82,9 +87,11 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
 // The split count the automatic selector picks for a batch shape (exposed for tests/benches);
 // every split gets at least min_tiles_per_split tiles of 64 keys of the longest sequence (2:
 // each CTA pipelines its tiles, as PagedDecodeAttention's num_splits = 0 picks; 1: short
-// contexts at small batch split further, each CTA one tile, which the executor uses).
+// contexts at small batch split further, each CTA one tile, which the executor uses). With a
+// sliding window the tiles counted are the window's (as PagedDecodeAttention reads them).
 int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys, int64_t head_dim,
-                     int64_t max_splits, int64_t min_tiles_per_split = 2);
+                     int64_t max_splits, int64_t min_tiles_per_split = 2,
+                     int64_t sliding_window = 0);
 
 // Writes new keys and values (same semantics as cpu::AppendKv):
 //   k, v: [num_tokens, num_kv_heads, head_dim] of `dtype` (device)

@@ -11,6 +11,7 @@
 //        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
 // Bench: ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
 //        (--kv fp8: the e4m3 caches, v3 and v4)
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -70,6 +71,15 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
   if (hd < 1 || hd > 128) {
     throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
                                 " unsupported (64 or 128; others up to 128 by v1_naive only)");
+  }
+  if (p.batch.sliding_window < 0) {
+    throw std::invalid_argument("PagedPrefillAttention: sliding_window " +
+                                std::to_string(p.batch.sliding_window) +
+                                " (0 = full attention, or a positive window)");
+  }
+  if (p.batch.sliding_window > 0 && !p.causal) {
+    throw std::invalid_argument(
+        "PagedPrefillAttention: a sliding window is causal (non-causal attention has none)");
   }
   // fp8 pools reach v4 through a copy of their pages (prefill_attention_fp8.cu).
   const bool v4_pools = !p.kv_format.fp8 || ScratchFits(p, scratch);
@@ -159,6 +169,8 @@ PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stre
   a.is_bf16 = p.dtype == DType::kBF16;
   a.v4_flags = v4_flags;
   a.causal = p.causal;
+  // A window of 2^31 keys or more covers every sequence (lengths are int32).
+  a.sliding_window = static_cast<int>(std::min<int64_t>(p.batch.sliding_window, 0x7fffffff));
   switch (v) {
     case PrefillVariant::kNaive:
       detail::LaunchPrefillNaive(a, stream);

@@ -102,7 +102,11 @@ inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 // kWgmma over an exact bf16 / fp16 copy of the pages when a PrefillScratch that fits is given
 // (kBest picks kWgmma then, else kMma for head_dim 64 / 128); kSmem rejects it. v4_flags:
 // kWgmma's schedule (detail::kV4* bits; the other rungs ignore it): production's is
-// kV4Default, the test and the bench pass the others. Asynchronous on `stream`. Returns the
+// kV4Default, the test and the bench pass the others. p.batch.sliding_window W > 0 (causal
+// only; every rung, fp8 included): query row at position p sees keys [VisibleKeyBegin(p, W), p]
+// (kernels/paged_kv.h); each rung starts its key loop at the (aligned) tile holding the first
+// visible key of its query tile's first row and masks the rest on the left; non-causal with a
+// window or a negative window: std::invalid_argument. Asynchronous on `stream`. Returns the
 // rung it ran (ResolvePrefillVariant's answer).
 PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
                                      PrefillVariant variant = PrefillVariant::kBest,
@@ -136,6 +140,10 @@ struct PrefillArgs {
   float out_scale = 1.f;      // fp8: v_scale, applied with the final 1 / l
   int v4_flags = kV4Default;  // kV4* bits: PagedPrefillAttention's v4_flags
   bool causal = true;         // AttentionParams::causal (false: v4 only)
+  // AttentionBatch::sliding_window (0: full causal; > 0: causal only, every rung): a row at
+  // position p sees keys [VisibleKeyBegin(p, W), p]; key tiles left of the window of a query
+  // tile's first row are skipped, rows seeing part of a tile get a left mask.
+  int sliding_window = 0;
 };
 
 // One launcher per rung (each defined in its own prefill_attention_v*.cu).

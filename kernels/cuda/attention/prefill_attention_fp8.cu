@@ -18,6 +18,9 @@
 // plus one table (PrefillFp8ScratchBytes); the engine sizes one for a maximum-length sequence
 // and runs sequences whose pages do not fit together as several launches.
 //
+// Sliding window: the pages wholly left of the window of each chunk's first query are neither
+// read nor written (their table entries are -1: v4 reads zeros there, masked), so a 32k context
+// with a 4k window copies ~4k keys' pages; the scratch keeps its layout (sized as without).
 // Scratch layout: [table: num_seqs × max_blocks_per_seq int32, 256-byte aligned] [K pages] [V
 // pages], each page [num_kv_heads, block_size, head_dim] as in kernels/paged_kv.h; sequence s's
 // pages are scratch pages base_s … base_s + n_s - 1 with base_s = n_0 + … + n_{s-1}.
@@ -76,6 +79,7 @@ struct DequantArgs {
   int64_t capacity = 0;    // scratch pages
   int64_t page_elems = 0;  // num_kv_heads · block_size · head_dim (a multiple of 8)
   int block_size = 0;
+  int sliding_window = 0;  // pages wholly left of the chunk's first window are not copied
 };
 
 // Blocks blockIdx.x, blockIdx.x + gridDim.x, ... of sequence blockIdx.y: each one's scratch page
@@ -116,8 +120,17 @@ __global__ void __launch_bounds__(kDequantThreads) DequantizePagesKernel(Dequant
     return make_uint4(h[0], h[1], h[2], h[3]);
   };
   const int64_t chunks = d.page_elems / 8;
+  // Sliding window: no query of the chunk sees a key left of its first query's window (the
+  // query at position context_lens[s]), so those pages are not copied; their entries are -1
+  // and v4, which still loads the pages of the window's first 128-key tile left of the window,
+  // reads them as zeros (masked there).
+  const int first_key = int(VisibleKeyBegin(d.context_lens[s], d.sliding_window));
   for (int b = blockIdx.x; b < n; b += gridDim.x) {
     const int64_t dst = base + b;
+    if ((b + 1) * d.block_size <= first_key) {
+      if (threadIdx.x == 0) d.tables_out[int64_t(s) * d.width + b] = -1;
+      continue;
+    }
     const int64_t src = d.block_tables[int64_t(s) * d.width + b];
     // The host sizes the scratch from the same lengths (PrefillPagesNeeded) and the engine's
     // tables hold valid blocks. A page that breaks either is never written out of bounds, and
@@ -183,6 +196,7 @@ void LaunchPrefillWgmmaFp8(const PrefillArgs& a, const PrefillScratch& scratch,
   d.capacity = capacity;
   d.page_elems = int64_t(a.num_kv_heads) * a.block_size * a.head_dim;
   d.block_size = a.block_size;
+  d.sliding_window = a.sliding_window;
   if (d.page_elems % 8 != 0) {
     throw std::invalid_argument("PagedPrefillAttention (fp8 via v4): page of " +
                                 std::to_string(d.page_elems) + " elements, not a multiple of 8");

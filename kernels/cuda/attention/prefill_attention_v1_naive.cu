@@ -1,7 +1,8 @@
 // Prefill attention, rung 1 (v1_naive): the correctness baseline.
 //
 // Algorithm: one warp per (query row, head); lane j holds dimensions j, j + 32, … (any
-// head_dim ≤ 128: also the tiny ones of test models). For every visible key (0 … ctx + r,
+// head_dim ≤ 128: also the tiny ones of test models). For every visible key (0 … ctx + r, or
+// with a sliding window VisibleKeyBegin(ctx + r, W) … ctx + r,
 // read through the block table) the warp forms the dot product by a shuffle reduction and
 // applies the scalar online softmax (kernels/online_softmax.h: log2-domain scores, exp2,
 // running max m and sum l) to its fp32 accumulator. No tiling, no reuse: every K/V row is
@@ -46,8 +47,8 @@ __global__ void __launch_bounds__(NaiveTraits::kThreads) PrefillNaiveKernel(Pref
     acc[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const int last_key = c.ctx + r;  // causal: keys 0 … ctx + r
-  for (int key = 0; key <= last_key; ++key) {
+  const int last_key = c.ctx + r;  // causal: keys 0 … ctx + r (a window: from its first key)
+  for (int key = int(VisibleKeyBegin(last_key, a.sliding_window)); key <= last_key; ++key) {
     const int64_t off = KvRowOffset(a, table, key, c.kv_head);
     float dot = 0.f;
 #pragma unroll

@@ -64,7 +64,11 @@ __global__ void __launch_bounds__(SmemTraits::kThreads) PrefillSmemKernel(Prefil
   for (int i = 0; i < Tr::kMaxDimsPerThread; ++i) acc[i] = 0.f;
   float m = -INFINITY, l = 0.f;  // l: this thread's partial row sum
   const int kv_end = min(c.num_keys, c.ctx + c.q0 + Tr::kBr);
-  for (int k0 = 0; k0 < kv_end; k0 += Tr::kBc) {
+  // Sliding window: this row's first visible key; the loop starts at the tile holding the
+  // first row's (tiles left of it are skipped).
+  const int row_begin = int(VisibleKeyBegin(c.ctx + r, a.sliding_window));
+  const int tile_begin = int(VisibleKeyBegin(c.ctx + c.q0, a.sliding_window)) / Tr::kBc * Tr::kBc;
+  for (int k0 = tile_begin; k0 < kv_end; k0 += Tr::kBc) {
     __syncthreads();  // previous tile consumed
     for (int i = tid; i < Tr::kBc * hd; i += Tr::kThreads) {
       const int kr = i / hd, d = i % hd, key = k0 + kr;
@@ -85,7 +89,8 @@ __global__ void __launch_bounds__(SmemTraits::kThreads) PrefillSmemKernel(Prefil
       const int j = sub + Tr::kThreadsPerRow * jj;
       float dot = 0.f;
       for (int d = 0; d < hd; ++d) dot = fmaf(sQ[row * Tr::kPad + d], sK[j * Tr::kPad + d], dot);
-      s[jj] = k0 + j <= c.ctx + r ? dot * a.scale_log2 : -INFINITY;  // causal mask
+      const int key = k0 + j;  // causal mask, and the window's left edge
+      s[jj] = key <= c.ctx + r && key >= row_begin ? dot * a.scale_log2 : -INFINITY;
       tile_max = fmaxf(tile_max, s[jj]);
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));

@@ -7,6 +7,8 @@
 //  - 64-key K/V tiles are gathered through the block table with 16-byte cp.async (a tile spans
 //    64 / block_size pages; rows past the sequence are zero-filled), double-buffered: tile j+1
 //    loads while tile j computes.
+//  - Sliding window (PrefillArgs::sliding_window): the key loop starts at the tile holding the
+//    first row's first visible key; a left mask applies only in tiles left of the last row's.
 //  - S = Q·K^T (16 × 64 per warp, fp32 in registers, B fragments by ldmatrix from the swizzled
 //    K tile), causal mask only on diagonal tiles, online softmax on the accumulator fragments
 //    (row max/sum over the 4 threads of a row by shuffles, exp2 with scale·log2e folded into one
@@ -147,21 +149,29 @@ __global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKerne
 
   const int kv_end = min(c.num_keys, c.ctx + c.q0 + kBr);  // keys any row of the tile sees
   const int n_tiles = (kv_end + kBc - 1) / kBc;
-  load_kv(0, 0);
+  // Sliding window: tiles start at the one holding the first row's first visible key (those
+  // left of it are skipped); rows whose window starts inside a tile get a left mask there, in
+  // the tiles left of the last row's first key (none without a window: left_end = 0).
+  const int W = a.sliding_window;
+  const int j_begin = int(VisibleKeyBegin(c.ctx + c.q0, W)) / kBc;
+  const int left_end = int(VisibleKeyBegin(c.ctx + c.q0 + kBr - 1, W));
+  load_kv(j_begin * kBc, j_begin & 1);
   CpAsyncCommit();
 
   const int g = lane / 4, t = lane % 4;   // mma fragment coordinates
   const int row0 = c.q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  const int row_begin[2] = {int(VisibleKeyBegin(c.ctx + row0, W)),
+                            int(VisibleKeyBegin(c.ctx + row0 + 8, W))};
   float o[HD / 8][4];
 #pragma unroll
   for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's partial sums
   uint32_t qf[HD / 16][4];
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = j_begin; j < n_tiles; ++j) {
     CpAsyncWait<0>();
     __syncthreads();  // tile j resident for all; everyone is done with tile j-1's stage
-    if (j == 0) {
+    if (j == j_begin) {
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
         LdMatrixX4(qf[kk], SmemAddr(sQ + Swz<HD>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))));
@@ -211,6 +221,15 @@ __global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKerne
           const int row = row0 + (e >> 1) * 8;
           if (key > c.ctx + row) s[n][e] = -INFINITY;
         }
+    }
+    // The window's left edge, only where some row's window starts past the tile's first key.
+    // A row left with no visible key in this tile keeps m = -inf (offset 0, alpha 0 later).
+    if (k0 < left_end) {
+#pragma unroll
+      for (int n = 0; n < kBc / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (k0 + n * 8 + 2 * t + (e & 1) < row_begin[e >> 1]) s[n][e] = -INFINITY;
     }
     // Online softmax per row (h = 0: row0, h = 1: row0 + 8).
 #pragma unroll

@@ -36,6 +36,11 @@
 //    waits on, and the schedules that hide the softmax lose more to it than they gain; the
 //    cluster loads faster but its pairs wait for each other (RESULTS.md, "Prefill v4: where
 //    the time goes").
+//  - Sliding window (PrefillArgs::sliding_window): an item's key tiles start at the one holding
+//    its first row's first visible key (slot j = key tile first_tile + j; the tiles left of it
+//    are never loaded), and rows whose window starts inside a tile get a left mask there (a
+//    warp-uniform branch, never taken without a window). The cluster mode multicasts nothing
+//    with a window (the pair's tiles start at different keys).
 //  - Keys past the sequence end in the last tile: their pages are not loaded, and those V rows
 //    are zeroed by the consumers (stale slots may hold NaN, and 0·NaN = NaN).
 // Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
@@ -57,7 +62,8 @@
 // [panel][key][64] V layout for comparison.
 // Not yet (the next rung, RESULTS.md): Q as a register operand (less shared-memory traffic),
 // a TMA store of O.
-// One file for one kernel: PrefillWgmmaKernel's 4 instantiations ({bf16, fp16} × {64, 128}),
+// One file for one kernel: PrefillWgmmaKernel's 8 instantiations ({bf16, fp16} × {64, 128} ×
+// {no window, sliding window}),
 // the device helpers only it uses (work split, wgmma descriptors) and its host launcher (tensor
 // maps, persistent grid); the instructions themselves are kernels/cuda/common/ptx.cuh's.
 #include <cuda.h>
@@ -177,9 +183,11 @@ __device__ __forceinline__ void WgmmaPV(float (&o)[HD / 2], const uint32_t (&a)[
 // tiles' unequal work); kV4NoPersist launches one unit per item instead.
 struct ItemCoords {
   TileCoords c;
-  int n_tiles;  // K/V tiles this CTA reads in this item (0: its query tile is past the chunk)
-  int n_slots;  // pipeline slots of the item, the same in both CTAs of a pair: max of theirs
-  int common;   // tiles 0 … common-1 are read by both CTAs of a pair: loaded once, multicast
+  int first_tile;  // the item's first key tile (> 0 only with a sliding window): slot j of the
+                   // item holds key tile first_tile + j
+  int n_tiles;     // K/V tiles this CTA reads in this item (0: its query tile is past the chunk)
+  int n_slots;     // pipeline slots of the item, the same in both CTAs of a pair: max of theirs
+  int common;      // tiles 0 … common-1 are read by both CTAs of a pair: loaded once, multicast
 };
 struct WorkSplit {
   int kpair, units, unit, items;
@@ -202,7 +210,7 @@ __device__ __forceinline__ WorkSplit GetWorkSplit(const PrefillArgs& a, bool clu
   if (!persist) w.items = min(w.items, w.units);  // one item per unit (the grid covers all)
   return w;
 }
-template <int kBr, int kBc>
+template <int kBr, int kBc, bool kWindow>
 __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const WorkSplit& w,
                                                     int item) {
   ItemCoords ic;
@@ -216,17 +224,27 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
   c.ctx = a.context_lens[c.seq];
   c.num_keys = c.ctx + c.q_len;
   const int ny = (a.max_q_len + kBr - 1) / kBr;
-  // Causal: a query tile sees keys up to its last row's position; otherwise all of them.
+  // Causal: a query tile sees keys up to its last row's position; otherwise all of them. With
+  // a sliding window, from the tile holding its first row's first visible key (the key tiles
+  // left of it are skipped).
+  auto first_tile = [&](int q0) {
+    if constexpr (!kWindow) return 0;
+    return q0 < 0 ? 0 : int(VisibleKeyBegin(c.ctx + q0, a.sliding_window)) / kBc;
+  };
   auto tiles = [&](int q0) {
     if (q0 < 0 || q0 >= c.q_len) return 0;
-    return ((a.causal ? min(c.num_keys, c.ctx + q0 + kBr) : c.num_keys) + kBc - 1) / kBc;
+    return ((a.causal ? min(c.num_keys, c.ctx + q0 + kBr) : c.num_keys) + kBc - 1) / kBc -
+           first_tile(q0);
   };
   const int first = (ny - 1 - p * w.kpair) * kBr;  // rank 0's (the heavier) tile
   c.q0 = first - int(w.rank) * kBr;
+  ic.first_tile = first_tile(c.q0);
   ic.n_tiles = tiles(c.q0);
   if (w.kpair == 2) {
     const int peer_tiles = tiles(w.rank == 0 ? first - kBr : first);
-    ic.common = min(ic.n_tiles, peer_tiles);
+    // A window starts the pair's tiles at different keys, so slot j is not the same tile in
+    // both: nothing is multicast then (each CTA loads its own; the slots stay in step).
+    ic.common = kWindow ? 0 : min(ic.n_tiles, peer_tiles);
     ic.n_slots = max(ic.n_tiles, peer_tiles);
   } else {
     ic.common = 0;
@@ -235,7 +253,9 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
   return ic;
 }
 
-template <typename T, int HD>
+// kWindow: a.sliding_window > 0 (the launcher picks it), so that without a window the kernel is
+// compiled exactly as before the window existed (the window's scalars cost v4 ~1% at hd 128).
+template <typename T, int HD, bool kWindow>
 __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     PrefillWgmmaKernel(const __grid_constant__ CUtensorMap tmap_k,
                        const __grid_constant__ CUtensorMap tmap_v, const PrefillArgs a) {
@@ -293,11 +313,11 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     for (int trip = 0;; ++trip) {
       const int item = ws.Item(trip);
       if (item < 0) break;
-      const ItemCoords ic = GetItemCoords<kBr, kBc>(a, ws, item);
+      const ItemCoords ic = GetItemCoords<kBr, kBc, kWindow>(a, ws, item);
       const TileCoords& c = ic.c;
       const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
       for (int j = 0; j < ic.n_slots; ++j, ++g) {
-        const int st = g % kStages, use = g / kStages, k0 = j * kBc;
+        const int st = g % kStages, use = g / kStages, k0 = (kWindow ? ic.first_tile + j : j) * kBc;
         if (use > 0) MbarWait(empty(st), (use - 1) & 1);
         if (j >= ic.n_tiles || (compute_only && g >= kStages)) {
           if (lane == 0) {  // no data: complete the stage's phase (profiling: no more loads)
@@ -362,6 +382,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   uint32_t g0 = 0;   // slots before this item
   int diag = 0;      // ctx + this warpgroup's first row: key > diag + r masks row r (causal)
   int last_key = 0;  // the sequence's last key: key > last_key masks every row (non-causal)
+  int kt0 = 0;       // the item's first key tile (sliding window; slot j is key tile kt0 + j)
+  const int window = kWindow ? a.sliding_window : 0;  // key <= diag + r - window masks row r
   const uint32_t peer = cluster ? ClusterCtaRank() ^ 1 : 0;
   // A warp gives slot j of the item (stage st) back once its wgmmas that read it have
   // completed (wait_group is per warp): one elected arrival per warp.
@@ -429,7 +451,18 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // Mask (diagonal tiles) and online softmax of S_j; P_j packed into p; alpha for O. O itself
   // is not touched (a P·V may still be accumulating into it).
   auto softmax = [&](int j, uint32_t(&p)[kBc / 16][4]) {
-    const int k0 = j * kBc;
+    const int k0 = (kWindow ? kt0 + j : j) * kBc;
+    // The window's left edge: only in tiles where some row of the warpgroup (the last is
+    // diag + 63) still has keys left of its window.
+    if (kWindow && k0 + window <= diag + 63) {
+      // key - k0 - 2t <= llim (+ 8 for row0 + 8): left of the row's window, masked
+      const int llim = diag + warp * 16 + g4 - window - k0 - 2 * t;
+#pragma unroll
+      for (int n = 0; n < kBc / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (n * 8 + (e & 1) <= llim + (e >> 1) * 8) s[n * 4 + e] = -INFINITY;
+    }
     if (a.causal ? k0 + kBc - 1 > diag : k0 + kBc - 1 > last_key) {
       // key - k0 - 2t > lim (+ 8 for row0 + 8 when causal): masked
       const int lim = a.causal ? diag + warp * 16 + g4 - k0 - 2 * t : last_key - k0 - 2 * t;
@@ -534,15 +567,16 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
       item = ws.Item(trip);
       if (item < 0) break;
-      const ItemCoords ic = GetItemCoords<kBr, kBc>(a, ws, item);
+      const ItemCoords ic = GetItemCoords<kBr, kBc, kWindow>(a, ws, item);
       n_tiles = loads_only ? 0 : ic.n_tiles;
       n_slots = ic.n_slots;
       diag = ic.c.ctx + ic.c.q0 + w * 64;
       last_key = ic.c.num_keys - 1;
+      kt0 = kWindow ? ic.first_tile : 0;
     }
     if (n_tiles > 0) {
       const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
-      const TileCoords c = GetItemCoords<kBr, kBc>(a, ws, item).c;
+      const TileCoords c = GetItemCoords<kBr, kBc, kWindow>(a, ws, item).c;
       const int wq0 = c.q0 + w * 64;  // this warpgroup's first query row
       // Q rows by cp.async (this warpgroup's own 64 rows: its last S GEMM of the previous item
       // has completed).
@@ -583,9 +617,10 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       }
       // Last P·V.
       {
-        const int j = n_tiles - 1, st = stage(j), k0 = j * kBc;
+        const int j = n_tiles - 1, st = stage(j), k0 = (kWindow ? kt0 + j : j) * kBc;
         const int num_keys =
-            GetItemCoords<kBr, kBc>(a, GetWorkSplit<kBr>(a, cluster, persist), item).c.num_keys;
+            GetItemCoords<kBr, kBc, kWindow>(a, GetWorkSplit<kBr>(a, cluster, persist), item)
+                .c.num_keys;
         wait_full(full_v(st), j);
         if (k0 + kBc > num_keys) {
           // Rows past the sequence: zero them (stale or never-loaded V would give 0·NaN). Both
@@ -624,7 +659,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 
       // Normalise and store (rows past the chunk are dropped).
       const WorkSplit ws2 = GetWorkSplit<kBr>(a, cluster, persist);
-      const TileCoords c2 = GetItemCoords<kBr, kBc>(a, ws2, item).c;
+      const TileCoords c2 = GetItemCoords<kBr, kBc, kWindow>(a, ws2, item).c;
       const int row0 = c2.q0 + w * 64 + warp * 16 + g4;  // this thread's rows: row0, row0 + 8
       T* out = static_cast<T*>(a.out);
 #pragma unroll
@@ -721,10 +756,10 @@ CUtensorMap PagePoolMap(const void* pool, const PrefillArgs& a) {
   return map;
 }
 
-template <typename T, int HD>
+template <typename T, int HD, bool kWindow>
 void Launch(const PrefillArgs& a, cudaStream_t stream) {
   using Tr = WgmmaTraits<HD>;
-  auto kernel = PrefillWgmmaKernel<T, HD>;
+  auto kernel = PrefillWgmmaKernel<T, HD, kWindow>;
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   // V: the page-box map (default) or the panel-box map (kV4PanelBoxV); only the one in use is
@@ -769,13 +804,22 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, a));
 }
 
+template <typename T>
+void LaunchDims(const PrefillArgs& a, cudaStream_t stream) {
+  if (a.sliding_window > 0) {
+    a.head_dim == 64 ? Launch<T, 64, true>(a, stream) : Launch<T, 128, true>(a, stream);
+  } else {
+    a.head_dim == 64 ? Launch<T, 64, false>(a, stream) : Launch<T, 128, false>(a, stream);
+  }
+}
+
 }  // namespace
 
 void LaunchPrefillWgmma(const PrefillArgs& a, cudaStream_t stream) {
   if (a.is_bf16) {
-    a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, stream) : Launch<__nv_bfloat16, 128>(a, stream);
+    LaunchDims<__nv_bfloat16>(a, stream);
   } else {
-    a.head_dim == 64 ? Launch<__half, 64>(a, stream) : Launch<__half, 128>(a, stream);
+    LaunchDims<__half>(a, stream);
   }
 }
 
