@@ -75,6 +75,18 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(
   RequireBackendSupport(config, kCudaBackendSupport);
   const int world = options.tensor_parallel_size;
   MakeTensorParallelShard(config, 0, world);  // validates the split
+  const ArchitectureFeatures& features = ArchitectureOf(config).features;
+  if (world > 1 && (features.packed_projections || features.sandwich_norms)) {
+    throw Error("--tensor-parallel-size " + std::to_string(world) + ": " + config.architecture +
+                (features.sandwich_norms
+                     ? "'s norms of the attention and MLP outputs need the all-reduced sums, "
+                       "which the tensor-parallel layer does not do yet"
+                     : "'s packed qkv_proj / gate_up_proj tensors are not split across GPUs yet"));
+  }
+  if (options.fp8_weights && (features.sandwich_norms || features.mlp != MlpKind::kSwiGlu)) {
+    throw Error("--quantization fp8: " + config.architecture +
+                "'s layer (GeGLU, sandwich norms) has no fp8 path on the CUDA backend yet");
+  }
   if (world > 1) {
     if (!CudaTensorParallelAvailable()) {
       throw Error("--tensor-parallel-size " + std::to_string(world) +

@@ -116,6 +116,7 @@ void CudaWorker::AllocActivations() {
   attn = Alloc(T * q_dim * int64_t(esize));
   gate_up = Alloc(T * 2 * inter * int64_t(esize));
   act = Alloc(T * inter * int64_t(esize));
+  if (features.sandwich_norms) delta = Alloc(T * hidden * int64_t(esize));
   rows_normed = Alloc(max_rows * hidden * int64_t(esize));
   // The folded RMSNorm's sums of squares: one per token per 4-row group of the residual.
   rms_partials = Alloc<float>(cuda::kGemvMaxTokens * ((hidden + 3) / 4) * 4);
@@ -289,6 +290,7 @@ void CudaWorker::Configure(const ModelConfig& c, const CudaExecutorOptions& opti
   opt = options;
   config = c;
   shard = MakeTensorParallelShard(c, rank, world);
+  features = ArchitectureOf(c).features;
   device = rank;
   dtype = options.dtype;
   esize = DTypeSize(dtype);

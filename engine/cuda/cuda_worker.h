@@ -149,12 +149,20 @@ struct CudaWorker {
   struct Layer {
     void *qkv = nullptr, *o = nullptr, *gate_up = nullptr, *down = nullptr;
     float *input_norm = nullptr, *post_norm = nullptr;
+    // Qwen2: this rank's q|k|v biases (fp32, the rows of qkv); Qwen3: the per-head q/k norms.
+    float *qkv_bias = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+    // Gemma 3: the sandwich norms of the attention and MLP outputs; every layer: its RoPE
+    // table (the sliding layers' own when the config has one).
+    float *attn_out_norm = nullptr, *mlp_out_norm = nullptr;
+    const float* inv_freq = nullptr;
     // fp8: one scale per output row of each matrix.
     float *qkv_s = nullptr, *o_s = nullptr, *gate_up_s = nullptr, *down_s = nullptr;
   };
   std::vector<Layer> layers;
   void *embed = nullptr, *lm_head = nullptr;
-  float *final_norm = nullptr, *inv_freq = nullptr;
+  float *final_norm = nullptr, *inv_freq = nullptr, *sliding_inv_freq = nullptr;
+  ArchitectureFeatures features;  // the architecture's (engine/model/architecture.h)
+  float embed_scale = 1.f;        // Gemma: sqrt(hidden) rounded to dtype
   int64_t weight_bytes = 0;
 
   // KV cache.
@@ -166,6 +174,7 @@ struct CudaWorker {
   float* x = nullptr;  // fp32 residual [T, hidden]
   void *normed = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr;
   void *gate_up = nullptr, *act = nullptr, *rows_normed = nullptr;
+  void* delta = nullptr;          // sandwich norms: o / down output [T, hidden] before its RMSNorm
   float* rms_partials = nullptr;  // [kGemvMaxTokens, hidden / 4]: the folded RMSNorm
   // fp8: the next GEMM's input as e4m3 codes [T, max(hidden, q_dim, inter)] and its per-token
   // scales [T].
@@ -297,7 +306,7 @@ struct CudaWorker {
   struct Fp8Stage;
   struct DeviceMatrix;
   static DeviceMatrix MatrixOf(Layer& l, const FusedMatrix& m);
-  static float* VectorOf(Layer& l, WeightRole role);
+  float* VectorOf(Layer& l, WeightRole role) const;  // (biases: this rank's rows)
   void LoadCheckpoint(const std::string& dir);
   void FillDummy();
 
@@ -320,6 +329,8 @@ struct CudaWorker {
   void NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weight, int64_t n);
   void FoldInto(cuda::GemvArgs& g, const float* weight) const;
   bool SmallStep(int64_t rows) const;
+  // The layer's q/k/v bias and q/k norms for RopeAppendKv (none: all null).
+  cuda::QkvPrologue Prologue(const Layer& l) const;
   void RunModel(const Shape& s);
   void RunLayerFp8(int64_t i, const Shape& s);
 

@@ -18,7 +18,7 @@ void CudaWorker::Attention(int64_t layer, const Shape& s) {
   const PagedKvView<void> kv = Kv(layer);
   p.kv = {kv.k, kv.v, kv.layout};
   p.num_heads = heads;
-  p.scale = 1.f / std::sqrt(float(config.head_dim));
+  p.scale = config.AttentionScale();
   p.dtype = dtype;
   p.kv_format = kv_format;
   // This layer's sliding window (0: full causal), set on every batch below.
@@ -128,6 +128,10 @@ void CudaWorker::FoldInto(cuda::GemvArgs& g, const float* weight) const {
   g.rms_partials = rms_partials;
 }
 
+cuda::QkvPrologue CudaWorker::Prologue(const Layer& l) const {
+  return {l.qkv_bias, l.q_norm, l.k_norm, float(config.rms_norm_eps)};
+}
+
 bool CudaWorker::SmallStep(int64_t rows) const {
   return gemv_ok && rows <= std::min<int64_t>(cuda::kGemvMaxTokens, opt.gemv_max_tokens);
 }
@@ -153,7 +157,9 @@ void CudaWorker::RunModel(const Shape& s) {
   const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&
                     rms_partials != nullptr;
   bool folded = false;  // normed and rms_partials hold x's folded RMSNorm for q|k|v
-  cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream);
+  cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream, embed_scale);
+  const bool sandwich = features.sandwich_norms;  // Gemma: o and down outputs normalized
+  const bool gelu = features.mlp == MlpKind::kGeGluTanh;
   for (int64_t i = 0; i < config.num_layers; ++i) {
     if (fp8 && !small) {  // W8A8: the layer's own path
       RunLayerFp8(i, s);
@@ -167,7 +173,7 @@ void CudaWorker::RunModel(const Shape& s) {
       const PagedKvView<void> kv = Kv(i);
       rope.rope = {.positions = d_positions,
                    .slot_mapping = d_slots,
-                   .inv_freq = inv_freq,
+                   .inv_freq = l.inv_freq,
                    .num_heads = int(heads),
                    .num_kv_heads = int(kv_heads),
                    .head_dim = int(config.head_dim),
@@ -176,7 +182,10 @@ void CudaWorker::RunModel(const Shape& s) {
                    .v_cache = kv.v,
                    .kv_format = kv_format};
     }
-    const bool rope_gemv = small && cuda::GemvSupports(rope);
+    // The GEMV's RoPE epilogue has no q/k/v bias or q/k norm: those layers store q|k|v and
+    // run RopeAppendKv with its prologue.
+    const cuda::QkvPrologue pre = Prologue(l);
+    const bool rope_gemv = small && !pre.any() && cuda::GemvSupports(rope);
     // The fold needs both GEMVs of each pair; x always holds the whole residual, so a step
     // can fall back to the RMSNorm kernel at any layer.
     const bool fold_here = fold && rope_gemv;
@@ -190,8 +199,8 @@ void CudaWorker::RunModel(const Shape& s) {
       } else {
         gemm->Linear(normed, l.qkv, qkv, n, qkv_dim, hidden, dtype, dtype, false, stream);
       }
-      cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(heads), int(kv_heads),
-                         int(config.head_dim), Kv(i), dtype, q, stream, kv_format);
+      cuda::RopeAppendKv(qkv, d_positions, d_slots, l.inv_freq, n, int(heads), int(kv_heads),
+                         int(config.head_dim), Kv(i), dtype, q, stream, kv_format, pre);
     }
     Attention(i, s);
     // o and down add their output to the residual stream x. Tensor parallel: each rank's is
@@ -199,32 +208,51 @@ void CudaWorker::RunModel(const Shape& s) {
     // all-reduce leaves x + Σ partials on every rank.
     const bool add = shard.rank == 0;
     const E residual = add ? E::kAccumulateF32 : E::kStoreF32;
+    // Sandwich norms (one GPU: CudaExecutor::Create refuses them with tensor parallelism):
+    // o and down store their output in `delta`, whose RMSNorm AddNormedDelta adds to x.
+    const E out_epilogue = sandwich ? E::kStore : residual;
+    void* const out = sandwich ? delta : static_cast<void*>(x);
+    auto add_out = [&](const float* norm) {
+      if (sandwich) cuda::AddNormedDelta(x, delta, norm, dtype, n, hidden, eps, stream);
+    };
     if (small) {
       // o: one CTA per row group, not the persistent wave. The decode attention's CTAs still
       // hold SM slots when o launches (PDL), so some persistent CTAs would start late with a
       // full share of rows each: Llama-2-7B batch 1 4.40 ms/token persistent, 3.90 not
       // (bench/RESULTS.md).
-      cuda::GemvArgs o = SmallArgs(residual, attn, nullptr, l.o, l.o_s, x, n, hidden, q_dim);
+      cuda::GemvArgs o = SmallArgs(out_epilogue, attn, nullptr, l.o, l.o_s, out, n, hidden, q_dim);
       o.waves = 0;
       if (fold_here) FoldInto(o, l.post_norm);
       cuda::Gemv(o, stream);
+      add_out(l.attn_out_norm);
       AllReduceResidual(n);
-      cuda::GemvArgs gate_up = SmallArgs(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act,
-                                         n, 2 * inter, hidden);
-      NormBefore(gate_up, fold_here, l.post_norm, n);
-      cuda::Gemv(gate_up, stream);
+      // GeGLU: gate|up stored, then the activation (the GEMV's epilogue is SiLU's).
+      cuda::GemvArgs gu = SmallArgs(gelu ? E::kStore : E::kSiluMul, normed, nullptr, l.gate_up,
+                                    l.gate_up_s, gelu ? gate_up : act, n, 2 * inter, hidden);
+      NormBefore(gu, fold_here, l.post_norm, n);
+      cuda::Gemv(gu, stream);
+      if (gelu) cuda::GeluTanhMul(gate_up, act, n, inter, dtype, stream);
       cuda::GemvArgs down =
-          SmallArgs(residual, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
+          SmallArgs(out_epilogue, act, nullptr, l.down, l.down_s, out, n, hidden, inter);
       folded = fold_here && i + 1 < config.num_layers;
       if (folded) FoldInto(down, layers[size_t(i + 1)].input_norm);
       cuda::Gemv(down, stream);
+      add_out(l.mlp_out_norm);
     } else {
-      gemm->Linear(attn, l.o, x, n, hidden, q_dim, dtype, f32, add, stream);
+      gemm->Linear(attn, l.o, out, n, hidden, q_dim, dtype, sandwich ? dtype : f32,
+                   add && !sandwich, stream);
+      add_out(l.attn_out_norm);
       AllReduceResidual(n);
       cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
-      cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
-      gemm->Linear(act, l.down, x, n, hidden, inter, dtype, f32, add, stream);
+      if (gelu) {
+        cuda::GeluTanhMul(gate_up, act, n, inter, dtype, stream);
+      } else {
+        cuda::SiluMul(gate_up, act, n, inter, dtype, stream);
+      }
+      gemm->Linear(act, l.down, out, n, hidden, inter, dtype, sandwich ? dtype : f32,
+                   add && !sandwich, stream);
+      add_out(l.mlp_out_norm);
     }
     AllReduceResidual(n);
   }
@@ -252,8 +280,8 @@ void CudaWorker::RunLayerFp8(int64_t i, const Shape& s) {
   cuda::AddRmsNormE4m3(x, nullptr, l.input_norm, act8, act8_scale, dtype, nullptr, n, hidden, eps,
                        stream);
   gemm->LinearFp8(act8, act8_scale, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden, dtype, false, stream);
-  cuda::RopeAppendKv(qkv, d_positions, d_slots, inv_freq, n, int(heads), int(kv_heads),
-                     int(config.head_dim), Kv(i), dtype, q, stream, kv_format);
+  cuda::RopeAppendKv(qkv, d_positions, d_slots, l.inv_freq, n, int(heads), int(kv_heads),
+                     int(config.head_dim), Kv(i), dtype, q, stream, kv_format, Prologue(l));
   Attention(i, s);
   const bool add = shard.rank == 0;  // tensor parallel: see RunModel
   cuda::QuantizeRowsE4m3(attn, dtype, n, q_dim, act8, act8_scale, nullptr, stream);

@@ -82,17 +82,39 @@ void CudaWorker::AllocWeights() {
   lm_head = c.tie_word_embeddings ? embed : nullptr;
   final_norm = vec(hidden);
   layers.resize(size_t(c.num_layers));
+  const ArchitectureFeatures& f = features;
   for (Layer& l : layers) {
     l.input_norm = vec(hidden);
     l.post_norm = vec(hidden);
+    if (f.sandwich_norms) {
+      l.attn_out_norm = vec(hidden);
+      l.mlp_out_norm = vec(hidden);
+    }
+    if (f.attention_bias) l.qkv_bias = vec(qkv_dim);
+    if (f.qk_norm) {
+      l.q_norm = vec(c.head_dim);
+      l.k_norm = vec(c.head_dim);
+    }
     l.qkv = linear(qkv_dim, hidden, &l.qkv_s);
     l.o = linear(hidden, q_dim, &l.o_s);
     l.gate_up = linear(2 * inter, hidden, &l.gate_up_s);
     l.down = linear(hidden, inter, &l.down_s);
   }
-  const std::vector<float> freqs = RopeInvFreq(c);
-  inv_freq = Alloc<float>(int64_t(freqs.size()) * 4);
-  LLM_CUDA_CHECK(cudaMemcpy(inv_freq, freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice));
+  auto table = [&](const std::vector<float>& freqs) {
+    float* d = Alloc<float>(int64_t(freqs.size()) * 4);
+    LLM_CUDA_CHECK(cudaMemcpy(d, freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+  };
+  inv_freq = table(RopeInvFreq(c));
+  if (c.sliding_rope) sliding_inv_freq = table(RopeInvFreq(*c.sliding_rope, c.head_dim));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    layers[size_t(i)].inv_freq =
+        sliding_inv_freq && c.SlidingWindowOf(i) > 0 ? sliding_inv_freq : inv_freq;
+  }
+  if (f.scale_embeddings) {  // transformers multiplies by sqrt(hidden) cast to the weights' dtype
+    const float s = float(std::sqrt(double(hidden)));
+    embed_scale = dtype == DType::kBF16 ? Bf16ToF32(F32ToBf16(s)) : F16ToF32(F32ToF16(s));
+  }
 }
 
 std::string CudaWorker::WeightsName() const {
@@ -177,12 +199,26 @@ CudaWorker::DeviceMatrix CudaWorker::MatrixOf(Layer& l, const FusedMatrix& m) {
   }
 }
 
-float* CudaWorker::VectorOf(Layer& l, WeightRole role) {
+float* CudaWorker::VectorOf(Layer& l, WeightRole role) const {
   switch (role) {
     case WeightRole::kInputNorm:
       return l.input_norm;
     case WeightRole::kPostAttentionNorm:
       return l.post_norm;
+    case WeightRole::kQBias:  // this rank's rows of the fused q|k|v
+      return l.qkv_bias;
+    case WeightRole::kKBias:
+      return l.qkv_bias + q_dim;
+    case WeightRole::kVBias:
+      return l.qkv_bias + q_dim + kv_dim;
+    case WeightRole::kQNorm:
+      return l.q_norm;
+    case WeightRole::kKNorm:
+      return l.k_norm;
+    case WeightRole::kAttnOutputNorm:
+      return l.attn_out_norm;
+    case WeightRole::kMlpOutputNorm:
+      return l.mlp_out_norm;
     default:
       throw std::logic_error("CUDA executor: no device vector for weight role " +
                              std::to_string(int(role)));
@@ -228,8 +264,21 @@ void CudaWorker::LoadCheckpoint(const std::string& dir) {
   const WeightSpec& embed_w = WeightOf(spec, WeightRole::kEmbed);
   put(WeightName(embed_w, -1), WeightShape(embed_w, c), dtype, embed);
   if (lm_head && lm_head != embed) put(head_name, {vocab, hidden}, dtype, lm_head);
+  // A vector (count elements of t from element `begin`) as fp32; Gemma's norms as 1 + w.
+  const bool offset_norms = spec.features.norm == NormStyle::kRmsNormOffset;
+  auto put_vector = [&](const TensorView& t, int64_t begin, int64_t count, bool is_norm,
+                        float* dst) {
+    std::vector<float> host(static_cast<size_t>(count));
+    const cpu::WeightMatrix m{t.dtype, t.data + begin * int64_t(DTypeSize(t.dtype)), 1, count};
+    cpu::LoadRow(m, 0, host.data());
+    if (offset_norms && is_norm) {
+      for (float& v : host) v += 1.f;
+    }
+    LLM_CUDA_CHECK(cudaMemcpy(dst, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  };
   const WeightSpec& norm_w = WeightOf(spec, WeightRole::kFinalNorm);
-  put(WeightName(norm_w, -1), WeightShape(norm_w, c), DType::kF32, final_norm);
+  put_vector(ckpt->GetWithShape(WeightName(norm_w, -1), WeightShape(norm_w, c)), 0, hidden, true,
+             final_norm);
   const std::vector<FusedMatrix> matrices = LayerLinearMatrices(spec);
   const auto start = Clock::now();
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -245,9 +294,15 @@ void CudaWorker::LoadCheckpoint(const std::string& dir) {
       }
     }
     for (const WeightSpec& w : spec.weights) {
-      if (w.per_layer && !w.is_linear) {
-        put(WeightName(w, i), WeightShape(w, c), DType::kF32, VectorOf(l, w.role));
-      }
+      if (!w.per_layer || w.is_linear) continue;
+      // This rank's rows of the vector (biases split by heads; norms whole).
+      const std::vector<int64_t> shape = WeightShape(w, c);
+      const TensorView& t = ckpt->GetWithShape(WeightName(w, i), shape);
+      TpSlice sl = shard.Slice(w, c);
+      if (w.tp == TpSplit::kReplicated) sl = {0, shape[0], 0, 1};
+      const bool bias = w.role == WeightRole::kQBias || w.role == WeightRole::kKBias ||
+                        w.role == WeightRole::kVBias;
+      put_vector(t, sl.row_begin, sl.num_rows, !bias, VectorOf(l, w.role));
     }
     if (opt.log && head_here && isatty(fileno(stderr))) {
       std::fprintf(stderr, "\r[cuda] loading weights: layer %lld/%lld", (long long)(i + 1),
@@ -334,7 +389,12 @@ void CudaWorker::FillDummy() {
   Fp8Stage stage(*this);
   for (Layer& l : layers) {
     for (const WeightSpec& w : spec.weights) {
-      if (w.per_layer && !w.is_linear) ones(VectorOf(l, w.role));
+      if (!w.per_layer || w.is_linear) continue;
+      const bool bias = w.role == WeightRole::kQBias || w.role == WeightRole::kKBias ||
+                        w.role == WeightRole::kVBias;
+      const int64_t n =
+          w.tp == TpSplit::kReplicated ? DimSize(w.rows, c) : shard.Slice(w, c).num_rows;
+      cuda::FillConstant(VectorOf(l, w.role), DType::kF32, n, bias ? 0.f : 1.f, stream);
     }
     for (size_t k = 0; k < matrices.size(); ++k) {
       const DeviceMatrix d = MatrixOf(l, matrices[k]);

@@ -156,6 +156,7 @@ void MakeRandomModel(const MakeModelOptions& options) {
   std::vector<SafetensorsWriter::Entry> entries;
   for (const TensorSpec& s : specs) entries.push_back({s.name, options.dtype, s.shape});
   const double init_std = config_json.value("initializer_range", 0.02);
+  const bool offset_norms = ArchitectureOf(config).features.norm == NormStyle::kRmsNormOffset;
   SafetensorsWriter writer(
       (out / "model.safetensors").string(), entries,
       {{"generator", "llm make-model"}, {"seed", std::to_string(options.seed)}});
@@ -164,9 +165,15 @@ void MakeRandomModel(const MakeModelOptions& options) {
     int64_t count = 1;
     for (int64_t d : s.shape) count *= d;
     buffer.resize(static_cast<size_t>(count) * DTypeSize(options.dtype));
-    const bool is_norm = s.shape.size() == 1;  // RMSNorm weights start at 1.0
+    // Vectors are constants: RMSNorm weights 1.0 (0.0 where the norm scales by 1 + w, as
+    // Gemma's), biases 0.
+    const bool is_vector = s.shape.size() == 1;
+    const WeightRole role = s.weight->role;
+    const bool is_bias =
+        role == WeightRole::kQBias || role == WeightRole::kKBias || role == WeightRole::kVBias;
+    const float constant = is_bias || offset_norms ? 0.0f : 1.0f;
     FillRandom(buffer, count, options.dtype, SplitMix64(options.seed ^ HashName(s.name)),
-               is_norm ? 0.0 : init_std, 1.0f);
+               is_vector ? 0.0 : init_std, constant);
     writer.Write(s.name, buffer.data(), buffer.size());
   }
   writer.Close();

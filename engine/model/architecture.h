@@ -181,7 +181,7 @@ struct BackendSupport {
   bool packed = false;  // packed q|k|v and gate|up tensors
 };
 inline constexpr BackendSupport kCpuBackendSupport{"cpu", true, true, true, true, true};
-inline constexpr BackendSupport kCudaBackendSupport{"cuda"};
+inline constexpr BackendSupport kCudaBackendSupport{"cuda", true, true, true, true, true};
 void RequireBackendSupport(const ModelConfig& config, const BackendSupport& backend);
 void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& spec,
                            const BackendSupport& backend);

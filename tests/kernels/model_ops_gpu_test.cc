@@ -149,26 +149,64 @@ TEST_P(ModelOpsGpu, AddRmsNormMatchesCpu) {
   }
 }
 
-TEST_P(ModelOpsGpu, SiluMulMatchesCpu) {
+// SiluMul, and GeluTanhMul (GeGLU, Gemma) against cpu::GeluTanhMul.
+TEST_P(ModelOpsGpu, SiluMulAndGeluTanhMulMatchCpu) {
   const DType t = GetParam();
   std::mt19937 rng(3);
-  for (auto [num_tokens, inter] :
-       {std::pair<int64_t, int64_t>{1, 64}, {7, 11008}, {3, 1000}, {5, 13}, {300, 256}}) {
-    std::vector<uint16_t> bits;
-    std::vector<float> vals;
-    RandomRounded(size_t(num_tokens * 2 * inter), t, 3.f, rng, &bits, &vals);
-    std::vector<float> ref(static_cast<size_t>(num_tokens * inter));
-    for (int64_t r = 0; r < num_tokens; ++r) {
-      const float* row = vals.data() + r * 2 * inter;
-      cpu::SiluMul(row, row + inter, ref.data() + r * inter, inter);
+  for (bool gelu : {false, true}) {
+    for (auto [num_tokens, inter] :
+         {std::pair<int64_t, int64_t>{1, 64}, {7, 11008}, {3, 1000}, {5, 13}, {300, 256}}) {
+      std::vector<uint16_t> bits;
+      std::vector<float> vals;
+      RandomRounded(size_t(num_tokens * 2 * inter), t, 3.f, rng, &bits, &vals);
+      std::vector<float> ref(static_cast<size_t>(num_tokens * inter));
+      for (int64_t r = 0; r < num_tokens; ++r) {
+        const float* row = vals.data() + r * 2 * inter;
+        if (gelu) {
+          cpu::GeluTanhMul(row, row + inter, ref.data() + r * inter, inter);
+        } else {
+          cpu::SiluMul(row, row + inter, ref.data() + r * inter, inter);
+        }
+      }
+      DevBuf din(bits), dout(std::vector<uint16_t>(ref.size(), NanBits(t)));
+      if (gelu) {
+        cuda::GeluTanhMul(din.p, dout.p, num_tokens, inter, t, nullptr);
+      } else {
+        cuda::SiluMul(din.p, dout.p, num_tokens, inter, t, nullptr);
+      }
+      const std::vector<uint16_t> out = dout.Download<uint16_t>();
+      for (size_t i = 0; i < out.size(); ++i) {
+        const float g = FromBits(out[i], t);
+        ASSERT_FALSE(std::isnan(g)) << Name(t) << " inter " << inter << " i " << i;
+        ASSERT_NEAR(g, ref[i], Tolerance(ref[i], t)) << Name(t) << " inter " << inter << " i " << i;
+      }
     }
-    DevBuf din(bits), dout(std::vector<uint16_t>(ref.size(), NanBits(t)));
-    cuda::SiluMul(din.p, dout.p, num_tokens, inter, t, nullptr);
-    const std::vector<uint16_t> out = dout.Download<uint16_t>();
-    for (size_t i = 0; i < out.size(); ++i) {
-      const float g = FromBits(out[i], t);
-      ASSERT_FALSE(std::isnan(g)) << Name(t) << " inter " << inter << " i " << i;
-      ASSERT_NEAR(g, ref[i], Tolerance(ref[i], t)) << Name(t) << " inter " << inter << " i " << i;
+  }
+}
+
+// AddNormedDelta (Gemma's sandwich norms): residual += RmsNorm(delta) · weight, as the CPU's
+// cpu::RmsNorm of the delta then cpu::AddInPlace, within fp32 rounding.
+TEST_P(ModelOpsGpu, AddNormedDeltaMatchesCpu) {
+  const DType t = GetParam();
+  std::mt19937 rng(9);
+  for (int64_t hidden : {64, 1000, 3840}) {
+    const int64_t n = 5;
+    std::normal_distribution<float> dist(0.f, 3.f);
+    std::vector<float> residual(static_cast<size_t>(n * hidden)),
+        weight(static_cast<size_t>(hidden));
+    for (float& v : residual) v = dist(rng);
+    for (float& v : weight) v = 1.f + 0.2f * dist(rng);
+    std::vector<uint16_t> dbits;
+    std::vector<float> dvals;
+    RandomRounded(residual.size(), t, 2.f, rng, &dbits, &dvals);
+    std::vector<float> ref = residual, normed(residual.size());
+    cpu::RmsNorm(dvals.data(), weight.data(), normed.data(), n, hidden, 1e-6f);
+    cpu::AddInPlace(ref.data(), normed.data(), n * hidden);
+    DevBuf dres(residual), dw(weight), ddelta(dbits);
+    cuda::AddNormedDelta(dres.as<float>(), ddelta.p, dw.as<float>(), t, n, hidden, 1e-6f, nullptr);
+    const std::vector<float> got = dres.Download<float>();
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], ref[i], 1e-5f * (1.f + std::fabs(ref[i]))) << Name(t) << " " << i;
     }
   }
 }
@@ -183,13 +221,15 @@ struct RopeCase {
   int num_heads;
   int num_kv_heads;
   int block_size;
+  bool bias = false;     // QkvPrologue: q/k/v biases (Qwen2)
+  bool qk_norm = false;  // QkvPrologue: per-head q/k RMSNorms (Qwen3)
 };
 
 std::string RopeName(const ::testing::TestParamInfo<RopeCase>& info) {
   const RopeCase& c = info.param;
   return std::string(Name(c.dtype)) + "_hd" + std::to_string(c.head_dim) + "_h" +
          std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) + "_bs" +
-         std::to_string(c.block_size);
+         std::to_string(c.block_size) + (c.bias ? "_bias" : "") + (c.qk_norm ? "_qknorm" : "");
 }
 
 class RopeAppendKvGpu : public ::testing::TestWithParam<RopeCase> {
@@ -225,13 +265,28 @@ TEST_P(RopeAppendKvGpu, MatchesApplyRopeAndAppendKv) {
   std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
   for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / float(hd));
 
-  // CPU: split q | k | v, rotate q and k, append k and v.
+  // CPU: split q | k | v, [add biases, normalize q and k heads,] rotate q and k, append k, v.
   std::vector<float> q(size_t(num_tokens) * nh * hd), k(size_t(num_tokens) * nkv * hd), v(k.size());
   for (int64_t tk = 0; tk < num_tokens; ++tk) {
     const float* src = qkv.data() + tk * row;
     std::copy(src, src + nh * hd, q.begin() + tk * nh * hd);
     std::copy(src + nh * hd, src + (nh + nkv) * hd, k.begin() + tk * nkv * hd);
     std::copy(src + (nh + nkv) * hd, src + row, v.begin() + tk * nkv * hd);
+  }
+  std::normal_distribution<float> wdist(1.f, 0.3f);
+  std::vector<float> bias(static_cast<size_t>(row)), q_norm(static_cast<size_t>(hd)),
+      k_norm(static_cast<size_t>(hd));
+  for (float& b : bias) b = wdist(rng) - 1.f;
+  for (float& w : q_norm) w = wdist(rng);
+  for (float& w : k_norm) w = wdist(rng);
+  if (c.bias) {
+    cpu::AddBias(q.data(), bias.data(), num_tokens, nh * hd);
+    cpu::AddBias(k.data(), bias.data() + nh * hd, num_tokens, nkv * hd);
+    cpu::AddBias(v.data(), bias.data() + (nh + nkv) * hd, num_tokens, nkv * hd);
+  }
+  if (c.qk_norm) {
+    cpu::RmsNorm(q.data(), q_norm.data(), q.data(), num_tokens * nh, hd, 1e-6f);
+    cpu::RmsNorm(k.data(), k_norm.data(), k.data(), num_tokens * nkv, hd, 1e-6f);
   }
   cpu::ApplyRope(q.data(), num_tokens, nh, hd, positions.data(), inv_freq.data());
   cpu::ApplyRope(k.data(), num_tokens, nkv, hd, positions.data(), inv_freq.data());
@@ -243,9 +298,16 @@ TEST_P(RopeAppendKvGpu, MatchesApplyRopeAndAppendKv) {
   DevBuf dq(std::vector<uint16_t>(q.size(), NanBits(t)));
   DevBuf dk(std::vector<uint16_t>(kref.size(), NanBits(t)));
   DevBuf dv(std::vector<uint16_t>(kref.size(), NanBits(t)));
+  DevBuf dbias(bias), dqn(q_norm), dkn(k_norm);
+  cuda::QkvPrologue pre;
+  if (c.bias) pre.bias = dbias.as<float>();
+  if (c.qk_norm) {
+    pre.q_norm = dqn.as<float>();
+    pre.k_norm = dkn.as<float>();
+  }
   cuda::RopeAppendKv(dqkv.p, dpos.as<int32_t>(), dslots.as<int64_t>(), dfreq.as<float>(),
                      num_tokens, nh, nkv, hd, PagedKvView<void>{dk.p, dv.p, layout}, t, dq.p,
-                     nullptr);
+                     nullptr, {}, pre);
   const std::vector<uint16_t> qg = dq.Download<uint16_t>(), kg = dk.Download<uint16_t>(),
                               vg = dv.Download<uint16_t>();
   for (size_t i = 0; i < q.size(); ++i) {
@@ -262,7 +324,11 @@ TEST_P(RopeAppendKvGpu, MatchesApplyRopeAndAppendKv) {
     const float g = FromBits(kg[i], t);
     ASSERT_FALSE(std::isnan(g)) << "k " << i;
     ASSERT_NEAR(g, kref[i], Tolerance(kref[i], t)) << "k " << i;
-    ASSERT_EQ(vg[i], ToBits(vref[i], t)) << "v " << i;  // a copy: bit exact
+    if (c.bias) {  // v + bias, rounded once
+      ASSERT_NEAR(FromBits(vg[i], t), vref[i], Tolerance(vref[i], t)) << "v " << i;
+    } else {
+      ASSERT_EQ(vg[i], ToBits(vref[i], t)) << "v " << i;  // a copy: bit exact
+    }
   }
 }
 
@@ -275,6 +341,11 @@ std::vector<RopeCase> RopeCases() {
       }
     }
     cases.push_back({t, 24, 4, 2, 16});  // half = 12: the scalar path
+    for (int hd : {24, 64, 128}) {
+      cases.push_back({t, hd, 8, 2, 16, true, false});
+      cases.push_back({t, hd, 8, 2, 16, false, true});
+      cases.push_back({t, hd, 16, 4, 16, true, true});
+    }
   }
   return cases;
 }

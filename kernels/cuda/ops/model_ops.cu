@@ -70,7 +70,7 @@ constexpr int kGatherThreads = 256;
 template <typename T, int N>
 __global__ void __launch_bounds__(kGatherThreads)
     EmbeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ token_ids,
-                          int64_t hidden, float* __restrict__ out) {
+                          int64_t hidden, float scale, float* __restrict__ out) {
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   const T* src = table + int64_t(token_ids[blockIdx.x]) * hidden;
@@ -78,6 +78,10 @@ __global__ void __launch_bounds__(kGatherThreads)
   for (int64_t i = int64_t(threadIdx.x) * N; i < hidden; i += int64_t(kGatherThreads) * N) {
     float x[N];
     Load<T, N>(src + i, x);
+    if (scale != 1.f) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) x[j] *= scale;
+    }
     StoreF32<N>(dst + i, x);
   }
 }
@@ -371,6 +375,7 @@ __global__ void __launch_bounds__(kNormThreads)
 // ---- RopeAppendKv -------------------------------------------------------------------------
 constexpr int kRopeThreads = 128;
 constexpr int kMaxHeadDim = 512;
+constexpr int kMaxNormedHeads = 512;  // q + k heads of one token with a QkvPrologue norm
 
 // qkv T [num_tokens, (num_heads + 2 num_kv_heads) * head_dim]; q_out T [num_tokens, num_heads,
 // head_dim]; kc / vc: the pools. One CTA per token. A work item is N consecutive dims
@@ -384,22 +389,39 @@ __global__ void __launch_bounds__(kRopeThreads)
                        const int64_t* __restrict__ slot_mapping, const float* __restrict__ inv_freq,
                        int num_heads, int num_kv_heads, int head_dim, PagedKvLayout layout,
                        void* __restrict__ kc, void* __restrict__ vc, T* __restrict__ q_out,
-                       KvCacheFormat format) {
+                       KvCacheFormat format, QkvPrologue pre) {
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
+  __shared__ float inv_rms_s[kMaxNormedHeads];
   const int64_t t = blockIdx.x;
   const int half = head_dim / 2;
   const float pos = static_cast<float>(positions[t]);
   for (int i = threadIdx.x; i < half; i += kRopeThreads) {
     sincosf(pos * inv_freq[i], &sin_s[i], &cos_s[i]);
   }
-  __syncthreads();
   const int64_t slot = slot_mapping[t];
+  const T* src_row = qkv + t * int64_t(num_heads + 2 * num_kv_heads) * head_dim;
+  // Per-head RMSNorm (Qwen3): one warp per q / k head sums the squares of its biased row in a
+  // fixed order (deterministic: graph replays are bit-identical).
+  if (pre.q_norm != nullptr) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int head = warp; head < num_heads + num_kv_heads; head += kRopeThreads / 32) {
+      float sum = 0.f;
+      for (int i = lane; i < head_dim; i += 32) {
+        float x = static_cast<float>(src_row[int64_t(head) * head_dim + i]);
+        if (pre.bias != nullptr) x += pre.bias[head * head_dim + i];
+        sum += x * x;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) inv_rms_s[head] = rsqrtf(sum / float(head_dim) + pre.eps);
+    }
+  }
+  __syncthreads();
   const int chunks_per_head = half / N;
   // Heads in qkv order: q heads, then k heads, then v heads; k and v only with a slot.
   const int num_items = (slot < 0 ? num_heads : num_heads + 2 * num_kv_heads) * chunks_per_head;
-  const T* src_row = qkv + t * int64_t(num_heads + 2 * num_kv_heads) * head_dim;
   for (int item = threadIdx.x; item < num_items; item += kRopeThreads) {
     const int head = item / chunks_per_head;  // index into the token's q | k | v heads
     const int i = (item % chunks_per_head) * N;
@@ -407,6 +429,23 @@ __global__ void __launch_bounds__(kRopeThreads)
     float a[N], b[N];
     Load<T, N>(src + i, a);
     Load<T, N>(src + i + half, b);
+    if (pre.bias != nullptr) {
+      const float* bias = pre.bias + head * head_dim;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        a[j] += bias[i + j];
+        b[j] += bias[i + half + j];
+      }
+    }
+    if (pre.q_norm != nullptr && head < num_heads + num_kv_heads) {
+      const float r = inv_rms_s[head];
+      const float* w = head < num_heads ? pre.q_norm : pre.k_norm;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        a[j] = a[j] * r * w[i + j];
+        b[j] = b[j] * r * w[i + half + j];
+      }
+    }
     int64_t dst_off;  // element offset in q_out or in the pool
     if (head < num_heads) {
       dst_off = (t * num_heads + head) * int64_t(head_dim);
@@ -449,7 +488,8 @@ constexpr int kSiluThreads = 256;
 
 // gate_up T [num_tokens, 2 inter] (gate | up); out T [num_tokens, inter]. Grid-stride loop
 // over the num_tokens * inter / N chunks.
-template <typename T, int N>
+// kGelu: gelu_tanh(gate) · up instead (GeGLU, Gemma), as cpu::GeluTanhMul.
+template <typename T, int N, bool kGelu = false>
 __global__ void __launch_bounds__(kSiluThreads)
     SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t num_tokens,
                   int64_t inter) {
@@ -465,23 +505,53 @@ __global__ void __launch_bounds__(kSiluThreads)
     float g[N], u[N];
     Load<T, N>(row + i, g);
     Load<T, N>(row + inter + i, u);
+    if constexpr (kGelu) {
+      constexpr float kSqrt2OverPi = 0.7978845608028654f;
 #pragma unroll
-    for (int j = 0; j < N; ++j) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+      for (int j = 0; j < N; ++j) {
+        const float x = g[j];
+        g[j] = 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * u[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    }
     Store<T, N>(out + t * inter + i, g);
+  }
+}
+
+// ---- AddNormedDelta (Gemma's sandwich norms) ----------------------------------------------
+// residual fp32 [n, hidden] += weight · float(delta) / rms(float(delta)); one CTA per row.
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads)
+    AddNormedDeltaKernel(float* __restrict__ residual, const T* __restrict__ delta,
+                         const float* __restrict__ weight, int64_t hidden, float eps) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const T* d = delta + int64_t(blockIdx.x) * hidden;
+  float* res = residual + int64_t(blockIdx.x) * hidden;
+  float sum_sq = 0.f;
+  for (int64_t i = threadIdx.x; i < hidden; i += kNormThreads) {
+    const float x = static_cast<float>(d[i]);
+    sum_sq += x * x;
+  }
+  const float inv_rms = 1.f / sqrtf(NormBlockSum(sum_sq) / static_cast<float>(hidden) + eps);
+  for (int64_t i = threadIdx.x; i < hidden; i += kNormThreads) {
+    res[i] += weight[i] * (static_cast<float>(d[i]) * inv_rms);
   }
 }
 
 // ---- launchers: T and the chunk width become template arguments --------------------------
 template <typename T>
 void LaunchEmbeddingGather(const void* table, const int32_t* token_ids, int64_t num_tokens,
-                           int64_t hidden, float* out, bool vec, cudaStream_t stream) {
+                           int64_t hidden, float scale, float* out, bool vec, cudaStream_t stream) {
   const T* t = static_cast<const T*>(table);
   if (vec) {
     Launch(EmbeddingGatherKernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kGatherThreads), 0,
-           stream, t, token_ids, hidden, out);
+           stream, t, token_ids, hidden, scale, out);
   } else {
     Launch(EmbeddingGatherKernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kGatherThreads), 0, stream,
-           t, token_ids, hidden, out);
+           t, token_ids, hidden, scale, out);
   }
 }
 
@@ -544,48 +614,45 @@ template <typename T, int N, bool kFp8>
 void LaunchRope(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                 const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                 int head_dim, const PagedKvView<void>& kv, void* q_out, const KvCacheFormat& format,
-                cudaStream_t stream) {
+                const QkvPrologue& pre, cudaStream_t stream) {
   Launch(RopeAppendKvKernel<T, N, kFp8>, dim3(unsigned(num_tokens)), dim3(kRopeThreads), 0, stream,
          static_cast<const T*>(qkv), positions, slot_mapping, inv_freq, num_heads, num_kv_heads,
-         head_dim, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format);
+         head_dim, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format, pre);
 }
 
 template <typename T>
 void LaunchRopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                         const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                         int head_dim, const PagedKvView<void>& kv, void* q_out, bool vec,
-                        const KvCacheFormat& format, cudaStream_t stream) {
+                        const KvCacheFormat& format, const QkvPrologue& pre, cudaStream_t stream) {
   auto* launch = vec ? (format.fp8 ? LaunchRope<T, kVec, true> : LaunchRope<T, kVec, false>)
                      : (format.fp8 ? LaunchRope<T, 1, true> : LaunchRope<T, 1, false>);
   launch(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads, num_kv_heads, head_dim, kv,
-         q_out, format, stream);
+         q_out, format, pre, stream);
 }
 
 template <typename T>
 void LaunchSiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter,
-                   unsigned blocks, bool vec, cudaStream_t stream) {
+                   unsigned blocks, bool vec, bool gelu, cudaStream_t stream) {
   const T* in = static_cast<const T*>(gate_up);
   T* o = static_cast<T*>(out);
-  if (vec) {
-    Launch(SiluMulKernel<T, kVec>, dim3(blocks), dim3(kSiluThreads), 0, stream, in, o, num_tokens,
-           inter);
-  } else {
-    Launch(SiluMulKernel<T, 1>, dim3(blocks), dim3(kSiluThreads), 0, stream, in, o, num_tokens,
-           inter);
-  }
+  auto* kernel = vec ? (gelu ? SiluMulKernel<T, kVec, true> : SiluMulKernel<T, kVec, false>)
+                     : (gelu ? SiluMulKernel<T, 1, true> : SiluMulKernel<T, 1, false>);
+  Launch(kernel, dim3(blocks), dim3(kSiluThreads), 0, stream, in, o, num_tokens, inter);
 }
 
 }  // namespace
 
 void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids, int64_t num_tokens,
-                     int64_t hidden, float* out, cudaStream_t stream) {
+                     int64_t hidden, float* out, cudaStream_t stream, float scale) {
   CheckDType(dtype, "EmbeddingGather");
   if (num_tokens <= 0 || hidden <= 0) return;
   const bool vec = hidden % kVec == 0 && Aligned16(table) && Aligned16(out);
   if (dtype == DType::kBF16) {
-    LaunchEmbeddingGather<__nv_bfloat16>(table, token_ids, num_tokens, hidden, out, vec, stream);
+    LaunchEmbeddingGather<__nv_bfloat16>(table, token_ids, num_tokens, hidden, scale, out, vec,
+                                         stream);
   } else {
-    LaunchEmbeddingGather<__half>(table, token_ids, num_tokens, hidden, out, vec, stream);
+    LaunchEmbeddingGather<__half>(table, token_ids, num_tokens, hidden, scale, out, vec, stream);
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }
@@ -644,8 +711,13 @@ void AddRmsNorm(float* residual, const void* delta, const float* weight, void* o
 void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                   const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                   int head_dim, PagedKvView<void> kv, DType dtype, void* q_out, cudaStream_t stream,
-                  const KvCacheFormat& format) {
+                  const KvCacheFormat& format, const QkvPrologue& pre) {
   CheckDType(dtype, "RopeAppendKv");
+  if ((pre.q_norm == nullptr) != (pre.k_norm == nullptr) ||
+      (pre.q_norm != nullptr && num_heads + num_kv_heads > kMaxNormedHeads)) {
+    throw std::invalid_argument(
+        "RopeAppendKv: q_norm and k_norm come together, for at most 512 q + k heads");
+  }
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim ||
       kv.layout.head_dim != head_dim || kv.layout.num_kv_heads != num_kv_heads) {
     throw std::invalid_argument(
@@ -658,17 +730,19 @@ void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot
                    Aligned16(kv.k) && Aligned16(kv.v);
   if (dtype == DType::kBF16) {
     LaunchRopeAppendKv<__nv_bfloat16>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
-                                      num_kv_heads, head_dim, kv, q_out, vec, format, stream);
+                                      num_kv_heads, head_dim, kv, q_out, vec, format, pre, stream);
   } else {
     LaunchRopeAppendKv<__half>(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads,
-                               num_kv_heads, head_dim, kv, q_out, vec, format, stream);
+                               num_kv_heads, head_dim, kv, q_out, vec, format, pre, stream);
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 
-void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
-             cudaStream_t stream) {
-  CheckDType(dtype, "SiluMul");
+namespace {
+
+void GatedActivation(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
+                     bool gelu, cudaStream_t stream) {
+  CheckDType(dtype, gelu ? "GeluTanhMul" : "SiluMul");
   if (num_tokens <= 0 || inter <= 0) return;
   const bool vec = inter % kVec == 0 && Aligned16(gate_up) && Aligned16(out);
   const int64_t chunks = num_tokens * (inter / (vec ? kVec : 1));
@@ -676,9 +750,35 @@ void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, 
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>((chunks + kSiluThreads - 1) / kSiluThreads, 8192));
   if (dtype == DType::kBF16) {
-    LaunchSiluMul<__nv_bfloat16>(gate_up, out, num_tokens, inter, blocks, vec, stream);
+    LaunchSiluMul<__nv_bfloat16>(gate_up, out, num_tokens, inter, blocks, vec, gelu, stream);
   } else {
-    LaunchSiluMul<__half>(gate_up, out, num_tokens, inter, blocks, vec, stream);
+    LaunchSiluMul<__half>(gate_up, out, num_tokens, inter, blocks, vec, gelu, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
+             cudaStream_t stream) {
+  GatedActivation(gate_up, out, num_tokens, inter, dtype, false, stream);
+}
+
+void GeluTanhMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
+                 cudaStream_t stream) {
+  GatedActivation(gate_up, out, num_tokens, inter, dtype, true, stream);
+}
+
+void AddNormedDelta(float* residual, const void* delta, const float* weight, DType dtype,
+                    int64_t num_rows, int64_t hidden, float eps, cudaStream_t stream) {
+  CheckDType(dtype, "AddNormedDelta");
+  if (num_rows <= 0 || hidden <= 0) return;
+  if (dtype == DType::kBF16) {
+    Launch(AddNormedDeltaKernel<__nv_bfloat16>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
+           stream, residual, static_cast<const __nv_bfloat16*>(delta), weight, hidden, eps);
+  } else {
+    Launch(AddNormedDeltaKernel<__half>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
+           residual, static_cast<const __half*>(delta), weight, hidden, eps);
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }

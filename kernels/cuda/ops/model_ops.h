@@ -21,8 +21,9 @@ namespace llm::cuda {
 
 // out[t, :] = float(table[token_ids[t], :]), out fp32 [num_tokens, hidden]. Ids must be in
 // range (the caller validates them on the host).
+// scale: multiplies every value (Gemma's sqrt(hidden), rounded to dtype as transformers does).
 void EmbeddingGather(const void* table, DType dtype, const int32_t* token_ids, int64_t num_tokens,
-                     int64_t hidden, float* out, cudaStream_t stream);
+                     int64_t hidden, float* out, cudaStream_t stream, float scale = 1.f);
 
 // Async scheduling: token_ids[t] = sampled[feed[t]] for every t with feed[t] >= 0 (the ids the
 // previous step sampled, still on the device); other tokens are unchanged. All int32
@@ -91,15 +92,37 @@ void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t nu
 //   (dtype) are written as F32ToE4m3(x / scale) (kernels/cuda/attention/attention.h:
 //   KvCacheFormat).
 // positions int32 [num_tokens]; inv_freq fp32 [head_dim / 2].
+// pre (optional, all null = none): before the rotation, in fp32, each head row
+//   x += bias[head's rows of q|k|v]   (bias fp32 [(num_heads + 2 num_kv_heads) * head_dim]:
+//                                       Qwen2's q/k/v biases; v heads get theirs too)
+//   x = x / sqrt(mean(x²) + eps) * norm   for q heads (q_norm) and k heads (k_norm), fp32
+//                                       [head_dim] each: Qwen3's per-head RMSNorms
+// as cpu::AddBias, cpu::RmsNorm over rows of head_dim, then cpu::ApplyRope.
+struct QkvPrologue {
+  const float* bias = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;
+  bool any() const { return bias != nullptr || q_norm != nullptr; }
+};
 void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                   const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                   int head_dim, PagedKvView<void> kv, DType dtype, void* q_out, cudaStream_t stream,
-                  const KvCacheFormat& format = {});
+                  const KvCacheFormat& format = {}, const QkvPrologue& pre = {});
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]   (fp32 math, one rounding)
 // gate_up dtype [num_tokens, 2 * inter], out dtype [num_tokens, inter].
 void SiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
              cudaStream_t stream);
+// The same with gelu_tanh(gate) (GeGLU, Gemma; cpu::GeluTanhMul).
+void GeluTanhMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter, DType dtype,
+                 cudaStream_t stream);
+
+// Gemma's sandwich norms: residual[r, :] += weight[:] · d / sqrt(mean(d²) + eps) with
+// d = float(delta[r, :]) (cpu::RmsNorm of the delta, then cpu::AddInPlace). residual fp32,
+// delta dtype [num_rows, hidden], weight fp32 [hidden]. One CTA per row.
+void AddNormedDelta(float* residual, const void* delta, const float* weight, DType dtype,
+                    int64_t num_rows, int64_t hidden, float eps, cudaStream_t stream);
 
 // ---- Sampling on the GPU ------------------------------------------------------------------
 // The order and meaning of engine/sample/sampler.h (Sampler::Sample): logit bias and penalties

@@ -29,6 +29,7 @@
 #include "engine/engine.h"
 #include "engine/loader/safetensors.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "tests/engine/cuda/cuda_test_fixture.h"
 #include "tests/test_util.h"
 
 namespace llm {
@@ -37,15 +38,10 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-constexpr int64_t kBlockSize = 16;
-
-class CudaExecutorTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
-  }
-};
+using test::AllLogits;
+using test::CudaExecutorTest;
+using test::kBlockSize;
+using test::SmallOptions;
 
 const json& StoriesReference() {
   static const json ref = json::parse(
@@ -62,44 +58,6 @@ std::vector<int> ReferenceIds() {
 
 // stories260K or a tiny random model of tests/data/tiny_models (test::TestModelDir).
 std::string ModelDir(const std::string& name) { return test::TestModelDir(name); }
-
-CudaExecutorOptions SmallOptions(DType dtype = DType::kBF16, bool graphs = true) {
-  CudaExecutorOptions o;
-  o.dtype = dtype;
-  o.block_size = kBlockSize;
-  o.max_num_batched_tokens = 256;
-  o.max_num_seqs = 16;
-  o.num_kv_blocks = 128;
-  o.max_logits_rows = 256;
-  o.cuda_graphs = graphs;
-  o.log = false;
-  return o;
-}
-
-// Every position's logits: a prefill chunk of `prefill` tokens, then one decode step per
-// remaining token (sequence 0 over blocks 0, 1, ...).
-std::vector<float> AllLogits(ModelExecutor& ex, const std::vector<int>& ids, int64_t prefill) {
-  const int64_t n = std::ssize(ids);
-  std::vector<int32_t> table;
-  for (int64_t b = 0; b * kBlockSize < n; ++b) table.push_back(int32_t(b));
-  std::vector<float> out;
-  for (int64_t pos = 0; pos < n;) {
-    const int64_t len = pos == 0 ? prefill : 1;
-    std::vector<int64_t> slots;
-    for (int64_t i = 0; i < len; ++i) slots.push_back(pos + i);
-    ForwardBatch batch;
-    batch.AddSequence(
-        std::span<const int>(ids.data() + pos, size_t(len)), pos,
-        std::span<const int32_t>(table.data(), size_t((pos + len + kBlockSize - 1) / kBlockSize)),
-        slots, true, /*is_decode=*/pos > 0);
-    batch.logits_indices.clear();
-    for (int64_t i = 0; i < len; ++i) batch.logits_indices.push_back(int32_t(i));
-    const std::vector<float> logits = ex.Forward(batch);
-    out.insert(out.end(), logits.begin(), logits.end());
-    pos += len;
-  }
-  return out;
-}
 
 std::vector<float> CpuLogits(const std::string& dir, const std::vector<int>& ids,
                              KvCacheDType kv_dtype = KvCacheDType::kF32, bool fp8_weights = false) {
