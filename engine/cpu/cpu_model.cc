@@ -291,10 +291,12 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
     // The prefill chunks follow the decode tokens: rebase their query offsets to 0.
     std::vector<int32_t> cu(batch.cu_seqlens_q.begin() + num_decode, batch.cu_seqlens_q.end());
     for (int32_t& x : cu) x -= static_cast<int32_t>(num_decode);
-    AttentionBatch prefill{batch.num_seqs() - num_decode, cu.data(),
+    AttentionBatch prefill{batch.num_seqs() - num_decode,
+                           cu.data(),
                            batch.context_lens.data() + num_decode,
                            batch.block_tables.data() + num_decode * batch.max_blocks_per_seq,
-                           batch.max_blocks_per_seq, layer.sliding_window};
+                           batch.max_blocks_per_seq,
+                           layer.sliding_window};
     if (fp8) {
       cpu::PagedPrefillAttention(q.data() + num_decode * q_dim, read_kv8, kv.fp8_scales(), prefill,
                                  c.num_heads, scale, attn.data() + num_decode * q_dim);

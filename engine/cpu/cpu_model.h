@@ -73,10 +73,10 @@ class CpuModel {
   struct Layer {
     std::vector<float> input_norm, post_attention_norm;  // [hidden]
     cpu::WeightMatrix q, k, v, o, gate, up, down;
-    std::vector<float> q_bias, k_bias, v_bias;         // attention_bias
-    std::vector<float> q_norm, k_norm;                 // qk_norm: [head_dim]
-    std::vector<float> attn_out_norm, mlp_out_norm;    // sandwich_norms: [hidden]
-    const std::vector<float>* inv_freq = nullptr;      // this layer's RoPE
+    std::vector<float> q_bias, k_bias, v_bias;       // attention_bias
+    std::vector<float> q_norm, k_norm;               // qk_norm: [head_dim]
+    std::vector<float> attn_out_norm, mlp_out_norm;  // sandwich_norms: [hidden]
+    const std::vector<float>* inv_freq = nullptr;    // this layer's RoPE
     int64_t sliding_window = 0;
   };
   CpuModel() = default;

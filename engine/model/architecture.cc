@@ -57,14 +57,13 @@ std::vector<WeightSpec> InsertAfter(std::vector<WeightSpec> list, R after,
 
 // Qwen2: Llama's weights with q/k/v biases.
 std::vector<WeightSpec> Qwen2Weights() {
-  return InsertAfter(
-      LlamaWeights(), R::kVProj,
-      {AttnVector(R::kQBias, "model.layers.{L}.self_attn.q_proj.bias", Dim::kQDim,
-                  TpSplit::kQHeadRows),
-       AttnVector(R::kKBias, "model.layers.{L}.self_attn.k_proj.bias", Dim::kKvDim,
-                  TpSplit::kKvHeadRows),
-       AttnVector(R::kVBias, "model.layers.{L}.self_attn.v_proj.bias", Dim::kKvDim,
-                  TpSplit::kKvHeadRows)});
+  return InsertAfter(LlamaWeights(), R::kVProj,
+                     {AttnVector(R::kQBias, "model.layers.{L}.self_attn.q_proj.bias", Dim::kQDim,
+                                 TpSplit::kQHeadRows),
+                      AttnVector(R::kKBias, "model.layers.{L}.self_attn.k_proj.bias", Dim::kKvDim,
+                                 TpSplit::kKvHeadRows),
+                      AttnVector(R::kVBias, "model.layers.{L}.self_attn.v_proj.bias", Dim::kKvDim,
+                                 TpSplit::kKvHeadRows)});
 }
 
 std::vector<WeightSpec> QkNorms() {
@@ -83,8 +82,8 @@ std::vector<WeightSpec> Phi3Weights() {
   std::vector<WeightSpec> out;
   for (const WeightSpec& w : LlamaWeights()) {
     if (w.role == R::kQProj) {
-      out.push_back({R::kQkvProj, "model.layers.{L}.self_attn.qkv_proj.weight", true,
-                     Dim::kQkvDim, Dim::kHidden, FusedSlot::kQkv, TpSplit::kReplicated, true});
+      out.push_back({R::kQkvProj, "model.layers.{L}.self_attn.qkv_proj.weight", true, Dim::kQkvDim,
+                     Dim::kHidden, FusedSlot::kQkv, TpSplit::kReplicated, true});
     } else if (w.role == R::kGateProj) {
       out.push_back({R::kGateUpProj, "model.layers.{L}.mlp.gate_up_proj.weight", true,
                      Dim::kGateUpDim, Dim::kHidden, FusedSlot::kGateUp, TpSplit::kReplicated,
@@ -102,10 +101,16 @@ std::vector<WeightSpec> Phi3Weights() {
 std::vector<WeightSpec> Gemma3Weights() {
   std::vector<WeightSpec> out = InsertAfter(LlamaWeights(), R::kOProj, QkNorms());
   for (WeightSpec& w : out) {
-    if (w.role == R::kPostAttentionNorm) w.name = "model.layers.{L}.pre_feedforward_layernorm.weight";
+    if (w.role == R::kPostAttentionNorm)
+      w.name = "model.layers.{L}.pre_feedforward_layernorm.weight";
   }
-  const WeightSpec norm{R::kAttnOutputNorm, "model.layers.{L}.post_attention_layernorm.weight",
-                        true, Dim::kHidden, Dim::kNone, FusedSlot::kNone, TpSplit::kReplicated,
+  const WeightSpec norm{R::kAttnOutputNorm,
+                        "model.layers.{L}.post_attention_layernorm.weight",
+                        true,
+                        Dim::kHidden,
+                        Dim::kNone,
+                        FusedSlot::kNone,
+                        TpSplit::kReplicated,
                         false};
   out = InsertAfter(out, R::kKNorm, {norm});
   WeightSpec mlp_norm = norm;

@@ -37,15 +37,15 @@ enum class WeightRole {
   kUpProj,             // per layer [intermediate, hidden]
   kDownProj,           // per layer [hidden, intermediate]
   // Beyond the Llama skeleton (each gated by an ArchitectureFeatures field):
-  kQBias,            // per layer [q_dim]  (attention_bias: Qwen2)
-  kKBias,            // per layer [kv_dim]
-  kVBias,            // per layer [kv_dim]
-  kQNorm,            // per layer [head_dim], RMSNorm of each query head (qk_norm: Qwen3, Gemma 3)
-  kKNorm,            // per layer [head_dim]
-  kAttnOutputNorm,   // per layer [hidden], of the attention output (sandwich_norms: Gemma 3)
-  kMlpOutputNorm,    // per layer [hidden], of the MLP output
-  kQkvProj,          // per layer [q_dim + 2 kv_dim, hidden]: q|k|v packed in one tensor (Phi-3)
-  kGateUpProj,       // per layer [2 intermediate, hidden]: gate|up packed (Phi-3)
+  kQBias,           // per layer [q_dim]  (attention_bias: Qwen2)
+  kKBias,           // per layer [kv_dim]
+  kVBias,           // per layer [kv_dim]
+  kQNorm,           // per layer [head_dim], RMSNorm of each query head (qk_norm: Qwen3, Gemma 3)
+  kKNorm,           // per layer [head_dim]
+  kAttnOutputNorm,  // per layer [hidden], of the attention output (sandwich_norms: Gemma 3)
+  kMlpOutputNorm,   // per layer [hidden], of the MLP output
+  kQkvProj,         // per layer [q_dim + 2 kv_dim, hidden]: q|k|v packed in one tensor (Phi-3)
+  kGateUpProj,      // per layer [2 intermediate, hidden]: gate|up packed (Phi-3)
 };
 
 // A dimension of a weight's shape, resolved against a config (WeightShape).
@@ -91,8 +91,8 @@ enum class NormStyle {
   kRmsNormOffset,  // x / rms(x) · (1 + w)  (Gemma: the checkpoint stores w; loaders add 1)
 };
 enum class MlpKind {
-  kSwiGlu,      // down(silu(gate(x)) · up(x))
-  kGeGluTanh,   // down(gelu_tanh(gate(x)) · up(x))  (Gemma: hidden_activation gelu_pytorch_tanh)
+  kSwiGlu,     // down(silu(gate(x)) · up(x))
+  kGeGluTanh,  // down(gelu_tanh(gate(x)) · up(x))  (Gemma: hidden_activation gelu_pytorch_tanh)
 };
 // The config.json activation an MLP kind computes ("silu", "gelu_pytorch_tanh").
 std::string_view ActivationName(MlpKind mlp);

@@ -221,8 +221,8 @@ void ParseRope(const Fields& f, const std::string& source, ModelConfig* c) {
     }
     for (const auto& [key, value] : p->items()) {
       if (key != "full_attention" && key != "sliding_attention") {
-        f.Fail("rope_parameters", "has an entry '" + key +
-                                      "' (per layer type: full_attention, sliding_attention)");
+        f.Fail("rope_parameters",
+               "has an entry '" + key + "' (per layer type: full_attention, sliding_attention)");
       }
     }
     if (!p->contains("full_attention")) f.Fail("rope_parameters", "has no 'full_attention' entry");
@@ -296,8 +296,8 @@ void RejectUnsupported(const Fields& f, const ArchitectureSpec& spec) {
   const std::string_view want = ActivationName(spec.features.mlp);
   std::optional<std::string> act = f.String(act_field);
   if (act && *act != want) {
-    f.Fail(act_field, "is '" + *act + "'; " + std::string(spec.name) + " computes " +
-                          std::string(want));
+    f.Fail(act_field,
+           "is '" + *act + "'; " + std::string(spec.name) + " computes " + std::string(want));
   }
   // Qwen2's q/k/v biases are part of its architecture; elsewhere biases are not supported.
   if (!spec.features.attention_bias && f.Bool("attention_bias").value_or(false)) {

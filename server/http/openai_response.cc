@@ -50,12 +50,10 @@ json ResponseBuilder::LogprobsJson(const std::vector<OutputLogprob>& lps) const 
     for (const OutputLogprob& lp : lps) {
       json top = json::array();
       for (const TokenLogprob& t : lp.top) {
-        top.push_back(
-            {{"token", TokenName(t.token)}, {"logprob", t.logprob}});
+        top.push_back({{"token", TokenName(t.token)}, {"logprob", t.logprob}});
       }
-      content.push_back({{"token", TokenName(lp.token)},
-                         {"logprob", lp.logprob},
-                         {"top_logprobs", top}});
+      content.push_back(
+          {{"token", TokenName(lp.token)}, {"logprob", lp.logprob}, {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
@@ -64,8 +62,7 @@ json ResponseBuilder::LogprobsJson(const std::vector<OutputLogprob>& lps) const 
     tokens.push_back(TokenName(lp.token));
     token_logprobs.push_back(lp.logprob);
     json alts = json::object();
-    for (const TokenLogprob& t : lp.top)
-      alts[TokenName(t.token)] = t.logprob;
+    for (const TokenLogprob& t : lp.top) alts[TokenName(t.token)] = t.logprob;
     top.push_back(alts);
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};

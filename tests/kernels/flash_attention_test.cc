@@ -93,7 +93,7 @@ PagedData MakePagedData(const PagedCase& c, std::mt19937& rng) {
   d.v = RandomVector(d.layout.pool_elements(), 1.f, rng);
   d.q = RandomVector(d.num_tokens * c.num_heads * c.head_dim, 2.f, rng);
   d.context_lens = c.context_lens;
-  d.batch = {num_seqs, d.cu_seqlens_q.data(), d.context_lens.data(), d.block_tables.data(),
+  d.batch = {num_seqs,   d.cu_seqlens_q.data(), d.context_lens.data(), d.block_tables.data(),
              max_blocks, c.sliding_window};
   return d;
 }
@@ -467,10 +467,10 @@ TEST(SlidingWindowTest, ReferenceDefinition) {
     for (int64_t t = d.cu_seqlens_q[s]; t < d.cu_seqlens_q[s + 1]; ++t) {
       const int64_t pos = c.context_lens[s] + t - d.cu_seqlens_q[s];
       for (int64_t h = 0; h < c.num_heads; ++h) {
-        const float* v = d.v.data() +
-                         d.layout.Offset(d.block_tables[s * d.batch.max_blocks_per_seq +
-                                                        pos / c.block_size],
-                                         h / group, pos % c.block_size);
+        const float* v =
+            d.v.data() +
+            d.layout.Offset(d.block_tables[s * d.batch.max_blocks_per_seq + pos / c.block_size],
+                            h / group, pos % c.block_size);
         for (int64_t i = 0; i < hd; ++i) {
           ASSERT_NEAR(one[(t * c.num_heads + h) * hd + i], v[i], 1e-6);
         }

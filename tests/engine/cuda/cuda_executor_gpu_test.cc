@@ -639,11 +639,19 @@ TEST_F(CudaExecutorTest, BadInputIsAClearError) {
   CudaExecutorOptions o = SmallOptions();
   o.dtype = DType::kF32;
   test::ExpectError([&] { CudaExecutor::Create(test::StoriesDir(), o); }, {"bf16"});
-  // A sliding window is refused where the CPU backend refuses it (engine/model/architecture.h),
-  // in the same words, before any weight is read.
-  const std::string sw = (test::SharedDir() / "models/hf-arch/mistral_sw16").string();
-  test::ExpectError([&] { CudaExecutor::Create(sw, SmallOptions()); },
-                    {"'sliding_window' is 16", "the cuda backend has no sliding-window attention"});
+  // What the CUDA backend does not run yet is refused by name before any weight is read: a
+  // mixture-of-experts checkpoint, Gemma 3's layer across GPUs or with fp8 weights.
+  const fs::path arch = test::SharedDir() / "models" / "hf-arch";
+  test::ExpectError([&] { CudaExecutor::Create((arch / "mixtral").string(), SmallOptions()); },
+                    {"MixtralForCausalLM", "mixture-of-experts"});
+  CudaExecutorOptions tp = SmallOptions();
+  tp.tensor_parallel_size = 2;
+  test::ExpectError([&] { CudaExecutor::Create((arch / "gemma3").string(), tp); },
+                    {"--tensor-parallel-size 2", "Gemma3ForCausalLM"});
+  CudaExecutorOptions w8 = SmallOptions();
+  w8.fp8_weights = true;
+  test::ExpectError([&] { CudaExecutor::Create((arch / "gemma3").string(), w8); },
+                    {"--quantization fp8", "Gemma3ForCausalLM"});
 }
 
 }  // namespace

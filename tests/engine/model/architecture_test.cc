@@ -163,6 +163,7 @@ TEST(ArchitectureTest, AFeatureABackendLacksIsRefusedNamingIt) {
                     {"qk_norm", "test-qk-norm", "the cpu backend"});
   BackendSupport with_it = kCudaBackendSupport;
   with_it.qk_norm = true;
+  with_it.attention_bias = false;
   RequireBackendSupport(c, spec, with_it);
   spec.features.attention_bias = true;
   test::ExpectError([&] { RequireBackendSupport(c, spec, with_it); },
