@@ -10,6 +10,7 @@
 //    transformers' token, except where the fp32 logits (the CPU backend's, which equal
 //    transformers' within 1e-4: tests/engine/cpu/hf_arch_test.cc) have a near-tie within that
 //    tolerance; agreement is printed.
+//  - fp8 weights (W8A8) and the fp8 KV cache against the CPU backend's fp8.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,6 +100,49 @@ TEST_P(CudaHfArch, LogitsWithinHalfPrecisionToleranceAndGreedyAgrees) {
     EXPECT_LE(max_diff, tol);
   }
   EXPECT_GT(ex->stats().graph_steps, 0) << "decode steps should replay CUDA graphs";
+}
+
+// --quantization fp8 (W8A8) and --kv-cache-dtype fp8 on each architecture that has an fp8 path
+// (Gemma 3's is refused by name: cuda_executor_gpu_test): every prompt position against the
+// CPU backend with the same fp8 weights and cache, within twice the model's bf16-vs-fp32
+// difference plus twice what fp8 itself costs on the CPU (the bound of the fp8 tests in
+// cuda_executor_gpu_test).
+TEST_P(CudaHfArch, Fp8WeightsAndCacheMatchTheCpuFp8) {
+  const ArchCase& c = GetParam();
+  if (std::string(c.folder) == "gemma3") GTEST_SKIP() << "Gemma 3 has no fp8 path on CUDA yet";
+  const std::string dir = (test::SharedDir() / "models" / "hf-arch" / c.folder).string();
+  const json ref = json::parse(test::ReadFile(fs::path(dir) / "reference.json"));
+  const std::vector<int> ids = ref["prompts"][0]["ids"].get<std::vector<int>>();
+  auto cpu_logits = [&](bool fp8) {
+    LoadOptions lo;
+    lo.weight_dtype = DType::kF32;
+    lo.fp8_weights = fp8;
+    const auto m = CpuModel::Load(dir, lo);
+    SequenceRunner run(*m, std::ssize(ids) + 1, 16,
+                       fp8 ? KvCacheDType::kFp8E4m3 : KvCacheDType::kF32);
+    return run.Feed(ids, /*all_logits=*/true);
+  };
+  const std::vector<float> f32 = cpu_logits(false), fp8 = cpu_logits(true);
+  CudaExecutorOptions o = test::SmallOptions(c.dtype);
+  o.gemv_max_tokens = c.gemv ? 8 : 0;
+  o.fp8_weights = true;
+  o.kv_cache_fp8 = true;
+  auto ex = CudaExecutor::Create(dir, o);
+  const std::vector<float> got = test::AllLogits(*ex, ids, 10);
+  ASSERT_EQ(got.size(), fp8.size());
+  double diff = 0, cost = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << i;
+    diff = std::max(diff, std::fabs(double(got[i]) - fp8[i]));
+    cost = std::max(cost, std::fabs(double(fp8[i]) - f32[i]));
+  }
+  const double bound = 2 * ref["prompts"][0]["bf16_vs_fp32_max_abs"].get<double>() + 2 * cost;
+  std::printf(
+      "  %s %s %s fp8 weights + KV: max |gpu - cpu fp8| %.4f (bound %.4f; cpu fp8 - "
+      "fp32 %.4f)\n",
+      c.folder, c.dtype == DType::kBF16 ? "bf16" : "fp16", c.gemv ? "gemv" : "cublaslt", diff,
+      bound, cost);
+  EXPECT_LE(diff, bound);
 }
 
 std::vector<ArchCase> ArchCases() {
