@@ -119,34 +119,6 @@ std::vector<WeightSpec> Gemma3Weights() {
   return InsertAfter(out, R::kDownProj, {mlp_norm});
 }
 
-ArchitectureFeatures Qwen2Features() {
-  ArchitectureFeatures f;
-  f.attention_bias = true;
-  return f;
-}
-
-ArchitectureFeatures Qwen3Features() {
-  ArchitectureFeatures f;
-  f.qk_norm = true;
-  return f;
-}
-
-ArchitectureFeatures Phi3Features() {
-  ArchitectureFeatures f;
-  f.packed_projections = true;
-  return f;
-}
-
-ArchitectureFeatures Gemma3Features() {
-  ArchitectureFeatures f;
-  f.qk_norm = true;
-  f.norm = NormStyle::kRmsNormOffset;
-  f.mlp = MlpKind::kGeGluTanh;
-  f.sandwich_norms = true;
-  f.scale_embeddings = true;
-  return f;
-}
-
 // The table. Mistral's checkpoints are Llama's (vLLM maps MistralForCausalLM to LlamaForCausalLM
 // too); its sliding window is a config field (ModelConfig::layer_types).
 const std::vector<ArchitectureSpec>& Table() {
@@ -155,10 +127,17 @@ const std::vector<ArchitectureSpec>& Table() {
        {{"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}},
        ArchitectureFeatures{},
        LlamaWeights()},
-      {"qwen2", {{"Qwen2ForCausalLM", "qwen2"}}, Qwen2Features(), Qwen2Weights()},
-      {"qwen3", {{"Qwen3ForCausalLM", "qwen3"}}, Qwen3Features(), Qwen3Weights()},
-      {"phi3", {{"Phi3ForCausalLM", "phi3"}}, Phi3Features(), Phi3Weights()},
-      {"gemma3", {{"Gemma3ForCausalLM", "gemma3_text"}}, Gemma3Features(), Gemma3Weights()},
+      {"qwen2", {{"Qwen2ForCausalLM", "qwen2"}}, {.attention_bias = true}, Qwen2Weights()},
+      {"qwen3", {{"Qwen3ForCausalLM", "qwen3"}}, {.qk_norm = true}, Qwen3Weights()},
+      {"phi3", {{"Phi3ForCausalLM", "phi3"}}, {.packed_projections = true}, Phi3Weights()},
+      {"gemma3",
+       {{"Gemma3ForCausalLM", "gemma3_text"}},
+       {.qk_norm = true,
+        .norm = NormStyle::kRmsNormOffset,
+        .mlp = MlpKind::kGeGluTanh,
+        .sandwich_norms = true,
+        .scale_embeddings = true},
+       Gemma3Weights()},
   };
   return table;
 }
