@@ -118,9 +118,7 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
     }
     if (w.cols == Dim::kNone) {
       std::vector<float> v = m->Vector(name, shape[0]);
-      const bool is_norm = w.role != WeightRole::kQBias && w.role != WeightRole::kKBias &&
-                           w.role != WeightRole::kVBias;
-      if (offset_norms && is_norm) {
+      if (offset_norms && !IsBias(w.role)) {
         for (float& x : v) x += 1.f;  // Gemma: x / rms(x) · (1 + w), in fp32 as transformers
       }
       *m->VectorOf(w.role, layer) = std::move(v);

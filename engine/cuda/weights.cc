@@ -300,9 +300,7 @@ void CudaWorker::LoadCheckpoint(const std::string& dir) {
       const TensorView& t = ckpt->GetWithShape(WeightName(w, i), shape);
       TpSlice sl = shard.Slice(w, c);
       if (w.tp == TpSplit::kReplicated) sl = {0, shape[0], 0, 1};
-      const bool bias = w.role == WeightRole::kQBias || w.role == WeightRole::kKBias ||
-                        w.role == WeightRole::kVBias;
-      put_vector(t, sl.row_begin, sl.num_rows, !bias, VectorOf(l, w.role));
+      put_vector(t, sl.row_begin, sl.num_rows, !IsBias(w.role), VectorOf(l, w.role));
     }
     if (opt.log && head_here && isatty(fileno(stderr))) {
       std::fprintf(stderr, "\r[cuda] loading weights: layer %lld/%lld", (long long)(i + 1),
@@ -390,11 +388,9 @@ void CudaWorker::FillDummy() {
   for (Layer& l : layers) {
     for (const WeightSpec& w : spec.weights) {
       if (!w.per_layer || w.is_linear) continue;
-      const bool bias = w.role == WeightRole::kQBias || w.role == WeightRole::kKBias ||
-                        w.role == WeightRole::kVBias;
       const int64_t n =
           w.tp == TpSplit::kReplicated ? DimSize(w.rows, c) : shard.Slice(w, c).num_rows;
-      cuda::FillConstant(VectorOf(l, w.role), DType::kF32, n, bias ? 0.f : 1.f, stream);
+      cuda::FillConstant(VectorOf(l, w.role), DType::kF32, n, IsBias(w.role) ? 0.f : 1.f, stream);
     }
     for (size_t k = 0; k < matrices.size(); ++k) {
       const DeviceMatrix d = MatrixOf(l, matrices[k]);

@@ -168,10 +168,7 @@ void MakeRandomModel(const MakeModelOptions& options) {
     // Vectors are constants: RMSNorm weights 1.0 (0.0 where the norm scales by 1 + w, as
     // Gemma's), biases 0.
     const bool is_vector = s.shape.size() == 1;
-    const WeightRole role = s.weight->role;
-    const bool is_bias =
-        role == WeightRole::kQBias || role == WeightRole::kKBias || role == WeightRole::kVBias;
-    const float constant = is_bias || offset_norms ? 0.0f : 1.0f;
+    const float constant = IsBias(s.weight->role) || offset_norms ? 0.0f : 1.0f;
     FillRandom(buffer, count, options.dtype, SplitMix64(options.seed ^ HashName(s.name)),
                is_vector ? 0.0 : init_std, constant);
     writer.Write(s.name, buffer.data(), buffer.size());

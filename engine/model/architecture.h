@@ -144,6 +144,11 @@ const ArchitectureSpec& ArchitectureOf(const ModelConfig& config);
 std::string WeightName(const WeightSpec& w, int64_t layer);
 std::vector<int64_t> WeightShape(const WeightSpec& w, const ModelConfig& config);
 int64_t DimSize(Dim d, const ModelConfig& config);
+// q/k/v biases (every other vector weight is a norm).
+inline bool IsBias(WeightRole role) {
+  return role == WeightRole::kQBias || role == WeightRole::kKBias || role == WeightRole::kVBias;
+}
+
 // The spec's entry for `role` (every spec has the global roles of the Llama skeleton); the
 // second form is nullptr when the spec has none.
 const WeightSpec& WeightOf(const ArchitectureSpec& spec, WeightRole role);
