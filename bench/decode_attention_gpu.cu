@@ -64,6 +64,8 @@
 //                      bytes count only the window's K and V (min(C, W) keys per sequence), the
 //                      bytes it must read, so ratio_to_copy compares like with like beside the
 //                      full-context line (e.g. --shapes 64x32768 --window 4096)
+//   --head-dim D       64, 128 (default) or 256 (Gemma 3; bf16 caches only: --kv fp8 is dropped)
+//   --heads H --kv-heads K   query and KV heads (default 32 and 8; Gemma-3-12B: 16 and 8)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -219,7 +221,8 @@ struct Result {
   float fp8_over_bf16 = 0.f;  // fp8 only: ms / the same variant's bf16 ms (0 = no bf16 run)
 };
 
-constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+// Query heads, KV heads and head_dim (--heads, --kv-heads, --head-dim; default Llama-3-8B's).
+int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 int kBlock = 16;        // tokens per KV page (--block-size)
 bool g_ragged = false;  // --ragged
 
@@ -667,6 +670,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bad --block-size\n");
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--head-dim") == 0 && i + 1 < argc) {
+      kHeadDim = std::atoi(argv[++i]);
+      if (kHeadDim != 64 && kHeadDim != 128 && kHeadDim != 256) {
+        std::fprintf(stderr, "bad --head-dim (64, 128 or 256)\n");
+        return 2;
+      }
+    } else if (std::strcmp(argv[i], "--heads") == 0 && i + 1 < argc) {
+      kHeads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--kv-heads") == 0 && i + 1 < argc) {
+      kKvHeads = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
       shapes.clear();  // BxC[,BxC...]: batch × context
       for (const char* q = argv[++i]; *q;) {
@@ -684,12 +697,24 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--sanitize-small] [--shapes BxC[,BxC...]] [--kv fp8|bf16|both] "
-                   "[--block-size N] [--ragged] [--window W]\n",
+                   "[--block-size N] [--ragged] [--window W] [--head-dim D] [--heads H] "
+                   "[--kv-heads K]\n",
                    argv[0]);
       return 2;
     }
   }
+  if (kHeads <= 0 || kKvHeads <= 0 || kHeads % kKvHeads != 0 || kHeads / kKvHeads > 16) {
+    std::fprintf(stderr, "bad --heads / --kv-heads (a multiple, at most 16 per KV head)\n");
+    return 2;
+  }
+  if (kHeadDim == 256 && std::find(kvs.begin(), kvs.end(), true) != kvs.end()) {
+    std::printf("head_dim 256: the decode kernel takes bf16 / fp16 caches only; fp8 dropped\n");
+    kvs.erase(std::remove(kvs.begin(), kvs.end(), true), kvs.end());
+    if (kvs.empty()) return 2;
+  }
   std::printf("device: %s\n", llm::cuda::DeviceDescription().c_str());
+  std::printf("heads %d, kv heads %d, head_dim %d, block size %d\n", kHeads, kKvHeads, kHeadDim,
+              kBlock);
   // A format that fails validation is not timed (the other still is); the exit status is 1.
   bool ok = true;
   {

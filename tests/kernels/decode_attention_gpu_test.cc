@@ -218,7 +218,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DType::kBF16, 128, 1, 8}, Case{DType::kBF16, 64, 4, 8},
                       Case{DType::kBF16, 64, 8, 16}, Case{DType::kF16, 128, 4, 16},
                       Case{DType::kF16, 128, 1, 32}, Case{DType::kF16, 64, 8, 8},
-                      Case{DType::kBF16, 128, 16, 16}, Case{DType::kBF16, 128, 4, 3}),
+                      Case{DType::kBF16, 128, 16, 16}, Case{DType::kBF16, 128, 4, 3},
+                      // head_dim 256 (Gemma 3: GQA 2): groups 1 / 2 / 8, block sizes 16 and 5.
+                      Case{DType::kBF16, 256, 2, 16}, Case{DType::kF16, 256, 1, 16},
+                      Case{DType::kBF16, 256, 8, 5}, Case{DType::kF16, 256, 2, 32}),
     Name);
 
 // ---- v3: in-kernel split merge, counters, repeat / graph replay, PDL ---------------------
@@ -407,7 +410,7 @@ TEST_F(DecodeAttentionGpuV3, ManySplitsMergedInKernel) {
     int64_t kv_heads;
   };
   for (const C& c : {C{Case{DType::kBF16, 128, 4, 16}, 2}, C{Case{DType::kF16, 64, 8, 8}, 1},
-                     C{Case{DType::kBF16, 128, 16, 32}, 1}}) {
+                     C{Case{DType::kBF16, 128, 16, 32}, 1}, C{Case{DType::kBF16, 256, 2, 16}, 2}}) {
     // 8193 keys = 129 tiles (128 splits: one split of 2 tiles, the rest 1); 4097 = 65 tiles
     // (64 splits: uneven); 150 keys = 3 tiles (most splits empty); 1 key; 64·40 = 40 tiles.
     RaggedProblem pr(c.tc, {4097, 1, 8193, 150, 64 * 40}, c.kv_heads,
@@ -579,6 +582,25 @@ TEST_F(DecodeAttentionGpuV3, AutoSplitsFillTheMachine) {
   EXPECT_EQ(cuda::DecodeAutoSplits(1, 32, 256, 128, 128), 2);
 }
 
+// head_dim 256 (one CTA per SM: 3 stages of 64 KiB): the selector counts its own occupancy,
+// so a single 32k sequence with 8 KV heads fills the SMs in one wave.
+TEST_F(DecodeAttentionGpuV3, AutoSplitsKnowHeadDim256) {
+  int device = 0, sms = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  RaggedProblem pr(Case{DType::kBF16, 256, 2, 16}, {100}, 8, 1);
+  cuda::DecodeLaunchInfo info;
+  cuda::PagedDecodeAttention(pr.p, 1, nullptr, 0, nullptr, &info);
+  EXPECT_GE(info.ctas_per_sm, 1);
+  const int slots = sms * info.ctas_per_sm;
+  const int s32k = cuda::DecodeAutoSplits(1, 8, 32768, 256, 128);
+  std::printf("[ info ] hd 256: %d SMs x %d CTAs: auto splits 1x32k %d\n", sms, info.ctas_per_sm,
+              s32k);
+  EXPECT_EQ(s32k, std::min(128, slots / 8));
+  EXPECT_EQ(cuda::DecodeAutoSplits(64, 8, 8192, 256, 128), 1);  // 512 CTAs: no split
+  EXPECT_EQ(cuda::DecodeAutoSplits(1, 8, 100, 256, 128), 1);    // 2 tiles: no split
+}
+
 TEST(DecodeAttentionGpuArgs, RejectsUnsupportedShapes) {
   std::string why;
   if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
@@ -593,6 +615,17 @@ TEST(DecodeAttentionGpuArgs, RejectsUnsupportedShapes) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("96"), std::string::npos) << e.what();
   }
+  p.kv.layout.head_dim = 512;
+  EXPECT_THROW(cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr), std::invalid_argument);
+  p.kv.layout.head_dim = 256;  // bf16 / fp16 caches only
+  p.kv_format.fp8 = true;
+  try {
+    cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr);
+    FAIL() << "fp8 at head_dim 256 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
+  }
+  p.kv_format.fp8 = false;
   p.kv.layout.head_dim = 128;
   p.dtype = DType::kF32;
   try {

@@ -452,17 +452,16 @@ TEST_P(SlidingDecodeGpu, MatchesReference) {
   EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), int64_t(counters.size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SlidingDecodeGpu,
-                         ::testing::Values(DecodeCase{DType::kBF16, false, 128, 4, 16},
-                                           DecodeCase{DType::kBF16, false, 128, 8, 32},
-                                           DecodeCase{DType::kF16, false, 128, 1, 1},
-                                           DecodeCase{DType::kBF16, false, 64, 8, 16},
-                                           DecodeCase{DType::kF16, false, 64, 4, 8},
-                                           DecodeCase{DType::kBF16, false, 128, 16, 16},
-                                           DecodeCase{DType::kBF16, true, 128, 4, 16},
-                                           DecodeCase{DType::kF16, true, 64, 8, 32},
-                                           DecodeCase{DType::kBF16, true, 128, 16, 1}),
-                         DecodeName);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SlidingDecodeGpu,
+    ::testing::Values(
+        DecodeCase{DType::kBF16, false, 128, 4, 16}, DecodeCase{DType::kBF16, false, 128, 8, 32},
+        DecodeCase{DType::kF16, false, 128, 1, 1}, DecodeCase{DType::kBF16, false, 64, 8, 16},
+        DecodeCase{DType::kF16, false, 64, 4, 8}, DecodeCase{DType::kBF16, false, 128, 16, 16},
+        DecodeCase{DType::kBF16, true, 128, 4, 16}, DecodeCase{DType::kF16, true, 64, 8, 32},
+        DecodeCase{DType::kBF16, true, 128, 16, 1}, DecodeCase{DType::kBF16, false, 256, 2, 16},
+        DecodeCase{DType::kF16, false, 256, 8, 7}, DecodeCase{DType::kBF16, false, 256, 1, 16}),
+    DecodeName);
 
 // 32k-key contexts with W = 4096 (Mistral's window): the auto split count comes from the
 // window's tiles, only the window is read (the 28k keys before it are NaN), and a CUDA graph

@@ -1,4 +1,5 @@
-// Paged decode attention on the GPU (flash-decoding), bf16 / fp16, head_dim 64 and 128.
+// Paged decode attention on the GPU (flash-decoding), bf16 / fp16, head_dim 64, 128 and 256
+// (256: Gemma 3; bf16 / fp16 pools only, fp8 caches at 64 and 128).
 // One query token per sequence; sequence i attends over context_lens[i] + 1 keys gathered
 // through its block table (layout: kernels/paged_kv.h, HND per block). CPU twin and
 // specification: cpu::PagedDecodeAttention (kernels/cpu/flash_attention.h).
@@ -63,9 +64,11 @@
 // bound by the per-warp instruction chain, not by bytes in flight (Nsight Compute; bench/
 // RESULTS.md "Decode attention v4 / v4T"): 64 × 16k went from 0.89 to 1.00 of copy, 512 × 1k
 // from 0.79 to 0.92.
+// head_dim 256 (bf16 / fp16): the same kernel with 3 stages of 64 KiB (1 CTA per SM); the Q
+// fragment (64 registers) and O (128) stay in registers: 255 registers, no spills (ptxas -v).
 // Instantiations: DecodeKernel {bf16, fp16} × {64, 128} × {cache dtype, fp8, fp8 transposed}
-// = 12, DecodeItemsKernel {bf16, fp16} × {64, 128} × {original, transposed step} = 8.
-// One file for one kernel family: both kernels' instantiations share the per-warp steps
+// + {bf16, fp16} × 256 = 14, DecodeItemsKernel {bf16, fp16} × {64, 128} × {original, transposed
+// step} = 8. One file for one kernel family: both kernels' instantiations share the per-warp steps
 // (WarpKeysStep, WarpKeysStepT), the copies (StagePages, IssueKvRows), the fragment loads and
 // the swizzle, and the host side (SelectSplits, LaunchDecode) picks among them; split, those
 // device functions would move to a header that only this family includes.
@@ -108,7 +111,9 @@ struct DecodeTraits {
   static constexpr int kElemBytes = kFp8 ? 1 : 2;          // bytes per cached element
   // K+V stages in flight: 96 KiB / 64 KiB (bf16, hd 128 / 64: 2 / 3 CTAs per SM); fp8 4 / 6
   // stages of half the bytes (64 / 48 KiB: 3 CTAs per SM, what its registers allow).
-  static constexpr int kStages = kFp8 ? (kHeadDim == 128 ? 3 : 6) : (kHeadDim == 128 ? 3 : 4);
+  // head_dim 256 (bf16 / fp16 only): 64 KiB stages, 3 of them (192 KiB, 1 CTA per SM; 128 KiB
+  // in flight per SM, far above what the SM's share of HBM bandwidth needs).
+  static constexpr int kStages = kFp8 ? (kHeadDim == 128 ? 3 : 6) : (kHeadDim == 64 ? 4 : 3);
   static constexpr int kMinCtasPerSm = kFp8 ? 4 : 1;  // __launch_bounds__: fp8 caps registers
   static constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;  // 16-byte copies per row
   static constexpr int kChunkElems = 16 / kElemBytes;               // elements per copy
@@ -1274,8 +1279,12 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
 
 // The one dispatch from (dtype, head_dim, cache format) to an instantiation: calls
 // f.template Run<T, D, kFp8>() (nvcc compiles this file as C++17: no template lambdas).
+// head_dim 256 exists for bf16 / fp16 caches only (PagedDecodeAttention refuses fp8 there).
 template <typename T, bool kFp8, typename F>
 auto DispatchDim(int64_t head_dim, F& f) {
+  if constexpr (!kFp8) {
+    if (head_dim == 256) return f.template Run<T, 256, false>();
+  }
   return head_dim == 64 ? f.template Run<T, 64, kFp8>() : f.template Run<T, 128, kFp8>();
 }
 template <typename F>
@@ -1339,7 +1348,8 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 
 int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_keys, int64_t head_dim,
                      int64_t max_splits, int64_t min_tiles_per_split, int64_t sliding_window) {
-  const int slots = NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 ? 64 : 128, false);
+  const int slots =
+      NumSms() * CtasPerSm(DType::kBF16, head_dim == 64 || head_dim == 256 ? head_dim : 128, false);
   return SelectSplits(num_seqs * num_kv_heads, KeysRead(max_num_keys, sliding_window), slots,
                       max_splits, min_tiles_per_split);
 }
@@ -1353,9 +1363,14 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
     throw std::invalid_argument("PagedDecodeAttention: unsupported dtype " +
                                 std::string(DTypeName(p.dtype)) + " (BF16 or F16)");
   }
-  if (head_dim != 64 && head_dim != 128) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
     throw std::invalid_argument("PagedDecodeAttention: unsupported head_dim " +
-                                std::to_string(head_dim) + " (64 or 128)");
+                                std::to_string(head_dim) + " (64, 128 or 256)");
+  }
+  if (head_dim == 256 && p.kv_format.fp8) {
+    throw std::invalid_argument(
+        "PagedDecodeAttention: fp8 (e4m3) KV caches at head_dim 256 are not supported (bf16 / "
+        "fp16 caches are; fp8 takes head_dim 64 or 128)");
   }
   if (layout.num_kv_heads <= 0 || p.num_heads % layout.num_kv_heads != 0) {
     throw std::invalid_argument("PagedDecodeAttention: num_heads " + std::to_string(p.num_heads) +

@@ -64,9 +64,10 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 // shape (max_num_keys, W) alone, so a captured graph stays valid as the contexts grow.
 //   p.dtype kBF16 or kF16; p.kv_format.fp8: e4m3 pools (the tensor-core math then runs in fp16:
 //   q is converted to fp16 saturating at ±65504, K/V dequantize exactly, P is rounded to fp16;
-//   the output is written in p.dtype); head_dim 64 or 128; num_heads a multiple of num_kv_heads
-//   with at most 16 query heads per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes
-//   the split selector's choice; the kernel reads the true lengths on the device).
+//   the output is written in p.dtype); head_dim 64 or 128, or 256 with bf16 / fp16 pools (fp8 at
+//   256: std::invalid_argument); num_heads a multiple of num_kv_heads with at most 16 query heads
+//   per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes the split selector's choice;
+//   the kernel reads the true lengths on the device).
 // num_splits: 0 = automatic (from the batch shape and the SM count), 1 = no split, n = n key
 // chunks per sequence, capped by the tiles of the longest sequence, by 128 and by what the
 // workspace holds (see above; a null or too small workspace runs fewer splits, down to 1);
