@@ -12,7 +12,10 @@
 // overlap) and, as a profiling ablation with wrong output, without exp2.
 // Prints one JSON line per (variant, shape) and a table last.
 //   ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
-// Options (for profiling one shape): --shapes HD:L[,HD:L...] (default every hd × length),
+// Options (for profiling one shape): --shapes HD:L[,HD:L...] (default every hd × length of
+// 128 and 64; head_dim 256 (Gemma 3) only when named, e.g. --shapes 128:4096,256:4096: it runs
+// on v1_naive and v3_mma, and the table's last lines give each 256 shape's TFLOP/s as a ratio
+// to the same length's at 128),
 // --block-size N (default 16), --variants v1,v2,v3,v4 (default all), --no-ablations,
 // --reps N (default 10), --kv fp8 (e4m3 pools, scales 1: the codes of the same random values;
 // v3_mma reads them directly, v4_wgmma over a bf16 copy of the pages made by the dequantizing
@@ -282,11 +285,15 @@ int main(int argc, char** argv) {
   const int kTokens = 16384, kHeads = 16;
   std::map<std::pair<int, int>, std::map<std::string, double>> table;  // (hd, L) -> variant
   bool all_ok = true;
-  for (int hd : {128, 64}) {
-    if (!hd_wanted(hd)) continue;
+  for (int hd : {128, 64, 256}) {
+    if (!hd_wanted(hd) || (hd == 256 && shapes.empty())) continue;
     std::map<PrefillVariant, float> errs;
     for (PrefillVariant v : kVariants) errs[v] = INFINITY;
     for (PrefillVariant v : variants) {
+      if (hd == 256 && v != PrefillVariant::kNaive && v != PrefillVariant::kMma) {
+        std::printf("skip     %-9s hd 256: not built for it\n", llm::cuda::PrefillVariantName(v));
+        continue;
+      }
       errs[v] = Validate(v, hd, bs, llm::cuda::detail::kV4Default, true, fp8);
       const bool ok = errs[v] <= 2e-2f;
       all_ok &= ok;
@@ -294,8 +301,9 @@ int main(int argc, char** argv) {
                   llm::cuda::PrefillVariantName(v), hd, errs[v], ok ? "ok" : "FAILED");
     }
     // Non-causal (v4 only): validated against the plain definition, then timed beside causal.
-    const bool want_v4 = !fp8 && std::find(variants.begin(), variants.end(),
-                                           PrefillVariant::kWgmma) != variants.end();
+    const bool want_v4 =
+        !fp8 && hd != 256 &&
+        std::find(variants.begin(), variants.end(), PrefillVariant::kWgmma) != variants.end();
     const float noncausal_err =
         want_v4 ? Validate(PrefillVariant::kWgmma, hd, bs, llm::cuda::detail::kV4Default, false)
                 : INFINITY;
@@ -407,6 +415,22 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("\n");
+  }
+  // head_dim 256 against 128 at the same length (TFLOP/s ratio; FLOPs scale with head_dim).
+  for (const auto& [key, row] : table) {
+    if (key.first != 256) continue;
+    auto at = [](const std::map<std::string, double>& r, const char* n) {
+      auto it = r.find(n);
+      return it == r.end() ? 0.0 : it->second;
+    };
+    auto base = table.find({128, key.second});
+    if (base == table.end()) continue;
+    const double v3 = at(row, "v3_mma"), v3_128 = at(base->second, "v3_mma");
+    const double best_128 = std::max(v3_128, at(base->second, "v4_wgmma"));
+    std::printf(
+        "hd256/hd128 L %6d: v3_mma %.1f vs %.1f TFLOP/s (%.3f); vs hd128's best %.1f (%.3f)\n",
+        key.second, v3, v3_128, v3_128 > 0 ? v3 / v3_128 : 0.0, best_128,
+        best_128 > 0 ? v3 / best_128 : 0.0);
   }
   return all_ok ? 0 : 1;
 }

@@ -68,8 +68,8 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(
     throw Error("--gpu-memory-utilization must be in (0, 1]");
   }
   const ModelConfig config = LoadConfig(model_path);
-  if (config.head_dim > 128) {
-    throw Error("the CUDA backend supports head_dim up to 128 (the model has " +
+  if (config.head_dim > 128 && config.head_dim != 256) {
+    throw Error("the CUDA backend supports head_dim up to 128, and 256 (the model has " +
                 std::to_string(config.head_dim) + ")");
   }
   RequireBackendSupport(config, kCudaBackendSupport);

@@ -307,7 +307,9 @@ void CudaWorker::Configure(const ModelConfig& c, const CudaExecutorOptions& opti
   max_tokens = std::max<int64_t>(options.max_num_batched_tokens, 1);
   max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
   max_rows = std::max(max_seqs, options.max_logits_rows);
-  decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128;
+  // The decode kernel's head_dims: 64 and 128, and 256 (Gemma 3) over bf16 / fp16 caches.
+  decode_kernel_ok =
+      c.head_dim == 64 || c.head_dim == 128 || (c.head_dim == 256 && !opt.kv_cache_fp8);
   fp8 = options.fp8_weights;
   wesize = fp8 ? 1 : esize;
   // fp8: small steps take the GEMV with e4m3 weights and bf16/fp16 activations (weight-only
@@ -329,7 +331,8 @@ void CudaWorker::Setup(const std::string& model_path) {
   LLM_CUDA_CHECK(cudaSetDevice(device));
   if (shard.rank == 0 && !decode_kernel_ok) {
     Log("head_dim " + std::to_string(config.head_dim) +
-        ": attention on the naive prefill kernel (the tuned kernels take 64 and 128)");
+        ": decode attention on the prefill kernels (the decode kernel takes 64 and 128, and 256 "
+        "with bf16 / fp16 KV caches)");
   }
   device_name = cuda::DeviceDescription(device);
   {

@@ -362,13 +362,14 @@ TEST_P(PrefillFp8Gpu, RungsMatchCpuFp8Reference) {
   p.max_q_len = max_q;
   p.max_num_keys = max_keys;
 
-  const bool tiled = hd == 64 || hd == 128;
+  const bool tiled = hd == 64 || hd == 128;  // every tiled rung (v4 over a copy)
+  const bool v3 = tiled || hd == 256;        // v3_mma also takes 256
   EXPECT_EQ(cuda::ResolvePrefillVariant(p),
-            tiled ? cuda::PrefillVariant::kMma : cuda::PrefillVariant::kNaive);
+            v3 ? cuda::PrefillVariant::kMma : cuda::PrefillVariant::kNaive);
   for (auto variant :
        {cuda::PrefillVariant::kNaive, cuda::PrefillVariant::kMma, cuda::PrefillVariant::kBest}) {
     const std::string what = std::string(c.name) + " " + cuda::PrefillVariantName(variant);
-    if (variant == cuda::PrefillVariant::kMma && !tiled) {
+    if (variant == cuda::PrefillVariant::kMma && !v3) {
       EXPECT_THROW(cuda::PagedPrefillAttention(p, nullptr, variant), std::invalid_argument) << what;
       continue;
     }
@@ -394,9 +395,9 @@ TEST_P(PrefillFp8Gpu, RungsMatchCpuFp8Reference) {
   const cuda::PrefillScratch scratch{scratch_buf.p, bytes, pages};
   const bool v4 = tiled && c.block_size % 8 == 0 && 128 % c.block_size == 0;
   EXPECT_EQ(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kBest, &scratch),
-            v4      ? cuda::PrefillVariant::kWgmma
-            : tiled ? cuda::PrefillVariant::kMma
-                    : cuda::PrefillVariant::kNaive)
+            v4   ? cuda::PrefillVariant::kWgmma
+            : v3 ? cuda::PrefillVariant::kMma
+                 : cuda::PrefillVariant::kNaive)
       << c.name;
   if (!v4) {
     EXPECT_THROW(cuda::PagedPrefillAttention(p, nullptr, cuda::PrefillVariant::kWgmma, &scratch),
@@ -459,6 +460,9 @@ const std::vector<PrefillCase> kPrefillCases = {
     {"fp16_hd128_g1_bs32", DType::kF16, 128, 2, 2, 32, 2, {300, 64}, {300, 1}},
     {"bf16_hd32_g2_bs16", DType::kBF16, 32, 8, 4, 16, 1, {37, 1, 90}, {5, 20, 33}},  // kNaive
     {"fp16_hd8_g4_bs8", DType::kF16, 8, 8, 2, 8, 2, {37, 1}, {5, 20}},               // kNaive
+    // head_dim 256 (Gemma 3): v3 dequantizing its 32-key tiles; v4 refuses it.
+    {"bf16_hd256_g2_bs16", DType::kBF16, 256, 4, 2, 16, 0, {1, 37, 200}, {0, 100, 333}},
+    {"fp16_hd256_g8_bs5", DType::kF16, 256, 8, 1, 5, 1, {77, 1}, {40, 0}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PrefillFp8Gpu, ::testing::ValuesIn(kPrefillCases),

@@ -158,8 +158,10 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
       resolved = cuda::ResolvePrefillVariant(p, variant);
     } catch (const std::invalid_argument& e) {
       // v4 needs TMA-friendly pages (kBest falls back to v3 then); head dims other than 64 and
-      // 128 run on the naive rung only.
-      ASSERT_TRUE(variant == cuda::PrefillVariant::kWgmma || (hd != 64 && hd != 128)) << e.what();
+      // 128 run on the naive rung only (256 also on v3).
+      ASSERT_TRUE(variant == cuda::PrefillVariant::kWgmma || (hd != 64 && hd != 128 && hd != 256) ||
+                  (hd == 256 && variant == cuda::PrefillVariant::kSmem))
+          << e.what();
       continue;
     }
     // v4 runs all four schedules (ping-pong and intra-warpgroup overlap on / off), each on a
@@ -257,6 +259,11 @@ const std::vector<Case> kCases = {
     {"fp16_hd128_g1_bs64", DType::kF16, 128, 4, 4, 64, {700, 9}, {0, 70}},
     {"bf16_hd128_g8_bs128", DType::kBF16, 128, 16, 2, 128, {333, 130}, {5, 200}},
     {"fp16_hd64_g4_bs128", DType::kF16, 64, 8, 2, 128, {257, 20}, {0, 99}},
+    // head_dim 256 (Gemma 3): v3 with 32-key tiles and Q re-read from shared memory.
+    {"bf16_hd256_g2_bs16", DType::kBF16, 256, 8, 4, 16, {1, 37, 200, 513}, {0, 100, 0, 333}},
+    {"fp16_hd256_g1_bs16", DType::kF16, 256, 4, 4, 16, {300, 65}, {17, 0}},
+    {"bf16_hd256_g8_bs7", DType::kBF16, 256, 8, 1, 7, {129, 1}, {40, 300}},
+    {"fp16_hd256_g2_bs32", DType::kF16, 256, 4, 2, 32, {640}, {65}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PrefillAttentionGpu, ::testing::ValuesIn(kCases),
@@ -265,17 +272,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PrefillAttentionGpu, ::testing::ValuesIn(kCases
 TEST(PrefillAttentionGpuApi, RejectsUnsupportedHeadDimAndBlockSize) {
   cuda::AttentionParams p;
   p.num_heads = 8;
-  p.kv.layout = PagedKvLayout{4, 16, 8, 160};
+  p.kv.layout = PagedKvLayout{4, 16, 8, 320};
   try {
     cuda::ResolvePrefillVariant(p);
-    FAIL() << "head_dim 160 accepted";
+    FAIL() << "head_dim 320 accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("160"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("320"), std::string::npos) << e.what();
   }
-  // Other head dims up to 128 run on the naive rung only.
-  p.kv.layout = PagedKvLayout{4, 16, 8, 96};
-  EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kNaive);
-  EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kMma), std::invalid_argument);
+  // Other head dims up to 256 run on the naive rung only.
+  for (int64_t hd : {96, 160}) {
+    p.kv.layout = PagedKvLayout{4, 16, 8, hd};
+    EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kNaive);
+    EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kMma), std::invalid_argument);
+  }
+  // 256: v3 (kBest) and v1; v2 and v4 refuse it.
+  p.kv.layout = PagedKvLayout{4, 16, 8, 256};
+  EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kMma);
+  EXPECT_EQ(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kNaive),
+            cuda::PrefillVariant::kNaive);
+  EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kSmem), std::invalid_argument);
+  EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kWgmma), std::invalid_argument);
   p.kv.layout = PagedKvLayout{4, 4, 8, 128};
   EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kWgmma), std::invalid_argument);
   EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kMma);
@@ -301,8 +317,8 @@ TEST(PrefillAttentionGpuApi, NonCausalRunsOnV4OrIsRefused) {
       EXPECT_THROW(cuda::ResolvePrefillVariant(p, v), std::invalid_argument) << hd;
     }
   }
-  for (const PagedKvLayout& layout :
-       {PagedKvLayout{4, 16, 8, 8}, PagedKvLayout{4, 16, 8, 96}, PagedKvLayout{4, 4, 8, 128}}) {
+  for (const PagedKvLayout& layout : {PagedKvLayout{4, 16, 8, 8}, PagedKvLayout{4, 16, 8, 96},
+                                      PagedKvLayout{4, 4, 8, 128}, PagedKvLayout{4, 16, 8, 256}}) {
     p.kv.layout = layout;
     for (auto v : {cuda::PrefillVariant::kBest, cuda::PrefillVariant::kNaive}) {
       try {

@@ -282,9 +282,13 @@ TEST_P(SlidingPrefillGpu, EveryRungMatchesReference) {
       try {
         resolved = cuda::ResolvePrefillVariant(p, variant, sp);
       } catch (const std::invalid_argument& e) {
-        // v4 needs TMA-sized pages, the tiled rungs head_dim 64 / 128, v2 bf16 / fp16 pools.
+        // v4 needs TMA-sized pages, the tiled rungs head_dim 64 / 128 (v3 also 256), v2 bf16 /
+        // fp16 pools.
         const bool tiled = c.head_dim == 64 || c.head_dim == 128;
-        EXPECT_TRUE(variant == V::kWgmma || !tiled || (c.fp8 && variant == V::kSmem)) << e.what();
+        const bool hd256 = c.head_dim == 256 && variant == V::kSmem;
+        EXPECT_TRUE(variant == V::kWgmma || (!tiled && c.head_dim != 256) || hd256 ||
+                    (c.fp8 && variant == V::kSmem))
+            << e.what();
         continue;
       }
       const bool v4 = resolved == V::kWgmma && variant == V::kWgmma;
@@ -363,6 +367,30 @@ const std::vector<PrefillCase> kPrefillCases = {
      {1, 64, 100, 1000}},
     {"fp8_fp16_hd64_g8_bs32", DType::kF16, true, 64, 16, 2, 32, {257, 20}, {0, 700}, {5, 128, 300}},
     {"fp8_bf16_hd128_g1_bs1", DType::kBF16, true, 128, 4, 4, 1, {100}, {150}, {16, 90}},
+    // head_dim 256 (Gemma 3: GQA 2, window 1024): v3 (32-key tiles) and v1; windows inside one
+    // tile, across tiles, Gemma's 1024 and past the sequences.
+    {"bf16_hd256_g2_bs16",
+     DType::kBF16,
+     false,
+     256,
+     4,
+     2,
+     16,
+     {1, 37, 300, 129},
+     {0, 100, 800, 17},
+     {1, 37, 1024, 5000}},
+    {"fp16_hd256_g1_bs5", DType::kF16, false, 256, 2, 2, 5, {100, 65}, {33, 0}, {1, 37, 1024}},
+    {"bf16_hd256_g8_bs16", DType::kBF16, false, 256, 8, 1, 16, {77}, {1100}, {37, 1024, 5000}},
+    {"fp8_bf16_hd256_g2_bs16",
+     DType::kBF16,
+     true,
+     256,
+     4,
+     2,
+     16,
+     {130, 1},
+     {300, 64},
+     {1, 37, 100}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SlidingPrefillGpu, ::testing::ValuesIn(kPrefillCases),

@@ -3,6 +3,7 @@
 // file instantiates its kernels (the tile traits live there, with static_asserts).
 //   kBest = v4 (wgmma, TMA one box per page) when the page size suits TMA boxes
 //           (block_size a multiple of 8 that divides the 128-key tile), else v3 (mma.sync);
+//           head_dim 256 (Gemma 3): v3, the one tiled rung built for it;
 //           fp8 (e4m3) caches: v4 over an exact bf16 / fp16 copy of the batch's pages when the
 //           caller gives a PrefillScratch that holds them (prefill_attention_fp8.cu), else v3,
 //           which dequantizes each tile in shared memory.
@@ -66,11 +67,11 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
                                 " unsupported (BF16 or F16)");
   }
   const int64_t hd = p.kv.layout.head_dim;
-  // The tiled rungs are built for head_dim 64 and 128; the naive rung takes any head_dim up to
-  // 128 (tiny test models such as stories260K have 8), slowly.
-  if (hd < 1 || hd > 128) {
+  // The tiled rungs are built for head_dim 64 and 128 (v2 .. v4) and 256 (v3); the naive rung
+  // takes any head_dim up to 256 (tiny test models such as stories260K have 8), slowly.
+  if (hd < 1 || hd > 256) {
     throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
-                                " unsupported (64 or 128; others up to 128 by v1_naive only)");
+                                " unsupported (64, 128 or 256; others up to 256 by v1_naive only)");
   }
   if (p.batch.sliding_window < 0) {
     throw std::invalid_argument("PagedPrefillAttention: sliding_window " +
@@ -94,11 +95,19 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
                                             "asked for ") +
                                 PrefillVariantName(requested));
   }
-  if (hd != 64 && hd != 128) {
+  if (hd != 64 && hd != 128 && hd != 256) {
     if (requested == PrefillVariant::kBest) return PrefillVariant::kNaive;
     if (requested != PrefillVariant::kNaive) {
       throw std::invalid_argument("PagedPrefillAttention: head_dim " + std::to_string(hd) +
-                                  " runs on v1_naive only (the tiled rungs take 64 or 128)");
+                                  " runs on v1_naive only (the tiled rungs take 64 or 128; "
+                                  "v3_mma also 256)");
+    }
+  }
+  if (hd == 256) {  // Gemma 3: v3_mma (kBest) and v1_naive
+    if (requested == PrefillVariant::kSmem || requested == PrefillVariant::kWgmma) {
+      throw std::invalid_argument(std::string("PagedPrefillAttention: head_dim 256 runs on "
+                                              "v3_mma and v1_naive only; asked for ") +
+                                  PrefillVariantName(requested));
     }
   }
   if (p.num_heads <= 0 || p.kv.layout.num_kv_heads <= 0 ||
@@ -107,8 +116,9 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
                                 " not a multiple of num_kv_heads " +
                                 std::to_string(p.kv.layout.num_kv_heads));
   }
+  const bool v4_dim = hd == 64 || hd == 128;
   if (p.kv_format.fp8) {  // e4m3 pools: v1 and v3 dequantize as they load, v4 reads a copy
-    const bool v4 = v4_pools && (hd == 64 || hd == 128) && WgmmaSupports(p);
+    const bool v4 = v4_pools && v4_dim && WgmmaSupports(p);
     if (requested == PrefillVariant::kBest) {
       return v4 ? PrefillVariant::kWgmma : PrefillVariant::kMma;
     }
@@ -128,7 +138,7 @@ PrefillVariant ResolvePrefillVariant(const AttentionParams& p, PrefillVariant re
     return requested;
   }
   if (requested == PrefillVariant::kBest) {
-    return WgmmaSupports(p) ? PrefillVariant::kWgmma : PrefillVariant::kMma;
+    return v4_dim && WgmmaSupports(p) ? PrefillVariant::kWgmma : PrefillVariant::kMma;
   }
   if (requested == PrefillVariant::kWgmma && !WgmmaSupports(p)) {
     throw std::invalid_argument(

@@ -11,6 +11,7 @@
 //   kNaive  prefill_attention_v1_naive.cu  one warp per query row, scalar online softmax
 //   kSmem   prefill_attention_v2_smem.cu   shared-memory Q/K/V tiles, fp32 FMA
 //   kMma    prefill_attention_v3_mma.cu    FA2: mma.sync m16n8k16, cp.async, swizzled smem
+//                                          (head_dim 64, 128 and 256)
 //   kWgmma  prefill_attention_v4_wgmma.cu  FA3-style: wgmma + TMA per page + mbarriers,
 //                                          producer / 2 consumer warpgroups, setmaxnreg;
 //                                          fp8 caches through prefill_attention_fp8.cu
@@ -97,17 +98,17 @@ inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 }  // namespace detail
 
 // Causal paged prefill attention (see above). dtype kBF16 or kF16; head_dim 64 or 128 on every
-// rung, any other head_dim up to 128 on kNaive only (kBest picks it); std::invalid_argument
-// otherwise, naming the value. p.kv_format.fp8 (e4m3 pools) runs on kNaive and kMma, and on
-// kWgmma over an exact bf16 / fp16 copy of the pages when a PrefillScratch that fits is given
-// (kBest picks kWgmma then, else kMma for head_dim 64 / 128); kSmem rejects it. v4_flags:
-// kWgmma's schedule (detail::kV4* bits; the other rungs ignore it): production's is
-// kV4Default, the test and the bench pass the others. p.batch.sliding_window W > 0 (causal
-// only; every rung, fp8 included): query row at position p sees keys [VisibleKeyBegin(p, W), p]
-// (kernels/paged_kv.h); each rung starts its key loop at the (aligned) tile holding the first
-// visible key of its query tile's first row and masks the rest on the left; non-causal with a
-// window or a negative window: std::invalid_argument. Asynchronous on `stream`. Returns the
-// rung it ran (ResolvePrefillVariant's answer).
+// rung, 256 (Gemma 3) on kMma (kBest's pick) and kNaive, any other head_dim up to 256 on kNaive
+// only (kBest picks it); std::invalid_argument otherwise, naming the value. p.kv_format.fp8 (e4m3
+// pools) runs on kNaive and kMma, and on kWgmma over an exact bf16 / fp16 copy of the pages when a
+// PrefillScratch that fits is given (kBest picks kWgmma then, else kMma for head_dim 64 / 128 /
+// 256); kSmem rejects it. v4_flags: kWgmma's schedule (detail::kV4* bits; the other rungs ignore
+// it): production's is kV4Default, the test and the bench pass the others. p.batch.sliding_window W
+// > 0 (causal only; every rung, fp8 included): query row at position p sees keys
+// [VisibleKeyBegin(p, W), p] (kernels/paged_kv.h); each rung starts its key loop at the (aligned)
+// tile holding the first visible key of its query tile's first row and masks the rest on the left;
+// non-causal with a window or a negative window: std::invalid_argument. Asynchronous on `stream`.
+// Returns the rung it ran (ResolvePrefillVariant's answer).
 PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
                                      PrefillVariant variant = PrefillVariant::kBest,
                                      const PrefillScratch* scratch = nullptr,

@@ -1,7 +1,7 @@
 // Prefill attention, rung 1 (v1_naive): the correctness baseline.
 //
 // Algorithm: one warp per (query row, head); lane j holds dimensions j, j + 32, … (any
-// head_dim ≤ 128: also the tiny ones of test models). For every visible key (0 … ctx + r, or
+// head_dim ≤ 256: also the tiny ones of test models). For every visible key (0 … ctx + r, or
 // with a sliding window VisibleKeyBegin(ctx + r, W) … ctx + r,
 // read through the block table) the warp forms the dot product by a shuffle reduction and
 // applies the scalar online softmax (kernels/online_softmax.h: log2-domain scores, exp2,
@@ -23,7 +23,7 @@ namespace {
 struct NaiveTraits {
   static constexpr int kWarps = 4;  // query rows per CTA
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMaxDimsPerLane = 4;  // head_dim ≤ 128
+  static constexpr int kMaxDimsPerLane = 8;  // head_dim ≤ 256
 };
 
 // KV: T, or uint8_t for e4m3 caches (k_scale is in scale_log2, v_scale in out_scale).

@@ -16,6 +16,9 @@
 //    ldmatrix.trans). O (16 × d per warp) stays in fp32 registers; 1/l at the end.
 //  - Swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8), so the 8 rows an ldmatrix
 //    phase reads land in 8 distinct bank groups (no conflicts).
+//  - head_dim 256 (Gemma 3; FA2's hdim-256 recipe): 32-key K/V tiles and Q re-read from its
+//    shared tile at every k16 step instead of held in registers (O alone takes 128 registers);
+//    96 KiB of shared memory, 2 CTAs per SM, 255 registers and no spills (ptxas -v).
 // Test:  ninja -C build prefill_attention_gpu_test &&
 //        (cd build && ctest -L gpu -R prefill_attention)
 //        e4m3 caches: the kv_fp8*_gpu_test targets, then ctest -L gpu -R kv_fp8
@@ -44,8 +47,14 @@ struct MmaTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBr = kWarps * 16;  // 16 query rows per warp (one m16 row block)
-  static constexpr int kBc = 64;           // keys per tile
-  static constexpr int kChunks = HD / 8;   // 16-byte chunks per row of a 2-byte tile
+  // Keys per tile: 64; 32 at head_dim 256 (FA2's hdim-256 tile: 32 KiB of Q + 2 stages × 32 KiB
+  // of K+V = 96 KiB, two CTAs per SM, and 16 fp32 S registers beside the 128 of O).
+  static constexpr int kBc = HD == 256 ? 32 : 64;
+  // Q's A fragments stay in registers (HD / 4 of them) up to head_dim 128; at 256 they would
+  // take 64 registers on top of O's 128, so each k16 step re-reads them from the Q tile (an
+  // ldmatrix.x4 per 16 dims per K tile, which shared memory has to spare).
+  static constexpr bool kQInRegs = HD <= 128;
+  static constexpr int kChunks = HD / 8;  // 16-byte chunks per row of a 2-byte tile
   static constexpr int kKvElemBytes = kFp8 ? 1 : 2;
   static constexpr int kKvChunks = HD * kKvElemBytes / 16;  // 16-byte copies per cached row
   static constexpr int kStages = 2;
@@ -53,7 +62,7 @@ struct MmaTraits {
   static constexpr size_t kStageTileBytes = size_t(kBc) * HD * kKvElemBytes;  // one K or V tile
   static constexpr size_t kCvtBytes = kFp8 ? size_t(2) * 2 * kBc * HD : 0;    // fp16 K and V
   static constexpr size_t kSmemBytes = kQBytes + kStages * 2 * kStageTileBytes + kCvtBytes;
-  static_assert(HD % 64 == 0 && HD <= 128, "head_dim 64 or 128");
+  static_assert(HD == 64 || HD == 128 || HD == 256, "head_dim 64, 128 or 256");
   static_assert(kBc % 16 == 0 && kChunks >= 8, "swizzle spans 8 chunks");
   static_assert((kBc * kKvChunks) % kThreads == 0 && (kBr * kChunks) % kThreads == 0,
                 "whole cp.async rounds");
@@ -166,17 +175,21 @@ __global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKerne
 #pragma unroll
   for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's partial sums
-  uint32_t qf[HD / 16][4];
+  uint32_t qf[Tr::kQInRegs ? HD / 16 : 1][4];  // Q's A fragments (kQInRegs; else re-read)
+  // Q's A fragment of k16 step kk, converted to the mma type.
+  auto q_fragment = [&](int kk, uint32_t(&f)[4]) {
+    LdMatrixX4(f, SmemAddr(sQ + Swz<HD>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[e] = ToMmaPair<T, M>(f[e]);
+  };
 
   for (int j = j_begin; j < n_tiles; ++j) {
     CpAsyncWait<0>();
     __syncthreads();  // tile j resident for all; everyone is done with tile j-1's stage
-    if (j == j_begin) {
+    if constexpr (Tr::kQInRegs) {
+      if (j == j_begin) {
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        LdMatrixX4(qf[kk], SmemAddr(sQ + Swz<HD>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qf[kk][e] = ToMmaPair<T, M>(qf[kk][e]);
+        for (int kk = 0; kk < HD / 16; ++kk) q_fragment(kk, qf[kk]);
       }
     }
     if (j + 1 < n_tiles) load_kv((j + 1) * kBc, (j + 1) & 1);
@@ -199,15 +212,24 @@ __global__ void __launch_bounds__(MmaTraits<HD, kFp8>::kThreads) PrefillMmaKerne
     float s[kBc / 8][4];
 #pragma unroll
     for (int n = 0; n < kBc / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
+      // (head_dim 256: unrolled by 2 only, so that ptxas does not keep the 16 steps' Q and K
+      // addresses live beside O's 128 accumulators: fully unrolled, it spilled 64 bytes.)
+#pragma unroll(Tr::kQInRegs ? HD / 16 : 2)
     for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t qs[4];
+      if constexpr (Tr::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qs[e] = qf[kk][e];
+      } else {
+        q_fragment(kk, qs);
+      }
 #pragma unroll
       for (int n2 = 0; n2 < kBc / 16; ++n2) {
         uint32_t b[4];
         LdMatrixX4(b, SmemAddr(tk + Swz<HD>(n2 * 16 + (lane & 7) + ((lane >> 4) << 3),
                                             kk * 2 + ((lane >> 3) & 1))));
-        Mma16816<M>(s[2 * n2], qf[kk], b[0], b[1]);
-        Mma16816<M>(s[2 * n2 + 1], qf[kk], b[2], b[3]);
+        Mma16816<M>(s[2 * n2], qs, b[0], b[1]);
+        Mma16816<M>(s[2 * n2 + 1], qs, b[2], b[3]);
       }
     }
     // Causal mask, only where some key of the tile is past some row's diagonal.
@@ -313,7 +335,11 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
 
 template <typename T, bool kFp8>
 void LaunchDim(const PrefillArgs& a, cudaStream_t stream) {
-  a.head_dim == 64 ? Launch<T, 64, kFp8>(a, stream) : Launch<T, 128, kFp8>(a, stream);
+  if (a.head_dim == 256) {
+    Launch<T, 256, kFp8>(a, stream);
+  } else {
+    a.head_dim == 64 ? Launch<T, 64, kFp8>(a, stream) : Launch<T, 128, kFp8>(a, stream);
+  }
 }
 
 void LaunchPrefillMma(const PrefillArgs& a, cudaStream_t stream) {
