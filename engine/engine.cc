@@ -21,8 +21,6 @@ struct Engine::Inbox {
 
 namespace {
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 int64_t NumBlocks(const ModelConfig& model, const EngineConfig& c) {
   if (c.num_kv_blocks > 0) return c.num_kv_blocks;
   return KvCachePool::NumBlocksForBytes(model, c.block_size, c.kv_cache_bytes, c.kv_cache_dtype);
@@ -43,7 +41,10 @@ Engine::Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokeniz
       config_(config),
       observer_(observer),
       num_blocks_(executor_->num_kv_blocks()),
-      blocks_(num_blocks_, config.block_size, config.enable_prefix_caching),
+      blocks_(num_blocks_, config.block_size,
+              BlockManagerOptions{.enable_prefix_caching = config.enable_prefix_caching,
+                                  .sliding_window = executor_->config().UniformSlidingWindow(),
+                                  .max_step_tokens = config.max_num_batched_tokens}),
       scheduler_({config.max_num_batched_tokens, config.max_num_seqs}, &blocks_),
       inbox_(std::make_unique<Inbox>()) {
   if (executor_->block_size() != config_.block_size) {
@@ -81,9 +82,11 @@ std::shared_ptr<OutputChannel> Engine::AddRequest(Request request) {
                 std::to_string(sp.max_tokens) + ") exceeds the model's context of " +
                 std::to_string(mc.max_position_embeddings) + " tokens");
   }
-  // Worst case: the prompt's blocks plus each completion's own blocks and one copied block.
+  // Worst case: the prompt's blocks plus each completion's own blocks and one copied block
+  // (a sliding-window pool: each sequence's window of blocks).
   const int64_t bs = config_.block_size;
-  const int64_t worst = CeilDiv(total, bs) + (sp.n - 1) * (CeilDiv(sp.max_tokens, bs) + 1);
+  const int64_t worst = blocks_.MaxBlocksPerSequence(total) +
+                        (sp.n - 1) * (blocks_.MaxBlocksPerSequence(sp.max_tokens) + 1);
   if (worst > num_blocks_) {
     throw Error("the request needs up to " + std::to_string(worst * bs) +
                 " tokens of KV cache; the server has " + std::to_string(num_blocks_ * bs));
@@ -289,6 +292,7 @@ void Engine::PublishStats() {
   s.num_cached_kv_blocks = b.num_cached_blocks;
   s.prefix_query_tokens = b.prefix_query_tokens;
   s.prefix_hit_tokens = b.prefix_hit_tokens;
+  s.window_released_kv_blocks = b.window_released_blocks;
   s.num_preemptions = scheduler_.num_preemptions();
   s.is_healthy = is_healthy_;
   std::lock_guard<std::mutex> lock(stats_mu_);

@@ -83,6 +83,7 @@ struct EngineStats {
   int64_t num_running_seqs = 0, num_waiting_seqs = 0;  // sequences (an n > 1 request counts n)
   int64_t num_kv_blocks = 0, num_free_kv_blocks = 0, num_cached_kv_blocks = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int64_t window_released_kv_blocks = 0;  // given back by the sliding window (every layer slides)
   int64_t num_preemptions = 0, num_steps = 0;
   int64_t num_prompt_tokens_computed = 0, num_generated_tokens = 0;
   int64_t num_finished_requests = 0;

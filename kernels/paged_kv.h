@@ -78,4 +78,15 @@ LLM_HOST_DEVICE int64_t VisibleKeyBegin(int64_t pos, int64_t sliding_window) {
   return sliding_window > 0 && pos >= sliding_window ? pos - sliding_window + 1 : 0;
 }
 
+// The widest key tile of any attention kernel (CUDA prefill v4's 128 keys); every kernel's
+// tiles divide it. A kernel reads a window's keys from the start of the tile that holds the
+// first visible key of its first query, so no query at a position >= pos reads a key left of
+// FirstKeyRead(pos, W): the KV cache may give back the blocks wholly left of it
+// (BlockManager's sliding-window mode), and their block-table entries become -1. Tested by
+// poisoning those keys with NaN: SlidingWindowTest (CPU), sliding_window_gpu_test (CUDA).
+inline constexpr int64_t kMaxKeyTile = 128;
+LLM_HOST_DEVICE int64_t FirstKeyRead(int64_t pos, int64_t sliding_window) {
+  return VisibleKeyBegin(pos, sliding_window) / kMaxKeyTile * kMaxKeyTile;
+}
+
 }  // namespace llm

@@ -117,6 +117,9 @@ std::string Metrics::Render(const EngineStats& s) const {
          double(s.prefix_query_tokens));
   metric("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the cache.",
          double(s.prefix_hit_tokens));
+  metric("llm:kv_window_released_blocks_total", "counter",
+         "KV blocks given back once every layer's sliding window had left them.",
+         double(s.window_released_kv_blocks));
   metric("llm:engine_failed_steps_total", "counter",
          "Engine steps whose model execution threw (their requests failed, or were retried "
          "one at a time).",

@@ -71,6 +71,13 @@ struct ModelConfig {
     const bool slides = i >= layer_types.size() || layer_types[i] == LayerType::kSliding;
     return sliding_window && slides ? *sliding_window : 0;
   }
+  // The window of every layer when all of them slide (Mistral), else 0 (Gemma 3's full layers
+  // keep every key): keys that left it are never read again, so the KV cache gives them back.
+  int64_t UniformSlidingWindow() const {
+    for (int64_t layer = 0; layer < num_layers; ++layer)
+      if (SlidingWindowOf(layer) == 0) return 0;
+    return sliding_window.value_or(0);
+  }
   // The RoPE of layer `layer` (sliding_rope for a sliding layer when set).
   RopeParameters RopeOf(int64_t layer) const;
   // Gemma 3's query_pre_attn_scalar: the softmax scale is its inverse square root (else

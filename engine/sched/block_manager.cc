@@ -6,13 +6,17 @@
 //   - free_list_: blocks with ref count 0 and no hash (taken first);
 //   - lru_: blocks with ref count 0 that still hold a hash (evicted front first);
 //   - cached_: prefix hash -> the block registered for it;
-//   - seqs_: per sequence, its token ids, block table and prefix-caching progress.
+//   - seqs_: per sequence, its token ids, block table and prefix-caching progress;
+//   - sliding-window mode: each sequence's leading num_released_blocks table entries are -1
+//     (given back), and its table may cover fewer tokens than it has (Reserve adds the rest).
 // Every operation touches only the blocks it names: O(blocks touched) amortised.
 #include "engine/sched/block_manager.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/paged_kv.h"
 
 namespace llm {
 namespace {
@@ -72,6 +76,7 @@ struct Sequence {
   int64_t num_hashed_blocks = 0;
   uint64_t last_hash = kRootHash;
   BlockRef last_cached;
+  int64_t num_released_blocks = 0;  // sliding-window mode: leading entries given back (-1)
 };
 
 struct PrefixMatch {
@@ -89,6 +94,9 @@ struct BlockManager::Impl {
   std::unordered_map<SeqId, Sequence> seqs;
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  int64_t window = 0;     // sliding-window mode when > 0
+  int64_t lookahead = 0;  // tokens a sequence's blocks span at most (sliding-window mode)
+  int64_t window_released = 0;
 
   int64_t NumFree() const { return static_cast<int64_t>(free_list.size() + lru.size()); }
 
@@ -206,6 +214,37 @@ struct BlockManager::Impl {
     return RefOf(own);
   }
 
+  int64_t NumTableTokens(const Sequence& s) const {
+    return static_cast<int64_t>(s.block_table.size()) * block_size;
+  }
+  // Blocks `s` needs so that its first `num_tokens` tokens have one.
+  int64_t NumToBack(const Sequence& s, int64_t num_tokens) const {
+    return std::max<int64_t>(0, CeilDiv(num_tokens, block_size) - std::ssize(s.block_table));
+  }
+  void Back(Sequence& s, int64_t num_tokens) {
+    while (NumTableTokens(s) < num_tokens) s.block_table.push_back(TakeFreeBlock());
+  }
+  // Where a new sequence's blocks end: every token without a window; with one, up to the
+  // lookahead past the first key its first computed token reads.
+  int64_t AllocationEnd(int64_t num_cached, int64_t num_tokens) const {
+    if (window == 0) return num_tokens;
+    return std::min(num_tokens, FirstKeyRead(num_cached, window) + lookahead);
+  }
+
+  // Sliding-window mode: gives back the blocks wholly left of the first key that a query at
+  // or after the first uncomputed token reads.
+  void ReleaseOutOfWindow(Sequence& s) {
+    if (window == 0) return;
+    const int64_t end = std::min<int64_t>(FirstKeyRead(s.num_computed_tokens, window) / block_size,
+                                          std::ssize(s.block_table));
+    for (; s.num_released_blocks < end; ++s.num_released_blocks) {
+      int32_t& b = s.block_table[static_cast<size_t>(s.num_released_blocks)];
+      Release(b);
+      b = -1;
+      window_released++;
+    }
+  }
+
   // Offers full block `i` of `s` (computed) to the prefix cache.
   void HashNextBlock(Sequence& s) {
     const int64_t i = s.num_hashed_blocks;
@@ -227,12 +266,27 @@ struct BlockManager::Impl {
 };
 
 BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching)
+    : BlockManager(num_blocks, block_size,
+                   BlockManagerOptions{.enable_prefix_caching = enable_prefix_caching}) {}
+
+BlockManager::BlockManager(int64_t num_blocks, int64_t block_size,
+                           const BlockManagerOptions& options)
     : impl_(std::make_unique<Impl>()) {
   if (num_blocks <= 0 || num_blocks > INT32_MAX || block_size <= 0) {
     throw std::invalid_argument("BlockManager: num_blocks and block_size must be positive");
   }
+  if (options.sliding_window < 0 || (options.sliding_window > 0 && options.max_step_tokens < 1)) {
+    throw std::invalid_argument(
+        "BlockManager: sliding_window must be >= 0, and with a window max_step_tokens >= 1");
+  }
   impl_->block_size = block_size;
-  impl_->is_prefix_caching = enable_prefix_caching;
+  impl_->is_prefix_caching = options.enable_prefix_caching;
+  impl_->window = options.sliding_window;
+  // The first key read trails the newest committed token by the window and a tile; the tokens
+  // backed lead it by up to three steps (the one scheduled, and two launched whose results
+  // are not committed yet).
+  if (impl_->window > 0)
+    impl_->lookahead = impl_->window + kMaxKeyTile + 3 * options.max_step_tokens;
   impl_->blocks.resize(num_blocks);
   // Popped from the back: fresh blocks are handed out as 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) impl_->free_list.push_back(b);
@@ -244,13 +298,26 @@ BlockManager& BlockManager::operator=(BlockManager&&) noexcept = default;
 
 int64_t BlockManager::block_size() const { return impl_->block_size; }
 int64_t BlockManager::num_free_blocks() const { return impl_->NumFree(); }
+int64_t BlockManager::sliding_window() const { return impl_->window; }
+int64_t BlockManager::window_lookahead_tokens() const {
+  return impl_->window > 0 ? impl_->lookahead : INT64_MAX;
+}
+
+int64_t BlockManager::MaxBlocksPerSequence(int64_t num_tokens) const {
+  const int64_t all = CeilDiv(num_tokens, impl_->block_size);
+  if (impl_->window == 0) return all;
+  // The span of lookahead tokens, starting anywhere in a block (+1) and ending in one (+1).
+  return std::min(all, CeilDiv(impl_->lookahead, impl_->block_size) + 2);
+}
 
 bool BlockManager::CanAllocate(std::span<const int> prompt_ids) const {
   if (prompt_ids.empty()) return false;
   const PrefixMatch m = impl_->Match(prompt_ids);
   // Hits on blocks in use cost nothing; hits on cached-free blocks leave the free pool just
   // as fresh blocks do, so only the former reduce the need.
-  int64_t num_needed = CeilDiv(static_cast<int64_t>(prompt_ids.size()), impl_->block_size);
+  const int64_t num_cached = std::ssize(m.blocks) * impl_->block_size;
+  int64_t num_needed =
+      CeilDiv(impl_->AllocationEnd(num_cached, std::ssize(prompt_ids)), impl_->block_size);
   for (int32_t b : m.blocks) num_needed -= impl_->blocks[b].ref_count > 0 ? 1 : 0;
   return num_needed <= impl_->NumFree();
 }
@@ -267,31 +334,46 @@ int64_t BlockManager::Allocate(SeqId seq, std::span<const int> prompt_ids) {
   // Revive the hits before taking fresh blocks, so that eviction cannot take a hit.
   for (int32_t b : m.blocks) im.Acquire(b);
   s.block_table = m.blocks;
-  const int64_t num_blocks = CeilDiv(static_cast<int64_t>(prompt_ids.size()), im.block_size);
-  while (static_cast<int64_t>(s.block_table.size()) < num_blocks) {
-    s.block_table.push_back(im.TakeFreeBlock());
-  }
   const int64_t num_cached_tokens = static_cast<int64_t>(m.blocks.size()) * im.block_size;
+  im.Back(s, im.AllocationEnd(num_cached_tokens, std::ssize(prompt_ids)));
   s.num_computed_tokens = num_cached_tokens;
   s.num_hashed_blocks = static_cast<int64_t>(m.blocks.size());
   s.last_hash = m.last_hash;
   if (!m.blocks.empty()) s.last_cached = im.RefOf(m.blocks.back());
+  im.ReleaseOutOfWindow(s);
   im.seqs.emplace(seq, std::move(s));
   im.prefix_query_tokens += static_cast<int64_t>(prompt_ids.size());
   im.prefix_hit_tokens += num_cached_tokens;
   return num_cached_tokens;
 }
 
-bool BlockManager::CanAppend(SeqId seq, int64_t num_new_tokens) const {
+bool BlockManager::CanReserve(SeqId seq, int64_t num_tokens) const {
   const Sequence& s = impl_->Get(seq);
+  return impl_->NumToBack(s, std::min(num_tokens, std::ssize(s.token_ids))) <= impl_->NumFree();
+}
+
+void BlockManager::Reserve(SeqId seq, int64_t num_tokens) {
+  Impl& im = *impl_;
+  Sequence& s = im.Get(seq);
+  if (!CanReserve(seq, num_tokens)) {
+    Fail("Reserve without CanReserve, sequence " + std::to_string(seq));
+  }
+  im.Back(s, std::min(num_tokens, std::ssize(s.token_ids)));
+}
+
+bool BlockManager::CanAppend(SeqId seq, int64_t num_new_tokens) const {
+  const Impl& im = *impl_;
+  const Sequence& s = im.Get(seq);
   if (num_new_tokens < 0) Fail("negative token count");
-  if (num_new_tokens == 0) return true;
   const int64_t num_tokens = static_cast<int64_t>(s.token_ids.size());
-  int64_t num_needed = CeilDiv(num_tokens + num_new_tokens, impl_->block_size) -
-                       static_cast<int64_t>(s.block_table.size());
-  const bool is_partial = num_tokens % impl_->block_size != 0;
-  if (is_partial && impl_->blocks[s.block_table.back()].ref_count > 1) num_needed++;  // copy
-  return num_needed <= impl_->NumFree();
+  int64_t num_needed = im.NumToBack(s, num_tokens + num_new_tokens);
+  // Writing into a partial last block that is shared (after Fork) needs a private copy.
+  const bool is_partial = num_tokens % im.block_size != 0 && im.NumTableTokens(s) >= num_tokens;
+  if (num_new_tokens > 0 && is_partial && s.block_table.back() >= 0 &&
+      im.blocks[s.block_table.back()].ref_count > 1) {
+    num_needed++;
+  }
+  return num_needed <= im.NumFree();
 }
 
 void BlockManager::Append(SeqId seq, std::span<const int> token_ids,
@@ -301,6 +383,7 @@ void BlockManager::Append(SeqId seq, std::span<const int> token_ids,
   if (!CanAppend(seq, static_cast<int64_t>(token_ids.size()))) {
     Fail("Append without CanAppend, sequence " + std::to_string(seq));
   }
+  im.Back(s, std::ssize(s.token_ids));  // sliding-window mode: tokens Reserve has not reached
   for (int t : token_ids) {
     const int64_t offset = static_cast<int64_t>(s.token_ids.size()) % im.block_size;
     if (offset == 0) {
@@ -333,10 +416,15 @@ void BlockManager::MarkComputed(SeqId seq, int64_t num_computed_tokens) {
   if (num_computed_tokens < 0 || num_computed_tokens > static_cast<int64_t>(s.token_ids.size())) {
     Fail("MarkComputed past the end of sequence " + std::to_string(seq));
   }
+  if (num_computed_tokens > im.NumTableTokens(s)) {
+    Fail("MarkComputed of tokens without blocks, sequence " + std::to_string(seq));
+  }
   s.num_computed_tokens = std::max(s.num_computed_tokens, num_computed_tokens);
-  if (!im.is_prefix_caching) return;
-  const int64_t num_full = s.num_computed_tokens / im.block_size;
-  while (s.num_hashed_blocks < num_full) im.HashNextBlock(s);
+  if (im.is_prefix_caching) {
+    const int64_t num_full = s.num_computed_tokens / im.block_size;
+    while (s.num_hashed_blocks < num_full) im.HashNextBlock(s);
+  }
+  im.ReleaseOutOfWindow(s);  // after hashing: a given-back block stays a cache entry
 }
 
 void BlockManager::Fork(SeqId parent, SeqId child) {
@@ -347,7 +435,8 @@ void BlockManager::Fork(SeqId parent, SeqId child) {
     Fail("Fork of sequence " + std::to_string(parent) +
          " before all its tokens are computed (shared blocks are never written)");
   }
-  for (int32_t b : p.block_table) im.Acquire(b);
+  for (int32_t b : p.block_table)
+    if (b >= 0) im.Acquire(b);
   Sequence c = p;
   im.seqs.emplace(child, std::move(c));
 }
@@ -357,7 +446,8 @@ void BlockManager::Free(SeqId seq) {
   Sequence& s = im.Get(seq);
   // Last block first: it becomes the older LRU entry, so a prompt's tail is evicted before
   // its head, which other prompts are more likely to share.
-  for (auto it = s.block_table.rbegin(); it != s.block_table.rend(); ++it) im.Release(*it);
+  for (auto it = s.block_table.rbegin(); it != s.block_table.rend(); ++it)
+    if (*it >= 0) im.Release(*it);
   im.seqs.erase(seq);
 }
 
@@ -377,7 +467,12 @@ int64_t BlockManager::Slot(SeqId seq, int64_t position) const {
     Fail("position " + std::to_string(position) + " outside sequence " + std::to_string(seq));
   }
   const int64_t bs = impl_->block_size;
-  return static_cast<int64_t>(s.block_table[position / bs]) * bs + position % bs;
+  const auto i = static_cast<size_t>(position / bs);
+  if (i >= s.block_table.size() || s.block_table[i] < 0) {
+    Fail("position " + std::to_string(position) + " of sequence " + std::to_string(seq) +
+         " has no block (given back by the sliding window, or not reserved yet)");
+  }
+  return static_cast<int64_t>(s.block_table[i]) * bs + position % bs;
 }
 
 int32_t BlockManager::RefCount(int32_t block) const {
@@ -394,6 +489,7 @@ BlockManagerCounters BlockManager::counters() const {
   c.num_cached_blocks = static_cast<int64_t>(impl_->cached.size());
   c.prefix_query_tokens = impl_->prefix_query_tokens;
   c.prefix_hit_tokens = impl_->prefix_hit_tokens;
+  c.window_released_blocks = impl_->window_released;
   return c;
 }
 

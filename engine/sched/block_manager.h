@@ -9,6 +9,16 @@
 // partial block is shared (after Fork) first moves it to a private copy (copy-on-write),
 // reported as a BlockCopy for the model runner to perform.
 //
+// Sliding-window mode (a model whose every layer attends over the same window W of keys, e.g.
+// Mistral's sliding_window; vLLM's sliding-window manager): a sequence holds only the blocks that
+// its future queries can read. Once its first `c` tokens are computed (MarkComputed, Allocate's
+// cached prefix), no later query reads a key left of FirstKeyRead(c, W) (kernels/paged_kv.h), so
+// the blocks wholly left of it are given back to the pool (a hashed block stays a cache entry
+// until evicted) and their block-table entries become -1. New sequences get blocks for their
+// cached prefix plus a lookahead of tokens (window_lookahead_tokens(); Reserve adds the rest as
+// chunked prefill reaches them), so a prompt longer than the pool runs in a window's worth of
+// blocks. MaxBlocksPerSequence bounds what one sequence ever holds.
+//
 // Check/act pairs: callers ask CanAllocate / CanAppend before Allocate / Append; the acting
 // calls assert the check holds (an engine invariant, not a user error). Every violated
 // engine invariant (unknown or duplicate sequence id, acting without the check, a position
@@ -33,25 +43,44 @@ struct BlockCopy {
 
 struct BlockManagerCounters {
   int64_t num_blocks = 0;
-  int64_t num_free_blocks = 0;      // ref count 0 (includes cached-free blocks)
-  int64_t num_cached_blocks = 0;    // blocks holding a prefix hash (in use or free)
-  int64_t prefix_query_tokens = 0;  // prompt tokens looked up by Allocate (every Allocate
-                                    // counts its whole prompt, caching on or off)
-  int64_t prefix_hit_tokens = 0;    // of those, found cached
+  int64_t num_free_blocks = 0;         // ref count 0 (includes cached-free blocks)
+  int64_t num_cached_blocks = 0;       // blocks holding a prefix hash (in use or free)
+  int64_t prefix_query_tokens = 0;     // prompt tokens looked up by Allocate (every Allocate
+                                       // counts its whole prompt, caching on or off)
+  int64_t prefix_hit_tokens = 0;       // of those, found cached
+  int64_t window_released_blocks = 0;  // sliding-window mode: blocks given back, cumulative
+};
+
+struct BlockManagerOptions {
+  bool enable_prefix_caching = true;
+  // Sliding-window mode when > 0: the window W of every attention layer.
+  int64_t sliding_window = 0;
+  // Sliding-window mode: the most tokens one step computes for a sequence (the scheduler's
+  // max_num_batched_tokens); sizes the lookahead and MaxBlocksPerSequence.
+  int64_t max_step_tokens = 0;
 };
 
 class BlockManager {
  public:
   BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching = true);
+  BlockManager(int64_t num_blocks, int64_t block_size, const BlockManagerOptions& options);
 
   int64_t block_size() const;
   int64_t num_free_blocks() const;
+  int64_t sliding_window() const;  // 0: every block is kept until Free
+  // Sliding-window mode: tokens past the cached prefix that Allocate backs with blocks (the
+  // window, the widest key tile and two steps: async scheduling commits a step late); else all.
+  int64_t window_lookahead_tokens() const;
+  // The most blocks a sequence of `num_tokens` tokens holds at once (its own; a forked child
+  // shares its parent's and adds at most this plus one copied block).
+  int64_t MaxBlocksPerSequence(int64_t num_tokens) const;
 
   // Can a new sequence with this prompt get blocks for all its tokens now (counting the
   // blocks its cached prefix would reuse)? Exactly: ceil(len / block_size) minus the cached
   // hits whose blocks are in use by other sequences must be <= num_free_blocks(). A hit on a
   // cached-free block saves computing but still takes that block out of the free count.
-  // An empty prompt is never allocatable.
+  // An empty prompt is never allocatable. Sliding-window mode: blocks for the cached prefix
+  // and the next window_lookahead_tokens() tokens, not all of them.
   bool CanAllocate(std::span<const int> prompt_ids) const;
   // Creates sequence `seq` holding the prompt's tokens. Returns how many leading tokens
   // already have their KV cached (a multiple of block_size, and always < prompt length so
@@ -64,8 +93,14 @@ class BlockManager {
   // tokens count as computed.
   int64_t Allocate(SeqId seq, std::span<const int> prompt_ids);
 
+  // Sliding-window mode: can / make the first `num_tokens` tokens of `seq` have blocks (the next
+  // chunk of a prefill)? Always true / a no-op otherwise, and for tokens that already have them.
+  bool CanReserve(SeqId seq, int64_t num_tokens) const;
+  void Reserve(SeqId seq, int64_t num_tokens);
+
   // Can `seq` grow by `num_new_tokens` (a new block when crossing a boundary, a private copy
-  // of a shared partial last block)?
+  // of a shared partial last block; sliding-window mode: blocks for every token it has, too)?
+  // Append(seq, {}) backs the tokens it has.
   bool CanAppend(SeqId seq, int64_t num_new_tokens = 1) const;
   // Adds tokens to `seq`; copies needed before writing are appended to `copies` (which may
   // be null only when no copy is needed). The runner performs the copies (whole blocks)
@@ -93,6 +128,8 @@ class BlockManager {
 
   bool Has(SeqId seq) const;
   int64_t NumTokens(SeqId seq) const;
+  // Entries given back by the sliding window are -1; the table may end before the last tokens
+  // (sliding-window mode, before Reserve reaches them).
   const std::vector<int32_t>& BlockTable(SeqId seq) const;
   // Flat slot (block * block_size + offset) of the token at `position` of `seq`.
   int64_t Slot(SeqId seq, int64_t position) const;

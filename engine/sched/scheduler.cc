@@ -100,28 +100,40 @@ void Scheduler::ScheduleDecodes(SchedulerOutput* out, int64_t* budget) {
       continue;
     }
     if (*budget == 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
-    const bool needs_slot = blocks_->NumTokens(seq->id) < seq->num_tokens();
-    while (needs_slot && !blocks_->CanAppend(seq->id, 1)) {
+    // The token to decode gets a slot (a sliding-window pool may also have to back the
+    // tokens a recomputed prefill stopped short of).
+    const int64_t num_new = blocks_->NumTokens(seq->id) < seq->num_tokens() ? 1 : 0;
+    while (!blocks_->CanAppend(seq->id, num_new)) {
       Sequence* victim = PickVictim(*out);
       Preempt(victim, out);  // victim may be seq itself (the newest unscheduled one)
       if (victim == seq) break;
     }
     if (seq->status != SeqStatus::kRunning) continue;
-    if (needs_slot) {
-      const int last[1] = {seq->token_ids.back()};
-      blocks_->Append(seq->id, last, &out->copies);
-    }
+    const int last[1] = {seq->token_ids.back()};
+    blocks_->Append(seq->id, std::span<const int>(last, static_cast<size_t>(num_new)),
+                    &out->copies);
     out->chunks.push_back({seq, 1, /*is_decode=*/true, /*samples=*/true});
     --*budget;
   }
 }
 
 void Scheduler::SchedulePrefills(SchedulerOutput* out, int64_t* budget) {
-  for (Sequence* seq : running_) {
+  const std::vector<Sequence*> snapshot = running_;  // Preempt() edits running_
+  for (Sequence* seq : snapshot) {
+    if (seq->status != SeqStatus::kRunning) continue;
     if (seq->is_decode() || Contains(*out, seq) || !Eligible(seq)) continue;
     if (*budget == 0 || std::ssize(out->chunks) >= config_.max_num_seqs) break;
     const int64_t n = std::min(seq->prefill_target() - seq->num_computed_tokens, *budget);
     if (n <= 0) continue;
+    // A sliding-window pool gives a prefill its blocks chunk by chunk (else it has them all).
+    const int64_t end = seq->num_computed_tokens + n;
+    while (!blocks_->CanReserve(seq->id, end)) {
+      Sequence* victim = PickVictim(*out);
+      Preempt(victim, out);  // as for decodes: the newest unscheduled one, maybe seq itself
+      if (victim == seq) break;
+    }
+    if (seq->status != SeqStatus::kRunning) continue;
+    blocks_->Reserve(seq->id, end);
     const bool samples = seq->num_computed_tokens + n == seq->num_tokens();
     out->chunks.push_back({seq, n, /*is_decode=*/false, samples});
     *budget -= n;
@@ -148,6 +160,7 @@ void Scheduler::Start(Sequence* seq, SchedulerOutput* out, int64_t* budget) {
   AddRunning(seq);
   const int64_t n = std::min(seq->prefill_target() - cached, *budget);
   if (n <= 0) return;  // a recomputed sequence fully cached: it decodes next step
+  blocks_->Reserve(seq->id, cached + n);  // within what Allocate backed (its lookahead)
   const bool samples = cached + n == seq->num_tokens();
   out->chunks.push_back({seq, n, /*is_decode=*/false, samples});
   *budget -= n;

@@ -20,6 +20,8 @@
 // request exists, a step holds only its sequences (the first isolated request running, else
 // the first waiting); running sequences of other requests are preempted if it needs their
 // blocks to be admitted.
+// Sliding-window pools (BlockManager's sliding-window mode): blocks are reserved chunk by chunk;
+// a prefill chunk that cannot get its blocks preempts as a decode does.
 // Requests that could never fit (prompt + max_tokens beyond the pool) are rejected by the
 // engine before they get here, so a lone sequence always fits and nothing deadlocks.
 #pragma once

@@ -507,6 +507,48 @@ TEST(SlidingWindowTest, KeysLeftOfTheWindowAreSkipped) {
   EXPECT_GT(stats.keys_visited, tiles * 3000);
 }
 
+// Blocks wholly left of FirstKeyRead (kernels/paged_kv.h) of a sequence's first query are never
+// read, by prefill (any chunk) or decode, so the KV cache may give them back (BlockManager's
+// sliding-window mode): filled with NaN, they change nothing.
+TEST(SlidingWindowTest, BlocksLeftOfTheFirstKeyReadAreNeverRead) {
+  std::mt19937 rng(30);
+  int64_t num_poisoned = 0;
+  for (int64_t window : {1, 37, 100, 300}) {
+    for (int i = 0; i < test::Scaled(6, 2); ++i) {
+      PagedCase c = RandomCase(rng, i % 2 ? 200 : 30, 900);
+      c.sliding_window = window;
+      for (bool decode : {false, true}) {
+        if (decode) std::fill(c.q_lens.begin(), c.q_lens.end(), 1);
+        PagedData d = MakePagedData(c, rng);
+        const int64_t bs = c.block_size, width = d.batch.max_blocks_per_seq;
+        for (size_t s = 0; s < c.q_lens.size(); ++s) {
+          const int64_t given_back = FirstKeyRead(c.context_lens[s], window) / bs;
+          for (int64_t b = 0; b < given_back; ++b) {
+            const int32_t block = d.block_tables[s * width + b];
+            for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+              const int64_t at = d.layout.Offset(block, h, 0);
+              std::fill_n(d.k.begin() + at, bs * c.head_dim, std::nanf(""));
+              std::fill_n(d.v.begin() + at, bs * c.head_dim, std::nanf(""));
+            }
+            ++num_poisoned;
+          }
+        }
+        if (decode) {
+          AttentionStats stats;
+          for (int64_t splits : {0, 1, 3}) RunDecode(d, c, splits, &stats);
+          continue;
+        }
+        std::vector<float> out = Poisoned(d.q.size());
+        PagedPrefillAttention(d.q.data(), d.View(), d.batch, c.num_heads,
+                              1.f / std::sqrt(float(c.head_dim)), out.data());
+        EXPECT_LE(RelError(d, c.num_heads, out, AllRows(d.num_tokens, c.num_heads)), kMaxRelError)
+            << Describe(c);
+      }
+    }
+  }
+  EXPECT_GT(num_poisoned, 0);
+}
+
 // One token per sequence appended through slot_mapping lands where the layout says, and
 // negative slots leave the cache untouched.
 TEST(AppendKvTest, RoundTripThroughSlots) {

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <span>
 #include <stdexcept>
 #include <vector>
+
+#include "kernels/paged_kv.h"
 
 namespace llm {
 namespace {
@@ -275,6 +278,157 @@ TEST(BlockManager, PrefixCachingDisabledNeverHits) {
   bm.Free(1);
   bm.Free(2);
   EXPECT_EQ(bm.num_free_blocks(), 16);
+}
+
+// Sliding-window mode (kernels/paged_kv.h: FirstKeyRead aligns the window's first key down to
+// kMaxKeyTile = 128). Block size 16, window 100, steps of at most 32 tokens: the lookahead is
+// 100 + 128 + 3 * 32 = 324 tokens.
+BlockManager WindowManager(int64_t num_blocks, bool prefix_caching = true) {
+  return BlockManager(
+      num_blocks, 16,
+      BlockManagerOptions{
+          .enable_prefix_caching = prefix_caching, .sliding_window = 100, .max_step_tokens = 32});
+}
+
+int64_t HeldBlocks(const BlockManager& bm, SeqId seq) {
+  const auto& t = bm.BlockTable(seq);
+  return std::count_if(t.begin(), t.end(), [](int32_t b) { return b >= 0; });
+}
+
+TEST(BlockManagerSlidingWindow, LongPromptRunsInAWindowOfBlocks) {
+  BlockManager bm = WindowManager(32);  // 512 tokens of KV
+  EXPECT_EQ(bm.sliding_window(), 100);
+  EXPECT_EQ(bm.window_lookahead_tokens(), 324);
+  EXPECT_EQ(bm.MaxBlocksPerSequence(100), 7);
+  EXPECT_EQ(bm.MaxBlocksPerSequence(100000), 23);  // ceil(324 / 16) + 2
+  const std::vector<int> prompt = Range(0, 3000);  // 188 blocks without the window
+  ASSERT_TRUE(bm.CanAllocate(prompt));
+  EXPECT_EQ(bm.Allocate(1, prompt), 0);
+  EXPECT_EQ(bm.BlockTable(1).size(), 21u);  // ceil(324 / 16)
+  EXPECT_EQ(bm.num_free_blocks(), 11);
+  EXPECT_THROW(bm.Slot(1, 324 + 16), std::logic_error);  // not reserved yet
+  int64_t max_held = 0;
+  for (int64_t done = 0; done < 3000; done += 32) {  // chunked prefill, 32 tokens a step
+    const int64_t end = std::min<int64_t>(done + 32, 3000);
+    ASSERT_TRUE(bm.CanReserve(1, end)) << end;
+    bm.Reserve(1, end);
+    EXPECT_GE(bm.Slot(1, end - 1), 0);
+    bm.MarkComputed(1, end);
+    // Exactly the blocks wholly left of the first key a later query reads are given back.
+    const int64_t first_read = FirstKeyRead(end, 100);
+    const auto& table = bm.BlockTable(1);
+    for (int64_t i = 0; i < std::ssize(table); ++i) {
+      ASSERT_EQ(table[static_cast<size_t>(i)] < 0, (i + 1) * 16 <= first_read) << end << " " << i;
+    }
+    if (first_read > 0) {
+      EXPECT_THROW(bm.Slot(1, first_read - 1), std::logic_error);
+    }
+    max_held = std::max(max_held, HeldBlocks(bm, 1));
+  }
+  EXPECT_LE(max_held, bm.MaxBlocksPerSequence(3000));
+  // Decoding on: each new block comes with a given-back one.
+  std::vector<BlockCopy> copies;
+  for (int t = 0; t < 500; ++t) {
+    ASSERT_TRUE(bm.CanAppend(1, 1));
+    const int token[1] = {t};
+    bm.Append(1, token, &copies);
+    bm.MarkComputed(1, bm.NumTokens(1));
+    max_held = std::max(max_held, HeldBlocks(bm, 1));
+  }
+  EXPECT_TRUE(copies.empty());
+  EXPECT_LE(max_held, bm.MaxBlocksPerSequence(3500));
+  EXPECT_EQ(bm.BlockTable(1).size(), 219u);  // ceil(3500 / 16) entries, most of them -1
+  const int64_t released = bm.counters().window_released_blocks;
+  EXPECT_EQ(released, std::count(bm.BlockTable(1).begin(), bm.BlockTable(1).end(), -1));
+  EXPECT_EQ(released, FirstKeyRead(3500, 100) / 16);
+  bm.Free(1);
+  EXPECT_EQ(bm.num_free_blocks(), 32);
+}
+
+TEST(BlockManagerSlidingWindow, GivenBackBlocksStayPrefixCacheEntries) {
+  BlockManager bm = WindowManager(64);
+  const std::vector<int> prompt = Range(0, 600);
+  bm.Allocate(1, prompt);
+  for (int64_t end = 32; end < 600 + 32; end += 32) {
+    bm.Reserve(1, std::min<int64_t>(end, 600));
+    bm.MarkComputed(1, std::min<int64_t>(end, 600));
+  }
+  EXPECT_EQ(bm.BlockTable(1)[0], -1);
+  bm.Free(1);
+  EXPECT_EQ(bm.num_free_blocks(), 64);
+  // The same prompt and more: every full block before the last token hits, the given-back
+  // ones included (37 blocks), and those left of the window are given back at once.
+  const std::vector<int> longer = Concat(prompt, Range(5000, 40));
+  ASSERT_TRUE(bm.CanAllocate(longer));
+  EXPECT_EQ(bm.Allocate(2, longer), 592);
+  EXPECT_EQ(bm.counters().prefix_hit_tokens, 592);
+  const auto& table = bm.BlockTable(2);
+  const int64_t first_read = FirstKeyRead(592, 100);  // 384
+  ASSERT_EQ(first_read, 384);
+  for (int64_t i = 0; i < std::ssize(table); ++i) {
+    EXPECT_EQ(table[static_cast<size_t>(i)] < 0, i < 24) << i;
+  }
+  EXPECT_EQ(bm.Slot(2, 384), bm.BlockTable(2)[24] * 16);
+  bm.Free(2);
+  EXPECT_EQ(bm.num_free_blocks(), 64);
+}
+
+TEST(BlockManagerSlidingWindow, ForkedChildKeepsSharedBlocksItsParentGaveBack) {
+  BlockManager bm = WindowManager(64, /*prefix_caching=*/false);
+  bm.Allocate(1, Range(0, 300));
+  bm.Reserve(1, 300);
+  bm.MarkComputed(1, 300);  // first read 128: blocks 0..7 given back
+  ASSERT_EQ(HeldBlocks(bm, 1), 11);
+  bm.Fork(1, 2);
+  EXPECT_EQ(bm.BlockTable(2), bm.BlockTable(1));
+  std::vector<BlockCopy> copies;
+  const int t1[1] = {7}, t2[1] = {8};
+  bm.Append(1, t1, &copies);
+  bm.Append(2, t2, &copies);
+  ASSERT_EQ(copies.size(), 1u);  // the shared partial last block, copied on write
+  // The parent moves on alone: the blocks it gives back stay with the child.
+  for (int t = 0; t < 200; ++t) {
+    const int token[1] = {t};
+    bm.Append(1, token, &copies);
+    bm.MarkComputed(1, bm.NumTokens(1));
+  }
+  const int32_t shared = bm.BlockTable(2)[8];
+  EXPECT_EQ(bm.BlockTable(1)[8], -1);
+  EXPECT_EQ(bm.RefCount(shared), 1);
+  bm.Free(2);
+  EXPECT_EQ(bm.RefCount(shared), 0);
+  bm.Free(1);
+  EXPECT_EQ(bm.num_free_blocks(), 64);
+}
+
+TEST(BlockManagerSlidingWindow, AppendOfNoTokensBacksWhatReserveHasNotReached) {
+  BlockManager bm = WindowManager(64);
+  bm.Allocate(1, Range(0, 401));  // a recomputed sequence: its prefill stops one short
+  EXPECT_EQ(bm.BlockTable(1).size(), 21u);
+  for (int64_t end = 0; end < 400;) {
+    end = std::min<int64_t>(end + 32, 400);
+    bm.Reserve(1, end);
+    bm.MarkComputed(1, end);
+  }
+  EXPECT_EQ(bm.BlockTable(1).size(), 25u);  // 400 tokens reserved so far
+  EXPECT_THROW(bm.Slot(1, 400), std::logic_error);
+  ASSERT_TRUE(bm.CanAppend(1, 0));
+  bm.Append(1, std::span<const int>(), nullptr);  // the decode of the last token
+  EXPECT_EQ(bm.BlockTable(1).size(), 26u);
+  EXPECT_GE(bm.Slot(1, 400), 0);
+}
+
+TEST(BlockManagerSlidingWindow, RefusesWhatThePoolCannotBack) {
+  BlockManager bm = WindowManager(20);
+  EXPECT_FALSE(bm.CanAllocate(Range(0, 3000)));  // needs 21 blocks for its lookahead
+  EXPECT_TRUE(bm.CanAllocate(Range(0, 320)));    // 20
+  bm.Allocate(1, Range(0, 100));
+  EXPECT_TRUE(bm.CanReserve(1, 1000));  // clamped to its 100 tokens, all backed
+  EXPECT_EQ(bm.num_free_blocks(), 13);
+  EXPECT_THROW(BlockManager(8, 16, BlockManagerOptions{.sliding_window = -1}),
+               std::invalid_argument);
+  EXPECT_THROW(BlockManager(8, 16, BlockManagerOptions{.sliding_window = 4}),
+               std::invalid_argument);  // no max_step_tokens
 }
 
 }  // namespace
