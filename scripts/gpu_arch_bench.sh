@@ -6,6 +6,7 @@
 # bandwidth) and offline throughput, ARCH_REQUESTS x (1,000 prompt + 1,000 output), ignore_eos,
 # 256 sequences, bf16 weights and KV. bench/e2e_report.py -> $OUT/arch-h200.json + arch-summary.md.
 #   ARCH_MODELS="qwen2.5-7b qwen3-8b"   the configs to run (engine/configs/<name>.json)
+#   ARCH_TIMEOUT=300   seconds per throughput run (Gemma-3-12B's 1,000 requests take ~5 min)
 #   ARCH_FP8=1   the same two runs with --quantization fp8 (W8A8), throughput also with the fp8
 #                KV cache at 512 sequences (the *_w8 runs)
 set -uo pipefail
@@ -29,14 +30,14 @@ for m in ${ARCH_MODELS:-qwen2.5-7b qwen3-8b}; do
   tag=${m//[.-]/_}
   bench_run "latency_${tag}_b1" 150 --model "$cfg" --num-requests 1 --min-input 128 \
     --max-input 128 --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256
-  bench_run "throughput_${tag}" 300 --model "$cfg" --num-requests "${ARCH_REQUESTS:-1000}" \
+  bench_run "throughput_${tag}" "${ARCH_TIMEOUT:-300}" --model "$cfg" --num-requests "${ARCH_REQUESTS:-1000}" \
     --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
     --max-num-batched-tokens 8192 --temperature 1.0
   if [ "${ARCH_FP8:-0}" = 1 ]; then
     bench_run "latency_${tag}_b1_w8" 150 --model "$cfg" --num-requests 1 --min-input 128 \
       --max-input 128 --min-output 256 --max-output 256 --temperature 0 --warmup \
       --max-num-seqs 256 --quantization fp8
-    bench_run "throughput_${tag}_w8_fp8kv_512seq" 300 --model "$cfg" \
+    bench_run "throughput_${tag}_w8_fp8kv_512seq" "${ARCH_TIMEOUT:-300}" --model "$cfg" \
       --num-requests "${ARCH_REQUESTS:-1000}" --min-input 1000 --max-input 1000 --min-output 1000 \
       --max-output 1000 --max-num-seqs 512 --max-num-batched-tokens 8192 --temperature 1.0 \
       --quantization fp8 --kv-cache-dtype fp8
