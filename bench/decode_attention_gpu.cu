@@ -64,7 +64,8 @@
 //                      bytes count only the window's K and V (min(C, W) keys per sequence), the
 //                      bytes it must read, so ratio_to_copy compares like with like beside the
 //                      full-context line (e.g. --shapes 64x32768 --window 4096)
-//   --head-dim D       64, 128 (default) or 256 (Gemma 3; bf16 caches only: --kv fp8 is dropped)
+//   --head-dim D       64, 128 (default) or 256 (Gemma 3; no warp-item rows there: the v4 kernels
+//                      take 64 and 128)
 //   --heads H --kv-heads K   query and KV heads (default 32 and 8; Gemma-3-12B: 16 and 8)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -573,11 +574,11 @@ bool Validate(bool fp8) {
     int max_ctas;  // warp-item kernels' grid cap
   };
   std::vector<Run> runs = {{Choice::kCta, 1, 0}, {Choice::kCta, 0, 0}, {Choice::kCta, 8, 0}};
-  if (fp8) {
-    runs.insert(runs.end(), {{Choice::kAuto, 1, 0},
-                             {Choice::kAuto, 0, 0},
-                             {Choice::kAuto, 8, 0},
-                             {Choice::kWarpItems, 0, 1},
+  if (fp8 || kHeadDim == 256) {  // kAuto: the transposed step (fp8, or 2-byte caches at 256)
+    runs.insert(runs.end(), {{Choice::kAuto, 1, 0}, {Choice::kAuto, 0, 0}, {Choice::kAuto, 8, 0}});
+  }
+  if (fp8 && kHeadDim != 256) {  // the warp-item kernels take head_dim 64 / 128
+    runs.insert(runs.end(), {{Choice::kWarpItems, 0, 1},
                              {Choice::kWarpItems, 0, 2},
                              {Choice::kWarpItemsT, 0, 1},
                              {Choice::kWarpItemsT, 0, 2}});
@@ -707,11 +708,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad --heads / --kv-heads (a multiple, at most 16 per KV head)\n");
     return 2;
   }
-  if (kHeadDim == 256 && std::find(kvs.begin(), kvs.end(), true) != kvs.end()) {
-    std::printf("head_dim 256: the decode kernel takes bf16 / fp16 caches only; fp8 dropped\n");
-    kvs.erase(std::remove(kvs.begin(), kvs.end(), true), kvs.end());
-    if (kvs.empty()) return 2;
-  }
   std::printf("device: %s\n", llm::cuda::DeviceDescription().c_str());
   std::printf("heads %d, kv heads %d, head_dim %d, block size %d\n", kHeads, kKvHeads, kHeadDim,
               kBlock);
@@ -743,12 +739,14 @@ int main(int argc, char** argv) {
       };
       std::vector<Run> runs = {
           {"v3", Choice::kCta, 0}, {"v3", Choice::kCta, 1}, {"v3", Choice::kCta, 7}};
-      if (fp8) {
-        runs.insert(runs.end(), {{"v4-items", Choice::kWarpItems, 0},
-                                 {"v4-itemsT", Choice::kWarpItemsT, 0},
-                                 {"auto", Choice::kAuto, 7},
-                                 {"auto", Choice::kAuto, 0},
-                                 {"auto", Choice::kAuto, 1}});
+      if (fp8 && kHeadDim != 256) {
+        runs.insert(runs.end(),
+                    {{"v4-items", Choice::kWarpItems, 0}, {"v4-itemsT", Choice::kWarpItemsT, 0}});
+      }
+      if (fp8 || kHeadDim == 256) {
+        runs.insert(
+            runs.end(),
+            {{"auto", Choice::kAuto, 7}, {"auto", Choice::kAuto, 0}, {"auto", Choice::kAuto, 1}});
       }
       for (const Run& run : runs) {
         prob.choice = run.choice;
@@ -803,6 +801,10 @@ int main(int argc, char** argv) {
       if (split) run(sw ? "v3-sw-nosplit" : "v3-nosplit", 1);
       if (fp8 && sw) {
         run("auto-sw", 0, llm::cuda::DecodeKernelChoice::kAuto);  // (no window on warp items)
+      } else if (kHeadDim == 256) {  // bf16 at 256: kAuto takes the transposed step (g <= 8)
+        run(sw ? "auto-sw" : "auto", 0, llm::cuda::DecodeKernelChoice::kAuto);
+      } else if (fp8 && kHeadDim == 256) {
+        run("auto", 0, llm::cuda::DecodeKernelChoice::kAuto);
       } else if (fp8) {
         run("auto", 0, llm::cuda::DecodeKernelChoice::kAuto);
         run("v4-items", 1, llm::cuda::DecodeKernelChoice::kWarpItems);

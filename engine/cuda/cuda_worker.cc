@@ -102,7 +102,8 @@ void CudaWorker::Log(const std::string& line) const {
 // fp8 KV: prefill attention on the wgmma rung over a bf16/fp16 copy of each step's prefill
 // pages (cuda::PrefillScratch) instead of the mma.sync rung that reads e4m3 directly.
 bool CudaWorker::Fp8PrefillCopies() const {
-  return kv_format.fp8 && opt.fp8_prefill_wgmma && decode_kernel_ok &&
+  // (v4 takes head_dim 64 and 128; at 256 prefill runs on v3, which reads e4m3 directly.)
+  return kv_format.fp8 && opt.fp8_prefill_wgmma && decode_kernel_ok && config.head_dim != 256 &&
          cuda::PrefillWgmmaTakesBlockSize(opt.block_size);
 }
 
@@ -307,9 +308,8 @@ void CudaWorker::Configure(const ModelConfig& c, const CudaExecutorOptions& opti
   max_tokens = std::max<int64_t>(options.max_num_batched_tokens, 1);
   max_seqs = std::max<int64_t>(options.max_num_seqs, 1);
   max_rows = std::max(max_seqs, options.max_logits_rows);
-  // The decode kernel's head_dims: 64 and 128, and 256 (Gemma 3) over bf16 / fp16 caches.
-  decode_kernel_ok =
-      c.head_dim == 64 || c.head_dim == 128 || (c.head_dim == 256 && !opt.kv_cache_fp8);
+  // The decode kernel's head_dims: 64, 128 and 256 (Gemma 3).
+  decode_kernel_ok = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
   fp8 = options.fp8_weights;
   wesize = fp8 ? 1 : esize;
   // fp8: small steps take the GEMV with e4m3 weights and bf16/fp16 activations (weight-only
@@ -331,8 +331,7 @@ void CudaWorker::Setup(const std::string& model_path) {
   LLM_CUDA_CHECK(cudaSetDevice(device));
   if (shard.rank == 0 && !decode_kernel_ok) {
     Log("head_dim " + std::to_string(config.head_dim) +
-        ": decode attention on the prefill kernels (the decode kernel takes 64 and 128, and 256 "
-        "with bf16 / fp16 KV caches)");
+        ": decode attention on the naive prefill kernel (the tuned kernels take 64, 128 and 256)");
   }
   device_name = cuda::DeviceDescription(device);
   {

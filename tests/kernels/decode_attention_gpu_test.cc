@@ -182,27 +182,34 @@ TEST_P(DecodeAttentionGpu, MatchesCpuReference) {
   p.max_num_keys = *std::max_element(num_keys.begin(), num_keys.end());
 
   const float tol = (tc.dtype == DType::kBF16 ? 2e-2f : 4e-3f) * max_ref;
-  for (int splits : {1, 0, 5, kManySplits}) {
+  // head_dim 256: the automatic choice (the transposed step for groups <= 8) and kCta (the
+  // original step) both, each at every split count.
+  const int num_choices = hd == 256 ? 2 : 1;
+  for (int run = 0; run < 4 * num_choices; ++run) {
+    const int splits = std::vector<int>{1, 0, 5, kManySplits}[run % 4];
+    const auto choice = run < 4 ? cuda::DecodeKernelChoice::kAuto : cuda::DecodeKernelChoice::kCta;
     std::vector<uint16_t> got(q16.size(), NanBits(tc.dtype));
     DevBuf::Upload(dout, got);  // poison
     cuda::DecodeLaunchInfo info;
-    cuda::PagedDecodeAttention(p, splits, ws.p, ws_bytes, nullptr, &info);
+    cuda::PagedDecodeAttention(p, splits, ws.p, ws_bytes, nullptr, &info, choice);
+    EXPECT_EQ(info.transposed_step,
+              hd == 256 && tc.group <= 8 && choice == cuda::DecodeKernelChoice::kAuto);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout.p, got.size() * 2, cudaMemcpyDeviceToHost));
     float max_err = 0.f;
     int64_t worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const float g = FromBits(got[i], tc.dtype);
-      ASSERT_FALSE(std::isnan(g)) << "splits " << splits << " element " << i;
+      ASSERT_FALSE(std::isnan(g)) << "splits " << splits << " run " << run << " element " << i;
       const float e = std::fabs(g - ref[i]);
       if (e > max_err) {
         max_err = e;
         worst = static_cast<int64_t>(i);
       }
     }
-    EXPECT_LE(max_err, tol) << "splits requested " << splits << " used " << info.num_splits
-                            << ", worst element " << worst << " (seq " << worst / (num_heads * hd)
-                            << "), max|ref| " << max_ref;
+    EXPECT_LE(max_err, tol) << "run " << run << " splits requested " << splits << " used "
+                            << info.num_splits << ", worst element " << worst << " (seq "
+                            << worst / (num_heads * hd) << "), max|ref| " << max_ref;
     if (splits == kManySplits) {
       EXPECT_EQ(info.num_splits, kManySplits);  // 4999 keys: 79 tiles
     }
@@ -617,11 +624,12 @@ TEST(DecodeAttentionGpuArgs, RejectsUnsupportedShapes) {
   }
   p.kv.layout.head_dim = 512;
   EXPECT_THROW(cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr), std::invalid_argument);
-  p.kv.layout.head_dim = 256;  // bf16 / fp16 caches only
+  p.kv.layout.head_dim = 256;  // the warp-item kernels (fp8 only) take 64 and 128
   p.kv_format.fp8 = true;
   try {
-    cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr);
-    FAIL() << "fp8 at head_dim 256 accepted";
+    cuda::PagedDecodeAttention(p, 1, nullptr, 0, nullptr, nullptr,
+                               cuda::DecodeKernelChoice::kWarpItemsT);
+    FAIL() << "warp items at head_dim 256 accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
   }

@@ -179,8 +179,14 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
   // pipeline crosses item boundaries with cursors several items apart; 2 CTAs), and uncapped
   // (a warp per item). Bit-identical on a repeat.
   // Both per-warp steps: kWarpItems and kWarpItemsT (transposed; group 16 runs kWarpItems).
+  // Neither takes head_dim 256 (refused).
   for (const auto choice :
        {cuda::DecodeKernelChoice::kWarpItems, cuda::DecodeKernelChoice::kWarpItemsT}) {
+    if (hd == 256) {
+      EXPECT_THROW(cuda::PagedDecodeAttention(p, 0, ws.p, ws_bytes, nullptr, nullptr, choice),
+                   std::invalid_argument);
+      continue;
+    }
     std::vector<uint16_t> first_items;
     for (const int max_ctas : {1, 1, 2, 0}) {
       LLM_CUDA_CHECK(cudaMemset(dout.p, 0xff, dout.bytes));
@@ -216,6 +222,7 @@ TEST_P(DecodeFp8Gpu, MatchesCpuFp8Reference) {
     LLM_CUDA_CHECK(cudaStreamCreate(&stream));
     for (const auto choice :
          {cuda::DecodeKernelChoice::kAuto, cuda::DecodeKernelChoice::kWarpItemsT}) {
+      if (hd == 256 && choice != cuda::DecodeKernelChoice::kAuto) continue;
       const int splits = choice == cuda::DecodeKernelChoice::kAuto ? kManySplits : 0;
       const int max_ctas = choice == cuda::DecodeKernelChoice::kAuto ? 0 : 1;
       const std::string what = CaseName(c) + " PDL " +
@@ -307,6 +314,10 @@ std::vector<DecodeCase> DecodeCases() {
   cases.push_back({DType::kF16, 128, 6, 1, 2});
   cases.push_back({DType::kBF16, 128, 16, 16, 1});  // the largest group
   cases.push_back({DType::kF16, 64, 16, 32, 2});
+  // head_dim 256 (Gemma 3: GQA 2): the transposed step and the original (kCta, group 16).
+  cases.push_back({DType::kBF16, 256, 2, 16, 0});
+  cases.push_back({DType::kF16, 256, 8, 5, 1});
+  cases.push_back({DType::kBF16, 256, 16, 16, 2});
   return cases;
 }
 

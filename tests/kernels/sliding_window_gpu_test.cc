@@ -453,7 +453,8 @@ TEST_P(SlidingDecodeGpu, MatchesReference) {
                      uint32_t(99 + c.head_dim + 7 * c.group + 13 * c.block_size + w));
     const cuda::AttentionParams p = pr.Params();
     std::vector<Choice> choices = {Choice::kAuto};
-    if (c.fp8) choices.push_back(Choice::kCta);  // the original step (kAuto: transposed, g <= 8)
+    // The original step (kAuto: transposed for g <= 8 with fp8 caches or at head_dim 256).
+    if (c.fp8 || c.head_dim == 256) choices.push_back(Choice::kCta);
     const int64_t window_tiles = (std::min<int64_t>(pr.max_keys, w + 63) + 63) / 64;
     for (const Choice choice : choices) {
       for (const int splits : {1, 0, 5, 64}) {
@@ -488,7 +489,8 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{DType::kF16, false, 64, 4, 8}, DecodeCase{DType::kBF16, false, 128, 16, 16},
         DecodeCase{DType::kBF16, true, 128, 4, 16}, DecodeCase{DType::kF16, true, 64, 8, 32},
         DecodeCase{DType::kBF16, true, 128, 16, 1}, DecodeCase{DType::kBF16, false, 256, 2, 16},
-        DecodeCase{DType::kF16, false, 256, 8, 7}, DecodeCase{DType::kBF16, false, 256, 1, 16}),
+        DecodeCase{DType::kF16, false, 256, 8, 7}, DecodeCase{DType::kBF16, false, 256, 1, 16},
+        DecodeCase{DType::kBF16, true, 256, 2, 16}, DecodeCase{DType::kF16, true, 256, 16, 16}),
     DecodeName);
 
 // 32k-key contexts with W = 4096 (Mistral's window): the auto split count comes from the

@@ -9,13 +9,16 @@ done > "$OUT/res_usage.txt"
 cat "$OUT/res_usage.txt"
 # Decode: Gemma-3-12B's attention shape (16 query heads, 8 KV heads, head_dim 256), bf16 cache,
 # full context and with its 1024-key window; then the same shapes at head_dim 128.
-D="--kv bf16 --heads 16 --kv-heads 8 --window 1024"
+# head_dim 256 with bf16 and e4m3 caches; 128 with bf16.
+D="--heads 16 --kv-heads 8 --window 1024 --shapes 64x8192,1x32768,64x32768"
 {
-  $B/bench_decode_attention_gpu $D --head-dim 256 --shapes 64x8192,1x32768,64x32768
-  $B/bench_decode_attention_gpu $D --head-dim 128 --shapes 64x8192,1x32768,64x32768
+  $B/bench_decode_attention_gpu $D --head-dim 256 --kv both
+  $B/bench_decode_attention_gpu $D --head-dim 128 --kv bf16
 } > "$OUT/bench_decode.txt" 2>&1
 grep -v '^JSON' "$OUT/bench_decode.txt"
-# Prefill: causal, 16 heads, 16k tokens, at 4k and 16k, head_dim 256 beside 128.
+# Prefill: causal, 16 heads, 16k tokens, at 4k and 16k, head_dim 256 beside 128 (PREFILL=0:
+# skipped).
+[ "${PREFILL:-1}" = 0 ] && exit 0
 $B/bench_prefill_attention_gpu --shapes 128:4096,128:16384,256:4096,256:16384 --variants v3,v4 \
   --no-ablations > "$OUT/bench_prefill.txt" 2>&1
 grep -v '^JSON' "$OUT/bench_prefill.txt"

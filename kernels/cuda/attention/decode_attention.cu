@@ -1,5 +1,5 @@
 // Paged decode attention on the GPU (flash-decoding), bf16 / fp16, head_dim 64, 128 and 256
-// (256: Gemma 3; bf16 / fp16 pools only, fp8 caches at 64 and 128).
+// (Gemma 3), over bf16 / fp16 or e4m3 caches.
 // One query token per sequence; sequence i attends over context_lens[i] + 1 keys gathered
 // through its block table (layout: kernels/paged_kv.h, HND per block). CPU twin and
 // specification: cpu::PagedDecodeAttention (kernels/cpu/flash_attention.h).
@@ -64,14 +64,22 @@
 // bound by the per-warp instruction chain, not by bytes in flight (Nsight Compute; bench/
 // RESULTS.md "Decode attention v4 / v4T"): 64 × 16k went from 0.89 to 1.00 of copy, 512 × 1k
 // from 0.79 to 0.92.
-// head_dim 256 (bf16 / fp16): the same kernel with 3 stages of 64 KiB (1 CTA per SM); the Q
-// fragment (64 registers) and O (128) stay in registers: 255 registers, no spills (ptxas -v).
-// Instantiations: DecodeKernel {bf16, fp16} × {64, 128} × {cache dtype, fp8, fp8 transposed}
-// + {bf16, fp16} × 256 = 14, DecodeItemsKernel {bf16, fp16} × {64, 128} × {original, transposed
-// step} = 8. One file for one kernel family: both kernels' instantiations share the per-warp steps
-// (WarpKeysStep, WarpKeysStepT), the copies (StagePages, IssueKvRows), the fragment loads and
-// the swizzle, and the host side (SelectSplits, LaunchDecode) picks among them; split, those
-// device functions would move to a header that only this family includes.
+// head_dim 256 (Gemma 3): the same kernel with 3 stages of 64 KiB (bf16 / fp16: 192 KiB, 1 CTA
+// per SM) or 32 KiB (fp8: 2 CTAs per SM; its steps as at 128, 144 registers transposed). With
+// 2-byte caches the original step keeps the Q fragment (64 registers) and O (128) in registers
+// (255 registers, no spills) and reaches only 0.71 of copy bandwidth at 64 × 8k: each SM's 4
+// warps, one per scheduler, run 64 mma per 16 keys with nothing to hide their latency. For GQA
+// groups <= 8 (kAuto) the default is the transposed step over the 2-byte tiles
+// (WarpKeysStepT16: keys as the mma's M, heads as its N, half the mma) on 8 warps: two per 16
+// keys of a tile, each computing S and the softmax state for them and P·V for half of the
+// head dims (DecodeTraits' kDimSplit = 2; 149 registers): 1.04 / 1.05 of copy at 64 × 8k / 32k
+// (bench/results/hd256-h200/). The warp-item kernels stay at 64 / 128.
+// Instantiations: DecodeKernel {bf16, fp16} × {64, 128, 256} × {cache dtype, fp8, fp8
+// transposed} + {bf16, fp16} × 256 transposed = 20, DecodeItemsKernel {bf16, fp16} × {64, 128} ×
+// {original, transposed step} = 8. One file for one kernel family: both kernels' instantiations
+// share the per-warp steps (WarpKeysStep, WarpKeysStepT), the copies (StagePages, IssueKvRows), the
+// fragment loads and the swizzle, and the host side (SelectSplits, LaunchDecode) picks among them;
+// split, those device functions would move to a header that only this family includes.
 //
 // Test:  ninja -C build decode_attention_gpu_test &&
 //        (cd build && ctest -L gpu -R decode_attention)
@@ -102,19 +110,25 @@ namespace {
 constexpr int kMaxSplits = 128;  // split cap
 
 // Tile configuration per head_dim and cache format (kFp8: e4m3 pools, 1 byte per element).
-template <int kHeadDim, bool kFp8 = false>
+// kDimSplit: warps that share each warp's 16 keys, each computing S for them and P·V for 1 /
+// kDimSplit of the head dims (2: the transposed 2-byte step at head_dim 256, 8 warps).
+template <int kHeadDim, bool kFp8 = false, int kDimSplit = 1>
 struct DecodeTraits {
-  static constexpr int kWarps = 4;
+  static constexpr int kKeyWarps = 4;  // warps along a tile's keys
+  static constexpr int kDimSplits = kDimSplit;
+  static constexpr int kWarps = kKeyWarps * kDimSplit;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kKeysPerWarp = 16;                  // one k16 step of P·V per tile
-  static constexpr int kTileKeys = kWarps * kKeysPerWarp;  // 64 keys per pipeline stage
-  static constexpr int kElemBytes = kFp8 ? 1 : 2;          // bytes per cached element
+  static constexpr int kKeysPerWarp = 16;                     // one k16 step of P·V per tile
+  static constexpr int kTileKeys = kKeyWarps * kKeysPerWarp;  // 64 keys per pipeline stage
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;             // bytes per cached element
   // K+V stages in flight: 96 KiB / 64 KiB (bf16, hd 128 / 64: 2 / 3 CTAs per SM); fp8 4 / 6
   // stages of half the bytes (64 / 48 KiB: 3 CTAs per SM, what its registers allow).
-  // head_dim 256 (bf16 / fp16 only): 64 KiB stages, 3 of them (192 KiB, 1 CTA per SM; 128 KiB
-  // in flight per SM, far above what the SM's share of HBM bandwidth needs).
-  static constexpr int kStages = kFp8 ? (kHeadDim == 128 ? 3 : 6) : (kHeadDim == 64 ? 4 : 3);
-  static constexpr int kMinCtasPerSm = kFp8 ? 4 : 1;  // __launch_bounds__: fp8 caps registers
+  // head_dim 256: 3 stages of 64 KiB (192 KiB, 1 CTA per SM; 128 KiB in flight per SM, far
+  // above what the SM's share of HBM bandwidth needs); fp8 3 of 32 KiB (2 CTAs per SM).
+  static constexpr int kStages = kFp8 ? (kHeadDim == 64 ? 6 : 3) : (kHeadDim == 64 ? 4 : 3);
+  // __launch_bounds__: fp8 caps registers at 128 (4 CTAs per SM) up to head_dim 128; at 256 its
+  // accumulators need more (2 CTAs per SM, which its shared memory allows anyway).
+  static constexpr int kMinCtasPerSm = kFp8 ? (kHeadDim == 256 ? 2 : 4) : 1;
   static constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;  // 16-byte copies per row
   static constexpr int kChunkElems = 16 / kElemBytes;               // elements per copy
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
@@ -135,8 +149,9 @@ struct DecodeTraits {
   static constexpr size_t kPageBytes = kFp8 ? size_t(kWarps) * kPageSlots * kWarpPageInts * 4
                                             : size_t(kPageSlots) * kPageSlotInts * 4;
   static constexpr size_t kSmemBytes = kKvSmemBytes + kPageBytes;
-  // Epilogue reuse of the K/V stages: the 4 warps' fp32 accumulators for the cross-warp merge.
-  static constexpr size_t kRedBytes = size_t(kWarps) * kRows * kRedStride * 4;
+  // Epilogue reuse of the K/V stages: the 4 key warps' fp32 accumulators for the cross-warp
+  // merge (the dim-split warps of one key warp write disjoint dims of its row).
+  static constexpr size_t kRedBytes = size_t(kKeyWarps) * kRows * kRedStride * 4;
 
   static_assert(kHeadDim % 64 == 0, "the XOR swizzle permutes 8 chunks of 16 bytes per row");
   static_assert(kThreads % kChunksPerRow == 0 && kTileKeys % kRowsPerPass == 0,
@@ -146,10 +161,17 @@ struct DecodeTraits {
                 "the epilogue reuses the K/V stages for the cross-warp merge");
   static_assert(kHeadDim % 4 == 0, "the split merge works in float4s");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
-  static_assert(!kFp8 || 4 * (kSmemBytes + 1024 + 640) <= 228 * 1024, "fp8: 4 CTAs per SM");
+  static_assert(!kFp8 || kMinCtasPerSm * (kSmemBytes + 1024 + 640) <= 228 * 1024,
+                "fp8: kMinCtasPerSm CTAs per SM");
   static_assert(!kFp8 || kWarpRowsPerPass * kPasses == kKeysPerWarp,
                 "fp8: a warp's passes cover exactly its 16 keys");
+  static_assert(kDimSplit == 1 || (!kFp8 && kHeadDim % (16 * kDimSplit) == 0),
+                "dim split: 2-byte tiles, whole m16 tiles of O^T per warp");
 };
+
+// The CTA kernel's dim split: 2 for the transposed step over 2-byte tiles (head_dim 256), else 1.
+template <bool kFp8, bool kT>
+inline constexpr int kDecodeDimSplit = !kFp8 && kT ? 2 : 1;
 
 struct KernelArgs {
   const void* q;  // [num_seqs, num_heads, D]
@@ -235,12 +257,12 @@ __device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
 }
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled fp8 [rows, D] tile (D bytes
-// per row: 8 chunks at D = 128, 4 at D = 64), such that the 8 rows one ldmatrix 8x8 matrix
-// reads (8 consecutive rows, one logical chunk) hit 8 different 16-byte bank groups.
+// per row: 16 chunks at D = 256, 8 at D = 128, 4 at D = 64), such that the 8 rows one ldmatrix
+// 8x8 matrix reads (8 consecutive rows, one logical chunk) hit 8 different 16-byte bank groups.
 template <int D>
 __device__ __forceinline__ int SwizzledOffsetFp8(int row, int chunk) {
-  if constexpr (D == 128) {
-    return row * 128 + ((chunk ^ (row & 7)) << 4);
+  if constexpr (D >= 128) {
+    return row * D + ((chunk ^ (row & 7)) << 4);
   } else {
     return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
   }
@@ -266,12 +288,11 @@ __device__ __forceinline__ void StagePages(const KernelArgs& a, const int32_t* t
 // row0 + me / kChunksPerRow + step·p (step: kRowsPerPass for a CTA-wide copy from row0 = 0,
 // kWarpRowsPerPass for fp8's per-warp copy of its 16 rows from row0 = 16·warp), key k0 + row;
 // keys >= key_end are zero-filled. slot holds the page indices from page first_page on.
-template <typename T, int D, bool kFp8>
+template <typename T, int D, bool kFp8, typename Tr = DecodeTraits<D, kFp8>>
 __device__ __forceinline__ void IssueKvRows(const KernelArgs& a, const unsigned char* k_head,
                                             const unsigned char* v_head, const int* slot,
                                             int first_page, int k0, int key_end, int row0, int me,
                                             uint32_t k_dst, uint32_t v_dst) {
-  using Tr = DecodeTraits<D, kFp8>;
   constexpr int kStep = kFp8 ? Tr::kWarpRowsPerPass : Tr::kRowsPerPass;
   const int chunk = me % Tr::kChunksPerRow;
 #pragma unroll
@@ -563,6 +584,100 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
   }
 }
 
+// ---- the transposed step over 2-byte caches (bf16 / fp16, head_dim 256, groups <= 8) -------
+// WarpKeysStepT's layout without the fp8 permutations: S^T[16 keys × 8 heads] = K · Q^T with K
+// as the A operand straight from a non-transposed ldmatrix of the swizzled tile (matrices {keys
+// 0-7, 8-15} × {chunk 2ks, 2ks + 1}), Q^T as B (b0 / b1 = Q[head g][16ks + 2c.. / 16ks + 2c +
+// 8..]); P^T by movmatrix as in WarpKeysStepT; O^T[D × 8 heads] += V^T · P^T with V^T as the A
+// operand from ldmatrix.trans (matrices {keys 0-7, 8-15} × {chunk 2h, 2h + 1}, giving thread (g,
+// c) dims 16h + g (+ 8) × keys 2c.. (+ 8)). Accumulators o[h]: dims 16h + g (elements 0, 1) and
+// 16h + 8 + g (2, 3) × heads 2c, 2c + 1. At head_dim 256 this halves the original step's mma
+// (16 + 16 per 16 keys instead of 32 + 32), its O registers (64 instead of 128) and Q's (32
+// instead of 64); the Q·K^T chain runs on two accumulators (even / odd k16 steps) for ILP.
+template <typename T, int D>
+__device__ __forceinline__ void LoadQTFragment16(const KernelArgs& a, int seq, int kv_head,
+                                                 int lane, uint32_t (&qb)[D / 16][2]) {
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  const T* q_head =
+      static_cast<const T*>(a.q) + (int64_t(seq) * a.num_heads + kv_head * a.group + g) * D;
+  const uint32_t* row = reinterpret_cast<const uint32_t*>(q_head);
+  const bool has = g < a.group;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    qb[s][0] = has ? row[(16 * s + 2 * c) / 2] : 0u;
+    qb[s][1] = has ? row[(16 * s + 2 * c + 8) / 2] : 0u;
+  }
+}
+
+// kParts > 1: this warp's P·V covers dims [part · D / kParts, (part + 1) · D / kParts) only
+// (o[h] is m16 tile h of that range); S and the softmax state are computed whole by each part.
+template <typename T, int D, int kParts>
+__device__ __forceinline__ void WarpKeysStepT16(const uint32_t (&qb)[D / 16][2], uint32_t k_tile,
+                                                uint32_t v_tile, int lane, int warp_row,
+                                                int warp_key0, int key_end, float scale_log2,
+                                                float (&m)[2], float (&l)[2],
+                                                float (&o)[D / 16 / kParts][4], int key_lo,
+                                                int part) {
+  constexpr int kOTiles = D / 16 / kParts;
+  const int g = lane >> 2;
+  const int k_row = warp_row + (((lane >> 3) & 1) << 3) + (lane & 7);
+  const int k_chunk_hi = lane >> 4;
+  const int v_row = warp_row + ((lane >> 4) << 3) + (lane & 7);
+  const int v_chunk_lo = (lane >> 3) & 1;
+  float s[4] = {0.f, 0.f, 0.f, 0.f}, s_odd[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t ka[4];
+    LdMatrixX4(ka, k_tile + SwizzledOffset<D>(k_row, 2 * ks + k_chunk_hi) * sizeof(T));
+    Mma16816<T>((ks & 1) ? s_odd : s, ka, qb[ks][0], qb[ks][1]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] += s_odd[e];
+  // Online softmax per head (r = 0, 1: heads 2c, 2c + 1), keys g (s[r]) and g + 8 (s[2 + r]), as
+  // WarpKeysStepT.
+  bool vis0 = warp_key0 + g < key_end, vis1 = warp_key0 + g + 8 < key_end;
+  if (warp_key0 < key_lo) {  // the sliding window's first tile
+    vis0 = vis0 && warp_key0 + g >= key_lo;
+    vis1 = vis1 && warp_key0 + g + 8 >= key_lo;
+  }
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    s[r] = vis0 ? s[r] * scale_log2 : -INFINITY;
+    s[2 + r] = vis1 ? s[2 + r] * scale_log2 : -INFINITY;
+    float t = Max(s[r], s[2 + r]);
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 4));
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 8));
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 16));
+    const float m_new = Max(m[r], t);
+    alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+    m[r] = m_new;
+    const float off = m_new == -INFINITY ? 0.f : m_new;
+    s[r] = exp2f(s[r] - off);
+    s[2 + r] = exp2f(s[2 + r] - off);
+    l[r] = l[r] * alpha[r] + s[r] + s[2 + r];
+  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int h = 0; h < kOTiles; ++h) {
+      o[h][0] *= alpha[0];
+      o[h][1] *= alpha[1];
+      o[h][2] *= alpha[0];
+      o[h][3] *= alpha[1];
+    }
+  }
+  const uint32_t pb0 = MovMatrixTrans(PackPair<T>(s[0], s[1]));  // keys 2c, 2c+1 of head g
+  const uint32_t pb1 = MovMatrixTrans(PackPair<T>(s[2], s[3]));  // keys 2c+8, 2c+9
+  const int chunk0 = 2 * kOTiles * part + v_chunk_lo;
+#pragma unroll
+  for (int h = 0; h < kOTiles; ++h) {
+    uint32_t va[4];
+    LdMatrixX4Trans(va, v_tile + SwizzledOffset<D>(v_row, chunk0 + 2 * h) * sizeof(T));
+    Mma16816<T>(o[h], va, pb0, pb1);
+  }
+}
+
 // ---- the attention kernel ---------------------------------------------------------------
 // Tiles [begin, begin + count) of `total` that split `split` of `splits` owns: balanced, the
 // first total % splits splits take one tile more, so chunk sizes differ by at most one and the
@@ -591,11 +706,11 @@ __device__ __forceinline__ void SplitTiles(int total, int splits, int split, int
 // kT (fp8, GQA groups <= 8): each warp's 16 keys go through WarpKeysStepT (keys as the mma's M,
 // the heads as its N); its state is per head (2c, 2c + 1) and its accumulators O^T.
 template <typename T, int D, bool kFp8, bool kT = false>
-__global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
+__global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT>>::kThreads,
                                   DecodeTraits<D, kFp8>::kMinCtasPerSm)
     DecodeKernel(const __grid_constant__ KernelArgs a) {
-  static_assert(!kT || kFp8, "the transposed step reads fp8 tiles");
-  using Tr = DecodeTraits<D, kFp8>;
+  static_assert(!kT || kFp8 || D == 256, "the transposed step: fp8 tiles, or 2-byte ones at 256");
+  using Tr = DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT>>;
   using M = std::conditional_t<kFp8, __half, T>;  // the tensor-core operand type
   extern __shared__ __align__(128) unsigned char smem[];
   // Stage s: K at s·kStageBytes, V after it (cached element type).
@@ -631,8 +746,10 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   const int g = lane >> 2;
   const int c = lane & 3;
   uint32_t qa[Tr::kKSteps][kT ? 2 : 4];
-  if constexpr (kT) {
+  if constexpr (kT && kFp8) {
     LoadQTFragment<T, D>(a, seq, kv_head, lane, qa);
+  } else if constexpr (kT) {
+    LoadQTFragment16<T, D>(a, seq, kv_head, lane, qa);
   } else {
     LoadQFragment<T, D, kFp8>(a, seq, kv_head, lane, qa);
   }
@@ -664,10 +781,13 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   // lockstep of copy, dequantize and compute would bound the kernel instead of the memory).
   constexpr int kGroupKeys = kFp8 ? Tr::kKeysPerWarp : Tr::kTileKeys;
   constexpr int kSlotInts = kFp8 ? Tr::kWarpPageInts : Tr::kPageSlotInts;
-  const int group_key0 = kFp8 ? warp * Tr::kKeysPerWarp : 0;  // first key of the group in a tile
-  const int me = kFp8 ? lane : tid;                           // index within the group
+  // Key warp (its 16 keys of each tile) and dim part (Tr::kDimSplits > 1: which V dims).
+  const int key_warp = warp % Tr::kKeyWarps;
+  const int dim_part = warp / Tr::kKeyWarps;
+  const int group_key0 = kFp8 ? key_warp * Tr::kKeysPerWarp : 0;  // the group's first key
+  const int me = kFp8 ? lane : tid;                               // index within the group
   constexpr int kGroupThreads = kFp8 ? 32 : Tr::kThreads;
-  int* group_pages = page_smem + (kFp8 ? warp * Tr::kPageSlots * Tr::kWarpPageInts : 0);
+  int* group_pages = page_smem + (kFp8 ? key_warp * Tr::kPageSlots * Tr::kWarpPageInts : 0);
   auto pipeline_sync = [] {
     if constexpr (kFp8) {
       __syncwarp();
@@ -690,9 +810,9 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     if (j >= num_tiles) return;
     const int k0 = key_begin + j * Tr::kTileKeys;
     const uint32_t k_dst = SmemAddr(kv_smem + stage * Tr::kStageBytes);
-    IssueKvRows<T, D, kFp8>(a, k_head, v_head, group_pages + (j % Tr::kPageSlots) * kSlotInts,
-                            PageOf(a, k0 + group_key0), k0, key_end, group_key0, me, k_dst,
-                            k_dst + Tr::kTileElems * Tr::kElemBytes);
+    IssueKvRows<T, D, kFp8, Tr>(a, k_head, v_head, group_pages + (j % Tr::kPageSlots) * kSlotInts,
+                                PageOf(a, k0 + group_key0), k0, key_end, group_key0, me, k_dst,
+                                k_dst + Tr::kTileElems * Tr::kElemBytes);
   };
   // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together,
   // beside the Q loads), waited for here since the first K/V copies need them.
@@ -714,12 +834,12 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   // partial sum over its key columns (the quad's partials are added at the end).
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
-  constexpr int kOTiles = kT ? D / 16 : Tr::kNTiles;
+  constexpr int kOTiles = kT ? D / 16 / Tr::kDimSplits : Tr::kNTiles;
   float o[kOTiles][4];
 #pragma unroll
   for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  const int warp_row = warp * Tr::kKeysPerWarp;
+  const int warp_row = key_warp * Tr::kKeysPerWarp;
 
   for (int i = 0; i < num_tiles; ++i) {
     CpAsyncWait<Tr::kStages - 2>();  // this thread's copies of tile i (group i) landed
@@ -732,9 +852,13 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
     const uint32_t k_tile = SmemAddr(kv_smem + stage * Tr::kStageBytes);
     const uint32_t v_tile = k_tile + Tr::kTileElems * Tr::kElemBytes;
 
-    if constexpr (kT) {
+    if constexpr (kT && kFp8) {
       WarpKeysStepT<D>(qa, k_tile, v_tile, lane, warp_row, key_begin + i * Tr::kTileKeys + warp_row,
                        key_end, a.scale_log2, m, l, o, first_key);
+    } else if constexpr (kT) {
+      WarpKeysStepT16<T, D, Tr::kDimSplits>(qa, k_tile, v_tile, lane, warp_row,
+                                            key_begin + i * Tr::kTileKeys + warp_row, key_end,
+                                            a.scale_log2, m, l, o, first_key, dim_part);
     } else {
       WarpKeysStep<T, D, kFp8>(qa, k_tile, v_tile, lane, warp_row,
                                key_begin + i * Tr::kTileKeys + warp_row, key_end, a.scale_log2, m,
@@ -745,24 +869,30 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
   // ---- epilogue: merge the 4 warps' states, then write the output or the split partial ----
   CpAsyncWait<0>();
   __syncthreads();  // the K/V stages are free: reuse them for the cross-warp merge
-  __shared__ float red_m[Tr::kWarps][Tr::kRows];
-  __shared__ float red_l[Tr::kWarps][Tr::kRows];
+  __shared__ float red_m[Tr::kKeyWarps][Tr::kRows];
+  __shared__ float red_l[Tr::kKeyWarps][Tr::kRows];
   float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kRedStride]
-  float* my_o = red_o + warp * Tr::kRows * Tr::kRedStride;
+  float* my_o = red_o + key_warp * Tr::kRows * Tr::kRedStride;
   if constexpr (kT) {
     // Heads 2c + r (rows of the merge): l summed over the keys' lanes (xor 4, 8, 16); o[h][r]
     // and o[h][2 + r] are dims 16h + 2g and 16h + 2g + 1. Rows 8..15 stay unwritten (group <= 8).
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l[r] = SumOverKeyLanes(l[r]);
-      if (g == 0) {
-        red_m[warp][2 * c + r] = m[r];
-        red_l[warp][2 * c + r] = l[r];
+      if (g == 0 && dim_part == 0) {  // (every dim part holds the same m, l)
+        red_m[key_warp][2 * c + r] = m[r];
+        red_l[key_warp][2 * c + r] = l[r];
       }
 #pragma unroll
       for (int h = 0; h < D / 16; ++h) {
-        *reinterpret_cast<float2*>(my_o + (2 * c + r) * Tr::kRedStride + 16 * h + 2 * g) =
-            make_float2(o[h][r], o[h][2 + r]);
+        if constexpr (kFp8) {
+          *reinterpret_cast<float2*>(my_o + (2 * c + r) * Tr::kRedStride + 16 * h + 2 * g) =
+              make_float2(o[h][r], o[h][2 + r]);
+        } else {  // WarpKeysStepT16: dims 16h + g and 16h + 8 + g of this dim part
+          float* dst = my_o + (2 * c + r) * Tr::kRedStride + 16 * (kOTiles * dim_part + h) + g;
+          dst[0] = o[h][r];
+          dst[8] = o[h][2 + r];
+        }
       }
     }
   } else {
@@ -772,10 +902,10 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
       l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
     if (c == 0) {
-      red_m[warp][g] = m[0];
-      red_l[warp][g] = l[0];
-      red_m[warp][g + 8] = m[1];
-      red_l[warp][g + 8] = l[1];
+      red_m[key_warp][g] = m[0];
+      red_l[key_warp][g] = l[0];
+      red_m[key_warp][g + 8] = m[1];
+      red_l[key_warp][g + 8] = l[1];
     }
     if constexpr (kFp8) {
       // Undo the output permutation: tiles 2h and 2h + 1 (chunk h, parity 0 / 1) hold dims
@@ -809,11 +939,11 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8>::kThreads,
       const int d = idx % D;
       float m_cta = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < Tr::kWarps; ++w) m_cta = Max(m_cta, red_m[w][row]);
+      for (int w = 0; w < Tr::kKeyWarps; ++w) m_cta = Max(m_cta, red_m[w][row]);
       float acc = 0.f, l_cta = 0.f;
       if (m_cta != -INFINITY) {  // as OnlineSoftmax::Merge: each side scaled by 2^(m_w - m)
 #pragma unroll
-        for (int w = 0; w < Tr::kWarps; ++w) {
+        for (int w = 0; w < Tr::kKeyWarps; ++w) {
           const float scale = exp2f(red_m[w][row] - m_cta);
           acc += scale * red_o[(w * Tr::kRows + row) * Tr::kRedStride + d];
           l_cta += scale * red_l[w][row];
@@ -1136,7 +1266,7 @@ struct KernelInfo {
 // The CTA kernel's launch configuration (PrepareKernel's Cfg; ItemsCfg is the warp-item one).
 template <typename T, int D, bool kFp8, bool kT = false>
 struct CtaCfg {
-  using Tr = DecodeTraits<D, kFp8>;
+  using Tr = DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT>>;
   static constexpr auto kKernel = DecodeKernel<T, D, kFp8, kT>;
 };
 template <typename T, int D, int kWarps, int kCtas, int kStages, bool kT>
@@ -1179,7 +1309,8 @@ void LaunchCfg(const KernelArgs& args, int64_t ctas, cudaStream_t stream) {
 constexpr int kTileKeys = DecodeTraits<128>::kTileKeys;
 static_assert(DecodeTraits<64>::kTileKeys == kTileKeys &&
                   DecodeTraits<64, true>::kTileKeys == kTileKeys &&
-                  DecodeTraits<128, true>::kTileKeys == kTileKeys,
+                  DecodeTraits<128, true>::kTileKeys == kTileKeys &&
+                  DecodeTraits<256, false, 2>::kTileKeys == kTileKeys,
               "one tile size for the split math");
 
 // Per-CTA fixed cost in units of one tile's streaming time, for the split selector: the
@@ -1229,7 +1360,7 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
   if constexpr (kFp8) {
     // The warp-item kernels only when asked for: DecodeKernel with the same per-warp step is
     // faster on every shape measured (bench/RESULTS.md, "Decode attention v4 / v4T").
-    warp_items = IsWarpItems(choice);
+    warp_items = D != 256 && IsWarpItems(choice);  // (PagedDecodeAttention refuses them at 256)
     auto launch = [&](auto cfg) {
       using Cfg = decltype(cfg);
       ctas_per_sm = PrepareKernel<Cfg>().ctas_per_sm;
@@ -1239,11 +1370,13 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
       args.num_splits = 1;
       LaunchCfg<Cfg>(args, num_ctas, stream);
     };
-    if (choice == DecodeKernelChoice::kWarpItemsT && args.group <= 8) {
-      launch(ItemsCfg<T, D, 4, 4, 3, true>{});
-      transposed = true;
-    } else if (warp_items) {
-      launch(ItemsCfg<T, D, 4, 3, 3, false>{});
+    if constexpr (D != 256) {
+      if (choice == DecodeKernelChoice::kWarpItemsT && args.group <= 8) {
+        launch(ItemsCfg<T, D, 4, 4, 3, true>{});
+        transposed = true;
+      } else if (warp_items) {
+        launch(ItemsCfg<T, D, 4, 3, 3, false>{});
+      }
     }
   }
   if (!warp_items) {
@@ -1264,6 +1397,14 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
       } else {
         launch(CtaCfg<T, D, true>{});
       }
+    } else if constexpr (D == 256) {
+      // head_dim 256, groups <= 8: the transposed step over the 2-byte tiles (WarpKeysStepT16).
+      if (args.group <= 8 && choice != DecodeKernelChoice::kCta) {
+        launch(CtaCfg<T, D, false, true>{});
+        transposed = true;
+      } else {
+        launch(CtaCfg<T, D, false>{});
+      }
     } else {
       launch(CtaCfg<T, D, false>{});
     }
@@ -1279,12 +1420,9 @@ void LaunchDecode(KernelArgs args, int64_t num_seqs, int num_splits, DecodeKerne
 
 // The one dispatch from (dtype, head_dim, cache format) to an instantiation: calls
 // f.template Run<T, D, kFp8>() (nvcc compiles this file as C++17: no template lambdas).
-// head_dim 256 exists for bf16 / fp16 caches only (PagedDecodeAttention refuses fp8 there).
 template <typename T, bool kFp8, typename F>
 auto DispatchDim(int64_t head_dim, F& f) {
-  if constexpr (!kFp8) {
-    if (head_dim == 256) return f.template Run<T, 256, false>();
-  }
+  if (head_dim == 256) return f.template Run<T, 256, kFp8>();
   return head_dim == 64 ? f.template Run<T, 64, kFp8>() : f.template Run<T, 128, kFp8>();
 }
 template <typename F>
@@ -1367,10 +1505,10 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
     throw std::invalid_argument("PagedDecodeAttention: unsupported head_dim " +
                                 std::to_string(head_dim) + " (64, 128 or 256)");
   }
-  if (head_dim == 256 && p.kv_format.fp8) {
+  if (head_dim == 256 && IsWarpItems(choice)) {
     throw std::invalid_argument(
-        "PagedDecodeAttention: fp8 (e4m3) KV caches at head_dim 256 are not supported (bf16 / "
-        "fp16 caches are; fp8 takes head_dim 64 or 128)");
+        "PagedDecodeAttention: the warp-item kernels (kWarpItems, kWarpItemsT) take head_dim 64 "
+        "or 128, not 256; kAuto / kCta do");
   }
   if (layout.num_kv_heads <= 0 || p.num_heads % layout.num_kv_heads != 0) {
     throw std::invalid_argument("PagedDecodeAttention: num_heads " + std::to_string(p.num_heads) +

@@ -23,13 +23,15 @@ struct DecodeLaunchInfo {
   int ctas_per_sm = 0;           // resident CTAs per SM of the chosen config (occupancy)
   int num_ctas = 0;              // grid size of the attention kernel (its only launch)
   bool warp_items = false;       // the persistent warp-item kernel ran (fp8; see below)
-  bool transposed_step = false;  // its warps ran the transposed step (fp8, groups <= 8)
+  bool transposed_step = false;  // the transposed step ran (fp8 or head_dim 256, groups <= 8)
 };
 
 // Which decode kernel runs. kAuto: the CTA-per-(sequence, KV head, split) kernel
 // (DecodeKernel); for fp8 caches with GQA groups <= 8 its warps use the transposed step (keys as
 // the mma's 16 rows, <= 8 query heads as its columns: half the mma instructions and
-// accumulators of the original step, which puts queries on the rows padded to 16). kCta: the same
+// accumulators of the original step, which puts queries on the rows padded to 16); so do bf16 /
+// fp16 caches at head_dim 256 (WarpKeysStepT16 on 8 warps, decode_attention.cu: 1.04 of copy
+// bandwidth at 64 × 8k on the H200, where the original step reaches 0.71). kCta: the same
 // kernel with the original step always. kWarpItems / kWarpItemsT (fp8 only, never split): the
 // persistent warp-item kernel (v4, decode_attention.cu), every warp walking whole (sequence, KV
 // head) items through one pipeline across item boundaries, with the original / transposed step
@@ -64,10 +66,10 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 // shape (max_num_keys, W) alone, so a captured graph stays valid as the contexts grow.
 //   p.dtype kBF16 or kF16; p.kv_format.fp8: e4m3 pools (the tensor-core math then runs in fp16:
 //   q is converted to fp16 saturating at ±65504, K/V dequantize exactly, P is rounded to fp16;
-//   the output is written in p.dtype); head_dim 64 or 128, or 256 with bf16 / fp16 pools (fp8 at
-//   256: std::invalid_argument); num_heads a multiple of num_kv_heads with at most 16 query heads
-//   per KV head; p.max_num_keys >= every context_lens[i] + 1 (it sizes the split selector's choice;
-//   the kernel reads the true lengths on the device).
+//   the output is written in p.dtype); head_dim 64, 128 or 256 (the warp-item kernels: 64 or 128);
+//   num_heads a multiple of num_kv_heads with at most 16 query heads per KV head; p.max_num_keys >=
+//   every context_lens[i] + 1 (it sizes the split selector's choice; the kernel reads the true
+//   lengths on the device).
 // num_splits: 0 = automatic (from the batch shape and the SM count), 1 = no split, n = n key
 // chunks per sequence, capped by the tiles of the longest sequence, by 128 and by what the
 // workspace holds (see above; a null or too small workspace runs fewer splits, down to 1);
