@@ -782,8 +782,9 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   constexpr int kGroupKeys = kFp8 ? Tr::kKeysPerWarp : Tr::kTileKeys;
   constexpr int kSlotInts = kFp8 ? Tr::kWarpPageInts : Tr::kPageSlotInts;
   // Key warp (its 16 keys of each tile) and dim part (Tr::kDimSplits > 1: which V dims).
-  const int key_warp = warp % Tr::kKeyWarps;
-  const int dim_part = warp / Tr::kKeyWarps;
+  // (Spelled out for kDimSplits == 1 so that those kernels compile exactly as before the split.)
+  const int key_warp = Tr::kDimSplits == 1 ? warp : warp % Tr::kKeyWarps;
+  const int dim_part = Tr::kDimSplits == 1 ? 0 : warp / Tr::kKeyWarps;
   const int group_key0 = kFp8 ? key_warp * Tr::kKeysPerWarp : 0;  // the group's first key
   const int me = kFp8 ? lane : tid;                               // index within the group
   constexpr int kGroupThreads = kFp8 ? 32 : Tr::kThreads;
