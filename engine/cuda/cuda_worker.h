@@ -142,7 +142,7 @@ struct CudaWorker {
   int64_t heads = 0, kv_heads = 0;
   int64_t hidden = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0, vocab = 0;
   int64_t max_tokens = 0, max_seqs = 0, max_rows = 0, table_cap = 0;
-  bool decode_kernel_ok = true;  // head_dim 64 / 128
+  bool decode_kernel_ok = true;  // head_dim 64 / 128 / 256
   bool gemv_ok = true;           // every GEMM's k % 8 == 0: small steps take the fused GEMV
 
   // Weights.

@@ -113,9 +113,12 @@ CudaWorker::Shape CudaWorker::Upload(const ForwardBatch& b, int64_t padded, int6
   if (nd > 0) {
     const size_t per_split =
         size_t(nd) * size_t(heads) * size_t(config.head_dim + 2) * sizeof(float);
-    s.splits = cuda::DecodeAutoSplits(nd, kv_heads, s.max_keys_decode, config.head_dim,
-                                      int64_t(kDecodeWorkspaceBytes / per_split),
-                                      opt.decode_min_tiles_per_split);
+    // One split count serves every layer: sized by the window when all of them slide (else the
+    // full layers' whole context decides; the kernel caps a sliding layer's splits itself).
+    s.splits =
+        cuda::DecodeAutoSplits(nd, kv_heads, s.max_keys_decode, config.head_dim,
+                               int64_t(kDecodeWorkspaceBytes / per_split),
+                               opt.decode_min_tiles_per_split, config.UniformSlidingWindow());
   }
   CopyIn(d_tokens, h_tokens.p, s.num_tokens * 4);
   CopyIn(d_positions, h_positions.p, s.num_tokens * 4);

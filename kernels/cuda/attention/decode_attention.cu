@@ -120,7 +120,9 @@ struct DecodeTraits {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKeysPerWarp = 16;                     // one k16 step of P·V per tile
   static constexpr int kTileKeys = kKeyWarps * kKeysPerWarp;  // 64 keys per pipeline stage
-  static constexpr int kElemBytes = kFp8 ? 1 : 2;             // bytes per cached element
+  static_assert(kMaxKeyTile % kTileKeys == 0,
+                "FirstKeyRead (kernels/paged_kv.h): every key tile divides the widest");
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;  // bytes per cached element
   // K+V stages in flight: 96 KiB / 64 KiB (bf16, hd 128 / 64: 2 / 3 CTAs per SM); fp8 4 / 6
   // stages of half the bytes (64 / 48 KiB: 3 CTAs per SM, what its registers allow).
   // head_dim 256: 3 stages of 64 KiB (192 KiB, 1 CTA per SM; 128 KiB in flight per SM, far

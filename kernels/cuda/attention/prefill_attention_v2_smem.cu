@@ -22,6 +22,8 @@ namespace {
 struct SmemTraits {
   static constexpr int kBr = 64;  // query rows per CTA
   static constexpr int kBc = 32;  // keys per tile
+  static_assert(kMaxKeyTile % kBc == 0,
+                "FirstKeyRead (kernels/paged_kv.h): every key tile divides the widest");
   static constexpr int kThreadsPerRow = 4;
   static constexpr int kThreads = kBr * kThreadsPerRow;
   static constexpr int kMaxHd = 128;

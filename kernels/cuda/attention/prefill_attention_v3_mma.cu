@@ -50,6 +50,8 @@ struct MmaTraits {
   // Keys per tile: 64; 32 at head_dim 256 (FA2's hdim-256 tile: 32 KiB of Q + 2 stages × 32 KiB
   // of K+V = 96 KiB, two CTAs per SM, and 16 fp32 S registers beside the 128 of O).
   static constexpr int kBc = HD == 256 ? 32 : 64;
+  static_assert(kMaxKeyTile % kBc == 0,
+                "FirstKeyRead (kernels/paged_kv.h): every key tile divides the widest");
   // Q's A fragments stay in registers (HD / 4 of them) up to head_dim 128; at 256 they would
   // take 64 registers on top of O's 128, so each k16 step re-reads them from the Q tile (an
   // ldmatrix.x4 per 16 dims per K tile, which shared memory has to spare).

@@ -87,8 +87,10 @@ struct WgmmaTraits {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBr = 64 * kConsumers;  // query rows per CTA (64 per warpgroup)
   static constexpr int kBc = 128;              // keys per tile (the S wgmma's N)
-  static constexpr int kStages = 3;            // K/V ring depth: a tile's loads get two iterations
-  static constexpr int kHalves = HD / 64;      // 64-column (128-byte) swizzle panels
+  static_assert(kMaxKeyTile % kBc == 0,
+                "FirstKeyRead (kernels/paged_kv.h): every key tile divides the widest");
+  static constexpr int kStages = 3;        // K/V ring depth: a tile's loads get two iterations
+  static constexpr int kHalves = HD / 64;  // 64-column (128-byte) swizzle panels
   static constexpr uint32_t kQHalfBytes = kBr * 128;  // one panel: kBr rows × 128 B
   static constexpr uint32_t kQBytes = kHalves * kQHalfBytes;
   static constexpr uint32_t kKvHalfBytes = kBc * 128;

@@ -11,6 +11,7 @@
 //    transformers' within 1e-4: tests/engine/cpu/hf_arch_test.cc) have a near-tie within that
 //    tolerance; agreement is printed.
 //  - fp8 weights (W8A8) and the fp8 KV cache against the CPU backend's fp8.
+//  - Gemma 3 at its real head_dim of 256 (the folder's is 16) against the CPU backend's fp32.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "engine/cpu/cpu_model.h"
 #include "engine/cpu/sequence_runner.h"
 #include "engine/cuda/cuda_executor.h"
+#include "engine/loader/make_model.h"
 #include "tests/engine/cuda/cuda_test_fixture.h"
 #include "tests/test_util.h"
 
@@ -144,6 +146,82 @@ TEST_P(CudaHfArch, Fp8WeightsAndCacheMatchTheCpuFp8) {
       bound, cost);
   EXPECT_LE(diff, bound);
 }
+
+// Gemma 3 at the head_dim of its real checkpoints (256; hf-arch's gemma3 has 16): that folder's
+// config with 256-dim heads (query_pre_attn_scalar 256) and a window of 24 keys, random fp32
+// weights from make-model, on the GPU against the CPU backend's fp32 on the same weights. A
+// 64-token prefill chunk (v3 prefill at head_dim 256 on the sliding and the full layer), then
+// decode steps (the head_dim-256 decode kernel) to 100 tokens, both past the window. Bound:
+// max |gpu - cpu| <= 3e-2 (bf16) / 5e-3 (fp16) of the largest |logit| (the folders' own
+// bf16-vs-fp32 gaps are 1-4% of theirs); the argmax agrees except on fp32 near-ties.
+class CudaGemmaHeadDim256 : public test::CudaExecutorTest,
+                            public ::testing::WithParamInterface<DType> {};
+
+TEST_P(CudaGemmaHeadDim256, MatchesTheCpuBackend) {
+  const DType dtype = GetParam();
+  const test::TempDir tmp;
+  json config = json::parse(
+      test::ReadFile(test::SharedDir() / "models" / "hf-arch" / "gemma3" / "config.json"));
+  config["head_dim"] = 256;
+  config["query_pre_attn_scalar"] = 256;
+  config["sliding_window"] = 24;
+  const fs::path config_path = tmp.path() / "gemma3_hd256.json";
+  test::WriteFile(config_path, config.dump(2));
+  MakeModelOptions mo;
+  mo.config_path = config_path.string();
+  mo.out_dir = (tmp.path() / "model").string();
+  mo.seed = 11;
+  mo.dtype = DType::kF32;
+  MakeRandomModel(mo);
+  LoadOptions lo;
+  lo.weight_dtype = DType::kF32;
+  const auto cpu = CpuModel::Load(mo.out_dir, lo);
+  ASSERT_EQ(cpu->config().head_dim, 256);
+  const int64_t vocab = cpu->config().vocab_size;
+  std::vector<int> ids;
+  for (int i = 0; i < 100; ++i) ids.push_back(1 + (i * 7919 + 13) % 509);
+  SequenceRunner run(*cpu, std::ssize(ids) + 1);
+  const std::vector<float> fp32 = run.Feed(ids, /*all_logits=*/true);
+  for (bool gemv : {false, true}) {
+    CudaExecutorOptions o = test::SmallOptions(dtype);
+    o.gemv_max_tokens = gemv ? 8 : 0;
+    auto ex = CudaExecutor::Create(mo.out_dir, o);
+    const std::vector<float> got = test::AllLogits(*ex, ids, 64);
+    ASSERT_EQ(got.size(), fp32.size());
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << i;
+      max_diff = std::max(max_diff, std::fabs(double(got[i]) - fp32[i]));
+      max_ref = std::max(max_ref, std::fabs(double(fp32[i])));
+    }
+    const double rel_bound = dtype == DType::kBF16 ? 3e-2 : 5e-3;
+    int agree = 0, near_ties = 0;
+    for (size_t row = 0; row < ids.size(); ++row) {
+      const float* g = got.data() + row * size_t(vocab);
+      const float* f = fp32.data() + row * size_t(vocab);
+      const int mine = int(std::max_element(g, g + vocab) - g);
+      const int want = int(std::max_element(f, f + vocab) - f);
+      if (mine == want) {
+        ++agree;
+        continue;
+      }
+      EXPECT_LE(f[want] - f[mine], 2 * rel_bound * max_ref) << "row " << row;
+      ++near_ties;
+    }
+    std::printf(
+        "  gemma3 head_dim 256 %s %s: max |gpu - cpu fp32| %.4f = %.4f of max |logit| %.3f "
+        "(bound %.3f), argmax %d/%zu (%d near-ties)\n",
+        dtype == DType::kBF16 ? "bf16" : "fp16", gemv ? "gemv" : "cublaslt", max_diff,
+        max_diff / max_ref, max_ref, rel_bound, agree, ids.size(), near_ties);
+    EXPECT_LE(max_diff, rel_bound * max_ref);
+    EXPECT_GT(ex->stats().graph_steps, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaGemmaHeadDim256, ::testing::Values(DType::kBF16, DType::kF16),
+                         [](const auto& info) {
+                           return std::string(info.param == DType::kBF16 ? "bf16" : "fp16");
+                         });
 
 std::vector<ArchCase> ArchCases() {
   std::vector<ArchCase> cases;
