@@ -514,6 +514,38 @@ __device__ __forceinline__ void LoadQTFragment(const KernelArgs& a, int seq, int
   }
 }
 
+// The transposed steps' online softmax (WarpKeysStepT, WarpKeysStepT16): S^T's accumulator holds
+// heads 2c, 2c + 1 (r = 0, 1) × keys g (s[r]) and g + 8 (s[2 + r]) of the warp's 16 keys from
+// warp_key0; keys outside [key_lo, key_end) (key_lo: the sliding window's first key, masked in
+// its first tile only) are masked; s becomes P, (m, l) move on, alpha[r] is head r's rescale of
+// O. Returns whether any lane must rescale.
+__device__ __forceinline__ bool TransposedSoftmax(float (&s)[4], float (&m)[2], float (&l)[2],
+                                                  float (&alpha)[2], int g, int warp_key0,
+                                                  int key_lo, int key_end, float scale_log2) {
+  bool vis0 = warp_key0 + g < key_end, vis1 = warp_key0 + g + 8 < key_end;
+  if (warp_key0 < key_lo) {  // the sliding window's first tile (as WarpKeysStep)
+    vis0 = vis0 && warp_key0 + g >= key_lo;
+    vis1 = vis1 && warp_key0 + g + 8 >= key_lo;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    s[r] = vis0 ? s[r] * scale_log2 : -INFINITY;
+    s[2 + r] = vis1 ? s[2 + r] * scale_log2 : -INFINITY;
+    float t = Max(s[r], s[2 + r]);
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 4));
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 8));
+    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 16));
+    const float m_new = Max(m[r], t);
+    alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+    m[r] = m_new;
+    const float off = m_new == -INFINITY ? 0.f : m_new;
+    s[r] = exp2f(s[r] - off);
+    s[2 + r] = exp2f(s[2 + r] - off);
+    l[r] = l[r] * alpha[r] + s[r] + s[2 + r];
+  }
+  return __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
+}
+
 template <int D>
 __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], uint32_t k_tile,
                                               uint32_t v_tile, int lane, int warp_row,
@@ -538,30 +570,8 @@ __device__ __forceinline__ void WarpKeysStepT(const uint32_t (&qb)[D / 16][2], u
       Mma16816<__half>(s, ka, qb[2 * j + h][0], qb[2 * j + h][1]);
     }
   }
-  // Online softmax per head (r = 0, 1: heads 2c, 2c + 1), keys g (s[r]) and g + 8 (s[2 + r]).
-  bool vis0 = warp_key0 + g < key_end, vis1 = warp_key0 + g + 8 < key_end;
-  if (warp_key0 < key_lo) {  // the sliding window's first tile (as WarpKeysStep)
-    vis0 = vis0 && warp_key0 + g >= key_lo;
-    vis1 = vis1 && warp_key0 + g + 8 >= key_lo;
-  }
   float alpha[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    s[r] = vis0 ? s[r] * scale_log2 : -INFINITY;
-    s[2 + r] = vis1 ? s[2 + r] * scale_log2 : -INFINITY;
-    float t = Max(s[r], s[2 + r]);
-    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 4));
-    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 8));
-    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 16));
-    const float m_new = Max(m[r], t);
-    alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
-    m[r] = m_new;
-    const float off = m_new == -INFINITY ? 0.f : m_new;
-    s[r] = exp2f(s[r] - off);
-    s[2 + r] = exp2f(s[2 + r] - off);
-    l[r] = l[r] * alpha[r] + s[r] + s[2 + r];
-  }
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+  if (TransposedSoftmax(s, m, l, alpha, g, warp_key0, key_lo, key_end, scale_log2)) {
 #pragma unroll
     for (int h = 0; h < D / 16; ++h) {
       o[h][0] *= alpha[0];
@@ -636,31 +646,8 @@ __device__ __forceinline__ void WarpKeysStepT16(const uint32_t (&qb)[D / 16][2],
   }
 #pragma unroll
   for (int e = 0; e < 4; ++e) s[e] += s_odd[e];
-  // Online softmax per head (r = 0, 1: heads 2c, 2c + 1), keys g (s[r]) and g + 8 (s[2 + r]), as
-  // WarpKeysStepT.
-  bool vis0 = warp_key0 + g < key_end, vis1 = warp_key0 + g + 8 < key_end;
-  if (warp_key0 < key_lo) {  // the sliding window's first tile
-    vis0 = vis0 && warp_key0 + g >= key_lo;
-    vis1 = vis1 && warp_key0 + g + 8 >= key_lo;
-  }
   float alpha[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    s[r] = vis0 ? s[r] * scale_log2 : -INFINITY;
-    s[2 + r] = vis1 ? s[2 + r] * scale_log2 : -INFINITY;
-    float t = Max(s[r], s[2 + r]);
-    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 4));
-    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 8));
-    t = Max(t, __shfl_xor_sync(0xffffffffu, t, 16));
-    const float m_new = Max(m[r], t);
-    alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
-    m[r] = m_new;
-    const float off = m_new == -INFINITY ? 0.f : m_new;
-    s[r] = exp2f(s[r] - off);
-    s[2 + r] = exp2f(s[2 + r] - off);
-    l[r] = l[r] * alpha[r] + s[r] + s[2 + r];
-  }
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+  if (TransposedSoftmax(s, m, l, alpha, g, warp_key0, key_lo, key_end, scale_log2)) {
 #pragma unroll
     for (int h = 0; h < kOTiles; ++h) {
       o[h][0] *= alpha[0];
