@@ -457,7 +457,12 @@ TEST(KvFp8GpuArgs, PrefillResolveRejectsRungsWithoutFp8) {
   p.kv.layout.head_dim = 32;  // kNaive only
   EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kNaive);
   EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kMma), std::invalid_argument);
-  p.kv.layout.head_dim = 160;
+  p.kv.layout.head_dim = 160;  // up to 256: v1_naive
+  EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kNaive);
+  p.kv.layout.head_dim = 256;  // Gemma 3: v3 dequantizes e4m3 tiles at 256 too; v4 has no 256
+  EXPECT_EQ(cuda::ResolvePrefillVariant(p), cuda::PrefillVariant::kMma);
+  EXPECT_THROW(cuda::ResolvePrefillVariant(p, cuda::PrefillVariant::kWgmma), std::invalid_argument);
+  p.kv.layout.head_dim = 288;
   EXPECT_THROW(cuda::ResolvePrefillVariant(p), std::invalid_argument);
   p.kv.layout.head_dim = 128;
   p.dtype = DType::kF32;
