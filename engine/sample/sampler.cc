@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/grammar/matcher.h"
 
 namespace llm {
 namespace {
@@ -137,13 +138,20 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int> prompt_ids,
     if (id < 0) throw Error("prompt token id " + std::to_string(id) + " is negative");
     seen_.insert(id);
   }
+  if (params.grammar) matcher_ = std::make_unique<grammar::Matcher>(params.grammar);
 }
+
+Sampler::~Sampler() = default;
+Sampler::Sampler(Sampler&&) noexcept = default;
 
 void Sampler::Observe(int token) {
   if (token < 0) throw Error("output token id " + std::to_string(token) + " is negative");
   seen_.insert(token);
   ++output_counts_[token];
+  if (matcher_) matcher_->Accept(token);
 }
+
+const uint32_t* Sampler::AllowedTokens() { return matcher_ ? matcher_->AllowedTokens() : nullptr; }
 
 void Sampler::ApplyBiasAndPenalties(std::span<float> logits) const {
   const int64_t vocab = static_cast<int64_t>(logits.size());
@@ -176,7 +184,7 @@ void Sampler::ApplyBiasAndPenalties(std::span<float> logits) const {
 
 bool Sampler::depends_on_output() const {
   return params_.repetition_penalty != 1.0 || params_.presence_penalty != 0.0 ||
-         params_.frequency_penalty != 0.0;
+         params_.frequency_penalty != 0.0 || matcher_ != nullptr;
 }
 
 void Sampler::RecordSample(int token) {
@@ -222,6 +230,12 @@ SampleResult Sampler::Sample(std::span<const float> logits) {
   }
   SampleResult result;
   work_.assign(logits.begin(), logits.end());
+  if (const uint32_t* allowed = AllowedTokens()) {  // first: nothing else can bring a token back
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < work_.size(); ++i) {
+      if (((allowed[i / 32] >> (i % 32)) & 1u) == 0) work_[i] = minus_inf;
+    }
+  }
   ApplyBiasAndPenalties(work_);
   if (params_.is_greedy() || params_.top_k == 1) {
     result.token = Argmax(work_);

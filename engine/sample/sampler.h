@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -30,6 +31,11 @@
 #include <vector>
 
 namespace llm {
+
+namespace grammar {
+class CompiledGrammar;  // engine/grammar/matcher.h
+class Matcher;
+}  // namespace grammar
 
 struct SamplingParams {
   static constexpr int kMaxN = 16;              // completions per prompt
@@ -55,6 +61,9 @@ struct SamplingParams {
   std::optional<int> logprobs;      // unset = none; N in [0, 20]: sampled token + top N
   int n = 1;                        // [1, 16] completions per prompt
   std::optional<uint64_t> seed;     // unset = nondeterministic
+  // Structured output (engine/grammar): only tokens that keep the output a prefix of the
+  // grammar's language are sampled, EOS only where the output is complete. Null = none.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 
   // Empty when valid, else a message naming the parameter, the allowed range and the value.
   // Token ids (logit_bias, stop_token_ids) are checked against [0, vocab_size).
@@ -96,6 +105,8 @@ class Sampler {
   // or in a batch, because each Sampler owns its generator.
   explicit Sampler(const SamplingParams& params, std::span<const int> prompt_ids = {},
                    uint64_t seed_offset = 0);
+  ~Sampler();
+  Sampler(Sampler&&) noexcept;
 
   // Picks a token from logits [vocab] and records it as an output token (Observe), so the
   // caller does not call Observe for it. Throws Error if a logit_bias id or a seen token id
@@ -129,8 +140,15 @@ class Sampler {
   // seeded request retried after it draws what it would have drawn.
   void UndoDraws(uint64_t count) { num_draws_ -= count; }
   // True when the processed logits depend on the tokens generated so far (repetition,
-  // presence or frequency penalty): such a sequence's next step needs its last token first.
+  // presence or frequency penalty, a grammar): such a sequence's next step needs its last
+  // token first.
   bool depends_on_output() const;
+  // Structured output: the tokens allowed next as a packed bitmask (token t is allowed when
+  // bit t % 32 of word t / 32 is set), at least (vocab + 31) / 32 words for the model's
+  // logits width; ids past the tokenizer's vocabulary are never allowed. Null when the
+  // request has no grammar. Valid until the next Observe / Sample.
+  const uint32_t* AllowedTokens();
+  bool has_grammar() const { return matcher_ != nullptr; }
 
  private:
   void ApplyBiasAndPenalties(std::span<float> logits) const;
@@ -138,6 +156,7 @@ class Sampler {
   size_t ApplyTopP(std::span<const float> logits, size_t num_candidates);
 
   SamplingParams params_;
+  std::unique_ptr<grammar::Matcher> matcher_;  // when params_.grammar is set
   std::mt19937_64 rng_;
   uint64_t device_seed_ = 0;
   uint64_t num_draws_ = 0;

@@ -292,6 +292,60 @@ void HfTokenizer::DecodeFinish(HfDecodeState* state, std::string* out) const {
   for (size_t step = 0; step < decoder_.size(); ++step) FlushStep(state, step, out);
 }
 
+std::optional<std::string> HfTokenizer::TokenBytes(int id) const {
+  std::string token;
+  if (auto it = added_by_id_.find(id); it != added_by_id_.end()) {
+    if (added_[it->second].special) return std::nullopt;
+    token = added_[it->second].decoded;
+  } else if (id >= 0 && id < static_cast<int>(bpe_.id_to_token.size()) &&
+             bpe_.id_to_token[id].data() != nullptr) {
+    token = bpe_.id_to_token[id];
+  } else {
+    return std::nullopt;
+  }
+  if (special_contents_.find(token) != special_contents_.end()) return std::nullopt;
+  if (!has_decoder_) return " " + token;  // tokens are joined with spaces
+  using K = DecoderStep::Kind;
+  for (size_t step = 0; step < decoder_.size(); ++step) {
+    const DecoderStep& d = decoder_[step];
+    switch (d.kind) {
+      case K::kByteLevel:
+        token = ByteLevelBytes(token);
+        break;
+      case K::kMetaspace: {  // not the first token: every replacement character is a space
+        std::string text;
+        for (size_t pos = 0; pos < token.size();) {
+          const size_t at = pos;
+          unicode::NextChar(token, &pos);
+          const std::string_view c = std::string_view(token).substr(at, pos - at);
+          if (c == d.replacement) {
+            text.push_back(' ');
+          } else {
+            text.append(c);
+          }
+        }
+        token = std::move(text);
+        break;
+      }
+      case K::kByteFallback:
+        if (const auto byte = ByteToken(token)) token = std::string(1, static_cast<char>(*byte));
+        break;
+      case K::kFuse:
+        break;
+      case K::kStrip:  // on the joined text it strips only at the very start or end
+        if (!decoder_joined_[step]) {
+          size_t pos = 0;
+          token = StripToken(token, unicode::NextChar(d.content, &pos), d.start, d.stop);
+        }
+        break;
+      case K::kReplace:
+        token = RegexReplace(*d.pattern, d.content, token);
+        break;
+    }
+  }
+  return token;
+}
+
 std::string HfTokenizer::Decode(std::span<const int> ids, bool skip_special_tokens) const {
   HfDecodeState state;
   DecodeStart(&state);

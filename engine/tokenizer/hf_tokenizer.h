@@ -170,6 +170,10 @@ class HfTokenizer {
   std::optional<int> TokenToId(std::string_view token) const;
   bool IsSpecial(int id) const;
   bool IsByteToken(int id) const;
+  // The bytes `id` adds to a decoded text after other tokens (the decoder chain run on it
+  // alone in a continuation: byte-level bytes, "▁" as " ", <0xNN> as its byte); nullopt for
+  // a special token or an id outside the vocabulary.
+  std::optional<std::string> TokenBytes(int id) const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   const std::string& path() const { return path_; }
 

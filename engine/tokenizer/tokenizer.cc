@@ -242,6 +242,29 @@ int Tokenizer::PieceToId(std::string_view piece) const {
 bool Tokenizer::IsControl(int id) const {
   return hf_ ? hf_->IsSpecial(id) : impl_->IsType(id, PieceType::kControl);
 }
+std::optional<std::string> Tokenizer::TokenBytes(int id) const {
+  if (hf_) return hf_->TokenBytes(id);
+  if (id < 0 || id >= vocab_size() || id == impl_->unk_id) return std::nullopt;
+  if (impl_->IsType(id, PieceType::kControl) || impl_->IsType(id, PieceType::kUnknown) ||
+      impl_->IsType(id, PieceType::kUnused)) {
+    return std::nullopt;
+  }
+  const std::string& piece = impl_->pieces[size_t(id)].text;
+  if (impl_->IsType(id, PieceType::kByte)) {
+    return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+  }
+  std::string out;
+  for (size_t pos = 0; pos < piece.size();) {
+    if (piece.compare(pos, 3, "\xE2\x96\x81") == 0) {
+      out.push_back(' ');
+      pos += 3;
+    } else {
+      out.push_back(piece[pos++]);
+    }
+  }
+  return out;
+}
+
 bool Tokenizer::IsByte(int id) const {
   return hf_ ? hf_->IsByteToken(id) : impl_->IsType(id, PieceType::kByte);
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,6 +67,12 @@ class Tokenizer {
   // A control piece (tokenizer.model) or a special added token (tokenizer.json).
   bool IsControl(int id) const;
   bool IsByte(int id) const;  // a <0xNN> byte-fallback piece
+  // The bytes `id` adds to the output when it follows other tokens (how a completion's
+  // tokens decode after its prompt): byte-level BPE's bytes, "▁" as " ", a <0xNN> piece as
+  // its one byte (possibly part of a UTF-8 character). nullopt for a control / special
+  // token, the unknown piece of a tokenizer.model, or an id outside the vocabulary. The
+  // grammar engine (engine/grammar) matches these bytes.
+  std::optional<std::string> TokenBytes(int id) const;
   int bos_id() const;
   int eos_id() const;
   int unk_id() const;

@@ -1,0 +1,94 @@
+#include "engine/grammar/compiler.h"
+
+#include <nlohmann/json.hpp>
+
+#include "engine/grammar/json_schema.h"
+
+namespace llm::grammar {
+
+std::string StructuredSpec::Key() const {
+  std::string key = std::to_string(int(kind)) + (strict ? "s" : "-") + (compact ? "c" : "-");
+  key += '\0';
+  key += text;
+  for (const std::string& c : choices) {
+    key += '\0';
+    key += c;
+  }
+  return key;
+}
+
+GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab,
+                                 CompilerOptions options)
+    : vocab_(std::move(vocab)), options_(options) {}
+
+size_t GrammarCompiler::cache_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hits_;
+}
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::Compile(const StructuredSpec& spec) {
+  size_t bytes = spec.text.size();
+  for (const std::string& c : spec.choices) bytes += c.size();
+  if (bytes > options_.max_spec_bytes) {
+    throw GrammarError("the structured output specification is too large (" +
+                       std::to_string(bytes) + " bytes, at most " +
+                       std::to_string(options_.max_spec_bytes) + ")");
+  }
+  const std::string key = spec.Key();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      ++hits_;
+      return it->second->second;
+    }
+  }
+  Limits limits;
+  limits.deadline = std::chrono::steady_clock::now() +
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(options_.timeout_seconds));
+  JsonSchemaOptions json_options;
+  json_options.strict = spec.strict;
+  json_options.compact = spec.compact;
+  Grammar g;
+  switch (spec.kind) {
+    case StructuredSpec::Kind::kJsonSchema: {
+      nlohmann::ordered_json schema;
+      try {
+        schema = nlohmann::ordered_json::parse(spec.text);
+      } catch (const nlohmann::json::exception& e) {
+        throw GrammarError(std::string("the json schema is not valid JSON: ") + e.what());
+      }
+      g = JsonSchemaGrammar(schema, json_options, limits);
+      break;
+    }
+    case StructuredSpec::Kind::kJsonObject:
+      g = JsonObjectGrammar(json_options, limits);
+      break;
+    case StructuredSpec::Kind::kRegex:
+      g = RegexGrammar(spec.text, limits);
+      break;
+    case StructuredSpec::Kind::kChoice:
+      g = ChoiceGrammar(spec.choices, limits);
+      break;
+    case StructuredSpec::Kind::kGrammar:
+      g = EbnfGrammar(spec.text, limits);
+      break;
+  }
+  auto compiled = std::make_shared<const CompiledGrammar>(std::move(g), vocab_);
+  compiled->AllowedTokens(compiled->initial_state());  // the first step's mask, ready
+  if (std::chrono::steady_clock::now() > *limits.deadline) {
+    throw GrammarError("the grammar did not compile within the time limit");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = index_.find(key); it != index_.end()) return it->second->second;
+  lru_.emplace_front(key, compiled);
+  index_[key] = lru_.begin();
+  while (lru_.size() > options_.cache_size) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  return compiled;
+}
+
+}  // namespace llm::grammar

@@ -1,0 +1,52 @@
+// What a request asks for (StructuredSpec) to a CompiledGrammar, with a cache: requests that
+// share a schema share one compiled grammar and its lazily built automaton and masks. The
+// front ends compile on their own threads, under a deadline, before a request reaches the
+// engine: a schema that does not compile in time is a 400, never a stuck request.
+#pragma once
+
+#include <chrono>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/grammar/matcher.h"
+
+namespace llm::grammar {
+
+struct StructuredSpec {
+  enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar };
+  Kind kind = Kind::kJsonObject;
+  std::string text;                  // the schema (JSON text), regex or EBNF grammar
+  std::vector<std::string> choices;  // kChoice
+  bool strict = false;               // kJsonSchema: unsupported keywords are an error
+  bool compact = false;              // JSON: no whitespace between tokens
+  std::string Key() const;           // the cache key
+};
+
+struct CompilerOptions {
+  double timeout_seconds = 10;     // --structured-output-compile-timeout
+  size_t cache_size = 256;         // compiled grammars kept (least recently used go)
+  size_t max_spec_bytes = 1 << 20;  // a larger schema / regex / grammar is refused
+};
+
+class GrammarCompiler {
+ public:
+  GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, CompilerOptions options = {});
+  // Throws GrammarError naming the problem (syntax, unsupported keyword, size, time).
+  std::shared_ptr<const CompiledGrammar> Compile(const StructuredSpec& spec);
+  const TokenVocabulary& vocab() const { return *vocab_; }
+  size_t cache_hits() const;
+
+ private:
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  CompilerOptions options_;
+  mutable std::mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<const CompiledGrammar>>> lru_;
+  std::unordered_map<std::string, decltype(lru_)::iterator> index_;
+  size_t hits_ = 0;
+};
+
+}  // namespace llm::grammar

@@ -1,0 +1,272 @@
+#include "engine/grammar/matcher.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "engine/tokenizer/tokenizer.h"
+
+namespace llm::grammar {
+namespace {
+
+// Bounds on the lazily built automaton: a grammar that would exceed them (an ambiguous one
+// whose stack sets explode, or an output that nests without end) goes dead instead of taking
+// the server's memory. Memory stays within a few hundred MB per grammar.
+constexpr size_t kMaxStacksPerState = 1 << 14;
+constexpr size_t kMaxNodes = size_t{1} << 23;
+constexpr size_t kMaxStates = size_t{1} << 18;
+constexpr size_t kMaxCachedMasks = 4096;
+
+void SetBit(Mask& m, int id) { m[size_t(id) / 32] |= uint32_t{1} << (id % 32); }
+
+}  // namespace
+
+// ---- TokenVocabulary
+
+TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> token_bytes,
+                                 std::vector<int> eos_ids, int64_t mask_vocab)
+    : mask_vocab_(std::max<int64_t>(mask_vocab, int64_t(token_bytes.size()))),
+      bytes_(std::move(token_bytes)),
+      eos_ids_(std::move(eos_ids)) {
+  for (int id : eos_ids_) {
+    if (id >= 0 && size_t(id) < bytes_.size()) bytes_[size_t(id)].reset();
+  }
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    if (bytes_[i] && !bytes_[i]->empty()) order_.push_back(int32_t(i));
+  }
+  std::sort(order_.begin(), order_.end(),
+            [&](int32_t a, int32_t b) { return *bytes_[size_t(a)] < *bytes_[size_t(b)]; });
+  lcp_.assign(order_.size(), 0);
+  for (size_t i = 1; i < order_.size(); ++i) {
+    const std::string& a = *bytes_[size_t(order_[i - 1])];
+    const std::string& b = *bytes_[size_t(order_[i])];
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n] && n < 0xFFFF) ++n;
+    lcp_[i] = uint16_t(n);
+  }
+}
+
+std::shared_ptr<const TokenVocabulary> TokenVocabulary::FromTokenizer(const Tokenizer& tokenizer,
+                                                                      std::vector<int> eos_ids,
+                                                                      int64_t mask_vocab) {
+  std::vector<std::optional<std::string>> bytes(size_t(tokenizer.vocab_size()));
+  for (int id = 0; id < tokenizer.vocab_size(); ++id) bytes[size_t(id)] = tokenizer.TokenBytes(id);
+  return std::make_shared<const TokenVocabulary>(std::move(bytes), std::move(eos_ids), mask_vocab);
+}
+
+bool TokenVocabulary::IsEos(int id) const {
+  return std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end();
+}
+
+const std::string* TokenVocabulary::bytes(int id) const {
+  if (id < 0 || size_t(id) >= bytes_.size() || !bytes_[size_t(id)]) return nullptr;
+  return &*bytes_[size_t(id)];
+}
+
+// ---- CompiledGrammar
+
+size_t CompiledGrammar::VecHash::operator()(const std::vector<int32_t>& v) const {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ v.size();
+  for (int32_t x : v) h = (h ^ uint64_t(uint32_t(x))) * 0x100000001B3ull, h ^= h >> 29;
+  return size_t(h);
+}
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab)
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+  auto eos = std::make_shared<Mask>(vocab_->mask_words(), 0u);
+  for (int id : vocab_->eos_ids()) {
+    if (id >= 0 && id < vocab_->mask_vocab()) SetBit(*eos, id);
+  }
+  eos_only_ = std::move(eos);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int32_t> stacks;
+  bool accepting = false;
+  for (int32_t alt : grammar_.alternatives[size_t(grammar_.root)]) {
+    ExpandLocked(alt, -1, &stacks, &accepting);
+  }
+  initial_ = StateLocked(std::move(stacks), accepting);
+}
+
+int32_t CompiledGrammar::NodeLocked(int32_t pos, int32_t parent) const {
+  const uint64_t key = (uint64_t(uint32_t(pos)) << 32) | uint32_t(parent);
+  auto [it, inserted] = node_index_.try_emplace(key, int32_t(nodes_.size()));
+  if (inserted) nodes_.push_back({pos, parent});
+  return it->second;
+}
+
+void CompiledGrammar::ExpandLocked(int32_t pos, int32_t parent, std::vector<int32_t>* out,
+                                   bool* accepting) const {
+  // A worklist of (pos, parent); `seen` stops the same item from expanding twice (nullable
+  // rules reach the same continuation along several paths).
+  std::vector<std::pair<int32_t, int32_t>> work = {{pos, parent}};
+  std::vector<uint64_t> seen;
+  while (!work.empty()) {
+    auto [p, par] = work.back();
+    work.pop_back();
+    const uint64_t key = (uint64_t(uint32_t(p)) << 32) | uint32_t(par);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    const Element& el = grammar_.elements[size_t(p)];
+    switch (el.kind) {
+      case Element::kBytes:
+        out->push_back(NodeLocked(p, par));
+        break;
+      case Element::kEnd:
+        if (par < 0) {
+          *accepting = true;
+        } else {
+          work.push_back(nodes_[size_t(par)]);
+        }
+        break;
+      case Element::kRule: {
+        const int32_t cont = NodeLocked(p + 1, par);
+        for (int32_t alt : grammar_.alternatives[size_t(el.arg)]) work.push_back({alt, cont});
+        break;
+      }
+    }
+  }
+}
+
+int32_t CompiledGrammar::StateLocked(std::vector<int32_t> stacks, bool accepting) const {
+  std::sort(stacks.begin(), stacks.end());
+  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+  if (stacks.empty() && !accepting) return kDead;
+  if (stacks.size() > kMaxStacksPerState || nodes_.size() > kMaxNodes ||
+      states_.size() >= kMaxStates) {
+    return kDead;
+  }
+  // The accepting flag is part of the key: a trailing sentinel that no node id takes.
+  stacks.push_back(accepting ? -2 : -3);
+  auto it = state_index_.find(stacks);
+  if (it != state_index_.end()) return it->second;
+  const int32_t id = int32_t(states_.size());
+  state_index_.emplace(stacks, id);
+  stacks.pop_back();
+  State s;
+  s.stacks = std::move(stacks);
+  s.accepting = accepting;
+  states_.push_back(std::move(s));
+  return id;
+}
+
+int32_t CompiledGrammar::NextLocked(int32_t state, uint8_t byte) const {
+  if (state < 0) return kDead;
+  State* s = &states_[size_t(state)];
+  if (!s->next) {
+    s->next.reset(new int32_t[256]);
+    std::fill(s->next.get(), s->next.get() + 256, -2);
+  }
+  if (s->next[byte] != -2) return s->next[byte];
+  std::vector<int32_t> stacks;
+  bool accepting = false;
+  for (int32_t node : s->stacks) {
+    const auto [pos, parent] = nodes_[size_t(node)];
+    if (grammar_.byte_sets[size_t(grammar_.elements[size_t(pos)].arg)][byte]) {
+      ExpandLocked(pos + 1, parent, &stacks, &accepting);
+    }
+  }
+  const int32_t next = StateLocked(std::move(stacks), accepting);
+  states_[size_t(state)].next[byte] = next;  // states_ may have grown: index again
+  return next;
+}
+
+int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return NextLocked(state, byte);
+}
+
+int32_t CompiledGrammar::NextBytes(int32_t state, std::string_view bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (char c : bytes) {
+    state = NextLocked(state, uint8_t(c));
+    if (state < 0) return kDead;
+  }
+  return state;
+}
+
+bool CompiledGrammar::IsAccepting(int32_t state) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state >= 0 && states_[size_t(state)].accepting;
+}
+
+bool CompiledGrammar::IsComplete(int32_t state) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state >= 0 && states_[size_t(state)].stacks.empty();
+}
+
+std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(int32_t state) const {
+  auto mask = std::make_shared<Mask>(*eos_only_);
+  if (!states_[size_t(state)].accepting) std::fill(mask->begin(), mask->end(), 0u);
+  if (states_[size_t(state)].stacks.empty()) return mask;
+  const std::vector<int32_t>& order = vocab_->order_;
+  const std::vector<uint16_t>& lcp = vocab_->lcp_;
+  // path[k]: the state after the first k bytes of the token at hand; `good`: how many bytes
+  // of the previous token were consumed (path[0..good] hold for it).
+  std::vector<int32_t> path = {state};
+  size_t good = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const std::string& b = *vocab_->bytes_[size_t(order[i])];
+    const size_t common = lcp[i];
+    if (common > good) continue;  // shares the byte that failed the previous token
+    path.resize(common + 1);
+    size_t k = common;
+    for (; k < b.size(); ++k) {
+      const int32_t next = NextLocked(path[k], uint8_t(b[k]));
+      if (next < 0) break;
+      path.push_back(next);
+    }
+    good = k;
+    if (k == b.size()) SetBit(*mask, order[i]);
+  }
+  return mask;
+}
+
+std::shared_ptr<const Mask> CompiledGrammar::AllowedTokens(int32_t state) const {
+  if (state < 0) return eos_only_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (states_[size_t(state)].mask) return states_[size_t(state)].mask;
+  std::shared_ptr<const Mask> mask = ComputeMaskLocked(state);
+  ++masks_computed_;
+  if (masks_cached_ < kMaxCachedMasks) {
+    states_[size_t(state)].mask = mask;
+    ++masks_cached_;
+  }
+  return mask;
+}
+
+CompiledGrammar::Stats CompiledGrammar::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {nodes_.size(), states_.size(), masks_computed_, masks_cached_};
+}
+
+// ---- Matcher
+
+Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : grammar_(std::move(grammar)), state_(grammar_->initial_state()) {}
+
+const uint32_t* Matcher::AllowedTokens() {
+  if (!mask_) mask_ = grammar_->AllowedTokens(finished_ ? CompiledGrammar::kDead : state_);
+  return mask_->data();
+}
+
+bool Matcher::accepting() const { return state_ >= 0 && grammar_->IsAccepting(state_); }
+
+bool Matcher::Accept(int token) {
+  mask_.reset();
+  if (finished_) return false;
+  const TokenVocabulary& v = grammar_->vocab();
+  if (v.IsEos(token)) {
+    const bool ok = accepting();
+    finished_ = ok;
+    if (!ok) state_ = CompiledGrammar::kDead;
+    return ok;
+  }
+  const std::string* bytes = v.bytes(token);
+  if (bytes == nullptr || bytes->empty() || state_ < 0) {
+    state_ = CompiledGrammar::kDead;
+    return false;
+  }
+  state_ = grammar_->NextBytes(state_, *bytes);
+  return state_ >= 0;
+}
+
+}  // namespace llm::grammar

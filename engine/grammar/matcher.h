@@ -1,0 +1,146 @@
+// Running a Grammar (engine/grammar/grammar.h) against a model's vocabulary: which tokens may
+// come next, as a packed bitmask the samplers apply.
+//
+// The grammar runs as a pushdown automaton over bytes. A parse state is a set of stacks; a
+// stack is a chain of nodes (position in the grammar, parent node), hash-consed so that equal
+// stacks are one id and a set of stacks is a sorted vector of ids, interned as a state id.
+// States and their byte transitions are built lazily and kept: the automaton a grammar needs
+// grows into a DFA over the states its outputs actually visit, shared by every request that
+// uses the grammar (compiled grammars are cached by the server). A mask walks the vocabulary
+// in byte order, reusing the states of each token's common prefix with the one before
+// (xgrammar's sorted-vocabulary walk), and is cached per state.
+//
+// Special tokens (control pieces, special added tokens) are never allowed; EOS only where the
+// output is complete. Tokens that decode to no bytes are never allowed (a model could loop on
+// them).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/grammar/grammar.h"
+
+namespace llm {
+class Tokenizer;
+}
+
+namespace llm::grammar {
+
+// A model's vocabulary as the grammar sees it: the bytes each token adds to the output text.
+class TokenVocabulary {
+ public:
+  // token_bytes[id]: the bytes, or nullopt for a token that is never allowed (special).
+  // eos_ids: allowed where the grammar is complete. mask_vocab: the width of the model's
+  // logits (>= token_bytes.size(); ids beyond the tokenizer are never allowed).
+  TokenVocabulary(std::vector<std::optional<std::string>> token_bytes, std::vector<int> eos_ids,
+                  int64_t mask_vocab);
+  static std::shared_ptr<const TokenVocabulary> FromTokenizer(const Tokenizer& tokenizer,
+                                                              std::vector<int> eos_ids,
+                                                              int64_t mask_vocab);
+
+  int64_t mask_vocab() const { return mask_vocab_; }
+  size_t mask_words() const { return size_t((mask_vocab_ + 31) / 32); }
+  const std::vector<int>& eos_ids() const { return eos_ids_; }
+  bool IsEos(int id) const;
+  // Bytes of `id`; null for a token never allowed.
+  const std::string* bytes(int id) const;
+
+ private:
+  friend class CompiledGrammar;
+  int64_t mask_vocab_;
+  std::vector<std::optional<std::string>> bytes_;
+  std::vector<int> eos_ids_;
+  // The allowed-able tokens sorted by their bytes, with each one's common prefix length with
+  // the one before.
+  std::vector<int32_t> order_;
+  std::vector<uint16_t> lcp_;
+};
+
+using Mask = std::vector<uint32_t>;
+
+// A grammar bound to a vocabulary, with its lazily built automaton. Thread-safe: matchers on
+// any thread share it (one mutex; the engine steps masks on one thread).
+class CompiledGrammar {
+ public:
+  static constexpr int32_t kDead = -1;
+
+  CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab);
+  const TokenVocabulary& vocab() const { return *vocab_; }
+  const Grammar& grammar() const { return grammar_; }
+
+  int32_t initial_state() const { return initial_; }
+  // The state after `byte` (kDead when the byte cannot follow).
+  int32_t Next(int32_t state, uint8_t byte) const;
+  int32_t NextBytes(int32_t state, std::string_view bytes) const;
+  // The output so far is a complete sentence of the grammar.
+  bool IsAccepting(int32_t state) const;
+  // Nothing but EOS can follow.
+  bool IsComplete(int32_t state) const;
+  // The tokens allowed in `state` (kDead: only EOS). Computed once per state, then cached.
+  std::shared_ptr<const Mask> AllowedTokens(int32_t state) const;
+
+  struct Stats {
+    size_t nodes = 0, states = 0, masks_computed = 0, masks_cached = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct State {
+    std::vector<int32_t> stacks;  // node ids whose top is a byte set, sorted
+    bool accepting = false;
+    std::unique_ptr<int32_t[]> next;  // [256] lazily; -2 = not computed yet
+    std::shared_ptr<const Mask> mask;
+  };
+  struct VecHash {
+    size_t operator()(const std::vector<int32_t>& v) const;
+  };
+
+  int32_t NodeLocked(int32_t pos, int32_t parent) const;
+  int32_t StateLocked(std::vector<int32_t> stacks, bool accepting) const;
+  // The byte-topped stacks reachable from (pos, parent) without consuming a byte.
+  void ExpandLocked(int32_t pos, int32_t parent, std::vector<int32_t>* out, bool* accepting) const;
+  int32_t NextLocked(int32_t state, uint8_t byte) const;
+  std::shared_ptr<const Mask> ComputeMaskLocked(int32_t state) const;
+
+  Grammar grammar_;
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  int32_t initial_ = kDead;
+  std::shared_ptr<const Mask> eos_only_;
+
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<int32_t, int32_t>> nodes_;  // (pos, parent)
+  mutable std::unordered_map<uint64_t, int32_t> node_index_;
+  mutable std::vector<State> states_;
+  mutable std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_index_;
+  mutable size_t masks_computed_ = 0;
+  mutable size_t masks_cached_ = 0;
+};
+
+// One output's progress through a grammar. Not thread-safe (one sequence, one thread).
+class Matcher {
+ public:
+  explicit Matcher(std::shared_ptr<const CompiledGrammar> grammar);
+  // Packed bitmask of the tokens allowed next (mask_words() words).
+  const uint32_t* AllowedTokens();
+  // Advances by a generated token. A token the mask did not allow (or any token after EOS)
+  // leaves the matcher dead: from then on only EOS is allowed. Returns whether it was allowed.
+  bool Accept(int token);
+  bool accepting() const;  // EOS would be allowed now
+  bool dead() const { return state_ == CompiledGrammar::kDead && !finished_; }
+  bool finished() const { return finished_; }  // EOS accepted
+  const CompiledGrammar& grammar() const { return *grammar_; }
+
+ private:
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  int32_t state_;
+  bool finished_ = false;
+  std::shared_ptr<const Mask> mask_;  // for state_, when computed
+};
+
+}  // namespace llm::grammar

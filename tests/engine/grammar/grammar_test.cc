@@ -1,0 +1,359 @@
+// The grammar engine on its own: regexes, choices, EBNF and JSON Schema lowered to byte-level
+// automata (which strings they accept and refuse), token masks against a brute-force check
+// of every token, and the sampler drawing only valid outputs from random logits.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/grammar/compiler.h"
+#include "engine/grammar/json_schema.h"
+#include "engine/grammar/matcher.h"
+#include "engine/sample/sampler.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "tests/test_util.h"
+
+namespace llm::grammar {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A small vocabulary: every single byte, some multi-byte tokens, one EOS (id 0) and one
+// special token (id 1) that must never be allowed.
+std::shared_ptr<const TokenVocabulary> SmallVocab() {
+  std::vector<std::optional<std::string>> bytes;
+  bytes.push_back(std::nullopt);  // 0: EOS
+  bytes.push_back(std::nullopt);  // 1: special
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
+  for (const char* t : {"{\"", "\":", "\"}", "true", "false", "null", "ab", "abc", "123", " \"",
+                        "\",", "\n  ", "é", "\xC3", "\xA9", "[1", ", ", "name", "\"name\"", "})"}) {
+    bytes.push_back(std::string(t));
+  }
+  bytes.push_back(std::string());  // an empty token: never allowed
+  return std::make_shared<const TokenVocabulary>(std::move(bytes), std::vector<int>{0},
+                                                 int64_t(bytes.size() + 5));
+}
+
+std::shared_ptr<const CompiledGrammar> Compile(Grammar g) {
+  return std::make_shared<const CompiledGrammar>(std::move(g), SmallVocab());
+}
+
+bool Accepts(const CompiledGrammar& g, std::string_view text) {
+  const int32_t s = g.NextBytes(g.initial_state(), text);
+  return s >= 0 && g.IsAccepting(s);
+}
+bool IsPrefix(const CompiledGrammar& g, std::string_view text) {
+  return g.NextBytes(g.initial_state(), text) >= 0;
+}
+
+bool Bit(const uint32_t* m, int id) { return (m[id / 32] >> (id % 32)) & 1u; }
+
+TEST(GrammarRegex, AcceptsExactlyItsLanguage) {
+  auto g = Compile(RegexGrammar(R"(^(\d{3})-[a-z]+(x|yz)?$)"));
+  EXPECT_TRUE(Accepts(*g, "123-abc"));
+  EXPECT_TRUE(Accepts(*g, "123-abcyz"));
+  EXPECT_TRUE(Accepts(*g, "000-qx"));
+  EXPECT_FALSE(Accepts(*g, "12-abc"));
+  EXPECT_FALSE(Accepts(*g, "123-"));
+  EXPECT_FALSE(Accepts(*g, "123-ABC"));
+  EXPECT_TRUE(IsPrefix(*g, "123-a"));
+  EXPECT_FALSE(IsPrefix(*g, "123a"));
+}
+
+TEST(GrammarRegex, UnicodeClassesAndEscapes) {
+  auto g = Compile(RegexGrammar(R"([^a-c]\s\w+\.[α-ω]{2}\u00e9?\x41)"));
+  EXPECT_TRUE(Accepts(*g, "z a_9.αωA"));
+  EXPECT_TRUE(Accepts(*g, "\xE2\x82\xAC\ta.βγéA"));  // € is outside [a-c]
+  EXPECT_FALSE(Accepts(*g, "a a.αωA"));
+  EXPECT_FALSE(Accepts(*g, "z a.αA"));
+  EXPECT_FALSE(IsPrefix(*g, "\xED\xA0\x80"));  // a surrogate is not a character
+  auto dot = Compile(RegexGrammar("a.c"));
+  EXPECT_TRUE(Accepts(*dot, "a\xF0\x9F\x98\x80" "c"));
+  EXPECT_FALSE(Accepts(*dot, "a\nc"));
+}
+
+TEST(GrammarRegex, BoundedRepetition) {
+  auto g = Compile(RegexGrammar("(ab|c){2,3}d*"));
+  EXPECT_FALSE(Accepts(*g, "ab"));
+  EXPECT_TRUE(Accepts(*g, "abc"));
+  EXPECT_TRUE(Accepts(*g, "ccab"));
+  EXPECT_TRUE(Accepts(*g, "ccabddd"));
+  EXPECT_FALSE(Accepts(*g, "ababab" "c"));
+}
+
+TEST(GrammarRegex, UnsupportedSyntaxIsAnErrorNamingIt) {
+  for (const char* p : {"(a)\\1", "a(?=b)", "a++", "(?i)a", "a\\bb", "[z-a]", "(ab", "ab)",
+                        "a{3,2}", "a{99999}", "a^b"}) {
+    EXPECT_THROW(RegexGrammar(p), GrammarError) << p;
+  }
+  try {
+    RegexGrammar("a(?=b)");
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("lookaround"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GrammarChoice, OneOfTheStrings) {
+  auto g = Compile(ChoiceGrammar({"yes", "no", "yes!"}));
+  EXPECT_TRUE(Accepts(*g, "yes"));
+  EXPECT_TRUE(Accepts(*g, "yes!"));
+  EXPECT_TRUE(Accepts(*g, "no"));
+  EXPECT_FALSE(Accepts(*g, "n"));
+  EXPECT_FALSE(Accepts(*g, "maybe"));
+}
+
+TEST(GrammarEbnf, RulesRecursionAndErrors) {
+  auto g = Compile(EbnfGrammar(R"(
+    root ::= list            # a comment
+    list ::= "[" (item ("," item)*)? "]"
+    item ::= [0-9]+ | list | 'x'{2}
+  )"));
+  EXPECT_TRUE(Accepts(*g, "[]"));
+  EXPECT_TRUE(Accepts(*g, "[1,[2,[]],xx]"));
+  EXPECT_FALSE(Accepts(*g, "[1,]"));
+  EXPECT_FALSE(Accepts(*g, "[x]"));
+  EXPECT_THROW(EbnfGrammar("root ::= a\na ::= a \"x\" | \"y\""), GrammarError);  // left-recursive
+  EXPECT_THROW(EbnfGrammar("root ::= missing"), GrammarError);
+  EXPECT_THROW(EbnfGrammar("start ::= \"a\""), GrammarError);  // no root
+  EXPECT_THROW(EbnfGrammar("root ::= \"a"), GrammarError);
+}
+
+Grammar Schema(const char* text, bool strict = false) {
+  JsonSchemaOptions o;
+  o.strict = strict;
+  return JsonSchemaGrammar(json::parse(text), o);
+}
+
+TEST(GrammarJsonSchema, ObjectsWithRequiredAndOptionalProperties) {
+  auto g = Compile(Schema(R"({"type":"object","properties":{
+      "name":{"type":"string","maxLength":4},"age":{"type":"integer","minimum":0,"maximum":120},
+      "tags":{"type":"array","items":{"enum":["a","b"]},"maxItems":2}},
+      "required":["name"],"additionalProperties":false})"));
+  EXPECT_TRUE(Accepts(*g, R"({"name":"bob"})"));
+  EXPECT_TRUE(Accepts(*g, R"({"name":"bob","age":7,"tags":["a","b"]})"));
+  EXPECT_TRUE(Accepts(*g, "{\n  \"name\": \"\\\"x\",\n  \"tags\": []\n}"));
+  EXPECT_TRUE(Accepts(*g, R"({"name":"","age":120})"));
+  EXPECT_FALSE(Accepts(*g, R"({"age":7})"));                       // name is required
+  EXPECT_FALSE(Accepts(*g, R"({"name":"bobby"})"));                // maxLength
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":121})"));          // maximum
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":-1})"));           // minimum
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":007})"));          // leading zeros
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b","tags":["a","b","a"]})"));  // maxItems
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b",})"));
+  EXPECT_FALSE(Accepts(*g, "{\"name\":\"b\"}  "));  // no trailing whitespace
+  EXPECT_FALSE(IsPrefix(*g, "{  "));              // at most one space between tokens
+}
+
+TEST(GrammarJsonSchema, IntegerRangesAreExact) {
+  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{-25, 17}, {3, 3}, {-1000, -990}, {95, 1203}}) {
+    const std::string s = "{\"type\":\"integer\",\"minimum\":" + std::to_string(lo) +
+                          ",\"maximum\":" + std::to_string(hi) + "}";
+    auto g = Compile(JsonSchemaGrammar(json::parse(s)));
+    for (int v = lo - 30; v <= hi + 30; ++v) {
+      EXPECT_EQ(Accepts(*g, std::to_string(v)), v >= lo && v <= hi) << s << " " << v;
+    }
+  }
+  auto ex = Compile(Schema(R"({"type":"number","exclusiveMinimum":0,"exclusiveMaximum":3})"));
+  EXPECT_FALSE(Accepts(*ex, "0"));
+  EXPECT_TRUE(Accepts(*ex, "1"));
+  EXPECT_TRUE(Accepts(*ex, "2"));
+  EXPECT_FALSE(Accepts(*ex, "3"));
+}
+
+TEST(GrammarJsonSchema, RefsUnionsPatternsAndTuples) {
+  auto g = Compile(Schema(R"({
+    "$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},
+             "kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":3}},
+             "required":["v"],"additionalProperties":false}},
+    "type":"object","properties":{
+      "root":{"$ref":"#/$defs/node"},
+      "id":{"type":"string","pattern":"^[A-Z]{2}-\\d+$"},
+      "maybe":{"type":["string","null"]},
+      "pair":{"type":"array","prefixItems":[{"type":"boolean"},{"const":"k"}],"items":false,"minItems":2},
+      "any":{"anyOf":[{"type":"integer"},{"type":"object","properties":{"q":{"const":1}},"required":["q"]}]}
+    },"required":["root","id","pair"]})"));
+  EXPECT_TRUE(Accepts(*g, R"({"root":{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]},"id":"AB-12","pair":[true,"k"]})"));
+  EXPECT_TRUE(Accepts(*g, R"({"root":{"v":1},"id":"ZZ-0","maybe":null,"pair":[false,"k"],"any":{"q":1}})"));
+  EXPECT_FALSE(Accepts(*g, R"({"root":{"v":1},"id":"A-12","pair":[true,"k"]})"));
+  EXPECT_FALSE(Accepts(*g, R"({"root":{"v":1},"id":"AB-12","pair":[true]})"));
+  EXPECT_FALSE(Accepts(*g, R"({"root":{"kids":[]},"id":"AB-12","pair":[true,"k"]})"));
+}
+
+TEST(GrammarJsonSchema, AllOfMergesObjects) {
+  auto g = Compile(Schema(R"({"allOf":[
+      {"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
+      {"properties":{"b":{"type":"boolean"}},"required":["b"]}]})"));
+  EXPECT_TRUE(Accepts(*g, R"({"a":1,"b":true})"));
+  EXPECT_FALSE(Accepts(*g, R"({"a":1})"));
+}
+
+TEST(GrammarJsonSchema, StrictNamesUnsupportedKeywords) {
+  EXPECT_NO_THROW(Schema(R"({"type":"string","format":"email"})"));
+  try {
+    Schema(R"({"type":"object","properties":{"a":{"type":"array","uniqueItems":true}}})", true);
+    FAIL() << "no error";
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("uniqueItems"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("#/properties/a"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Schema(R"({"$ref":"#/$defs/nope"})"), GrammarError);
+  EXPECT_THROW(Schema(R"({"$ref":"#"})"), GrammarError);  // left-recursive
+  EXPECT_THROW(Schema(R"({"type":"strin"})"), GrammarError);
+  EXPECT_THROW(Schema(R"({"type":"integer","minimum":5,"maximum":1})"), GrammarError);
+  EXPECT_THROW(Schema(R"(false)"), GrammarError);
+  std::string deep = "{\"type\":\"string\"}";
+  for (int i = 0; i < 100; ++i) deep = "{\"type\":\"array\",\"items\":" + deep + "}";
+  EXPECT_THROW(JsonSchemaGrammar(json::parse(deep)), GrammarError);
+}
+
+TEST(GrammarJsonSchema, JsonObjectAcceptsAnyObjectOnly) {
+  auto g = Compile(JsonObjectGrammar());
+  EXPECT_TRUE(Accepts(*g, R"({"a":[1,2.5e-3,{"b":null}],"c":"\u00e9\n"})"));
+  EXPECT_TRUE(Accepts(*g, "{}"));
+  EXPECT_FALSE(Accepts(*g, "[]"));
+  EXPECT_FALSE(Accepts(*g, R"({"a":01})"));
+  EXPECT_FALSE(Accepts(*g, "{\"a\":\"\x01\"}"));  // a raw control character
+}
+
+TEST(GrammarJsonSchema, CompileDeadline) {
+  Limits limits;
+  limits.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  std::string big = "{\"type\":\"object\",\"properties\":{";
+  for (int i = 0; i < 3000; ++i) {
+    if (i > 0) big += ",";
+    big += "\"p";
+    big += std::to_string(i);
+    big += "\":{\"type\":\"string\"}";
+  }
+  big += "}}";
+  EXPECT_THROW(JsonSchemaGrammar(json::parse(big), {}, limits), GrammarError);
+}
+
+// The mask against the definition: token t is allowed iff its bytes keep the output a prefix
+// of the language (EOS iff the output is complete; special and empty tokens never).
+void CheckMasksAlongText(const std::shared_ptr<const CompiledGrammar>& g, const std::string& text) {
+  const TokenVocabulary& v = g->vocab();
+  int32_t state = g->initial_state();
+  for (size_t i = 0; i <= text.size(); ++i) {
+    auto mask = g->AllowedTokens(state);
+    for (int id = 0; id < v.mask_vocab(); ++id) {
+      bool want = false;
+      if (v.IsEos(id)) {
+        want = g->IsAccepting(state);
+      } else if (const std::string* b = v.bytes(id); b && !b->empty()) {
+        want = g->NextBytes(state, *b) >= 0;
+      }
+      ASSERT_EQ(Bit(mask->data(), id), want) << "at " << i << " token " << id;
+    }
+    if (i < text.size()) state = g->Next(state, uint8_t(text[i]));
+    ASSERT_GE(state, 0);
+  }
+}
+
+TEST(GrammarMask, EqualsBruteForceAlongAnOutput) {
+  CheckMasksAlongText(Compile(Schema(R"({"type":"object","properties":{"name":{"type":"string"},
+      "ok":{"type":"boolean"}},"required":["name","ok"]})")),
+                      "{\"name\": \"ab\\u00e9\xC3\xA9\", \"ok\": true}");
+  CheckMasksAlongText(Compile(RegexGrammar("[0-9]{1,3}(abc)?")), "12abc");
+}
+
+TEST(GrammarMatcher, DeadAfterADisallowedTokenAllowsOnlyEos) {
+  auto g = Compile(ChoiceGrammar({"ab"}));
+  Matcher m(g);
+  EXPECT_FALSE(Bit(m.AllowedTokens(), 0));  // EOS: not yet
+  EXPECT_TRUE(m.Accept(2 + 'a'));
+  EXPECT_FALSE(m.Accept(2 + 'x'));
+  EXPECT_TRUE(m.dead());
+  EXPECT_TRUE(Bit(m.AllowedTokens(), 0));
+  for (int id = 1; id < g->vocab().mask_vocab(); ++id) EXPECT_FALSE(Bit(m.AllowedTokens(), id));
+}
+
+// The sampler draws from random logits under a grammar: every output is in the language and
+// ends with EOS exactly when it is complete.
+TEST(GrammarSampler, RandomLogitsGiveValidOutputs) {
+  auto vocab = SmallVocab();
+  std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {
+      std::make_shared<const CompiledGrammar>(RegexGrammar("[a-c]{2,5}(-[0-9]+)?"), vocab),
+      std::make_shared<const CompiledGrammar>(
+          Schema(R"({"type":"object","properties":{"n":{"type":"integer","minimum":-5,"maximum":5},
+            "s":{"type":"string","maxLength":3}},"required":["n","s"]})"), vocab),
+      std::make_shared<const CompiledGrammar>(ChoiceGrammar({"true", "false", "null"}), vocab)};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (const auto& g : grammars) {
+    for (int trial = 0; trial < 40; ++trial) {
+      SamplingParams p;
+      p.temperature = 1.0;
+      p.seed = uint64_t(trial);
+      p.grammar = g;
+      Sampler s(p);
+      std::string out;
+      bool ended = false;
+      for (int step = 0; step < 200 && !ended; ++step) {
+        std::vector<float> logits(size_t(vocab->mask_vocab()));
+        for (float& l : logits) l = normal(rng);
+        const int t = s.Sample(logits).token;
+        if (vocab->IsEos(t)) {
+          ended = true;
+        } else {
+          ASSERT_NE(vocab->bytes(t), nullptr) << t;
+          out += *vocab->bytes(t);
+        }
+      }
+      ASSERT_TRUE(ended) << out;
+      EXPECT_TRUE(Accepts(*g, out)) << out;
+    }
+  }
+}
+
+TEST(GrammarCompiler, CachesBySpecAndRefusesTooLarge) {
+  CompilerOptions o;
+  o.max_spec_bytes = 1000;
+  GrammarCompiler c(SmallVocab(), o);
+  StructuredSpec spec;
+  spec.kind = StructuredSpec::Kind::kRegex;
+  spec.text = "[a-z]+";
+  auto a = c.Compile(spec);
+  auto b = c.Compile(spec);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_EQ(c.cache_hits(), 1u);
+  spec.text = std::string(2000, 'a');
+  EXPECT_THROW(c.Compile(spec), GrammarError);
+  spec.kind = StructuredSpec::Kind::kJsonSchema;
+  spec.text = "{not json";
+  EXPECT_THROW(c.Compile(spec), GrammarError);
+}
+
+// Token bytes of the real tokenizers: SentencePiece pieces ("▁" as a space, <0xNN> as a byte)
+// and a byte-level BPE tokenizer.json; control tokens are never allowed.
+TEST(GrammarVocabulary, TokenBytesOfRealTokenizers) {
+  auto tok = Tokenizer::Load(test::StoriesDir());
+  int bytes_seen = 0, spaces_seen = 0;
+  for (int id = 0; id < tok->vocab_size(); ++id) {
+    const auto b = tok->TokenBytes(id);
+    if (tok->IsControl(id) || id == tok->unk_id()) {
+      EXPECT_FALSE(b.has_value()) << id;
+      continue;
+    }
+    ASSERT_TRUE(b.has_value()) << id;
+    if (tok->IsByte(id)) {
+      EXPECT_EQ(b->size(), 1u);
+      ++bytes_seen;
+    }
+    if (!b->empty() && (*b)[0] == ' ') ++spaces_seen;
+    // Decoding a token after a plain one adds exactly its bytes (valid UTF-8 ones).
+    const int a = tok->Encode("a").back();
+    const std::string both = tok->Decode(std::vector<int>{a, id});
+    const std::string one = tok->Decode(std::vector<int>{a});
+    if (!tok->IsByte(id)) {
+      EXPECT_EQ(both.substr(one.size()), *b) << id;
+    }
+  }
+  EXPECT_EQ(bytes_seen, 256);
+  EXPECT_GT(spaces_seen, 50);
+}
+
+}  // namespace
+}  // namespace llm::grammar
