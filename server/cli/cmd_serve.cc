@@ -40,6 +40,7 @@ struct ServeFlags {
   EngineConfig engine;
   int64_t kv_cache_mb = 1024;
   double shutdown_timeout = 30;
+  grammar::CompilerOptions structured;  // --structured-output-compile-timeout
   BackendFlags backend;
   int threads = 0;
 };
@@ -126,6 +127,14 @@ int RunServe(ServeFlags f) {
   if (info.id.empty()) info.id = "model";
   info.max_model_len = model_config.max_position_embeddings;
   info.vocab_size = model_config.vocab_size;
+  {  // Structured outputs: the vocabulary's bytes once, grammars compiled per request (cached).
+    const std::vector<int>& eos = model_config.generation.eos_token_ids.empty()
+                                      ? model_config.eos_token_ids
+                                      : model_config.generation.eos_token_ids;
+    info.grammars = std::make_shared<grammar::GrammarCompiler>(
+        grammar::TokenVocabulary::FromTokenizer(*tokenizer, eos, model_config.vocab_size),
+        f.structured);
+  }
   server::ChatRenderer chat = server::MakeChatRenderer(tok_dir, *tokenizer);
   server::FrontEnd front_end(engine, info.id, f.admission);
   server::HttpServer http(engine, front_end, *tokenizer, info, f.http, chat);
@@ -219,6 +228,11 @@ Command AddServe(CLI::App& app) {
                   "default per-request timeout in seconds (0 = none)")
       ->capture_default_str();
   cmd->add_option("--shutdown-timeout", f->shutdown_timeout, "seconds to drain on SIGTERM")
+      ->capture_default_str();
+  cmd->add_option("--structured-output-compile-timeout", f->structured.timeout_seconds,
+                  "seconds a request's JSON schema / regex / grammar may take to compile "
+                  "(beyond: a 400)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--disconnect-probe-interval", f->http.probe_interval_seconds,
                   "seconds between writes that look for a gone client while a response has "

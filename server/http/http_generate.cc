@@ -79,7 +79,7 @@ std::optional<HttpResponse> HttpServer::Prepare(Flight& flight, const std::strin
       }
       flight.parsed = ParseChatBody(text, body, chat_, tokenizer_, model_);
     } else {
-      flight.parsed = ParseCompletion(body, tokenizer_, model_);
+      flight.parsed = ParseCompletion(body, tokenizer_, model_, text);
     }
   } catch (const ApiError& e) {
     return ErrorResponse(e);

@@ -80,8 +80,8 @@ std::vector<int> IntList(const json& body, const char* key) {
 }
 
 // The sampling fields shared by completions and chat (vLLM's extensions included).
-void ParseSampling(const json& body, const ModelInfo& model, int64_t num_prompt,
-                   ParsedRequest* out) {
+void ParseSampling(const json& body, std::string_view body_text, const ModelInfo& model,
+                   int64_t num_prompt, ParsedRequest* out) {
   const Fields f(body);
   SamplingParams& sp = out->request.sampling;
   sp.temperature = f.Number("temperature", 1.0);
@@ -134,6 +134,7 @@ void ParseSampling(const json& body, const ModelInfo& model, int64_t num_prompt,
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     out->include_usage = Fields(body["stream_options"]).Bool("include_usage", false);
   }
+  ParseStructuredOutput(body, body_text, model, &sp);
   if (const std::string problem = sp.Validate(model.vocab_size); !problem.empty()) {
     const std::string param = problem.substr(0, problem.find(' '));
     throw BadParam(param, problem);
@@ -175,15 +176,15 @@ json ErrorBody(const ApiError& error) {
 
 std::string FinishReasonString(FinishReason reason) { return FinishReasonName(reason); }
 
-ParsedRequest ParseCompletion(const json& body, const Tokenizer& tokenizer,
-                              const ModelInfo& model) {
+ParsedRequest ParseCompletion(const json& body, const Tokenizer& tokenizer, const ModelInfo& model,
+                              std::string_view body_text) {
   if (!body.is_object()) throw BadParam("", "the request body must be a JSON object");
   ParsedRequest out;
   const Fields f(body);
   if (f.Bool("echo", false)) throw BadParam("echo", "echo is not supported");
   if (f.Has("suffix")) throw BadParam("suffix", "suffix is not supported");
   out.request.prompt_ids = PromptIds(body, tokenizer, model);
-  ParseSampling(body, model, std::ssize(out.request.prompt_ids), &out);
+  ParseSampling(body, body_text, model, std::ssize(out.request.prompt_ids), &out);
   out.tokens_as_ids = f.Bool("return_tokens_as_token_ids", false);
   if (f.Has("logprobs")) {
     const int64_t n = f.Int("logprobs", 0);
@@ -196,14 +197,15 @@ ParsedRequest ParseCompletion(const json& body, const Tokenizer& tokenizer,
 }
 
 ParsedRequest ParseChat(const json& body, const std::string& rendered_prompt,
-                        const Tokenizer& tokenizer, const ModelInfo& model) {
+                        const Tokenizer& tokenizer, const ModelInfo& model,
+                        std::string_view body_text) {
   ParsedRequest out;
   out.is_chat = true;
   const Fields f(body);
   // The chat template already wrote BOS where the model wants it: no second one.
   out.request.prompt_ids = tokenizer.EncodeWithSpecialTokens(rendered_prompt);
   if (out.request.prompt_ids.empty()) throw BadParam("messages", "the conversation is empty");
-  ParseSampling(body, model, std::ssize(out.request.prompt_ids), &out);
+  ParseSampling(body, body_text, model, std::ssize(out.request.prompt_ids), &out);
   out.tokens_as_ids = f.Bool("return_tokens_as_token_ids", false);
   if (f.Bool("logprobs", false)) {
     const int64_t n = f.Int("top_logprobs", 0);
@@ -247,7 +249,7 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
       inputs.variables[key] = std::move(value);
     }
   }
-  return ParseChat(body, chat(inputs), tokenizer, model);
+  return ParseChat(body, chat(inputs), tokenizer, model, body_text);
 }
 
 }  // namespace llm::server

@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/grammar/compiler.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -36,7 +38,22 @@ struct ModelInfo {
   std::string id;  // the served model name
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;
+  // Structured outputs (response_format, structured_outputs); null: such requests are a 400.
+  std::shared_ptr<grammar::GrammarCompiler> grammars;
 };
+
+// The structured-output fields of a completion or chat request, as a grammar for the sampler
+// (sp->grammar; unset when the request has none):
+//   response_format: {"type": "text" | "json_object" | "json_schema", "json_schema":
+//                     {"name", "schema", "strict", "description"}}
+//   structured_outputs (vLLM): {"json": schema (object or text) | "regex": str |
+//                     "choice": [str] | "grammar": EBNF | "json_object": true}
+//   guided_json, guided_regex, guided_choice, guided_grammar (vLLM's older names)
+// At most one of them. Throws ApiError naming the field and the problem (a schema that does
+// not compile, an unsupported keyword under strict, one too large or too slow to compile).
+// `body_text` (when given) is `body`'s text, read again for the keys' order.
+void ParseStructuredOutput(const nlohmann::json& body, std::string_view body_text,
+                           const ModelInfo& model, SamplingParams* sp);
 
 struct ParsedRequest {
   Request request;
@@ -52,12 +69,15 @@ struct ParsedRequest {
 
 // POST /v1/completions. `prompt`: a string, a list with one string, a list of token ids, or
 // a list with one list of token ids. Throws ApiError.
+// `body_text`: the body's text when the caller has it (a JSON schema's properties keep
+// their order).
 ParsedRequest ParseCompletion(const nlohmann::json& body, const Tokenizer& tokenizer,
-                              const ModelInfo& model);
+                              const ModelInfo& model, std::string_view body_text = {});
 // POST /v1/chat/completions, with the rendered prompt text already made by the caller from
 // `messages` (the chat template). Throws ApiError.
 ParsedRequest ParseChat(const nlohmann::json& body, const std::string& rendered_prompt,
-                        const Tokenizer& tokenizer, const ModelInfo& model);
+                        const Tokenizer& tokenizer, const ModelInfo& model,
+                        std::string_view body_text = {});
 
 // What a chat request gives its template. ordered_json: a template's tojson / items() show
 // keys in the client's order.
