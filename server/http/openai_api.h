@@ -39,7 +39,7 @@ struct ModelInfo {
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;
   // Structured outputs (response_format, structured_outputs); null: such requests are a 400.
-  std::shared_ptr<grammar::GrammarCompiler> grammars;
+  std::shared_ptr<grammar::GrammarCompiler> grammars = nullptr;
 };
 
 // The structured-output fields of a completion or chat request, as a grammar for the sampler
