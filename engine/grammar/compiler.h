@@ -27,8 +27,8 @@ struct StructuredSpec {
 };
 
 struct CompilerOptions {
-  double timeout_seconds = 10;     // --structured-output-compile-timeout
-  size_t cache_size = 256;         // compiled grammars kept (least recently used go)
+  double timeout_seconds = 10;      // --structured-output-compile-timeout
+  size_t cache_size = 256;          // compiled grammars kept (least recently used go)
   size_t max_spec_bytes = 1 << 20;  // a larger schema / regex / grammar is refused
 };
 

@@ -12,27 +12,43 @@ namespace {
 
 using json = nlohmann::ordered_json;  // properties in the schema's order
 
-constexpr int kMaxDepth = 64;          // schema nesting
+constexpr int kMaxDepth = 64;      // schema nesting
 constexpr int kMaxIntDigits = 15;  // integer digits produced (exact as doubles)
 constexpr int kMaxFractionDigits = 15;
 constexpr int kMaxIndent = 24;
 constexpr int64_t kMaxMagnitude = 999'999'999'999'999;  // 15 digits
 
 const std::set<std::string>& Annotations() {
-  static const std::set<std::string> s = {"title",   "description", "default",    "examples",
-                                          "$schema", "$id",         "$comment",   "deprecated",
-                                          "readOnly", "writeOnly",  "$defs",      "definitions",
+  static const std::set<std::string> s = {"title",         "description", "default",  "examples",
+                                          "$schema",       "$id",         "$comment", "deprecated",
+                                          "readOnly",      "writeOnly",   "$defs",    "definitions",
                                           "discriminator", "x-order"};
   return s;
 }
 
 const std::set<std::string>& Supported() {
-  static const std::set<std::string> s = {
-      "type",      "properties", "required",  "additionalProperties", "items",
-      "prefixItems", "minItems", "maxItems",  "enum",
-      "const",     "anyOf",      "oneOf",     "allOf",
-      "$ref",      "pattern",    "minLength", "maxLength",
-      "minimum",   "maximum",    "exclusiveMinimum", "exclusiveMaximum", "nullable"};
+  static const std::set<std::string> s = {"type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "items",
+                                          "prefixItems",
+                                          "minItems",
+                                          "maxItems",
+                                          "enum",
+                                          "const",
+                                          "anyOf",
+                                          "oneOf",
+                                          "allOf",
+                                          "$ref",
+                                          "pattern",
+                                          "minLength",
+                                          "maxLength",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum",
+                                          "nullable"};
   return s;
 }
 
@@ -42,9 +58,9 @@ class SchemaCompiler {
  public:
   SchemaCompiler(const json& root, const JsonSchemaOptions& options, GrammarBuilder* b)
       : root_(root), opt_(options), b_(b) {
-    ws_ = opt_.compact ? Empty()
-                       : Optional(Alt({Byte(' '), Seq({Byte('\n'), Repeat(Byte(' '), 0,
-                                                                           kMaxIndent)})}));
+    ws_ = opt_.compact
+              ? Empty()
+              : Optional(Alt({Byte(' '), Seq({Byte('\n'), Repeat(Byte(' '), 0, kMaxIndent)})}));
   }
 
   ExprPtr Compile() { return Gen(root_, "#", 0); }
@@ -68,16 +84,14 @@ class SchemaCompiler {
     any_.array = b_->NewRule("any_array");
     const ExprPtr v = RuleRef(any_.value);
     const ExprPtr member = Seq({String(0, -1), ws_, Byte(':'), ws_, v});
-    b_->Define(any_.object,
-               Seq({Byte('{'), ws_,
-                    Optional(Seq({member, Star(Seq({ws_, Byte(','), ws_, member}))})), ws_,
-                    Byte('}')}));
-    b_->Define(any_.array, Seq({Byte('['), ws_,
-                                Optional(Seq({v, Star(Seq({ws_, Byte(','), ws_, v}))})), ws_,
-                                Byte(']')}));
-    b_->Define(any_.value,
-               Alt({RuleRef(any_.object), RuleRef(any_.array), String(0, -1), Number(), Literal("true"),
-                    Literal("false"), Literal("null")}));
+    b_->Define(any_.object, Seq({Byte('{'), ws_,
+                                 Optional(Seq({member, Star(Seq({ws_, Byte(','), ws_, member}))})),
+                                 ws_, Byte('}')}));
+    b_->Define(any_.array,
+               Seq({Byte('['), ws_, Optional(Seq({v, Star(Seq({ws_, Byte(','), ws_, v}))})), ws_,
+                    Byte(']')}));
+    b_->Define(any_.value, Alt({RuleRef(any_.object), RuleRef(any_.array), String(0, -1), Number(),
+                                Literal("true"), Literal("false"), Literal("null")}));
     return any_;
   }
 
@@ -94,12 +108,12 @@ class SchemaCompiler {
     for (char c = '0'; c <= '7'; ++c) low_oct.set(uint8_t(c));
     ByteSet simple;
     for (char c : std::string("\"\\/bfnrt")) simple.set(uint8_t(c));
-    const ExprPtr u = Seq({Byte('u'), Alt({Seq({Bytes(hex_not_d), Bytes(hex), Bytes(hex), Bytes(hex)}),
-                                          Seq({Alt({Byte('d'), Byte('D')}), Bytes(low_oct),
-                                               Bytes(hex), Bytes(hex)})})});
+    const ExprPtr u =
+        Seq({Byte('u'),
+             Alt({Seq({Bytes(hex_not_d), Bytes(hex), Bytes(hex), Bytes(hex)}),
+                  Seq({Alt({Byte('d'), Byte('D')}), Bytes(low_oct), Bytes(hex), Bytes(hex)})})});
     const ExprPtr escape = Seq({Byte('\\'), Alt({Bytes(simple), u})});
-    const ExprPtr plain =
-        Utf8Class({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}});
+    const ExprPtr plain = Utf8Class({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}});
     const int r = b_->NewRule("string_char");
     b_->Define(r, Alt({plain, escape}));
     string_char_ = RuleRef(r);
@@ -129,9 +143,9 @@ class SchemaCompiler {
     std::vector<ExprPtr> alts;
     alts.push_back(Seq({Byte(uint8_t(lo[0])), SameLength(lo.substr(1), nines)}));
     if (hi[0] - lo[0] > 1) {
-      alts.push_back(Seq({Bytes(Digits(char(lo[0] + 1), char(hi[0] - 1))),
-                          Repeat(Bytes(Digits('0', '9')), int(lo.size()) - 1,
-                                 int(lo.size()) - 1)}));
+      alts.push_back(
+          Seq({Bytes(Digits(char(lo[0] + 1), char(hi[0] - 1))),
+               Repeat(Bytes(Digits('0', '9')), int(lo.size()) - 1, int(lo.size()) - 1)}));
     }
     alts.push_back(Seq({Byte(uint8_t(hi[0])), SameLength(zeros, hi.substr(1))}));
     return Alt(std::move(alts));
@@ -282,8 +296,8 @@ class SchemaCompiler {
       types.push_back("array");
     } else if (s.contains("pattern") || s.contains("minLength") || s.contains("maxLength")) {
       types.push_back("string");
-    } else if (s.contains("minimum") || s.contains("maximum") ||
-               s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum")) {
       types.push_back("number");
     }
     if (s.value("nullable", false) && !types.empty() &&
@@ -296,7 +310,8 @@ class SchemaCompiler {
   int IntKeyword(const json& s, const char* key, int fallback, const std::string& path) const {
     if (!s.contains(key)) return fallback;
     const json& v = s[key];
-    if (!v.is_number_integer() && !(v.is_number() && std::floor(v.get<double>()) == v.get<double>())) {
+    if (!v.is_number_integer() &&
+        !(v.is_number() && std::floor(v.get<double>()) == v.get<double>())) {
       Fail(path, std::string(key) + " must be a non-negative integer");
     }
     const double d = v.get<double>();
@@ -333,7 +348,8 @@ class SchemaCompiler {
     for (const char* key : {"anyOf", "oneOf"}) {
       if (!s.contains(key)) continue;
       const json& parts = s[key];
-      if (!parts.is_array() || parts.empty()) Fail(path, std::string(key) + " must be a non-empty array");
+      if (!parts.is_array() || parts.empty())
+        Fail(path, std::string(key) + " must be a non-empty array");
       std::vector<ExprPtr> alts;
       for (size_t i = 0; i < parts.size(); ++i) {
         // Keywords beside anyOf apply to every alternative (pydantic writes "nullable"
@@ -377,12 +393,14 @@ class SchemaCompiler {
         Fail(path, "pattern together with minLength / maxLength is not supported (strict)");
       }
       try {
-        return Seq({Byte('"'), RegexJsonStringExpr(s["pattern"].get<std::string>(), b_), Byte('"')});
+        return Seq(
+            {Byte('"'), RegexJsonStringExpr(s["pattern"].get<std::string>(), b_), Byte('"')});
       } catch (const GrammarError& e) {
         Fail(path + "/pattern", e.what());
       }
     }
-    if (opt_.strict && s.contains("format")) Fail(path, "the keyword 'format' is not supported (strict)");
+    if (opt_.strict && s.contains("format"))
+      Fail(path, "the keyword 'format' is not supported (strict)");
     return String(min, max);
   }
 
@@ -424,7 +442,8 @@ class SchemaCompiler {
         required.insert(r.get<std::string>());
       }
     }
-    const json additional = s.contains("additionalProperties") ? s["additionalProperties"] : json(true);
+    const json additional =
+        s.contains("additionalProperties") ? s["additionalProperties"] : json(true);
     // The members in order: listed properties, then required names the properties lack.
     std::vector<std::pair<std::string, ExprPtr>> members;
     std::vector<bool> must;
@@ -446,8 +465,9 @@ class SchemaCompiler {
     if (members.empty()) {
       if (additional.is_boolean() && !additional.get<bool>()) return Seq({open, close});
       // Any members whose values match additionalProperties.
-      const ExprPtr value = additional.is_boolean() ? RuleRef(AnyRules().value)
-                                                    : Gen(additional, path + "/additionalProperties", depth + 1);
+      const ExprPtr value = additional.is_boolean()
+                                ? RuleRef(AnyRules().value)
+                                : Gen(additional, path + "/additionalProperties", depth + 1);
       const ExprPtr member = Seq({String(0, -1), ws_, Byte(':'), ws_, value});
       return Seq({open, Optional(Seq({member, Star(Seq({comma, member}))})), close});
     }

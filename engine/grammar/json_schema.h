@@ -30,8 +30,8 @@ struct JsonSchemaOptions {
   bool compact = false;  // no whitespace between tokens
 };
 
-Grammar JsonSchemaGrammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {},
-                          const Limits& limits = {});
+Grammar JsonSchemaGrammar(const nlohmann::ordered_json& schema,
+                          const JsonSchemaOptions& options = {}, const Limits& limits = {});
 // Any JSON object ({"type": "json_object"}).
 Grammar JsonObjectGrammar(const JsonSchemaOptions& options = {}, const Limits& limits = {});
 

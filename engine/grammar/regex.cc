@@ -37,10 +37,9 @@ const Ranges& WordRanges() {
   return r;
 }
 const Ranges& SpaceRanges() {  // ECMAScript WhiteSpace and LineTerminator
-  static const Ranges r = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},
-                           {0x1680, 0x1680}, {0x2000, 0x200A}, {0x2028, 0x2029},
-                           {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
-                           {0xFEFF, 0xFEFF}};
+  static const Ranges r = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680},
+                           {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F},
+                           {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
   return r;
 }
 
@@ -183,8 +182,7 @@ class RegexParser {
       ++pos_;
       if (max >= 0 && max < min) Fail("the quantifier's bounds are reversed");
       if (min > b_->limits().max_repeat || max > b_->limits().max_repeat) {
-        Fail("a quantifier above " + std::to_string(b_->limits().max_repeat) +
-             " is not supported");
+        Fail("a quantifier above " + std::to_string(b_->limits().max_repeat) + " is not supported");
       }
     } else {
       return atom;
@@ -251,8 +249,8 @@ class RegexParser {
   char32_t ParseHex(int digits) {
     char32_t v = 0;
     for (int i = 0; i < digits; ++i) {
-      if (AtEnd() || HexValue(Peek()) < 0) Fail("a hex escape needs " + std::to_string(digits) +
-                                                " hex digits");
+      if (AtEnd() || HexValue(Peek()) < 0)
+        Fail("a hex escape needs " + std::to_string(digits) + " hex digits");
       v = v * 16 + char32_t(HexValue(p_[pos_++]));
     }
     return v;
@@ -305,7 +303,8 @@ class RegexParser {
           ++pos_;
           char32_t v = 0;
           int n = 0;
-          while (!AtEnd() && HexValue(Peek()) >= 0 && n < 6) v = v * 16 + char32_t(HexValue(p_[pos_++])), ++n;
+          while (!AtEnd() && HexValue(Peek()) >= 0 && n < 6)
+            v = v * 16 + char32_t(HexValue(p_[pos_++])), ++n;
           if (n == 0 || AtEnd() || Peek() != '}' || v > kMaxChar) Fail("a bad \\u{...} escape");
           ++pos_;
           return single(v);

@@ -66,8 +66,8 @@ std::optional<StructuredSpec> ResponseFormat(const json& rf) {
   }
   spec.kind = StructuredSpec::Kind::kJsonSchema;
   // OpenAI's schema is optional (any JSON then); its "strict" asks for the supported subset.
-  spec.text = Present(js, "schema") ? SchemaText(js["schema"], "response_format.json_schema.schema")
-                                    : "{}";
+  spec.text =
+      Present(js, "schema") ? SchemaText(js["schema"], "response_format.json_schema.schema") : "{}";
   if (Present(js, "strict")) {
     if (!js["strict"].is_boolean()) {
       throw Bad("response_format.json_schema.strict", "json_schema.strict must be a boolean");
@@ -106,7 +106,8 @@ std::optional<StructuredSpec> StructuredOutputs(const json& so) {
   }
   if (Present(so, "json_object")) {
     if (!so["json_object"].is_boolean()) {
-      throw Bad("structured_outputs.json_object", "structured_outputs.json_object must be a boolean");
+      throw Bad("structured_outputs.json_object",
+                "structured_outputs.json_object must be a boolean");
     }
     if (so["json_object"].get<bool>()) {
       spec = {};
@@ -169,8 +170,8 @@ void ParseStructuredOutput(const nlohmann::json& unordered, std::string_view bod
   }
   if (found.empty()) return;
   if (found.size() > 1) {
-    throw Bad(found[1].first, "only one structured output may be asked for; got " +
-                                  found[0].first + " and " + found[1].first);
+    throw Bad(found[1].first, "only one structured output may be asked for; got " + found[0].first +
+                                  " and " + found[1].first);
   }
   const auto& [param, spec] = found[0];
   if (!model.grammars) {

@@ -27,8 +27,9 @@ std::shared_ptr<const TokenVocabulary> SmallVocab() {
   bytes.push_back(std::nullopt);  // 0: EOS
   bytes.push_back(std::nullopt);  // 1: special
   for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
-  for (const char* t : {"{\"", "\":", "\"}", "true", "false", "null", "ab", "abc", "123", " \"",
-                        "\",", "\n  ", "é", "\xC3", "\xA9", "[1", ", ", "name", "\"name\"", "})"}) {
+  for (const char* t :
+       {"{\"", "\":",  "\"}", "true", "false", "null", "ab", "abc",  "123",      " \"",
+        "\",", "\n  ", "é",   "\xC3", "\xA9",  "[1",   ", ", "name", "\"name\"", "})"}) {
     bytes.push_back(std::string(t));
   }
   bytes.push_back(std::string());  // an empty token: never allowed
@@ -70,7 +71,9 @@ TEST(GrammarRegex, UnicodeClassesAndEscapes) {
   EXPECT_FALSE(Accepts(*g, "z a.αA"));
   EXPECT_FALSE(IsPrefix(*g, "\xED\xA0\x80"));  // a surrogate is not a character
   auto dot = Compile(RegexGrammar("a.c"));
-  EXPECT_TRUE(Accepts(*dot, "a\xF0\x9F\x98\x80" "c"));
+  EXPECT_TRUE(Accepts(*dot,
+                      "a\xF0\x9F\x98\x80"
+                      "c"));
   EXPECT_FALSE(Accepts(*dot, "a\nc"));
 }
 
@@ -80,7 +83,9 @@ TEST(GrammarRegex, BoundedRepetition) {
   EXPECT_TRUE(Accepts(*g, "abc"));
   EXPECT_TRUE(Accepts(*g, "ccab"));
   EXPECT_TRUE(Accepts(*g, "ccabddd"));
-  EXPECT_FALSE(Accepts(*g, "ababab" "c"));
+  EXPECT_FALSE(Accepts(*g,
+                       "ababab"
+                       "c"));
 }
 
 TEST(GrammarRegex, UnsupportedSyntaxIsAnErrorNamingIt) {
@@ -135,19 +140,20 @@ TEST(GrammarJsonSchema, ObjectsWithRequiredAndOptionalProperties) {
   EXPECT_TRUE(Accepts(*g, R"({"name":"bob","age":7,"tags":["a","b"]})"));
   EXPECT_TRUE(Accepts(*g, "{\n  \"name\": \"\\\"x\",\n  \"tags\": []\n}"));
   EXPECT_TRUE(Accepts(*g, R"({"name":"","age":120})"));
-  EXPECT_FALSE(Accepts(*g, R"({"age":7})"));                       // name is required
-  EXPECT_FALSE(Accepts(*g, R"({"name":"bobby"})"));                // maxLength
-  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":121})"));          // maximum
-  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":-1})"));           // minimum
-  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":007})"));          // leading zeros
+  EXPECT_FALSE(Accepts(*g, R"({"age":7})"));                          // name is required
+  EXPECT_FALSE(Accepts(*g, R"({"name":"bobby"})"));                   // maxLength
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":121})"));             // maximum
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":-1})"));              // minimum
+  EXPECT_FALSE(Accepts(*g, R"({"name":"b","age":007})"));             // leading zeros
   EXPECT_FALSE(Accepts(*g, R"({"name":"b","tags":["a","b","a"]})"));  // maxItems
   EXPECT_FALSE(Accepts(*g, R"({"name":"b",})"));
   EXPECT_FALSE(Accepts(*g, "{\"name\":\"b\"}  "));  // no trailing whitespace
-  EXPECT_FALSE(IsPrefix(*g, "{  "));              // at most one space between tokens
+  EXPECT_FALSE(IsPrefix(*g, "{  "));                // at most one space between tokens
 }
 
 TEST(GrammarJsonSchema, IntegerRangesAreExact) {
-  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{-25, 17}, {3, 3}, {-1000, -990}, {95, 1203}}) {
+  for (auto [lo, hi] :
+       std::vector<std::pair<int, int>>{{-25, 17}, {3, 3}, {-1000, -990}, {95, 1203}}) {
     const std::string s = "{\"type\":\"integer\",\"minimum\":" + std::to_string(lo) +
                           ",\"maximum\":" + std::to_string(hi) + "}";
     auto g = Compile(JsonSchemaGrammar(json::parse(s)));
@@ -174,8 +180,10 @@ TEST(GrammarJsonSchema, RefsUnionsPatternsAndTuples) {
       "pair":{"type":"array","prefixItems":[{"type":"boolean"},{"const":"k"}],"items":false,"minItems":2},
       "any":{"anyOf":[{"type":"integer"},{"type":"object","properties":{"q":{"const":1}},"required":["q"]}]}
     },"required":["root","id","pair"]})"));
-  EXPECT_TRUE(Accepts(*g, R"({"root":{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]},"id":"AB-12","pair":[true,"k"]})"));
-  EXPECT_TRUE(Accepts(*g, R"({"root":{"v":1},"id":"ZZ-0","maybe":null,"pair":[false,"k"],"any":{"q":1}})"));
+  EXPECT_TRUE(Accepts(
+      *g, R"({"root":{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]},"id":"AB-12","pair":[true,"k"]})"));
+  EXPECT_TRUE(
+      Accepts(*g, R"({"root":{"v":1},"id":"ZZ-0","maybe":null,"pair":[false,"k"],"any":{"q":1}})"));
   EXPECT_FALSE(Accepts(*g, R"({"root":{"v":1},"id":"A-12","pair":[true,"k"]})"));
   EXPECT_FALSE(Accepts(*g, R"({"root":{"v":1},"id":"AB-12","pair":[true]})"));
   EXPECT_FALSE(Accepts(*g, R"({"root":{"kids":[]},"id":"AB-12","pair":[true,"k"]})"));
@@ -278,7 +286,8 @@ TEST(GrammarSampler, RandomLogitsGiveValidOutputs) {
       std::make_shared<const CompiledGrammar>(RegexGrammar("[a-c]{2,5}(-[0-9]+)?"), vocab),
       std::make_shared<const CompiledGrammar>(
           Schema(R"({"type":"object","properties":{"n":{"type":"integer","minimum":-5,"maximum":5},
-            "s":{"type":"string","maxLength":3}},"required":["n","s"]})"), vocab),
+            "s":{"type":"string","maxLength":3}},"required":["n","s"]})"),
+          vocab),
       std::make_shared<const CompiledGrammar>(ChoiceGrammar({"true", "false", "null"}), vocab)};
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 3.f);
