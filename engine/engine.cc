@@ -65,6 +65,10 @@ std::shared_ptr<OutputChannel> Engine::AddRequest(Request request) {
   const SamplingParams& sp = request.sampling;
   if (const std::string problem = sp.Validate(mc.vocab_size); !problem.empty())
     throw Error(problem);
+  if (sp.grammar && !executor_->applies_token_masks()) {
+    throw Error("structured outputs are not supported on this backend (" + executor_->Describe() +
+                ") yet");
+  }
   if (sp.n > config_.max_n) {
     throw Error("n must be between 1 and " + std::to_string(config_.max_n));
   }

@@ -68,6 +68,10 @@ class ModelExecutor {
   // Sampler::Sample does (the default: Forward, then Sample on the host).
   virtual std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                                      std::span<const SampleTask> tasks);
+  // Whether sampling honours Sampler::AllowedTokens (structured outputs). The host sampler
+  // does; an executor that samples elsewhere says so itself. The engine refuses a request
+  // with a grammar when false.
+  virtual bool applies_token_masks() const { return true; }
 
   // ---- Asynchronous steps (the engine's async scheduling) ----------------------------------
   // Launch starts the same step as ForwardAndSample and returns without waiting where the
@@ -117,6 +121,7 @@ class ForwardingExecutor : public ModelExecutor {
     return inner_->Launch(batch, tasks);
   }
   std::vector<SampleResult> Wait(StepHandle step) override { return inner_->Wait(step); }
+  bool applies_token_masks() const override { return inner_->applies_token_masks(); }
 
  protected:
   ModelExecutor& inner() { return *inner_; }

@@ -21,8 +21,8 @@ class GrammarEngineTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const CpuModel& model = test::StoriesModel();
     const Tokenizer& tok = test::StoriesTokenizer();
-    compiler_ = new grammar::GrammarCompiler(grammar::TokenVocabulary::FromTokenizer(
-        tok, {tok.eos_id()}, model.config().vocab_size));
+    compiler_ = new grammar::GrammarCompiler(
+        grammar::TokenVocabulary::FromTokenizer(tok, {tok.eos_id()}, model.config().vocab_size));
   }
   static void TearDownTestSuite() { delete compiler_; }
 
@@ -110,8 +110,8 @@ TEST_F(GrammarEngineTest, BatchedPreemptedAndForkedOutputsAreValid) {
           const auto j = nlohmann::json::parse(c.text[size_t(k)]);
           EXPECT_TRUE(j.contains("name") && j.contains("age")) << c.text[size_t(k)];
         } else {
-          EXPECT_TRUE(std::regex_match(c.text[size_t(k)],
-                                       std::regex("(Tom|Lily) (ran|sat) [a-z]{1,6}\\.")))
+          EXPECT_TRUE(
+              std::regex_match(c.text[size_t(k)], std::regex("(Tom|Lily) (ran|sat) [a-z]{1,6}\\.")))
               << c.text[size_t(k)];
         }
       }
@@ -132,7 +132,8 @@ TEST_F(GrammarEngineTest, SeededOutputIsTheSameAloneAndInABatch) {
   }
   Engine engine(test::StoriesModel(), test::StoriesTokenizer(), {.num_kv_blocks = 64});
   std::vector<std::shared_ptr<OutputChannel>> channels;
-  for (int i = 0; i < 5; ++i) channels.push_back(engine.AddRequest(Make("The cat", schema, i == 2 ? 42 : 100 + i)));
+  for (int i = 0; i < 5; ++i)
+    channels.push_back(engine.AddRequest(Make("The cat", schema, i == 2 ? 42 : 100 + i)));
   engine.RunUntilIdle();
   EXPECT_EQ(Drain(*channels[2]).text[0], alone);
 }
