@@ -1,11 +1,12 @@
 // The GPU sampler (kernels/cuda/sampling/sampling.cu, cuda::SampleTokens) timed per launch: vocab
 // 128,256 (Llama 3), random logits, rows 1 / 128 / 512 / 1024, per mode: greedy, temperature
-// 1 (the Gumbel-max pass), top_k = 50, top_p = 0.95, and temperature 1 with one logit_bias
-// entry per row (the copy pass). CUDA events around each launch after a warm-up, median of
-// the repeats; also the bytes of logits read once at the copy bandwidth's pace for scale.
-// Before timing, each mode's tokens are checked: greedy equals the host argmax, the others
-// land in the vocabulary and vary over rows (the kernel's own correctness is
-// sampling_gpu_test's job).
+// 1 (the Gumbel-max pass), top_k = 50, top_p = 0.95, temperature 1 with one logit_bias
+// entry per row (the copy pass), and greedy / temperature 1 with an allowed-token mask per row
+// (structured outputs: the copy pass writes -inf for the disallowed half). CUDA events around each
+// launch after a warm-up, median of the repeats; also the bytes of logits read once at the copy
+// bandwidth's pace for scale. Before timing, each mode's tokens are checked: greedy equals the host
+// argmax (over the allowed tokens), the others land in the vocabulary (and the mask) and vary over
+// rows (the kernel's own correctness is sampling_gpu_test's job).
 //   build/bench_sampling_gpu [--reps R]
 // Prints one JSON line per (mode, rows): {"kind":"sampling",...}
 #include <cuda_runtime.h>
@@ -35,7 +36,13 @@ struct Mode {
   int top_k;
   float top_p;
   bool bias;
+  bool mask;
 };
+
+// The benchmark's masks: about half of the ids allowed, a different half per row.
+bool Allowed(int64_t row, int64_t id) {
+  return ((uint32_t(id + 7 * row) * 2654435761u) >> 13) & 1u;
+}
 
 int Run(int reps) {
   const int64_t vocab = 128256;
@@ -61,15 +68,28 @@ int Run(int reps) {
     h_adjust[size_t(r)] = {int32_t(r * 97 % vocab), 1.f, 1.f, 0.f};
   LLM_CUDA_CHECK(cudaMemcpy(adjust, h_adjust.data(), h_adjust.size() * sizeof(LogitAdjust),
                             cudaMemcpyHostToDevice));
+  const int64_t words = llm::cuda::SampleMaskWords(vocab);
+  std::vector<uint32_t> h_masks(size_t(max_rows * words), 0u);
+  for (int64_t r = 0; r < max_rows; ++r) {
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (Allowed(r, t)) h_masks[size_t(r * words + t / 32)] |= 1u << (t % 32);
+    }
+  }
+  uint32_t* masks = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&masks, h_masks.size() * sizeof(uint32_t)));
+  LLM_CUDA_CHECK(
+      cudaMemcpy(masks, h_masks.data(), h_masks.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
 
-  const Mode modes[] = {{"greedy", 0.f, 0, 1.f, false},
-                        {"temperature_1", 1.f, 0, 1.f, false},
-                        {"top_k_50", 1.f, 50, 1.f, false},
-                        {"top_p_0.95", 1.f, 0, 0.95f, false},
-                        {"temperature_1_bias", 1.f, 0, 1.f, true}};
+  const Mode modes[] = {{"greedy", 0.f, 0, 1.f, false, false},
+                        {"temperature_1", 1.f, 0, 1.f, false, false},
+                        {"top_k_50", 1.f, 50, 1.f, false, false},
+                        {"top_p_0.95", 1.f, 0, 0.95f, false, false},
+                        {"temperature_1_bias", 1.f, 0, 1.f, true, false},
+                        {"greedy_mask", 0.f, 0, 1.f, false, true},
+                        {"temperature_1_mask", 1.f, 0, 1.f, false, true}};
   int failures = 0;
   for (const Mode& mode : modes) {
     for (int64_t rows : {int64_t(1), int64_t(128), int64_t(512), max_rows}) {
@@ -84,12 +104,14 @@ int Run(int reps) {
         p.offset = uint64_t(r);
         p.adjust_begin = mode.bias ? int32_t(r) : 0;
         p.adjust_end = mode.bias ? int32_t(r + 1) : 0;
+        p.mask_row = mode.mask ? int32_t(r) : -1;
       }
       LLM_CUDA_CHECK(cudaMemcpy(params, h_params.data(), h_params.size() * sizeof(SampleRowParams),
                                 cudaMemcpyHostToDevice));
       const SampleOutputs out{tokens, nullptr, nullptr, nullptr};
       auto launch = [&] {
-        llm::cuda::SampleTokens(logits, vocab, params, rows, adjust, workspace, out, nullptr);
+        llm::cuda::SampleTokens(logits, vocab, params, rows, adjust, masks, workspace, out,
+                                nullptr);
       };
       launch();
       LLM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -104,9 +126,16 @@ int Run(int reps) {
           std::fprintf(stderr, "%s rows %lld: row %lld drew %d\n", mode.name, (long long)rows,
                        (long long)r, t);
           ++failures;
+        } else if (mode.mask && !Allowed(r, t)) {
+          std::fprintf(stderr, "%s row %lld: drew %d, which its mask disallows\n", mode.name,
+                       (long long)r, t);
+          ++failures;
         } else if (mode.temperature == 0.f) {
           const float* row = h_logits.data() + r * vocab;
-          const int64_t best = std::max_element(row, row + vocab) - row;
+          int64_t best = -1;
+          for (int64_t i = 0; i < vocab; ++i) {
+            if ((!mode.mask || Allowed(r, i)) && (best < 0 || row[i] > row[best])) best = i;
+          }
           if (t != best) {
             std::fprintf(stderr, "greedy row %lld: %d, host argmax %lld\n", (long long)r, t,
                          (long long)best);
@@ -144,6 +173,7 @@ int Run(int reps) {
   cudaFree(workspace);
   cudaFree(params);
   cudaFree(adjust);
+  cudaFree(masks);
   cudaFree(tokens);
   return failures == 0 ? 0 : 1;
 }

@@ -187,8 +187,8 @@ class CudaExecutor final : public ModelExecutor {
   std::vector<float> Forward(const ForwardBatch& batch) override;
   std::vector<SampleResult> ForwardAndSample(const ForwardBatch& batch,
                                              std::span<const SampleTask> tasks) override;
-  // The device sampler does not read the host's token masks yet.
-  bool applies_token_masks() const override { return false; }
+  // The device sampler applies Sampler::AllowedTokens (sampler_io.cc: SampleRowParams::mask_row).
+  bool applies_token_masks() const override { return true; }
   // Async steps: Launch enqueues the inputs, the fed tokens' gather (from the previous
   // step's sampled ids, on the device), the forward, the sampler and the copies back, and
   // returns; Wait synchronises on the step's end event. Two steps may be in flight; Forward

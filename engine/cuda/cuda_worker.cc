@@ -77,6 +77,7 @@ void CudaWorker::LeakDeviceState() {
   h_params.p = nullptr;
   h_stage.p = nullptr;
   h_adjust.p = nullptr;
+  h_masks.p = nullptr;
   for (OutSlot& o : out) {
     o.token.p = o.top_ids.p = nullptr;
     o.logprob.p = o.top_lp.p = nullptr;
@@ -176,6 +177,8 @@ void CudaWorker::AllocActivations() {
   d_params = Alloc<cuda::SampleRowParams>(S * int64_t(sizeof(cuda::SampleRowParams)));
   h_params.Alloc(S);
   sample_ws = Alloc(int64_t(cuda::SampleWorkspaceBytes(S, vocab)));
+  d_masks = Alloc<uint32_t>(S * cuda::SampleMaskWords(vocab) * 4);
+  h_masks.Alloc(S * cuda::SampleMaskWords(vocab));
   d_out.token = Alloc<int32_t>(S * 4);
   d_out.logprob = Alloc<float>(S * 4);
   d_out.top_ids = Alloc<int32_t>(S * cuda::kMaxTopLogprobs * 4);

@@ -202,6 +202,10 @@ struct CudaWorker {
   cuda::LogitAdjust* d_adjust = nullptr;
   int64_t adjust_capacity = 0;
   Pinned<cuda::LogitAdjust> h_adjust;
+  // Allowed-token masks of the tasks with a grammar: [max_seqs, SampleMaskWords(vocab)] words
+  // (1/32 of sample_ws), rows packed in task order (SampleRowParams::mask_row).
+  uint32_t* d_masks = nullptr;
+  Pinned<uint32_t> h_masks;
   void* sample_ws = nullptr;
   cuda::SampleOutputs d_out;
   // Where a step's sampled ids and logprobs come back, and the events around its device

@@ -1,6 +1,10 @@
-// The GPU sampler's inputs and outputs: each task's sampling parameters and logit adjustments
-// to the device, the sampled ids and logprobs back, recorded in the tasks' samplers.
+// The GPU sampler's inputs and outputs: each task's sampling parameters, logit adjustments and
+// allowed-token mask (structured outputs) to the device, the sampled ids and logprobs back,
+// recorded in the tasks' samplers.
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,11 +20,15 @@ static_assert(sizeof(TokenAdjust) == sizeof(cuda::LogitAdjust) &&
               "the host's TokenAdjust is copied to the device as LogitAdjust");
 
 // Fills and uploads the sampling parameters of tasks [begin, begin + count) (count <=
-// max_seqs), taking each sampler's draw.
+// max_seqs), taking each sampler's draw. The masks of the tasks with a grammar are packed into
+// h_masks (rows in task order, mask_row their index) and copied only when some task has one.
 // flush = false: the parameters stay staged (packed inputs) for the step's Upload to send.
 void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t begin, size_t count,
                                     bool wait_inputs, bool flush) {
   if (wait_inputs) WaitInputsCopied();
+  if (int64_t(count) > max_seqs) throw std::logic_error("UploadSampleParams: count > max_seqs");
+  const size_t words = size_t(cuda::SampleMaskWords(vocab));
+  int32_t num_masked = 0;
   std::vector<TokenAdjust> adjust;
   for (size_t i = 0; i < count; ++i) {
     Sampler& sm = *tasks[begin + i].sampler;
@@ -37,6 +45,11 @@ void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t be
     r.adjust_begin = int32_t(adjust.size());
     sm.AppendAdjustments(vocab, &adjust);
     r.adjust_end = int32_t(adjust.size());
+    r.mask_row = -1;
+    if (const uint32_t* allowed = sm.AllowedTokens()) {
+      std::memcpy(h_masks.p + size_t(num_masked) * words, allowed, words * sizeof(uint32_t));
+      r.mask_row = num_masked++;
+    }
   }
   ReserveAdjust(int64_t(adjust.size()));
   for (size_t i = 0; i < adjust.size(); ++i) {
@@ -48,6 +61,11 @@ void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t be
     LLM_CUDA_CHECK(cudaMemcpyAsync(d_adjust, h_adjust.p, adjust.size() * sizeof(TokenAdjust),
                                    cudaMemcpyHostToDevice, stream));
   }
+  if (num_masked > 0) {  // (ev_inputs below keeps h_masks until the copy is done)
+    LLM_CUDA_CHECK(cudaMemcpyAsync(d_masks, h_masks.p,
+                                   size_t(num_masked) * words * sizeof(uint32_t),
+                                   cudaMemcpyHostToDevice, stream));
+  }
   LLM_CUDA_CHECK(cudaEventRecord(ev_inputs, stream));
 }
 
@@ -57,7 +75,8 @@ void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t be
 void CudaWorker::EnqueueSample(size_t begin, size_t count, OutSlot& o) {
   cuda::SampleOutputs dst = d_out;
   dst.token = d_sampled + begin;
-  cuda::SampleTokens(logits, vocab, d_params, int64_t(count), d_adjust, sample_ws, dst, stream);
+  cuda::SampleTokens(logits, vocab, d_params, int64_t(count), d_adjust, d_masks, sample_ws, dst,
+                     stream);
   auto back = [&](void* host, const void* src, size_t bytes) {
     LLM_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream));
   };

@@ -1,6 +1,7 @@
 // Shared fixtures of the GPU sampler tests (kernels/cuda/sampling/sampling.cu against the
 // engine's Sampler, engine/sample/sampler.h): sampling_gpu_test.cc (greedy, logprobs, penalties,
-// determinism, filters) and sampling_gumbel_gpu_test.cc (the temperature-only Gumbel-max draw).
+// determinism, filters), sampling_gumbel_gpu_test.cc (the temperature-only Gumbel-max draw) and
+// sampling_mask_gpu_test.cc (allowed-token masks).
 // The SamplingGpu fixture (skips without a GPU), device buffers, RunGpu (SampleTokens over
 // logits rows), random logits, greedy rows, and the filter reference: ReferenceKept (Sampler's
 // steps 5-8 in double), the chi-square statistic and bound, CheckFilter. Header-only: each test
@@ -70,16 +71,20 @@ struct GpuResult {
 };
 
 // Runs SampleTokens over logits [num_logit_rows, vocab] (rows of at most 1024 per launch).
+// masks: [num_masks, SampleMaskWords(vocab)] words that the rows' mask_row index (empty: the
+// kernel gets a null `masks`).
 inline GpuResult RunGpu(const std::vector<float>& logits, int64_t vocab,
                         const std::vector<SampleRowParams>& params,
                         const std::vector<LogitAdjust>& adjust = {},
-                        const cuda::SampleOptions& options = {}) {
+                        const cuda::SampleOptions& options = {},
+                        const std::vector<uint32_t>& masks = {}) {
   constexpr int K = cuda::kMaxTopLogprobs;
   GpuResult r;
   DevBuf dlogits(logits.size() * 4),
-      dadjust(std::max<size_t>(adjust.size(), 1) * sizeof(LogitAdjust));
+      dadjust(std::max<size_t>(adjust.size(), 1) * sizeof(LogitAdjust)), dmasks(masks.size() * 4);
   Upload(dlogits, logits);
   Upload(dadjust, adjust);
+  Upload(dmasks, masks);
   for (size_t begin = 0; begin < params.size(); begin += 1024) {
     const int64_t n = int64_t(std::min<size_t>(1024, params.size() - begin));
     std::vector<SampleRowParams> p(params.begin() + begin, params.begin() + begin + n);
@@ -94,7 +99,8 @@ inline GpuResult RunGpu(const std::vector<float>& logits, int64_t vocab,
                             static_cast<int32_t*>(dtid.p), static_cast<float*>(dtlp.p)};
     cuda::SampleTokens(static_cast<const float*>(dlogits.p), vocab,
                        static_cast<const SampleRowParams*>(dparams.p), n,
-                       static_cast<const LogitAdjust*>(dadjust.p), dws.p, out, nullptr, options);
+                       static_cast<const LogitAdjust*>(dadjust.p),
+                       static_cast<const uint32_t*>(dmasks.p), dws.p, out, nullptr, options);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     auto append = [](auto& dst, const auto& src) { dst.insert(dst.end(), src.begin(), src.end()); };
     append(r.token, Download<int32_t>(dtok, n));

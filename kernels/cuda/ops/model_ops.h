@@ -125,9 +125,9 @@ void AddNormedDelta(float* residual, const void* delta, const float* weight, DTy
                     int64_t num_rows, int64_t hidden, float eps, cudaStream_t stream);
 
 // ---- Sampling on the GPU ------------------------------------------------------------------
-// The order and meaning of engine/sample/sampler.h (Sampler::Sample): logit bias and penalties
-// (given as sparse per-row entries prepared by the host), greedy, temperature, top-k, top-p,
-// min-p, one draw. Only ids and logprobs come back to the host.
+// The order and meaning of engine/sample/sampler.h (Sampler::Sample): the allowed-token mask,
+// logit bias and penalties (given as sparse per-row entries prepared by the host), greedy,
+// temperature, top-k, top-p, min-p, one draw. Only ids and logprobs come back to the host.
 
 // One sampled row's parameters (device array of num_rows).
 struct SampleRowParams {
@@ -141,6 +141,7 @@ struct SampleRowParams {
   int32_t num_logprobs = -1;  // -1: none; 0: sampled token's raw logprob; N <= 20: + top N
   int32_t adjust_begin = 0;   // this row's entries in `adjust`: [adjust_begin, adjust_end)
   int32_t adjust_end = 0;
+  int32_t mask_row = -1;  // -1: every token allowed; else this row's bitmask in `masks`
 };
 
 // A logit adjustment for one (row, token), applied before sampling as
@@ -174,11 +175,19 @@ struct SampleOptions {
   bool has_gumbel_pruning = true;
 };
 
+// Allowed-token bitmasks (structured outputs, Sampler::AllowedTokens): a row's mask is
+// SampleMaskWords(vocab) uint32 words, token t allowed iff bit t % 32 of word t / 32 is set.
+inline constexpr int64_t SampleMaskWords(int64_t vocab) { return (vocab + 31) / 32; }
+
 // logits fp32 [*, vocab] (not modified). `workspace` of SampleWorkspaceBytes(num_rows, vocab)
-// bytes holds the adjusted rows. adjust: device array of LogitAdjust.
+// bytes holds the adjusted (and masked) rows. adjust: device array of LogitAdjust. masks: device
+// [*, SampleMaskWords(vocab)] uint32, read at the rows' mask_row (null when no row has one): a
+// disallowed token's processed logit is -inf before anything picks a token; logprobs stay
+// those of the raw logits.
 size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab);
 void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* params,
-                  int64_t num_rows, const LogitAdjust* adjust, void* workspace,
-                  const SampleOutputs& out, cudaStream_t stream, const SampleOptions& options = {});
+                  int64_t num_rows, const LogitAdjust* adjust, const uint32_t* masks,
+                  void* workspace, const SampleOutputs& out, cudaStream_t stream,
+                  const SampleOptions& options = {});
 
 }  // namespace llm::cuda

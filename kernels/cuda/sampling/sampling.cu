@@ -12,8 +12,13 @@
 //     logprobs). Then the row's sparse LogitAdjust entries are applied to the copy, one
 //     thread per entry (a row's entries must name distinct tokens), with the CPU's float
 //     operations in the CPU's order: + bias, / or * repetition, - subtract. Entries the
-//     CPU does not have are neutral exactly (x + 0, x / 1, x * 1, x - 0). Rows without
-//     entries are processed in place: the processed row is the raw one, nothing is copied.
+//     CPU does not have are neutral exactly (x + 0, x / 1, x * 1, x - 0). Rows with an
+//     allowed-token mask (mask_row >= 0: structured outputs) take the copy pass too, which
+//     writes -inf for every disallowed id (the CPU masks first; bias and penalties keep -inf
+//     at -inf, so a disallowed id's entry is skipped), and the raw statistics still read the
+//     raw row: logprobs are of the unmasked distribution, as the CPU's (a mask that allows
+//     nothing leaves all -inf: step 2's fallback returns id 0, as the CPU's argmax). Rows
+//     without entries or a mask are processed in place: the processed row is the raw one.
 //  1b. Temperature alone (no top-k, top-p or min-p: the whole vocabulary is kept), the
 //     common sampled-decode case: the Gumbel-max draw, in the same single pass as step 2's
 //     argmax: token = argmax_i (l_i / T + G_i), G_i = -log(-log(u_i)) with u_i uniform in
@@ -64,7 +69,7 @@
 //    more than 26 nats (of l / T) below the maximum is never drawn (at most vocab · e^-26 of
 //    mass, 6.5e-7 at a 128k vocabulary; the CPU's float weights drop tokens 87 nats below).
 // Cost: the argmax pass always (with the Gumbel draw in it for temperature-only rows), the copy
-// pass for rows with adjustments; top-k and top-p add 9 passes each over the row
+// pass for rows with adjustments or a mask; top-k and top-p add 9 passes each over the row
 // (L2-resident: a 256k-vocab row is 1 MiB); the draw adds 2 id-ordered passes. The Gumbel draw
 // costs one Philox call per 4 ids (always made: it overlaps the logits' load) and the three
 // logs of the noise only for the elements that can still win: l / T + bound(r) below the best
@@ -75,10 +80,13 @@
 // H200 (bench_sampling_gpu, 2026-11-30), vocab 128256, random logits, per launch: 1 row:
 // greedy 14 us, T=1 80 us, top_k=50 245 us, top_p=0.95 405 us; 512 rows: 79 / 306 / 1263 /
 // 1871 us; 1024 rows: 0.15 / 0.60 / 2.45 / 3.70 ms (before the Gumbel pass and the in-place
-// rows, 1024 rows took 0.46 / 1.07 / 2.8 / 4.0 ms). The radix passes are latency-bound (one
-// CTA per row); the next rung would cut the candidates to a shared-memory list after the first
-// pass (most of the row is below any top-k / top-p threshold) and split big batches' rows over
-// fewer threads.
+// rows, 1024 rows took 0.46 / 1.07 / 2.8 / 4.0 ms). Masked rows (half the ids allowed; H200,
+// 2026-12-02) pay the copy pass: greedy 36 / 244 / 478 us, T=1 69 / 320 / 625 us at 1 / 512 /
+// 1024 rows, as a row with one bias entry (same run, unmasked: greedy 15 / 80 / 148 us, T=1 46 /
+// 166 / 319 us, top_k 240 / 1247 / 2419 us, top_p 407 / 1882 / 3725 us). The radix passes are
+// latency-bound (one CTA per row); the next rung would cut the candidates to a shared-memory list
+// after the first pass (most of the row is below any top-k / top-p threshold) and split big
+// batches' rows over fewer threads.
 #include <curand_kernel.h>
 
 #include <climits>
@@ -544,18 +552,22 @@ __device__ void TopLogprobs(const float* raw, int vocab, int n, float thread_max
 __global__ void __launch_bounds__(kThreads, 1)
     SampleKernel(const float* __restrict__ logits, int vocab,
                  const SampleRowParams* __restrict__ params, const LogitAdjust* __restrict__ adjust,
-                 float* workspace, SampleOutputs out, bool prune) {
+                 const uint32_t* __restrict__ masks, float* workspace, SampleOutputs out,
+                 bool prune) {
   __shared__ SampleSmem s;
   const int row = blockIdx.x;
   const SampleRowParams p = params[row];
   const float* raw = logits + int64_t(p.logits_row) * vocab;
   float* proc = workspace + int64_t(row) * vocab;
 
-  // 1. Copy + raw statistics, then the adjustments. A row without adjustments (the common
-  // decode case) needs neither the copy nor, without logprobs, the statistics: the processed
-  // row is the raw one, and every pass reads it there directly.
+  // 1. Copy + raw statistics, then the adjustments. A row without adjustments or a mask (the
+  // common decode case) needs neither the copy nor, without logprobs, the statistics: the
+  // processed row is the raw one, and every pass reads it there directly. A masked row's copy
+  // writes -inf for the disallowed tokens (mask: SampleMaskWords(vocab) words, bit i % 32 of
+  // word i / 32 for id i), so every later step sees them as the CPU's masked row.
   const bool greedy = p.temperature < 1e-5f || p.top_k == 1;
-  const bool plain = p.adjust_begin >= p.adjust_end;
+  const bool has_mask = p.mask_row >= 0 && masks != nullptr;
+  const bool plain = p.adjust_begin >= p.adjust_end && !has_mask;
   // 1b. Temperature alone keeps every token: the Gumbel-max draw in the argmax pass.
   const bool gumbel =
       !greedy && (p.top_k <= 0 || p.top_k >= vocab) && !(p.top_p < 1.f) && !(p.min_p > 0.f);
@@ -563,28 +575,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(raw) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(proc) % 16 == 0;
   // The raw row's statistics in one fixed order (each thread its float4 or scalar elements),
-  // copying it to `proc` when asked.
-  auto scan = [&](bool copy) {
+  // copying it to `proc` when asked, masked when `mask` is not null. (The mask is an argument,
+  // not a capture, so that nothing of it stays live past step 1: 64 registers, no spills.)
+  auto allowed = [](const uint32_t* mask, int i) {
+    return mask == nullptr || ((mask[i / 32] >> (i % 32)) & 1u) != 0;
+  };
+  auto scan = [&](bool copy, const uint32_t* mask) {
     if (vec) {
       for (int c = threadIdx.x; c < vocab / 4; c += kThreads) {
         const float4 v = reinterpret_cast<const float4*>(raw)[c];
-        if (copy) reinterpret_cast<float4*>(proc)[c] = v;
+        if (copy) {
+          float4 w = v;
+          if (mask) {  // ids 4c .. 4c + 3 share one word
+            const uint32_t bits = mask[c / 8] >> (4 * c % 32);
+            w.x = (bits & 1u) ? w.x : -INFINITY, w.y = (bits & 2u) ? w.y : -INFINITY;
+            w.z = (bits & 4u) ? w.z : -INFINITY, w.w = (bits & 8u) ? w.w : -INFINITY;
+          }
+          reinterpret_cast<float4*>(proc)[c] = w;
+        }
         Push(stats, v.x), Push(stats, v.y), Push(stats, v.z), Push(stats, v.w);
       }
     } else {
       for (int i = threadIdx.x; i < vocab; i += kThreads) {
         const float v = raw[i];
-        if (copy) proc[i] = v;
+        if (copy) proc[i] = allowed(mask, i) ? v : -INFINITY;
         Push(stats, v);
       }
     }
   };
   if (!plain) {
-    scan(/*copy=*/true);
+    const int64_t mask_words = (vocab + 31) / 32;  // SampleMaskWords (a host function)
+    const uint32_t* mask = has_mask ? masks + p.mask_row * mask_words : nullptr;
+    scan(/*copy=*/true, mask);
     __syncthreads();  // the copies are visible to the threads that adjust
     for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += kThreads) {
       const LogitAdjust a = adjust[e];
       if (a.token < 0 || a.token >= vocab) continue;  // validated by the host; never trusted
+      if (!allowed(mask, a.token)) continue;          // masked: stays -inf (as the CPU's)
       float l = proc[a.token] + a.bias;
       l = l > 0 ? l / a.repetition : l * a.repetition;
       proc[a.token] = l - a.subtract;
@@ -673,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 3. Outputs; logprobs of the raw row.
   if (threadIdx.x == 0) out.token[row] = token;
   if (p.num_logprobs < 0) return;
-  if (plain) scan(/*copy=*/false);
+  if (plain) scan(/*copy=*/false, nullptr);
   const Lse total = BlockLse(stats, s);
   const float lse = isfinite(total.m) ? total.m + logf(total.s) : total.m;
   if (threadIdx.x == 0 && out.logprob) out.logprob[row] = raw[token] - lse;
@@ -692,15 +719,16 @@ size_t SampleWorkspaceBytes(int64_t num_rows, int64_t vocab) {
 }
 
 void SampleTokens(const float* logits, int64_t vocab, const SampleRowParams* params,
-                  int64_t num_rows, const LogitAdjust* adjust, void* workspace,
-                  const SampleOutputs& out, cudaStream_t stream, const SampleOptions& options) {
+                  int64_t num_rows, const LogitAdjust* adjust, const uint32_t* masks,
+                  void* workspace, const SampleOutputs& out, cudaStream_t stream,
+                  const SampleOptions& options) {
   if (num_rows <= 0) return;
   if (vocab <= 0 || vocab > INT_MAX / 2) {
     throw std::invalid_argument("SampleTokens: vocab must be in [1, 2^30)");
   }
-  SampleKernel<<<unsigned(num_rows), kThreads, 0, stream>>>(logits, static_cast<int>(vocab), params,
-                                                            adjust, static_cast<float*>(workspace),
-                                                            out, options.has_gumbel_pruning);
+  SampleKernel<<<unsigned(num_rows), kThreads, 0, stream>>>(
+      logits, static_cast<int>(vocab), params, adjust, masks, static_cast<float*>(workspace), out,
+      options.has_gumbel_pruning);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 
