@@ -76,7 +76,12 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::Compile(const Structured
       break;
   }
   auto compiled = std::make_shared<const CompiledGrammar>(std::move(g), vocab_);
-  compiled->AllowedTokens(compiled->initial_state());  // the first step's mask, ready
+  if (compiled->initial_state() == CompiledGrammar::kDead) {
+    throw GrammarError(
+        "the grammar is too ambiguous to run (its first state holds too many parses)");
+  }
+  // The first step's mask, ready (a grammar too ambiguous to mask in time is refused here).
+  compiled->AllowedTokens(compiled->initial_state(), limits.deadline);
   if (std::chrono::steady_clock::now() > *limits.deadline) {
     throw GrammarError("the grammar did not compile within the time limit");
   }

@@ -20,6 +20,8 @@
 namespace llm::grammar {
 namespace {
 
+constexpr int kMaxNesting = 256;  // groups; the parser recurses per level
+
 class EbnfParser {
  public:
   EbnfParser(std::string_view text, GrammarBuilder* b) : t_(text), b_(b) {}
@@ -207,8 +209,10 @@ class EbnfParser {
     const char c = t_[pos_];
     if (c == '"' || c == '\'') return ParseLiteral();
     if (c == '(') {
+      if (++depth_ > kMaxNesting) Fail("groups nest deeper than " + std::to_string(kMaxNesting));
       ++pos_;
       ExprPtr inner = ParseAlt();
+      --depth_;
       Skip();
       if (AtEnd() || t_[pos_] != ')') Fail("a group is not closed");
       ++pos_;
@@ -239,6 +243,7 @@ class EbnfParser {
   std::string_view t_;
   GrammarBuilder* b_;
   size_t pos_ = 0;
+  int depth_ = 0;
   std::map<std::string, int> rules_;
 };
 

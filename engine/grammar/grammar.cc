@@ -308,6 +308,41 @@ Grammar GrammarBuilder::Build(int root) {
   for (size_t r = 0; r < n; ++r) {
     if (!defined_[r]) throw GrammarError("rule '" + g_.rule_names[r] + "' is not defined");
   }
+  // Productive alternatives (a fixpoint): those whose every element can match some text.
+  // The others (an empty byte set, a rule that derives nothing) are dropped, so that every
+  // state the automaton reaches can still complete; a root that derives nothing is an error.
+  {
+    std::vector<bool> productive(n, false);
+    auto alt_productive = [&](int32_t pos) {
+      for (int32_t p = pos; g_.elements[size_t(p)].kind != Element::kEnd; ++p) {
+        const Element& el = g_.elements[size_t(p)];
+        if (el.kind == Element::kBytes ? g_.byte_sets[size_t(el.arg)].none()
+                                       : !productive[size_t(el.arg)]) {
+          return false;
+        }
+      }
+      return true;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < n; ++r) {
+        if (productive[r]) continue;
+        for (int32_t pos : g_.alternatives[r]) {
+          if (alt_productive(pos)) {
+            productive[r] = true;
+            changed = true;
+            break;
+          }
+        }
+      }
+    }
+    if (!productive[size_t(root)]) throw GrammarError("the grammar matches no text at all");
+    for (auto& alts : g_.alternatives) {
+      alts.erase(std::remove_if(alts.begin(), alts.end(),
+                                [&](int32_t pos) { return !alt_productive(pos); }),
+                 alts.end());
+    }
+  }
   // Nullable rules (a fixpoint), then left recursion: a rule reachable from itself through
   // leading elements that may match nothing would expand forever.
   std::vector<bool> nullable(n, false);

@@ -155,7 +155,7 @@ class SchemaCompiler {
   static ExprPtr NonNegativeRange(int64_t a, int64_t b) {
     std::vector<ExprPtr> alts;
     int64_t lo_len_start = 1;  // smallest number with this many digits
-    for (int len = 1; len <= 19 && lo_len_start <= b; ++len) {
+    for (int len = 1; len <= 19 && (len == 1 || lo_len_start <= b); ++len) {
       const int64_t len_end = len == 19 ? INT64_MAX : lo_len_start * 10 - 1;
       const int64_t lo = std::max(a, len == 1 ? 0 : lo_len_start);
       const int64_t hi = std::min(b, len_end);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_set>
 
 #include "engine/tokenizer/tokenizer.h"
 
@@ -11,7 +12,7 @@ namespace {
 // Bounds on the lazily built automaton: a grammar that would exceed them (an ambiguous one
 // whose stack sets explode, or an output that nests without end) goes dead instead of taking
 // the server's memory. Memory stays within a few hundred MB per grammar.
-constexpr size_t kMaxStacksPerState = 1 << 14;
+constexpr size_t kMaxStacksPerState = 2048;
 constexpr size_t kMaxNodes = size_t{1} << 23;
 constexpr size_t kMaxStates = size_t{1} << 18;
 constexpr size_t kMaxCachedMasks = 4096;
@@ -98,13 +99,15 @@ void CompiledGrammar::ExpandLocked(int32_t pos, int32_t parent, std::vector<int3
   // A worklist of (pos, parent); `seen` stops the same item from expanding twice (nullable
   // rules reach the same continuation along several paths).
   std::vector<std::pair<int32_t, int32_t>> work = {{pos, parent}};
-  std::vector<uint64_t> seen;
+  std::unordered_set<uint64_t> seen;
   while (!work.empty()) {
+    // An ambiguous grammar ((a?){2000}) would make states of thousands of stacks, each
+    // transition quadratic in them: past the cap the state goes dead instead.
+    if (out->size() > kMaxStacksPerState) return;
     auto [p, par] = work.back();
     work.pop_back();
     const uint64_t key = (uint64_t(uint32_t(p)) << 32) | uint32_t(par);
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-    seen.push_back(key);
+    if (!seen.insert(key).second) continue;
     const Element& el = grammar_.elements[size_t(p)];
     switch (el.kind) {
       case Element::kBytes:
@@ -118,7 +121,11 @@ void CompiledGrammar::ExpandLocked(int32_t pos, int32_t parent, std::vector<int3
         }
         break;
       case Element::kRule: {
-        const int32_t cont = NodeLocked(p + 1, par);
+        // A reference that ends its alternative continues straight at the parent: a
+        // right-recursive repetition (S -> item S) then keeps one stack depth, so a string's
+        // characters revisit one state (and its cached mask) instead of deepening the stack.
+        const int32_t cont =
+            grammar_.elements[size_t(p) + 1].kind == Element::kEnd ? par : NodeLocked(p + 1, par);
         for (int32_t alt : grammar_.alternatives[size_t(el.arg)]) work.push_back({alt, cont});
         break;
       }
@@ -193,7 +200,8 @@ bool CompiledGrammar::IsComplete(int32_t state) const {
   return state >= 0 && states_[size_t(state)].stacks.empty();
 }
 
-std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(int32_t state) const {
+std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(
+    int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const {
   auto mask = std::make_shared<Mask>(*eos_only_);
   if (!states_[size_t(state)].accepting) std::fill(mask->begin(), mask->end(), 0u);
   if (states_[size_t(state)].stacks.empty()) return mask;
@@ -204,6 +212,9 @@ std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(int32_t state) co
   std::vector<int32_t> path = {state};
   size_t good = 0;
   for (size_t i = 0; i < order.size(); ++i) {
+    if (deadline && (i & 255) == 0 && std::chrono::steady_clock::now() > *deadline) {
+      throw GrammarError("the grammar did not compile within the time limit");
+    }
     const std::string& b = *vocab_->bytes_[size_t(order[i])];
     const size_t common = lcp[i];
     if (common > good) continue;  // shares the byte that failed the previous token
@@ -217,14 +228,18 @@ std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(int32_t state) co
     good = k;
     if (k == b.size()) SetBit(*mask, order[i]);
   }
+  // No token of the vocabulary continues the output (bytes it cannot spell): only EOS, so
+  // that the sampler never has to pick from nothing.
+  if (std::all_of(mask->begin(), mask->end(), [](uint32_t w) { return w == 0; })) return eos_only_;
   return mask;
 }
 
-std::shared_ptr<const Mask> CompiledGrammar::AllowedTokens(int32_t state) const {
+std::shared_ptr<const Mask> CompiledGrammar::AllowedTokens(
+    int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const {
   if (state < 0) return eos_only_;
   std::lock_guard<std::mutex> lock(mu_);
   if (states_[size_t(state)].mask) return states_[size_t(state)].mask;
-  std::shared_ptr<const Mask> mask = ComputeMaskLocked(state);
+  std::shared_ptr<const Mask> mask = ComputeMaskLocked(state, deadline);
   ++masks_computed_;
   if (masks_cached_ < kMaxCachedMasks) {
     states_[size_t(state)].mask = mask;

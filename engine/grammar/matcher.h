@@ -15,6 +15,7 @@
 // them).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -83,7 +84,9 @@ class CompiledGrammar {
   // Nothing but EOS can follow.
   bool IsComplete(int32_t state) const;
   // The tokens allowed in `state` (kDead: only EOS). Computed once per state, then cached.
-  std::shared_ptr<const Mask> AllowedTokens(int32_t state) const;
+  // Past `deadline` (the compiler's, for the first state) it throws GrammarError.
+  std::shared_ptr<const Mask> AllowedTokens(
+      int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline = {}) const;
 
   struct Stats {
     size_t nodes = 0, states = 0, masks_computed = 0, masks_cached = 0;
@@ -106,7 +109,8 @@ class CompiledGrammar {
   // The byte-topped stacks reachable from (pos, parent) without consuming a byte.
   void ExpandLocked(int32_t pos, int32_t parent, std::vector<int32_t>* out, bool* accepting) const;
   int32_t NextLocked(int32_t state, uint8_t byte) const;
-  std::shared_ptr<const Mask> ComputeMaskLocked(int32_t state) const;
+  std::shared_ptr<const Mask> ComputeMaskLocked(
+      int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const;
 
   Grammar grammar_;
   std::shared_ptr<const TokenVocabulary> vocab_;

@@ -15,6 +15,7 @@ namespace {
 using Ranges = std::vector<std::pair<char32_t, char32_t>>;
 
 constexpr char32_t kMaxChar = 0x10FFFF;
+constexpr int kMaxNesting = 256;  // groups; the parser recurses per level
 
 Ranges Complement(Ranges r) {
   std::sort(r.begin(), r.end());
@@ -64,7 +65,10 @@ class RegexParser {
 
   char32_t NextChar() {
     const unsigned char lead = static_cast<unsigned char>(p_[pos_]);
-    if (pos_ + unicode::CharLength(lead) > p_.size()) Fail("truncated UTF-8");
+    if (pos_ + unicode::CharLength(lead) > p_.size() ||
+        !unicode::IsValidUtf8(p_.substr(pos_, unicode::CharLength(lead)))) {
+      Fail("invalid UTF-8");
+    }
     return unicode::NextChar(p_, &pos_);
   }
 
@@ -198,6 +202,7 @@ class RegexParser {
   ExprPtr ParseAtom(int depth) {
     const char c = Peek();
     if (c == '(') {
+      if (depth >= kMaxNesting) Fail("groups nest deeper than " + std::to_string(kMaxNesting));
       ++pos_;
       if (!AtEnd() && Peek() == '?') {
         ++pos_;

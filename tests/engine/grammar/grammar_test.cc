@@ -317,6 +317,76 @@ TEST(GrammarSampler, RandomLogitsGiveValidOutputs) {
   }
 }
 
+// A repetition keeps one stack depth: a long run of one character revisits one state (and
+// its cached mask) instead of making a new, deeper one per character.
+TEST(GrammarMatcher, RepetitionRevisitsOneState) {
+  for (const char* pattern : {"a*", "[^\n]*x?"}) {
+    auto g = Compile(RegexGrammar(pattern));
+    int32_t s = g->initial_state();
+    for (int i = 0; i < 1000; ++i) s = g->Next(s, 'a');
+    ASSERT_GE(s, 0);
+    EXPECT_LE(g->stats().states, 4u) << pattern;
+  }
+  auto json = Compile(Schema(R"({"type":"object","properties":{"s":{"type":"string"}}})"));
+  const size_t before = json->stats().states;
+  int32_t s = json->NextBytes(json->initial_state(), "{\"s\":\"");
+  for (int i = 0; i < 2000; ++i) s = json->Next(s, 'q');
+  ASSERT_GE(s, 0);
+  EXPECT_LE(json->stats().states, before + 40);
+}
+
+// Grammars that can match nothing, or parts of them, are refused or dropped: every state the
+// automaton reaches can still complete.
+TEST(GrammarBuild, EmptyLanguagesAreRefusedAndDeadEndsDropped) {
+  for (const char* p : {"[^\\s\\S]", "a[^\\s\\S]", "\xff\xfe"}) {
+    EXPECT_THROW(RegexGrammar(p), GrammarError) << p;
+  }
+  EXPECT_THROW(Schema(R"({"type":"string","pattern":"[^\\s\\S]"})"), GrammarError);
+  auto g = Compile(RegexGrammar("a|ab[^\\s\\S]"));
+  EXPECT_TRUE(Accepts(*g, "a"));
+  EXPECT_FALSE(IsPrefix(*g, "ab"));
+}
+
+TEST(GrammarBuild, DeepNestingIsAnErrorNotACrash) {
+  const std::string deep = std::string(30000, '(') + "a" + std::string(30000, ')');
+  EXPECT_THROW(RegexGrammar(deep), GrammarError);
+  EXPECT_THROW(EbnfGrammar("root ::= " + deep), GrammarError);
+  EXPECT_NO_THROW(RegexGrammar(std::string(200, '(') + "a" + std::string(200, ')')));
+}
+
+TEST(GrammarJsonSchema, RangesEndingAtZero) {
+  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{-1, 0}, {0, 0}, {-12, 0}}) {
+    const std::string s = "{\"type\":\"integer\",\"minimum\":" + std::to_string(lo) +
+                          ",\"maximum\":" + std::to_string(hi) + "}";
+    auto g = Compile(JsonSchemaGrammar(json::parse(s)));
+    for (int v = lo - 5; v <= hi + 5; ++v) {
+      EXPECT_EQ(Accepts(*g, std::to_string(v)), v >= lo && v <= hi) << s << " " << v;
+    }
+  }
+}
+
+// An ambiguous grammar whose first mask cannot be made in time is a compile error (a 400),
+// not a request stuck on the engine thread.
+TEST(GrammarCompiler, AmbiguousGrammarsHitTheDeadline) {
+  std::vector<std::optional<std::string>> bytes = {std::nullopt};
+  for (int n = 1; n <= 64; ++n) bytes.push_back(std::string(size_t(n), 'a'));
+  auto vocab = std::make_shared<const TokenVocabulary>(std::move(bytes), std::vector<int>{0}, 65);
+  CompilerOptions o;
+  o.timeout_seconds = 0.5;
+  GrammarCompiler c(vocab, o);
+  StructuredSpec spec;
+  spec.kind = StructuredSpec::Kind::kRegex;
+  for (const char* p : {"(a?){2000}", "((a?){100}){200}"}) {
+    spec.text = p;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      c.Compile(spec);
+    } catch (const GrammarError&) {
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << p;
+  }
+}
+
 TEST(GrammarCompiler, CachesBySpecAndRefusesTooLarge) {
   CompilerOptions o;
   o.max_spec_bytes = 1000;
