@@ -50,6 +50,8 @@ class ErrorReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 // write is in flight at a time; whoever holds the `busy_` token (a wake or a write completion)
 // pops and writes, so Finish is never called with a write outstanding. A cancelled call
 // cancels the engine request. The call's admission slot goes back when the reactor is done.
+// A reactor started without a channel (its grammar compiles first) is born holding the token:
+// the compile job hands it on with Begin (the request is in the engine) or Fail.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(Engine& engine, FrontEnd& front_end, WakerSet& wakers,
@@ -63,14 +65,20 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         num_prompt_tokens_(num_prompt_tokens),
         slot_(std::move(slot)) {}
 
-  // Makes the reactor and starts it: it lives until OnDone and the last posted wake.
-  static GenerateReactor* Start(boost::asio::thread_pool& pool, Engine& engine, FrontEnd& front_end,
-                                WakerSet& wakers, std::shared_ptr<OutputChannel> channel,
-                                std::string id, int64_t num_prompt_tokens, AdmissionSlot slot) {
+  // Makes the reactor and starts it: it lives until OnDone and the last posted wake (and
+  // whoever else holds the returned pointer). A null `channel`: the caller holds the token
+  // and must call Begin or Fail.
+  static std::shared_ptr<GenerateReactor> Start(boost::asio::thread_pool& pool, Engine& engine,
+                                                FrontEnd& front_end, WakerSet& wakers,
+                                                std::shared_ptr<OutputChannel> channel,
+                                                std::string id, int64_t num_prompt_tokens,
+                                                AdmissionSlot slot) {
+    const bool is_pending = channel == nullptr;
     auto self =
         std::make_shared<GenerateReactor>(engine, front_end, wakers, std::move(channel),
                                           std::move(id), num_prompt_tokens, std::move(slot));
     self->self_ = self;
+    self->busy_ = is_pending;
     std::weak_ptr<GenerateReactor> weak = self;
     self->waker_ = std::make_shared<OutputWaker>([weak, &pool, posted = self->wake_posted_] {
       if (posted->exchange(true)) return;  // one wake in the pool at a time
@@ -80,9 +88,22 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       });
     });
     wakers.Add(self->waker_);
-    self->channel_->SetWaker(self->waker_);
-    return self.get();
+    if (!is_pending) self->channel_->SetWaker(self->waker_);
+    return self;
   }
+
+  // The token holder of a pending reactor: the request is in the engine; stream it.
+  void Begin(std::shared_ptr<OutputChannel> channel) {
+    channel_ = std::move(channel);
+    channel_->SetWaker(waker_);  // a wake now finds the token taken and leaves it to Run
+    Run();
+  }
+  // The token holder of a pending reactor: the request goes no further; end with `status`.
+  void Fail(const grpc::Status& status) { End(status); }
+  // The client cancelled (a pending reactor's holder then records the abort and Fails).
+  bool is_cancelled() const { return cancelled_; }
+  const std::string& id() const { return id_; }
+  int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
 
   void OnWriteDone(bool ok) override {
     if (!ok) cancelled_ = true;
@@ -200,7 +221,8 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
         tokenizer_(tokenizer),
         model_(std::move(model)),
         config_(config),
-        wake_pool_(static_cast<size_t>(std::max(1, config.num_threads))) {}
+        wake_pool_(static_cast<size_t>(std::max(1, config.num_threads))),
+        compile_pool_(static_cast<size_t>(std::max(1, config.num_compile_threads))) {}
 
   // The API key, as HTTP's: metadata `authorization: Bearer KEY` (the health and reflection
   // services stay open for probes and tools).
@@ -228,6 +250,15 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
           {grpc::StatusCode::UNAVAILABLE, "engine unhealthy: " + engine_.UnhealthyReason()});
     }
     Request request = ToRequest(*req, tokenizer_, config_.default_timeout_seconds);
+    std::optional<grammar::StructuredSpec> spec;
+    if (grpc::Status bad = ToStructuredSpec(req->sampling(), &spec); !bad.ok()) {
+      return new ErrorReactor(bad);
+    }
+    if (spec && !model_.grammars) {
+      return new ErrorReactor({grpc::StatusCode::FAILED_PRECONDITION,
+                               "sampling.structured: structured outputs are not available on this "
+                               "server (no token vocabulary)"});
+    }
     // The same admission as HTTP's (its 429), by the same count; the slot goes back when the
     // call is done, or here when the request goes no further.
     const int64_t num_prompt_tokens = std::ssize(request.prompt_ids);
@@ -237,16 +268,22 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
     }
     request.request_id =
         req->request_id().empty() ? "grpc-" + std::to_string(next_id_++) : req->request_id();
-    std::shared_ptr<OutputChannel> channel;
-    try {
-      channel = engine_.AddRequest(request);  // validates: the same rules as HTTP
-    } catch (const EngineUnavailableError& e) {
-      return new ErrorReactor({grpc::StatusCode::UNAVAILABLE, e.what()});
-    } catch (const Error& e) {
-      return new ErrorReactor({grpc::StatusCode::INVALID_ARGUMENT, e.what()});
+    if (spec) {
+      // A compile may take up to its deadline: on the compile pool, not this callback thread.
+      // The admission slot is held meanwhile, so at most the admission limit waits there.
+      auto reactor = GenerateReactor::Start(wake_pool_, engine_, front_end_, wakers_, nullptr,
+                                            request.request_id, num_prompt_tokens, std::move(slot));
+      boost::asio::post(compile_pool_,
+                        [this, reactor, request = std::move(request), spec = *spec]() mutable {
+                          CompileAndSubmit(*reactor, std::move(request), spec);
+                        });
+      return reactor.get();
     }
+    std::shared_ptr<OutputChannel> channel;
+    if (grpc::Status bad = Submit(request, &channel); !bad.ok()) return new ErrorReactor(bad);
     return GenerateReactor::Start(wake_pool_, engine_, front_end_, wakers_, std::move(channel),
-                                  request.request_id, num_prompt_tokens, std::move(slot));
+                                  request.request_id, num_prompt_tokens, std::move(slot))
+        .get();
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
@@ -278,15 +315,46 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
     return reactor;
   }
 
-  // Stops the wakes: no engine push reaches the pool after this; then the pool ends.
+  // Stops the wakes: no engine push reaches the pool after this; then the pools end (a
+  // compile in progress first runs to its end or its deadline).
   void StopWakes() {
     wakers_.DetachAll();
     wake_pool_.join();
+    compile_pool_.join();
   }
 
   std::atomic<bool> draining_{false};
 
  private:
+  // Into the engine's inbox; validates (the same rules as HTTP).
+  grpc::Status Submit(const Request& request, std::shared_ptr<OutputChannel>* channel) {
+    try {
+      *channel = engine_.AddRequest(request);
+    } catch (const EngineUnavailableError& e) {
+      return {grpc::StatusCode::UNAVAILABLE, e.what()};
+    } catch (const Error& e) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
+    }
+    return grpc::Status::OK;
+  }
+
+  // On the compile pool, holding `reactor`'s token: the grammar, then the engine, then the
+  // stream (or the call ends with the compile's or the engine's error).
+  void CompileAndSubmit(GenerateReactor& reactor, Request request,
+                        const grammar::StructuredSpec& spec) {
+    grpc::Status status = reactor.is_cancelled() ? grpc::Status::CANCELLED
+                                                 : CompileStructured(spec, *model_.grammars,
+                                                                     &request.sampling.grammar);
+    if (status.ok() && reactor.is_cancelled()) status = grpc::Status::CANCELLED;
+    if (status.error_code() == grpc::StatusCode::CANCELLED) {
+      front_end_.RecordAborted(reactor.id(), "grpc", reactor.num_prompt_tokens());
+    }
+    std::shared_ptr<OutputChannel> channel;
+    if (status.ok()) status = Submit(request, &channel);
+    if (!status.ok()) return reactor.Fail(status);
+    reactor.Begin(std::move(channel));
+  }
+
   Engine& engine_;
   FrontEnd& front_end_;
   const Tokenizer& tokenizer_;
@@ -295,6 +363,7 @@ class GrpcServer::Service : public v1::Llm::CallbackService {
   std::atomic<uint64_t> next_id_{0};
   WakerSet wakers_;
   boost::asio::thread_pool wake_pool_;
+  boost::asio::thread_pool compile_pool_;  // structured outputs' grammars (CompileAndSubmit)
 };
 
 GrpcServer::GrpcServer(Engine& engine, FrontEnd& front_end, const Tokenizer& tokenizer,

@@ -38,6 +38,43 @@ TEST(GrpcConvertTest, ConvertsPromptSamplingAndTimeout) {
             tokenizer->EncodePrompt(""));
 }
 
+TEST(GrpcConvertTest, StructuredOutputToSpec) {
+  using grammar::StructuredSpec;
+  v1::SamplingParams p;
+  std::optional<StructuredSpec> spec;
+  ASSERT_TRUE(ToStructuredSpec(p, &spec).ok());
+  EXPECT_FALSE(spec.has_value());  // unset
+  p.mutable_structured();
+  ASSERT_TRUE(ToStructuredSpec(p, &spec).ok());
+  EXPECT_FALSE(spec.has_value());  // no kind
+  p.mutable_structured()->set_json_object(false);
+  ASSERT_TRUE(ToStructuredSpec(p, &spec).ok());
+  EXPECT_FALSE(spec.has_value());  // json_object false: free text
+  p.mutable_structured()->set_json_schema(R"({"type": "object"})");
+  p.mutable_structured()->set_strict(true);
+  ASSERT_TRUE(ToStructuredSpec(p, &spec).ok());
+  ASSERT_TRUE(spec.has_value());
+  EXPECT_EQ(spec->kind, StructuredSpec::Kind::kJsonSchema);
+  EXPECT_EQ(spec->text, R"({"type": "object"})");
+  EXPECT_TRUE(spec->strict);
+  p.mutable_structured()->mutable_choice()->add_choices("yes");
+  p.mutable_structured()->mutable_choice()->add_choices("no");
+  EXPECT_EQ(ToStructuredSpec(p, &spec).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  p.mutable_structured()->set_strict(false);
+  ASSERT_TRUE(ToStructuredSpec(p, &spec).ok());
+  EXPECT_EQ(spec->kind, StructuredSpec::Kind::kChoice);
+  EXPECT_EQ(spec->choices, (std::vector<std::string>{"yes", "no"}));
+  EXPECT_FALSE(spec->strict);
+  p.mutable_structured()->set_regex("[0-9]+");
+  ASSERT_TRUE(ToStructuredSpec(p, &spec).ok());
+  EXPECT_EQ(spec->kind, StructuredSpec::Kind::kRegex);
+  EXPECT_EQ(spec->text, "[0-9]+");
+  EXPECT_TRUE(spec->choices.empty());
+  p.mutable_structured()->set_grammar("root ::= \"a\"");
+  ASSERT_TRUE(ToStructuredSpec(p, &spec).ok());
+  EXPECT_EQ(spec->kind, StructuredSpec::Kind::kGrammar);
+}
+
 // Fuzzer: crash-5ad4e0c5 (UBSan: 6.01673e+196 is outside the range of representable values
 // of type 'long': timeout_seconds * 1000 cast to int64).
 TEST(GrpcConvertTest, HugeTimeoutIsCapped) {
