@@ -130,7 +130,8 @@ Sequence* Engine::NewSequence(RequestState* req, int index, std::vector<int> tok
   seq->token_ids = std::move(tokens);
   const SamplingParams& sp = req->request.sampling;
   seq->sampler = std::make_unique<Sampler>(sp, req->request.prompt_ids, index);
-  seq->decoder = std::make_unique<IncrementalDecoder>(tokenizer_, req->request.prompt_ids);
+  seq->decoder = std::make_unique<IncrementalDecoder>(tokenizer_, req->request.prompt_ids,
+                                                      req->request.skip_special_tokens);
   seq->stop = std::make_unique<StopStringMatcher>(sp.stop);
   Sequence* raw = seq.get();
   req->seqs.push_back(raw);

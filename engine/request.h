@@ -26,6 +26,9 @@ struct Request {
   std::vector<int> prompt_ids;                // the text path tokenizes before it
   SamplingParams sampling;                    // includes max_tokens, n, stop, logprobs, ...
   std::optional<Clock::time_point> deadline;  // finish reason "timeout" once passed
+  // The output text leaves special tokens out (vLLM's skip_special_tokens); false keeps them
+  // (a tool-call parser that reads Mistral's [TOOL_CALLS] marker).
+  bool skip_special_tokens = true;
 };
 
 // Clock::now() + `seconds` (> 0) for Request::deadline. Timeouts come from clients as any

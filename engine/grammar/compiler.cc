@@ -5,6 +5,47 @@
 #include "engine/grammar/json_schema.h"
 
 namespace llm::grammar {
+namespace {
+
+std::string TextField(const nlohmann::ordered_json& j, const char* key) {
+  if (!j.contains(key)) return "";
+  if (!j[key].is_string()) throw GrammarError(std::string("tool calls: ") + key + " is not text");
+  return j[key].get<std::string>();
+}
+
+// StructuredSpec::Kind::kToolCalls (compiler.h).
+Grammar ToolCallsGrammar(const std::string& text, const JsonSchemaOptions& options,
+                         const Limits& limits) {
+  const auto format = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (!format.is_object() || !format.contains("items") || !format["items"].is_array() ||
+      format["items"].empty()) {
+    throw GrammarError("tool calls: the format has no items");
+  }
+  const int min = format.value("min", 1), max = format.value("max", 1);
+  if (min < 1 || (max >= 0 && max < min)) throw GrammarError("tool calls: bad min / max");
+  GrammarBuilder b(limits);
+  std::vector<ExprPtr> items;
+  for (const auto& item : format["items"]) {
+    if (!item.is_object() || !item.contains("schema")) {
+      throw GrammarError("tool calls: an item has no schema");
+    }
+    JsonSchemaOptions item_options = options;
+    item_options.strict = item.value("strict", false);
+    items.push_back(
+        Seq({Literal(TextField(item, "before")), JsonSchemaExpr(item["schema"], item_options, &b),
+             Literal(TextField(item, "after"))}));
+  }
+  const int call = b.NewRule("tool_call");
+  b.Define(call, Alt(std::move(items)));
+  const int root = b.NewRule("root");
+  b.Define(root, Seq({Literal(TextField(format, "prefix")), RuleRef(call),
+                      Repeat(Seq({Literal(TextField(format, "separator")), RuleRef(call)}), min - 1,
+                             max < 0 ? -1 : max - 1),
+                      Literal(TextField(format, "suffix"))}));
+  return b.Build(root);
+}
+
+}  // namespace
 
 std::string StructuredSpec::Key() const {
   std::string key = std::to_string(int(kind)) + (strict ? "s" : "-") + (compact ? "c" : "-");
@@ -73,6 +114,9 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::Compile(const Structured
       break;
     case StructuredSpec::Kind::kGrammar:
       g = EbnfGrammar(spec.text, limits);
+      break;
+    case StructuredSpec::Kind::kToolCalls:
+      g = ToolCallsGrammar(spec.text, json_options, limits);
       break;
   }
   auto compiled = std::make_shared<const CompiledGrammar>(std::move(g), vocab_);

@@ -17,9 +17,16 @@
 namespace llm::grammar {
 
 struct StructuredSpec {
-  enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar };
+  enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar, kToolCalls };
   Kind kind = Kind::kJsonObject;
-  std::string text;                  // the schema (JSON text), regex or EBNF grammar
+  // The schema (JSON text), regex or EBNF grammar. kToolCalls: a JSON object
+  //   {"prefix", "separator", "suffix": text, "min", "max": calls (max -1: no limit),
+  //    "items": [{"before": text, "schema": the arguments' schema, "after": text,
+  //               "strict": bool}]}
+  // for prefix, min..max items between separators, suffix; an item is `before`, JSON for its
+  // schema, `after` (a tool call in a model family's format, under tool_choice "required" or
+  // a named function).
+  std::string text;
   std::vector<std::string> choices;  // kChoice
   bool strict = false;               // kJsonSchema: unsupported keywords are an error
   bool compact = false;              // JSON: no whitespace between tokens

@@ -577,4 +577,14 @@ Grammar JsonObjectGrammar(const JsonSchemaOptions& options, const Limits& limits
   return b.Build(root);
 }
 
+ExprPtr JsonSchemaExpr(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options,
+                       GrammarBuilder* b) {
+  try {
+    SchemaCompiler c(schema, options, b);
+    return c.Compile();
+  } catch (const json::exception& e) {
+    throw GrammarError(std::string("json schema: ") + e.what());
+  }
+}
+
 }  // namespace llm::grammar

@@ -14,7 +14,8 @@
 //
 // The output is bounded wherever the schema is: between tokens at most one space, or a
 // newline and up to 24 spaces of indentation (none with `compact`); integers have at most 15
-// digits, numbers 15 + 15 digits and a 3-digit exponent. Properties come in the schema's
+// digits, numbers 15 + 15 digits and an exponent of at most 292 in magnitude (so that every
+// number is a finite double). Properties come in the schema's
 // order; an optional property may be left out; no property the schema does not list is
 // produced.
 #pragma once
@@ -32,6 +33,10 @@ struct JsonSchemaOptions {
 
 Grammar JsonSchemaGrammar(const nlohmann::ordered_json& schema,
                           const JsonSchemaOptions& options = {}, const Limits& limits = {});
+// The JSON for `schema` as an expression of `b`, to embed in a larger grammar (tool calls:
+// engine/grammar/compiler.h). `schema` must outlive b->Build().
+ExprPtr JsonSchemaExpr(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options,
+                       GrammarBuilder* b);
 // Any JSON object ({"type": "json_object"}).
 Grammar JsonObjectGrammar(const JsonSchemaOptions& options = {}, const Limits& limits = {});
 

@@ -40,7 +40,9 @@ struct ServeFlags {
   EngineConfig engine;
   int64_t kv_cache_mb = 1024;
   double shutdown_timeout = 30;
-  grammar::CompilerOptions structured;  // --structured-output-compile-timeout
+  grammar::CompilerOptions structured;    // --structured-output-compile-timeout
+  std::string tool_call_parser = "auto";  // or a chat::ToolFormat name
+  std::string reasoning_parser = "auto";  // "think", "none"
   BackendFlags backend;
   int threads = 0;
 };
@@ -135,7 +137,17 @@ int RunServe(ServeFlags f) {
         grammar::TokenVocabulary::FromTokenizer(*tokenizer, eos, model_config.vocab_size),
         f.structured);
   }
-  server::ChatRenderer chat = server::MakeChatRenderer(tok_dir, *tokenizer);
+  std::string template_source;
+  server::ChatRenderer chat = server::MakeChatRenderer(tok_dir, *tokenizer, &template_source);
+  // Tool calls and reasoning: the flags, else what the template shows.
+  info.tool_format = f.tool_call_parser == "auto" ? chat::DetectToolFormat(template_source)
+                                                  : *chat::ToolFormatFromName(f.tool_call_parser);
+  info.reasoning = f.reasoning_parser == "auto" ? chat::DetectReasoning(template_source)
+                                                : f.reasoning_parser == "think";
+  if (chat) {
+    Log(std::string("chat: tool calls ") + std::string(chat::ToolFormatName(info.tool_format)) +
+        ", reasoning " + (info.reasoning ? "<think>" : "none"));
+  }
   server::FrontEnd front_end(engine, info.id, f.admission);
   server::HttpServer http(engine, front_end, *tokenizer, info, f.http, chat);
   loading.Stop();
@@ -233,6 +245,16 @@ Command AddServe(CLI::App& app) {
                   "seconds a request's JSON schema / regex / grammar may take to compile "
                   "(beyond: a 400)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--tool-call-parser", f->tool_call_parser,
+                  "how the model writes tool calls: hermes (Qwen 2.5 / Qwen3 <tool_call>), "
+                  "llama3_json, mistral, none, or auto (read off the chat template)")
+      ->check(CLI::IsMember({"auto", "hermes", "qwen", "llama3_json", "mistral", "none"}))
+      ->capture_default_str();
+  cmd->add_option("--reasoning-parser", f->reasoning_parser,
+                  "think: <think>...</think> is reasoning_content; none; or auto (think when "
+                  "the chat template knows </think>)")
+      ->check(CLI::IsMember({"auto", "think", "none"}))
       ->capture_default_str();
   cmd->add_option("--disconnect-probe-interval", f->http.probe_interval_seconds,
                   "seconds between writes that look for a gone client while a response has "

@@ -20,6 +20,8 @@ std::string FieldName(StructuredSpec::Kind kind) {
       return "sampling.structured.choice";
     case StructuredSpec::Kind::kGrammar:
       return "sampling.structured.grammar";
+    case StructuredSpec::Kind::kToolCalls:  // chat tools (HTTP only)
+      break;
   }
   return "sampling.structured";
 }

@@ -11,7 +11,9 @@
 
 namespace llm::server {
 
-ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tokenizer) {
+ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tokenizer,
+                              std::string* source) {
+  if (source) source->clear();
   const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer_config.json";
   if (!std::filesystem::exists(path)) return nullptr;
   const nlohmann::json config = ReadJsonFile(path.string());
@@ -22,6 +24,7 @@ ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tok
   } catch (const Error& e) {
     throw Error(path.string() + ": " + e.what());
   }
+  if (source) *source = chat->source();
   // bos_token / eos_token as the template sees them: the config's strings (possibly
   // {"content": ...} objects), else the tokenizer's pieces.
   auto token_string = [&](const char* key, int id) -> std::string {

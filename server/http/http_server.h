@@ -60,8 +60,10 @@ struct ServerConfig {
 
 // The model folder's chat template (tokenizer_config.json) as a renderer, or null when it
 // has none. Throws llm::Error naming the file when the template cannot be parsed (an error
-// at start-up, never a silent fallback).
-ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tokenizer);
+// at start-up, never a silent fallback). `source`, when given, gets the template's text ("" when
+// none).
+ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tokenizer,
+                              std::string* source = nullptr);
 
 // An HTTP response with a JSON body, and one with OpenAI's error body.
 HttpResponse JsonResponse(int status, const nlohmann::json& body);

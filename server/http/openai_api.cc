@@ -98,6 +98,7 @@ void ParseSampling(const json& body, std::string_view body_text, const ModelInfo
   }
   if (f.Has("seed")) sp.seed = static_cast<uint64_t>(f.Int("seed", 0));
   sp.ignore_eos = f.Bool("ignore_eos", false);
+  out->request.skip_special_tokens = f.Bool("skip_special_tokens", true);
   sp.stop = StopStrings(body);
   sp.stop_token_ids = IntList(body, "stop_token_ids");
   // max_tokens (or chat's max_completion_tokens); default: the rest of the context.
@@ -223,13 +224,6 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
     throw BadParam("messages", "messages must be a non-empty list");
   }
   const Fields f(body);
-  if (f.Has("tools")) {
-    const json& tools = body["tools"];
-    if (!tools.is_array() ||
-        !std::all_of(tools.begin(), tools.end(), [](const json& t) { return t.is_object(); })) {
-      throw BadParam("tools", "tools must be a list of objects");
-    }
-  }
   if (f.Has("chat_template_kwargs")) {
     if (!body["chat_template_kwargs"].is_object()) {
       throw BadParam("chat_template_kwargs", "chat_template_kwargs must be an object");
@@ -239,8 +233,10 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
     }
   }
   auto ordered = nlohmann::ordered_json::parse(body_text);
+  const ToolsRequest tools = ParseTools(ordered, model);
   ChatInputs inputs;
   inputs.messages = std::move(ordered["messages"]);
+  PrepareToolMessages(&inputs.messages);
   // Fields::Bool, not json::value: a non-boolean is a 400, not a json::type_error (a 500).
   inputs.add_generation_prompt = f.Bool("add_generation_prompt", true);
   if (f.Has("tools")) inputs.variables["tools"] = std::move(ordered["tools"]);
@@ -249,7 +245,25 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
       inputs.variables[key] = std::move(value);
     }
   }
-  return ParseChat(body, chat(inputs), tokenizer, model, body_text);
+  const std::string prompt = chat(inputs);
+  ParsedRequest out = ParseChat(body, prompt, tokenizer, model, body_text);
+  if (tools.forced) {
+    if (out.request.sampling.grammar) {
+      throw BadParam("tool_choice",
+                     "tool_choice \"required\" or a named function cannot be combined with "
+                     "another structured output (response_format, structured_outputs)");
+    }
+    out.request.sampling.grammar = tools.grammar;
+  }
+  chat::ChatOutputOptions& co = out.chat_output;
+  co.tools = tools.format;
+  co.forced_tools = tools.forced;
+  co.reasoning = model.reasoning;
+  co.starts_in_reasoning = model.reasoning && chat::PromptOpensReasoning(prompt);
+  co.id_prefix = NewToolCallIdPrefix(tools.format);
+  // Mistral's [TOOL_CALLS] is a special token: the parser must see it.
+  if (tools.format == chat::ToolFormat::kMistral) out.request.skip_special_tokens = false;
+  return out;
 }
 
 }  // namespace llm::server

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/chat/chat_output.h"
 #include "engine/grammar/compiler.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -40,7 +41,30 @@ struct ModelInfo {
   int64_t vocab_size = 0;
   // Structured outputs (response_format, structured_outputs); null: such requests are a 400.
   std::shared_ptr<grammar::GrammarCompiler> grammars = nullptr;
+  // How the chat template writes tool calls (--tool-call-parser, else read off the template)
+  // and whether it thinks in <think> blocks (--reasoning-parser).
+  chat::ToolFormat tool_format = chat::ToolFormat::kNone;
+  bool reasoning = false;
 };
+
+// What a chat request's `tools`, `tool_choice` and `parallel_tool_calls` ask of the output.
+struct ToolsRequest {
+  chat::ToolFormat format = chat::ToolFormat::kNone;  // kNone: calls are not looked for
+  bool forced = false;  // tool_choice "required" or named: the output is calls, under `grammar`
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+};
+// Checks tools ({"type": "function", "function": {"name", "description", "parameters",
+// "strict"}}), tool_choice ("none", "auto" (the default with tools), "required", or
+// {"type": "function", "function": {"name"}} naming one of them) and parallel_tool_calls
+// (with false, a forced choice makes one call). A forced choice compiles the calls' grammar.
+// Throws ApiError naming the field.
+ToolsRequest ParseTools(const nlohmann::ordered_json& body, const ModelInfo& model);
+// Past assistant tool calls whose arguments are JSON text get them as an object, which
+// templates (Qwen, Llama) write with tojson, as vLLM passes them.
+void PrepareToolMessages(nlohmann::ordered_json* messages);
+// A new request's tool-call id prefix (its calls are prefix + index): "call_" and 22 random
+// letters and digits; Mistral, whose template wants 9 letters and digits: 8 random.
+std::string NewToolCallIdPrefix(chat::ToolFormat format);
 
 // The structured-output fields of a completion or chat request, as a grammar for the sampler
 // (sp->grammar; unset when the request has none):
@@ -65,6 +89,9 @@ struct ParsedRequest {
   // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" (ids that do not
   // decode to text on their own stay distinguishable).
   bool tokens_as_ids = false;
+  // Chat: how each choice's text splits into reasoning, content and tool calls (the default:
+  // all content).
+  chat::ChatOutputOptions chat_output;
 };
 
 // POST /v1/completions. `prompt`: a string, a list with one string, a list of token ids, or
@@ -123,11 +150,22 @@ class ResponseBuilder {
   const Tokenizer& tokenizer_;
   std::string id_, model_;
   int64_t created_ = 0;
+  struct ToolCall {
+    std::string id, name, arguments;
+  };
   struct Choice {
-    std::string text;
+    std::string text;  // chat: the content
+    std::string reasoning;
+    std::vector<ToolCall> tool_calls;
     std::vector<OutputLogprob> logprobs;
     FinishReason finish = FinishReason::kNone;
+    // Chat with tools or reasoning: splits the text; `last` is what the latest Add made of it
+    // (the next Chunk's delta).
+    std::unique_ptr<chat::ChatOutputParser> parser;
+    chat::ChatDelta last;
   };
+  // finish_reason: "tool_calls" for a choice that stopped after calling tools.
+  nlohmann::json FinishJson(const Choice& c, FinishReason reason) const;
   std::vector<Choice> choices_;
   Usage usage_;
 };

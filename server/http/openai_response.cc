@@ -21,11 +21,31 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& req, const Tokenizer& toke
                  std::chrono::system_clock::now().time_since_epoch())
                  .count();
   choices_.resize(static_cast<size_t>(std::max(1, req.request.sampling.n)));
+  const chat::ChatOutputOptions& co = req.chat_output;
+  if (req.is_chat && (co.tools != chat::ToolFormat::kNone || co.reasoning)) {
+    for (Choice& c : choices_) c.parser = std::make_unique<chat::ChatOutputParser>(co);
+  }
+}
+
+json ResponseBuilder::FinishJson(const Choice& c, FinishReason reason) const {
+  if (reason == FinishReason::kStop && !c.tool_calls.empty()) return "tool_calls";
+  return llm::server::FinishJson(reason);
 }
 
 void ResponseBuilder::Add(const RequestOutput& out) {
   Choice& c = choices_.at(static_cast<size_t>(out.index));
-  c.text += out.text;
+  if (c.parser) {
+    c.last = c.parser->Feed(out.text);
+    if (out.finish_reason != FinishReason::kNone) c.last.Append(c.parser->Finish());
+    c.text += c.last.content;
+    c.reasoning += c.last.reasoning;
+    for (const chat::ToolCallDelta& d : c.last.tool_calls) {
+      if (!d.name.empty()) c.tool_calls.push_back({d.id, d.name, ""});
+      if (!c.tool_calls.empty()) c.tool_calls.back().arguments += d.arguments;
+    }
+  } else {
+    c.text += out.text;
+  }
   c.logprobs.insert(c.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
   if (out.finish_reason != FinishReason::kNone) c.finish = out.finish_reason;
   if (out.is_last) usage_ = out.usage;
@@ -74,10 +94,24 @@ json ResponseBuilder::Final() const {
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     json choice = {{"index", i},
-                   {"finish_reason", FinishJson(c.finish)},
+                   {"finish_reason", FinishJson(c, c.finish)},
                    {"logprobs", LogprobsJson(c.logprobs)}};
     if (req_.is_chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      json message = {{"role", "assistant"},
+                      {"content", c.text.empty() && !c.tool_calls.empty() ? json() : json(c.text)}};
+      if (req_.chat_output.reasoning) {
+        message["reasoning_content"] = c.reasoning.empty() ? json() : json(c.reasoning);
+      }
+      if (!c.tool_calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& t : c.tool_calls) {
+          calls.push_back({{"id", t.id},
+                           {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        }
+        message["tool_calls"] = std::move(calls);
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
     }
@@ -91,15 +125,36 @@ json ResponseBuilder::Final() const {
 }
 
 json ResponseBuilder::Chunk(const RequestOutput& out) const {
-  if (out.text.empty() && out.finish_reason == FinishReason::kNone && out.logprobs.empty()) {
+  const Choice& c = choices_.at(static_cast<size_t>(out.index));
+  const bool nothing = c.parser ? c.last.empty() : out.text.empty();
+  if (nothing && out.finish_reason == FinishReason::kNone && out.logprobs.empty()) {
     return nullptr;
   }
   json r = Envelope();
   r["object"] = req_.is_chat ? "chat.completion.chunk" : "text_completion";
   json choice = {{"index", out.index},
-                 {"finish_reason", FinishJson(out.finish_reason)},
+                 {"finish_reason", FinishJson(c, out.finish_reason)},
                  {"logprobs", LogprobsJson(out.logprobs)}};
-  if (req_.is_chat) {
+  if (req_.is_chat && c.parser) {
+    json delta = json::object();
+    if (!c.last.reasoning.empty()) delta["reasoning_content"] = c.last.reasoning;
+    if (!c.last.content.empty()) delta["content"] = c.last.content;
+    if (!c.last.tool_calls.empty()) {
+      json calls = json::array();
+      for (const chat::ToolCallDelta& d : c.last.tool_calls) {
+        if (d.name.empty()) {
+          calls.push_back({{"index", d.index}, {"function", {{"arguments", d.arguments}}}});
+        } else {
+          calls.push_back({{"index", d.index},
+                           {"id", d.id},
+                           {"type", "function"},
+                           {"function", {{"name", d.name}, {"arguments", d.arguments}}}});
+        }
+      }
+      delta["tool_calls"] = std::move(calls);
+    }
+    choice["delta"] = std::move(delta);
+  } else if (req_.is_chat) {
     choice["delta"] = out.text.empty() ? json::object() : json{{"content", out.text}};
   } else {
     choice["text"] = out.text;
