@@ -2,8 +2,10 @@
 """The llm_client package (clients/python, installed by run_grpc_client_test.sh into a venv
 over Debian's python3-grpcio) against a running `llm serve`: health, a token stream,
 complete() agreeing with it, tokenize, model info, INVALID_ARGUMENT for a bad request, an
-unknown parameter refused client-side, and a cancelled stream.
+unknown parameter refused client-side, structured outputs (a json_schema output that parses in
+the schema's key order, a choice, a bad regex named), and a cancelled stream.
 Usage: grpc_client_test.py HOST:PORT"""
+import json
 import sys
 
 import grpc
@@ -54,6 +56,27 @@ try:
 except TypeError as e:
     assert "temprature" in str(e)
 ok("INVALID_ARGUMENT; unknown parameter refused")
+
+schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0,
+                                                   "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+person = client.complete("A person:", temperature=1.0, seed=7, max_tokens=200,
+                         structured={"json_schema": json.dumps(schema), "strict": True})
+assert person.finish_reason == "stop", person
+obj = json.loads(person.text)
+assert list(obj) == ["name", "age"] and isinstance(obj["name"], str), person.text
+assert isinstance(obj["age"], int) and 0 <= obj["age"] <= 120, person.text
+color = client.complete("The color was", temperature=1.0, seed=3,
+                        structured={"choice": {"choices": ["red", "green", "blue"]}})
+assert color.text in ("red", "green", "blue") and color.finish_reason == "stop", color
+try:
+    client.complete("x", structured={"regex": "(a|b"})
+    raise AssertionError("expected INVALID_ARGUMENT")
+except grpc.RpcError as e:
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+    assert e.details().startswith("sampling.structured.regex: "), e.details()
+ok("structured outputs: json_schema %s, choice %r" % (person.text, color.text))
 
 stream = client.generate("Once upon a time", max_tokens=400, ignore_eos=True)
 first = next(iter(stream))
