@@ -60,7 +60,7 @@ struct ToolsRequest {
 // Throws ApiError naming the field.
 ToolsRequest ParseTools(const nlohmann::ordered_json& body, const ModelInfo& model);
 // Past assistant tool calls whose arguments are JSON text get them as an object, which
-// templates (Qwen, Llama) write with tojson, as vLLM passes them.
+// templates (Qwen, Llama) write with tojson, as vLLM passes them; their null content is "".
 void PrepareToolMessages(nlohmann::ordered_json* messages);
 // A new request's tool-call id prefix (its calls are prefix + index): "call_" and 22 random
 // letters and digits; Mistral, whose template wants 9 letters and digits: 8 random.

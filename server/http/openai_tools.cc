@@ -165,6 +165,9 @@ ToolsRequest ParseTools(const json& body, const ModelInfo& model) {
 void PrepareToolMessages(json* messages) {
   for (json& m : *messages) {
     if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+    // OpenAI clients send content null beside tool calls; templates test it as text (Qwen3's
+    // `'</think>' in content` fails on none, in Jinja2 as here).
+    if (!m.contains("content") || m["content"].is_null()) m["content"] = "";
     for (json& call : m["tool_calls"]) {
       if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
         continue;
