@@ -5,7 +5,8 @@
 # (scripts/deps.sh); installs nothing itself.
 #
 #   scripts/fuzz.sh [--seconds N] [--runs N] [TARGET...]
-#     TARGET: openai_request safetensors tokenizer hf_tokenizer chat_template grpc_request
+#     TARGET: openai_request safetensors tokenizer hf_tokenizer chat_template grammar
+#             grpc_request
 #             (default: all)
 #     --seconds N: -max_total_time=N per target (default 20); --runs N: -runs=N instead
 #     (both: whichever limit comes first)
@@ -27,7 +28,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(openai_request safetensors tokenizer hf_tokenizer chat_template grpc_request)
+  targets=(openai_request safetensors tokenizer hf_tokenizer chat_template grammar grpc_request)
 fi
 
 if [[ ! -f $BUILD/build.ninja ]]; then

@@ -139,6 +139,7 @@ int32_t CompiledGrammar::StateLocked(std::vector<int32_t> stacks, bool accepting
   if (stacks.empty() && !accepting) return kDead;
   if (stacks.size() > kMaxStacksPerState || nodes_.size() > kMaxNodes ||
       states_.size() >= kMaxStates) {
+    ++num_capped_;
     return kDead;
   }
   // The accepting flag is part of the key: a trailing sentinel that no node id takes.
@@ -250,7 +251,7 @@ std::shared_ptr<const Mask> CompiledGrammar::AllowedTokens(
 
 CompiledGrammar::Stats CompiledGrammar::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return {nodes_.size(), states_.size(), masks_computed_, masks_cached_};
+  return {nodes_.size(), states_.size(), masks_computed_, masks_cached_, num_capped_};
 }
 
 // ---- Matcher

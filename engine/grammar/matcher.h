@@ -90,6 +90,9 @@ class CompiledGrammar {
 
   struct Stats {
     size_t nodes = 0, states = 0, masks_computed = 0, masks_cached = 0;
+    // Transitions that went dead because the automaton hit its bounds (too many stacks in a
+    // state, nodes or states), not because the grammar refuses the byte.
+    size_t num_capped = 0;
   };
   Stats stats() const;
 
@@ -124,6 +127,7 @@ class CompiledGrammar {
   mutable std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_index_;
   mutable size_t masks_computed_ = 0;
   mutable size_t masks_cached_ = 0;
+  mutable size_t num_capped_ = 0;
 };
 
 // One output's progress through a grammar. Not thread-safe (one sequence, one thread).

