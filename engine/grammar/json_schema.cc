@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 namespace llm::grammar {
@@ -224,54 +225,151 @@ class SchemaCompiler {
     return RuleRef(rule);
   }
 
-  // allOf: the subschemas' object keywords merged into one schema.
-  json MergeAllOf(const json& s, const std::string& path, int depth) const {
-    if (depth > kMaxDepth) Fail(path, "allOf nests deeper than " + std::to_string(kMaxDepth));
+  // A schema that can never be satisfied together with another (merging found it): an
+  // allOf is then an error, an anyOf alternative is dropped.
+  struct Unsatisfiable {
+    std::string what;
+  };
+
+  // Keywords that count beside $ref (not annotations).
+  static bool HasSiblings(const json& s, const char* key) {
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      if (it.key() != key && Annotations().count(it.key()) == 0) return true;
+    }
+    return false;
+  }
+
+  // `s` as one schema without allOf and $ref at its top: a $ref's target merged with the
+  // keywords beside it (draft 2019+ applies both), the allOf parts merged in.
+  json Flatten(const json& s, const std::string& path, int depth) const {
+    if (depth > kMaxDepth) Fail(path, "allOf / $ref nest deeper than " + std::to_string(kMaxDepth));
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) throw Unsatisfiable{"false can never be satisfied"};
+      return json::object();
+    }
+    if (!s.is_object()) Fail(path, "a schema must be an object or a boolean");
+    CheckKeywords(s, path);
     json merged = s;
     merged.erase("allOf");
-    const json& parts = s["allOf"];
-    if (!parts.is_array() || parts.empty()) Fail(path, "allOf must be a non-empty array");
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const std::string p = path + "/allOf/" + std::to_string(i);
-      json part = parts[i];
-      if (part.is_boolean()) {
-        if (!part.get<bool>()) Fail(p, "false can never be satisfied");
-        continue;
-      }
-      if (!part.is_object()) Fail(p, "a schema must be an object or a boolean");
-      if (part.contains("$ref") && part["$ref"].is_string()) {
-        json target = Resolve(part["$ref"].get<std::string>(), p);
-        part.erase("$ref");
-        target.update(part);
-        part = std::move(target);
-      }
-      if (part.contains("allOf")) part = MergeAllOf(part, p, depth + 1);
-      for (auto it = part.begin(); it != part.end(); ++it) {
-        const std::string& k = it.key();
-        if (k == "properties" && it->is_object()) {
-          json& props = merged["properties"];
-          if (!props.is_object()) props = json::object();
-          for (auto pit = it->begin(); pit != it->end(); ++pit) {
-            if (props.contains(pit.key()) && props[pit.key()] != *pit) {
-              props[pit.key()] = {{"allOf", json::array({props[pit.key()], *pit})}};
-            } else {
-              props[pit.key()] = *pit;
-            }
-          }
-        } else if (k == "required" && it->is_array()) {
-          json& req = merged["required"];
-          if (!req.is_array()) req = json::array();
-          for (const json& r : *it) {
-            if (std::find(req.begin(), req.end(), r) == req.end()) req.push_back(r);
-          }
-        } else if (k == "type" && merged.contains("type") && merged["type"] != *it) {
-          Fail(p, "allOf combines different types");
-        } else if (!merged.contains(k)) {
-          merged[k] = *it;
-        }
+    if (merged.contains("$ref")) {
+      if (!merged["$ref"].is_string()) Fail(path, "$ref must be a string");
+      const std::string ref = merged["$ref"].get<std::string>();
+      merged.erase("$ref");
+      json target = Flatten(Resolve(ref, path), ref, depth + 1);
+      Merge(&target, merged, path);
+      merged = std::move(target);
+    }
+    if (s.contains("allOf")) {
+      const json& parts = s["allOf"];
+      if (!parts.is_array() || parts.empty()) Fail(path, "allOf must be a non-empty array");
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const std::string p = path + "/allOf/" + std::to_string(i);
+        Merge(&merged, Flatten(parts[i], p, depth + 1), p);
       }
     }
     return merged;
+  }
+
+  // The types a schema allows ("nullable" included); nullopt: any type.
+  static std::optional<std::vector<std::string>> TypeSet(const json& s) {
+    if (!s.contains("type")) return std::nullopt;
+    std::vector<std::string> types;
+    const json& t = s["type"];
+    if (t.is_string()) types.push_back(t.get<std::string>());
+    if (t.is_array()) {
+      for (const json& x : t) {
+        if (x.is_string()) types.push_back(x.get<std::string>());
+      }
+    }
+    if (s.value("nullable", false) && std::find(types.begin(), types.end(), "null") == types.end())
+      types.push_back("null");
+    return types;
+  }
+
+  // Merges the flattened schema `part` into `*into` (both must hold): properties unioned
+  // (one named by both gets the allOf of its two schemas), required unioned, types
+  // intersected, lower bounds raised and upper bounds lowered, enums intersected. Another
+  // keyword both give differently keeps `*into`'s, and is an error under strict.
+  void Merge(json* into, const json& part, const std::string& path) const {
+    json& m = *into;
+    const auto ta = TypeSet(m), tb = TypeSet(part);
+    for (auto it = part.begin(); it != part.end(); ++it) {
+      const std::string& k = it.key();
+      const json& v = *it;
+      if (k == "type" || k == "nullable" || Annotations().count(k)) continue;
+      if (!m.contains(k)) {
+        m[k] = v;
+        continue;
+      }
+      json& have = m[k];
+      if (have == v) continue;
+      if (k == "properties" && have.is_object() && v.is_object()) {
+        for (auto pit = v.begin(); pit != v.end(); ++pit) {
+          if (have.contains(pit.key()) && have[pit.key()] != *pit) {
+            have[pit.key()] = {{"allOf", json::array({have[pit.key()], *pit})}};
+          } else {
+            have[pit.key()] = *pit;
+          }
+        }
+      } else if (k == "required" && have.is_array() && v.is_array()) {
+        for (const json& r : v) {
+          if (std::find(have.begin(), have.end(), r) == have.end()) have.push_back(r);
+        }
+      } else if ((k == "minimum" || k == "exclusiveMinimum" || k == "minLength" ||
+                  k == "minItems") &&
+                 have.is_number() && v.is_number()) {
+        if (v.get<double>() > have.get<double>()) have = v;
+      } else if ((k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" ||
+                  k == "maxItems") &&
+                 have.is_number() && v.is_number()) {
+        if (v.get<double>() < have.get<double>()) have = v;
+      } else if (k == "enum" && have.is_array() && v.is_array()) {
+        json both = json::array();
+        for (const json& x : have) {
+          if (std::find(v.begin(), v.end(), x) != v.end()) both.push_back(x);
+        }
+        if (both.empty()) throw Unsatisfiable{"their enums have no value in common"};
+        have = std::move(both);
+      } else if (k == "const") {
+        throw Unsatisfiable{"their consts differ"};
+      } else if ((k == "additionalProperties" || k == "items") &&
+                 (have.is_boolean() || v.is_boolean())) {
+        if (v == json(false) || have == json(true)) have = v;
+      } else if (k == "additionalProperties" || k == "items") {
+        have = {{"allOf", json::array({have, v})}};
+      } else if (opt_.strict) {
+        Fail(path, "combining two different '" + k + "' is not supported (strict)");
+      }
+    }
+    if (!ta && !tb) return;
+    std::vector<std::string> types;
+    if (!ta || !tb) {
+      types = ta ? *ta : *tb;
+    } else {
+      for (const std::string& t : *ta) {
+        auto in_b = [&](const std::string& x) {
+          return std::find(tb->begin(), tb->end(), x) != tb->end();
+        };
+        if (in_b(t)) {
+          types.push_back(t);
+        } else if ((t == "integer" && in_b("number")) || (t == "number" && in_b("integer"))) {
+          types.push_back("integer");
+        }
+      }
+      if (types.empty()) throw Unsatisfiable{"their types do not intersect"};
+    }
+    m.erase("nullable");
+    m["type"] = types.size() == 1 ? json(types[0]) : json(types);
+  }
+
+  // A schema with allOf or with keywords beside $ref, merged into one.
+  json MergeAll(const json& s, const std::string& path, int depth) const {
+    try {
+      return Flatten(s, path, depth);
+    } catch (const Unsatisfiable& u) {
+      Fail(path, (s.contains("allOf") ? "allOf" : "$ref with keywords beside it") +
+                     std::string(" can never be satisfied: ") + u.what);
+    }
   }
 
   std::vector<std::string> Types(const json& s, const std::string& path) const {
@@ -332,7 +430,17 @@ class SchemaCompiler {
     }
     if (!s.is_object()) Fail(path, "a schema must be an object or a boolean");
     CheckKeywords(s, path);
-    if (s.contains("allOf")) return Gen(MergeAllOf(s, path, depth), path, depth + 1);
+    if (s.contains("allOf") || (s.contains("$ref") && HasSiblings(s, "$ref"))) {
+      // A rule per distinct schema, so that a recursive one ({"$ref": "#/$defs/node",
+      // "maxItems": 3} inside node) refers to itself instead of inlining forever.
+      const std::string key = "merged " + Dump(s);
+      auto it = refs_.find(key);
+      if (it != refs_.end()) return RuleRef(it->second);
+      const int rule = b_->NewRule("merged");
+      refs_[key] = rule;
+      b_->Define(rule, Gen(MergeAll(s, path, depth), path, depth + 1));
+      return RuleRef(rule);
+    }
     if (s.contains("$ref")) {
       if (!s["$ref"].is_string()) Fail(path, "$ref must be a string");
       return Ref(s["$ref"].get<std::string>(), path, depth);

@@ -197,6 +197,39 @@ TEST(GrammarJsonSchema, AllOfMergesObjects) {
   EXPECT_FALSE(Accepts(*g, R"({"a":1})"));
 }
 
+// Keywords beside $ref apply with it (draft 2019+): {"$ref": X, ...} is allOf [X, the rest],
+// merged as allOf merges (bounds tightened), also under strict and through recursion.
+TEST(GrammarJsonSchema, KeywordsBesideRefApply) {
+  for (bool strict : {false, true}) {
+    auto s = Compile(Schema(R"({"$defs":{"s":{"type":"string","maxLength":10}},
+        "$ref":"#/$defs/s","maxLength":2})",
+                            strict));
+    EXPECT_TRUE(Accepts(*s, R"("ab")"));
+    EXPECT_FALSE(Accepts(*s, R"("abc")"));
+    auto n = Compile(Schema(R"({"$defs":{"n":{"type":"integer","minimum":-10}},
+        "$ref":"#/$defs/n","minimum":0,"maximum":5})",
+                            strict));
+    EXPECT_TRUE(Accepts(*n, "0"));
+    EXPECT_TRUE(Accepts(*n, "5"));
+    EXPECT_FALSE(Accepts(*n, "-1"));
+    EXPECT_FALSE(Accepts(*n, "6"));
+  }
+  auto tree = Compile(Schema(R"({"$defs":{"node":{"type":"object","properties":{
+      "v":{"type":"integer"},
+      "kids":{"type":"array","items":{"$ref":"#/$defs/node","required":["v"]}}}}},
+      "$ref":"#/$defs/node"})"));
+  EXPECT_TRUE(Accepts(*tree, R"({"kids":[{"v":1,"kids":[{"v":2}]}]})"));
+  EXPECT_FALSE(Accepts(*tree, R"({"kids":[{"v":1,"kids":[{}]}]})"));
+  auto all = Compile(Schema(R"({"allOf":[{"type":"integer","minimum":0,"maximum":10},
+      {"minimum":3,"maximum":20}]})"));
+  EXPECT_FALSE(Accepts(*all, "2"));
+  EXPECT_TRUE(Accepts(*all, "3"));
+  EXPECT_TRUE(Accepts(*all, "10"));
+  EXPECT_FALSE(Accepts(*all, "11"));
+  EXPECT_THROW(Schema(R"({"$defs":{"s":{"type":"string"}},"$ref":"#/$defs/s","type":"integer"})"),
+               GrammarError);
+}
+
 TEST(GrammarJsonSchema, StrictNamesUnsupportedKeywords) {
   EXPECT_NO_THROW(Schema(R"({"type":"string","format":"email"})"));
   try {
