@@ -458,19 +458,30 @@ class SchemaCompiler {
       const json& parts = s[key];
       if (!parts.is_array() || parts.empty())
         Fail(path, std::string(key) + " must be a non-empty array");
+      // Keywords beside anyOf apply to every alternative (pydantic writes "nullable" fields
+      // this way): merged into each as allOf merges; an alternative they contradict is
+      // dropped.
+      json siblings = s;
+      siblings.erase(key);
+      const bool merge = HasSiblings(siblings, "");
       std::vector<ExprPtr> alts;
       for (size_t i = 0; i < parts.size(); ++i) {
-        // Keywords beside anyOf apply to every alternative (pydantic writes "nullable"
-        // fields this way): merged into each.
-        json part = parts[i];
-        if (part.is_object()) {
-          for (auto it = s.begin(); it != s.end(); ++it) {
-            if (it.key() != key && !part.contains(it.key()) && Annotations().count(it.key()) == 0) {
-              part[it.key()] = *it;
-            }
-          }
+        const std::string p = path + "/" + key + "/" + std::to_string(i);
+        if (!merge) {
+          alts.push_back(Gen(parts[i], p, depth + 1));
+          continue;
         }
-        alts.push_back(Gen(part, path + "/" + key + "/" + std::to_string(i), depth + 1));
+        json part;
+        try {
+          part = Flatten(siblings, path, depth + 1);
+          Merge(&part, Flatten(parts[i], p, depth + 1), p);
+        } catch (const Unsatisfiable&) {
+          continue;
+        }
+        alts.push_back(Gen(part, p, depth + 1));
+      }
+      if (alts.empty()) {
+        Fail(path, std::string(key) + ": no alternative can hold with the keywords beside it");
       }
       return Alt(std::move(alts));
     }

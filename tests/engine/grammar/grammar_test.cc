@@ -230,6 +230,32 @@ TEST(GrammarJsonSchema, KeywordsBesideRefApply) {
                GrammarError);
 }
 
+// Keywords beside anyOf / oneOf merge into each alternative the way allOf merges: the
+// properties unioned (one named by both gets both schemas), required unioned; an
+// alternative they contradict is dropped.
+TEST(GrammarJsonSchema, KeywordsBesideAnyOfMergeIntoEachAlternative) {
+  for (const char* key : {"anyOf", "oneOf"}) {
+    const std::string text = std::string(R"({"type":"object","properties":{
+        "a":{"type":"integer","minimum":0}},"required":["a"],")") +
+                             key + R"(":[
+        {"properties":{"a":{"maximum":5},"b":{"type":"string"}},"required":["b"]},
+        {"properties":{"c":{"type":"boolean"}},"required":["c"]}]})";
+    auto g = Compile(Schema(text.c_str()));
+    EXPECT_TRUE(Accepts(*g, R"({"a":1,"b":"x"})")) << key;
+    EXPECT_TRUE(Accepts(*g, R"({"a":9,"c":true})")) << key;
+    EXPECT_FALSE(Accepts(*g, R"({"b":"x"})")) << key;          // a is required beside anyOf
+    EXPECT_FALSE(Accepts(*g, R"({"a":1})")) << key;            // b or c
+    EXPECT_FALSE(Accepts(*g, R"({"a":6,"b":"x"})")) << key;    // the branch's maximum
+    EXPECT_FALSE(Accepts(*g, R"({"a":-1,"c":true})")) << key;  // the sibling's minimum
+  }
+  auto s = Compile(Schema(R"({"type":"string","anyOf":[{"type":"null"},{"maxLength":2}]})"));
+  EXPECT_TRUE(Accepts(*s, R"("ab")"));
+  EXPECT_FALSE(Accepts(*s, R"("abc")"));
+  EXPECT_FALSE(Accepts(*s, "null"));  // contradicts type string: dropped
+  EXPECT_THROW(Schema(R"({"type":"string","anyOf":[{"type":"null"},{"type":"integer"}]})"),
+               GrammarError);
+}
+
 TEST(GrammarJsonSchema, StrictNamesUnsupportedKeywords) {
   EXPECT_NO_THROW(Schema(R"({"type":"string","format":"email"})"));
   try {
