@@ -193,10 +193,30 @@ class RegexParser {
     }
     if (!AtEnd() && Peek() == '?') ++pos_;  // lazy: the same language
     if (!AtEnd() && Peek() == '+') Fail("possessive quantifiers are not supported");
-    if (!AtEnd() && (Peek() == '*' || Peek() == '+' || Peek() == '{')) {
-      if (Peek() != '{') Fail("a quantifier follows a quantifier");
+    // ECMAScript refuses a quantifier on a quantifier (a{2}{3}, a*{2}: "nothing to repeat");
+    // a '{' that is no quantifier stays a literal.
+    if (!AtEnd() &&
+        (Peek() == '*' || Peek() == '+' || (Peek() == '{' && BraceQuantifierAt(pos_)))) {
+      Fail("a quantifier follows a quantifier (nothing to repeat; group it: (a{2}){3})");
     }
     return Repeat(std::move(atom), min, max);
+  }
+
+  // p_[i..] is {m}, {m,} or {m,n}.
+  bool BraceQuantifierAt(size_t i) const {
+    auto digits = [&](size_t* j) {
+      const size_t start = *j;
+      while (*j < p_.size() && p_[*j] >= '0' && p_[*j] <= '9') ++*j;
+      return *j > start;
+    };
+    if (i >= p_.size() || p_[i] != '{') return false;
+    size_t j = i + 1;
+    if (!digits(&j)) return false;
+    if (j < p_.size() && p_[j] == ',') {
+      ++j;
+      digits(&j);
+    }
+    return j < p_.size() && p_[j] == '}';
   }
 
   ExprPtr ParseAtom(int depth) {

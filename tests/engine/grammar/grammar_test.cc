@@ -100,6 +100,26 @@ TEST(GrammarRegex, UnsupportedSyntaxIsAnErrorNamingIt) {
   }
 }
 
+// A quantifier on a quantifier is an error, as in ECMAScript (new RegExp("a{2}{3}", "u")
+// throws "Nothing to repeat"); a repetition of a repetition is written with a group, and a
+// brace that is no quantifier stays a literal.
+TEST(GrammarRegex, QuantifierOnAQuantifierIsAnError) {
+  for (const char* p : {"a{2}{3}", "a{2}{3,}", "a{2,}{3,4}", "a*{2}", "a{2}?{3}", "a{2}*"}) {
+    try {
+      RegexGrammar(p);
+      ADD_FAILURE() << p << " compiled";
+    } catch (const GrammarError& e) {
+      EXPECT_NE(std::string(e.what()).find("quantifier follows a quantifier"), std::string::npos)
+          << e.what();
+    }
+  }
+  auto g = Compile(RegexGrammar("(a{2}){3}"));
+  EXPECT_TRUE(Accepts(*g, "aaaaaa"));
+  EXPECT_FALSE(Accepts(*g, "aaaa"));
+  auto brace = Compile(RegexGrammar("a{2}{x}"));
+  EXPECT_TRUE(Accepts(*brace, "aa{x}"));
+}
+
 TEST(GrammarChoice, OneOfTheStrings) {
   auto g = Compile(ChoiceGrammar({"yes", "no", "yes!"}));
   EXPECT_TRUE(Accepts(*g, "yes"));
