@@ -367,35 +367,76 @@ Grammar GrammarBuilder::Build(int root) {
       }
     }
   }
-  std::vector<std::vector<int>> left(n);
+  // Left edges: r -> s when s can be expanded before any byte of r is read. An edge from a
+  // reference that ends its alternative is a tail edge: the matcher continues it at the
+  // parent (matcher.cc), so the stack does not grow, and a cycle of tail edges only revisits
+  // an expansion it has seen ((a?)*: star -> item star | "", item nullable). A cycle with a
+  // non-tail edge pushes a continuation per round and would expand forever: left recursion.
+  struct LeftEdge {
+    int to;
+    bool tail;
+  };
+  std::vector<std::vector<LeftEdge>> left(n);
   for (size_t r = 0; r < n; ++r) {
     for (int32_t pos : g_.alternatives[r]) {
       for (int32_t p = pos; g_.elements[size_t(p)].kind == Element::kRule; ++p) {
-        left[r].push_back(g_.elements[size_t(p)].arg);
-        if (!nullable[size_t(g_.elements[size_t(p)].arg)]) break;
+        const int to = g_.elements[size_t(p)].arg;
+        left[r].push_back({to, g_.elements[size_t(p) + 1].kind == Element::kEnd});
+        if (!nullable[size_t(to)]) break;
       }
     }
   }
-  std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
-  for (size_t start = 0; start < n; ++start) {
-    if (color[start]) continue;
-    std::vector<std::pair<int, size_t>> stack = {{int(start), 0}};
-    color[start] = 1;
+  // Strongly connected components (Kosaraju, iterative): a non-tail edge inside one closes a
+  // growing cycle.
+  std::vector<int> order;
+  order.reserve(n);
+  {
+    std::vector<uint8_t> done(n, 0);
+    for (size_t start = 0; start < n; ++start) {
+      if (done[start]) continue;
+      std::vector<std::pair<int, size_t>> stack = {{int(start), 0}};
+      done[start] = 1;
+      while (!stack.empty()) {
+        auto& [r, i] = stack.back();
+        if (i == left[size_t(r)].size()) {
+          order.push_back(r);
+          stack.pop_back();
+          continue;
+        }
+        const int next = left[size_t(r)][i++].to;
+        if (!done[size_t(next)]) {
+          done[size_t(next)] = 1;
+          stack.push_back({next, 0});
+        }
+      }
+    }
+  }
+  std::vector<std::vector<int>> reverse(n);
+  for (size_t r = 0; r < n; ++r) {
+    for (const LeftEdge& e : left[r]) reverse[size_t(e.to)].push_back(int(r));
+  }
+  std::vector<int> component(n, -1);
+  for (size_t k = order.size(); k-- > 0;) {
+    const int root_of = order[k];
+    if (component[size_t(root_of)] >= 0) continue;
+    std::vector<int> stack = {root_of};
+    component[size_t(root_of)] = root_of;
     while (!stack.empty()) {
-      auto& [r, i] = stack.back();
-      if (i == left[size_t(r)].size()) {
-        color[size_t(r)] = 2;
-        stack.pop_back();
-        continue;
+      const int r = stack.back();
+      stack.pop_back();
+      for (int prev : reverse[size_t(r)]) {
+        if (component[size_t(prev)] < 0) {
+          component[size_t(prev)] = root_of;
+          stack.push_back(prev);
+        }
       }
-      const int next = left[size_t(r)][i++];
-      if (color[size_t(next)] == 1) {
-        throw GrammarError("rule '" + g_.rule_names[size_t(next)] +
+    }
+  }
+  for (size_t r = 0; r < n; ++r) {
+    for (const LeftEdge& e : left[r]) {
+      if (!e.tail && component[size_t(e.to)] == component[r]) {
+        throw GrammarError("rule '" + g_.rule_names[size_t(e.to)] +
                            "' is left-recursive (it can reach itself before any character)");
-      }
-      if (color[size_t(next)] == 0) {
-        color[size_t(next)] = 1;
-        stack.push_back({next, 0});
       }
     }
   }

@@ -51,6 +51,8 @@ bool IsPrefix(const CompiledGrammar& g, std::string_view text) {
 
 bool Bit(const uint32_t* m, int id) { return (m[id / 32] >> (id % 32)) & 1u; }
 
+void CheckMasksAlongText(const std::shared_ptr<const CompiledGrammar>& g, const std::string& text);
+
 TEST(GrammarRegex, AcceptsExactlyItsLanguage) {
   auto g = Compile(RegexGrammar(R"(^(\d{3})-[a-z]+(x|yz)?$)"));
   EXPECT_TRUE(Accepts(*g, "123-abc"));
@@ -118,6 +120,30 @@ TEST(GrammarRegex, QuantifierOnAQuantifierIsAnError) {
   EXPECT_FALSE(Accepts(*g, "aaaa"));
   auto brace = Compile(RegexGrammar("a{2}{x}"));
   EXPECT_TRUE(Accepts(*brace, "aa{x}"));
+}
+
+// A star or plus over a body that can match nothing is not left recursion (the repetition
+// continues at its parent, so an empty round revisits a seen expansion): (a?)* is a*.
+TEST(GrammarRegex, NullableBodyOfAStar) {
+  for (const char* p : {"(a?)*", "(a?)+", "(a*)*", "(a|b?)*c", "((a?)*)*", "(a?b?)*"}) {
+    auto g = Compile(RegexGrammar(p));
+    const bool needs_c = std::string(p).back() == 'c';
+    EXPECT_TRUE(Accepts(*g, needs_c ? "c" : "")) << p;
+    EXPECT_TRUE(Accepts(*g, needs_c ? "aaac" : "aaa")) << p;
+    EXPECT_FALSE(IsPrefix(*g, "x")) << p;
+    int32_t s = g->initial_state();
+    for (int i = 0; i < 1000; ++i) s = g->Next(s, 'a');
+    ASSERT_GE(s, 0) << p;
+    EXPECT_LE(g->stats().states, 6u) << p;
+    CheckMasksAlongText(g, needs_c ? "aac" : "aa");
+  }
+  auto e = Compile(EbnfGrammar("root ::= (ws item)* \"!\"\nws ::= \" \"?\nitem ::= \"x\"?"));
+  EXPECT_TRUE(Accepts(*e, "!"));
+  EXPECT_TRUE(Accepts(*e, " x xx !"));
+  EXPECT_FALSE(Accepts(*e, "  y!"));
+  // Left recursion that grows the stack is still refused.
+  EXPECT_THROW(EbnfGrammar("root ::= a\na ::= b \"x\" | \"y\"\nb ::= a"), GrammarError);
+  EXPECT_THROW(EbnfGrammar("root ::= a\na ::= \"\"? a \"x\" | \"y\""), GrammarError);
 }
 
 TEST(GrammarChoice, OneOfTheStrings) {
