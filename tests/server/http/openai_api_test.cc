@@ -171,5 +171,58 @@ TEST_F(OpenAiApiTest, BadChatTemplateKwargsOrToolsAreA400) {
       *tokenizer_, model_));
 }
 
+// Tools: each malformed field is a 400 naming it; what is asked of the output reaches
+// ParsedRequest::chat_output, past calls' arguments reach the template as objects.
+TEST_F(OpenAiApiTest, ToolsAndToolChoice) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  const std::string tool = R"({"type": "function", "function": {"name": "f"}})";
+  EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": {}})").param, "tools");
+  EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": [{"type": "code"}]})").param, "tools[0].type");
+  EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": [{"function": {"name": ""}}]})").param,
+            "tools[0].function.name");
+  EXPECT_EQ(ChatError("{" + msgs + ", \"tools\": [" + tool + R"(], "tool_choice": "maybe"})").param,
+            "tool_choice");
+  EXPECT_EQ(ChatError("{" + msgs + ", \"tools\": [" + tool +
+                      R"(], "tool_choice": {"type": "function", "function": {"name": "g"}}})")
+                .param,
+            "tool_choice");
+  EXPECT_EQ(ChatError("{" + msgs + R"(, "tool_choice": "required"})").param, "tool_choice");
+  EXPECT_EQ(
+      ChatError("{" + msgs + ", \"tools\": [" + tool + R"(], "parallel_tool_calls": 1})").param,
+      "parallel_tool_calls");
+  // No grammar compiler here: a forced call cannot be made.
+  EXPECT_EQ(
+      ChatError("{" + msgs + ", \"tools\": [" + tool + R"(], "tool_choice": "required"})").param,
+      "tool_choice");
+
+  ModelInfo model = model_;
+  model.tool_format = chat::ToolFormat::kHermes;
+  model.reasoning = true;
+  nlohmann::ordered_json seen;
+  auto parse = [&](const std::string& text) {
+    return ParseChatBody(
+        text, json::parse(text),
+        [&](const ChatInputs& in) {
+          seen = in.messages;
+          return std::string("<|im_start|>assistant\n<think>\n");
+        },
+        *tokenizer_, model);
+  };
+  ParsedRequest auto_tools = parse("{" + msgs + ", \"tools\": [" + tool + "]}");
+  EXPECT_EQ(auto_tools.chat_output.tools, chat::ToolFormat::kHermes);
+  EXPECT_FALSE(auto_tools.chat_output.forced_tools);
+  EXPECT_TRUE(auto_tools.chat_output.starts_in_reasoning);  // the prompt left <think> open
+  EXPECT_FALSE(auto_tools.request.sampling.grammar);
+  ParsedRequest none = parse("{" + msgs + ", \"tools\": [" + tool + R"(], "tool_choice": "none"})");
+  EXPECT_EQ(none.chat_output.tools, chat::ToolFormat::kNone);
+  ParsedRequest no_tools = parse("{" + msgs + "}");
+  EXPECT_EQ(no_tools.chat_output.tools, chat::ToolFormat::kNone);
+  EXPECT_TRUE(no_tools.chat_output.reasoning);
+  parse(R"({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", )"
+        R"("type": "function", "function": {"name": "f", "arguments": "{\"a\": [1]}"}}]}]})");
+  EXPECT_EQ(seen[0]["content"], "");
+  EXPECT_EQ(seen[0]["tool_calls"][0]["function"]["arguments"]["a"][0], 1);
+}
+
 }  // namespace
 }  // namespace llm::server
