@@ -18,6 +18,7 @@ constexpr int kMaxIntDigits = 15;  // integer digits produced (exact as doubles)
 constexpr int kMaxFractionDigits = 15;
 constexpr int kMaxIndent = 24;
 constexpr int64_t kMaxMagnitude = 999'999'999'999'999;  // 15 digits
+constexpr int kMaxExponent = 292;                       // see Number()
 
 const std::set<std::string>& Annotations() {
   static const std::set<std::string> s = {"title",         "description", "default",  "examples",
@@ -189,7 +190,11 @@ class SchemaCompiler {
     const ExprPtr fraction = Seq({Byte('.'), Repeat(digit, 1, kMaxFractionDigits)});
     ByteSet e, sign;
     e.set('e'), e.set('E'), sign.set('+'), sign.set('-');
-    const ExprPtr exponent = Seq({Bytes(e), Optional(Bytes(sign)), Repeat(digit, 1, 3)});
+    // |exponent| <= 292: under 1e15 (15 integer digits) times 1e292 stays below a double's
+    // 1.8e308, and 1e-15 times 1e-292 above its smallest normal, so every number produced
+    // parses to a finite double (1e999 is Infinity in JSON.parse, an error in nlohmann::json).
+    const ExprPtr exponent =
+        Seq({Bytes(e), Optional(Bytes(sign)), NonNegativeRange(0, kMaxExponent)});
     return Seq({integer, Optional(fraction), Optional(exponent)});
   }
 

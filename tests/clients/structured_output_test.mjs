@@ -379,7 +379,15 @@ function judgeJson(validate, text) {
     return { problem: `output is not JSON (${e.message})` };
   }
   if (!validate(value)) return { problem: `output does not validate: ${show(validate.errors)}` };
+  if (!finiteNumbers(value)) return { problem: 'a number is not a finite double' };
   return { value };
+}
+
+// Every number of a parsed value is finite (JSON.parse reads 1e999 as Infinity).
+function finiteNumbers(v) {
+  if (typeof v === 'number') return Number.isFinite(v);
+  if (v && typeof v === 'object') return Object.values(v).every(finiteNumbers);
+  return true;
 }
 
 let t0 = Date.now();
@@ -484,6 +492,7 @@ await runChecks(otherReqs, (req, out) => {
     if (typeof value !== 'object' || value === null || Array.isArray(value)) {
       fail(`${req.label}: not an object`, show(out.text));
     }
+    if (!finiteNumbers(value)) fail(`${req.label}: a number is not a finite double`, show(out.text));
   }
 }, 3);
 const otherSeconds = elapsed();

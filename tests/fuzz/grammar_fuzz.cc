@@ -13,7 +13,8 @@
 //     empty or a beyond-the-vocabulary id);
 //   - Accept returns true for the chosen token, and the matcher stays live;
 //   - once EOS is accepted the output is a sentence: JSON text (RFC 8259 syntax) for a
-//     schema, one of the choices, a complete match of the regex / grammar;
+//     schema (which nlohmann::json reads: numbers within a double's range), one of the
+//     choices, a complete match of the regex / grammar;
 //   - the initial state is live and every live state allows some token (a grammar whose
 //     language is empty is refused at Build, and its dead-end alternatives are dropped);
 // except where the automaton hit its size bounds (CompiledGrammar::Stats::num_capped), where
@@ -144,9 +145,8 @@ class Chooser {
   uint32_t counter_ = 0;
 };
 
-// RFC 8259 JSON text syntax (the magnitude of numbers is not syntax: nlohmann::json::accept
-// refuses 1E400 as an overflow, which the schema grammar allows; reported in
-// tests/fuzz/findings/README.md).
+// RFC 8259 JSON text syntax (the magnitude of numbers is not syntax; CheckSentence asks
+// nlohmann::json for that).
 class JsonSyntax {
  public:
   explicit JsonSyntax(std::string_view t) : t_(t) {}
@@ -244,6 +244,11 @@ void CheckSentence(const StructuredSpec& spec, const CompiledGrammar& g, const s
   if (spec.kind == StructuredSpec::Kind::kJsonSchema ||
       spec.kind == StructuredSpec::Kind::kJsonObject) {
     if (!JsonSyntax(out).Text()) Fail("a JSON schema's output is not valid JSON", Quoted(out));
+    // nlohmann::json also refuses numbers beyond a double's range (1E400).
+    if (!nlohmann::json::accept(out)) {
+      Fail("a JSON schema's output is refused by nlohmann::json (a number out of range?)",
+           Quoted(out));
+    }
   }
   if (spec.kind == StructuredSpec::Kind::kChoice) {
     bool found = false;

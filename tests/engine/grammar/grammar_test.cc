@@ -3,6 +3,8 @@
 // of every token, and the sampler drawing only valid outputs from random logits.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -300,6 +302,35 @@ TEST(GrammarJsonSchema, KeywordsBesideAnyOfMergeIntoEachAlternative) {
   EXPECT_FALSE(Accepts(*s, "null"));  // contradicts type string: dropped
   EXPECT_THROW(Schema(R"({"type":"string","anyOf":[{"type":"null"},{"type":"integer"}]})"),
                GrammarError);
+}
+
+// Every number produced is a finite double: exponents stop at 292 in magnitude (1e999 was
+// allowed, and JSON.parse reads it as Infinity); bounds beside a $ref or in allOf hold.
+TEST(GrammarJsonSchema, NumbersAreFiniteDoublesAndBoundsHold) {
+  auto g = Compile(Schema(R"({"type":"number"})"));
+  const std::string biggest = std::string(15, '9') + "." + std::string(15, '9');
+  for (int e = 0; e <= 999; ++e) {
+    for (const char* sign : {"e", "E+", "e-"}) {
+      const std::string text = "-" + biggest + sign + std::to_string(e);
+      EXPECT_EQ(Accepts(*g, text), e <= 292) << text;
+      if (e <= 292) {
+        const double v = std::strtod(text.c_str(), nullptr);
+        EXPECT_TRUE(std::isfinite(v) && v != 0) << text;
+      }
+    }
+  }
+  EXPECT_TRUE(Accepts(*g, "0.000000000000001e-292"));
+  EXPECT_TRUE(std::strtod("0.000000000000001e-292", nullptr) > 0);
+  for (const char* schema :
+       {R"({"$defs":{"n":{"type":"number","minimum":-5}},"$ref":"#/$defs/n","maximum":5})",
+        R"({"allOf":[{"type":"number"},{"maximum":5,"minimum":-5}]})",
+        R"({"type":"number","anyOf":[{"maximum":5}],"minimum":-5})"}) {
+    auto b = Compile(Schema(schema));
+    EXPECT_TRUE(Accepts(*b, "5")) << schema;
+    for (const char* out : {"1e999", "6", "1e1", "-6", "1e292"}) {
+      EXPECT_FALSE(Accepts(*b, out)) << schema << " " << out;
+    }
+  }
 }
 
 TEST(GrammarJsonSchema, StrictNamesUnsupportedKeywords) {
