@@ -410,22 +410,29 @@ class ChatOutputParser::ToolExtractor {
           const size_t spaces = buf_.size() - LStrip(buf_).size();
           std::string_view rest = std::string_view(buf_).substr(spaces);
           if (rest.empty() && !eof) return;
+          // What leads to a call (whitespace, <|python_tag|>, ";") is kept in lead_: text
+          // again if no call comes.
+          size_t lead = 0;
           if (state_ == kLlamaNext && !rest.empty() && rest[0] == ';') {
-            buf_.erase(0, spaces + 1);
-            state_ = kLlamaStart;
-            break;
+            lead = spaces + 1;
+          } else if (rest.starts_with(kPythonTag)) {
+            lead = spaces + kPythonTag.size();
           }
-          if (rest.starts_with(kPythonTag)) {
-            buf_.erase(0, spaces + kPythonTag.size());
+          if (lead > 0) {
+            lead_ += buf_.substr(0, lead);
+            buf_.erase(0, lead);
+            state_ = kLlamaStart;
             break;
           }
           if (!eof && kPythonTag.starts_with(rest)) return;
           if (!rest.empty() && rest[0] == '{') {
-            BeginCall(buf_.substr(0, spaces));
+            BeginCall(lead_ + buf_.substr(0, spaces));
             buf_.erase(0, spaces);
           } else {
+            Text(lead_);
             state_ = kPlain;
           }
+          lead_.clear();
           break;
         }
         case kCall: {
@@ -450,8 +457,13 @@ class ChatOutputParser::ToolExtractor {
           }
           break;
         }
-        case kMistralStart:
-          if (!SkipSpace()) {
+        case kMistralStart: {
+          // Whitespace after the marker is kept in consumed_ (text again if no call comes).
+          size_t spaces = 0;
+          while (spaces < buf_.size() && IsSpace(buf_[spaces])) ++spaces;
+          consumed_ += buf_.substr(0, spaces);
+          buf_.erase(0, spaces);
+          if (buf_.empty()) {
             if (eof) {
               Text(consumed_);
               state_ = kText;
@@ -467,6 +479,7 @@ class ChatOutputParser::ToolExtractor {
             state_ = kMistralName;
           }
           break;
+        }
         case kMistralName: {
           const size_t at = buf_.find(kMistralArgs);
           if (at == std::string::npos) {
@@ -545,6 +558,7 @@ class ChatOutputParser::ToolExtractor {
   const std::string* id_prefix_;
   State state_ = kText;
   std::string buf_;         // input not yet consumed
+  std::string lead_;        // Llama 3: what came before a possible call
   std::string held_space_;  // trailing whitespace of the text so far
   std::string* text_ = nullptr;
   std::vector<ToolCallDelta>* calls_ = nullptr;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 
 namespace llm::chat {
 namespace {
@@ -239,6 +240,61 @@ TEST(ChatOutputTest, Detection) {
   EXPECT_EQ(ToolFormatFromName("qwen"), ToolFormat::kHermes);
   EXPECT_EQ(ToolFormatFromName("llama3_json"), ToolFormat::kLlama3Json);
   EXPECT_FALSE(ToolFormatFromName("pythonic").has_value());
+}
+
+// Random texts made of the formats' pieces, under every format with and without reasoning:
+// however a text is cut, the result is the same (ParseEveryWay), and nothing is lost that is
+// not a call or whitespace next to one.
+TEST(ChatOutputTest, RandomTextsAnyCut) {
+  const std::vector<std::string> pieces = {"<tool_call>",
+                                           "</tool_call>",
+                                           "<think>",
+                                           "</think>",
+                                           "[TOOL_CALLS]",
+                                           "[ARGS]",
+                                           "<|python_tag|>",
+                                           "{",
+                                           "}",
+                                           "[",
+                                           "]",
+                                           "\"name\"",
+                                           "\"arguments\"",
+                                           "\"parameters\"",
+                                           ":",
+                                           ",",
+                                           ";",
+                                           "\"f\"",
+                                           "\"a\\\"b\"",
+                                           "12",
+                                           "true",
+                                           " ",
+                                           "\n",
+                                           "x",
+                                           "<",
+                                           "\"",
+                                           "\\"};
+  std::mt19937 rng(1234);
+  int calls = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng() % 24);
+    for (int i = 0; i < n; ++i) text += pieces[rng() % pieces.size()];
+    for (const ToolFormat format :
+         {ToolFormat::kHermes, ToolFormat::kLlama3Json, ToolFormat::kMistral}) {
+      for (const bool reasoning : {false, true}) {
+        ChatOutputOptions o = Tools(format);
+        o.reasoning = reasoning;
+        o.starts_in_reasoning = reasoning && iter % 2 == 0;
+        const Result r = ParseEveryWay(o, text);
+        calls += std::ssize(r.calls);
+        if (r.calls.empty() && !reasoning) {
+          EXPECT_EQ(r.content, text) << "no call: the text is the content";
+        }
+        for (const Call& c : r.calls) EXPECT_FALSE(c.name.empty());
+      }
+    }
+  }
+  EXPECT_GT(calls, 0);
 }
 
 }  // namespace
