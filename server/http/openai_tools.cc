@@ -30,7 +30,7 @@ bool ValidName(const std::string& name) {
 const json& CheckTool(const json& tool, size_t i) {
   const std::string param = "tools[" + std::to_string(i) + "]";
   if (!tool.is_object()) throw Bad("tools", "tools must be a list of objects");
-  if (tool.value("type", std::string("function")) != "function") {
+  if (tool.contains("type") && tool["type"] != "function") {
     throw Bad(param + ".type", "only tools of type \"function\" are supported");
   }
   if (!tool.contains("function") || !tool["function"].is_object()) {
@@ -87,7 +87,7 @@ grammar::StructuredSpec ForcedCallsSpec(ToolFormat format, const std::vector<con
         {{"before", "{\"name\": " + json((*f)["name"]).dump() + ", \"" + args_key + "\": "},
          {"schema", std::move(schema)},
          {"after", "}"},
-         {"strict", f->value("strict", false)}});
+         {"strict", f->contains("strict") && (*f)["strict"] == true}});
   }
   grammar::StructuredSpec s;
   s.kind = grammar::StructuredSpec::Kind::kToolCalls;

@@ -178,6 +178,17 @@ TEST_F(OpenAiApiTest, ToolsAndToolChoice) {
   const std::string tool = R"({"type": "function", "function": {"name": "f"}})";
   EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": {}})").param, "tools");
   EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": [{"type": "code"}]})").param, "tools[0].type");
+  EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": [{"type": 3}]})").param, "tools[0].type");
+  EXPECT_EQ(ChatError("{" + msgs +
+                      R"(, "tools": [{"type": "function", "function": {"name": "f", )"
+                      R"("strict": "yes"}}]})")
+                .param,
+            "tools[0].function.strict");
+  EXPECT_EQ(ChatError("{" + msgs +
+                      R"(, "tools": [{"type": "function", "function": {"name": "f", )"
+                      R"("strict": null}}], "tool_choice": "required"})")
+                .param,
+            "tool_choice");  // strict null is fine (the compiler is what is missing here)
   EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": [{"function": {"name": ""}}]})").param,
             "tools[0].function.name");
   EXPECT_EQ(ChatError("{" + msgs + ", \"tools\": [" + tool + R"(], "tool_choice": "maybe"})").param,
