@@ -18,6 +18,10 @@
 // What still serializes (the step after such a step waits for its tokens: needs_sync):
 //   - samplers with repetition / presence / frequency penalties (the device sampler needs
 //     every previous token to build the penalty entries);
+//   - samplers with a grammar, on an executor without applies_token_masks_in_flight (the
+//     CUDA and the default executors have it: the CUDA launch of N+1 enqueues its forward,
+//     then reads N's tokens into the matchers and computes N+1's masks while the device runs
+//     that forward; engine/cuda/step_runner.cc);
 //   - the step that completes the prompt of an n > 1 request (its children are forked from
 //     the parent's blocks when that step's results are processed).
 // Everything else (greedy, seeded and unseeded sampling, top-k/p, min-p, logit_bias,
@@ -83,13 +87,17 @@ void Engine::MarkLaunched(InFlightStep* step) {
   }
   const std::vector<Sequence*>& seqs = step->plan.task_seqs;
   step->needs_sync = !step->plan.forked.empty();
+  const bool masks_in_flight = executor_->applies_token_masks_in_flight();
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence* s = seqs[i];
     s->token_ids.push_back(kPendingToken);
     ++s->num_pending;
     s->pending_step = step->id;
     s->pending_task = static_cast<int32_t>(i);
-    step->needs_sync = step->needs_sync || s->sampler->depends_on_output();
+    // A grammar's next mask needs this token too, but the executor reads it in time itself
+    // (applies_token_masks_in_flight; CUDA: after the next step's forward is enqueued).
+    step->needs_sync = step->needs_sync || s->sampler->has_penalties() ||
+                       (s->sampler->has_grammar() && !masks_in_flight);
   }
 }
 

@@ -72,6 +72,13 @@ class ModelExecutor {
   // does; an executor that samples elsewhere says so itself. The engine refuses a request
   // with a grammar when false.
   virtual bool applies_token_masks() const { return true; }
+  // Whether a step with a grammar task may be launched while the step before it is in flight
+  // (async scheduling): its masks need that step's tokens, so the executor must record them
+  // in the samplers before it reads Sampler::AllowedTokens. The default Launch samples
+  // inside Launch (every earlier step's tokens are recorded by then); an executor that
+  // records tokens at Wait says itself whether it does. False: the engine waits for the
+  // previous step first, as for penalties.
+  virtual bool applies_token_masks_in_flight() const { return true; }
 
   // ---- Asynchronous steps (the engine's async scheduling) ----------------------------------
   // Launch starts the same step as ForwardAndSample and returns without waiting where the
@@ -80,7 +87,8 @@ class ModelExecutor {
   // A token with batch.prev_sample_rows[t] = r >= 0 is the token sampled by task r of the
   // previously launched step (filled on the device, or from the host's copy of the results).
   // Samplers: each task's draw is taken at Launch (seeded streams stay exact); the sampled
-  // token is recorded for the penalties at Launch (CPU) or at Wait (CUDA), so a step whose
+  // token is recorded for the penalties at Launch (CPU) or at Wait (CUDA; or at the next
+  // Launch when that one has a grammar task), so a step whose
   // samplers apply repetition / presence / frequency penalties must be launched only after
   // the previous step of the same sequences was waited for (the engine does so).
   // A Launch or ForwardAndSample that throws leaves every task's sampler as it was: draws it
@@ -122,6 +130,9 @@ class ForwardingExecutor : public ModelExecutor {
   }
   std::vector<SampleResult> Wait(StepHandle step) override { return inner_->Wait(step); }
   bool applies_token_masks() const override { return inner_->applies_token_masks(); }
+  bool applies_token_masks_in_flight() const override {
+    return inner_->applies_token_masks_in_flight();
+  }
 
  protected:
   ModelExecutor& inner() { return *inner_; }

@@ -250,12 +250,16 @@ std::vector<SampleResult> CudaExecutor::Wait(StepHandle step) try {
   worker_->RethrowClassified();
 }
 
+bool CudaExecutor::applies_token_masks_in_flight() const { return worker_->opt.async_masks; }
+
 CudaExecutorStats CudaExecutor::stats() const { return worker_->stats; }
 
 void CudaExecutor::ResetStats() {
   CudaExecutorStats& s = worker_->stats;
   s.steps = s.graph_steps = s.fp8_prefill_copies = 0;
   s.device_ms = s.wall_ms = 0;
+  s.mask_ms = 0;
+  s.mask_rows = 0;
 }
 
 }  // namespace llm

@@ -102,6 +102,12 @@ struct CudaExecutorOptions {
   // one copy per input array (~10 per step): Llama-2-7B batch 1, 128 + 256 tokens 3.667
   // ms/token against 3.685 (H200, same call, bench/RESULTS.md).
   bool packed_step_inputs = true;
+  // Structured outputs under async scheduling: a grammar step is launched with the step
+  // before it in flight and computes its masks while its forward runs (step_runner.cc:
+  // Launch). false (--no-async-masks, the baseline before 2026-12-02): the engine waits for
+  // the step before a grammar step, whose masks are then computed before its forward is
+  // enqueued.
+  bool async_masks = true;
   // The decode attention's split selector: at least this many 64-key tiles per split
   // (cuda::DecodeAutoSplits). 1: at small batch a short context splits down to one tile per
   // CTA (Llama-2-7B batch 1, 128 + 256 tokens: 3.697 ms/token against 3.768 with 2, H200).
@@ -153,6 +159,10 @@ struct CudaExecutorStats {
   // gemm_autotune: GEMM shapes timed at start-up, and how many of them chose another algorithm
   // than cuBLASLt's heuristic.
   int64_t gemm_tuned_shapes = 0, gemm_retuned_shapes = 0;
+  // Structured outputs: host time computing and packing the allowed-token masks (UploadMasks,
+  // on its threads: wall time) and the mask rows uploaded.
+  double mask_ms = 0;
+  int64_t mask_rows = 0;
 };
 
 // Tensor parallel: told of every step a rank > 0 is about to run, on that rank's worker thread,
@@ -189,10 +199,15 @@ class CudaExecutor final : public ModelExecutor {
                                              std::span<const SampleTask> tasks) override;
   // The device sampler applies Sampler::AllowedTokens (sampler_io.cc: SampleRowParams::mask_row).
   bool applies_token_masks() const override { return true; }
+  // A launch with a grammar task reads the previous step's tokens into the matchers after
+  // enqueueing its own forward, then computes its masks (step_runner.cc: Launch).
+  bool applies_token_masks_in_flight() const override;
   // Async steps: Launch enqueues the inputs, the fed tokens' gather (from the previous
   // step's sampled ids, on the device), the forward, the sampler and the copies back, and
   // returns; Wait synchronises on the step's end event. Two steps may be in flight; Forward
-  // and ForwardAndSample may not run while one is.
+  // and ForwardAndSample may not run while one is. A step with a grammar task waits, inside
+  // its Launch and after its forward is enqueued, for the step before it (its masks need
+  // that step's tokens); that step's Wait then returns at once.
   StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override;
   std::vector<SampleResult> Wait(StepHandle step) override;
 

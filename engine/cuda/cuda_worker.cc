@@ -44,6 +44,7 @@ void CudaWorker::Release() {
   cudaGetDevice(&caller_device);
   cudaSetDevice(device);
   if (stream) cudaStreamSynchronize(stream);  // a launched step may still use the buffers
+  if (mask_stream) cudaStreamSynchronize(mask_stream);
   for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
   graphs.clear();
   gemm.reset();
@@ -55,6 +56,11 @@ void CudaWorker::Release() {
   if (ev_inputs) cudaEventDestroy(ev_inputs);
   if (ev_sync) cudaEventDestroy(ev_sync);
   ev_sync = nullptr;
+  if (ev_masks) cudaEventDestroy(ev_masks);
+  if (ev_masks_read) cudaEventDestroy(ev_masks_read);
+  ev_masks = ev_masks_read = nullptr;
+  if (mask_stream) cudaStreamDestroy(mask_stream);
+  mask_stream = nullptr;
 #if defined(LLM_HAS_NCCL)
   if (comm) ncclCommDestroy(comm);
 #endif
@@ -86,8 +92,8 @@ void CudaWorker::LeakDeviceState() {
   (void)gemm.release();
   graphs.clear();
   allocations.clear();
-  stream = nullptr;
-  ev_inputs = ev_sync = nullptr;
+  stream = mask_stream = nullptr;
+  ev_inputs = ev_sync = ev_masks = ev_masks_read = nullptr;
   comm = nullptr;
 }
 
@@ -349,6 +355,9 @@ void CudaWorker::Setup(const std::string& model_path) {
   }
   LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_inputs, cudaEventDisableTiming));
   LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_sync, cudaEventDisableTiming));
+  LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&mask_stream, cudaStreamNonBlocking));
+  LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_masks, cudaEventDisableTiming));
+  LLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_masks_read, cudaEventDisableTiming));
   gemm = std::make_unique<cuda::Gemm>();
   gemm->set_fast_accum(opt.fp8_fast_accum);
   allocated_bytes += int64_t{32} << 20;

@@ -203,9 +203,16 @@ struct CudaWorker {
   int64_t adjust_capacity = 0;
   Pinned<cuda::LogitAdjust> h_adjust;
   // Allowed-token masks of the tasks with a grammar: [max_seqs, SampleMaskWords(vocab)] words
-  // (1/32 of sample_ws), rows packed in task order (SampleRowParams::mask_row).
+  // (1/32 of sample_ws), rows packed in task order (SampleRowParams::mask_row). UploadMasks
+  // fills h_masks after the step's forward is enqueued and copies it on mask_stream, so the
+  // copy runs beside the forward; ev_masks follows that copy (the sampling kernel waits for
+  // it on `stream`, and h_masks is rewritten only after it), ev_masks_read follows the last
+  // sampling kernel that read d_masks (the next copy into d_masks waits for it).
   uint32_t* d_masks = nullptr;
   Pinned<uint32_t> h_masks;
+  cudaStream_t mask_stream = nullptr;
+  cudaEvent_t ev_masks = nullptr, ev_masks_read = nullptr;
+  int32_t num_mask_rows = 0;  // of the tasks UploadSampleParams last wrote: those with a grammar
   void* sample_ws = nullptr;
   cuda::SampleOutputs d_out;
   // Where a step's sampled ids and logprobs come back, and the events around its device
@@ -240,8 +247,11 @@ struct CudaWorker {
     int slot = 0;
     std::vector<SampleTask> tasks;
     std::vector<int32_t> num_logprobs;  // per task
-    bool has_results = false;           // sampled synchronously (more tasks than max_seqs)
+    // Results read back already: sampled synchronously (more tasks than max_seqs), or
+    // read early by ResolvePending because the next launch needed its tokens.
+    bool has_results = false;
     std::vector<SampleResult> results;
+    std::exception_ptr error;  // reading them back failed (ResolvePending): Wait throws it
   };
   std::deque<PendingStep> pending;
   int64_t next_step_id = 0;
@@ -349,6 +359,7 @@ struct CudaWorker {
   // ---- sampling (sampler_io.cc) ----------------------------------------------------------
   void UploadSampleParams(std::span<const SampleTask> tasks, size_t begin, size_t count,
                           bool wait_inputs = true, bool flush = true);
+  void UploadMasks(std::span<const SampleTask> tasks, size_t begin, size_t count);
   void EnqueueSample(size_t begin, size_t count, OutSlot& o);
   void ReadSampleResults(std::span<const SampleTask> tasks, size_t begin, size_t count,
                          const int32_t* num_logprobs, const OutSlot& o,
@@ -362,6 +373,8 @@ struct CudaWorker {
   void FinishTiming(const OutSlot& o, double host_ms);
   StepHandle Launch(const ForwardBatch& b, std::span<const SampleTask> tasks);
   std::vector<SampleResult> Wait(StepHandle step);
+  static bool HasGrammar(std::span<const SampleTask> tasks);
+  void ResolvePending();
   void CheckNothingInFlight(const char* what) const;
 
   // ---- tensor parallel collectives (no-ops at N = 1) (tp_group.cc) -----------------------

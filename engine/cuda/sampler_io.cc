@@ -1,11 +1,18 @@
 // The GPU sampler's inputs and outputs: each task's sampling parameters, logit adjustments and
 // allowed-token mask (structured outputs) to the device, the sampled ids and logprobs back,
-// recorded in the tasks' samplers.
+// recorded in the tasks' samplers. The masks are computed after the step's forward is
+// enqueued, while the device runs it (UploadMasks; step_runner.cc's Launch says what overlaps).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cuda/cuda_worker.h"
@@ -20,15 +27,14 @@ static_assert(sizeof(TokenAdjust) == sizeof(cuda::LogitAdjust) &&
               "the host's TokenAdjust is copied to the device as LogitAdjust");
 
 // Fills and uploads the sampling parameters of tasks [begin, begin + count) (count <=
-// max_seqs), taking each sampler's draw. The masks of the tasks with a grammar are packed into
-// h_masks (rows in task order, mask_row their index) and copied only when some task has one.
+// max_seqs), taking each sampler's draw. The tasks with a grammar get mask rows in task order
+// (SampleRowParams::mask_row); their masks are UploadMasks' (after the forward is enqueued).
 // flush = false: the parameters stay staged (packed inputs) for the step's Upload to send.
 void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t begin, size_t count,
                                     bool wait_inputs, bool flush) {
   if (wait_inputs) WaitInputsCopied();
   if (int64_t(count) > max_seqs) throw std::logic_error("UploadSampleParams: count > max_seqs");
-  const size_t words = size_t(cuda::SampleMaskWords(vocab));
-  int32_t num_masked = 0;
+  num_mask_rows = 0;
   std::vector<TokenAdjust> adjust;
   for (size_t i = 0; i < count; ++i) {
     Sampler& sm = *tasks[begin + i].sampler;
@@ -45,11 +51,7 @@ void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t be
     r.adjust_begin = int32_t(adjust.size());
     sm.AppendAdjustments(vocab, &adjust);
     r.adjust_end = int32_t(adjust.size());
-    r.mask_row = -1;
-    if (const uint32_t* allowed = sm.AllowedTokens()) {
-      std::memcpy(h_masks.p + size_t(num_masked) * words, allowed, words * sizeof(uint32_t));
-      r.mask_row = num_masked++;
-    }
+    r.mask_row = sm.has_grammar() ? num_mask_rows++ : -1;
   }
   ReserveAdjust(int64_t(adjust.size()));
   for (size_t i = 0; i < adjust.size(); ++i) {
@@ -61,12 +63,73 @@ void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t be
     LLM_CUDA_CHECK(cudaMemcpyAsync(d_adjust, h_adjust.p, adjust.size() * sizeof(TokenAdjust),
                                    cudaMemcpyHostToDevice, stream));
   }
-  if (num_masked > 0) {  // (ev_inputs below keeps h_masks until the copy is done)
-    LLM_CUDA_CHECK(cudaMemcpyAsync(d_masks, h_masks.p,
-                                   size_t(num_masked) * words * sizeof(uint32_t),
-                                   cudaMemcpyHostToDevice, stream));
-  }
   LLM_CUDA_CHECK(cudaEventRecord(ev_inputs, stream));
+}
+
+// The allowed-token masks of tasks [begin, begin + count) (the tasks UploadSampleParams just
+// wrote; their samplers' matchers must have seen every token sampled before: ResolvePending),
+// packed into h_masks in mask_row order and copied to d_masks on mask_stream. Called after the
+// step's forward is enqueued on `stream`: the host computes the masks (Sampler::AllowedTokens,
+// a grammar state's cached mask or a walk of the vocabulary) while the device runs the
+// forward, and the copy runs beside it; EnqueueSample makes the sampling kernel wait for
+// ev_masks. Nothing to do when no task has a grammar.
+// On several host threads, one grammar per thread at a time: a CompiledGrammar computes its
+// masks under one mutex (engine/grammar/matcher.h), so the tasks of one grammar go to one
+// thread and different grammars' masks are computed in parallel (largest group first).
+void CudaWorker::UploadMasks(std::span<const SampleTask> tasks, size_t begin, size_t count) {
+  if (num_mask_rows == 0) return;
+  const size_t words = size_t(cuda::SampleMaskWords(vocab));
+  struct MaskJob {
+    const void* grammar;
+    size_t task;
+    int32_t row;
+  };
+  std::vector<MaskJob> jobs;
+  for (size_t i = 0; i < count; ++i) {
+    const Sampler& sm = *tasks[begin + i].sampler;
+    if (sm.has_grammar())
+      jobs.push_back({sm.params().grammar.get(), begin + i, int32_t(jobs.size())});
+  }
+  if (std::ssize(jobs) != num_mask_rows) {
+    throw std::logic_error("UploadMasks: mask rows changed since upload");
+  }
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const MaskJob& a, const MaskJob& b) { return a.grammar < b.grammar; });
+  std::vector<std::pair<size_t, size_t>> groups;  // [first, last) of jobs, one grammar each
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    if (k == 0 || jobs[k].grammar != jobs[k - 1].grammar) groups.push_back({k, k});
+    groups.back().second = k + 1;
+  }
+  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+    return a.second - a.first > b.second - b.first;
+  });
+  Sync(ev_masks);  // the previous copy out of h_masks is done
+  const auto start = Clock::now();
+  const int num_groups = int(groups.size());
+  const int num_threads = std::clamp(omp_get_num_procs() - 2, 1, std::min(num_groups, 16));
+  std::vector<std::exception_ptr> errors(groups.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_threads > 1)
+  for (int g = 0; g < num_groups; ++g) {
+    try {
+      for (size_t k = groups[size_t(g)].first; k < groups[size_t(g)].second; ++k) {
+        const uint32_t* allowed = tasks[jobs[k].task].sampler->AllowedTokens();
+        std::memcpy(h_masks.p + size_t(jobs[k].row) * words, allowed, words * sizeof(uint32_t));
+      }
+    } catch (...) {
+      errors[size_t(g)] = std::current_exception();
+    }
+  }
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  stats.mask_ms += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  stats.mask_rows += num_mask_rows;
+  // d_masks is rewritten after the last sampling kernel that read it.
+  LLM_CUDA_CHECK(cudaStreamWaitEvent(mask_stream, ev_masks_read, 0));
+  LLM_CUDA_CHECK(cudaMemcpyAsync(d_masks, h_masks.p,
+                                 size_t(num_mask_rows) * words * sizeof(uint32_t),
+                                 cudaMemcpyHostToDevice, mask_stream));
+  LLM_CUDA_CHECK(cudaEventRecord(ev_masks, mask_stream));
 }
 
 // Samples tasks [begin, begin + count) from `logits` (after the forward, on stream): the
@@ -75,8 +138,10 @@ void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t be
 void CudaWorker::EnqueueSample(size_t begin, size_t count, OutSlot& o) {
   cuda::SampleOutputs dst = d_out;
   dst.token = d_sampled + begin;
+  if (num_mask_rows > 0) LLM_CUDA_CHECK(cudaStreamWaitEvent(stream, ev_masks, 0));
   cuda::SampleTokens(logits, vocab, d_params, int64_t(count), d_adjust, d_masks, sample_ws, dst,
                      stream);
+  if (num_mask_rows > 0) LLM_CUDA_CHECK(cudaEventRecord(ev_masks_read, stream));
   auto back = [&](void* host, const void* src, size_t bytes) {
     LLM_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream));
   };
@@ -126,6 +191,7 @@ std::vector<SampleResult> CudaWorker::Sample(std::span<const SampleTask> tasks, 
   for (size_t begin = 0; begin < tasks.size(); begin += size_t(max_seqs)) {
     const size_t count = std::min(tasks.size() - begin, size_t(max_seqs));
     UploadSampleParams(tasks, begin, count);
+    UploadMasks(tasks, begin, count);  // (the forward is enqueued: Run came first)
     num_logprobs.resize(count);
     for (size_t i = 0; i < count; ++i) num_logprobs[i] = h_params.p[i].num_logprobs;
     EnqueueSample(begin, count, o);

@@ -3,6 +3,7 @@
 // two in flight).
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -87,8 +88,24 @@ void CudaWorker::FinishTiming(const OutSlot& o, double host_ms) {
 }
 
 // Order on the stream: sampling parameters and batch inputs (host to device), the fed
-// tokens' gather, the forward (graph or eager), the sampler, the copies back, o.stop.
-// Nothing waits for the device here, except for the previous step's input copies.
+// tokens' gather, the forward (graph or eager), [the wait for ev_masks], the sampler, the
+// copies back, o.stop. Nothing waits for the device here, except for the previous step's
+// input copies, and, when a task has a grammar, for the previous step's tokens:
+//
+// Structured outputs. A mask for step N+1 depends on the token sampled at step N, but the
+// forward of N+1 does not (its fed tokens are gathered on the device), so the engine launches
+// N+1 with N in flight (async scheduling) as for any request, and this launch orders it so:
+//     host:    upload N+1 ─ enqueue forward N+1 ─ wait for N ─ read N's tokens into the
+//              matchers ─ compute N+1's masks ─ copy them (mask_stream) ─ enqueue sample N+1
+//     device:  ... forward N ─ sample N ─ forward N+1 ─────────────────── sample N+1
+//     copy engine:                                  h_masks -> d_masks ─┘ (ev_masks)
+// The masks are computed on the host while the device runs N+1's forward (the wait for N
+// ends when N's sampling does, which is when the device starts N+1's forward), and their copy
+// runs beside it; the sampling kernel waits for ev_masks only. The device idles only when
+// reading N and computing the masks take longer than the forward. N's results are kept for
+// Wait(N), which the engine calls next (ResolvePending). The tokens are exactly those of a
+// synchronous step: every mask is computed from the same matcher state, and the draws are
+// taken in launch order either way.
 StepHandle CudaWorker::Launch(const ForwardBatch& b, std::span<const SampleTask> tasks) {
   const auto host_start = Clock::now();
   if (pending.size() >= 2) {
@@ -99,9 +116,11 @@ StepHandle CudaWorker::Launch(const ForwardBatch& b, std::span<const SampleTask>
   p.slot = pending.empty() ? 0 : 1 - pending.back().slot;
   OutSlot& o = out[p.slot];
   p.tasks.assign(tasks.begin(), tasks.end());
+  const bool has_grammar = HasGrammar(tasks);
   if (int64_t(tasks.size()) > max_seqs) {  // rounds of max_seqs: synchronous
     LLM_CUDA_CHECK(cudaEventRecord(o.start, stream));
     Run(b);
+    if (has_grammar) ResolvePending();
     p.results = Sample(tasks, o);
     p.has_results = true;
   } else {
@@ -114,12 +133,17 @@ StepHandle CudaWorker::Launch(const ForwardBatch& b, std::span<const SampleTask>
     LLM_CUDA_CHECK(cudaEventRecord(o.start, stream));
     if (!tasks.empty()) {
       UploadSampleParams(tasks, 0, tasks.size(), /*wait_inputs=*/false, /*flush=*/false);
+      if (!opt.async_masks) UploadMasks(tasks, 0, tasks.size());  // the baseline: before Run
     }
     p.num_logprobs.resize(tasks.size());
     for (size_t i = 0; i < tasks.size(); ++i) p.num_logprobs[i] = h_params.p[i].num_logprobs;
     try {
       Run(b, /*wait_inputs=*/false);  // validates fed rows against num_last_sampled
       num_last_sampled = int64_t(tasks.size());
+      if (has_grammar && opt.async_masks) {
+        ResolvePending();
+        UploadMasks(tasks, 0, tasks.size());
+      }
       if (!tasks.empty()) EnqueueSample(0, tasks.size(), o);
       LLM_CUDA_CHECK(cudaEventRecord(o.stop, stream));
     } catch (...) {
@@ -134,6 +158,29 @@ StepHandle CudaWorker::Launch(const ForwardBatch& b, std::span<const SampleTask>
   return {pending.back().id};
 }
 
+bool CudaWorker::HasGrammar(std::span<const SampleTask> tasks) {
+  return std::any_of(tasks.begin(), tasks.end(),
+                     [](const SampleTask& t) { return t.sampler->has_grammar(); });
+}
+
+// Reads back the results of every launched step not read yet (waiting for each), recording
+// their tokens in the samplers, and keeps them for Wait: a launch whose masks need the
+// tokens of the step before it calls this after enqueueing its own forward.
+void CudaWorker::ResolvePending() {
+  for (PendingStep& q : pending) {
+    if (q.has_results) continue;
+    const OutSlot& o = out[q.slot];
+    Sync(o.stop);  // (a failure here leaves q for Wait, which fails the same way)
+    q.results.resize(q.tasks.size());
+    q.has_results = true;
+    try {
+      ReadSampleResults(q.tasks, 0, q.tasks.size(), q.num_logprobs.data(), o, &q.results);
+    } catch (...) {
+      q.error = std::current_exception();  // Wait(q) throws it: q's samplers saw a part
+    }
+  }
+}
+
 std::vector<SampleResult> CudaWorker::Wait(StepHandle step) {
   const auto host_start = Clock::now();
   if (pending.empty() || pending.front().id != step.id) {
@@ -144,6 +191,7 @@ std::vector<SampleResult> CudaWorker::Wait(StepHandle step) {
   pending.pop_front();
   OutSlot& o = out[p.slot];
   std::vector<SampleResult> results;
+  if (p.error) std::rethrow_exception(p.error);
   if (p.has_results) {
     results = std::move(p.results);
   } else {

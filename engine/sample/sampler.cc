@@ -182,9 +182,11 @@ void Sampler::ApplyBiasAndPenalties(std::span<float> logits) const {
   }
 }
 
-bool Sampler::depends_on_output() const {
+bool Sampler::depends_on_output() const { return has_penalties() || matcher_ != nullptr; }
+
+bool Sampler::has_penalties() const {
   return params_.repetition_penalty != 1.0 || params_.presence_penalty != 0.0 ||
-         params_.frequency_penalty != 0.0 || matcher_ != nullptr;
+         params_.frequency_penalty != 0.0;
 }
 
 void Sampler::RecordSample(int token) {

@@ -143,6 +143,9 @@ class Sampler {
   // presence or frequency penalty, a grammar): such a sequence's next step needs its last
   // token first.
   bool depends_on_output() const;
+  // Repetition, presence or frequency penalty (a device sampler builds their entries from
+  // every token so far when the step is launched).
+  bool has_penalties() const;
   // Structured output: the tokens allowed next as a packed bitmask (token t is allowed when
   // bit t % 32 of word t / 32 is set), at least (vocab + 31) / 32 words for the model's
   // logits width; ids past the tokenizer's vocabulary are never allowed. Null when the

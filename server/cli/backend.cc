@@ -44,6 +44,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
   cmd->add_flag("--packed-step-inputs,!--no-packed-step-inputs", packed_step_inputs,
                 "cuda: send a step's inputs to the device in one packed copy and one scatter "
                 "kernel (the default) instead of one copy per input array");
+  cmd->add_flag("--async-masks,!--no-async-masks", async_masks,
+                "cuda, structured outputs: launch a grammar step while the step before it runs "
+                "and compute its masks on the host while its forward runs (the default) "
+                "instead of waiting for the step before and computing them before the forward");
   cmd->add_flag("--fp8-prefill-wgmma,!--no-fp8-prefill-wgmma", fp8_prefill_wgmma,
                 "cuda, --kv-cache-dtype fp8: prefill attention on the wgmma kernel over an "
                 "exact bf16/fp16 copy of each step's prefill pages (the default; a scratch "
@@ -166,6 +170,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;
+  o.async_masks = f.async_masks;
   o.fp8_prefill_wgmma = f.fp8_prefill_wgmma;
   o.gemm_autotune = f.gemm_autotune;
   o.programmatic_launch = !f.disable_pdl;

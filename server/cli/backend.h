@@ -24,6 +24,7 @@ struct BackendFlags {
   int64_t gemv_max_tokens = 8;             // cuda: steps up to this many tokens use the GEMV kernel
   int64_t decode_min_tiles_per_split = 1;  // cuda: the decode attention's split selector
   bool packed_step_inputs = true;          // cuda: one packed host-to-device copy per step
+  bool async_masks = true;          // cuda: grammar steps stay in flight, masks beside the forward
   bool fp8_prefill_wgmma = true;    // cuda, fp8 KV: prefill on wgmma over a bf16 copy of pages
   bool gemm_autotune = false;       // cuda: time cuBLASLt's candidate algorithms at start-up
   bool disable_pdl = false;         // cuda: no programmatic dependent launch

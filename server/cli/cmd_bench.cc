@@ -5,18 +5,25 @@
 // the GPU the device-busy fraction of the run (CUDA events around each step's device work).
 // The same binary gives the end-to-end GPU benchmarks (scripts/gpu_e2e_bench.sh): batch-1
 // latency (--num-requests 1), throughput, TTFT, and long context, with --load-format dummy.
+// --json-schema: structured outputs against the same requests unconstrained
+// (scripts/gpu_structured_bench.sh).
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/cpu/cpu_model.h"
 #include "engine/engine.h"
 #include "engine/error.h"
+#include "engine/grammar/compiler.h"
+#include "engine/grammar/matcher.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/cli/backend.h"
 #include "server/cli/commands.h"
@@ -41,7 +48,9 @@ struct BenchFlags {
   double temperature = 0.6;
   bool warmup = false;
   int threads = 0;
-  std::string output_ids_path;  // each request's generated ids, one line per request
+  std::string output_ids_path;   // each request's generated ids, one line per request
+  std::string json_schema_path;  // a JSON schema, or an array of them: constrained requests
+  bool warm_grammars = false;    // an untimed constrained pass first (the grammars' mask caches)
 };
 
 double Mean(const std::vector<double>& v) {
@@ -60,6 +69,8 @@ struct BenchDeviceStats {
   double device_ms = 0, wall_ms = 0;
   int64_t graph_steps = 0;
   int64_t fp8_prefill_copies = 0;
+  double mask_ms = 0;  // host time computing structured-output masks
+  int64_t mask_rows = 0;
 };
 
 BenchDeviceStats DeviceStats(const Engine& engine) {
@@ -67,12 +78,131 @@ BenchDeviceStats DeviceStats(const Engine& engine) {
 #if defined(LLM_HAS_CUDA)
   if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&engine.executor())) {
     const CudaExecutorStats st = cuda->stats();
-    s = {st.device_ms, st.wall_ms, st.graph_steps, st.fp8_prefill_copies};
+    s = {st.device_ms, st.wall_ms, st.graph_steps, st.fp8_prefill_copies, st.mask_ms, st.mask_rows};
   }
 #else
   (void)engine;
 #endif
   return s;
+}
+
+// One timed pass: `requests` submitted at once and run to the end.
+struct Pass {
+  double seconds = 0;
+  int64_t prompt_tokens = 0, generated = 0, steps = 0, preemptions = 0;
+  std::vector<double> ttft_ms, tpot_ms;
+  std::vector<std::string> ids_lines, texts;  // per request
+  std::vector<int> completion_tokens;         // per request
+  BenchDeviceStats device;                    // this pass's share
+};
+
+Pass RunPass(Engine& engine, std::vector<Request> requests) {
+  Pass p;
+  const BenchDeviceStats before = DeviceStats(engine);
+  const EngineStats stats_before = engine.Stats();
+  std::vector<std::shared_ptr<OutputChannel>> channels;
+  const auto start = std::chrono::steady_clock::now();
+  for (Request& r : requests) {
+    p.prompt_tokens += std::ssize(r.prompt_ids);
+    channels.push_back(engine.AddRequest(std::move(r)));
+  }
+  engine.RunUntilIdle();
+  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (auto& ch : channels) {
+    RequestOutput out;
+    std::string ids_line, text;
+    p.completion_tokens.push_back(0);
+    while (ch->TryPop(&out)) {
+      for (int id : out.token_ids) ids_line += std::to_string(id) + " ";
+      text += out.text;
+      if (!out.is_last) continue;
+      p.generated += out.usage.completion_tokens;
+      p.completion_tokens.back() = int(out.usage.completion_tokens);
+      p.ttft_ms.push_back(out.first_token_seconds * 1e3);
+      if (out.usage.completion_tokens > 1) {
+        p.tpot_ms.push_back((out.total_seconds - out.first_token_seconds) * 1e3 /
+                            double(out.usage.completion_tokens - 1));
+      }
+    }
+    p.ids_lines.push_back(std::move(ids_line));
+    p.texts.push_back(std::move(text));
+  }
+  const EngineStats s = engine.Stats();
+  p.steps = s.num_steps - stats_before.num_steps;
+  p.preemptions = s.num_preemptions - stats_before.num_preemptions;
+  const BenchDeviceStats after = DeviceStats(engine);
+  p.device = {
+      after.device_ms - before.device_ms,     after.wall_ms - before.wall_ms,
+      after.graph_steps - before.graph_steps, after.fp8_prefill_copies - before.fp8_prefill_copies,
+      after.mask_ms - before.mask_ms,         after.mask_rows - before.mask_rows};
+  return p;
+}
+
+// --json-schema: a file with one JSON schema, or a JSON array of schemas (request i gets
+// schema i % count), compiled once each as the server compiles response_format json_schema.
+struct Schemas {
+  std::vector<std::shared_ptr<const grammar::CompiledGrammar>> grammars;
+  double compile_ms = 0;  // all of them, first compile (no cache hits)
+};
+
+Schemas CompileSchemas(const std::string& path, const Tokenizer& tokenizer,
+                       const ModelConfig& config) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read --json-schema file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text.str());
+  } catch (const std::exception& e) {
+    throw Error("--json-schema " + path + ": " + e.what());
+  }
+  std::vector<nlohmann::json> list =
+      doc.is_array() ? doc.get<std::vector<nlohmann::json>>() : std::vector<nlohmann::json>{doc};
+  if (list.empty()) throw Error("--json-schema " + path + ": no schema");
+  const std::vector<int>& eos = config.generation.eos_token_ids.empty()
+                                    ? config.eos_token_ids
+                                    : config.generation.eos_token_ids;
+  grammar::GrammarCompiler compiler(
+      grammar::TokenVocabulary::FromTokenizer(tokenizer, eos, config.vocab_size));
+  Schemas out;
+  const auto start = std::chrono::steady_clock::now();
+  for (const nlohmann::json& schema : list) {
+    grammar::StructuredSpec spec;
+    spec.kind = grammar::StructuredSpec::Kind::kJsonSchema;
+    spec.text = schema.dump();
+    out.grammars.push_back(compiler.Compile(spec));
+  }
+  out.compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+// The pass's numbers as JSON members (no braces), the CUDA executor's when it is one.
+std::string PassJson(const Pass& p, const Engine& engine, int num_requests) {
+  char buf[768];
+  std::snprintf(buf, sizeof(buf),
+                "\"requests\": %d, \"seconds\": %.3f, \"requests_per_s\": %.3f, "
+                "\"prompt_tokens\": %lld, \"generated_tokens\": %lld, "
+                "\"prompt_tokens_per_s\": %.1f, \"generated_tokens_per_s\": %.1f, "
+                "\"total_tokens_per_s\": %.1f, \"steps\": %lld, \"preemptions\": %lld, "
+                "\"ttft_ms_mean\": %.3f, \"ttft_ms_p50\": %.3f, \"ttft_ms_p99\": %.3f, "
+                "\"tpot_ms_mean\": %.4f, \"tpot_ms_p50\": %.4f",
+                num_requests, p.seconds, num_requests / p.seconds, (long long)p.prompt_tokens,
+                (long long)p.generated, p.prompt_tokens / p.seconds, p.generated / p.seconds,
+                (p.prompt_tokens + p.generated) / p.seconds, (long long)p.steps,
+                (long long)p.preemptions, Mean(p.ttft_ms), Percentile(p.ttft_ms, 50),
+                Percentile(p.ttft_ms, 99), Mean(p.tpot_ms), Percentile(p.tpot_ms, 50));
+  std::string json = buf;
+  if (DeviceStats(engine).wall_ms > 0 || p.device.device_ms > 0) {
+    std::snprintf(buf, sizeof(buf),
+                  ", \"device_ms\": %.1f, \"executor_wall_ms\": %.1f, \"gpu_busy_fraction\": %.4f, "
+                  "\"graph_steps\": %lld, \"mask_host_ms\": %.1f, \"mask_rows\": %lld",
+                  p.device.device_ms, p.device.wall_ms, p.device.device_ms / (p.seconds * 1e3),
+                  (long long)p.device.graph_steps, p.device.mask_ms, (long long)p.device.mask_rows);
+    json += buf;
+  }
+  return json;
 }
 
 int RunBench(const BenchFlags& f) {
@@ -88,12 +218,16 @@ int RunBench(const BenchFlags& f) {
   auto tokenizer = Tokenizer::Load(tok_dir);
   const ModelConfig model_config = backend.executor->config();
   std::fprintf(stderr, "[llm] bench on %s\n", backend.executor->Describe().c_str());
+  Schemas schemas;
+  if (!f.json_schema_path.empty()) {
+    schemas = CompileSchemas(f.json_schema_path, *tokenizer, model_config);
+    std::fprintf(stderr, "[llm] bench: %zu JSON schemas compiled in %.1f ms\n",
+                 schemas.grammars.size(), schemas.compile_ms);
+  }
   Engine engine(std::move(backend.executor), *tokenizer, config);
   std::mt19937_64 rng(f.seed);
   auto uni = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
   const int vocab = static_cast<int>(model_config.vocab_size);
-  std::vector<std::shared_ptr<OutputChannel>> channels;
-  int64_t prompt_tokens = 0;
   if (f.warmup) {
     // One untimed request of the largest shape (other random tokens: no prefix-cache hits
     // later), so that lazily captured CUDA graphs and cuBLASLt plans exist before timing.
@@ -106,9 +240,7 @@ int RunBench(const BenchFlags& f) {
     engine.AddRequest(std::move(r));
     engine.RunUntilIdle();
   }
-  const BenchDeviceStats before = DeviceStats(engine);
-  (void)before;  // read only by the CUDA build
-  const auto start = std::chrono::steady_clock::now();
+  std::vector<Request> requests;
   for (int i = 0; i < f.num_requests; ++i) {
     Request r;
     for (int k = uni(f.min_input, f.max_input); k > 0; --k)
@@ -117,45 +249,70 @@ int RunBench(const BenchFlags& f) {
     r.sampling.seed = f.seed + static_cast<uint64_t>(i);
     r.sampling.max_tokens = uni(f.min_output, f.max_output);
     r.sampling.ignore_eos = true;
-    prompt_tokens += std::ssize(r.prompt_ids);
-    channels.push_back(engine.AddRequest(std::move(r)));
+    if (!schemas.grammars.empty()) {
+      // Constrained: stops where its JSON is complete (EOS is allowed only there), or at
+      // max_tokens.
+      r.sampling.grammar = schemas.grammars[size_t(i) % schemas.grammars.size()];
+      r.sampling.ignore_eos = false;
+    }
+    requests.push_back(std::move(r));
   }
-  engine.RunUntilIdle();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  int64_t generated = 0;
-  std::vector<double> ttft_ms, tpot_ms;
-  std::FILE* ids_file = nullptr;
-  if (!f.output_ids_path.empty()) {
-    ids_file = std::fopen(f.output_ids_path.c_str(), "w");
-    if (ids_file == nullptr)
-      throw llm::Error("cannot write --output-ids file " + f.output_ids_path);
-  }
-  for (auto& ch : channels) {
-    RequestOutput out;
-    std::string ids_line;
-    while (ch->TryPop(&out)) {
-      for (int id : out.token_ids) ids_line += std::to_string(id) + " ";
-      if (!out.is_last) continue;
-      if (ids_file != nullptr) std::fprintf(ids_file, "%s\n", ids_line.c_str());
-      generated += out.usage.completion_tokens;
-      ttft_ms.push_back(out.first_token_seconds * 1e3);
-      if (out.usage.completion_tokens > 1) {
-        tpot_ms.push_back((out.total_seconds - out.first_token_seconds) * 1e3 /
-                          double(out.usage.completion_tokens - 1));
-      }
+  std::vector<Request> twins;  // --json-schema: the same requests unconstrained
+  if (!schemas.grammars.empty()) {
+    twins = requests;
+    // Other random prompt tokens of the same lengths: no prefix-cache hits on the first pass.
+    std::mt19937_64 trng(f.seed ^ 0x7a1bull);
+    for (Request& r : twins) {
+      for (int& id : r.prompt_ids) id = std::uniform_int_distribution<int>(3, vocab - 1)(trng);
+      r.sampling.grammar = nullptr;
     }
   }
-  if (ids_file != nullptr) std::fclose(ids_file);
-  const EngineStats s = engine.Stats();
+  if (f.warm_grammars && !schemas.grammars.empty()) {
+    std::vector<Request> warm = requests;
+    std::mt19937_64 grng(f.seed ^ 0x9a3dull);
+    for (Request& r : warm) {
+      for (int& id : r.prompt_ids) id = std::uniform_int_distribution<int>(3, vocab - 1)(grng);
+    }
+    (void)RunPass(engine, std::move(warm));
+  }
+  const Pass pass = RunPass(engine, std::move(requests));
+  std::string schema_json;
+  if (!schemas.grammars.empty()) {
+    // The twins generate exactly as many tokens as each constrained request did.
+    int64_t num_complete = 0, num_prefix = 0;
+    for (size_t i = 0; i < twins.size(); ++i) {
+      twins[i].sampling.max_tokens = std::max(1, pass.completion_tokens[i]);
+      twins[i].sampling.ignore_eos = true;
+      const grammar::CompiledGrammar& g = *schemas.grammars[i % schemas.grammars.size()];
+      const int32_t state = g.NextBytes(g.initial_state(), pass.texts[i]);
+      num_prefix += state >= 0;
+      num_complete += state >= 0 && g.IsAccepting(state);
+    }
+    const Pass base = RunPass(engine, std::move(twins));
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  ", \"json_schemas\": %zu, \"schema_compile_ms\": %.1f, "
+                  "\"outputs_in_language\": %lld, \"outputs_complete\": %lld, "
+                  "\"warm_grammars\": %s, \"structured_ratio\": %.4f, ",
+                  schemas.grammars.size(), schemas.compile_ms, (long long)num_prefix,
+                  (long long)num_complete, f.warm_grammars ? "true" : "false",
+                  (pass.generated / pass.seconds) / (base.generated / base.seconds));
+    schema_json = buf;
+    schema_json += "\"unconstrained\": {" + PassJson(base, engine, f.num_requests) + "}";
+  }
+  if (!f.output_ids_path.empty()) {
+    std::FILE* ids_file = std::fopen(f.output_ids_path.c_str(), "w");
+    if (ids_file == nullptr)
+      throw llm::Error("cannot write --output-ids file " + f.output_ids_path);
+    for (const std::string& line : pass.ids_lines) std::fprintf(ids_file, "%s\n", line.c_str());
+    std::fclose(ids_file);
+  }
   std::string device_json;
 #if defined(LLM_HAS_CUDA)
   if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&engine.executor())) {
-    CudaExecutorStats st = cuda->stats();
-    st.device_ms -= before.device_ms;
-    st.wall_ms -= before.wall_ms;
-    st.graph_steps -= before.graph_steps;
-    char buf[1024];
+    const CudaExecutorStats st = cuda->stats();
+    const BenchDeviceStats& d = pass.device;
+    char buf[1536];
     std::snprintf(buf, sizeof(buf),
                   ", \"device_ms\": %.1f, \"executor_wall_ms\": %.1f, \"gpu_busy_fraction\": %.4f, "
                   "\"graph_steps\": %lld, \"graphs_captured\": %lld, \"weight_bytes\": %lld, "
@@ -163,31 +320,34 @@ int RunBench(const BenchFlags& f) {
                   "\"peak_device_bytes\": %lld, \"weight_bytes_per_token\": %lld, "
                   "\"tensor_parallel_size\": %d, \"kv_cache_dtype\": \"%s\", "
                   "\"quantization\": \"%s\", \"gemm_tuned_shapes\": %lld, "
-                  "\"gemm_retuned_shapes\": %lld, \"fp8_prefill_copies\": %lld",
-                  st.device_ms, st.wall_ms, st.device_ms / (seconds * 1e3),
-                  (long long)st.graph_steps, (long long)st.graphs_captured,
+                  "\"gemm_retuned_shapes\": %lld, \"fp8_prefill_copies\": %lld, "
+                  "\"mask_host_ms\": %.1f, \"mask_rows\": %lld",
+                  d.device_ms, d.wall_ms, d.device_ms / (pass.seconds * 1e3),
+                  (long long)d.graph_steps, (long long)st.graphs_captured,
                   (long long)st.weight_bytes, (long long)st.kv_cache_bytes,
                   (long long)engine.kv_capacity_tokens(), (long long)st.peak_device_bytes,
                   (long long)st.weight_bytes_per_token, f.backend.tensor_parallel_size,
                   f.backend.kv_cache_dtype.c_str(), f.backend.quantization.c_str(),
                   (long long)st.gemm_tuned_shapes, (long long)st.gemm_retuned_shapes,
-                  (long long)(st.fp8_prefill_copies - before.fp8_prefill_copies));
+                  (long long)d.fp8_prefill_copies, d.mask_ms, (long long)d.mask_rows);
     device_json = buf;
   }
 #endif
+  const Pass& p = pass;
   std::printf(
       "{\"model\": \"%s\", \"requests\": %d, \"seconds\": %.3f, \"requests_per_s\": %.3f, "
       "\"prompt_tokens\": %lld, \"generated_tokens\": %lld, \"prompt_tokens_per_s\": %.1f, "
       "\"generated_tokens_per_s\": %.1f, \"total_tokens_per_s\": %.1f, \"steps\": %lld, "
       "\"preemptions\": %lld, \"ttft_ms_mean\": %.3f, \"ttft_ms_p50\": %.3f, "
       "\"ttft_ms_p99\": %.3f, \"tpot_ms_mean\": %.4f, \"tpot_ms_p50\": %.4f, "
-      "\"threads\": %d, \"async_scheduling\": %s%s}\n",
-      f.model_dir.c_str(), f.num_requests, seconds, f.num_requests / seconds,
-      (long long)prompt_tokens, (long long)generated, prompt_tokens / seconds, generated / seconds,
-      (prompt_tokens + generated) / seconds, (long long)s.num_steps, (long long)s.num_preemptions,
-      Mean(ttft_ms), Percentile(ttft_ms, 50), Percentile(ttft_ms, 99), Mean(tpot_ms),
-      Percentile(tpot_ms, 50), omp_get_max_threads(),
-      engine.config().async_scheduling ? "true" : "false", device_json.c_str());
+      "\"threads\": %d, \"async_scheduling\": %s%s%s}\n",
+      f.model_dir.c_str(), f.num_requests, p.seconds, f.num_requests / p.seconds,
+      (long long)p.prompt_tokens, (long long)p.generated, p.prompt_tokens / p.seconds,
+      p.generated / p.seconds, (p.prompt_tokens + p.generated) / p.seconds, (long long)p.steps,
+      (long long)p.preemptions, Mean(p.ttft_ms), Percentile(p.ttft_ms, 50),
+      Percentile(p.ttft_ms, 99), Mean(p.tpot_ms), Percentile(p.tpot_ms, 50), omp_get_max_threads(),
+      engine.config().async_scheduling ? "true" : "false", device_json.c_str(),
+      schema_json.c_str());
   return 0;
 }
 
@@ -216,6 +376,17 @@ Command AddBench(CLI::App& app) {
   cmd->add_option("--output-ids", f->output_ids_path,
                   "write each request's generated token ids to this file, one line per request "
                   "(compares the tokens of two builds)");
+  cmd->add_option("--json-schema", f->json_schema_path,
+                  "structured outputs: a file with a JSON schema, or a JSON array of schemas "
+                  "(request i gets schema i % count), compiled as response_format json_schema; "
+                  "the constrained requests stop where their JSON is complete (or at their "
+                  "max_tokens), then the same requests run unconstrained (other prompt tokens of "
+                  "the same lengths, each generating as many tokens as its constrained twin) and "
+                  "the line gets both throughputs and their ratio (structured_ratio)");
+  cmd->add_flag("--warm-grammars", f->warm_grammars,
+                "--json-schema: run the constrained requests once untimed first (other prompt "
+                "tokens), so that the compiled grammars hold the masks of the states such a load "
+                "visits, as a server's grammar cache does once it has served these schemas");
   return [f] { return RunBench(*f); };
 }
 

@@ -6,7 +6,9 @@
 // scheduling: batched requests with a JSON schema and a regex, n = 3, unconstrained requests
 // in the same batches, preemption (a small KV pool) and max_tokens cutting one output short;
 // every constrained output is in the grammar's language (finish stop) or a prefix of it
-// (finish length). Label gpu: skips with a message when no GPU is present.
+// (finish length). Async scheduling keeps grammar steps in flight and gives the same tokens
+// as synchronous scheduling (AsyncMasksGiveTheSameTokensAsSync). Label gpu: skips with a
+// message when no GPU is present.
 //   ninja -C build cuda_grammar_gpu_test && (cd build && ctest -L gpu -R cuda_grammar)
 #include <gtest/gtest.h>
 
@@ -141,6 +143,97 @@ TEST_F(CudaGrammarTest, OutputsAreInTheLanguageUnderBatchingPreemptionAndAsync) 
     EXPECT_GT(engine.Stats().num_preemptions, 0) << "async " << async;
     EXPECT_EQ(engine.Stats().num_free_kv_blocks, engine.Stats().num_kv_blocks);
   }
+}
+
+// Counts, at each Wait, whether the engine had launched the next step already (the engine's
+// async scheduling kept a step in flight instead of waiting for its tokens first).
+class OverlapCounter final : public ForwardingExecutor {
+ public:
+  using ForwardingExecutor::ForwardingExecutor;
+  StepHandle Launch(const ForwardBatch& batch, std::span<const SampleTask> tasks) override {
+    const StepHandle h = inner().Launch(batch, tasks);
+    ++num_launched;
+    return h;
+  }
+  std::vector<SampleResult> Wait(StepHandle step) override {
+    if (num_launched > num_waits + 1) ++num_waits_after_next_launch;
+    ++num_waits;
+    return inner().Wait(step);
+  }
+  int64_t num_launched = 0, num_waits = 0, num_waits_after_next_launch = 0;
+};
+
+// The overlap of engine/cuda/step_runner.cc's Launch: a grammar step N+1 is launched with N in
+// flight, N's tokens are read into the matchers after N+1's forward is enqueued, and N+1's
+// masks are computed and copied then. Seeded and greedy grammar requests, with unconstrained
+// and penalized (synchronous fallback) requests in the same batches, give exactly the tokens
+// of synchronous scheduling. ignore_eos keeps every request to its max_tokens (past the
+// grammar's end only EOS is allowed), so both modes run the same batches and the bf16 logits
+// are the same bits.
+TEST_F(CudaGrammarTest, AsyncMasksGiveTheSameTokensAsSync) {
+  std::vector<std::vector<int>> tokens[2];
+  int64_t num_waits = 0, num_after = 0;
+  for (bool async : {false, true}) {
+    EngineConfig config{.num_kv_blocks = 128, .max_num_seqs = 12, .async_scheduling = async};
+    config.batch_invariant = false;  // as the server runs the GPU: decode steps replay graphs
+    CudaExecutorOptions o;
+    o.dtype = DType::kBF16;
+    o.block_size = config.block_size;
+    o.num_kv_blocks = config.num_kv_blocks;
+    o.max_num_batched_tokens = config.max_num_batched_tokens;
+    o.max_num_seqs = config.max_num_seqs;
+    o.log = false;
+    auto counter = std::make_unique<OverlapCounter>(CudaExecutor::Create(test::StoriesDir(), o));
+    OverlapCounter* count = counter.get();
+    const Tokenizer& tok = test::StoriesTokenizer();
+    grammar::GrammarCompiler compiler(
+        grammar::TokenVocabulary::FromTokenizer(tok, {tok.eos_id()}, counter->config().vocab_size));
+    auto compile = [&](StructuredSpec::Kind kind, const std::string& text) {
+      StructuredSpec spec;
+      spec.kind = kind;
+      spec.text = text;
+      return compiler.Compile(spec);
+    };
+    auto schema = compile(StructuredSpec::Kind::kJsonSchema, kSchema);
+    auto regex = compile(StructuredSpec::Kind::kRegex, kRegex);
+    Engine engine(std::move(counter), tok, config);
+    std::vector<std::shared_ptr<OutputChannel>> channels;
+    for (int i = 0; i < 12; ++i) {
+      Request r;
+      r.prompt_ids = tok.EncodePrompt(i % 3 ? "Once upon a time" : "Lily and Ben went to the");
+      r.sampling.temperature = i == 5 ? 0.0 : 1.0;
+      r.sampling.seed = uint64_t(40 + i);
+      r.sampling.max_tokens = 20 + 4 * i;
+      r.sampling.ignore_eos = true;
+      if (i < 9) r.sampling.grammar = i % 2 ? regex : schema;
+      if (i == 0) r.sampling.presence_penalty = 0.5;  // (a grammar request too)
+      channels.push_back(engine.AddRequest(std::move(r)));
+    }
+    engine.RunUntilIdle();
+    for (int i = 0; i < 12; ++i) {
+      std::vector<int> ids;
+      RequestOutput out;
+      while (channels[size_t(i)]->TryPop(&out)) {
+        EXPECT_TRUE(out.error.empty()) << out.error;
+        ids.insert(ids.end(), out.token_ids.begin(), out.token_ids.end());
+      }
+      EXPECT_EQ(std::ssize(ids), 20 + 4 * i) << "async " << async << " request " << i;
+      tokens[async].push_back(std::move(ids));
+    }
+    if (async) {
+      num_waits = count->num_waits;
+      num_after = count->num_waits_after_next_launch;
+    }
+  }
+  for (size_t i = 0; i < tokens[0].size(); ++i) {
+    EXPECT_EQ(tokens[1][i], tokens[0][i]) << "request " << i;
+  }
+  // While the penalized request (0, 20 tokens) runs, each step waits for the one before it;
+  // after it, the grammar requests (to 52 tokens) and the rest keep one step in flight.
+  EXPECT_GE(num_waits, 64);
+  EXPECT_GE(num_after, 40) << num_waits << " waits";
+  std::printf("[cuda grammar] async: %lld of %lld waits found the next step launched\n",
+              (long long)num_after, (long long)num_waits);
 }
 
 }  // namespace
