@@ -2,7 +2,11 @@
 // "messages" goes the /v1/chat/completions way (ParseChatBody, rendered by one of the real
 // chat templates in tests/data/chat_templates, picked by the input's length), any other
 // object the /v1/completions way (ParseCompletion). Every input must parse or throw ApiError
-// or llm::Error, as HttpServer::Generate expects (it catches exactly those).
+// or llm::Error, as HttpServer::Generate expects (it catches exactly those). The model has a
+// grammar compiler (structured outputs and forced tool calls compile, under a 1 s deadline) and
+// a tool-call format picked by the input's length, and the last message's content, taken as
+// the model's reply, goes through the response builder (ChatOutputParser) whole and cut in
+// pieces (it is valid UTF-8, as the engine's text always is).
 //
 //   scripts/fuzz.sh openai_request
 #include <cstddef>
@@ -53,18 +57,62 @@ const std::vector<llm::server::ChatRenderer>& Renderers() {
   return renderers;
 }
 
+llm::server::ModelInfo Model(const llm::Tokenizer& tokenizer, size_t size) {
+  static const auto grammars = [&] {
+    llm::grammar::CompilerOptions options;
+    options.timeout_seconds = 1;
+    return std::make_shared<llm::grammar::GrammarCompiler>(
+        llm::grammar::TokenVocabulary::FromTokenizer(tokenizer, {tokenizer.eos_id()},
+                                                     tokenizer.vocab_size()),
+        options);
+  }();
+  llm::server::ModelInfo model{"stories260K", 512, tokenizer.vocab_size()};
+  model.grammars = grammars;
+  constexpr llm::chat::ToolFormat kFormats[] = {
+      llm::chat::ToolFormat::kNone, llm::chat::ToolFormat::kHermes,
+      llm::chat::ToolFormat::kLlama3Json, llm::chat::ToolFormat::kMistral};
+  model.tool_format = kFormats[size % 4];
+  model.reasoning = size % 3 == 0;
+  return model;
+}
+
+// The input's text as the model's reply to `parsed`: whole, and in pieces of 1 to 7 bytes.
+void Respond(const llm::server::ParsedRequest& parsed, std::string_view text,
+             const llm::Tokenizer& tokenizer) {
+  for (size_t piece : {text.size() + 1, size_t{1} + text.size() % 7}) {
+    llm::server::ResponseBuilder builder(parsed, tokenizer, "chatcmpl-0", "m");
+    for (size_t at = 0; at < text.size(); at += piece) {
+      llm::RequestOutput out;
+      out.text = std::string(text.substr(at, piece));
+      builder.Add(out);
+      builder.Chunk(out);
+    }
+    llm::RequestOutput last;
+    last.finish_reason = llm::FinishReason::kStop;
+    last.is_last = true;
+    builder.Add(last);
+    builder.Chunk(last);
+    builder.Final().dump();  // UTF-8 the input broke is a type_error here, as in the server
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const llm::Tokenizer& tokenizer = llm::fuzz::StoriesTokenizer();
-  const llm::server::ModelInfo model{"stories260K", 512, tokenizer.vocab_size()};
+  const llm::server::ModelInfo model = Model(tokenizer, size);
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const nlohmann::json body = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) return 0;  // the server's 400 invalid_json
   try {
     if (body.contains("messages")) {
       const auto& renderers = Renderers();
-      llm::server::ParseChatBody(text, body, renderers[size % renderers.size()], tokenizer, model);
+      const llm::server::ParsedRequest parsed = llm::server::ParseChatBody(
+          text, body, renderers[size % renderers.size()], tokenizer, model);
+      const nlohmann::json& last = body["messages"].back();
+      if (last.is_object() && last.contains("content") && last["content"].is_string()) {
+        Respond(parsed, last["content"].get<std::string>(), tokenizer);
+      }
     } else {
       llm::server::ParseCompletion(body, tokenizer, model);
     }
