@@ -106,7 +106,10 @@ Generation Generate(const std::shared_ptr<const llm::grammar::CompiledGrammar>& 
     for (size_t w = 0; w < v.mask_words(); ++w) count += size_t(__builtin_popcount(mask[w]));
     bool eos_allowed = false;
     for (int id : v.eos_ids()) eos_allowed = eos_allowed || ((mask[id / 32] >> (id % 32)) & 1u);
-    if (count == 0 || (eos_allowed && count == 1)) break;  // nothing but EOS (or nothing)
+    if (count == 0 || (eos_allowed && count == 1)) {  // nothing but EOS (or nothing)
+      gen.ended_with_eos = eos_allowed;               // complete: EOS is the only way on
+      break;
+    }
     int token = NthSetBit(mask, v.mask_words(), rng() % count);
     if (eos_allowed && rng() % 2 == 0) token = v.eos_ids()[0];
     if (!m.Accept(token)) {
@@ -303,6 +306,7 @@ int Report(const Flags& f, const llm::grammar::TokenVocabulary& vocab, double lo
   std::vector<double> compile, cold, warm, cold_gen, warm_gen;
   ordered_json failures = ordered_json::array();
   int num_tokens = 0, num_eos = 0, num_cut = 0;
+  size_t num_masks = 0;  // vocabulary walks (masks computed, not cached), both generations
   for (size_t i = 0; i < samples.size(); ++i) {
     const Sample& s = samples[i];
     if (!s.error.empty()) {
@@ -317,12 +321,15 @@ int Report(const Flags& f, const llm::grammar::TokenVocabulary& vocab, double lo
     num_tokens += s.cold.num_tokens;
     num_eos += s.cold.ended_with_eos;
     num_cut += s.cold.stopped_by_budget;
+    num_masks += s.num_masks;
   }
   std::printf(
       "vocabulary: %lld ids, built in %.2f s; %zu schemas, %zu compiled; %d tokens; "
-      "%d generations ended with EOS, %d stopped by the time budget\n\n",
+      "%d generations complete (EOS taken or the only token left), %d stopped by the time "
+      "budget; %zu masks computed (vocabulary walks, each compile's first included), the rest "
+      "cached\n\n",
       (long long)vocab.mask_vocab(), load_s, samples.size(), compile.size(), num_tokens, num_eos,
-      num_cut);
+      num_cut, num_masks);
   ordered_json out = {{"tokenizer", f.tokenizer},
                       {"mask_vocab", vocab.mask_vocab()},
                       {"vocab_load_s", load_s},
@@ -333,6 +340,7 @@ int Report(const Flags& f, const llm::grammar::TokenVocabulary& vocab, double lo
                       {"num_tokens", num_tokens},
                       {"num_ended_with_eos", num_eos},
                       {"num_stopped_by_budget", num_cut},
+                      {"num_masks_computed", num_masks},
                       {"compile", Stats(compile)},
                       {"mask_cold", Stats(cold)},
                       {"mask_warm", Stats(warm)},

@@ -44,6 +44,14 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> token_b
     while (n < a.size() && n < b.size() && a[n] == b[n] && n < 0xFFFF) ++n;
     lcp_[i] = uint16_t(n);
   }
+  suffix_start_.reserve(order_.size() + 1);
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const std::string& b = *bytes_[size_t(order_[i])];
+    suffix_start_.push_back(uint32_t(suffix_bytes_.size()));
+    suffix_bytes_.append(b, lcp_[i]);
+    max_token_bytes_ = std::max(max_token_bytes_, b.size());
+  }
+  suffix_start_.push_back(uint32_t(suffix_bytes_.size()));
 }
 
 std::shared_ptr<const TokenVocabulary> TokenVocabulary::FromTokenizer(const Tokenizer& tokenizer,
@@ -153,6 +161,7 @@ int32_t CompiledGrammar::StateLocked(std::vector<int32_t> stacks, bool accepting
   s.stacks = std::move(stacks);
   s.accepting = accepting;
   states_.push_back(std::move(s));
+  rows_.push_back(nullptr);
   return id;
 }
 
@@ -162,6 +171,7 @@ int32_t CompiledGrammar::NextLocked(int32_t state, uint8_t byte) const {
   if (!s->next) {
     s->next.reset(new int32_t[256]);
     std::fill(s->next.get(), s->next.get() + 256, -2);
+    rows_[size_t(state)] = s->next.get();
   }
   if (s->next[byte] != -2) return s->next[byte];
   std::vector<int32_t> stacks;
@@ -208,26 +218,38 @@ std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(
   if (states_[size_t(state)].stacks.empty()) return mask;
   const std::vector<int32_t>& order = vocab_->order_;
   const std::vector<uint16_t>& lcp = vocab_->lcp_;
+  const uint32_t* suffix_start = vocab_->suffix_start_.data();
+  const char* suffix = vocab_->suffix_bytes_.data();
+  // The transition, from the state's row when it is there (most are, after the first tokens).
+  auto next_state = [&](int32_t from, uint8_t byte) {
+    if (const int32_t* row = rows_[size_t(from)]; row != nullptr && row[byte] != -2) {
+      return row[byte];
+    }
+    return NextLocked(from, byte);
+  };
   // path[k]: the state after the first k bytes of the token at hand; `good`: how many bytes
   // of the previous token were consumed (path[0..good] hold for it).
-  std::vector<int32_t> path = {state};
+  std::vector<int32_t> path_buffer(vocab_->max_token_bytes_ + 1);
+  int32_t* path = path_buffer.data();
+  path[0] = state;
   size_t good = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     if (deadline && (i & 255) == 0 && std::chrono::steady_clock::now() > *deadline) {
       throw GrammarError("the grammar did not compile within the time limit");
     }
-    const std::string& b = *vocab_->bytes_[size_t(order[i])];
     const size_t common = lcp[i];
     if (common > good) continue;  // shares the byte that failed the previous token
-    path.resize(common + 1);
-    size_t k = common;
-    for (; k < b.size(); ++k) {
-      const int32_t next = NextLocked(path[k], uint8_t(b[k]));
-      if (next < 0) break;
-      path.push_back(next);
+    const char* b = suffix + suffix_start[i];
+    const size_t n = suffix_start[i + 1] - suffix_start[i];
+    int32_t at = path[common];
+    size_t j = 0;
+    for (; j < n; ++j) {
+      at = next_state(at, uint8_t(b[j]));
+      if (at < 0) break;
+      path[common + j + 1] = at;
     }
-    good = k;
-    if (k == b.size()) SetBit(*mask, order[i]);
+    good = common + j;
+    if (j == n) SetBit(*mask, order[i]);
   }
   // No token of the vocabulary continues the output (bytes it cannot spell): only EOS, so
   // that the sampler never has to pick from nothing.

@@ -58,9 +58,14 @@ class TokenVocabulary {
   std::vector<std::optional<std::string>> bytes_;
   std::vector<int> eos_ids_;
   // The allowed-able tokens sorted by their bytes, with each one's common prefix length with
-  // the one before.
+  // the one before, and the bytes past that prefix of every one, back to back in this order
+  // (token i's are suffix_bytes_[suffix_start_[i] .. suffix_start_[i + 1])): the mask walk
+  // reads them in sequence instead of chasing each token's string.
   std::vector<int32_t> order_;
   std::vector<uint16_t> lcp_;
+  std::vector<uint32_t> suffix_start_;
+  std::string suffix_bytes_;
+  size_t max_token_bytes_ = 0;
 };
 
 using Mask = std::vector<uint32_t>;
@@ -124,6 +129,9 @@ class CompiledGrammar {
   mutable std::vector<std::pair<int32_t, int32_t>> nodes_;  // (pos, parent)
   mutable std::unordered_map<uint64_t, int32_t> node_index_;
   mutable std::vector<State> states_;
+  // states_[i].next.get(), beside it in a compact array: the mask walk's transitions read
+  // these rows without touching the State records.
+  mutable std::vector<int32_t*> rows_;
   mutable std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_index_;
   mutable size_t masks_computed_ = 0;
   mutable size_t masks_cached_ = 0;
