@@ -575,7 +575,6 @@ class ChatOutputParser::ToolExtractor {
 // ---- The parser: reasoning first, tool calls within each stream.
 
 ChatOutputParser::ChatOutputParser(ChatOutputOptions options) : options_(std::move(options)) {
-  if (options_.forced_tools) options_.reasoning = options_.starts_in_reasoning = false;
   phase_ = !options_.reasoning            ? Phase::kContent
            : options_.starts_in_reasoning ? Phase::kReasoning
                                           : Phase::kStart;

@@ -61,8 +61,8 @@ struct ChatOutputOptions {
   ToolFormat tools = ToolFormat::kNone;  // kNone: tool calls are not looked for
   bool reasoning = false;                // <think>...</think> becomes reasoning
   bool starts_in_reasoning = false;      // the prompt opened <think> (PromptOpensReasoning)
-  // The output is tool calls only, made under their grammar (tool_choice required or named);
-  // for kMistral it starts after the [TOOL_CALLS] marker.
+  // The output is tool calls only (after the reasoning, if any), made under their grammar
+  // (tool_choice required or named); for kMistral they start after the [TOOL_CALLS] marker.
   bool forced_tools = false;
   std::string id_prefix = "call_";  // call ids: id_prefix + the call's index
 };

@@ -45,10 +45,49 @@ Grammar ToolCallsGrammar(const std::string& text, const JsonSchemaOptions& optio
   return b.Build(root);
 }
 
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+
+// Any bytes without kThinkClose, as an automaton over how much of it the text ends with
+// (its bytes are distinct: after a mismatch only '<' restarts it).
+ExprPtr WithoutThinkClose(GrammarBuilder* b) {
+  const size_t n = kThinkClose.size();
+  std::vector<int> state(n);
+  for (size_t k = 0; k < n; ++k) state[k] = b->NewRule("thinking_" + std::to_string(k));
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<ExprPtr> alts = {Empty()};
+    ByteSet other;
+    other.set();
+    other.reset(static_cast<uint8_t>('<'));
+    alts.push_back(Seq({Byte('<'), RuleRef(state[1])}));
+    if (k > 0) {
+      const auto next = static_cast<uint8_t>(kThinkClose[k]);
+      other.reset(next);
+      if (k + 1 < n) alts.push_back(Seq({Byte(next), RuleRef(state[k + 1])}));
+    }
+    alts.push_back(Seq({Bytes(other), RuleRef(state[0])}));
+    b->Define(state[k], Alt(std::move(alts)));
+  }
+  return RuleRef(state[0]);
+}
+
+std::function<ExprPtr(GrammarBuilder*)> ReasoningPrefix(StructuredSpec::Reasoning reasoning) {
+  if (reasoning == StructuredSpec::Reasoning::kNone) return nullptr;
+  const bool inside = reasoning == StructuredSpec::Reasoning::kInside;
+  return [inside](GrammarBuilder* b) {
+    ByteSet space;
+    space.set(' ');
+    space.set('\n');
+    const ExprPtr block =
+        Seq({WithoutThinkClose(b), Literal(kThinkClose), Repeat(Bytes(space), 0, 4)});
+    return inside ? block : Optional(Seq({Literal(kThinkOpen), block}));
+  };
+}
+
 }  // namespace
 
 std::string StructuredSpec::Key() const {
-  std::string key = std::to_string(int(kind)) + (strict ? "s" : "-") + (compact ? "c" : "-");
+  std::string key = std::to_string(int(kind)) + (strict ? "s" : "-") + (compact ? "c" : "-") +
+                    std::to_string(int(reasoning));
   key += '\0';
   key += text;
   for (const std::string& c : choices) {
@@ -85,6 +124,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::Compile(const Structured
     }
   }
   Limits limits;
+  limits.prefix = ReasoningPrefix(spec.reasoning);
   limits.deadline = std::chrono::steady_clock::now() +
                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                         std::chrono::duration<double>(options_.timeout_seconds));

@@ -30,7 +30,13 @@ struct StructuredSpec {
   std::vector<std::string> choices;  // kChoice
   bool strict = false;               // kJsonSchema: unsupported keywords are an error
   bool compact = false;              // JSON: no whitespace between tokens
-  std::string Key() const;           // the cache key
+  // A reasoning model's thinking before the output: kOptional, the text may start with
+  // <think>, any text without </think>, </think> and up to 4 spaces or newlines; kInside, the
+  // prompt opened <think> already, so the text starts inside it (the same without <think>).
+  // The structured output follows, as vLLM constrains only what comes after the reasoning.
+  enum class Reasoning { kNone, kOptional, kInside };
+  Reasoning reasoning = Reasoning::kNone;
+  std::string Key() const;  // the cache key
 };
 
 struct CompilerOptions {

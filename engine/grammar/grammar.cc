@@ -304,6 +304,12 @@ void GrammarBuilder::Lower(const ExprPtr& e, std::vector<Element>* out) {
 }
 
 Grammar GrammarBuilder::Build(int root) {
+  if (limits_.prefix) {  // the text starts with the prefix
+    const ExprPtr prefix = limits_.prefix(this);
+    const int start = NewRule("start");
+    Define(start, Seq({prefix, RuleRef(root)}));
+    root = start;
+  }
   const size_t n = g_.alternatives.size();
   for (size_t r = 0; r < n; ++r) {
     if (!defined_[r]) throw GrammarError("rule '" + g_.rule_names[r] + "' is not defined");

@@ -12,6 +12,7 @@
 #include <bitset>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,11 +70,16 @@ struct Grammar {
   size_t size() const { return elements.size(); }
 };
 
+class GrammarBuilder;
+
 // Limits that keep a hostile schema or pattern from taking the server's memory or time.
 struct Limits {
   size_t max_elements = size_t{1} << 21;  // lowered grammar size (~2M elements)
   int max_repeat = 10000;                 // {m,n}, minLength ... beyond this: an error
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  // Set: the text starts with what this makes (in the builder, at Build), then the grammar's
+  // own: a reasoning block before the structured output (compiler.h).
+  std::function<ExprPtr(GrammarBuilder*)> prefix;
 };
 
 class GrammarBuilder {

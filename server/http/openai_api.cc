@@ -81,7 +81,8 @@ std::vector<int> IntList(const json& body, const char* key) {
 
 // The sampling fields shared by completions and chat (vLLM's extensions included).
 void ParseSampling(const json& body, std::string_view body_text, const ModelInfo& model,
-                   int64_t num_prompt, ParsedRequest* out) {
+                   int64_t num_prompt, ParsedRequest* out,
+                   grammar::StructuredSpec::Reasoning reasoning = {}) {
   const Fields f(body);
   SamplingParams& sp = out->request.sampling;
   sp.temperature = f.Number("temperature", 1.0);
@@ -135,7 +136,7 @@ void ParseSampling(const json& body, std::string_view body_text, const ModelInfo
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     out->include_usage = Fields(body["stream_options"]).Bool("include_usage", false);
   }
-  ParseStructuredOutput(body, body_text, model, &sp);
+  ParseStructuredOutput(body, body_text, model, &sp, reasoning);
   if (const std::string problem = sp.Validate(model.vocab_size); !problem.empty()) {
     const std::string param = problem.substr(0, problem.find(' '));
     throw BadParam(param, problem);
@@ -206,7 +207,8 @@ ParsedRequest ParseChat(const json& body, const std::string& rendered_prompt,
   // The chat template already wrote BOS where the model wants it: no second one.
   out.request.prompt_ids = tokenizer.EncodeWithSpecialTokens(rendered_prompt);
   if (out.request.prompt_ids.empty()) throw BadParam("messages", "the conversation is empty");
-  ParseSampling(body, body_text, model, std::ssize(out.request.prompt_ids), &out);
+  ParseSampling(body, body_text, model, std::ssize(out.request.prompt_ids), &out,
+                ReasoningFor(model, rendered_prompt));
   out.tokens_as_ids = f.Bool("return_tokens_as_token_ids", false);
   if (f.Bool("logprobs", false)) {
     const int64_t n = f.Int("top_logprobs", 0);
@@ -253,11 +255,11 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
                      "tool_choice \"required\" or a named function cannot be combined with "
                      "another structured output (response_format, structured_outputs)");
     }
-    out.request.sampling.grammar = tools.grammar;
+    out.request.sampling.grammar = CompileForcedCalls(tools, model, ReasoningFor(model, prompt));
   }
   chat::ChatOutputOptions& co = out.chat_output;
   co.tools = tools.format;
-  co.forced_tools = tools.forced;
+  co.forced_tools = tools.forced;  // calls only (after the reasoning, if the model thinks)
   co.reasoning = model.reasoning;
   co.starts_in_reasoning = model.reasoning && chat::PromptOpensReasoning(prompt);
   co.id_prefix = NewToolCallIdPrefix(tools.format);

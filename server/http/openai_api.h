@@ -50,15 +50,18 @@ struct ModelInfo {
 // What a chat request's `tools`, `tool_choice` and `parallel_tool_calls` ask of the output.
 struct ToolsRequest {
   chat::ToolFormat format = chat::ToolFormat::kNone;  // kNone: calls are not looked for
-  bool forced = false;  // tool_choice "required" or named: the output is calls, under `grammar`
-  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  bool forced = false;  // tool_choice "required" or named: the output is calls, under `spec`
+  grammar::StructuredSpec spec;
 };
 // Checks tools ({"type": "function", "function": {"name", "description", "parameters",
 // "strict"}}), tool_choice ("none", "auto" (the default with tools), "required", or
 // {"type": "function", "function": {"name"}} naming one of them) and parallel_tool_calls
-// (with false, a forced choice makes one call). A forced choice compiles the calls' grammar.
-// Throws ApiError naming the field.
+// (with false, a forced choice makes one call). A forced choice's grammar is made, compiled
+// by CompileForcedCalls. Throws ApiError naming the field.
 ToolsRequest ParseTools(const nlohmann::ordered_json& body, const ModelInfo& model);
+std::shared_ptr<const grammar::CompiledGrammar> CompileForcedCalls(
+    const ToolsRequest& tools, const ModelInfo& model,
+    grammar::StructuredSpec::Reasoning reasoning);
 // Past assistant tool calls whose arguments are JSON text get them as an object, which
 // templates (Qwen, Llama) write with tojson, as vLLM passes them; their null content is "".
 void PrepareToolMessages(nlohmann::ordered_json* messages);
@@ -75,9 +78,16 @@ std::string NewToolCallIdPrefix(chat::ToolFormat format);
 //   guided_json, guided_regex, guided_choice, guided_grammar (vLLM's older names)
 // At most one of them. Throws ApiError naming the field and the problem (a schema that does
 // not compile, an unsupported keyword under strict, one too large or too slow to compile).
-// `body_text` (when given) is `body`'s text, read again for the keys' order.
-void ParseStructuredOutput(const nlohmann::json& body, std::string_view body_text,
-                           const ModelInfo& model, SamplingParams* sp);
+// `body_text` (when given) is `body`'s text, read again for the keys' order. `reasoning`: what
+// a reasoning model may think before the output (chat: ReasoningFor).
+void ParseStructuredOutput(
+    const nlohmann::json& body, std::string_view body_text, const ModelInfo& model,
+    SamplingParams* sp,
+    grammar::StructuredSpec::Reasoning reasoning = grammar::StructuredSpec::Reasoning::kNone);
+// Whether a chat reply may think before a structured output, from the rendered prompt: inside
+// an open <think>, may start one, or neither (no reasoning template, or the prompt closed the
+// block: Qwen3's enable_thinking false).
+grammar::StructuredSpec::Reasoning ReasoningFor(const ModelInfo& model, std::string_view prompt);
 
 struct ParsedRequest {
   Request request;

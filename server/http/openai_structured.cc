@@ -129,8 +129,22 @@ std::optional<StructuredSpec> StructuredOutputs(const json& so) {
 
 }  // namespace
 
+grammar::StructuredSpec::Reasoning ReasoningFor(const ModelInfo& model, std::string_view prompt) {
+  using R = grammar::StructuredSpec::Reasoning;
+  if (!model.reasoning) return R::kNone;
+  if (chat::PromptOpensReasoning(prompt)) return R::kInside;
+  // A prompt whose end closed a block (Qwen3's enable_thinking false writes an empty one).
+  const size_t close = prompt.rfind("</think>");
+  if (close != std::string_view::npos &&
+      prompt.find_first_not_of(" \n", close + 8) == std::string_view::npos) {
+    return R::kNone;
+  }
+  return R::kOptional;
+}
+
 void ParseStructuredOutput(const nlohmann::json& unordered, std::string_view body_text,
-                           const ModelInfo& model, SamplingParams* sp) {
+                           const ModelInfo& model, SamplingParams* sp,
+                           grammar::StructuredSpec::Reasoning reasoning) {
   bool any = false;
   for (const char* key : {"response_format", "structured_outputs", "guided_json", "guided_regex",
                           "guided_choice", "guided_grammar"}) {
@@ -173,10 +187,11 @@ void ParseStructuredOutput(const nlohmann::json& unordered, std::string_view bod
     throw Bad(found[1].first, "only one structured output may be asked for; got " + found[0].first +
                                   " and " + found[1].first);
   }
-  const auto& [param, spec] = found[0];
+  auto& [param, spec] = found[0];
   if (!model.grammars) {
     throw Bad(param, "structured outputs are not available on this server");
   }
+  spec.reasoning = reasoning;
   try {
     sp->grammar = model.grammars->Compile(spec);
   } catch (const grammar::GrammarError& e) {

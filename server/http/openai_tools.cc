@@ -154,12 +154,20 @@ ToolsRequest ParseTools(const json& body, const ModelInfo& model) {
   }
   out.forced = true;
   if (out.format == ToolFormat::kNone) out.format = ToolFormat::kMistral;  // the JSON list
+  out.spec = ForcedCallsSpec(model.tool_format, forced, parallel);
+  return out;
+}
+
+std::shared_ptr<const grammar::CompiledGrammar> CompileForcedCalls(
+    const ToolsRequest& tools, const ModelInfo& model,
+    grammar::StructuredSpec::Reasoning reasoning) {
+  grammar::StructuredSpec spec = tools.spec;
+  spec.reasoning = reasoning;
   try {
-    out.grammar = model.grammars->Compile(ForcedCallsSpec(model.tool_format, forced, parallel));
+    return model.grammars->Compile(spec);
   } catch (const grammar::GrammarError& e) {
     throw Bad("tools", std::string("the tools' parameters do not compile: ") + e.what());
   }
-  return out;
 }
 
 void PrepareToolMessages(json* messages) {

@@ -142,6 +142,8 @@ for (let i = 0; i < numSets; ++i) {
     temperature: 1,
     seed: i,
     max_tokens: 300,
+    // Qwen3 would think first (the grammar allows a <think> block): measured below instead.
+    chat_template_kwargs: { enable_thinking: false },
   };
   jobs.push({ i, tools, named, parallel, body });
 }
@@ -222,6 +224,8 @@ const weather = {
     tools: [weather],
     structured_outputs: { choice: [callText] },
     max_tokens: 100,
+    // The choice itself holds the <think> block: the template's own is closed.
+    chat_template_kwargs: { enable_thinking: false },
   };
   const r = await post('/v1/chat/completions', body);
   assert.equal(r.status, 200, JSON.stringify(r.json));
@@ -247,10 +251,57 @@ const weather = {
       ...body,
       tools: undefined,
       structured_outputs: { choice: ['<think>\nHmm.\n</think>\n\nIt is sunny.'] },
+      chat_template_kwargs: { enable_thinking: false },
     });
     assert.equal(think.json.choices[0].message.reasoning_content, '\nHmm.\n');
     assert.equal(think.json.choices[0].message.content, 'It is sunny.');
   }
+}
+
+// ---- A reasoning model thinks before a structured output or a forced call: the grammar
+// starts after </think> (logit_bias makes the random model open and close the block).
+if (format === 'hermes') {
+  const schema = {
+    type: 'object',
+    properties: { answer: { type: 'integer', minimum: 0, maximum: 99 } },
+    required: ['answer'],
+    additionalProperties: false,
+  };
+  const bias = { 151667: 100, 151668: 100 };  // Qwen3's <think> and </think>
+  let thought = 0;
+  for (let seed = 0; seed < 10; ++seed) {
+    const r = await post('/v1/chat/completions', {
+      model,
+      messages: [{ role: 'user', content: 'Think, then answer in JSON.' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'a', schema, strict: true } },
+      logit_bias: bias,
+      seed,
+      max_tokens: 120,
+    });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    const c = r.json.choices[0];
+    assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+    assert.ok(ajv.validate(schema, JSON.parse(c.message.content)), JSON.stringify(c.message));
+    if (c.message.reasoning_content !== null) ++thought;
+    const t = await post('/v1/chat/completions', {
+      model,
+      messages: [{ role: 'user', content: 'Think, then call.' }],
+      tools: [weather],
+      tool_choice: 'required',
+      logit_bias: bias,
+      seed,
+      max_tokens: 120,
+    });
+    const tc = t.json.choices[0];
+    if (tc.finish_reason === 'length') continue;
+    assert.equal(tc.finish_reason, 'tool_calls', JSON.stringify(tc));
+    for (const call of tc.message.tool_calls) {
+      assert.ok(ajv.validate(weather.function.parameters, JSON.parse(call.function.arguments)));
+    }
+    if (tc.message.reasoning_content !== null) ++thought;
+  }
+  assert.ok(thought > 0, 'some replies thought first');
+  console.log(`reasoning then structure: ${thought} of 20 replies thought first`);
 }
 
 // ---- History with tool calls and results, rendered by the template.
@@ -308,6 +359,7 @@ async function finished(make) {
     messages: [{ role: 'user', content: 'A person as JSON.' }],
     response_format: { type: 'json_schema', json_schema: { name: 'person', schema, strict: true } },
     max_tokens: 200,
+    chat_template_kwargs: { enable_thinking: false },  // (Qwen3 thinks otherwise)
     seed,
   }));
   const m = parsed.choices[0].message;
@@ -323,6 +375,7 @@ async function finished(make) {
     tools: [strictTool],
     tool_choice: { type: 'function', function: { name: 'person_info' } },
     max_tokens: 200,
+    chat_template_kwargs: { enable_thinking: false },  // (Qwen3 thinks otherwise)
     seed: seed + 10,
   }));
   const call = withTool.choices[0].message.tool_calls?.[0];
@@ -342,6 +395,8 @@ async function finished(make) {
       tool_choice: 'required',
       parallel_tool_calls: false,
       max_tokens: 200,
+      chat_template_kwargs: { enable_thinking: false },
+    chat_template_kwargs: { enable_thinking: false },  // (Qwen3 thinks otherwise)
       seed: seed + 20,
     });
     stream.on('tool_calls.function.arguments.done', (e) => deltas.push(e));
