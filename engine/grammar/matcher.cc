@@ -16,12 +16,57 @@ constexpr size_t kMaxStacksPerState = 2048;
 constexpr size_t kMaxNodes = size_t{1} << 23;
 constexpr size_t kMaxStates = size_t{1} << 18;
 constexpr size_t kMaxCachedMasks = 4096;
+constexpr size_t kMaxPlainBytes = 128;  // TokenVocabulary::plain_up_to_'s length bound
 
 void SetBit(Mask& m, int id) { m[size_t(id) / 32] |= uint32_t{1} << (id % 32); }
+
+// Plain text bytes: what a JSON string holds unescaped but UTF-8 (and most of any text).
+bool IsPlainByte(uint8_t b) { return b >= 0x20 && b <= 0x7E && b != '"' && b != '\\'; }
 
 }  // namespace
 
 // ---- TokenVocabulary
+
+TokenVocabulary::SortedTokens TokenVocabulary::Sort(
+    const std::vector<std::optional<std::string>>& bytes, std::vector<int32_t> ids) {
+  SortedTokens t;
+  t.order = std::move(ids);
+  std::sort(t.order.begin(), t.order.end(),
+            [&](int32_t a, int32_t b) { return *bytes[size_t(a)] < *bytes[size_t(b)]; });
+  const size_t num = t.order.size();
+  t.lcp.assign(num, 0);
+  for (size_t i = 1; i < num; ++i) {
+    const std::string& a = *bytes[size_t(t.order[i - 1])];
+    const std::string& b = *bytes[size_t(t.order[i])];
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n] && n < 0xFFFF) ++n;
+    t.lcp[i] = uint16_t(n);
+  }
+  t.suffix_start.reserve(num + 1);
+  for (size_t i = 0; i < num; ++i) {
+    const std::string& b = *bytes[size_t(t.order[i])];
+    t.suffix_start.push_back(uint32_t(t.suffix_bytes.size()));
+    t.suffix_bytes.append(b, t.lcp[i]);
+    t.max_bytes = std::max(t.max_bytes, b.size());
+  }
+  t.suffix_start.push_back(uint32_t(t.suffix_bytes.size()));
+  // Skip targets, from the end: first_short[L] is the first token after the one at hand whose
+  // common prefix with its predecessor is under L bytes.
+  t.skip_start.assign(num + 1, 0);
+  for (size_t i = 0; i < num; ++i) {
+    const size_t top = std::min(bytes[size_t(t.order[i])]->size(), kSkipDepth);
+    t.skip_start[i + 1] = t.skip_start[i] + uint32_t(top > t.lcp[i] ? top - t.lcp[i] : 0);
+  }
+  t.skip.resize(t.skip_start[num]);
+  std::vector<uint32_t> first_short(kSkipDepth + 1, uint32_t(num));
+  for (size_t i = num; i-- > 0;) {
+    for (uint32_t k = t.skip_start[i]; k < t.skip_start[i + 1]; ++k) {
+      t.skip[k] = first_short[t.lcp[i] + 1 + (k - t.skip_start[i])];
+    }
+    for (size_t l = size_t(t.lcp[i]) + 1; l <= kSkipDepth; ++l) first_short[l] = uint32_t(i);
+  }
+  return t;
+}
 
 TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> token_bytes,
                                  std::vector<int> eos_ids, int64_t mask_vocab)
@@ -31,27 +76,28 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> token_b
   for (int id : eos_ids_) {
     if (id >= 0 && size_t(id) < bytes_.size()) bytes_[size_t(id)].reset();
   }
+  std::vector<int32_t> all, not_plain;
+  std::vector<std::vector<int32_t>> plain_by_length;
   for (size_t i = 0; i < bytes_.size(); ++i) {
-    if (bytes_[i] && !bytes_[i]->empty()) order_.push_back(int32_t(i));
+    if (!bytes_[i] || bytes_[i]->empty()) continue;
+    const std::string& b = *bytes_[i];
+    all.push_back(int32_t(i));
+    // Longer plain tokens are walked, so that plain_up_to_ stays a few MB (129 masks).
+    if (b.size() <= kMaxPlainBytes &&
+        std::all_of(b.begin(), b.end(), [](char c) { return IsPlainByte(uint8_t(c)); })) {
+      if (plain_by_length.size() <= b.size()) plain_by_length.resize(b.size() + 1);
+      plain_by_length[b.size()].push_back(int32_t(i));
+    } else {
+      not_plain.push_back(int32_t(i));
+    }
   }
-  std::sort(order_.begin(), order_.end(),
-            [&](int32_t a, int32_t b) { return *bytes_[size_t(a)] < *bytes_[size_t(b)]; });
-  lcp_.assign(order_.size(), 0);
-  for (size_t i = 1; i < order_.size(); ++i) {
-    const std::string& a = *bytes_[size_t(order_[i - 1])];
-    const std::string& b = *bytes_[size_t(order_[i])];
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n] && n < 0xFFFF) ++n;
-    lcp_[i] = uint16_t(n);
+  all_ = Sort(bytes_, std::move(all));
+  not_plain_ = Sort(bytes_, std::move(not_plain));
+  plain_up_to_.assign(std::max<size_t>(plain_by_length.size(), 1), Mask(mask_words(), 0u));
+  for (size_t n = 1; n < plain_by_length.size(); ++n) {
+    plain_up_to_[n] = plain_up_to_[n - 1];
+    for (int32_t id : plain_by_length[n]) SetBit(plain_up_to_[n], id);
   }
-  suffix_start_.reserve(order_.size() + 1);
-  for (size_t i = 0; i < order_.size(); ++i) {
-    const std::string& b = *bytes_[size_t(order_[i])];
-    suffix_start_.push_back(uint32_t(suffix_bytes_.size()));
-    suffix_bytes_.append(b, lcp_[i]);
-    max_token_bytes_ = std::max(max_token_bytes_, b.size());
-  }
-  suffix_start_.push_back(uint32_t(suffix_bytes_.size()));
 }
 
 std::shared_ptr<const TokenVocabulary> TokenVocabulary::FromTokenizer(const Tokenizer& tokenizer,
@@ -162,6 +208,7 @@ int32_t CompiledGrammar::StateLocked(std::vector<int32_t> stacks, bool accepting
   s.accepting = accepting;
   states_.push_back(std::move(s));
   rows_.push_back(nullptr);
+  uniform_.push_back(kUnknown);
   return id;
 }
 
@@ -185,6 +232,30 @@ int32_t CompiledGrammar::NextLocked(int32_t state, uint8_t byte) const {
   const int32_t next = StateLocked(std::move(stacks), accepting);
   states_[size_t(state)].next[byte] = next;  // states_ may have grown: index again
   return next;
+}
+
+int32_t CompiledGrammar::UniformLocked(int32_t state) const {
+  if (uniform_[size_t(state)] != kUnknown) return uniform_[size_t(state)];
+  // Every plain byte leads to the same stacks when each stack's byte set holds all of them
+  // or none (a stack that takes the byte continues at pos + 1 whichever it is).
+  static const ByteSet plain = [] {
+    ByteSet s;
+    for (int b = 0; b < 256; ++b) s[size_t(b)] = IsPlainByte(uint8_t(b));
+    return s;
+  }();
+  bool any = false;
+  for (int32_t node : states_[size_t(state)].stacks) {
+    const ByteSet& set =
+        grammar_.byte_sets[size_t(grammar_.elements[size_t(nodes_[size_t(node)].first)].arg)];
+    const ByteSet both = set & plain;
+    if (both.none()) continue;
+    if (both != plain) return uniform_[size_t(state)] = kNotUniform;
+    any = true;
+  }
+  // NextLocked may grow uniform_: index it after.
+  const int32_t target = any ? NextLocked(state, uint8_t('a')) : int32_t{kUniformDead};
+  uniform_[size_t(state)] = target < 0 ? kUniformDead : target;
+  return uniform_[size_t(state)];
 }
 
 int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) const {
@@ -211,15 +282,15 @@ bool CompiledGrammar::IsComplete(int32_t state) const {
   return state >= 0 && states_[size_t(state)].stacks.empty();
 }
 
-std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(
-    int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const {
-  auto mask = std::make_shared<Mask>(*eos_only_);
-  if (!states_[size_t(state)].accepting) std::fill(mask->begin(), mask->end(), 0u);
-  if (states_[size_t(state)].stacks.empty()) return mask;
-  const std::vector<int32_t>& order = vocab_->order_;
-  const std::vector<uint16_t>& lcp = vocab_->lcp_;
-  const uint32_t* suffix_start = vocab_->suffix_start_.data();
-  const char* suffix = vocab_->suffix_bytes_.data();
+void CompiledGrammar::WalkLocked(
+    int32_t state, const TokenVocabulary::SortedTokens& tokens, Mask* mask,
+    std::optional<std::chrono::steady_clock::time_point> deadline) const {
+  const int32_t* order = tokens.order.data();
+  const uint16_t* lcp = tokens.lcp.data();
+  const uint32_t* suffix_start = tokens.suffix_start.data();
+  const char* suffix = tokens.suffix_bytes.data();
+  const uint32_t* skip_start = tokens.skip_start.data();
+  const uint32_t* skip = tokens.skip.data();
   // The transition, from the state's row when it is there (most are, after the first tokens).
   auto next_state = [&](int32_t from, uint8_t byte) {
     if (const int32_t* row = rows_[size_t(from)]; row != nullptr && row[byte] != -2) {
@@ -229,12 +300,13 @@ std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(
   };
   // path[k]: the state after the first k bytes of the token at hand; `good`: how many bytes
   // of the previous token were consumed (path[0..good] hold for it).
-  std::vector<int32_t> path_buffer(vocab_->max_token_bytes_ + 1);
+  std::vector<int32_t> path_buffer(tokens.max_bytes + 1);
   int32_t* path = path_buffer.data();
   path[0] = state;
   size_t good = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (deadline && (i & 255) == 0 && std::chrono::steady_clock::now() > *deadline) {
+  size_t num_walked = 0;
+  for (size_t i = 0, num = tokens.order.size(); i < num; ++i) {
+    if (deadline && (++num_walked & 255) == 0 && std::chrono::steady_clock::now() > *deadline) {
       throw GrammarError("the grammar did not compile within the time limit");
     }
     const size_t common = lcp[i];
@@ -249,7 +321,46 @@ std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(
       path[common + j + 1] = at;
     }
     good = common + j;
-    if (j == n) SetBit(*mask, order[i]);
+    if (j == n) {
+      SetBit(*mask, order[i]);
+    } else if (good < TokenVocabulary::kSkipDepth) {
+      // Failed at byte `good`: on to the first token without this token's good + 1 bytes.
+      i = size_t(skip[skip_start[i] + j]) - 1;
+    }
+  }
+}
+
+std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(
+    int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const {
+  auto mask = std::make_shared<Mask>(*eos_only_);
+  if (!states_[size_t(state)].accepting) std::fill(mask->begin(), mask->end(), 0u);
+  if (states_[size_t(state)].stacks.empty()) return mask;
+  // Follow the plain bytes: while every one leads to a single state, a plain token of n bytes
+  // is allowed exactly when n steps stay live. Decided when the run ends dead, loops, or
+  // outlasts the longest plain token; then only the other tokens need the walk.
+  const std::vector<Mask>& plain_up_to = vocab_->plain_up_to_;
+  const size_t longest_plain = plain_up_to.size() - 1;
+  std::optional<size_t> plain_allowed;  // the longest plain token allowed, when decided
+  int32_t s = state;
+  for (size_t n = 0;; ++n) {
+    if (n >= longest_plain) {
+      plain_allowed = longest_plain;
+      break;
+    }
+    const int32_t u = UniformLocked(s);
+    if (u == kNotUniform) break;
+    if (u == kUniformDead || u == s) {
+      plain_allowed = u == s ? longest_plain : n;
+      break;
+    }
+    s = u;
+  }
+  if (plain_allowed) {
+    const Mask& plain = plain_up_to[*plain_allowed];
+    for (size_t w = 0; w < mask->size(); ++w) (*mask)[w] |= plain[w];
+    WalkLocked(state, vocab_->not_plain_, mask.get(), deadline);
+  } else {
+    WalkLocked(state, vocab_->all_, mask.get(), deadline);
   }
   // No token of the vocabulary continues the output (bytes it cannot spell): only EOS, so
   // that the sampler never has to pick from nothing.

@@ -8,7 +8,10 @@
 // grows into a DFA over the states its outputs actually visit, shared by every request that
 // uses the grammar (compiled grammars are cached by the server). A mask walks the vocabulary
 // in byte order, reusing the states of each token's common prefix with the one before
-// (xgrammar's sorted-vocabulary walk), and is cached per state.
+// (xgrammar's sorted-vocabulary walk) and jumping past the tokens of a rejected prefix, and is
+// cached per state. Where every plain text byte (printable ASCII but " and \) leads to one
+// same state, as in a JSON string, the plain tokens are taken by their length from a
+// precomputed mask and only the others (about a quarter of Llama 3's) are walked.
 //
 // Special tokens (control pieces, special added tokens) are never allowed; EOS only where the
 // output is complete. Tokens that decode to no bytes are never allowed (a model could loop on
@@ -57,15 +60,32 @@ class TokenVocabulary {
   int64_t mask_vocab_;
   std::vector<std::optional<std::string>> bytes_;
   std::vector<int> eos_ids_;
-  // The allowed-able tokens sorted by their bytes, with each one's common prefix length with
-  // the one before, and the bytes past that prefix of every one, back to back in this order
-  // (token i's are suffix_bytes_[suffix_start_[i] .. suffix_start_[i + 1])): the mask walk
-  // reads them in sequence instead of chasing each token's string.
-  std::vector<int32_t> order_;
-  std::vector<uint16_t> lcp_;
-  std::vector<uint32_t> suffix_start_;
-  std::string suffix_bytes_;
-  size_t max_token_bytes_ = 0;
+  // Tokens as the mask walk reads them: sorted by their bytes, with each one's common prefix
+  // length with the one before, and the bytes past that prefix of every one, back to back in
+  // this order (token i's are suffix_bytes[suffix_start[i] .. suffix_start[i + 1])), so the
+  // walk reads them in sequence instead of chasing each token's string.
+  struct SortedTokens {
+    std::vector<int32_t> order;
+    std::vector<uint16_t> lcp;
+    std::vector<uint32_t> suffix_start;
+    std::string suffix_bytes;
+    size_t max_bytes = 0;
+    // Where the walk goes when token i fails at its byte L - 1 (lcp[i] < L <= kSkipDepth, L <=
+    // its length): the first token after it that does not share those L bytes, so a rejected
+    // prefix's tokens are passed over at once. skip[skip_start[i] + L - lcp[i] - 1].
+    std::vector<uint32_t> skip_start;
+    std::vector<uint32_t> skip;
+  };
+  static constexpr size_t kSkipDepth = 64;
+  static SortedTokens Sort(const std::vector<std::optional<std::string>>& bytes,
+                           std::vector<int32_t> ids);
+  // Every allowed-able token, and those with a byte that is not plain text (IsPlainByte in
+  // matcher.cc: printable ASCII but the double quote and the backslash).
+  SortedTokens all_, not_plain_;
+  // plain_up_to_[n]: the tokens of 1..n plain bytes, as a mask. A state where every plain byte
+  // leads to one same state, for n bytes running (a JSON string's content, bounded or not),
+  // takes exactly these of the plain tokens, so the walk reads only not_plain_ there.
+  std::vector<std::vector<uint32_t>> plain_up_to_;
 };
 
 using Mask = std::vector<uint32_t>;
@@ -132,6 +152,14 @@ class CompiledGrammar {
   // states_[i].next.get(), beside it in a compact array: the mask walk's transitions read
   // these rows without touching the State records.
   mutable std::vector<int32_t*> rows_;
+  // Per state: the one state every plain byte leads to, or kUniformDead (all of them lead
+  // nowhere), kNotUniform, kUnknown (not computed yet).
+  static constexpr int32_t kUniformDead = -1, kNotUniform = -2, kUnknown = -3;
+  mutable std::vector<int32_t> uniform_;
+  int32_t UniformLocked(int32_t state) const;
+  // Sets in *mask the tokens of `tokens` that `state` allows.
+  void WalkLocked(int32_t state, const TokenVocabulary::SortedTokens& tokens, Mask* mask,
+                  std::optional<std::chrono::steady_clock::time_point> deadline) const;
   mutable std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_index_;
   mutable size_t masks_computed_ = 0;
   mutable size_t masks_cached_ = 0;

@@ -403,6 +403,21 @@ TEST(GrammarMask, EqualsBruteForceAlongAnOutput) {
   CheckMasksAlongText(Compile(RegexGrammar("[0-9]{1,3}(abc)?")), "12abc");
 }
 
+// States where every plain byte (printable ASCII but " and \) leads to one state take their
+// plain tokens by length without a walk (matcher.cc): strings bounded and not, loops, chains
+// that end dead, and classes that hold only some plain bytes (walked) give the brute-force
+// masks.
+TEST(GrammarMask, PlainTokensByLengthEqualBruteForce) {
+  CheckMasksAlongText(Compile(Schema(R"({"type":"string","maxLength":5})")), "\"ab c\"");
+  CheckMasksAlongText(Compile(Schema(R"({"type":"string","minLength":2,"maxLength":3})")),
+                      "\"n\\\"a\"");
+  CheckMasksAlongText(Compile(Schema(R"({"type":"array","items":{"type":"string"}})")),
+                      "[\"abc\", \"name\\n\"]");
+  CheckMasksAlongText(Compile(RegexGrammar(".*x")), "ab\"cx");
+  CheckMasksAlongText(Compile(RegexGrammar("[ -~]{0,4}(true)?")), "a\"btrue");
+  CheckMasksAlongText(Compile(RegexGrammar("[a-z ]{1,6}!")), "ab c!");
+}
+
 TEST(GrammarMatcher, DeadAfterADisallowedTokenAllowsOnlyEos) {
   auto g = Compile(ChoiceGrammar({"ab"}));
   Matcher m(g);
