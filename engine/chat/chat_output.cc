@@ -142,8 +142,8 @@ void ChatDelta::Append(ChatDelta&& more) {
 
 class ChatOutputParser::ToolExtractor {
  public:
-  ToolExtractor(ToolFormat format, bool forced, int* num_calls, const std::string* id_prefix)
-      : format_(format), num_calls_(num_calls), id_prefix_(id_prefix) {
+  ToolExtractor(ToolFormat format, bool forced, int* num_calls, const ChatOutputOptions* options)
+      : format_(format), num_calls_(num_calls), options_(options) {
     if (format == ToolFormat::kLlama3Json) state_ = kLlamaStart;
     if (format == ToolFormat::kMistral && forced) state_ = kMistralStart;
   }
@@ -202,7 +202,11 @@ class ChatOutputParser::ToolExtractor {
     header_ = true;
     held_space_.clear();
     index_ = (*num_calls_)++;
-    calls_->push_back({index_, *id_prefix_ + std::to_string(index_), name_, ""});
+    std::string number = std::to_string(index_);
+    if (std::ssize(number) < options_->id_digits) {
+      number.insert(0, size_t(options_->id_digits) - number.size(), '0');
+    }
+    calls_->push_back({index_, options_->id_prefix + number, name_, ""});
   }
   void Args(std::string_view s) {
     if (s.empty()) return;
@@ -555,7 +559,7 @@ class ChatOutputParser::ToolExtractor {
 
   ToolFormat format_;
   int* num_calls_;
-  const std::string* id_prefix_;
+  const ChatOutputOptions* options_;
   State state_ = kText;
   std::string buf_;         // input not yet consumed
   std::string lead_;        // Llama 3: what came before a possible call
@@ -580,9 +584,9 @@ ChatOutputParser::ChatOutputParser(ChatOutputOptions options) : options_(std::mo
                                           : Phase::kStart;
   if (options_.tools != ToolFormat::kNone) {
     reasoning_tools_ =
-        std::make_unique<ToolExtractor>(options_.tools, false, &num_calls_, &options_.id_prefix);
+        std::make_unique<ToolExtractor>(options_.tools, false, &num_calls_, &options_);
     content_tools_ = std::make_unique<ToolExtractor>(options_.tools, options_.forced_tools,
-                                                     &num_calls_, &options_.id_prefix);
+                                                     &num_calls_, &options_);
   }
 }
 

@@ -64,7 +64,10 @@ struct ChatOutputOptions {
   // The output is tool calls only (after the reasoning, if any), made under their grammar
   // (tool_choice required or named); for kMistral they start after the [TOOL_CALLS] marker.
   bool forced_tools = false;
-  std::string id_prefix = "call_";  // call ids: id_prefix + the call's index
+  // Call ids: id_prefix + the call's index, zero-padded to id_digits digits when set (ids of
+  // one length: Mistral's template wants 9 letters and digits).
+  std::string id_prefix = "call_";
+  int id_digits = 0;
 };
 
 class ChatOutputParser {

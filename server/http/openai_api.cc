@@ -263,6 +263,7 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
   co.reasoning = model.reasoning;
   co.starts_in_reasoning = model.reasoning && chat::PromptOpensReasoning(prompt);
   co.id_prefix = NewToolCallIdPrefix(tools.format);
+  co.id_digits = tools.format == chat::ToolFormat::kMistral ? 3 : 0;
   // Mistral's [TOOL_CALLS] is a special token: the parser must see it.
   if (tools.format == chat::ToolFormat::kMistral) out.request.skip_special_tokens = false;
   return out;

@@ -66,7 +66,8 @@ std::shared_ptr<const grammar::CompiledGrammar> CompileForcedCalls(
 // templates (Qwen, Llama) write with tojson, as vLLM passes them; their null content is "".
 void PrepareToolMessages(nlohmann::ordered_json* messages);
 // A new request's tool-call id prefix (its calls are prefix + index): "call_" and 22 random
-// letters and digits; Mistral, whose template wants 9 letters and digits: 8 random.
+// letters and digits; Mistral, whose template wants 9 letters and digits: 6 random (and the
+// index in 3 digits: ChatOutputOptions::id_digits).
 std::string NewToolCallIdPrefix(chat::ToolFormat format);
 
 // The structured-output fields of a completion or chat request, as a grammar for the sampler

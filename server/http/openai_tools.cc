@@ -195,8 +195,9 @@ std::string NewToolCallIdPrefix(ToolFormat format) {
   static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng{std::random_device{}()};
   std::uniform_int_distribution<int> pick(0, sizeof(kAlnum) - 2);
-  // Mistral's template wants ids of 9 letters and digits: 8 here and the call's index.
-  const int n = format == ToolFormat::kMistral ? 8 : 22;
+  // Mistral's template wants ids of 9 letters and digits: 6 here and the call's index in 3
+  // digits (ChatOutputOptions::id_digits).
+  const int n = format == ToolFormat::kMistral ? 6 : 22;
   std::string id = format == ToolFormat::kMistral ? "" : "call_";
   for (int i = 0; i < n; ++i) id += kAlnum[pick(rng)];
   return id;

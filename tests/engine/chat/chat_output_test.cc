@@ -173,6 +173,15 @@ TEST(ChatOutputTest, MistralCalls) {
   ASSERT_EQ(r.calls.size(), 2u);
   EXPECT_EQ(r.calls[0], (Call{"call_x0", "get_weather", "{\"city\": \"Rome\"}"}));
   EXPECT_EQ(r.calls[1], (Call{"call_x1", "f", "{}"}));
+  ChatOutputOptions nine = Tools(ToolFormat::kMistral);
+  nine.id_prefix = "abcdef";
+  nine.id_digits = 3;  // Mistral's ids: 9 letters and digits, also past call 9
+  std::string many = "[TOOL_CALLS][";
+  for (int i = 0; i < 12; ++i) many += std::string(i ? ", " : "") + "{\"name\": \"f\"}";
+  r = Parse(nine, many + "]");
+  ASSERT_EQ(r.calls.size(), 12u);
+  EXPECT_EQ(r.calls[0].id, "abcdef000");
+  EXPECT_EQ(r.calls[11].id, "abcdef011");
   ChatOutputOptions forced = Tools(ToolFormat::kMistral);
   forced.forced_tools = true;  // the grammar writes the list without the marker
   r = ParseEveryWay(forced, "[{\"name\": \"a\", \"arguments\": {\"k\": true}}]");
