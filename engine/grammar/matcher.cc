@@ -138,7 +138,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVoc
   for (int32_t alt : grammar_.alternatives[size_t(grammar_.root)]) {
     ExpandLocked(alt, -1, &stacks, &accepting);
   }
-  initial_ = StateLocked(std::move(stacks), accepting);
+  initial_ = StateLocked(&stacks, accepting);
 }
 
 int32_t CompiledGrammar::NodeLocked(int32_t pos, int32_t parent) const {
@@ -152,16 +152,32 @@ void CompiledGrammar::ExpandLocked(int32_t pos, int32_t parent, std::vector<int3
                                    bool* accepting) const {
   // A worklist of (pos, parent); `seen` stops the same item from expanding twice (nullable
   // rules reach the same continuation along several paths).
-  std::vector<std::pair<int32_t, int32_t>> work = {{pos, parent}};
-  std::unordered_set<uint64_t> seen;
+  std::vector<std::pair<int32_t, int32_t>>& work = expand_work_;
+  work.clear();
+  work.push_back({pos, parent});
+  std::vector<uint64_t>& seen = expand_seen_;
+  seen.clear();
+  bool big = false;  // the seen items moved to expand_seen_big_
+  auto first_time = [&](uint64_t key) {
+    if (!big) {
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) return false;
+      if (seen.size() < kSmallSeen) {
+        seen.push_back(key);
+        return true;
+      }
+      big = true;
+      expand_seen_big_.insert(seen.begin(), seen.end());
+    }
+    return expand_seen_big_.insert(key).second;
+  };
   while (!work.empty()) {
     // An ambiguous grammar ((a?){2000}) would make states of thousands of stacks, each
     // transition quadratic in them: past the cap the state goes dead instead.
-    if (out->size() > kMaxStacksPerState) return;
+    if (out->size() > kMaxStacksPerState) break;
     auto [p, par] = work.back();
     work.pop_back();
     const uint64_t key = (uint64_t(uint32_t(p)) << 32) | uint32_t(par);
-    if (!seen.insert(key).second) continue;
+    if (!first_time(key)) continue;
     const Element& el = grammar_.elements[size_t(p)];
     switch (el.kind) {
       case Element::kBytes:
@@ -185,9 +201,11 @@ void CompiledGrammar::ExpandLocked(int32_t pos, int32_t parent, std::vector<int3
       }
     }
   }
+  if (big) expand_seen_big_.clear();
 }
 
-int32_t CompiledGrammar::StateLocked(std::vector<int32_t> stacks, bool accepting) const {
+int32_t CompiledGrammar::StateLocked(std::vector<int32_t>* stacks_in, bool accepting) const {
+  std::vector<int32_t>& stacks = *stacks_in;
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   if (stacks.empty() && !accepting) return kDead;
@@ -221,7 +239,8 @@ int32_t CompiledGrammar::NextLocked(int32_t state, uint8_t byte) const {
     rows_[size_t(state)] = s->next.get();
   }
   if (s->next[byte] != -2) return s->next[byte];
-  std::vector<int32_t> stacks;
+  std::vector<int32_t>& stacks = next_stacks_;
+  stacks.clear();
   bool accepting = false;
   for (int32_t node : s->stacks) {
     const auto [pos, parent] = nodes_[size_t(node)];
@@ -229,7 +248,7 @@ int32_t CompiledGrammar::NextLocked(int32_t state, uint8_t byte) const {
       ExpandLocked(pos + 1, parent, &stacks, &accepting);
     }
   }
-  const int32_t next = StateLocked(std::move(stacks), accepting);
+  const int32_t next = StateLocked(&stacks, accepting);
   states_[size_t(state)].next[byte] = next;  // states_ may have grown: index again
   return next;
 }

@@ -26,6 +26,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/grammar/grammar.h"
@@ -133,7 +134,8 @@ class CompiledGrammar {
   };
 
   int32_t NodeLocked(int32_t pos, int32_t parent) const;
-  int32_t StateLocked(std::vector<int32_t> stacks, bool accepting) const;
+  // The state of *stacks (sorted and deduplicated in place; copied when the state is new).
+  int32_t StateLocked(std::vector<int32_t>* stacks, bool accepting) const;
   // The byte-topped stacks reachable from (pos, parent) without consuming a byte.
   void ExpandLocked(int32_t pos, int32_t parent, std::vector<int32_t>* out, bool* accepting) const;
   int32_t NextLocked(int32_t state, uint8_t byte) const;
@@ -152,6 +154,13 @@ class CompiledGrammar {
   // states_[i].next.get(), beside it in a compact array: the mask walk's transitions read
   // these rows without touching the State records.
   mutable std::vector<int32_t*> rows_;
+  // Scratch kept between calls, so that an expansion allocates nothing: ExpandLocked's
+  // worklist and seen items (a short list, a hash set past kSmallSeen), NextLocked's stacks.
+  static constexpr size_t kSmallSeen = 32;
+  mutable std::vector<std::pair<int32_t, int32_t>> expand_work_;
+  mutable std::vector<uint64_t> expand_seen_;
+  mutable std::unordered_set<uint64_t> expand_seen_big_;
+  mutable std::vector<int32_t> next_stacks_;
   // Per state: the one state every plain byte leads to, or kUniformDead (all of them lead
   // nowhere), kNotUniform, kUnknown (not computed yet).
   static constexpr int32_t kUniformDead = -1, kNotUniform = -2, kUnknown = -3;
