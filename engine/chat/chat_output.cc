@@ -230,6 +230,8 @@ class ChatOutputParser::ToolExtractor {
 
   // A call ended (`ok`: complete) or broke off; `rest_from` = where the text resumes in buf_.
   void EndCall(bool ok, State next) {
+    // Llama 3's calls have no marker: an object is one only with its arguments.
+    if (ok && format_ == ToolFormat::kLlama3Json && !have_args_) ok = false;
     if (ok && !header_ && have_name_) {
       Header();
       Args(have_args_ ? args_raw_ : std::string("{}"));
@@ -282,8 +284,9 @@ class ChatOutputParser::ToolExtractor {
         } else if (key_ == "\"arguments\"" || key_ == "\"parameters\"") {
           if (have_args_) return EndCall(false, kText), false;
           cs_ = kArgs;
-        } else if (key_ == "\"type\"" || key_ == "\"id\"") {
-          cs_ = kSkipValue;
+          if (have_name_ && !header_) Header();  // Llama 3's waited for its arguments
+        } else if (key_ == "\"type\"" || key_ == "\"id\"" || header_) {
+          cs_ = kSkipValue;  // (a call's other keys are skipped)
         } else {
           return EndCall(false, kText), false;  // not a call object
         }
@@ -336,16 +339,26 @@ class ChatOutputParser::ToolExtractor {
       if (have_name_ || !name.is_string() || name.get<std::string>().empty()) {
         return EndCall(false, kText);
       }
-      have_name_ = true;
       name_ = name.get<std::string>();
+      if (format_ == ToolFormat::kLlama3Json) {
+        // No marker: a call names one of the request's tools, and waits for its arguments.
+        const auto& names = options_->tool_names;
+        if (!names.empty() && std::find(names.begin(), names.end(), name_) == names.end()) {
+          return EndCall(false, kText);
+        }
+        have_name_ = true;
+        return;
+      }
+      have_name_ = true;
       if (have_args_) return;  // the arguments came first: both go out at the end
       // Header now: the arguments stream as they come.
       Header();
     } else if (cs_ == kArgs) {
       have_args_ = true;
-      if (value_.first() == '"') {  // arguments as a JSON string: its text
+      if (value_.first() == '"') {  // arguments as a JSON string: its text, if that is JSON
         const auto s = nlohmann::json::parse(value_raw_, nullptr, false);
-        args_raw_ = s.is_string() ? s.get<std::string>() : value_raw_;
+        const bool json_text = s.is_string() && nlohmann::json::accept(s.get<std::string>());
+        args_raw_ = json_text ? s.get<std::string>() : value_raw_;
       } else {
         args_raw_ = value_raw_;
       }
@@ -534,8 +547,7 @@ class ChatOutputParser::ToolExtractor {
           if (!SkipSpace()) return;
           if (buf_[0] == ',') {
             buf_.erase(0, 1);
-            BeginCall("");
-            header_ = false;
+            BeginCall(",");  // (text again if no call follows)
           } else {
             if (buf_[0] == ']') buf_.erase(0, 1);
             state_ = kText;
@@ -583,16 +595,17 @@ ChatOutputParser::ChatOutputParser(ChatOutputOptions options) : options_(std::mo
            : options_.starts_in_reasoning ? Phase::kReasoning
                                           : Phase::kStart;
   if (options_.tools != ToolFormat::kNone) {
-    reasoning_tools_ =
-        std::make_unique<ToolExtractor>(options_.tools, false, &num_calls_, &options_);
+    // Forced calls come after the reasoning, under their grammar: the reasoning is left alone.
+    if (!options_.forced_tools) {
+      reasoning_tools_ =
+          std::make_unique<ToolExtractor>(options_.tools, false, &num_calls_, &options_);
+    }
     content_tools_ = std::make_unique<ToolExtractor>(options_.tools, options_.forced_tools,
                                                      &num_calls_, &options_);
   }
 }
 
 ChatOutputParser::~ChatOutputParser() = default;
-ChatOutputParser::ChatOutputParser(ChatOutputParser&&) noexcept = default;
-ChatOutputParser& ChatOutputParser::operator=(ChatOutputParser&&) noexcept = default;
 
 int ChatOutputParser::num_tool_calls() const { return num_calls_; }
 

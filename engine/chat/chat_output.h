@@ -68,14 +68,18 @@ struct ChatOutputOptions {
   // one length: Mistral's template wants 9 letters and digits).
   std::string id_prefix = "call_";
   int id_digits = 0;
+  // kLlama3Json, whose calls have no marker: a JSON object is a call only when it names one of
+  // these (when set) and has "parameters" or "arguments".
+  std::vector<std::string> tool_names;
 };
 
 class ChatOutputParser {
  public:
   explicit ChatOutputParser(ChatOutputOptions options);
   ~ChatOutputParser();
-  ChatOutputParser(ChatOutputParser&&) noexcept;
-  ChatOutputParser& operator=(ChatOutputParser&&) noexcept;
+  // Not movable: the extractors point at options_ and num_calls_.
+  ChatOutputParser(const ChatOutputParser&) = delete;
+  ChatOutputParser& operator=(const ChatOutputParser&) = delete;
 
   ChatDelta Feed(std::string_view text);
   // The end of the output: what was held back is released (an unfinished tag is text, an

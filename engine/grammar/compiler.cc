@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/grammar/json_schema.h"
+#include "engine/loader/json_file.h"
 
 namespace llm::grammar {
 namespace {
@@ -113,6 +114,12 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::Compile(const Structured
     throw GrammarError("the structured output specification is too large (" +
                        std::to_string(bytes) + " bytes, at most " +
                        std::to_string(options_.max_spec_bytes) + ")");
+  }
+  if (JsonNestingDepth(spec.text) > kMaxJsonDepth &&
+      (spec.kind == StructuredSpec::Kind::kJsonSchema ||
+       spec.kind == StructuredSpec::Kind::kToolCalls)) {
+    throw GrammarError("the json schema nests deeper than " + std::to_string(kMaxJsonDepth) +
+                       " levels");
   }
   const std::string key = spec.Key();
   {

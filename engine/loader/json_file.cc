@@ -1,5 +1,6 @@
 #include "engine/loader/json_file.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -17,6 +18,29 @@ nlohmann::json ReadJsonFile(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": not well-formed JSON: " + e.what());
   }
+}
+
+size_t JsonNestingDepth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escape = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escape) {
+        escape = false;
+      } else if (c == '\\') {
+        escape = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 }  // namespace llm

@@ -3,6 +3,7 @@
 #include <boost/asio/post.hpp>
 
 #include "engine/error.h"
+#include "engine/loader/json_file.h"
 #include "server/http/flight.h"
 #include "server/http/http_server.h"
 
@@ -66,10 +67,12 @@ void HttpServer::Generate(const ConnPtr& conn, std::string body, bool is_chat) {
 // that refuses it.
 std::optional<HttpResponse> HttpServer::Prepare(Flight& flight, const std::string& text,
                                                 bool is_chat) {
-  const json body = json::parse(text, nullptr, false);
+  const json body = ParseJsonBody(text);
   if (body.is_discarded() || !body.is_object()) {
-    return ErrorResponse({400, "The request body is not a JSON object.", "invalid_request_error",
-                          "", "invalid_json"});
+    return ErrorResponse({400,
+                          "The request body is not a JSON object (or nests deeper than " +
+                              std::to_string(kMaxJsonDepth) + " levels).",
+                          "invalid_request_error", "", "invalid_json"});
   }
   try {
     if (is_chat) {

@@ -3,6 +3,7 @@
 #include <boost/asio/post.hpp>
 
 #include "engine/error.h"
+#include "engine/loader/json_file.h"
 #include "server/http/web_assets.h"
 
 namespace llm::server {
@@ -20,6 +21,11 @@ HttpResponse JsonResponse(int status, const json& body) {
 
 HttpResponse ErrorResponse(const ApiError& error) {
   return JsonResponse(error.status, ErrorBody(error));
+}
+
+json ParseJsonBody(const std::string& text) {
+  if (JsonNestingDepth(text) > kMaxJsonDepth) return json(json::value_t::discarded);
+  return json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
 namespace {
@@ -226,7 +232,7 @@ void HttpServer::Handle(const ConnPtr& conn, HttpRequest req) {
 }
 
 HttpResponse HttpServer::Tokenize(const std::string& text_body) const {
-  json body = json::parse(text_body, nullptr, false);
+  json body = ParseJsonBody(text_body);
   if (body.is_object() && body.contains("messages")) {  // a chat prompt, as vLLM's /tokenize
     if (!chat_) {
       return ErrorResponse({400, "This model has no chat template.", "invalid_request_error",
@@ -259,7 +265,7 @@ HttpResponse HttpServer::Tokenize(const std::string& text_body) const {
 }
 
 HttpResponse HttpServer::Detokenize(const std::string& text_body) const {
-  json body = json::parse(text_body, nullptr, false);
+  json body = ParseJsonBody(text_body);
   if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
     return ErrorResponse(
         {400, "send {\"tokens\": [ids]}", "invalid_request_error", "tokens", "invalid_parameter"});

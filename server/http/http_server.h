@@ -65,6 +65,10 @@ struct ServerConfig {
 ChatRenderer MakeChatRenderer(const std::string& model_dir, const Tokenizer& tokenizer,
                               std::string* source = nullptr);
 
+// A request body's JSON; discarded when it is not JSON or nests deeper than kMaxJsonDepth
+// (engine/loader/json_file.h: copying or printing the value would recurse that deep).
+nlohmann::json ParseJsonBody(const std::string& text);
+
 // An HTTP response with a JSON body, and one with OpenAI's error body.
 HttpResponse JsonResponse(int status, const nlohmann::json& body);
 HttpResponse ErrorResponse(const ApiError& error);

@@ -262,10 +262,14 @@ ParsedRequest ParseChatBody(std::string_view body_text, const json& body, const 
   co.forced_tools = tools.forced;  // calls only (after the reasoning, if the model thinks)
   co.reasoning = model.reasoning;
   co.starts_in_reasoning = model.reasoning && chat::PromptOpensReasoning(prompt);
-  co.id_prefix = NewToolCallIdPrefix(tools.format);
-  co.id_digits = tools.format == chat::ToolFormat::kMistral ? 3 : 0;
+  co.tool_names = tools.names;
+  // The model's own format decides the ids and special tokens (a model with none writes forced
+  // calls as a JSON list, parsed as Mistral's, but its ids are OpenAI's).
+  const bool mistral = model.tool_format == chat::ToolFormat::kMistral;
+  co.id_prefix = NewToolCallIdPrefix(model.tool_format);
+  co.id_digits = mistral ? 3 : 0;
   // Mistral's [TOOL_CALLS] is a special token: the parser must see it.
-  if (tools.format == chat::ToolFormat::kMistral) out.request.skip_special_tokens = false;
+  if (mistral && tools.format != chat::ToolFormat::kNone) out.request.skip_special_tokens = false;
   return out;
 }
 

@@ -52,6 +52,7 @@ struct ToolsRequest {
   chat::ToolFormat format = chat::ToolFormat::kNone;  // kNone: calls are not looked for
   bool forced = false;  // tool_choice "required" or named: the output is calls, under `spec`
   grammar::StructuredSpec spec;
+  std::vector<std::string> names;  // the tools' function names
 };
 // Checks tools ({"type": "function", "function": {"name", "description", "parameters",
 // "strict"}}), tool_choice ("none", "auto" (the default with tools), "required", or

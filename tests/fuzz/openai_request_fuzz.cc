@@ -76,22 +76,27 @@ llm::server::ModelInfo Model(const llm::Tokenizer& tokenizer, size_t size) {
   return model;
 }
 
-// The input's text as the model's reply to `parsed`: whole, and in pieces of 1 to 7 bytes.
+// `text` as the model's reply to `parsed`: whole, and in pieces of 1 to 7 bytes cut at
+// character boundaries (as the engine's detokenizer releases text); every chunk and the final
+// response print as JSON (a piece that split a character would throw there).
 void Respond(const llm::server::ParsedRequest& parsed, std::string_view text,
              const llm::Tokenizer& tokenizer) {
   for (size_t piece : {text.size() + 1, size_t{1} + text.size() % 7}) {
     llm::server::ResponseBuilder builder(parsed, tokenizer, "chatcmpl-0", "m");
-    for (size_t at = 0; at < text.size(); at += piece) {
+    for (size_t at = 0; at < text.size();) {
+      size_t end = std::min(text.size(), at + piece);
+      while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
       llm::RequestOutput out;
-      out.text = std::string(text.substr(at, piece));
+      out.text = std::string(text.substr(at, end - at));
+      at = end;
       builder.Add(out);
-      builder.Chunk(out);
+      builder.Chunk(out).dump();
     }
     llm::RequestOutput last;
     last.finish_reason = llm::FinishReason::kStop;
     last.is_last = true;
     builder.Add(last);
-    builder.Chunk(last);
+    builder.Chunk(last).dump();
     builder.Final().dump();  // UTF-8 the input broke is a type_error here, as in the server
   }
 }

@@ -110,6 +110,25 @@ TEST(ChatOutputTest, HermesArgumentsBeforeNameAndAsString) {
   EXPECT_EQ(r.calls[0].arguments, "{\"x\": 2}");
 }
 
+TEST(ChatOutputTest, OtherKeysAndStringArguments) {
+  // Keys a call does not know are skipped once it has a name; nothing else is lost.
+  Result r = ParseEveryWay(Tools(ToolFormat::kHermes),
+                           "<tool_call>{\"name\": \"f\", \"arguments\": {}, \"x\": [1, {}]}"
+                           "</tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{}");
+  EXPECT_EQ(r.content, "");
+  // Arguments as a string: its text when that is JSON, else the JSON string itself.
+  r = ParseEveryWay(Tools(ToolFormat::kHermes),
+                    "<tool_call>{\"name\": \"f\", \"arguments\": \"not json\"}</tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "\"not json\"");
+  // A list item that is not a call is text again, with its separator.
+  r = ParseEveryWay(Tools(ToolFormat::kMistral), "[TOOL_CALLS][{\"name\": \"a\"}, 5]");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.content, ", 5]");
+}
+
 TEST(ChatOutputTest, NotACallStaysText) {
   for (const char* text :
        {"a <tool_call> b", "<tool_call>{\"city\": \"Paris\"}</tool_call> done",
@@ -144,19 +163,22 @@ TEST(ChatOutputTest, Llama3JsonCalls) {
                     "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"n\": -1.5e3}}");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, "{\"n\": -1.5e3}");
-  // JSON that is not a call, and text, stay content.
+  // JSON that is not a call (no arguments: a JSON answer with a "name"), and text, stay content.
   for (const char* text : {"{\"answer\": 42}", "The answer is {\"name\": 1}.", "Hello there",
-                           "{\"name\": \"x\"} and more"}) {
+                           "{\"name\": \"Bob\", \"id\": 3}", "{\"name\": \"x\"} and more"}) {
     r = ParseEveryWay(Tools(ToolFormat::kLlama3Json), text);
-    if (std::string_view(text).starts_with("{\"name\": \"x\"}")) {
-      ASSERT_EQ(r.calls.size(), 1u);  // a call without arguments, then text
-      EXPECT_EQ(r.calls[0].arguments, "{}");
-      EXPECT_EQ(r.content, " and more");
-      continue;
-    }
     EXPECT_TRUE(r.calls.empty()) << text;
     EXPECT_EQ(r.content, text);
   }
+  // With the request's tool names, only those are calls.
+  ChatOutputOptions named = Tools(ToolFormat::kLlama3Json);
+  named.tool_names = {"get_weather"};
+  r = ParseEveryWay(named, "{\"name\": \"Bob\", \"parameters\": {}}");
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "{\"name\": \"Bob\", \"parameters\": {}}");
+  r = ParseEveryWay(named, "{\"name\": \"get_weather\", \"parameters\": {\"c\": 1}}");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{\"c\": 1}");
 }
 
 TEST(ChatOutputTest, MistralCalls) {
@@ -304,6 +326,18 @@ TEST(ChatOutputTest, RandomTextsAnyCut) {
     }
   }
   EXPECT_GT(calls, 0);
+}
+
+TEST(ChatOutputTest, ForcedCallsLeaveTheReasoningAlone) {
+  ChatOutputOptions o = Reasoning(false, ToolFormat::kHermes);
+  o.forced_tools = true;
+  const Result r = ParseEveryWay(
+      o,
+      "<think><tool_call>\n{\"name\": \"nope\", \"arguments\": 1}\n</tool_call></think>\n"
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "f");
+  EXPECT_EQ(r.reasoning, "<tool_call>\n{\"name\": \"nope\", \"arguments\": 1}\n</tool_call>");
 }
 
 }  // namespace

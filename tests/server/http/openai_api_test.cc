@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "engine/error.h"
+#include "engine/loader/json_file.h"
 #include "server/http/http_server.h"
 #include "tests/test_util.h"
 
@@ -184,11 +185,6 @@ TEST_F(OpenAiApiTest, ToolsAndToolChoice) {
                       R"("strict": "yes"}}]})")
                 .param,
             "tools[0].function.strict");
-  EXPECT_EQ(ChatError("{" + msgs +
-                      R"(, "tools": [{"type": "function", "function": {"name": "f", )"
-                      R"("strict": null}}], "tool_choice": "required"})")
-                .param,
-            "tool_choice");  // strict null is fine (the compiler is what is missing here)
   EXPECT_EQ(ChatError("{" + msgs + R"(, "tools": [{"function": {"name": ""}}]})").param,
             "tools[0].function.name");
   EXPECT_EQ(ChatError("{" + msgs + ", \"tools\": [" + tool + R"(], "tool_choice": "maybe"})").param,
@@ -233,6 +229,45 @@ TEST_F(OpenAiApiTest, ToolsAndToolChoice) {
         R"("type": "function", "function": {"name": "f", "arguments": "{\"a\": [1]}"}}]}]})");
   EXPECT_EQ(seen[0]["content"], "");
   EXPECT_EQ(seen[0]["tool_calls"][0]["function"]["arguments"]["a"][0], 1);
+}
+
+// Forced calls with a grammar compiler: strict null is false, parameters that are not an
+// object are a 400, and the compiled grammar is the request's.
+TEST_F(OpenAiApiTest, ForcedToolCallsCompile) {
+  ModelInfo model = model_;
+  model.grammars =
+      std::make_shared<grammar::GrammarCompiler>(grammar::TokenVocabulary::FromTokenizer(
+          *tokenizer_, {tokenizer_->eos_id()}, tokenizer_->vocab_size()));
+  model.tool_format = chat::ToolFormat::kHermes;
+  auto parse = [&](const std::string& text) {
+    return ParseChatBody(
+        text, json::parse(text), [](const ChatInputs&) { return std::string("hi"); }, *tokenizer_,
+        model);
+  };
+  const std::string head = R"({"messages": [{"role": "user", "content": "hi"}], "tools": [)";
+  const ParsedRequest p = parse(head + R"({"type": "function", "function": {"name": "f", )"
+                                       R"("strict": null}}], "tool_choice": "required"})");
+  EXPECT_TRUE(p.request.sampling.grammar);
+  EXPECT_TRUE(p.chat_output.forced_tools);
+  EXPECT_EQ(p.chat_output.tool_names, std::vector<std::string>{"f"});
+  try {
+    parse(head + R"({"type": "function", "function": {"name": "f", "parameters": )"
+                 R"({"type": "string"}}}], "tool_choice": "required"})");
+    ADD_FAILURE() << "string parameters were accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools");
+    EXPECT_NE(e.message.find("must describe an object"), std::string::npos) << e.message;
+  }
+}
+
+// Bodies nested beyond kMaxJsonDepth are refused before they are parsed (copying or printing
+// 200,000 levels overflowed the stack: the server died).
+TEST(JsonBodyTest, DeepNestingIsRefused) {
+  EXPECT_EQ(JsonNestingDepth(R"({"a": [1, {"b": "[[[{{{"}], "c": "\\\"["})"), 3u);
+  const std::string deep = "{\"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  EXPECT_TRUE(ParseJsonBody(deep).is_discarded());
+  const std::string ok = "{\"x\": " + std::string(500, '[') + std::string(500, ']') + "}";
+  EXPECT_TRUE(ParseJsonBody(ok).is_object());
 }
 
 }  // namespace
