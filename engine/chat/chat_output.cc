@@ -143,7 +143,7 @@ void ChatDelta::Append(ChatDelta&& more) {
 class ChatOutputParser::ToolExtractor {
  public:
   ToolExtractor(ToolFormat format, bool forced, int* num_calls, const ChatOutputOptions* options)
-      : format_(format), num_calls_(num_calls), options_(options) {
+      : format_(format), forced_(forced), num_calls_(num_calls), options_(options) {
     if (format == ToolFormat::kLlama3Json) state_ = kLlamaStart;
     if (format == ToolFormat::kMistral && forced) state_ = kMistralStart;
   }
@@ -159,7 +159,9 @@ class ChatOutputParser::ToolExtractor {
     text_ = text;
     calls_ = calls;
     Run(/*eof=*/true);
-    if (state_ == kCall && !header_) Text(consumed_);  // an unfinished block before its name
+    // An unfinished block before its name is text, unless the output is calls only (forced:
+    // max_tokens cut the next call short).
+    if (state_ == kCall && !header_ && !forced_) Text(consumed_);
     if (state_ == kCall && header_ && !args_streamed_ && !args_raw_.empty()) {
       Args(args_raw_);
     }
@@ -570,6 +572,7 @@ class ChatOutputParser::ToolExtractor {
   };
 
   ToolFormat format_;
+  bool forced_;
   int* num_calls_;
   const ChatOutputOptions* options_;
   State state_ = kText;

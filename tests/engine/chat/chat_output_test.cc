@@ -209,6 +209,10 @@ TEST(ChatOutputTest, MistralCalls) {
   r = ParseEveryWay(forced, "[{\"name\": \"a\", \"arguments\": {\"k\": true}}]");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, "{\"k\": true}");
+  // Cut short before the next call's name: nothing of it is content.
+  r = ParseEveryWay(forced, "[{\"name\": \"a\", \"arguments\": {}}, {\"na");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.content, "");
   r = ParseEveryWay(Tools(ToolFormat::kMistral), "No tools [TOOL_CALL here");
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.content, "No tools [TOOL_CALL here");
