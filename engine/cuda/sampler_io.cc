@@ -73,50 +73,31 @@ void CudaWorker::UploadSampleParams(std::span<const SampleTask> tasks, size_t be
 // a grammar state's cached mask or a walk of the vocabulary) while the device runs the
 // forward, and the copy runs beside it; EnqueueSample makes the sampling kernel wait for
 // ev_masks. Nothing to do when no task has a grammar.
-// On several host threads, one grammar per thread at a time: a CompiledGrammar computes its
-// masks under one mutex (engine/grammar/matcher.h), so the tasks of one grammar go to one
-// thread and different grammars' masks are computed in parallel (largest group first).
+// On several host threads, a task at a time: a CompiledGrammar walks the masks of different
+// states at once and makes a second asker of one state wait for the first
+// (engine/grammar/matcher.h), so tasks of one grammar spread over the threads like any.
 void CudaWorker::UploadMasks(std::span<const SampleTask> tasks, size_t begin, size_t count) {
   if (num_mask_rows == 0) return;
   const size_t words = size_t(cuda::SampleMaskWords(vocab));
-  struct MaskJob {
-    const void* grammar;
-    size_t task;
-    int32_t row;
-  };
-  std::vector<MaskJob> jobs;
+  std::vector<size_t> jobs;  // the tasks with a grammar; job k fills mask row k
   for (size_t i = 0; i < count; ++i) {
-    const Sampler& sm = *tasks[begin + i].sampler;
-    if (sm.has_grammar())
-      jobs.push_back({sm.params().grammar.get(), begin + i, int32_t(jobs.size())});
+    if (tasks[begin + i].sampler->has_grammar()) jobs.push_back(begin + i);
   }
   if (std::ssize(jobs) != num_mask_rows) {
     throw std::logic_error("UploadMasks: mask rows changed since upload");
   }
-  std::stable_sort(jobs.begin(), jobs.end(),
-                   [](const MaskJob& a, const MaskJob& b) { return a.grammar < b.grammar; });
-  std::vector<std::pair<size_t, size_t>> groups;  // [first, last) of jobs, one grammar each
-  for (size_t k = 0; k < jobs.size(); ++k) {
-    if (k == 0 || jobs[k].grammar != jobs[k - 1].grammar) groups.push_back({k, k});
-    groups.back().second = k + 1;
-  }
-  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
-    return a.second - a.first > b.second - b.first;
-  });
   Sync(ev_masks);  // the previous copy out of h_masks is done
   const auto start = Clock::now();
-  const int num_groups = int(groups.size());
-  const int num_threads = std::clamp(omp_get_num_procs() - 2, 1, std::min(num_groups, 16));
-  std::vector<std::exception_ptr> errors(groups.size());
+  const int num_jobs = int(jobs.size());
+  const int num_threads = std::clamp(omp_get_num_procs() - 2, 1, std::min(num_jobs, 16));
+  std::vector<std::exception_ptr> errors(jobs.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_threads > 1)
-  for (int g = 0; g < num_groups; ++g) {
+  for (int k = 0; k < num_jobs; ++k) {
     try {
-      for (size_t k = groups[size_t(g)].first; k < groups[size_t(g)].second; ++k) {
-        const uint32_t* allowed = tasks[jobs[k].task].sampler->AllowedTokens();
-        std::memcpy(h_masks.p + size_t(jobs[k].row) * words, allowed, words * sizeof(uint32_t));
-      }
+      const uint32_t* allowed = tasks[jobs[size_t(k)]].sampler->AllowedTokens();
+      std::memcpy(h_masks.p + size_t(k) * words, allowed, words * sizeof(uint32_t));
     } catch (...) {
-      errors[size_t(g)] = std::current_exception();
+      errors[size_t(k)] = std::current_exception();
     }
   }
   for (const std::exception_ptr& e : errors) {

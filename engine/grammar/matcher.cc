@@ -14,14 +14,55 @@ namespace {
 // the server's memory. Memory stays within a few hundred MB per grammar.
 constexpr size_t kMaxStacksPerState = 2048;
 constexpr size_t kMaxNodes = size_t{1} << 23;
-constexpr size_t kMaxStates = size_t{1} << 18;
 constexpr size_t kMaxCachedMasks = 4096;
-constexpr size_t kMaxPlainBytes = 128;  // TokenVocabulary::plain_up_to_'s length bound
+// TokenVocabulary::plain_up_to_'s length bound, text_up_to_'s in characters.
+constexpr size_t kMaxPlainBytes = 128;
 
 void SetBit(Mask& m, int id) { m[size_t(id) / 32] |= uint32_t{1} << (id % 32); }
 
 // Plain text bytes: what a JSON string holds unescaped but UTF-8 (and most of any text).
 bool IsPlainByte(uint8_t b) { return b >= 0x20 && b <= 0x7E && b != '"' && b != '\\'; }
+
+// UTF-8 as the grammar spells characters (grammar.cc: AppendUtf8Range: shortest forms, no
+// surrogates, up to U+10FFFF): after lead byte `b`, `more` continuation bytes, the first in
+// [lo, hi], the others in [80, BF]. Nullopt for a byte that starts no character of 2-4 bytes.
+struct Utf8Lead {
+  int more;
+  uint8_t lo, hi;
+};
+std::optional<Utf8Lead> LeadOf(uint8_t b) {
+  if (b >= 0xC2 && b <= 0xDF) return Utf8Lead{1, 0x80, 0xBF};
+  if (b == 0xE0) return Utf8Lead{2, 0xA0, 0xBF};
+  if (b == 0xED) return Utf8Lead{2, 0x80, 0x9F};
+  if (b >= 0xE1 && b <= 0xEF) return Utf8Lead{2, 0x80, 0xBF};
+  if (b == 0xF0) return Utf8Lead{3, 0x90, 0xBF};
+  if (b >= 0xF1 && b <= 0xF3) return Utf8Lead{3, 0x80, 0xBF};
+  if (b == 0xF4) return Utf8Lead{3, 0x80, 0x8F};
+  return std::nullopt;
+}
+
+// The characters of a text token: one made of plain bytes and whole UTF-8 characters of 2-4
+// bytes only. Nullopt for any other (a control byte, a quote, a backslash, DEL, a cut
+// character: byte-level BPE has tokens of half a character).
+std::optional<size_t> TextChars(std::string_view bytes) {
+  size_t chars = 0;
+  for (size_t i = 0; i < bytes.size(); ++chars) {
+    const uint8_t c = uint8_t(bytes[i]);
+    if (IsPlainByte(c)) {
+      ++i;
+      continue;
+    }
+    const std::optional<Utf8Lead> lead = LeadOf(c);
+    if (!lead || i + size_t(lead->more) >= bytes.size()) return std::nullopt;
+    for (int k = 1; k <= lead->more; ++k) {
+      const uint8_t x = uint8_t(bytes[i + size_t(k)]);
+      const uint8_t lo = k == 1 ? lead->lo : 0x80, hi = k == 1 ? lead->hi : 0xBF;
+      if (x < lo || x > hi) return std::nullopt;
+    }
+    i += 1 + size_t(lead->more);
+  }
+  return chars;
+}
 
 }  // namespace
 
@@ -76,13 +117,13 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> token_b
   for (int id : eos_ids_) {
     if (id >= 0 && size_t(id) < bytes_.size()) bytes_[size_t(id)].reset();
   }
-  std::vector<int32_t> all, not_plain;
-  std::vector<std::vector<int32_t>> plain_by_length;
+  std::vector<int32_t> all, not_plain, not_text;
+  std::vector<std::vector<int32_t>> plain_by_length, text_by_chars;
   for (size_t i = 0; i < bytes_.size(); ++i) {
     if (!bytes_[i] || bytes_[i]->empty()) continue;
     const std::string& b = *bytes_[i];
     all.push_back(int32_t(i));
-    // Longer plain tokens are walked, so that plain_up_to_ stays a few MB (129 masks).
+    // Longer tokens are walked, so that the *_up_to_ masks stay a few MB (129 each).
     if (b.size() <= kMaxPlainBytes &&
         std::all_of(b.begin(), b.end(), [](char c) { return IsPlainByte(uint8_t(c)); })) {
       if (plain_by_length.size() <= b.size()) plain_by_length.resize(b.size() + 1);
@@ -90,14 +131,26 @@ TokenVocabulary::TokenVocabulary(std::vector<std::optional<std::string>> token_b
     } else {
       not_plain.push_back(int32_t(i));
     }
+    if (const std::optional<size_t> chars = TextChars(b); chars && *chars <= kMaxPlainBytes) {
+      if (text_by_chars.size() <= *chars) text_by_chars.resize(*chars + 1);
+      text_by_chars[*chars].push_back(int32_t(i));
+    } else {
+      not_text.push_back(int32_t(i));
+    }
   }
   all_ = Sort(bytes_, std::move(all));
   not_plain_ = Sort(bytes_, std::move(not_plain));
-  plain_up_to_.assign(std::max<size_t>(plain_by_length.size(), 1), Mask(mask_words(), 0u));
-  for (size_t n = 1; n < plain_by_length.size(); ++n) {
-    plain_up_to_[n] = plain_up_to_[n - 1];
-    for (int32_t id : plain_by_length[n]) SetBit(plain_up_to_[n], id);
-  }
+  not_text_ = Sort(bytes_, std::move(not_text));
+  auto up_to = [&](const std::vector<std::vector<int32_t>>& by_length) {
+    std::vector<Mask> masks(std::max<size_t>(by_length.size(), 1), Mask(mask_words(), 0u));
+    for (size_t n = 1; n < by_length.size(); ++n) {
+      masks[n] = masks[n - 1];
+      for (int32_t id : by_length[n]) SetBit(masks[n], id);
+    }
+    return masks;
+  };
+  plain_up_to_ = up_to(plain_by_length);
+  text_up_to_ = up_to(text_by_chars);
 }
 
 std::shared_ptr<const TokenVocabulary> TokenVocabulary::FromTokenizer(const Tokenizer& tokenizer,
@@ -225,31 +278,67 @@ int32_t CompiledGrammar::StateLocked(std::vector<int32_t>* stacks_in, bool accep
   s.stacks = std::move(stacks);
   s.accepting = accepting;
   states_.push_back(std::move(s));
-  rows_.push_back(nullptr);
+  if (size_t(id) % kRowChunk == 0) {
+    // The chunk's slots (null: no row yet) exist before any state id in it is published.
+    auto chunk = std::make_unique<RowSlot[]>(kRowChunk);
+    row_chunks_[size_t(id) / kRowChunk].store(chunk.get(), std::memory_order_release);
+    row_chunk_owner_.push_back(std::move(chunk));
+  }
   uniform_.push_back(kUnknown);
+  uniform_text_.push_back(kUnknown);
   return id;
+}
+
+const CompiledGrammar::Row* CompiledGrammar::RowOf(int32_t state) const {
+  const RowSlot* chunk = row_chunks_[size_t(state) / kRowChunk].load(std::memory_order_acquire);
+  return chunk[size_t(state) % kRowChunk].load(std::memory_order_acquire);
+}
+
+int32_t CompiledGrammar::Step(int32_t state, uint8_t byte) const {
+  if (state < 0) return kDead;
+  if (const Row* row = RowOf(state); row != nullptr) {
+    const int32_t next = row[byte].load(std::memory_order_acquire);
+    if (next != kUnset) return next;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return NextLocked(state, byte);
 }
 
 int32_t CompiledGrammar::NextLocked(int32_t state, uint8_t byte) const {
   if (state < 0) return kDead;
   State* s = &states_[size_t(state)];
   if (!s->next) {
-    s->next.reset(new int32_t[256]);
-    std::fill(s->next.get(), s->next.get() + 256, -2);
-    rows_[size_t(state)] = s->next.get();
+    s->next = std::make_unique<Row[]>(256);
+    for (int b = 0; b < 256; ++b) s->next[b].store(kUnset, std::memory_order_relaxed);
+    row_chunks_[size_t(state) / kRowChunk]
+        .load(std::memory_order_relaxed)[size_t(state) % kRowChunk]
+        .store(s->next.get(), std::memory_order_release);
   }
-  if (s->next[byte] != -2) return s->next[byte];
+  if (const int32_t known = s->next[byte].load(std::memory_order_relaxed); known != kUnset) {
+    return known;
+  }
   std::vector<int32_t>& stacks = next_stacks_;
   stacks.clear();
   bool accepting = false;
+  // The next state depends on the byte only through which stacks take it: every byte that
+  // the same stacks take (`same`) gets the transition too.
+  ByteSet same;
+  same.set();
   for (int32_t node : s->stacks) {
     const auto [pos, parent] = nodes_[size_t(node)];
-    if (grammar_.byte_sets[size_t(grammar_.elements[size_t(pos)].arg)][byte]) {
+    const ByteSet& set = grammar_.byte_sets[size_t(grammar_.elements[size_t(pos)].arg)];
+    if (set[byte]) {
+      same &= set;
       ExpandLocked(pos + 1, parent, &stacks, &accepting);
+    } else {
+      same &= ~set;
     }
   }
   const int32_t next = StateLocked(&stacks, accepting);
-  states_[size_t(state)].next[byte] = next;  // states_ may have grown: index again
+  Row* row = states_[size_t(state)].next.get();  // states_ may have grown: index again
+  for (int b = 0; b < 256; ++b) {
+    if (same[size_t(b)]) row[b].store(next, std::memory_order_release);
+  }
   return next;
 }
 
@@ -277,15 +366,46 @@ int32_t CompiledGrammar::UniformLocked(int32_t state) const {
   return uniform_[size_t(state)];
 }
 
-int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return NextLocked(state, byte);
+int32_t CompiledGrammar::UniformTextLocked(int32_t state) const {
+  if (uniform_text_[size_t(state)] != kUnknown) return uniform_text_[size_t(state)];
+  const int32_t u = UniformLocked(state);
+  bool ok = u != kNotUniform;
+  // Every character of 2-4 bytes must lead to u too (to nowhere when u is kUniformDead: then
+  // every lead byte must be dead, a lead that lives counts as not uniform). `known`: (state,
+  // continuation bytes left) pairs whose every [80, BF]... continuation ends at u.
+  std::vector<std::pair<int32_t, int>> known;
+  auto ends_at_u = [&](auto& self, int32_t g, int more, uint8_t lo, uint8_t hi) -> bool {
+    if (g < 0) return false;
+    const bool generic = lo == 0x80 && hi == 0xBF;
+    if (generic && std::find(known.begin(), known.end(), std::pair{g, more}) != known.end()) {
+      return true;
+    }
+    for (int b = lo; b <= hi; ++b) {
+      const int32_t next = NextLocked(g, uint8_t(b));
+      if (more == 1 ? next != u : !self(self, next, more - 1, 0x80, 0xBF)) return false;
+    }
+    if (generic) known.push_back({g, more});
+    return true;
+  };
+  for (int lead = 0xC2; ok && lead <= 0xF4; ++lead) {
+    const int32_t g = NextLocked(state, uint8_t(lead));
+    if (u == kUniformDead) {
+      ok = g == kDead;
+    } else {
+      const Utf8Lead l = *LeadOf(uint8_t(lead));
+      ok = ends_at_u(ends_at_u, g, l.more, l.lo, l.hi);
+    }
+  }
+  // NextLocked may grow uniform_text_: index it after.
+  uniform_text_[size_t(state)] = ok ? u : int32_t{kNotUniform};
+  return uniform_text_[size_t(state)];
 }
 
+int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) const { return Step(state, byte); }
+
 int32_t CompiledGrammar::NextBytes(int32_t state, std::string_view bytes) const {
-  std::lock_guard<std::mutex> lock(mu_);
   for (char c : bytes) {
-    state = NextLocked(state, uint8_t(c));
+    state = Step(state, uint8_t(c));
     if (state < 0) return kDead;
   }
   return state;
@@ -301,22 +421,14 @@ bool CompiledGrammar::IsComplete(int32_t state) const {
   return state >= 0 && states_[size_t(state)].stacks.empty();
 }
 
-void CompiledGrammar::WalkLocked(
-    int32_t state, const TokenVocabulary::SortedTokens& tokens, Mask* mask,
-    std::optional<std::chrono::steady_clock::time_point> deadline) const {
+void CompiledGrammar::Walk(int32_t state, const TokenVocabulary::SortedTokens& tokens, Mask* mask,
+                           std::optional<std::chrono::steady_clock::time_point> deadline) const {
   const int32_t* order = tokens.order.data();
   const uint16_t* lcp = tokens.lcp.data();
   const uint32_t* suffix_start = tokens.suffix_start.data();
   const char* suffix = tokens.suffix_bytes.data();
   const uint32_t* skip_start = tokens.skip_start.data();
   const uint32_t* skip = tokens.skip.data();
-  // The transition, from the state's row when it is there (most are, after the first tokens).
-  auto next_state = [&](int32_t from, uint8_t byte) {
-    if (const int32_t* row = rows_[size_t(from)]; row != nullptr && row[byte] != -2) {
-      return row[byte];
-    }
-    return NextLocked(from, byte);
-  };
   // path[k]: the state after the first k bytes of the token at hand; `good`: how many bytes
   // of the previous token were consumed (path[0..good] hold for it).
   std::vector<int32_t> path_buffer(tokens.max_bytes + 1);
@@ -335,7 +447,7 @@ void CompiledGrammar::WalkLocked(
     int32_t at = path[common];
     size_t j = 0;
     for (; j < n; ++j) {
-      at = next_state(at, uint8_t(b[j]));
+      at = Step(at, uint8_t(b[j]));
       if (at < 0) break;
       path[common + j + 1] = at;
     }
@@ -349,56 +461,84 @@ void CompiledGrammar::WalkLocked(
   }
 }
 
-std::shared_ptr<const Mask> CompiledGrammar::ComputeMaskLocked(
-    int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const {
-  auto mask = std::make_shared<Mask>(*eos_only_);
+const TokenVocabulary::SortedTokens* CompiledGrammar::StartMaskLocked(int32_t state,
+                                                                      Mask* mask) const {
+  *mask = *eos_only_;
   if (!states_[size_t(state)].accepting) std::fill(mask->begin(), mask->end(), 0u);
-  if (states_[size_t(state)].stacks.empty()) return mask;
-  // Follow the plain bytes: while every one leads to a single state, a plain token of n bytes
-  // is allowed exactly when n steps stay live. Decided when the run ends dead, loops, or
-  // outlasts the longest plain token; then only the other tokens need the walk.
+  if (states_[size_t(state)].stacks.empty()) return nullptr;
+  // Follow the text characters: while every one leads to a single state, a text token of n
+  // characters is allowed exactly when n steps stay live. Decided when the run ends dead,
+  // loops, or outlasts the longest such token; then only the other tokens need the walk.
+  // First with every character of 1-4 bytes (a JSON string's content), else with the plain
+  // bytes only. The run is built once, by the first mask of a bounded string (each of its
+  // positions checked for UTF-8: up to ~2.5 ms for 63 positions on the dev VM); every later
+  // mask in the string finds it.
+  auto run = [&](int32_t (CompiledGrammar::*uniform)(int32_t) const,
+                 size_t longest) -> std::optional<size_t> {
+    int32_t s = state;
+    for (size_t n = 0;; ++n) {
+      if (n >= longest) return longest;
+      const int32_t u = (this->*uniform)(s);
+      if (u == kNotUniform) return std::nullopt;
+      if (u == kUniformDead || u == s) return u == s ? longest : n;
+      s = u;
+    }
+  };
+  auto take = [&](const Mask& allowed) {
+    for (size_t w = 0; w < mask->size(); ++w) (*mask)[w] |= allowed[w];
+  };
+  const std::vector<Mask>& text_up_to = vocab_->text_up_to_;
+  if (const auto n = run(&CompiledGrammar::UniformTextLocked, text_up_to.size() - 1)) {
+    take(text_up_to[*n]);
+    return &vocab_->not_text_;
+  }
   const std::vector<Mask>& plain_up_to = vocab_->plain_up_to_;
-  const size_t longest_plain = plain_up_to.size() - 1;
-  std::optional<size_t> plain_allowed;  // the longest plain token allowed, when decided
-  int32_t s = state;
-  for (size_t n = 0;; ++n) {
-    if (n >= longest_plain) {
-      plain_allowed = longest_plain;
-      break;
-    }
-    const int32_t u = UniformLocked(s);
-    if (u == kNotUniform) break;
-    if (u == kUniformDead || u == s) {
-      plain_allowed = u == s ? longest_plain : n;
-      break;
-    }
-    s = u;
+  if (const auto n = run(&CompiledGrammar::UniformLocked, plain_up_to.size() - 1)) {
+    take(plain_up_to[*n]);
+    return &vocab_->not_plain_;
   }
-  if (plain_allowed) {
-    const Mask& plain = plain_up_to[*plain_allowed];
-    for (size_t w = 0; w < mask->size(); ++w) (*mask)[w] |= plain[w];
-    WalkLocked(state, vocab_->not_plain_, mask.get(), deadline);
-  } else {
-    WalkLocked(state, vocab_->all_, mask.get(), deadline);
-  }
-  // No token of the vocabulary continues the output (bytes it cannot spell): only EOS, so
-  // that the sampler never has to pick from nothing.
-  if (std::all_of(mask->begin(), mask->end(), [](uint32_t w) { return w == 0; })) return eos_only_;
-  return mask;
+  return &vocab_->all_;
 }
 
 std::shared_ptr<const Mask> CompiledGrammar::AllowedTokens(
     int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const {
   if (state < 0) return eos_only_;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Another thread computing this state's mask: wait for it (then it is cached, or the cache
+  // was full and this thread computes it too).
+  mask_done_.wait(lock, [&] { return !states_[size_t(state)].computing; });
   if (states_[size_t(state)].mask) return states_[size_t(state)].mask;
-  std::shared_ptr<const Mask> mask = ComputeMaskLocked(state, deadline);
+  states_[size_t(state)].computing = true;
+  auto mask = std::make_shared<Mask>();
+  auto done = [&] {
+    states_[size_t(state)].computing = false;
+    mask_done_.notify_all();
+  };
+  try {
+    const TokenVocabulary::SortedTokens* rest = StartMaskLocked(state, mask.get());
+    if (rest != nullptr) {
+      lock.unlock();
+      Walk(state, *rest, mask.get(), deadline);
+      lock.lock();
+    }
+  } catch (...) {
+    if (!lock.owns_lock()) lock.lock();
+    done();
+    throw;
+  }
+  done();
   ++masks_computed_;
+  // No token of the vocabulary continues the output (bytes it cannot spell): only EOS, so
+  // that the sampler never has to pick from nothing.
+  std::shared_ptr<const Mask> result = std::move(mask);
+  if (std::all_of(result->begin(), result->end(), [](uint32_t w) { return w == 0; })) {
+    result = eos_only_;
+  }
   if (masks_cached_ < kMaxCachedMasks) {
-    states_[size_t(state)].mask = mask;
+    states_[size_t(state)].mask = result;
     ++masks_cached_;
   }
-  return mask;
+  return result;
 }
 
 CompiledGrammar::Stats CompiledGrammar::stats() const {

@@ -18,7 +18,10 @@
 // them).
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -80,22 +83,31 @@ class TokenVocabulary {
   static constexpr size_t kSkipDepth = 64;
   static SortedTokens Sort(const std::vector<std::optional<std::string>>& bytes,
                            std::vector<int32_t> ids);
-  // Every allowed-able token, and those with a byte that is not plain text (IsPlainByte in
-  // matcher.cc: printable ASCII but the double quote and the backslash).
-  SortedTokens all_, not_plain_;
+  // Every allowed-able token; those with a byte that is not plain text (IsPlainByte in
+  // matcher.cc: printable ASCII but the double quote and the backslash); those that are not
+  // text (TextChars in matcher.cc: plain bytes and whole UTF-8 characters of 2-4 bytes).
+  SortedTokens all_, not_plain_, not_text_;
   // plain_up_to_[n]: the tokens of 1..n plain bytes, as a mask. A state where every plain byte
-  // leads to one same state, for n bytes running (a JSON string's content, bounded or not),
-  // takes exactly these of the plain tokens, so the walk reads only not_plain_ there.
-  std::vector<std::vector<uint32_t>> plain_up_to_;
+  // leads to one same state, for n bytes running, takes exactly these of the plain tokens, so
+  // the walk reads only not_plain_ there. text_up_to_[n]: the same for the text tokens of
+  // 1..n characters, where every character leads to one same state (a JSON string's content,
+  // bounded or not); then the walk reads only not_text_ (a twentieth of Llama 3's tokens).
+  std::vector<std::vector<uint32_t>> plain_up_to_, text_up_to_;
 };
 
 using Mask = std::vector<uint32_t>;
 
 // A grammar bound to a vocabulary, with its lazily built automaton. Thread-safe: matchers on
-// any thread share it (one mutex; the engine steps masks on one thread).
+// any thread share it. Building the automaton (new states and transitions) takes one mutex;
+// transitions already built are read without it (the rows of a chunked table of atomics that
+// never moves), so the masks of different states are walked on several threads at once and
+// only their misses queue on the mutex. A state's mask is computed once: a second thread that
+// asks for it while it is being computed waits for it.
 class CompiledGrammar {
  public:
   static constexpr int32_t kDead = -1;
+  // Bounds on the lazily built automaton (matcher.cc says why).
+  static constexpr size_t kMaxStates = size_t{1} << 18;
 
   CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab);
   const TokenVocabulary& vocab() const { return *vocab_; }
@@ -123,11 +135,16 @@ class CompiledGrammar {
   Stats stats() const;
 
  private:
+  // One state's transitions, [256]; kUnset until computed. Written under mu_ (release), read
+  // by anyone (acquire).
+  using Row = std::atomic<int32_t>;
+  static constexpr int32_t kUnset = -2;
   struct State {
     std::vector<int32_t> stacks;  // node ids whose top is a byte set, sorted
     bool accepting = false;
-    std::unique_ptr<int32_t[]> next;  // [256] lazily; -2 = not computed yet
+    std::unique_ptr<Row[]> next;  // lazily (owns the row that row_chunks_ points to)
     std::shared_ptr<const Mask> mask;
+    bool computing = false;  // a thread is computing `mask` (mask_done_ tells when it stops)
   };
   struct VecHash {
     size_t operator()(const std::vector<int32_t>& v) const;
@@ -139,8 +156,9 @@ class CompiledGrammar {
   // The byte-topped stacks reachable from (pos, parent) without consuming a byte.
   void ExpandLocked(int32_t pos, int32_t parent, std::vector<int32_t>* out, bool* accepting) const;
   int32_t NextLocked(int32_t state, uint8_t byte) const;
-  std::shared_ptr<const Mask> ComputeMaskLocked(
-      int32_t state, std::optional<std::chrono::steady_clock::time_point> deadline) const;
+  // The transition: read from its row without the lock when built, else built under it.
+  int32_t Step(int32_t state, uint8_t byte) const;
+  const Row* RowOf(int32_t state) const;
 
   Grammar grammar_;
   std::shared_ptr<const TokenVocabulary> vocab_;
@@ -148,12 +166,17 @@ class CompiledGrammar {
   std::shared_ptr<const Mask> eos_only_;
 
   mutable std::mutex mu_;
+  mutable std::condition_variable mask_done_;
   mutable std::vector<std::pair<int32_t, int32_t>> nodes_;  // (pos, parent)
   mutable std::unordered_map<uint64_t, int32_t> node_index_;
-  mutable std::vector<State> states_;
-  // states_[i].next.get(), beside it in a compact array: the mask walk's transitions read
-  // these rows without touching the State records.
-  mutable std::vector<int32_t*> rows_;
+  mutable std::vector<State> states_;  // under mu_ (it grows)
+  // states_[i].next.get() for state i, readable without mu_: chunks of kRowChunk slots, each
+  // chunk allocated (under mu_) before the first state it holds exists, so a state id read
+  // from a row always finds its slot.
+  static constexpr size_t kRowChunk = 4096;
+  using RowSlot = std::atomic<const Row*>;
+  mutable std::array<std::atomic<RowSlot*>, kMaxStates / kRowChunk> row_chunks_{};
+  mutable std::vector<std::unique_ptr<RowSlot[]>> row_chunk_owner_;
   // Scratch kept between calls, so that an expansion allocates nothing: ExpandLocked's
   // worklist and seen items (a short list, a hash set past kSmallSeen), NextLocked's stacks.
   static constexpr size_t kSmallSeen = 32;
@@ -166,9 +189,16 @@ class CompiledGrammar {
   static constexpr int32_t kUniformDead = -1, kNotUniform = -2, kUnknown = -3;
   mutable std::vector<int32_t> uniform_;
   int32_t UniformLocked(int32_t state) const;
-  // Sets in *mask the tokens of `tokens` that `state` allows.
-  void WalkLocked(int32_t state, const TokenVocabulary::SortedTokens& tokens, Mask* mask,
-                  std::optional<std::chrono::steady_clock::time_point> deadline) const;
+  // The same over every character a text token can hold (plain bytes and UTF-8 characters of
+  // 2-4 bytes), kept per state in uniform_text_.
+  mutable std::vector<int32_t> uniform_text_;
+  int32_t UniformTextLocked(int32_t state) const;
+  // The mask's start, under mu_: EOS when accepting, the plain tokens that a uniform run of
+  // plain bytes allows, and which tokens remain to be walked (null: none).
+  const TokenVocabulary::SortedTokens* StartMaskLocked(int32_t state, Mask* mask) const;
+  // Sets in *mask the tokens of `tokens` that `state` allows (without mu_ but for misses).
+  void Walk(int32_t state, const TokenVocabulary::SortedTokens& tokens, Mask* mask,
+            std::optional<std::chrono::steady_clock::time_point> deadline) const;
   mutable std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_index_;
   mutable size_t masks_computed_ = 0;
   mutable size_t masks_cached_ = 0;

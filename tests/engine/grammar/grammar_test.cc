@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/grammar/compiler.h"
@@ -416,6 +417,143 @@ TEST(GrammarMask, PlainTokensByLengthEqualBruteForce) {
   CheckMasksAlongText(Compile(RegexGrammar(".*x")), "ab\"cx");
   CheckMasksAlongText(Compile(RegexGrammar("[ -~]{0,4}(true)?")), "a\"btrue");
   CheckMasksAlongText(Compile(RegexGrammar("[a-z ]{1,6}!")), "ab c!");
+}
+
+// A vocabulary of text tokens (plain bytes and whole UTF-8 characters, at the edges of each
+// length: U+0080, U+07FF, U+0800, U+D7FF, U+E000, U+FFFF, U+10000, U+10FFFF), of 1 to 9
+// characters, beside tokens that are not text: cut characters, overlong forms, surrogates,
+// bytes past U+10FFFF, quotes, backslashes, control bytes and DEL.
+std::shared_ptr<const TokenVocabulary> Utf8Vocab() {
+  std::vector<std::optional<std::string>> bytes;
+  bytes.push_back(std::nullopt);  // 0: EOS
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
+  const std::vector<std::string> chars = {"a",
+                                          " ",
+                                          "~",
+                                          "\xC2\x80",
+                                          "\xDF\xBF",
+                                          "\xC3\xA9",
+                                          "\xE0\xA0\x80",
+                                          "\xED\x9F\xBF",
+                                          "\xEE\x80\x80",
+                                          "\xEF\xBF\xBF",
+                                          "\xE4\xB8\xAD",
+                                          "\xF0\x90\x80\x80",
+                                          "\xF4\x8F\xBF\xBF",
+                                          "\xF0\x9F\x98\x80"};
+  std::mt19937 rng(11);
+  for (int n = 1; n <= 9; ++n) {
+    for (int k = 0; k < 24; ++k) {
+      std::string t;
+      for (int i = 0; i < n; ++i) t += chars[rng() % chars.size()];
+      bytes.push_back(t);
+    }
+  }
+  for (const char* t : {"\xC3",
+                        "\xA9",
+                        "\xE4\xB8",
+                        "a\xE4",
+                        "\xB8\xAD",
+                        "\xC0\x80",
+                        "\xC1\xBF",
+                        "\xE0\x80\x80",
+                        "\xED\xA0\x80",
+                        "\xF4\x90\x80\x80",
+                        "\xF5\x80\x80\x80",
+                        "\xF8",
+                        "\xC3\xA9\"",
+                        "\xC3\xA9\",",
+                        "ab\\n",
+                        "\xE4\xB8\xAD\\u00e9",
+                        "\x7F",
+                        "a\x7F",
+                        "\xC3\xA9\n",
+                        "\"}",
+                        "\":\"",
+                        "\x01\xC3\xA9",
+                        "\xC3\xA9\xC3"}) {
+    bytes.push_back(std::string(t));
+  }
+  return std::make_shared<const TokenVocabulary>(std::move(bytes), std::vector<int>{0},
+                                                 int64_t(bytes.size()));
+}
+
+// Where every character leads to one state (a JSON string's content, bounded or not), the
+// text tokens are taken by their number of characters (matcher.cc: UniformTextLocked); the
+// masks equal the brute-force check of every token, also where the grammar takes only some
+// UTF-8 characters (then the shortcut must not apply) or all but the plain bytes.
+TEST(GrammarMask, TextTokensByCharactersEqualBruteForce) {
+  auto vocab = Utf8Vocab();
+  auto compile = [&](Grammar g) {
+    return std::make_shared<const CompiledGrammar>(std::move(g), vocab);
+  };
+  const std::string mixed = "\"a\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80 b\"";  // a é 中 😀 space b
+  for (const char* schema : {R"({"type":"string"})", R"({"type":"string","maxLength":6})",
+                             R"({"type":"string","minLength":3,"maxLength":9})",
+                             R"({"type":"string","minLength":7,"maxLength":7})",
+                             R"({"type":"string","pattern":"^[^é]{0,7}$"})",
+                             R"({"type":"string","pattern":"^[\u0000-\uffff]{0,8}$"})",
+                             R"({"type":"string","pattern":"^.{2,6}$"})"}) {
+    SCOPED_TRACE(schema);
+    auto g = compile(Schema(schema));
+    // Along the longest prefix of `mixed` (and of a plain string) that the grammar allows.
+    for (const std::string& text : {mixed, std::string("\"abcdefghij\"")}) {
+      size_t n = text.size();
+      while (n > 0 && !IsPrefix(*g, text.substr(0, n))) --n;
+      CheckMasksAlongText(g, text.substr(0, n));
+    }
+  }
+  CheckMasksAlongText(compile(Schema(R"({"type":"string","maxLength":6})")), mixed);
+  CheckMasksAlongText(
+      compile(Schema(R"({"type":"array","items":{"type":"string","maxLength":3}})")),
+      "[\"\xC3\xA9\xC3\xA9\", \"x\"]");
+  CheckMasksAlongText(compile(RegexGrammar("[^\"]{0,5}\"")), "a\xE4\xB8\xAD\"");
+}
+
+// Threads asking one grammar for the masks of many states at once (each state's mask is
+// walked by one of them, the rest wait for it; transitions are read without the lock) get the
+// masks a single thread computes on its own copy of the grammar. Run under TSan in CI.
+TEST(GrammarMask, ConcurrentMasksEqualSingleThreaded) {
+  auto vocab = Utf8Vocab();
+  const char* schema = R"({"type":"object","properties":{"s":{"type":"string","maxLength":12},
+      "n":{"type":"integer"},"t":{"type":"array","items":{"enum":["ab","\u00e9\u00e9","c"]}}},
+      "required":["s","n","t"]})";
+  const std::vector<std::string> outputs = {
+      "{\"s\":\"ab\xC3\xA9 \xE4\xB8\xAD\", \"n\": 12, \"t\": [\"ab\", \"c\"]}",
+      "{\"s\":\"\",\"n\":-3,\"t\":[\"\xC3\xA9\xC3\xA9\"]}",
+      "{\"s\":\"aaaaaaaaaaaa\",\"n\":0,\"t\":[]}"};
+  auto shared = std::make_shared<const CompiledGrammar>(Schema(schema), vocab);
+  constexpr int kThreads = 8;
+  std::vector<std::vector<std::vector<uint32_t>>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread runs the outputs in its own order, so different states meet at once.
+      for (size_t k = 0; k < outputs.size(); ++k) {
+        const std::string& text = outputs[(k + size_t(t)) % outputs.size()];
+        int32_t state = shared->initial_state();
+        for (char c : text) {
+          got[size_t(t)].push_back(*shared->AllowedTokens(state));
+          state = shared->Next(state, uint8_t(c));
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    auto alone = std::make_shared<const CompiledGrammar>(Schema(schema), vocab);
+    size_t i = 0;
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      const std::string& text = outputs[(k + size_t(t)) % outputs.size()];
+      int32_t state = alone->initial_state();
+      for (char c : text) {
+        ASSERT_EQ(got[size_t(t)][i++], *alone->AllowedTokens(state)) << "thread " << t;
+        state = alone->Next(state, uint8_t(c));
+        ASSERT_GE(state, 0);
+      }
+    }
+  }
+  EXPECT_EQ(shared->stats().masks_computed, shared->stats().masks_cached);
 }
 
 TEST(GrammarMatcher, DeadAfterADisallowedTokenAllowsOnlyEos) {
