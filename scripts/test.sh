@@ -7,7 +7,7 @@
 #              a message when no GPU is present
 #   asan       the whole CPU suite under ASan + UBSan + LeakSanitizer (build-asan/)
 #   tsan       the engine's threading tests under ThreadSanitizer (build-tsan/)
-#   fuzz       every libFuzzer target for LLM_FUZZ_SECONDS (default 30) on its seed corpus,
+#   fuzz       every libFuzzer target for LLM_FUZZ_SECONDS (default 20) on its seed corpus,
 #              under ASan + UBSan (clang, build-fuzz/)
 #   container  the CPU image built with podman and checked end to end (/health, a completion,
 #              a gRPC stream); last, since it is the slowest and needs the others' nothing
@@ -39,8 +39,15 @@ stage_unit() {
 }
 stage_asan() { scripts/test_sanitizers.sh address; }
 stage_tsan() { scripts/test_sanitizers.sh thread; }
-stage_fuzz() { scripts/fuzz.sh --seconds "${LLM_FUZZ_SECONDS:-30}"; }
+stage_fuzz() { scripts/fuzz.sh --seconds "${LLM_FUZZ_SECONDS:-20}"; }
 stage_container() { scripts/test_container.sh; }
+stage_build_dir() {
+  case "$1" in
+    unit) echo build ;;
+    asan) echo build-asan ;;
+    tsan) echo build-tsan ;;
+  esac
+}
 
 # One apt-get for every stage's packages (the container stage's own call then finds them).
 deps="test"
@@ -51,6 +58,7 @@ LLM_DEPS=$deps scripts/deps.sh
 summary=("$(printf '%-10s ok      %5ds' deps $((SECONDS - start)))")
 
 failed=0
+failed_stages=""
 for s in $stages; do
   echo "[test] ===== stage $s"
   start=$SECONDS
@@ -62,9 +70,17 @@ for s in $stages; do
   else
     line=$(printf '%-10s FAILED  %5ds (exit %d)' "$s" $took $rc)
     failed=1
+    failed_stages+=" $s"
   fi
   echo "[test] ===== stage $line"
   summary+=("$line")
+done
+
+# Why the ctest stages failed, at the end of the log (CI pages keep its head and tail).
+for s in unit asan tsan; do
+  case " ${failed_stages:-} " in
+    *" $s "*) python3 scripts/ctest_failures.py "$(stage_build_dir "$s")" || true ;;
+  esac
 done
 
 echo
