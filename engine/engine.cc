@@ -45,7 +45,12 @@ Engine::Engine(std::unique_ptr<ModelExecutor> executor, const Tokenizer& tokeniz
               BlockManagerOptions{.enable_prefix_caching = config.enable_prefix_caching,
                                   .sliding_window = executor_->config().UniformSlidingWindow(),
                                   .max_step_tokens = config.max_num_batched_tokens}),
-      scheduler_({config.max_num_batched_tokens, config.max_num_seqs}, &blocks_),
+      scheduler_(
+          {.max_num_batched_tokens = config.max_num_batched_tokens,
+           .max_num_seqs = config.max_num_seqs,
+           .kv_reserve_ratio = config.kv_reserve_ratio,
+           .kv_reserve_min_ratio = std::min(config.kv_reserve_min_ratio, config.kv_reserve_ratio)},
+          &blocks_),
       inbox_(std::make_unique<Inbox>()) {
   if (executor_->block_size() != config_.block_size) {
     throw Error("the executor's KV block size " + std::to_string(executor_->block_size()) +

@@ -55,6 +55,12 @@ struct EngineConfig {
   KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
+  // Admission's KV headroom (engine/sched/scheduler.h): the share of the running sequences'
+  // remaining tokens kept free, at start and at most (--kv-reserve-ratio; 0: admit whenever the
+  // prompt fits, as vLLM does), and the least it goes to as finished sequences show they stop
+  // early (--kv-reserve-min-ratio).
+  double kv_reserve_ratio = 1.0;
+  double kv_reserve_min_ratio = 0.1;
   int max_n = 16;  // largest n (completions per request) accepted
   bool enable_prefix_caching = true;
   // Every token's logits bit-identical whatever the batch, chunking or preemption (decode

@@ -1,6 +1,7 @@
 #include "engine/sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace llm {
@@ -18,6 +19,40 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* blocks)
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1) {
     throw std::invalid_argument("scheduler budgets must be positive");
   }
+  if (!(config.kv_reserve_ratio >= 0 && config.kv_reserve_ratio <= 1) ||
+      !(config.kv_reserve_min_ratio >= 0 &&
+        config.kv_reserve_min_ratio <= config.kv_reserve_ratio) ||
+      config.kv_reserve_clip_tokens < 1) {
+    throw std::invalid_argument(
+        "the KV reserve needs 0 <= min ratio <= ratio <= 1 and clip tokens >= 1");
+  }
+  expected_share_ = config.kv_reserve_ratio;
+}
+
+double Scheduler::kv_reserve_ratio() const {
+  if (config_.kv_reserve_ratio <= 0) return 0;
+  return std::clamp(expected_share_, config_.kv_reserve_min_ratio, config_.kv_reserve_ratio);
+}
+
+int64_t Scheduler::ReserveBlocks(const Sequence* seq, double ratio) const {
+  int64_t left = seq->request->request.sampling.max_tokens - seq->num_output_tokens();
+  left = std::min(left, config_.kv_reserve_clip_tokens);
+  // A sliding-window pool holds a sequence's window, however long it grows.
+  if (blocks_->sliding_window() > 0) left = std::min(left, blocks_->sliding_window());
+  if (left <= 0) return 0;
+  // Whole blocks: ceil of where it ends minus ceil of where it is (its last block may be
+  // partly free), so that a ratio of 1 covers every block the sequence can still take.
+  const int64_t bs = blocks_->block_size(), now = seq->num_tokens();
+  const auto end = now + static_cast<int64_t>(std::ceil(ratio * double(left)));
+  return (end + bs - 1) / bs - (now + bs - 1) / bs;
+}
+
+bool Scheduler::KeepsHeadroom(const Sequence* seq, double ratio, int64_t running_blocks) const {
+  if (ratio <= 0 || running_.empty()) return true;
+  const int64_t bs = blocks_->block_size();
+  // Its own blocks (prefix-cache hits ignored: they only leave more room).
+  const int64_t prompt_blocks = (seq->num_tokens() + bs - 1) / bs;
+  return blocks_->num_free_blocks() - prompt_blocks >= running_blocks + ReserveBlocks(seq, ratio);
 }
 
 void Scheduler::AddWaiting(Sequence* seq) {
@@ -32,6 +67,14 @@ void Scheduler::AddRunning(Sequence* seq) {
 }
 
 void Scheduler::Remove(Sequence* seq) {
+  if (seq->finish_reason == FinishReason::kStop || seq->finish_reason == FinishReason::kLength) {
+    // The share of its (clipped) budget it used, into a moving average over ~32 sequences.
+    constexpr double kWeight = 1.0 / 32;
+    const int64_t budget = std::min<int64_t>(seq->request->request.sampling.max_tokens,
+                                             config_.kv_reserve_clip_tokens);
+    const double used = std::min(1.0, double(seq->num_output_tokens()) / double(budget));
+    expected_share_ += kWeight * (used - expected_share_);
+  }
   std::erase(running_, seq);
   std::erase(waiting_, seq);
   if (blocks_->Has(seq->id)) blocks_->Free(seq->id);
@@ -88,6 +131,11 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
   Requeue(seq);
   out->preempted.push_back(seq);
   ++num_preemptions_;
+  // The headroom was too thin: halfway back to the full ratio.
+  if (config_.kv_reserve_ratio > 0) {
+    const double now = kv_reserve_ratio();
+    expected_share_ = now + (config_.kv_reserve_ratio - now) / 2;
+  }
 }
 
 void Scheduler::ScheduleDecodes(SchedulerOutput* out, int64_t* budget) {
@@ -141,12 +189,21 @@ void Scheduler::SchedulePrefills(SchedulerOutput* out, int64_t* budget) {
 }
 
 void Scheduler::Admit(SchedulerOutput* out, int64_t* budget) {
+  const double ratio = kv_reserve_ratio();
+  int64_t running_blocks = 0;
+  if (ratio > 0) {
+    for (const Sequence* s : running_) running_blocks += ReserveBlocks(s, ratio);
+  }
   while (!waiting_.empty() && *budget > 0 && num_running() < config_.max_num_seqs &&
          std::ssize(out->chunks) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
     // Preempted with a token still pending (async): it waits for the token, and for room.
-    if (seq->num_pending > 0 || !blocks_->CanAllocate(seq->token_ids)) break;  // FCFS
+    if (seq->num_pending > 0 || !blocks_->CanAllocate(seq->token_ids) ||
+        !KeepsHeadroom(seq, ratio, running_blocks)) {
+      break;  // FCFS
+    }
     waiting_.pop_front();
+    if (ratio > 0) running_blocks += ReserveBlocks(seq, ratio);
     Start(seq, out, budget);
   }
 }

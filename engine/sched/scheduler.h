@@ -10,8 +10,23 @@
 //     chunk of what budget is left (chunked prefill: a long prompt never stalls decodes).
 //  3. Waiting sequences, first come first served (strict FCFS: the head of the queue is
 //     not overtaken when it does not fit), admitted while blocks for ALL their tokens can
-//     be allocated. Prompt tokens found in the prefix cache are not recomputed and do not
-//     count against the token budget.
+//     be allocated and the KV headroom holds (below). Prompt tokens found in the prefix
+//     cache are not recomputed and do not count against the token budget.
+// KV headroom (SchedulerConfig::kv_reserve_*): admitting a sequence whose prompt fits is not
+// enough. Every running sequence still grows, up to its max_tokens, and when the pool runs dry
+// the newest are preempted and later recomputed: work thrown away, so that a larger
+// max_num_seqs could lose throughput to its own preemptions (measured on the H200: 256 -> 512
+// lost 11%). So a waiting sequence is admitted only while the blocks left free after its
+// prompt cover the blocks that the running sequences and it would take by generating `ratio`
+// of the tokens each may still generate (max_tokens left, clipped at kv_reserve_clip_tokens as
+// SGLang clips its estimate: a chat whose max_tokens defaults to the whole context would
+// otherwise reserve all of it). `ratio` is the share of its token budget a sequence is
+// expected to use: it starts at kv_reserve_ratio (1: nothing admitted can run the pool dry,
+// TensorRT-LLM's GUARANTEED_NO_EVICT), follows the share that finished sequences used (a
+// moving average; chats that stop early lower it, towards kv_reserve_min_ratio) and moves
+// halfway back to kv_reserve_ratio at each preemption. A lone sequence is always admitted
+// (nothing deadlocks). kv_reserve_ratio 0: admit whenever the prompt fits (vLLM's policy; the
+// tests that drive preemption use it).
 // Async scheduling (a step is scheduled while the previous one runs): a running sequence
 // whose last token is still pending (Sequence::num_pending) decodes it like any token (its id
 // is fed on the device); one whose pending token reaches max_tokens is not scheduled; a
@@ -38,6 +53,10 @@ namespace llm {
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
+  // KV headroom at admission (see above). kv_reserve_ratio 0 turns it off.
+  double kv_reserve_ratio = 1.0;
+  double kv_reserve_min_ratio = 0.1;
+  int64_t kv_reserve_clip_tokens = 4096;
 };
 
 struct ScheduledChunk {
@@ -61,7 +80,8 @@ class Scheduler {
 
   void AddWaiting(Sequence* seq);  // a new sequence joins the back of the queue
   void AddRunning(Sequence* seq);  // a forked child whose blocks the manager already holds
-  // Drops the sequence (finished, aborted) and frees its blocks.
+  // Drops the sequence (finished, aborted) and frees its blocks. A sequence that finished
+  // (finish_reason stop or length) tells the headroom what share of its budget it used.
   void Remove(Sequence* seq);
   // Back to the FRONT of the waiting queue without its blocks, to be recomputed (a preemption
   // the engine asks for: the sequence's step failed and it will be retried alone).
@@ -72,6 +92,8 @@ class Scheduler {
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // The share of the running sequences' remaining tokens that admission reserves now (0: off).
+  double kv_reserve_ratio() const;
 
  private:
   void ScheduleDecodes(SchedulerOutput* out, int64_t* budget);
@@ -83,6 +105,12 @@ class Scheduler {
   // Whether `seq` may be scheduled this step (all, or only the isolated request's).
   bool Eligible(const Sequence* seq) const { return focus_ == nullptr || seq->request == focus_; }
   void Preempt(Sequence* seq, SchedulerOutput* out);
+  // The blocks `seq` would add by generating `ratio` of the tokens it may still generate
+  // (max_tokens left, clipped).
+  int64_t ReserveBlocks(const Sequence* seq, double ratio) const;
+  // Whether the pool keeps the headroom with `seq` admitted; `running_blocks`: the running
+  // sequences' ReserveBlocks, summed.
+  bool KeepsHeadroom(const Sequence* seq, double ratio, int64_t running_blocks) const;
   Sequence* PickVictim(const SchedulerOutput& out) const;
 
   SchedulerConfig config_;
@@ -91,6 +119,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // admission order
   int64_t next_admit_order_ = 0;
   int64_t num_preemptions_ = 0;
+  double expected_share_ = 0;            // the headroom's ratio before its bounds (see above)
   const RequestState* focus_ = nullptr;  // the isolated request this step runs, if any
 };
 

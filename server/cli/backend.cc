@@ -14,6 +14,20 @@
 
 namespace llm::cli {
 
+void AddKvReserveOptions(CLI::App* cmd, EngineConfig* engine) {
+  cmd->add_option("--kv-reserve-ratio", engine->kv_reserve_ratio,
+                  "admit a request only while the free KV blocks cover this share of the tokens "
+                  "the running ones may still generate (up to 4,096 each), so that they are not "
+                  "preempted; the share then follows what finished requests used of their "
+                  "max_tokens, and rises after a preemption (0: admit whenever the prompt fits)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--kv-reserve-min-ratio", engine->kv_reserve_min_ratio,
+                  "the least share the KV reserve goes to (at most --kv-reserve-ratio)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+}
+
 void BackendFlags::AddTo(CLI::App* cmd) {
   cmd->add_option("--device", device, "cpu, cuda, or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))

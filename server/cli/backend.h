@@ -65,4 +65,8 @@ LoadOptions CpuLoadOptions(const BackendFlags& flags);
 // routing: decode rows take the split-KV kernel). Throws llm::Error with a clear message.
 Backend MakeBackend(const std::string& model_path, const BackendFlags& flags, EngineConfig* engine);
 
+// --kv-reserve-ratio and --kv-reserve-min-ratio (engine/sched/scheduler.h: admission's KV
+// headroom) into `engine`, for `llm serve` and `llm bench`.
+void AddKvReserveOptions(CLI::App* cmd, EngineConfig* engine);
+
 }  // namespace llm::cli

@@ -42,6 +42,7 @@ struct BenchFlags {
   int min_output = 16, max_output = 128;
   uint64_t seed = 0;
   int64_t max_num_seqs = 64, max_num_batched_tokens = 2048;
+  EngineConfig kv_reserve;  // --kv-reserve-ratio, --kv-reserve-min-ratio
   int64_t kv_cache_mb = 1024;
   BackendFlags backend;
   std::string tokenizer_dir;  // default: the model folder (the demo model's with dummy weights)
@@ -211,6 +212,8 @@ int RunBench(const BenchFlags& f) {
   config.kv_cache_bytes = f.kv_cache_mb << 20;
   config.max_num_seqs = f.max_num_seqs;
   config.max_num_batched_tokens = f.max_num_batched_tokens;
+  config.kv_reserve_ratio = f.kv_reserve.kv_reserve_ratio;
+  config.kv_reserve_min_ratio = f.kv_reserve.kv_reserve_min_ratio;
   Backend backend = MakeBackend(f.model_dir, f.backend, &config);
   const std::string tok_dir = !f.tokenizer_dir.empty()           ? f.tokenizer_dir
                               : f.backend.load_format == "dummy" ? DefaultModelDir()
@@ -338,13 +341,15 @@ int RunBench(const BenchFlags& f) {
       "{\"model\": \"%s\", \"requests\": %d, \"seconds\": %.3f, \"requests_per_s\": %.3f, "
       "\"prompt_tokens\": %lld, \"generated_tokens\": %lld, \"prompt_tokens_per_s\": %.1f, "
       "\"generated_tokens_per_s\": %.1f, \"total_tokens_per_s\": %.1f, \"steps\": %lld, "
-      "\"preemptions\": %lld, \"ttft_ms_mean\": %.3f, \"ttft_ms_p50\": %.3f, "
+      "\"preemptions\": %lld, \"preemptions_per_1k_requests\": %.1f, \"kv_reserve_ratio\": %.2f, "
+      "\"ttft_ms_mean\": %.3f, \"ttft_ms_p50\": %.3f, "
       "\"ttft_ms_p99\": %.3f, \"tpot_ms_mean\": %.4f, \"tpot_ms_p50\": %.4f, "
       "\"threads\": %d, \"async_scheduling\": %s%s%s}\n",
       f.model_dir.c_str(), f.num_requests, p.seconds, f.num_requests / p.seconds,
       (long long)p.prompt_tokens, (long long)p.generated, p.prompt_tokens / p.seconds,
       p.generated / p.seconds, (p.prompt_tokens + p.generated) / p.seconds, (long long)p.steps,
-      (long long)p.preemptions, Mean(p.ttft_ms), Percentile(p.ttft_ms, 50),
+      (long long)p.preemptions, 1000.0 * double(p.preemptions) / f.num_requests,
+      engine.config().kv_reserve_ratio, Mean(p.ttft_ms), Percentile(p.ttft_ms, 50),
       Percentile(p.ttft_ms, 99), Mean(p.tpot_ms), Percentile(p.tpot_ms, 50), omp_get_max_threads(),
       engine.config().async_scheduling ? "true" : "false", device_json.c_str(),
       schema_json.c_str());
@@ -367,6 +372,7 @@ Command AddBench(CLI::App& app) {
   cmd->add_option("--seed", f->seed)->capture_default_str();
   cmd->add_option("--max-num-seqs", f->max_num_seqs)->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens)->capture_default_str();
+  AddKvReserveOptions(cmd, &f->kv_reserve);
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size")->capture_default_str();
   f->backend.AddTo(cmd);
   cmd->add_option("--tokenizer", f->tokenizer_dir, "folder with tokenizer.model (default: model)");

@@ -266,6 +266,7 @@ Command AddServe(CLI::App& app) {
   cmd->add_option("--max-num-seqs", f->engine.max_num_seqs)->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", f->engine.max_num_batched_tokens)
       ->capture_default_str();
+  AddKvReserveOptions(cmd, &f->engine);
   cmd->add_option("--max-consecutive-step-failures", f->engine.max_consecutive_step_failures,
                   "failed engine steps in a row after which /health answers 503 (0: never)")
       ->capture_default_str();

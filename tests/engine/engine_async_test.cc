@@ -277,8 +277,10 @@ class EngineAsyncTest : public ::testing::Test {
 const CpuModel* EngineAsyncTest::model_ = nullptr;
 const Tokenizer* EngineAsyncTest::tokenizer_ = nullptr;
 
-constexpr EngineConfig kTight{
-    .num_kv_blocks = 48, .max_num_batched_tokens = 96, .max_num_seqs = 32};
+constexpr EngineConfig kTight{.num_kv_blocks = 48,
+                              .max_num_batched_tokens = 96,
+                              .max_num_seqs = 32,
+                              .kv_reserve_ratio = 0};  // admit whenever a prompt fits: preempt
 
 TEST_F(EngineAsyncTest, GreedyUnderChunkingAndPreemptionMatchesSync) {
   std::vector<Request> requests;

@@ -94,8 +94,10 @@ namespace {
 // Engines of the scenarios. Tight: a pool too small for the batch (preemption) and a small
 // token budget (chunked prefill), as engine_test has always used.
 constexpr EngineConfig kRoomy{.num_kv_blocks = 512};
+// kv_reserve_ratio 0: admit whenever a prompt fits, so that the pool runs dry and preempts
+// (the default headroom exists to avoid exactly that).
 constexpr EngineConfig kTight{
-    .num_kv_blocks = 48, .max_num_batched_tokens = 96, .max_num_seqs = 32};
+    .num_kv_blocks = 48, .max_num_batched_tokens = 96, .max_num_seqs = 32, .kv_reserve_ratio = 0};
 
 // Every completion ended once, without an error, as its request's limits say.
 void ExpectFinishedCleanly(const Request& r, const Collected& c, const std::string& what) {
@@ -373,7 +375,10 @@ TEST_P(EngineInvariance, NCompletionsGiveSameTokensAloneOrBatched) {
   // chunked): its children, created when its prompt is done, are then the newest sequences
   // and the first the full pool preempts (on the CPU: both children once, and 5 others).
   batch.insert(batch.begin(), r);
-  auto engine = NewEngine({.num_kv_blocks = 40, .max_num_batched_tokens = 512, .max_num_seqs = 32});
+  auto engine = NewEngine({.num_kv_blocks = 40,
+                           .max_num_batched_tokens = 512,
+                           .max_num_seqs = 32,
+                           .kv_reserve_ratio = 0});
   const std::vector<Collected> together = RunTogether(*engine, batch);
   for (size_t i = 0; i < batch.size(); ++i) {
     ExpectFinishedCleanly(batch[i], together[i], "batched " + std::to_string(i));

@@ -77,7 +77,8 @@ EngineConfig SmallPool(int64_t num_blocks) {
   return {.block_size = 16,
           .num_kv_blocks = num_blocks,
           .max_num_batched_tokens = 64,
-          .max_num_seqs = 8};
+          .max_num_seqs = 8,
+          .kv_reserve_ratio = 0};  // admit whenever a prompt fits: they preempt one another
 }
 
 TEST(SlidingWindowEngine, RequestLongerThanThePoolMatchesTheRunner) {

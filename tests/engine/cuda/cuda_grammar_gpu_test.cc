@@ -64,8 +64,10 @@ const char* kRegex = "(Tom|Lily) (ran|sat) [a-z]{1,6}\\.";
 
 TEST_F(CudaGrammarTest, OutputsAreInTheLanguageUnderBatchingPreemptionAndAsync) {
   for (bool async : {false, true}) {
-    // 34 blocks of 16 tokens for 10 sequences of up to ~155 tokens: preemption is certain.
-    EngineConfig config{.num_kv_blocks = 34, .max_num_seqs = 10, .async_scheduling = async};
+    // 34 blocks of 16 tokens for 10 sequences of up to ~155 tokens, admitted whenever a prompt
+    // fits (kv_reserve_ratio 0): preemption is certain.
+    EngineConfig config{
+        .num_kv_blocks = 34, .max_num_seqs = 10, .kv_reserve_ratio = 0, .async_scheduling = async};
     CudaExecutorOptions o;
     o.dtype = DType::kBF16;
     o.block_size = config.block_size;

@@ -88,7 +88,10 @@ TEST_F(GrammarEngineTest, BatchedPreemptedAndForkedOutputsAreValid) {
   for (bool async : {false, true}) {
     // 34 blocks of 16 tokens for 10 sequences of up to ~155 tokens: preemption is certain.
     Engine engine(test::StoriesModel(), test::StoriesTokenizer(),
-                  {.num_kv_blocks = 34, .max_num_seqs = 10, .async_scheduling = async});
+                  {.num_kv_blocks = 34,
+                   .max_num_seqs = 10,
+                   .kv_reserve_ratio = 0,  // admit whenever a prompt fits: preemptions
+                   .async_scheduling = async});
     std::vector<std::shared_ptr<OutputChannel>> channels;
     std::vector<std::shared_ptr<const grammar::CompiledGrammar>> grammars;
     for (int i = 0; i < 8; ++i) {
