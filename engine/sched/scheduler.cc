@@ -191,7 +191,7 @@ void Scheduler::SchedulePrefills(SchedulerOutput* out, int64_t* budget) {
 void Scheduler::Admit(SchedulerOutput* out, int64_t* budget) {
   const double ratio = kv_reserve_ratio();
   int64_t running_blocks = 0;
-  if (ratio > 0) {
+  if (ratio > 0 && !waiting_.empty()) {  // (a step with nobody waiting admits nobody)
     for (const Sequence* s : running_) running_blocks += ReserveBlocks(s, ratio);
   }
   while (!waiting_.empty() && *budget > 0 && num_running() < config_.max_num_seqs &&

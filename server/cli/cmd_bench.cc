@@ -41,8 +41,7 @@ struct BenchFlags {
   int min_input = 16, max_input = 256;
   int min_output = 16, max_output = 128;
   uint64_t seed = 0;
-  int64_t max_num_seqs = 64, max_num_batched_tokens = 2048;
-  EngineConfig kv_reserve;  // --kv-reserve-ratio, --kv-reserve-min-ratio
+  EngineConfig engine;  // --max-num-seqs, --max-num-batched-tokens, --kv-reserve-*
   int64_t kv_cache_mb = 1024;
   BackendFlags backend;
   std::string tokenizer_dir;  // default: the model folder (the demo model's with dummy weights)
@@ -208,12 +207,8 @@ std::string PassJson(const Pass& p, const Engine& engine, int num_requests) {
 
 int RunBench(const BenchFlags& f) {
   if (f.threads > 0) omp_set_num_threads(f.threads);
-  EngineConfig config;
+  EngineConfig config = f.engine;
   config.kv_cache_bytes = f.kv_cache_mb << 20;
-  config.max_num_seqs = f.max_num_seqs;
-  config.max_num_batched_tokens = f.max_num_batched_tokens;
-  config.kv_reserve_ratio = f.kv_reserve.kv_reserve_ratio;
-  config.kv_reserve_min_ratio = f.kv_reserve.kv_reserve_min_ratio;
   Backend backend = MakeBackend(f.model_dir, f.backend, &config);
   const std::string tok_dir = !f.tokenizer_dir.empty()           ? f.tokenizer_dir
                               : f.backend.load_format == "dummy" ? DefaultModelDir()
@@ -370,9 +365,10 @@ Command AddBench(CLI::App& app) {
   cmd->add_option("--min-output", f->min_output)->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-output", f->max_output)->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seed", f->seed)->capture_default_str();
-  cmd->add_option("--max-num-seqs", f->max_num_seqs)->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens)->capture_default_str();
-  AddKvReserveOptions(cmd, &f->kv_reserve);
+  cmd->add_option("--max-num-seqs", f->engine.max_num_seqs)->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", f->engine.max_num_batched_tokens)
+      ->capture_default_str();
+  AddKvReserveOptions(cmd, &f->engine);
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size")->capture_default_str();
   f->backend.AddTo(cmd);
   cmd->add_option("--tokenizer", f->tokenizer_dir, "folder with tokenizer.model (default: model)");
