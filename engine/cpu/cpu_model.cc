@@ -11,6 +11,7 @@
 #include "engine/loader/safetensors.h"
 #include "engine/model/architecture.h"
 #include "kernels/cpu/flash_attention.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/ops.h"
 
 namespace llm {
@@ -109,8 +110,8 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
   m->layers_.resize(static_cast<size_t>(c.num_layers));
   bool has_head = false;
   const bool offset_norms = spec.features.norm == NormStyle::kRmsNormOffset;
-  auto load = [&](const WeightSpec& w, int64_t layer) {
-    const std::string name = WeightName(w, layer);
+  auto load = [&](const WeightSpec& w, int64_t layer, int64_t expert) {
+    const std::string name = WeightName(w, layer, expert);
     const std::vector<int64_t> shape = WeightShape(w, c);
     if (w.role == WeightRole::kLmHead) {
       has_head = m->checkpoint_->Find(name) != nullptr;
@@ -136,16 +137,26 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
       l->gate = RowRange(matrix, 0, c.intermediate_size);
       l->up = RowRange(matrix, c.intermediate_size, c.intermediate_size);
     } else {
-      *m->MatrixOf(w.role, layer) = matrix;
+      *m->MatrixOf(w.role, layer, expert) = matrix;
     }
   };
   for (const WeightSpec& w : spec.weights) {
-    if (!w.per_layer) load(w, -1);
+    if (!w.per_layer) load(w, -1, -1);
   }
   if (c.tie_word_embeddings && !has_head) m->lm_head_ = m->embed_;
   for (int64_t i = 0; i < c.num_layers; ++i) {
+    Layer& l = m->layers_[static_cast<size_t>(i)];
+    l.moe = c.IsMoeLayer(i);
+    if (l.moe) {
+      for (auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
+        experts->resize(static_cast<size_t>(c.num_experts));
+      }
+    }
     for (const WeightSpec& w : spec.weights) {
-      if (w.per_layer) load(w, i);
+      if (!w.per_layer || !LayerHolds(w, c, i)) continue;
+      for (int64_t e = 0; e < (w.per_expert ? c.num_experts : 1); ++e) {
+        load(w, i, w.per_expert ? e : -1);
+      }
     }
   }
   m->features_ = spec.features;
@@ -159,7 +170,7 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
   return m;
 }
 
-cpu::WeightMatrix* CpuModel::MatrixOf(WeightRole role, int64_t layer) {
+cpu::WeightMatrix* CpuModel::MatrixOf(WeightRole role, int64_t layer, int64_t expert) {
   switch (role) {
     case WeightRole::kEmbed:
       return &embed_;
@@ -184,6 +195,14 @@ cpu::WeightMatrix* CpuModel::MatrixOf(WeightRole role, int64_t layer) {
       return &l.up;
     case WeightRole::kDownProj:
       return &l.down;
+    case WeightRole::kRouter:
+      return &l.router;
+    case WeightRole::kExpertGate:
+      return &l.expert_gate.at(static_cast<size_t>(expert));
+    case WeightRole::kExpertUp:
+      return &l.expert_up.at(static_cast<size_t>(expert));
+    case WeightRole::kExpertDown:
+      return &l.expert_down.at(static_cast<size_t>(expert));
     default:
       throw std::logic_error("CpuModel: weight role " + std::to_string(static_cast<int>(role)) +
                              " is not a matrix");
@@ -223,6 +242,11 @@ int64_t CpuModel::weight_bytes_per_token() const {
   for (const Layer& l : layers_) {
     for (const cpu::WeightMatrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
       bytes += w->num_bytes();
+    }
+    if (l.moe) {  // the router and k experts (all experts are the same size)
+      bytes += l.router.num_bytes() + config_.num_experts_per_tok * (l.expert_gate[0].num_bytes() +
+                                                                     l.expert_up[0].num_bytes() +
+                                                                     l.expert_down[0].num_bytes());
     }
   }
   return bytes;
@@ -310,6 +334,10 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
 }
 
 void CpuModel::Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const {
+  if (layer.moe) {
+    MoeMlp(layer, normed, out, num_tokens);
+    return;
+  }
   const int64_t inter = config_.intermediate_size;
   std::vector<float> gate(static_cast<size_t>(num_tokens * inter));
   std::vector<float> up(static_cast<size_t>(num_tokens * inter));
@@ -324,6 +352,46 @@ void CpuModel::Mlp(const Layer& layer, const float* normed, float* out, int64_t 
   if (features_.sandwich_norms) {
     cpu::RmsNorm(out, layer.mlp_out_norm.data(), out, num_tokens, config_.hidden_size,
                  static_cast<float>(config_.rms_norm_eps));
+  }
+}
+
+// As transformers' MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock: the router's top k per
+// token, then expert by expert (ascending) its SwiGLU over the rows of the tokens that chose
+// it, each scaled by its routing weight and added into the token's output. A token's output
+// depends only on its own row: batch-invariant.
+void CpuModel::MoeMlp(const Layer& layer, const float* normed, float* out, int64_t n) const {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
+  const int64_t num_experts = c.num_experts, k = c.num_experts_per_tok;
+  std::vector<float> logits(static_cast<size_t>(n * num_experts));
+  cpu::Linear(normed, layer.router, logits.data(), n);
+  std::vector<int32_t> chosen(static_cast<size_t>(n * k));
+  std::vector<float> weights(static_cast<size_t>(n * k));
+  cpu::MoeRoute(logits.data(), n, num_experts, k, c.norm_topk_prob, chosen.data(), weights.data());
+  const cpu::ExpertGroups groups =
+      cpu::GroupByExpert(chosen.data(), weights.data(), n, k, num_experts);
+  std::fill(out, out + n * hidden, 0.f);
+  std::vector<float> x, gate, up, down;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t begin = groups.offsets[size_t(e)], m = groups.offsets[size_t(e + 1)] - begin;
+    if (m == 0) continue;
+    x.resize(static_cast<size_t>(m * hidden));
+    for (int64_t r = 0; r < m; ++r) {
+      const float* src = normed + int64_t(groups.tokens[size_t(begin + r)]) * hidden;
+      std::copy(src, src + hidden, x.data() + r * hidden);
+    }
+    gate.resize(static_cast<size_t>(m * inter));
+    up.resize(gate.size());
+    down.resize(x.size());
+    cpu::Linear(x.data(), layer.expert_gate[size_t(e)], gate.data(), m);
+    cpu::Linear(x.data(), layer.expert_up[size_t(e)], up.data(), m);
+    cpu::SiluMul(gate.data(), up.data(), gate.data(), m * inter);
+    cpu::Linear(gate.data(), layer.expert_down[size_t(e)], down.data(), m);
+    for (int64_t r = 0; r < m; ++r) {
+      float* dst = out + int64_t(groups.tokens[size_t(begin + r)]) * hidden;
+      const float w = groups.weights[size_t(begin + r)];
+      for (int64_t j = 0; j < hidden; ++j) dst[j] += down[size_t(r * hidden + j)] * w;
+    }
   }
 }
 

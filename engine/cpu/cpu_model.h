@@ -8,6 +8,8 @@
 //   ─────────────────────────────────┴───────────────────────────────────┘
 //   ┌─ RMSNorm ─ gate,up proj ─ SiLU·mul [GELU-tanh·mul] ─ down proj [─ RMSNorm] ─(+)─┐ × layers
 //   └────────────────────────────────────────────────────────────────────────────────┘
+//     [mixture of experts: router ─ softmax ─ top k ─ each chosen expert's SwiGLU over the
+//      tokens that chose it ─ weighted sum]
 //   ─ RMSNorm ─ lm_head (tied to embed_tokens when the config says so) ─ logits
 //
 // Gemma's (1 + w) RMSNorms are ordinary ones over 1 + w, added at load; Phi-3's packed
@@ -61,7 +63,8 @@ class CpuModel {
   bool fp8_weights() const { return fp8_weights_; }
   // "BF16", or "F8_E4M3 (linear layers, per-row scales) + BF16" under --quantization fp8.
   std::string WeightsDescription() const;
-  // Bytes of weight matrices streamed per decoded token (all linear layers + lm_head).
+  // Bytes of weight matrices streamed per decoded token (all linear layers + lm_head; of a
+  // mixture-of-experts layer, the router and num_experts_per_tok experts).
   int64_t weight_bytes_per_token() const;
 
   // Runs one step: appends the batch's keys/values into `kv` and returns the logits of
@@ -76,7 +79,12 @@ class CpuModel {
     std::vector<float> q_bias, k_bias, v_bias;       // attention_bias
     std::vector<float> q_norm, k_norm;               // qk_norm: [head_dim]
     std::vector<float> attn_out_norm, mlp_out_norm;  // sandwich_norms: [hidden]
-    const std::vector<float>* inv_freq = nullptr;    // this layer's RoPE
+    // A mixture-of-experts layer (ModelConfig::IsMoeLayer): the router [experts, hidden] and
+    // each expert's matrices, in place of gate/up/down.
+    bool moe = false;
+    cpu::WeightMatrix router;
+    std::vector<cpu::WeightMatrix> expert_gate, expert_up, expert_down;
+    const std::vector<float>* inv_freq = nullptr;  // this layer's RoPE
     int64_t sliding_window = 0;
   };
   CpuModel() = default;
@@ -85,11 +93,12 @@ class CpuModel {
   cpu::WeightMatrix LinearMatrix(const std::string& name, std::vector<int64_t> shape);
   std::vector<float> Vector(const std::string& name, int64_t size);
   // Where the registry's weight of `role` (of layer `layer`, for per-layer roles) lives.
-  cpu::WeightMatrix* MatrixOf(WeightRole role, int64_t layer);
+  cpu::WeightMatrix* MatrixOf(WeightRole role, int64_t layer, int64_t expert);
   std::vector<float>* VectorOf(WeightRole role, int64_t layer);
   void Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
                  const ForwardBatch& batch, KvCachePool& kv) const;
   void Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const;
+  void MoeMlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const;
 
   ModelConfig config_;
   DType weight_dtype_ = DType::kF32;

@@ -119,6 +119,60 @@ std::vector<WeightSpec> Gemma3Weights() {
   return InsertAfter(out, R::kDownProj, {mlp_norm});
 }
 
+// A mixture-of-experts MLP: the router and one gate/up/down per expert ("{E}"), held by the
+// MoE layers. `prefix` is the block's name ("model.layers.{L}.mlp."); `gate`, `up`, `down`
+// the experts' tensor names.
+std::vector<WeightSpec> MoeWeights(std::string_view router, std::string_view gate,
+                                   std::string_view up, std::string_view down) {
+  auto expert = [](R role, std::string_view name, Dim rows, Dim cols) {
+    return WeightSpec{
+        role,
+        name,
+        true,
+        rows,
+        cols,
+        FusedSlot::kNone,
+        role == R::kExpertDown ? TpSplit::kIntermediateCols : TpSplit::kIntermediateRows,
+        true,
+        LayerScope::kMoe,
+        true};
+  };
+  return {{R::kRouter, router, true, Dim::kNumExperts, Dim::kHidden, FusedSlot::kNone,
+           TpSplit::kReplicated, false, LayerScope::kMoe, false},
+          expert(R::kExpertGate, gate, Dim::kMoeIntermediate, Dim::kHidden),
+          expert(R::kExpertUp, up, Dim::kMoeIntermediate, Dim::kHidden),
+          expert(R::kExpertDown, down, Dim::kHidden, Dim::kMoeIntermediate)};
+}
+
+// `list` with its dense MLP held only by dense layers and `moe` after it.
+std::vector<WeightSpec> WithMoe(std::vector<WeightSpec> list, const std::vector<WeightSpec>& moe) {
+  for (WeightSpec& w : list) {
+    if (w.role == R::kGateProj || w.role == R::kUpProj || w.role == R::kDownProj) {
+      w.scope = LayerScope::kDense;
+    }
+  }
+  return InsertAfter(std::move(list), R::kDownProj, moe);
+}
+
+// Mixtral: Llama's attention, every layer's MLP a block_sparse_moe of experts w1 (gate),
+// w3 (up), w2 (down).
+std::vector<WeightSpec> MixtralWeights() {
+  return WithMoe(LlamaWeights(),
+                 MoeWeights("model.layers.{L}.block_sparse_moe.gate.weight",
+                            "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
+                            "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight",
+                            "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight"));
+}
+
+// Qwen3-MoE: Qwen3's attention; the MoE layers' mlp holds a router and experts, the
+// mlp_only_layers a dense MLP of intermediate_size.
+std::vector<WeightSpec> Qwen3MoeWeights() {
+  return WithMoe(Qwen3Weights(), MoeWeights("model.layers.{L}.mlp.gate.weight",
+                                            "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
+                                            "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+                                            "model.layers.{L}.mlp.experts.{E}.down_proj.weight"));
+}
+
 // The table. Mistral's checkpoints are Llama's (vLLM maps MistralForCausalLM to LlamaForCausalLM
 // too); its sliding window is a config field (ModelConfig::layer_types).
 const std::vector<ArchitectureSpec>& Table() {
@@ -138,6 +192,14 @@ const std::vector<ArchitectureSpec>& Table() {
         .sandwich_norms = true,
         .scale_embeddings = true},
        Gemma3Weights()},
+      {"mixtral",
+       {{"MixtralForCausalLM", "mixtral"}},
+       {.moe = true, .moe_norm_topk_default = true},
+       MixtralWeights()},
+      {"qwen3_moe",
+       {{"Qwen3MoeForCausalLM", "qwen3_moe"}},
+       {.qk_norm = true, .moe = true},
+       Qwen3MoeWeights()},
   };
   return table;
 }
@@ -211,11 +273,25 @@ const ArchitectureSpec& ArchitectureOf(const ModelConfig& config) {
   return *spec;
 }
 
-std::string WeightName(const WeightSpec& w, int64_t layer) {
+std::string WeightName(const WeightSpec& w, int64_t layer, int64_t expert) {
   std::string name(w.name);
-  const size_t at = name.find("{L}");
-  if (at != std::string::npos) name.replace(at, 3, std::to_string(layer));
+  for (const auto& [key, value] : {std::pair{"{L}", layer}, std::pair{"{E}", expert}}) {
+    const size_t at = name.find(key);
+    if (at != std::string::npos) name.replace(at, 3, std::to_string(value));
+  }
   return name;
+}
+
+bool LayerHolds(const WeightSpec& w, const ModelConfig& c, int64_t layer) {
+  switch (w.scope) {
+    case LayerScope::kEvery:
+      return true;
+    case LayerScope::kDense:
+      return !c.IsMoeLayer(layer);
+    case LayerScope::kMoe:
+      return c.IsMoeLayer(layer);
+  }
+  return true;
 }
 
 int64_t DimSize(Dim d, const ModelConfig& c) {
@@ -238,6 +314,10 @@ int64_t DimSize(Dim d, const ModelConfig& c) {
       return (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
     case Dim::kGateUpDim:
       return 2 * c.intermediate_size;
+    case Dim::kNumExperts:
+      return c.num_experts;
+    case Dim::kMoeIntermediate:
+      return c.moe_intermediate_size;
   }
   return 0;
 }
@@ -274,7 +354,14 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   }
   for (int64_t i = 0; i < c.num_layers; ++i) {
     for (const WeightSpec& w : spec.weights) {
-      if (w.per_layer) out.push_back({WeightName(w, i), WeightShape(w, c), &w, i});
+      if (!w.per_layer || !LayerHolds(w, c, i)) continue;
+      if (!w.per_expert) {
+        out.push_back({WeightName(w, i), WeightShape(w, c), &w, i});
+        continue;
+      }
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        out.push_back({WeightName(w, i, e), WeightShape(w, c), &w, i, e});
+      }
     }
   }
   for (size_t k = first_layer; k < spec.weights.size(); ++k) {
@@ -286,7 +373,7 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
 std::vector<FusedMatrix> LayerLinearMatrices(const ArchitectureSpec& spec) {
   std::vector<FusedMatrix> out;
   for (const WeightSpec& w : spec.weights) {
-    if (!w.per_layer || !w.is_linear) continue;
+    if (!w.per_layer || !w.is_linear || w.per_expert) continue;
     FusedMatrix* into = nullptr;
     if (w.fused != FusedSlot::kNone) {
       for (FusedMatrix& m : out) {
@@ -321,6 +408,11 @@ void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& sp
     throw Error(arch +
                 "Gemma's layer ((1 + w) RMSNorms, GeGLU, sandwich norms, scaled embeddings), "
                 "which " +
+                where + " does not implement yet");
+  }
+  if (f.moe && !backend.moe) {
+    throw Error(arch + "mixture-of-experts layers (" + std::to_string(config.num_experts) +
+                " experts, " + std::to_string(config.num_experts_per_tok) + " per token), which " +
                 where + " does not implement yet");
   }
   if (f.packed_projections && !backend.packed) {

@@ -46,6 +46,11 @@ enum class WeightRole {
   kMlpOutputNorm,   // per layer [hidden], of the MLP output
   kQkvProj,         // per layer [q_dim + 2 kv_dim, hidden]: q|k|v packed in one tensor (Phi-3)
   kGateUpProj,      // per layer [2 intermediate, hidden]: gate|up packed (Phi-3)
+  // Mixture-of-experts layers (ArchitectureFeatures::moe; LayerScope::kMoe):
+  kRouter,      // per layer [num_experts, hidden]: the router's logits (Mixtral's `gate`)
+  kExpertGate,  // per layer and expert [moe_intermediate, hidden] (Mixtral's w1)
+  kExpertUp,    // per layer and expert [moe_intermediate, hidden] (w3)
+  kExpertDown,  // per layer and expert [hidden, moe_intermediate] (w2)
 };
 
 // A dimension of a weight's shape, resolved against a config (WeightShape).
@@ -59,6 +64,8 @@ enum class Dim {
   kHeadDim,
   kQkvDim,     // q_dim + 2 kv_dim
   kGateUpDim,  // 2 intermediate
+  kNumExperts,
+  kMoeIntermediate,  // an expert's MLP width (moe_intermediate_size; Mixtral: intermediate_size)
 };
 
 // The matrix a linear weight lands in on the backends that fuse them (the CUDA backend runs
@@ -76,14 +83,20 @@ enum class TpSplit {
   kIntermediateCols,  // columns by MLP features (down_proj)
 };
 
+// Which layers of a mixture-of-experts model hold a per-layer weight
+// (ModelConfig::IsMoeLayer): Qwen3-MoE's mlp_only_layers keep a dense MLP.
+enum class LayerScope { kEvery, kDense, kMoe };
+
 struct WeightSpec {
   WeightRole role;
-  std::string_view name;  // Hugging Face name; "{L}" stands for the layer index
+  std::string_view name;  // Hugging Face name; "{L}" stands for the layer index, "{E}" the expert
   bool per_layer;
   Dim rows, cols;  // cols == kNone: a vector of `rows` elements
   FusedSlot fused;
   TpSplit tp;
   bool is_linear;  // a projection: quantized by --quantization fp8, run as a GEMM
+  LayerScope scope = LayerScope::kEvery;
+  bool per_expert = false;  // one tensor per expert ("{E}" in the name)
 };
 
 enum class NormStyle {
@@ -109,6 +122,12 @@ struct ArchitectureFeatures {
   bool sandwich_norms = false;
   bool scale_embeddings = false;    // embeddings × sqrt(hidden) (Gemma)
   bool packed_projections = false;  // q|k|v and gate|up stored packed (kQkvProj, kGateUpProj)
+  // Mixture of experts (Mixtral, Qwen3-MoE): the MLP of ModelConfig::IsMoeLayer layers is a
+  // router choosing num_experts_per_tok of num_experts SwiGLU experts per token (softmax over
+  // all router logits, the top k, renormalized to sum 1 when norm_topk_prob), their outputs
+  // summed with those weights.
+  bool moe = false;
+  bool moe_norm_topk_default = false;  // norm_topk_prob when config.json has none (Mixtral: on)
 };
 
 struct ArchitectureSpec {
@@ -141,9 +160,11 @@ std::string_view ModelTypeOf(std::string_view hf_class);
 const ArchitectureSpec& ArchitectureOf(const ModelConfig& config);
 
 // One weight's Hugging Face name and shape under a config: [rows, cols], or [rows].
-std::string WeightName(const WeightSpec& w, int64_t layer);
+std::string WeightName(const WeightSpec& w, int64_t layer, int64_t expert = -1);
 std::vector<int64_t> WeightShape(const WeightSpec& w, const ModelConfig& config);
 int64_t DimSize(Dim d, const ModelConfig& config);
+// Whether layer `layer` of `config` holds the per-layer weight `w` (its LayerScope).
+bool LayerHolds(const WeightSpec& w, const ModelConfig& config, int64_t layer);
 // q/k/v biases (every other vector weight is a norm).
 inline bool IsBias(WeightRole role) {
   return role == WeightRole::kQBias || role == WeightRole::kKBias || role == WeightRole::kVBias;
@@ -160,7 +181,8 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   const WeightSpec* weight = nullptr;
-  int64_t layer = -1;  // -1 for the global weights
+  int64_t layer = -1;   // -1 for the global weights
+  int64_t expert = -1;  // per-expert weights: the expert's index
 };
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 
@@ -171,7 +193,8 @@ struct FusedMatrix {
   std::vector<const WeightSpec*> members;
 };
 // The per-layer linear weights grouped as the fusing backends hold them, in load order:
-// each fused slot once (at its first member), each unfused linear weight alone.
+// each fused slot once (at its first member), each unfused linear weight alone. Experts'
+// weights are not among them.
 std::vector<FusedMatrix> LayerLinearMatrices(const ArchitectureSpec& spec);
 
 // What a backend implements beyond the Llama skeleton. RequireBackendSupport throws
@@ -184,9 +207,10 @@ struct BackendSupport {
   bool qk_norm = false;
   bool gemma = false;   // (1 + w) norms, GeGLU, sandwich norms, scaled embeddings
   bool packed = false;  // packed q|k|v and gate|up tensors
+  bool moe = false;     // mixture-of-experts layers
 };
-inline constexpr BackendSupport kCpuBackendSupport{"cpu", true, true, true, true, true};
-inline constexpr BackendSupport kCudaBackendSupport{"cuda", true, true, true, true, true};
+inline constexpr BackendSupport kCpuBackendSupport{"cpu", true, true, true, true, true, true};
+inline constexpr BackendSupport kCudaBackendSupport{"cuda", true, true, true, true, true, false};
 void RequireBackendSupport(const ModelConfig& config, const BackendSupport& backend);
 void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& spec,
                            const BackendSupport& backend);

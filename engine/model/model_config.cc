@@ -136,12 +136,14 @@ std::string ParseArchitecture(const Fields& f) {
     }
     arch = (*archs)[0].get<std::string>();
     if (FindArchitecture(arch) == nullptr) {
-      // Mixture-of-experts checkpoints (Mixtral, Qwen3-MoE, ...) say so by their expert count.
+      // Mixture-of-experts checkpoints (Qwen2-MoE, DeepSeek, ...) say so by their expert count.
       const bool moe = f.Get("num_local_experts") != nullptr || f.Get("num_experts") != nullptr ||
                        f.Get("n_routed_experts") != nullptr;
       f.Fail("architectures",
              "is '" + arch + "'" +
-                 (moe ? ", a mixture-of-experts model, which this engine does not serve yet" : "") +
+                 (moe ? ", a mixture-of-experts model of an architecture this engine does not "
+                        "serve"
+                      : "") +
                  "; supported: " + supported_architectures);
     }
   }
@@ -336,6 +338,36 @@ void ParseSizes(const Fields& f, ModelConfig* c) {
   c->sliding_window = window;
 }
 
+// The experts of a mixture-of-experts architecture: num_local_experts (Mixtral; Qwen3-MoE
+// under transformers 5) or num_experts (Qwen3-MoE under transformers 4), the top k, the
+// experts' width, the renormalization, and which layers are sparse.
+void ParseMoe(const Fields& f, const ArchitectureSpec& spec, ModelConfig* c) {
+  if (!spec.features.moe) return;
+  const char* count = f.Get("num_local_experts") ? "num_local_experts" : "num_experts";
+  c->num_experts = f.Positive(count, std::nullopt);
+  c->num_experts_per_tok = f.Positive("num_experts_per_tok", std::nullopt);
+  if (c->num_experts_per_tok > c->num_experts) {
+    f.Fail("num_experts_per_tok", "(" + std::to_string(c->num_experts_per_tok) +
+                                      ") is more than the experts (" + count + " " +
+                                      std::to_string(c->num_experts) + ")");
+  }
+  c->moe_intermediate_size = f.Positive("moe_intermediate_size", c->intermediate_size);
+  c->norm_topk_prob = f.Bool("norm_topk_prob").value_or(spec.features.moe_norm_topk_default);
+  c->decoder_sparse_step = f.Positive("decoder_sparse_step", 1);
+  if (const json* only = f.Get("mlp_only_layers")) {
+    if (!only->is_array()) f.Fail("mlp_only_layers", "must be a list of layer indices");
+    for (size_t i = 0; i < only->size(); ++i) {
+      const json& v = (*only)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c->num_layers) {
+        f.Fail("mlp_only_layers[" + std::to_string(i) + "]",
+               "is " + Fields::Text(v) + ", not a layer index below num_hidden_layers (" +
+                   std::to_string(c->num_layers) + ")");
+      }
+      c->mlp_only_layers.push_back(v.get<int64_t>());
+    }
+  }
+}
+
 GenerationDefaults ParseGeneration(const json& j, const std::string& source) {
   if (!j.is_object()) throw Error(source + ": not a JSON object");
   Fields f(j, source);
@@ -366,6 +398,7 @@ ModelConfig ModelConfig::FromJson(const json& j, const std::string& source) {
   c.architecture = ParseArchitecture(f);
   RejectUnsupported(f, ArchitectureOf(c));
   ParseSizes(f, &c);
+  ParseMoe(f, ArchitectureOf(c), &c);
   ParseLayerTypes(f, &c);
   c.rms_norm_eps = f.PositiveDouble("rms_norm_eps", 1e-6);
   ParseRope(f, source, &c);
@@ -391,6 +424,14 @@ ModelConfig ModelConfig::Load(const std::string& model_dir) {
   std::error_code ec;
   if (fs::exists(gen_path, ec)) c.generation = ParseGeneration(ReadJsonFile(gen_path), gen_path);
   return c;
+}
+
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  if (num_experts == 0) return false;
+  for (int64_t dense : mlp_only_layers) {
+    if (dense == layer) return false;
+  }
+  return (layer + 1) % decoder_sparse_step == 0;
 }
 
 RopeParameters ModelConfig::RopeOf(int64_t layer) const {
@@ -469,6 +510,16 @@ json ModelConfig::ToJson() const {
     j["layer_types"] = types;
   }
   if (query_pre_attn_scalar) j["query_pre_attn_scalar"] = *query_pre_attn_scalar;
+  if (num_experts > 0) {
+    // Both names of the expert count: transformers 4's Qwen3-MoE reads num_experts.
+    j["num_local_experts"] = num_experts;
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+  }
   return j;
 }
 

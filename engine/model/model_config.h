@@ -84,6 +84,14 @@ struct ModelConfig {
   // 1 / sqrt(head_dim)).
   std::optional<double> query_pre_attn_scalar;
   float AttentionScale() const;
+  // Mixture of experts (ArchitectureFeatures::moe): 0 experts = a dense model.
+  int64_t num_experts = 0;            // num_local_experts (Mixtral, transformers 5) / num_experts
+  int64_t num_experts_per_tok = 0;    // top k
+  int64_t moe_intermediate_size = 0;  // an expert's width (Mixtral: intermediate_size)
+  bool norm_topk_prob = false;        // renormalize the top k's probabilities to sum 1
+  int64_t decoder_sparse_step = 1;    // Qwen: every step-th layer is sparse ...
+  std::vector<int64_t> mlp_only_layers;  // ... except these, which keep a dense MLP
+  bool IsMoeLayer(int64_t layer) const;
   int bos_token_id = 1;
   std::vector<int> eos_token_ids = {2};  // eos_token_id may be an int or a list
   std::string torch_dtype = "float32";

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest: `llm serve` on each of ../shared/models/hf-arch's dense folders (tiny checkpoints
+# ctest: `llm serve` on each of ../shared/models/hf-arch's folders (tiny checkpoints
 # written by transformers; stories260K's tokenizer copied in, their vocabulary is its 512)
 # answers /v1/completions with transformers' greedy 32 tokens (reference.json), streamed and
 # not, and the two agree token for token (hf_arch_serve_check.py).
@@ -12,7 +12,7 @@ source "$here/common.sh"
 work=$(mktemp -d)
 SERVER_PID=
 trap 'kill $SERVER_PID 2>/dev/null || true; rm -rf "$work"' EXIT
-for name in qwen2 qwen3 mistral_sw16 llama31 phi3 gemma3; do
+for name in qwen2 qwen3 mistral_sw16 llama31 phi3 gemma3 mixtral qwen3_moe; do
   src=$shared/models/hf-arch/$name
   dest=$work/$name
   mkdir -p "$dest"
@@ -25,4 +25,4 @@ for name in qwen2 qwen3 mistral_sw16 llama31 phi3 gemma3; do
   wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=
 done
-echo "ok hf-arch serve: 6 architectures"
+echo "ok hf-arch serve: 8 architectures"

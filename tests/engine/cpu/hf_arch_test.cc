@@ -1,10 +1,11 @@
-// Today's dense architectures on the CPU backend against Hugging Face transformers itself:
+// Today's architectures on the CPU backend against Hugging Face transformers itself:
 // ../shared/models/hf-arch (PROVENANCE.md there) holds tiny random-weight checkpoints written
 // by transformers' save_pretrained with its fp32 logits at every position of two prompts and
 // its greedy 32-token continuation. Each folder must give those logits (relative error
 // <= 1e-4) and that continuation, whole-prompt and chunked; its config rewritten into
 // transformers 4's keys (rope_theta / rope_scaling / torch_dtype, no layer_types) must load as
-// the same model; the mixture-of-experts folders are refused by name.
+// the same model. The mixture-of-experts folders (Mixtral, Qwen3-MoE) route each token to 2 of
+// 8 experts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/cpu/cpu_model.h"
@@ -124,6 +126,10 @@ json OldFormat(json c) {
   } else {
     std::tie(c["rope_theta"], c["rope_scaling"]) = split(rope);
   }
+  if (c["model_type"] == "qwen3_moe") {  // transformers 4's Qwen3MoeConfig: num_experts
+    c["num_experts"] = c["num_local_experts"];
+    c.erase("num_local_experts");
+  }
   if (c.contains("layer_types")) {
     std::vector<std::string> types = c["layer_types"];
     c.erase("layer_types");
@@ -163,7 +169,13 @@ TEST_P(HfArchTest, TransformersFourConfigIsTheSameModel) {
   EXPECT_EQ(round.sliding_window, ca.sliding_window);
   EXPECT_EQ(round.query_pre_attn_scalar, ca.query_pre_attn_scalar);
   EXPECT_EQ(round.sliding_rope.has_value(), ca.sliding_rope.has_value());
+  EXPECT_EQ(ca.num_experts, cb.num_experts);
+  EXPECT_EQ(round.num_experts, ca.num_experts);
+  EXPECT_EQ(round.num_experts_per_tok, ca.num_experts_per_tok);
+  EXPECT_EQ(round.moe_intermediate_size, ca.moe_intermediate_size);
+  EXPECT_EQ(round.norm_topk_prob, ca.norm_topk_prob);
   for (int64_t i = 0; i < ca.num_layers; ++i) {
+    EXPECT_EQ(round.IsMoeLayer(i), ca.IsMoeLayer(i));
     EXPECT_EQ(round.SlidingWindowOf(i), ca.SlidingWindowOf(i));
     EXPECT_EQ(round.RopeOf(i).theta, ca.RopeOf(i).theta);
   }
@@ -171,7 +183,7 @@ TEST_P(HfArchTest, TransformersFourConfigIsTheSameModel) {
 
 INSTANTIATE_TEST_SUITE_P(Folders, HfArchTest,
                          ::testing::Values("qwen2", "qwen3", "mistral_sw16", "llama31", "phi3",
-                                           "gemma3"),
+                                           "gemma3", "mixtral", "qwen3_moe"),
                          [](const auto& info) { return info.param; });
 
 // What each folder exercises is what its config parses into.
@@ -232,13 +244,89 @@ TEST(HfArchConfigTest, BadFieldsAreErrorsNamingThem) {
                     {"partial_rotary_factor", "0.75"});
 }
 
-// Mixture-of-experts checkpoints are refused naming the architecture, before any weight.
-TEST(HfArchConfigTest, MixtureOfExpertsIsRefusedByName) {
-  for (const std::string name : {"mixtral", "qwen3_moe"}) {
-    const std::string arch = ReadJson(fs::path(FolderOf(name)) / "reference.json")["architecture"];
-    test::ExpectError([&] { CpuModel::Load(FolderOf(name)); },
-                      {"config.json", arch, "mixture-of-experts"});
+// The experts' fields of both folders as transformers reads them: Mixtral renormalizes its
+// top 2 with no config field for it and sizes its experts by intermediate_size; Qwen3-MoE
+// says norm_topk_prob and moe_intermediate_size.
+TEST(HfArchConfigTest, MixtureOfExpertsFieldsParse) {
+  const ModelConfig mixtral = ModelConfig::Load(FolderOf("mixtral"));
+  EXPECT_EQ(mixtral.num_experts, 8);
+  EXPECT_EQ(mixtral.num_experts_per_tok, 2);
+  EXPECT_EQ(mixtral.moe_intermediate_size, 160);
+  EXPECT_TRUE(mixtral.norm_topk_prob);
+  const ModelConfig qwen = ModelConfig::Load(FolderOf("qwen3_moe"));
+  EXPECT_EQ(qwen.num_experts, 8);
+  EXPECT_EQ(qwen.moe_intermediate_size, 64);
+  EXPECT_EQ(qwen.intermediate_size, 160);
+  EXPECT_TRUE(qwen.norm_topk_prob);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_TRUE(mixtral.IsMoeLayer(i) && qwen.IsMoeLayer(i));
+  // Qwen's defaults: no renormalization; mlp_only_layers and decoder_sparse_step make dense
+  // layers.
+  json q = ReadJson(fs::path(FolderOf("qwen3_moe")) / "config.json");
+  q.erase("norm_topk_prob");
+  q["mlp_only_layers"] = {0};
+  q["decoder_sparse_step"] = 2;
+  const ModelConfig sparse = ModelConfig::FromJson(q, "config.json");
+  EXPECT_FALSE(sparse.norm_topk_prob);
+  EXPECT_FALSE(sparse.IsMoeLayer(0));
+  EXPECT_TRUE(sparse.IsMoeLayer(1));
+  EXPECT_FALSE(sparse.IsMoeLayer(2));
+  for (const auto& [field, value, words] :
+       std::vector<std::tuple<std::string, json, std::vector<std::string>>>{
+           {"num_experts_per_tok", 9, {"num_experts_per_tok", "(9)", "num_local_experts 8"}},
+           {"num_local_experts", 0, {"num_local_experts", "positive"}},
+           {"mlp_only_layers", json{3}, {"mlp_only_layers[0]", "num_hidden_layers (3)"}},
+           {"moe_intermediate_size", "64", {"moe_intermediate_size", "integer"}}}) {
+    json bad = ReadJson(fs::path(FolderOf("qwen3_moe")) / "config.json");
+    bad[field] = value;
+    std::vector<std::string> want = {"config.json"};
+    want.insert(want.end(), words.begin(), words.end());
+    test::ExpectError([&] { ModelConfig::FromJson(bad, "config.json"); }, want);
   }
+}
+
+// A Qwen3-MoE checkpoint with a dense layer (mlp_only_layers) holds that layer's mlp.gate_proj
+// of intermediate_size and no experts there; one without an expert's tensor is refused naming
+// it.
+TEST(HfArchConfigTest, MixtureOfExpertsTensorsAreTheLayersOwn) {
+  json q = ReadJson(fs::path(FolderOf("qwen3_moe")) / "config.json");
+  q["mlp_only_layers"] = {1};
+  const ModelConfig c = ModelConfig::FromJson(q, "config.json");
+  std::vector<std::string> names;
+  for (const TensorSpec& t : ExpectedTensors(c)) names.push_back(t.name);
+  auto has = [&](const std::string& n) {
+    return std::find(names.begin(), names.end(), n) != names.end();
+  };
+  EXPECT_TRUE(has("model.layers.0.mlp.experts.7.down_proj.weight"));
+  EXPECT_TRUE(has("model.layers.0.mlp.gate.weight"));
+  EXPECT_FALSE(has("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_TRUE(has("model.layers.1.mlp.gate_proj.weight"));
+  EXPECT_FALSE(has("model.layers.1.mlp.experts.0.gate_proj.weight"));
+  EXPECT_FALSE(has("model.layers.1.mlp.gate.weight"));
+  for (const TensorSpec& t : ExpectedTensors(c)) {
+    if (t.name == "model.layers.1.mlp.gate_proj.weight") {
+      EXPECT_EQ(t.shape[0], 160);
+    } else if (t.name == "model.layers.2.mlp.experts.3.up_proj.weight") {
+      EXPECT_EQ(t.shape[0], 64);
+    } else if (t.name == "model.layers.2.mlp.gate.weight") {
+      EXPECT_EQ(t.shape[0], 8);
+    }
+  }
+  // The folder's own checkpoint lacks layer 1's dense MLP.
+  const test::TempDir tmp_dir;
+  const fs::path& tmp = tmp_dir.path();
+  test::WriteFile(tmp / "config.json", q.dump(2));
+  fs::create_symlink(fs::path(FolderOf("qwen3_moe")) / "model.safetensors",
+                     tmp / "model.safetensors");
+  test::ExpectError([&] { CpuModel::Load(tmp.string()); }, {"model.layers.1.mlp.gate_proj.weight"});
+}
+
+// The CUDA backend has no mixture-of-experts layer yet: it says so before reading a weight.
+TEST(HfArchConfigTest, BackendsWithoutExpertsRefuseByName) {
+  const ModelConfig c = ModelConfig::Load(FolderOf("mixtral"));
+  test::ExpectError(
+      [&] { RequireBackendSupport(c, kCudaBackendSupport); },
+      {"MixtralForCausalLM", "mixture-of-experts", "8 experts", "2 per token", "cuda backend"});
+  RequireBackendSupport(c, kCpuBackendSupport);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -56,6 +57,8 @@ TEST(ArchitectureTest, ConfigParsingAcceptsExactlyTheRegisteredClasses) {
   for (const ArchitectureSpec& spec : Architectures()) {
     for (const ArchitectureSpec::HfClass& c : spec.hf_classes) {
       j["hidden_act"] = std::string(ActivationName(spec.features.mlp));
+      j["num_local_experts"] = 4;  // read by the mixture-of-experts classes only
+      j["num_experts_per_tok"] = 2;
       j["architectures"] = {c.architecture};
       j["model_type"] = c.model_type;
       EXPECT_EQ(ModelConfig::FromJson(j, "config.json").architecture, c.architecture);
@@ -199,9 +202,29 @@ TEST(ArchitectureTest, TodaysArchitecturesAreRegisteredWithTheirWeights) {
   EXPECT_EQ(WeightOf(gemma, WeightRole::kAttnOutputNorm).name,
             "model.layers.{L}.post_attention_layernorm.weight");
   EXPECT_EQ(gemma.features.mlp, MlpKind::kGeGluTanh);
+  // Mixtral: Llama's attention and per-expert w1 / w3 / w2 in place of the dense MLP, which
+  // no layer holds; Qwen3-MoE keeps the dense MLP for its mlp_only_layers.
+  const ArchitectureSpec& mixtral = *FindArchitecture("MixtralForCausalLM");
+  EXPECT_TRUE(mixtral.features.moe && mixtral.features.moe_norm_topk_default);
+  EXPECT_EQ(WeightOf(mixtral, WeightRole::kExpertUp).name,
+            "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight");
+  EXPECT_TRUE(WeightOf(mixtral, WeightRole::kExpertUp).per_expert);
+  EXPECT_EQ(WeightOf(mixtral, WeightRole::kRouter).scope, LayerScope::kMoe);
+  EXPECT_EQ(WeightOf(mixtral, WeightRole::kGateProj).scope, LayerScope::kDense);
+  EXPECT_EQ(WeightName(WeightOf(mixtral, WeightRole::kExpertDown), 3, 5),
+            "model.layers.3.block_sparse_moe.experts.5.w2.weight");
+  const ArchitectureSpec& qwen3_moe = *FindArchitecture("Qwen3MoeForCausalLM");
+  EXPECT_TRUE(qwen3_moe.features.qk_norm && qwen3_moe.features.moe);
+  EXPECT_FALSE(qwen3_moe.features.moe_norm_topk_default);
+  EXPECT_EQ(WeightOf(qwen3_moe, WeightRole::kRouter).name, "model.layers.{L}.mlp.gate.weight");
+  // The fusing backends' dense matrices leave the experts out.
+  for (const FusedMatrix& f : LayerLinearMatrices(qwen3_moe)) {
+    for (const WeightSpec* w : f.members) EXPECT_FALSE(w->per_expert) << w->name;
+  }
 }
 
-// Both backends run every feature of the dense hf-arch folders.
+// Both backends run every feature of the dense hf-arch folders; the CPU backend runs the
+// mixture-of-experts ones too.
 TEST(ArchitectureTest, BothBackendsRunEveryDenseFolder) {
   for (const char* folder : {"qwen2", "qwen3", "phi3", "llama31", "mistral_sw16", "gemma3"}) {
     const ModelConfig c =
@@ -209,6 +232,48 @@ TEST(ArchitectureTest, BothBackendsRunEveryDenseFolder) {
     RequireBackendSupport(c, kCpuBackendSupport);
     RequireBackendSupport(c, kCudaBackendSupport);
   }
+  for (const char* folder : {"mixtral", "qwen3_moe"}) {
+    RequireBackendSupport(
+        ModelConfig::Load((test::SharedDir() / "models/hf-arch" / folder).string()),
+        kCpuBackendSupport);
+  }
+}
+
+// Every config `llm make-model` ships parses, and the mixture-of-experts ones have the Hub
+// checkpoints' experts: Mixtral-8x7B 2 of 8 (46.7B parameters), Qwen3-30B-A3B 8 of 128 (30.5B,
+// 3.3B active).
+TEST(ArchitectureTest, ShippedConfigsParseWithTheirExperts) {
+  std::map<std::string, ModelConfig> configs;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(test::SourceDir() / "engine/configs")) {
+    const std::string path = entry.path().string();
+    configs[entry.path().stem().string()] =
+        ModelConfig::FromJson(nlohmann::json::parse(test::ReadFile(path)), path);
+  }
+  ASSERT_TRUE(configs.contains("mixtral-8x7b") && configs.contains("qwen3-30b-a3b"));
+  auto params = [](const ModelConfig& c, bool active) {
+    int64_t n = 0;
+    for (const TensorSpec& t : ExpectedTensors(c)) {
+      if (active && t.expert >= c.num_experts_per_tok) continue;
+      int64_t size = 1;
+      for (int64_t d : t.shape) size *= d;
+      n += size;
+    }
+    return n;
+  };
+  const ModelConfig& mixtral = configs["mixtral-8x7b"];
+  EXPECT_EQ(mixtral.num_experts, 8);
+  EXPECT_EQ(mixtral.moe_intermediate_size, 14336);
+  EXPECT_TRUE(mixtral.norm_topk_prob);
+  EXPECT_NEAR(double(params(mixtral, false)), 46.70e9, 0.01e9);
+  const ModelConfig& qwen = configs["qwen3-30b-a3b"];
+  EXPECT_EQ(qwen.num_experts, 128);
+  EXPECT_EQ(qwen.num_experts_per_tok, 8);
+  EXPECT_EQ(qwen.moe_intermediate_size, 768);
+  EXPECT_NEAR(double(params(qwen, false)), 30.53e9, 0.01e9);
+  EXPECT_NEAR(double(params(qwen, true)), 3.35e9, 0.01e9);
+  for (const auto& [name, c] : configs)
+    EXPECT_EQ(c.num_experts > 0, ArchitectureOf(c).features.moe) << name;
 }
 
 }  // namespace
