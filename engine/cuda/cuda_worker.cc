@@ -133,6 +133,21 @@ void CudaWorker::AllocActivations() {
     act8_scale = Alloc<float>(T * 4);
   }
   logits = Alloc<float>(max_rows * vocab * 4);
+  if (num_experts > 0) {
+    const int64_t P = T * top_k, E = num_experts, tiles = cuda::MoeMaxTiles(P, E);
+    router_logits = Alloc<float>(T * E * 4);
+    routing.experts = Alloc<int32_t>(P * 4);
+    routing.weights = Alloc<float>(P * 4);
+    routing.offsets = Alloc<int32_t>((E + 1) * 4);
+    routing.sorted_pairs = Alloc<int32_t>(P * 4);
+    routing.pair_rows = Alloc<int32_t>(P * 4);
+    routing.tile_expert = Alloc<int32_t>(tiles * 4);
+    routing.tile_begin = Alloc<int32_t>(tiles * 4);
+    routing.num_tiles = Alloc<int32_t>(4);
+    moe_gate_up = Alloc(P * 2 * moe_inter * int64_t(esize));
+    moe_act = Alloc(P * moe_inter * int64_t(esize));
+    moe_down = Alloc<float>(P * hidden * 4);
+  }
   decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
   // Zeroed once: its split arrival counters must start at zero, and every decode attention
   // call leaves them zero (kernels/cuda/attention/decode_attention.h), graph replays included.
@@ -324,6 +339,9 @@ void CudaWorker::Configure(const ModelConfig& c, const CudaExecutorOptions& opti
   // fp8: small steps take the GEMV with e4m3 weights and bf16/fp16 activations (weight-only
   // quantization, as the CPU backend; k % 16 == 0, checked below), larger ones the W8A8 GEMMs.
   gemv_ok = hidden % 8 == 0 && q_dim % 8 == 0 && inter % 8 == 0;
+  num_experts = c.num_experts;
+  top_k = c.num_experts_per_tok;
+  moe_inter = c.moe_intermediate_size;
   if (fp8 && (hidden % 16 != 0 || q_dim % 16 != 0 || inter % 16 != 0)) {
     throw Error(
         "--quantization fp8 on cuda needs every linear layer's input width to be a "

@@ -49,6 +49,7 @@
 #include "kernels/cuda/attention/decode_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemv/gemv.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/ops/model_ops.h"
 
 namespace llm {
@@ -157,6 +158,11 @@ struct CudaWorker {
     const float* inv_freq = nullptr;
     // fp8: one scale per output row of each matrix.
     float *qkv_s = nullptr, *o_s = nullptr, *gate_up_s = nullptr, *down_s = nullptr;
+    // A mixture-of-experts layer (ModelConfig::IsMoeLayer; gate_up and down stay null): the
+    // router [experts, hidden], every expert's gate|up [experts][2 · moe_inter][hidden] (gate
+    // rows, then up rows) and down [experts][hidden][moe_inter], in dtype.
+    bool moe = false;
+    void *router = nullptr, *experts_gate_up = nullptr, *experts_down = nullptr;
   };
   std::vector<Layer> layers;
   void *embed = nullptr, *lm_head = nullptr;
@@ -181,6 +187,14 @@ struct CudaWorker {
   uint8_t* act8 = nullptr;
   float* act8_scale = nullptr;
   float* logits = nullptr;  // [S, vocab]
+  // Mixture of experts (kernels/cuda/moe/moe.h), for P = T · top_k routed pairs: the router's
+  // fp32 logits [T, experts], the routing arrays, and the pairs' gate|up [P, 2 · moe_inter],
+  // activations [P, moe_inter] (dtype) and expert outputs [P, hidden] (fp32).
+  int64_t moe_inter = 0, num_experts = 0, top_k = 0;
+  float* router_logits = nullptr;
+  cuda::MoeRouting routing;
+  void *moe_gate_up = nullptr, *moe_act = nullptr;
+  float* moe_down = nullptr;
   void* decode_ws = nullptr;
   // fp8 KV (opt.fp8_prefill_wgmma): the prefill attention's scratch (cuda::PrefillScratch):
   // room for the bf16/fp16 copy of prefill_scratch_pages pages and a block table over them.
@@ -321,6 +335,7 @@ struct CudaWorker {
   struct DeviceMatrix;
   static DeviceMatrix MatrixOf(Layer& l, const FusedMatrix& m);
   float* VectorOf(Layer& l, WeightRole role) const;  // (biases: this rank's rows)
+  void* ExpertMatrixOf(Layer& l, WeightRole role, int64_t expert) const;
   void LoadCheckpoint(const std::string& dir);
   void FillDummy();
 
@@ -347,6 +362,9 @@ struct CudaWorker {
   cuda::QkvPrologue Prologue(const Layer& l) const;
   void RunModel(const Shape& s);
   void RunLayerFp8(int64_t i, const Shape& s);
+  // A mixture-of-experts MLP of n tokens: `normed` (the post-attention RMSNorm of x) through
+  // the router, the chosen experts and their weighted sum, added to the residual x.
+  void MoeMlp(const Layer& l, int64_t n);
 
   // ---- decode CUDA graphs (graphs.cc) ----------------------------------------------------
   bool GraphEligible(const ForwardBatch& b) const;

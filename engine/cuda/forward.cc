@@ -155,7 +155,7 @@ void CudaWorker::RunModel(const Shape& s) {
   const bool small = SmallStep(n);
   using E = cuda::GemvEpilogue;
   const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&
-                    rms_partials != nullptr;
+                    rms_partials != nullptr && num_experts == 0;
   bool folded = false;  // normed and rms_partials hold x's folded RMSNorm for q|k|v
   cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream, embed_scale);
   const bool sandwich = features.sandwich_norms;  // Gemma: o and down outputs normalized
@@ -226,6 +226,11 @@ void CudaWorker::RunModel(const Shape& s) {
       cuda::Gemv(o, stream);
       add_out(l.attn_out_norm);
       AllReduceResidual(n);
+      if (l.moe) {
+        cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+        MoeMlp(l, n);
+        continue;
+      }
       // GeGLU: gate|up stored, then the activation (the GEMV's epilogue is SiLU's).
       cuda::GemvArgs gu = SmallArgs(gelu ? E::kStore : E::kSiluMul, normed, nullptr, l.gate_up,
                                     l.gate_up_s, gelu ? gate_up : act, n, 2 * inter, hidden);
@@ -244,6 +249,10 @@ void CudaWorker::RunModel(const Shape& s) {
       add_out(l.attn_out_norm);
       AllReduceResidual(n);
       cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      if (l.moe) {
+        MoeMlp(l, n);
+        continue;
+      }
       gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
       if (gelu) {
         cuda::GeluTanhMul(gate_up, act, n, inter, dtype, stream);
@@ -266,6 +275,29 @@ void CudaWorker::RunModel(const Shape& s) {
     gemm->Linear(rows_normed, lm_head, logits, s.num_rows, vocab, hidden, dtype, f32, false,
                  stream);
   }
+}
+
+// The router's logits (fp32, on the GEMV kernel for small steps), the routing and grouping,
+// gate|up over each pair's token through its expert, SiLU·mul, down (fp32), and the weighted
+// sum added to x (kernels/cuda/moe/moe.h). One GPU, weights in dtype: CudaExecutor::Create
+// refuses tensor parallelism and fp8 for these layers; no MoE architecture has sandwich norms.
+void CudaWorker::MoeMlp(const Layer& l, int64_t n) {
+  const int64_t pairs = n * top_k;
+  const int e = int(num_experts), k = int(top_k);
+  if (SmallStep(n)) {
+    SmallLinear(cuda::GemvEpilogue::kStoreF32, normed, nullptr, l.router, nullptr, router_logits, n,
+                num_experts, hidden);
+  } else {
+    gemm->Linear(normed, l.router, router_logits, n, num_experts, hidden, dtype, DType::kF32, false,
+                 stream);
+  }
+  cuda::MoeRoute(router_logits, n, e, k, config.norm_topk_prob, routing, stream);
+  cuda::MoeGroupedGemm(normed, true, k, l.experts_gate_up, dtype, moe_gate_up, false, 2 * moe_inter,
+                       hidden, pairs, e, routing, stream);
+  cuda::SiluMul(moe_gate_up, moe_act, pairs, moe_inter, dtype, stream);
+  cuda::MoeGroupedGemm(moe_act, false, k, l.experts_down, dtype, moe_down, true, hidden, moe_inter,
+                       pairs, e, routing, stream);
+  cuda::MoeCombine(moe_down, routing, n, k, hidden, x, /*accumulate=*/true, stream);
 }
 
 // One layer with fp8 weights (W8A8): each GEMM's input is quantized per token by the kernel

@@ -83,7 +83,8 @@ void CudaWorker::AllocWeights() {
   final_norm = vec(hidden);
   layers.resize(size_t(c.num_layers));
   const ArchitectureFeatures& f = features;
-  for (Layer& l : layers) {
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    Layer& l = layers[size_t(i)];
     l.input_norm = vec(hidden);
     l.post_norm = vec(hidden);
     if (f.sandwich_norms) {
@@ -97,6 +98,13 @@ void CudaWorker::AllocWeights() {
     }
     l.qkv = linear(qkv_dim, hidden, &l.qkv_s);
     l.o = linear(hidden, q_dim, &l.o_s);
+    l.moe = c.IsMoeLayer(i);
+    if (l.moe) {  // in dtype (CudaExecutor::Create refuses fp8 experts)
+      l.router = matrix(num_experts, hidden, esize);
+      l.experts_gate_up = matrix(num_experts * 2 * moe_inter, hidden, esize);
+      l.experts_down = matrix(num_experts * hidden, moe_inter, esize);
+      continue;
+    }
     l.gate_up = linear(2 * inter, hidden, &l.gate_up_s);
     l.down = linear(hidden, inter, &l.down_s);
   }
@@ -199,6 +207,26 @@ CudaWorker::DeviceMatrix CudaWorker::MatrixOf(Layer& l, const FusedMatrix& m) {
   }
 }
 
+// Where expert `e`'s matrix of `role` (or the router) starts in a MoE layer's device arrays:
+// gate rows then up rows of each expert's gate|up block, one down block per expert.
+void* CudaWorker::ExpertMatrixOf(Layer& l, WeightRole role, int64_t e) const {
+  std::byte* gu = static_cast<std::byte*>(l.experts_gate_up);
+  const int64_t block = 2 * moe_inter * hidden * int64_t(esize);
+  switch (role) {
+    case WeightRole::kRouter:
+      return l.router;
+    case WeightRole::kExpertGate:
+      return gu + e * block;
+    case WeightRole::kExpertUp:
+      return gu + e * block + moe_inter * hidden * int64_t(esize);
+    case WeightRole::kExpertDown:
+      return static_cast<std::byte*>(l.experts_down) + e * hidden * moe_inter * int64_t(esize);
+    default:
+      throw std::logic_error("CUDA executor: no expert matrix for weight role " +
+                             std::to_string(int(role)));
+  }
+}
+
 float* CudaWorker::VectorOf(Layer& l, WeightRole role) const {
   switch (role) {
     case WeightRole::kInputNorm:
@@ -284,6 +312,7 @@ void CudaWorker::LoadCheckpoint(const std::string& dir) {
   for (int64_t i = 0; i < c.num_layers; ++i) {
     Layer& l = layers[size_t(i)];
     for (const FusedMatrix& m : matrices) {
+      if (!LayerHolds(*m.members.front(), c, i)) continue;  // a MoE layer's dense MLP
       const DeviceMatrix d = MatrixOf(l, m);
       int64_t row0 = 0;  // members stack by rows: q|k|v, gate|up
       for (const WeightSpec* w : m.members) {
@@ -294,7 +323,14 @@ void CudaWorker::LoadCheckpoint(const std::string& dir) {
       }
     }
     for (const WeightSpec& w : spec.weights) {
-      if (!w.per_layer || w.is_linear) continue;
+      if (!w.per_layer || !LayerHolds(w, c, i)) continue;
+      if (w.role == WeightRole::kRouter || w.per_expert) {  // a MoE layer's, whole (one GPU)
+        for (int64_t e = 0; e < (w.per_expert ? num_experts : 1); ++e) {
+          put(WeightName(w, i, e), WeightShape(w, c), dtype, ExpertMatrixOf(l, w.role, e));
+        }
+        continue;
+      }
+      if (w.is_linear) continue;
       // This rank's rows of the vector (biases split by heads; norms whole).
       const std::vector<int64_t> shape = WeightShape(w, c);
       const TensorView& t = ckpt->GetWithShape(WeightName(w, i), shape);
@@ -385,14 +421,21 @@ void CudaWorker::FillDummy() {
   ones(final_norm);
   // fp8: this rank's matrix is generated in dtype into a staging buffer, then quantized.
   Fp8Stage stage(*this);
-  for (Layer& l : layers) {
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    Layer& l = layers[size_t(i)];
     for (const WeightSpec& w : spec.weights) {
-      if (!w.per_layer || w.is_linear) continue;
+      if (!w.per_layer || w.is_linear || w.cols != Dim::kNone || !LayerHolds(w, c, i)) continue;
       const int64_t n =
           w.tp == TpSplit::kReplicated ? DimSize(w.rows, c) : shard.Slice(w, c).num_rows;
       cuda::FillConstant(VectorOf(l, w.role), DType::kF32, n, IsBias(w.role) ? 0.f : 1.f, stream);
     }
+    if (l.moe) {  // the router and every expert, as one tensor each (one GPU)
+      rnd(l.router, num_experts * hidden);
+      rnd(l.experts_gate_up, num_experts * 2 * moe_inter * hidden);
+      rnd(l.experts_down, num_experts * hidden * moe_inter);
+    }
     for (size_t k = 0; k < matrices.size(); ++k) {
+      if (!LayerHolds(*matrices[k].members.front(), c, i)) continue;
       const DeviceMatrix d = MatrixOf(l, matrices[k]);
       const Plan& p = plans[k];
       if (!fp8) {

@@ -210,7 +210,7 @@ struct BackendSupport {
   bool moe = false;     // mixture-of-experts layers
 };
 inline constexpr BackendSupport kCpuBackendSupport{"cpu", true, true, true, true, true, true};
-inline constexpr BackendSupport kCudaBackendSupport{"cuda", true, true, true, true, true, false};
+inline constexpr BackendSupport kCudaBackendSupport{"cuda", true, true, true, true, true, true};
 void RequireBackendSupport(const ModelConfig& config, const BackendSupport& backend);
 void RequireBackendSupport(const ModelConfig& config, const ArchitectureSpec& spec,
                            const BackendSupport& backend);

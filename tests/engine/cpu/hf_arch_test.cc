@@ -320,13 +320,17 @@ TEST(HfArchConfigTest, MixtureOfExpertsTensorsAreTheLayersOwn) {
   test::ExpectError([&] { CpuModel::Load(tmp.string()); }, {"model.layers.1.mlp.gate_proj.weight"});
 }
 
-// The CUDA backend has no mixture-of-experts layer yet: it says so before reading a weight.
+// A backend without mixture-of-experts layers says so before reading a weight; both of ours
+// have them.
 TEST(HfArchConfigTest, BackendsWithoutExpertsRefuseByName) {
   const ModelConfig c = ModelConfig::Load(FolderOf("mixtral"));
+  BackendSupport without = kCudaBackendSupport;
+  without.moe = false;
   test::ExpectError(
-      [&] { RequireBackendSupport(c, kCudaBackendSupport); },
+      [&] { RequireBackendSupport(c, without); },
       {"MixtralForCausalLM", "mixture-of-experts", "8 experts", "2 per token", "cuda backend"});
   RequireBackendSupport(c, kCpuBackendSupport);
+  RequireBackendSupport(c, kCudaBackendSupport);
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ std::vector<int> AloneGreedy(const CpuModel& model, const std::vector<int>& prom
   std::vector<float> logits = run.Feed(prompt);
   std::vector<int> out;
   for (int i = 0; i < n; ++i) {
-    out.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    out.push_back(
+        static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
     logits = run.Feed(std::span<const int>(&out.back(), 1));
   }
   return out;
@@ -94,7 +95,8 @@ TEST(MoeModel, DecodeReadsTheChosenExpertsOnly) {
   EXPECT_EQ(model->weight_bytes_per_token(), 3 * (attention + router + experts) + head);
   // --quantization fp8 quantizes the experts (a byte a weight and a scale a row), not the
   // router.
-  const std::unique_ptr<CpuModel> fp8 = CpuModel::Load(Folder("qwen3_moe"), {.weight_dtype = std::nullopt, .fp8_weights = true});
+  const std::unique_ptr<CpuModel> fp8 =
+      CpuModel::Load(Folder("qwen3_moe"), {.weight_dtype = std::nullopt, .fp8_weights = true});
   const int64_t attention8 = 128 * 64 + 2 * 64 * 64 + 64 * 128 + (128 + 2 * 64 + 64) * 4;
   const int64_t experts8 = 2 * 3 * (64 * 64 + 64 * 4);
   EXPECT_EQ(fp8->weight_bytes_per_token(), 3 * (attention8 + router + experts8) + head);

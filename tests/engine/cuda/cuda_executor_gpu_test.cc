@@ -595,6 +595,34 @@ TEST_F(CudaExecutorTest, SeededSamplingOnTheDeviceIsDeterministicAndLogprobsMatc
   EXPECT_EQ(lg.top[0].token, lc.top[0].token);
 }
 
+// Dummy weights for a mixture-of-experts config (the benchmarks' path): Qwen3-MoE's folder
+// config with 128 experts, 8 per token, and a dense layer (mlp_only_layers): deterministic,
+// finite, other values for another seed; decode steps replay CUDA graphs.
+TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
+  const test::TempDir tmp;
+  json config = json::parse(
+      test::ReadFile(test::SharedDir() / "models" / "hf-arch" / "qwen3_moe" / "config.json"));
+  config["num_local_experts"] = 128;
+  config["num_experts_per_tok"] = 8;
+  config["mlp_only_layers"] = {1};
+  const fs::path path = tmp.path() / "moe128.json";
+  test::WriteFile(path, config.dump(2));
+  CudaExecutorOptions o = SmallOptions();
+  o.dummy_weights = true;
+  o.dummy_seed = 5;
+  auto a = CudaExecutor::Create(path.string(), o);
+  auto b = CudaExecutor::Create(path.string(), o);
+  o.dummy_seed = 6;
+  auto c = CudaExecutor::Create(path.string(), o);
+  const std::vector<int> ids = ReferenceIds();
+  const std::vector<float> la = AllLogits(*a, ids, 30), lb = AllLogits(*b, ids, 30),
+                           lc = AllLogits(*c, ids, 30);
+  for (float v : la) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(la, lb);
+  EXPECT_NE(la, lc);
+  EXPECT_GT(a->stats().graph_steps, 0);
+}
+
 TEST_F(CudaExecutorTest, DummyWeightsRunAnyShapeFromAConfigFileDeterministically) {
   const std::string config =
       (test::SourceDir() / "tests" / "data" / "tiny_models" / "hd128.json").string();
@@ -639,13 +667,18 @@ TEST_F(CudaExecutorTest, BadInputIsAClearError) {
   CudaExecutorOptions o = SmallOptions();
   o.dtype = DType::kF32;
   test::ExpectError([&] { CudaExecutor::Create(test::StoriesDir(), o); }, {"bf16"});
-  // What the CUDA backend does not run yet is refused by name before any weight is read: a
-  // mixture-of-experts checkpoint, Gemma 3's layer across GPUs or with fp8 weights.
+  // What the CUDA backend does not run yet is refused by name before any weight is read:
+  // mixture-of-experts layers across GPUs or with fp8 weights, Gemma 3's layer across GPUs or
+  // with fp8 weights.
   const fs::path arch = test::SharedDir() / "models" / "hf-arch";
-  test::ExpectError([&] { CudaExecutor::Create((arch / "mixtral").string(), SmallOptions()); },
-                    {"MixtralForCausalLM", "mixture-of-experts"});
   CudaExecutorOptions tp = SmallOptions();
   tp.tensor_parallel_size = 2;
+  test::ExpectError([&] { CudaExecutor::Create((arch / "mixtral").string(), tp); },
+                    {"--tensor-parallel-size 2", "MixtralForCausalLM", "mixture-of-experts"});
+  CudaExecutorOptions moe8 = SmallOptions();
+  moe8.fp8_weights = true;
+  test::ExpectError([&] { CudaExecutor::Create((arch / "qwen3_moe").string(), moe8); },
+                    {"--quantization fp8", "Qwen3MoeForCausalLM", "experts"});
   test::ExpectError([&] { CudaExecutor::Create((arch / "gemma3").string(), tp); },
                     {"--tensor-parallel-size 2", "Gemma3ForCausalLM"});
   CudaExecutorOptions w8 = SmallOptions();

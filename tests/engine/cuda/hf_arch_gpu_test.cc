@@ -12,6 +12,9 @@
 //    tolerance; agreement is printed.
 //  - fp8 weights (W8A8) and the fp8 KV cache against the CPU backend's fp8.
 //  - Gemma 3 at its real head_dim of 256 (the folder's is 16) against the CPU backend's fp32.
+//  - The mixture-of-experts folders (Mixtral, Qwen3-MoE: 2 of 8 experts) by the same bounds;
+//    transformers' own bf16 run routes some tokens to other experts, which is why their
+//    bf16_vs_fp32_max_abs is large.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -112,6 +115,9 @@ TEST_P(CudaHfArch, LogitsWithinHalfPrecisionToleranceAndGreedyAgrees) {
 TEST_P(CudaHfArch, Fp8WeightsAndCacheMatchTheCpuFp8) {
   const ArchCase& c = GetParam();
   if (std::string(c.folder) == "gemma3") GTEST_SKIP() << "Gemma 3 has no fp8 path on CUDA yet";
+  if (std::string(c.folder) == "mixtral" || std::string(c.folder) == "qwen3_moe") {
+    GTEST_SKIP() << "the experts have no fp8 path on CUDA yet (refused: cuda_executor_gpu_test)";
+  }
   const std::string dir = (test::SharedDir() / "models" / "hf-arch" / c.folder).string();
   const json ref = json::parse(test::ReadFile(fs::path(dir) / "reference.json"));
   const std::vector<int> ids = ref["prompts"][0]["ids"].get<std::vector<int>>();
@@ -225,7 +231,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaGemmaHeadDim256, ::testing::Values(DType::k
 
 std::vector<ArchCase> ArchCases() {
   std::vector<ArchCase> cases;
-  for (const char* folder : {"qwen2", "qwen3", "phi3", "llama31", "mistral_sw16", "gemma3"}) {
+  for (const char* folder :
+       {"qwen2", "qwen3", "phi3", "llama31", "mistral_sw16", "gemma3", "mixtral", "qwen3_moe"}) {
     for (DType t : {DType::kBF16, DType::kF16}) {
       for (bool gemv : {false, true}) cases.push_back({folder, t, gemv});
     }

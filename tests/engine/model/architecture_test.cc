@@ -223,19 +223,14 @@ TEST(ArchitectureTest, TodaysArchitecturesAreRegisteredWithTheirWeights) {
   }
 }
 
-// Both backends run every feature of the dense hf-arch folders; the CPU backend runs the
-// mixture-of-experts ones too.
-TEST(ArchitectureTest, BothBackendsRunEveryDenseFolder) {
-  for (const char* folder : {"qwen2", "qwen3", "phi3", "llama31", "mistral_sw16", "gemma3"}) {
+// Both backends run every feature of the hf-arch folders.
+TEST(ArchitectureTest, BothBackendsRunEveryFolder) {
+  for (const char* folder :
+       {"qwen2", "qwen3", "phi3", "llama31", "mistral_sw16", "gemma3", "mixtral", "qwen3_moe"}) {
     const ModelConfig c =
         ModelConfig::Load((test::SharedDir() / "models/hf-arch" / folder).string());
     RequireBackendSupport(c, kCpuBackendSupport);
     RequireBackendSupport(c, kCudaBackendSupport);
-  }
-  for (const char* folder : {"mixtral", "qwen3_moe"}) {
-    RequireBackendSupport(
-        ModelConfig::Load((test::SharedDir() / "models/hf-arch" / folder).string()),
-        kCpuBackendSupport);
   }
 }
 

@@ -1,0 +1,162 @@
+// The mixture-of-experts kernels (kernels/cuda/moe/moe.h) at real layer shapes: Qwen3-30B-A3B
+// (hidden 2048, experts' width 768, 8 of 128) and Mixtral-8x7B (4096, 14336, 2 of 8), at step
+// sizes from batch-1 decode to prefill. Per step size: the routing (route + group) time, and
+// each grouped GEMM (gate|up gathered, down) as TFLOP/s of the routed work and as weight
+// bandwidth (the bytes of the experts the step touches, once each), beside cuBLASLt's dense
+// GEMM of the same rows and shape (engine/cuda/gemm.h: the ceiling a grouped GEMM aims at).
+// Logits are random (routing near uniform). Weights rotate over copies so that repeats do not
+// find them in L2. CUDA events, median of the repeats.
+//   build/bench_moe_gpu [--reps R]
+// Prints JSON lines {"kind":"moe", ...}.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/gemm.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/fill.h"
+#include "kernels/cuda/moe/moe.h"
+
+namespace {
+
+using llm::DType;
+
+struct Shape {
+  const char* name;
+  int hidden, inter, experts, top_k;
+};
+
+template <typename F>
+double MedianMs(F&& f, int reps) {
+  cudaEvent_t a, b;
+  LLM_CUDA_CHECK(cudaEventCreate(&a));
+  LLM_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> ms(static_cast<size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    LLM_CUDA_CHECK(cudaEventRecord(a));
+    f();
+    LLM_CUDA_CHECK(cudaEventRecord(b));
+    LLM_CUDA_CHECK(cudaEventSynchronize(b));
+    LLM_CUDA_CHECK(cudaEventElapsedTime(&ms[size_t(r)], a, b));
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms[ms.size() / 2];
+}
+
+void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
+  namespace cu = llm::cuda;
+  const int64_t pairs = int64_t(tokens) * s.top_k, e = s.experts;
+  const int64_t gu_elems = e * 2 * s.inter * s.hidden, d_elems = e * s.hidden * s.inter;
+  const int copies = int(std::max<int64_t>(2, (int64_t{1} << 30) / ((gu_elems + d_elems) * 2) + 1));
+  void *x, *w_gu, *w_d, *gate_up, *act, *down, *dense_out;
+  float* logits;
+  int32_t* ints;
+  const int64_t tiles = cu::MoeMaxTiles(pairs, e);
+  LLM_CUDA_CHECK(cudaMalloc(&x, size_t(tokens) * s.hidden * 2));
+  LLM_CUDA_CHECK(cudaMalloc(&w_gu, size_t(gu_elems) * 2 * copies));
+  LLM_CUDA_CHECK(cudaMalloc(&w_d, size_t(d_elems) * 2 * copies));
+  LLM_CUDA_CHECK(cudaMalloc(&gate_up, size_t(pairs) * 2 * s.inter * 2));
+  LLM_CUDA_CHECK(cudaMalloc(&act, size_t(pairs) * s.inter * 2));
+  LLM_CUDA_CHECK(cudaMalloc(&down, size_t(pairs) * s.hidden * 4));
+  LLM_CUDA_CHECK(cudaMalloc(&dense_out, size_t(pairs) * 2 * s.inter * 4));
+  LLM_CUDA_CHECK(cudaMalloc(&logits, size_t(tokens) * e * 4));
+  const int64_t num_ints = 4 * pairs + (e + 1) + 2 * tiles + 1;
+  LLM_CUDA_CHECK(cudaMalloc(&ints, size_t(num_ints) * 4));
+  cu::FillUniform(x, DType::kBF16, int64_t(tokens) * s.hidden, 1.f, 1, nullptr);
+  cu::FillUniform(w_gu, DType::kBF16, gu_elems * copies, 0.05f, 2, nullptr);
+  cu::FillUniform(w_d, DType::kBF16, d_elems * copies, 0.05f, 3, nullptr);
+  cu::FillUniform(logits, DType::kF32, int64_t(tokens) * e, 2.f, 4, nullptr);
+  cu::MoeRouting r;
+  int32_t* p = ints;
+  r.experts = p;
+  p += pairs;
+  r.weights = reinterpret_cast<float*>(p);
+  p += pairs;
+  r.offsets = p;
+  p += e + 1;
+  r.sorted_pairs = p;
+  p += pairs;
+  r.pair_rows = p;
+  p += pairs;
+  r.tile_expert = p;
+  p += tiles;
+  r.tile_begin = p;
+  p += tiles;
+  r.num_tiles = p;
+  cu::MoeRoute(logits, tokens, int(e), s.top_k, true, r, nullptr);
+  // The experts this routing touches (their weights are the bytes the step must read).
+  std::vector<int32_t> offsets(size_t(e + 1));
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  LLM_CUDA_CHECK(
+      cudaMemcpy(offsets.data(), r.offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t hit = 0;
+  for (int64_t i = 0; i < e; ++i) hit += offsets[size_t(i + 1)] > offsets[size_t(i)];
+  const double route_ms =
+      MedianMs([&] { cu::MoeRoute(logits, tokens, int(e), s.top_k, true, r, nullptr); }, reps);
+  int call = 0;
+  const double gu_ms = MedianMs(
+      [&] {
+        const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * 2;
+        cu::MoeGroupedGemm(x, true, s.top_k, w, DType::kBF16, gate_up, false, 2 * s.inter,
+                           s.hidden, pairs, int(e), r, nullptr);
+      },
+      reps);
+  const double down_ms = MedianMs(
+      [&] {
+        const void* w = static_cast<const char*>(w_d) + size_t(call++ % copies) * d_elems * 2;
+        cu::MoeGroupedGemm(act, false, s.top_k, w, DType::kBF16, down, true, s.hidden, s.inter,
+                           pairs, int(e), r, nullptr);
+      },
+      reps);
+  // cuBLASLt, one expert's gate|up matrix over all the routed rows (same FLOPs, 1/hit of the
+  // weight bytes): the dense ceiling of this shape.
+  const double dense_ms = MedianMs(
+      [&] {
+        const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * 2;
+        gemm.Linear(gate_up, w, dense_out, pairs, 2 * s.inter, s.hidden, DType::kBF16,
+                    DType::kBF16, false, nullptr);
+      },
+      reps);
+  const double gu_flop = 2.0 * pairs * 2 * s.inter * s.hidden,
+               d_flop = 2.0 * pairs * s.hidden * s.inter;
+  const double gu_bytes = double(hit) * 2 * s.inter * s.hidden * 2,
+               d_bytes = double(hit) * s.hidden * s.inter * 2;
+  std::printf(
+      "{\"kind\":\"moe\",\"shape\":\"%s\",\"tokens\":%d,\"experts_hit\":%lld,"
+      "\"route_us\":%.1f,\"gate_up_us\":%.1f,\"gate_up_tflops\":%.1f,\"gate_up_weight_tbs\":%.2f,"
+      "\"down_us\":%.1f,\"down_tflops\":%.1f,\"down_weight_tbs\":%.2f,"
+      "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f}\n",
+      s.name, tokens, static_cast<long long>(hit), route_ms * 1e3, gu_ms * 1e3,
+      gu_flop / gu_ms / 1e9, gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9,
+      d_bytes / down_ms / 1e9, dense_ms * 1e3, gu_flop / dense_ms / 1e9);
+  std::fflush(stdout);
+  for (void* q : {x, w_gu, w_d, gate_up, act, down, dense_out, static_cast<void*>(logits),
+                  static_cast<void*>(ints)})
+    cudaFree(q);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
+  }
+  llm::cuda::Gemm gemm;
+  const Shape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8}, {"mixtral-8x7b", 4096, 14336, 8, 2}};
+  for (const Shape& s : shapes) {
+    for (int tokens : {1, 8, 64, 256, 1024, 4096}) Run(s, tokens, reps, gemm);
+  }
+  return 0;
+}

@@ -1,0 +1,81 @@
+// Mixture-of-experts kernels (Mixtral, Qwen3-MoE): routing, the permutation of routed tokens by
+// expert, one grouped GEMM over every expert's tokens, and the weighted combine. CPU twins:
+// kernels/cpu/moe.h (routing, grouping) and CpuModel::MoeMlp (the layer); tests in
+// tests/kernels/moe_gpu_test.cc (label gpu).
+//
+// A MoE MLP on the device, for num_tokens tokens and top_k experts each (num_pairs =
+// num_tokens · top_k routed pairs; pair p = token p / top_k, its slot p % top_k):
+//
+//   logits = router(x)                          cuBLASLt, fp32 [num_tokens, num_experts]
+//   MoeRoute(logits)                            experts, weights [num_pairs]; the pairs sorted
+//                                               by expert (then pair order), the tile map
+//   MoeGroupedGemm(x, gather, W_gate|up)        [num_pairs, 2 · inter], each pair's row through
+//                                               its expert's matrix
+//   SiluMul                                     [num_pairs, inter]
+//   MoeGroupedGemm(act, W_down, fp32 out)       [num_pairs, hidden]
+//   MoeCombine                                  residual[t] += Σ_slots weight · row, the slots
+//                                               in ascending expert order (as transformers and
+//                                               the CPU backend add them)
+//
+// Every size the device decides (how many pairs each expert has) stays on the device: grids
+// are sized by upper bounds from the host's num_tokens, CTAs past the real work exit, and no
+// call synchronizes, so a step's MoE layers can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace llm::cuda {
+
+// The rows of the grouped GEMM's tiles: each expert's sorted pairs are cut into tiles of this
+// many rows (the last one partial).
+inline constexpr int kMoeTileRows = 64;
+// The largest expert count and top k the routing kernel takes.
+inline constexpr int kMoeMaxExperts = 256;
+inline constexpr int kMoeMaxTopK = 16;
+
+// Routing results and the permutation, device arrays the caller allocates for the largest
+// step (sizes in brackets; P = num_pairs, E = num_experts, T = MoeMaxTiles(P, E)).
+struct MoeRouting {
+  int32_t* experts = nullptr;       // [P] the expert of each pair, most probable slot first
+  float* weights = nullptr;         // [P] its routing weight
+  int32_t* offsets = nullptr;       // [E + 1] expert e's sorted pairs: [offsets[e], offsets[e+1])
+  int32_t* sorted_pairs = nullptr;  // [P] the pairs by expert, then by pair index
+  int32_t* pair_rows = nullptr;     // [P] the inverse: pair p's row among the sorted pairs
+  int32_t* tile_expert = nullptr;   // [T] each tile's expert
+  int32_t* tile_begin = nullptr;    // [T] its first sorted row
+  int32_t* num_tiles = nullptr;     // [1] how many tiles this step has
+};
+
+// The most tiles num_pairs pairs over num_experts experts can need.
+inline int64_t MoeMaxTiles(int64_t num_pairs, int64_t num_experts) {
+  return (num_pairs + kMoeTileRows - 1) / kMoeTileRows + num_experts;
+}
+
+// Per token: softmax of its fp32 logits [num_tokens, num_experts], the top_k experts (equal
+// probabilities: the lower index first), their probabilities divided by their sum when
+// `normalize` (cpu::MoeRoute's rule); then the pairs grouped by expert (cpu::GroupByExpert's
+// order) and the tile map. num_experts <= kMoeMaxExperts, top_k <= min(kMoeMaxTopK,
+// num_experts).
+void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_k, bool normalize,
+              const MoeRouting& r, cudaStream_t stream);
+
+// out[row, :] = in(row) · W[expert(row)]ᵀ for every sorted row of the routing's tiles, where
+// in(row) = x[sorted_pairs[row] / top_k] when `gather` (x: the tokens [num_tokens, k]) or
+// x[row] (x: already in sorted order [num_pairs, k]). w: dtype [num_experts][n][k] (each
+// expert's nn.Linear weight, row-major), out: [num_pairs, n] in dtype, or fp32 when out_f32.
+// fp32 accumulation (mma.sync). n and k multiples of 8. Rows of no tile are not written.
+void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType dtype, void* out,
+                    bool out_f32, int64_t n, int64_t k, int64_t num_pairs, int num_experts,
+                    const MoeRouting& r, cudaStream_t stream);
+
+// residual[t, :] (+)= Σ over t's slots, by ascending expert, weight · rows[pair_rows[pair], :]
+// (the sum starts at 0 and is added to the residual when `accumulate`, else stored).
+// rows: fp32 [num_pairs, hidden] in sorted order; residual fp32 [num_tokens, hidden].
+void MoeCombine(const float* rows, const MoeRouting& r, int64_t num_tokens, int top_k,
+                int64_t hidden, float* residual, bool accumulate, cudaStream_t stream);
+
+}  // namespace llm::cuda

@@ -1,0 +1,348 @@
+// The mixture-of-experts kernels (kernels/cuda/moe/moe.h) against their CPU twins: routing and
+// grouping equal to cpu::MoeRoute / cpu::GroupByExpert, the grouped GEMM against a float64
+// product of the same bf16 / fp16 operands, a whole MoE MLP against the CPU's arithmetic on the
+// device's rounded intermediates, and the chain captured in a CUDA graph and replayed on other
+// routings. Skips without a GPU.
+#include "kernels/cuda/moe/moe.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/moe.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/ops/model_ops.h"
+#include "kernels/dtype.h"
+#include "tests/kernels/dev_buf.h"
+
+namespace llm::cuda {
+namespace {
+
+using test::DevBuf;
+
+class MoeGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!DeviceAvailable(&why)) GTEST_SKIP() << "no GPU, MoE GPU test skipped: " << why;
+  }
+};
+
+// Device arrays of a MoeRouting for num_pairs pairs over num_experts experts.
+struct Routing {
+  DevBuf experts, weights, offsets, sorted_pairs, pair_rows, tile_expert, tile_begin, num_tiles;
+  MoeRouting r;
+  Routing(int64_t pairs, int64_t num_experts)
+      : experts(size_t(pairs) * 4),
+        weights(size_t(pairs) * 4),
+        offsets(size_t(num_experts + 1) * 4),
+        sorted_pairs(size_t(pairs) * 4),
+        pair_rows(size_t(pairs) * 4),
+        tile_expert(size_t(MoeMaxTiles(pairs, num_experts)) * 4),
+        tile_begin(size_t(MoeMaxTiles(pairs, num_experts)) * 4),
+        num_tiles(4) {
+    r = {experts.as<int32_t>(),     weights.as<float>(),        offsets.as<int32_t>(),
+         sorted_pairs.as<int32_t>(), pair_rows.as<int32_t>(),   tile_expert.as<int32_t>(),
+         tile_begin.as<int32_t>(),   num_tiles.as<int32_t>()};
+  }
+};
+
+std::vector<float> Normal(size_t n, float stddev, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Values rounded to dtype, as their 16-bit codes and as floats.
+struct Half {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+};
+Half Round(const std::vector<float>& v, DType dtype) {
+  Half h;
+  for (float x : v) {
+    const uint16_t b = dtype == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x);
+    h.bits.push_back(b);
+    h.values.push_back(dtype == DType::kBF16 ? Bf16ToF32(b) : F16ToF32(b));
+  }
+  return h;
+}
+
+TEST_F(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
+  struct Case {
+    int tokens, experts, top_k;
+  };
+  for (const Case c : {Case{300, 8, 2}, Case{257, 128, 8}, Case{64, 256, 8}, Case{5, 3, 3},
+                       Case{1, 128, 8}}) {
+    for (const bool normalize : {true, false}) {
+      std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 2.f, c.experts + c.tokens);
+      // Ties: token 0 has three equal largest logits, token 1 all equal.
+      for (int e = 0; e < std::min(3, c.experts); ++e) logits[size_t(e) * 2 % c.experts] = 9.f;
+      if (c.tokens > 1) {
+        std::fill(logits.begin() + c.experts, logits.begin() + 2 * c.experts, 0.5f);
+      }
+      const int64_t pairs = int64_t(c.tokens) * c.top_k;
+      std::vector<int32_t> want_e(static_cast<size_t>(pairs));
+      std::vector<float> want_w(static_cast<size_t>(pairs));
+      cpu::MoeRoute(logits.data(), c.tokens, c.experts, c.top_k, normalize, want_e.data(),
+                    want_w.data());
+      const cpu::ExpertGroups want =
+          cpu::GroupByExpert(want_e.data(), want_w.data(), c.tokens, c.top_k, c.experts);
+      DevBuf d_logits(logits);
+      Routing r(pairs, c.experts);
+      MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, normalize, r.r, nullptr);
+      const auto got_e = r.experts.Download<int32_t>();
+      const auto got_w = r.weights.Download<float>();
+      ASSERT_EQ(got_e, want_e) << c.tokens << " tokens, " << c.experts << " experts";
+      for (int64_t p = 0; p < pairs; ++p) {
+        ASSERT_NEAR(got_w[size_t(p)], want_w[size_t(p)], 1e-5f * want_w[size_t(p)] + 1e-9f)
+            << "pair " << p;
+      }
+      const auto offsets = r.offsets.Download<int32_t>();
+      ASSERT_EQ(std::vector<int64_t>(offsets.begin(), offsets.end()), want.offsets);
+      const auto sorted = r.sorted_pairs.Download<int32_t>();
+      const auto rows = r.pair_rows.Download<int32_t>();
+      for (int64_t i = 0; i < pairs; ++i) {
+        ASSERT_EQ(sorted[size_t(i)] / c.top_k, want.tokens[size_t(i)]) << "row " << i;
+        ASSERT_EQ(rows[size_t(sorted[size_t(i)])], i);
+      }
+      // The tiles: each expert's rows in kMoeTileRows pieces, in expert order.
+      std::vector<int32_t> want_te, want_tb;
+      for (int e = 0; e < c.experts; ++e) {
+        for (int64_t b = want.offsets[size_t(e)]; b < want.offsets[size_t(e) + 1];
+             b += kMoeTileRows) {
+          want_te.push_back(e);
+          want_tb.push_back(int32_t(b));
+        }
+      }
+      const int tiles = r.num_tiles.Download<int32_t>()[0];
+      ASSERT_EQ(tiles, int(want_te.size()));
+      ASSERT_LE(tiles, MoeMaxTiles(pairs, c.experts));
+      auto te = r.tile_expert.Download<int32_t>(), tb = r.tile_begin.Download<int32_t>();
+      EXPECT_EQ(std::vector<int32_t>(te.begin(), te.begin() + tiles), want_te);
+      EXPECT_EQ(std::vector<int32_t>(tb.begin(), tb.begin() + tiles), want_tb);
+    }
+  }
+}
+
+// out[row] = in(row) · W[expert]ᵀ against float64 sums of the same rounded operands.
+TEST_F(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
+  struct Case {
+    int tokens, experts, top_k, n, k;
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const Case c : {Case{77, 8, 2, 200, 72}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
+                         Case{9, 128, 8, 96, 40}}) {
+      const int64_t pairs = int64_t(c.tokens) * c.top_k;
+      DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
+      Routing r(pairs, c.experts);
+      MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr);
+      const auto sorted = r.sorted_pairs.Download<int32_t>();
+      const auto experts = r.experts.Download<int32_t>();
+      const Half w = Round(Normal(size_t(c.experts) * c.n * c.k, 0.1f, 6), dtype);
+      DevBuf d_w(w.bits);
+      for (const bool gather : {true, false}) {
+        const int64_t in_rows = gather ? c.tokens : pairs;
+        const Half x = Round(Normal(size_t(in_rows) * c.k, 1.f, 7), dtype);
+        DevBuf d_x(x.bits);
+        for (const bool out_f32 : {true, false}) {
+          DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
+          MoeGroupedGemm(d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32, c.n, c.k, pairs,
+                         c.experts, r.r, nullptr);
+          std::vector<float> got(size_t(pairs) * c.n);
+          if (out_f32) {
+            got = d_out.Download<float>();
+          } else {
+            const auto bits = d_out.Download<uint16_t>();
+            for (size_t i = 0; i < bits.size(); ++i)
+              got[i] = dtype == DType::kBF16 ? Bf16ToF32(bits[i]) : F16ToF32(bits[i]);
+          }
+          double worst = 0;
+          for (int64_t row = 0; row < pairs; ++row) {
+            const int32_t pair = sorted[size_t(row)];
+            const int64_t src = gather ? pair / c.top_k : row;
+            const int32_t e = experts[size_t(pair)];
+            for (int j = 0; j < c.n; ++j) {
+              double ref = 0, mag = 0;
+              for (int i = 0; i < c.k; ++i) {
+                const double a = x.values[size_t(src * c.k + i)],
+                             b = w.values[(size_t(e) * c.n + j) * c.k + i];
+                ref += a * b;
+                mag += std::fabs(a * b);
+              }
+              const double tol = 2e-5 * mag + (out_f32 ? 0 : std::fabs(ref) / 128) + 1e-6;
+              const double err = std::fabs(got[size_t(row * c.n + j)] - ref);
+              worst = std::max(worst, err / tol);
+              ASSERT_LE(err, tol) << "row " << row << " col " << j << " expert " << e
+                                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k;
+            }
+          }
+          EXPECT_LE(worst, 1.0);
+        }
+      }
+    }
+  }
+}
+
+// A MoE MLP of 2 (Mixtral-like) or 8 of 128 (Qwen3-MoE-like) experts: route, gate|up gathered,
+// SiLU·mul, down, combine into the residual, against the CPU's sums over the device's
+// rounded gate|up and activations.
+TEST_F(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
+  struct Case {
+    int tokens, experts, top_k, hidden, inter;
+  };
+  const DType dtype = DType::kBF16;
+  for (const Case c : {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64}, Case{1, 128, 8, 256, 96}}) {
+    const int64_t pairs = int64_t(c.tokens) * c.top_k;
+    const std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 1.5f, 11);
+    const Half x = Round(Normal(size_t(c.tokens) * c.hidden, 1.f, 12), dtype);
+    const Half w_gu = Round(Normal(size_t(c.experts) * 2 * c.inter * c.hidden, 0.08f, 13), dtype);
+    const Half w_d = Round(Normal(size_t(c.experts) * c.hidden * c.inter, 0.08f, 14), dtype);
+    const std::vector<float> resid0 = Normal(size_t(c.tokens) * c.hidden, 1.f, 15);
+    DevBuf d_logits(logits), d_x(x.bits), d_gu(w_gu.bits), d_d(w_d.bits), d_resid(resid0);
+    DevBuf gate_up(size_t(pairs) * 2 * c.inter * 2), act(size_t(pairs) * c.inter * 2),
+        down(size_t(pairs) * c.hidden * 4);
+    Routing r(pairs, c.experts);
+    MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr);
+    MoeGroupedGemm(d_x.p, true, c.top_k, d_gu.p, dtype, gate_up.p, false, 2 * c.inter, c.hidden,
+                   pairs, c.experts, r.r, nullptr);
+    SiluMul(gate_up.p, act.p, pairs, c.inter, dtype, nullptr);
+    MoeGroupedGemm(act.p, false, c.top_k, d_d.p, dtype, down.p, true, c.hidden, c.inter, pairs,
+                   c.experts, r.r, nullptr);
+    MoeCombine(down.as<float>(), r.r, c.tokens, c.top_k, c.hidden, d_resid.as<float>(), true,
+               nullptr);
+    const auto got = d_resid.Download<float>();
+    // The CPU: routing, then per token and expert (ascending) the expert's output from the
+    // device's bf16 activations of that pair, weighted and summed, added to the residual.
+    std::vector<int32_t> ce(static_cast<size_t>(pairs));
+    std::vector<float> cw(static_cast<size_t>(pairs));
+    cpu::MoeRoute(logits.data(), c.tokens, c.experts, c.top_k, true, ce.data(), cw.data());
+    const auto act_bits = act.Download<uint16_t>();
+    const auto rows = r.pair_rows.Download<int32_t>();
+    for (int t = 0; t < c.tokens; ++t) {
+      std::vector<int> slots(static_cast<size_t>(c.top_k));
+      for (int j = 0; j < c.top_k; ++j) slots[size_t(j)] = j;
+      std::sort(slots.begin(), slots.end(), [&](int a, int b) {
+        return ce[size_t(t) * c.top_k + a] < ce[size_t(t) * c.top_k + b];
+      });
+      for (int h = 0; h < c.hidden; ++h) {
+        double sum = 0, mag = 0;
+        for (int j : slots) {
+          const int64_t p = int64_t(t) * c.top_k + j;
+          const int e = ce[size_t(p)];
+          double y = 0, ymag = 0;
+          for (int i = 0; i < c.inter; ++i) {
+            const double a = Bf16ToF32(act_bits[size_t(rows[size_t(p)]) * c.inter + i]);
+            const double b = w_d.values[(size_t(e) * c.hidden + h) * c.inter + i];
+            y += a * b;
+            ymag += std::fabs(a * b);
+          }
+          sum += y * cw[size_t(p)];
+          mag += ymag * cw[size_t(p)];
+        }
+        const double want = resid0[size_t(t) * c.hidden + h] + sum;
+        ASSERT_NEAR(got[size_t(t) * c.hidden + h], want, 3e-5 * mag + 1e-5 * std::fabs(want))
+            << "token " << t << " col " << h << " (" << c.experts << " experts)";
+      }
+    }
+    // And the activations are silu(gate) · up of the gathered token through its expert.
+    const auto gu_bits = gate_up.Download<uint16_t>();
+    const auto sorted = r.sorted_pairs.Download<int32_t>();
+    for (int64_t row = 0; row < std::min<int64_t>(pairs, 64); ++row) {
+      const int32_t p = sorted[size_t(row)];
+      const int e = ce[size_t(p)], t = p / c.top_k;
+      for (int i = 0; i < c.inter; i += 7) {
+        double g = 0, u = 0;
+        for (int q = 0; q < c.hidden; ++q) {
+          const double xv = x.values[size_t(t) * c.hidden + q];
+          g += xv * w_gu.values[(size_t(e) * 2 * c.inter + i) * c.hidden + q];
+          u += xv * w_gu.values[(size_t(e) * 2 * c.inter + c.inter + i) * c.hidden + q];
+        }
+        const double got_g = Bf16ToF32(gu_bits[size_t(row) * 2 * c.inter + i]);
+        ASSERT_NEAR(got_g, g, std::fabs(g) / 128 + 1e-3) << "row " << row << " gate " << i;
+        const double got_u = Bf16ToF32(gu_bits[size_t(row) * 2 * c.inter + c.inter + i]);
+        ASSERT_NEAR(got_u, u, std::fabs(u) / 128 + 1e-3) << "row " << row << " up " << i;
+      }
+    }
+  }
+}
+
+// The chain captured once in a CUDA graph (sizes from the host's token count only) and
+// replayed on new logits gives what eager launches give, bit for bit.
+TEST_F(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
+  const int tokens = 48, experts = 32, top_k = 4, hidden = 64, inter = 96;
+  const int64_t pairs = int64_t(tokens) * top_k;
+  const DType dtype = DType::kBF16;
+  const Half x = Round(Normal(size_t(tokens) * hidden, 1.f, 21), dtype);
+  const Half w_gu = Round(Normal(size_t(experts) * 2 * inter * hidden, 0.1f, 22), dtype);
+  const Half w_d = Round(Normal(size_t(experts) * hidden * inter, 0.1f, 23), dtype);
+  DevBuf d_logits(size_t(tokens) * experts * 4), d_x(x.bits), d_gu(w_gu.bits), d_d(w_d.bits);
+  DevBuf gate_up(size_t(pairs) * 2 * inter * 2), act(size_t(pairs) * inter * 2),
+      down(size_t(pairs) * hidden * 4), out(size_t(tokens) * hidden * 4);
+  Routing r(pairs, experts);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto chain = [&] {
+    MoeRoute(d_logits.as<float>(), tokens, experts, top_k, true, r.r, stream);
+    MoeGroupedGemm(d_x.p, true, top_k, d_gu.p, dtype, gate_up.p, false, 2 * inter, hidden, pairs,
+                   experts, r.r, stream);
+    SiluMul(gate_up.p, act.p, pairs, inter, dtype, stream);
+    MoeGroupedGemm(act.p, false, top_k, d_d.p, dtype, down.p, true, hidden, inter, pairs, experts,
+                   r.r, stream);
+    MoeCombine(down.as<float>(), r.r, tokens, top_k, hidden, out.as<float>(), false, stream);
+  };
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  chain();
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (uint32_t seed : {31u, 32u, 33u}) {
+    // Seed 33: every token on experts 0-3 (one expert's rows span several tiles).
+    std::vector<float> logits = Normal(size_t(tokens) * experts, 2.f, seed);
+    if (seed == 33) {
+      for (int t = 0; t < tokens; ++t)
+        for (int e = 0; e < 4; ++e) logits[size_t(t) * experts + e] = 20.f + float(e);
+    }
+    d_logits.Upload(logits);
+    chain();
+    const auto eager = out.Download<float>();
+    LLM_CUDA_CHECK(cudaMemset(out.p, 0, out.bytes));
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    const auto replayed = out.Download<float>();
+    EXPECT_EQ(replayed, eager) << "seed " << seed;
+    EXPECT_NE(std::count(eager.begin(), eager.end(), 0.f), std::ssize(eager));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(MoeGpuTest, BadArgumentsAreRefused) {
+  Routing r(16, 8);
+  EXPECT_THROW(MoeRoute(nullptr, 8, 300, 2, true, r.r, nullptr), std::invalid_argument);
+  EXPECT_THROW(MoeRoute(nullptr, 8, 8, 9, true, r.r, nullptr), std::invalid_argument);
+  DevBuf buf(4096);
+  EXPECT_THROW(MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 12, 64, 16, 8,
+                              r.r, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kF32, buf.p, false, 64, 64, 16, 8,
+                              r.r, nullptr),
+               std::invalid_argument);
+  MoeRouting missing = r.r;
+  missing.pair_rows = nullptr;
+  EXPECT_THROW(MoeCombine(buf.as<float>(), missing, 8, 2, 64, buf.as<float>(), true, nullptr),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace llm::cuda
