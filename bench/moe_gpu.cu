@@ -59,7 +59,7 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
   const int64_t pairs = int64_t(tokens) * s.top_k, e = s.experts;
   const int64_t gu_elems = e * 2 * s.inter * s.hidden, d_elems = e * s.hidden * s.inter;
   const int copies = int(std::max<int64_t>(2, (int64_t{1} << 30) / ((gu_elems + d_elems) * 2) + 1));
-  void *x, *w_gu, *w_d, *gate_up, *act, *down, *dense_out;
+  void *x, *w_gu, *w_d, *gate_up, *act, *down, *dense_in, *dense_out;
   float* logits;
   int32_t* ints;
   const int64_t tiles = cu::MoeMaxTiles(pairs, e);
@@ -69,11 +69,13 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
   LLM_CUDA_CHECK(cudaMalloc(&gate_up, size_t(pairs) * 2 * s.inter * 2));
   LLM_CUDA_CHECK(cudaMalloc(&act, size_t(pairs) * s.inter * 2));
   LLM_CUDA_CHECK(cudaMalloc(&down, size_t(pairs) * s.hidden * 4));
-  LLM_CUDA_CHECK(cudaMalloc(&dense_out, size_t(pairs) * 2 * s.inter * 4));
+  LLM_CUDA_CHECK(cudaMalloc(&dense_in, size_t(pairs) * s.hidden * 2));
+  LLM_CUDA_CHECK(cudaMalloc(&dense_out, size_t(pairs) * 2 * s.inter * 2));
   LLM_CUDA_CHECK(cudaMalloc(&logits, size_t(tokens) * e * 4));
   const int64_t num_ints = 4 * pairs + (e + 1) + 2 * tiles + 1;
   LLM_CUDA_CHECK(cudaMalloc(&ints, size_t(num_ints) * 4));
   cu::FillUniform(x, DType::kBF16, int64_t(tokens) * s.hidden, 1.f, 1, nullptr);
+  cu::FillUniform(dense_in, DType::kBF16, pairs * s.hidden, 1.f, 5, nullptr);
   cu::FillUniform(w_gu, DType::kBF16, gu_elems * copies, 0.05f, 2, nullptr);
   cu::FillUniform(w_d, DType::kBF16, d_elems * copies, 0.05f, 3, nullptr);
   cu::FillUniform(logits, DType::kF32, int64_t(tokens) * e, 2.f, 4, nullptr);
@@ -98,8 +100,7 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
   // The experts this routing touches (their weights are the bytes the step must read).
   std::vector<int32_t> offsets(size_t(e + 1));
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
-  LLM_CUDA_CHECK(
-      cudaMemcpy(offsets.data(), r.offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
+  LLM_CUDA_CHECK(cudaMemcpy(offsets.data(), r.offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
   int64_t hit = 0;
   for (int64_t i = 0; i < e; ++i) hit += offsets[size_t(i + 1)] > offsets[size_t(i)];
   const double route_ms =
@@ -108,8 +109,8 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
   const double gu_ms = MedianMs(
       [&] {
         const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * 2;
-        cu::MoeGroupedGemm(x, true, s.top_k, w, DType::kBF16, gate_up, false, 2 * s.inter,
-                           s.hidden, pairs, int(e), r, nullptr);
+        cu::MoeGroupedGemm(x, true, s.top_k, w, DType::kBF16, gate_up, false, 2 * s.inter, s.hidden,
+                           pairs, int(e), r, nullptr);
       },
       reps);
   const double down_ms = MedianMs(
@@ -124,7 +125,7 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
   const double dense_ms = MedianMs(
       [&] {
         const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * 2;
-        gemm.Linear(gate_up, w, dense_out, pairs, 2 * s.inter, s.hidden, DType::kBF16,
+        gemm.Linear(dense_in, w, dense_out, pairs, 2 * s.inter, s.hidden, DType::kBF16,
                     DType::kBF16, false, nullptr);
       },
       reps);
@@ -141,7 +142,7 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
       gu_flop / gu_ms / 1e9, gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9,
       d_bytes / down_ms / 1e9, dense_ms * 1e3, gu_flop / dense_ms / 1e9);
   std::fflush(stdout);
-  for (void* q : {x, w_gu, w_d, gate_up, act, down, dense_out, static_cast<void*>(logits),
+  for (void* q : {x, w_gu, w_d, gate_up, act, down, dense_in, dense_out, static_cast<void*>(logits),
                   static_cast<void*>(ints)})
     cudaFree(q);
 }
@@ -154,7 +155,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
   }
   llm::cuda::Gemm gemm;
-  const Shape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8}, {"mixtral-8x7b", 4096, 14336, 8, 2}};
+  const Shape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8},
+                          {"mixtral-8x7b", 4096, 14336, 8, 2}};
   for (const Shape& s : shapes) {
     for (int tokens : {1, 8, 64, 256, 1024, 4096}) Run(s, tokens, reps, gemm);
   }

@@ -3,8 +3,6 @@
 // product of the same bf16 / fp16 operands, a whole MoE MLP against the CPU's arithmetic on the
 // device's rounded intermediates, and the chain captured in a CUDA graph and replayed on other
 // routings. Skips without a GPU.
-#include "kernels/cuda/moe/moe.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -18,6 +16,7 @@
 
 #include "kernels/cpu/moe.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/ops/model_ops.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/dev_buf.h"
@@ -48,8 +47,8 @@ struct Routing {
         tile_expert(size_t(MoeMaxTiles(pairs, num_experts)) * 4),
         tile_begin(size_t(MoeMaxTiles(pairs, num_experts)) * 4),
         num_tiles(4) {
-    r = {experts.as<int32_t>(),     weights.as<float>(),        offsets.as<int32_t>(),
-         sorted_pairs.as<int32_t>(), pair_rows.as<int32_t>(),   tile_expert.as<int32_t>(),
+    r = {experts.as<int32_t>(),      weights.as<float>(),     offsets.as<int32_t>(),
+         sorted_pairs.as<int32_t>(), pair_rows.as<int32_t>(), tile_expert.as<int32_t>(),
          tile_begin.as<int32_t>(),   num_tiles.as<int32_t>()};
   }
 };
@@ -81,8 +80,8 @@ TEST_F(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
   struct Case {
     int tokens, experts, top_k;
   };
-  for (const Case c : {Case{300, 8, 2}, Case{257, 128, 8}, Case{64, 256, 8}, Case{5, 3, 3},
-                       Case{1, 128, 8}}) {
+  for (const Case c :
+       {Case{300, 8, 2}, Case{257, 128, 8}, Case{64, 256, 8}, Case{5, 3, 3}, Case{1, 128, 8}}) {
     for (const bool normalize : {true, false}) {
       std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 2.f, c.experts + c.tokens);
       // Ties: token 0 has three equal largest logits, token 1 all equal.
@@ -201,7 +200,8 @@ TEST_F(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
     int tokens, experts, top_k, hidden, inter;
   };
   const DType dtype = DType::kBF16;
-  for (const Case c : {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64}, Case{1, 128, 8, 256, 96}}) {
+  for (const Case c :
+       {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64}, Case{1, 128, 8, 256, 96}}) {
     const int64_t pairs = int64_t(c.tokens) * c.top_k;
     const std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 1.5f, 11);
     const Half x = Round(Normal(size_t(c.tokens) * c.hidden, 1.f, 12), dtype);
@@ -332,12 +332,12 @@ TEST_F(MoeGpuTest, BadArgumentsAreRefused) {
   EXPECT_THROW(MoeRoute(nullptr, 8, 300, 2, true, r.r, nullptr), std::invalid_argument);
   EXPECT_THROW(MoeRoute(nullptr, 8, 8, 9, true, r.r, nullptr), std::invalid_argument);
   DevBuf buf(4096);
-  EXPECT_THROW(MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 12, 64, 16, 8,
-                              r.r, nullptr),
+  EXPECT_THROW(MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 12, 64, 16, 8, r.r,
+                              nullptr),
                std::invalid_argument);
-  EXPECT_THROW(MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kF32, buf.p, false, 64, 64, 16, 8,
-                              r.r, nullptr),
-               std::invalid_argument);
+  EXPECT_THROW(
+      MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kF32, buf.p, false, 64, 64, 16, 8, r.r, nullptr),
+      std::invalid_argument);
   MoeRouting missing = r.r;
   missing.pair_rows = nullptr;
   EXPECT_THROW(MoeCombine(buf.as<float>(), missing, 8, 2, 64, buf.as<float>(), true, nullptr),

@@ -17,14 +17,14 @@ namespace llm::cuda {
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kRouteWarps = 4;     // tokens per routing CTA, one warp each
+constexpr int kRouteWarps = 4;      // tokens per routing CTA, one warp each
 constexpr int kGroupThreads = 256;  // the counting and placing CTAs (one per expert)
 
 // ---- routing: one warp per token ------------------------------------------------------------
 
 __global__ void __launch_bounds__(kRouteWarps * 32)
-    MoeRouteKernel(const float* logits, int num_tokens, int num_experts, int top_k,
-                   bool normalize, int32_t* experts, float* weights) {
+    MoeRouteKernel(const float* logits, int num_tokens, int num_experts, int top_k, bool normalize,
+                   int32_t* experts, float* weights) {
   PdlWait();
   PdlTrigger();
   const int lane = threadIdx.x % 32;
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     sum += p[i];
   }
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
-  // Probabilities >= 0; a chosen or absent expert is marked -1.
+    // Probabilities >= 0; a chosen or absent expert is marked -1.
 #pragma unroll
   for (int i = 0; i < kPer; ++i) p[i] = lane + 32 * i < num_experts ? p[i] / sum : -1.f;
   float chosen_v[kMoeMaxTopK];
@@ -177,9 +177,8 @@ constexpr int kSmemStride = kBk + 8;  // 80-byte rows: ldmatrix without bank con
 template <typename T, bool kOutF32>
 __global__ void __launch_bounds__(kGemmThreads)
     MoeGemmKernel(const T* x, bool gather, int top_k, const T* w, void* out, int n, int k,
-                  const int32_t* sorted_pairs, const int32_t* offsets,
-                  const int32_t* tile_expert, const int32_t* tile_begin,
-                  const int32_t* num_tiles) {
+                  const int32_t* sorted_pairs, const int32_t* offsets, const int32_t* tile_expert,
+                  const int32_t* tile_begin, const int32_t* num_tiles) {
   __shared__ alignas(16) T a_s[2][kBm][kSmemStride];
   __shared__ alignas(16) T b_s[2][kBn][kSmemStride];
   __shared__ int a_rows[kBm];
@@ -304,8 +303,8 @@ __global__ void __launch_bounds__(kCombineThreads)
 }
 
 void CheckRouting(const MoeRouting& r, const char* op) {
-  if (!r.experts || !r.weights || !r.offsets || !r.sorted_pairs || !r.pair_rows ||
-      !r.tile_expert || !r.tile_begin || !r.num_tiles) {
+  if (!r.experts || !r.weights || !r.offsets || !r.sorted_pairs || !r.pair_rows || !r.tile_expert ||
+      !r.tile_begin || !r.num_tiles) {
     throw std::invalid_argument(std::string(op) + ": a MoeRouting array is null");
   }
 }
@@ -325,8 +324,8 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   if (num_tokens <= 0) return;
   const int pairs = int(num_tokens * top_k);
   Launch(MoeRouteKernel, dim3(unsigned((num_tokens + kRouteWarps - 1) / kRouteWarps)),
-         dim3(kRouteWarps * 32), 0, stream, logits, int(num_tokens), num_experts, top_k,
-         normalize, r.experts, r.weights);
+         dim3(kRouteWarps * 32), 0, stream, logits, int(num_tokens), num_experts, top_k, normalize,
+         r.experts, r.weights);
   Launch(MoeCountKernel, dim3(unsigned(num_experts)), dim3(kGroupThreads), 0, stream,
          static_cast<const int32_t*>(r.experts), pairs, r.offsets);
   Launch(MoeScanKernel, dim3(1), dim3(32), 0, stream, num_experts, r.offsets, r.tile_expert,
@@ -359,8 +358,8 @@ void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType 
   auto run = [&](auto tag, auto out_f32_tag) {
     using T = decltype(tag);
     constexpr bool kF32 = decltype(out_f32_tag)::value;
-    Launch(MoeGemmKernel<T, kF32>, grid, block, 0, stream, static_cast<const T*>(x), gather,
-           top_k, static_cast<const T*>(w), out, int(n), int(k),
+    Launch(MoeGemmKernel<T, kF32>, grid, block, 0, stream, static_cast<const T*>(x), gather, top_k,
+           static_cast<const T*>(w), out, int(n), int(k),
            static_cast<const int32_t*>(r.sorted_pairs), static_cast<const int32_t*>(r.offsets),
            static_cast<const int32_t*>(r.tile_expert), static_cast<const int32_t*>(r.tile_begin),
            static_cast<const int32_t*>(r.num_tiles));

@@ -67,7 +67,15 @@ TEST_P(CudaHfArch, LogitsWithinHalfPrecisionToleranceAndGreedyAgrees) {
     const std::vector<int> greedy = p["greedy_32"].get<std::vector<int>>();
     std::vector<int> ids = prompt;
     ids.insert(ids.end(), greedy.begin(), greedy.end() - 1);
-    const double tol = 2 * p["bf16_vs_fp32_max_abs"].get<double>();
+    // A mixture of experts: transformers' own bf16 run routes some tokens to other experts
+    // (more in one prompt than the other), so the model's tolerance is its larger prompt's.
+    double model_tol = p["bf16_vs_fp32_max_abs"].get<double>();
+    if (cpu->config().num_experts > 0) {
+      for (const json& other : ref["prompts"]) {
+        model_tol = std::max(model_tol, other["bf16_vs_fp32_max_abs"].get<double>());
+      }
+    }
+    const double tol = 2 * model_tol;
     // A prefill chunk of 10 tokens, then decode steps: both cross the 16-token blocks.
     const std::vector<float> got = test::AllLogits(*ex, ids, 10);
     SequenceRunner run(*cpu, std::ssize(ids) + 1);
