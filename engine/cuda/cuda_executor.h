@@ -145,8 +145,9 @@ struct CudaExecutorStats {
   double device_ms = 0;  // CUDA-event time of the device work of all steps (never overlapping)
   double wall_ms = 0;    // host wall time inside ForwardAndSample / Forward / Launch / Wait
   int64_t weight_bytes = 0, kv_cache_bytes = 0, activation_bytes = 0;
-  // Weight bytes a decode step streams: every layer and lm_head (the embedding table only
-  // when tied to lm_head; otherwise one row per token).
+  // Weight bytes a decode step of one token streams: every layer and lm_head (the embedding
+  // table only when tied to lm_head; otherwise one row per token); of a mixture-of-experts
+  // layer, the router and num_experts_per_tok experts.
   int64_t weight_bytes_per_token = 0;
   int64_t peak_device_bytes = 0;  // total - free after the KV pool (what this process holds)
   // GEMVs enqueued (eagerly or into a captured graph) with their RMSNorm folded in

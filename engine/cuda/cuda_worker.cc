@@ -417,6 +417,13 @@ void CudaWorker::Finish(int64_t num_blocks) {
   stats.weight_bytes = weight_bytes;
   stats.weight_bytes_per_token =
       weight_bytes - (lm_head && lm_head != embed ? vocab * hidden * int64_t(esize) : 0);
+  // A mixture-of-experts layer: a token reads its top_k experts, not the others.
+  for (const Layer& l : layers) {
+    if (l.moe) {
+      stats.weight_bytes_per_token -=
+          (num_experts - top_k) * 3 * moe_inter * hidden * int64_t(esize);
+    }
+  }
   stats.kv_cache_bytes = kv_bytes;
   stats.activation_bytes = activation_bytes;
   Log(device_name + ": weights " + Gib(double(weight_bytes)) + ", activations " +
