@@ -7,6 +7,7 @@
 // Logits are random (routing near uniform). Weights rotate over copies so that repeats do not
 // find them in L2. CUDA events, median of the repeats.
 //   build/bench_moe_gpu [--reps R]
+// Both kernel sets (moe.h: MoeKernels kV1, kV2) at every shape.
 // Prints JSON lines {"kind":"moe", ...}.
 #include <cuda_runtime.h>
 
@@ -54,7 +55,8 @@ double MedianMs(F&& f, int reps) {
   return ms[ms.size() / 2];
 }
 
-void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
+void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm,
+         llm::cuda::MoeKernels kernels) {
   namespace cu = llm::cuda;
   const int64_t pairs = int64_t(tokens) * s.top_k, e = s.experts;
   const int64_t gu_elems = e * 2 * s.inter * s.hidden, d_elems = e * s.hidden * s.inter;
@@ -96,28 +98,28 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
   r.tile_begin = p;
   p += tiles;
   r.num_tiles = p;
-  cu::MoeRoute(logits, tokens, int(e), s.top_k, true, r, nullptr);
+  cu::MoeRoute(logits, tokens, int(e), s.top_k, true, r, nullptr, kernels);
   // The experts this routing touches (their weights are the bytes the step must read).
   std::vector<int32_t> offsets(size_t(e + 1));
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
   LLM_CUDA_CHECK(cudaMemcpy(offsets.data(), r.offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
   int64_t hit = 0;
   for (int64_t i = 0; i < e; ++i) hit += offsets[size_t(i + 1)] > offsets[size_t(i)];
-  const double route_ms =
-      MedianMs([&] { cu::MoeRoute(logits, tokens, int(e), s.top_k, true, r, nullptr); }, reps);
+  const double route_ms = MedianMs(
+      [&] { cu::MoeRoute(logits, tokens, int(e), s.top_k, true, r, nullptr, kernels); }, reps);
   int call = 0;
   const double gu_ms = MedianMs(
       [&] {
         const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * 2;
         cu::MoeGroupedGemm(x, true, s.top_k, w, DType::kBF16, gate_up, false, 2 * s.inter, s.hidden,
-                           pairs, int(e), r, nullptr);
+                           pairs, int(e), r, nullptr, kernels);
       },
       reps);
   const double down_ms = MedianMs(
       [&] {
         const void* w = static_cast<const char*>(w_d) + size_t(call++ % copies) * d_elems * 2;
         cu::MoeGroupedGemm(act, false, s.top_k, w, DType::kBF16, down, true, s.hidden, s.inter,
-                           pairs, int(e), r, nullptr);
+                           pairs, int(e), r, nullptr, kernels);
       },
       reps);
   // cuBLASLt, one expert's gate|up matrix over all the routed rows (same FLOPs, 1/hit of the
@@ -134,13 +136,13 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm) {
   const double gu_bytes = double(hit) * 2 * s.inter * s.hidden * 2,
                d_bytes = double(hit) * s.hidden * s.inter * 2;
   std::printf(
-      "{\"kind\":\"moe\",\"shape\":\"%s\",\"tokens\":%d,\"experts_hit\":%lld,"
+      "{\"kind\":\"moe\",\"kernels\":\"%s\",\"shape\":\"%s\",\"tokens\":%d,\"experts_hit\":%lld,"
       "\"route_us\":%.1f,\"gate_up_us\":%.1f,\"gate_up_tflops\":%.1f,\"gate_up_weight_tbs\":%.2f,"
       "\"down_us\":%.1f,\"down_tflops\":%.1f,\"down_weight_tbs\":%.2f,"
       "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f}\n",
-      s.name, tokens, static_cast<long long>(hit), route_ms * 1e3, gu_ms * 1e3,
-      gu_flop / gu_ms / 1e9, gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9,
-      d_bytes / down_ms / 1e9, dense_ms * 1e3, gu_flop / dense_ms / 1e9);
+      kernels == cu::MoeKernels::kV2 ? "v2" : "v1", s.name, tokens, static_cast<long long>(hit),
+      route_ms * 1e3, gu_ms * 1e3, gu_flop / gu_ms / 1e9, gu_bytes / gu_ms / 1e9, down_ms * 1e3,
+      d_flop / down_ms / 1e9, d_bytes / down_ms / 1e9, dense_ms * 1e3, gu_flop / dense_ms / 1e9);
   std::fflush(stdout);
   for (void* q : {x, w_gu, w_d, gate_up, act, down, dense_in, dense_out, static_cast<void*>(logits),
                   static_cast<void*>(ints)})
@@ -158,7 +160,11 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8},
                           {"mixtral-8x7b", 4096, 14336, 8, 2}};
   for (const Shape& s : shapes) {
-    for (int tokens : {1, 8, 64, 256, 1024, 4096}) Run(s, tokens, reps, gemm);
+    for (int tokens : {1, 8, 64, 256, 1024, 4096}) {
+      for (auto k : {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2}) {
+        Run(s, tokens, reps, gemm, k);
+      }
+    }
   }
   return 0;
 }

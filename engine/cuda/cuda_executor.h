@@ -98,6 +98,9 @@ struct CudaExecutorOptions {
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
   // (kernels/cuda/gemv/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
+  // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels::kV2 (one grouping
+  // kernel, a GEMV for steps of at most 8 tokens, 4-stage tiles) instead of kV1.
+  bool moe_v2 = false;
   // A step's inputs reach the device in one packed copy and one scatter kernel instead of
   // one copy per input array (~10 per step): Llama-2-7B batch 1, 128 + 256 tokens 3.667
   // ms/token against 3.685 (H200, same call, bench/RESULTS.md).

@@ -284,6 +284,7 @@ void CudaWorker::RunModel(const Shape& s) {
 void CudaWorker::MoeMlp(const Layer& l, int64_t n) {
   const int64_t pairs = n * top_k;
   const int e = int(num_experts), k = int(top_k);
+  const cuda::MoeKernels kernels = opt.moe_v2 ? cuda::MoeKernels::kV2 : cuda::MoeKernels::kV1;
   if (SmallStep(n)) {
     SmallLinear(cuda::GemvEpilogue::kStoreF32, normed, nullptr, l.router, nullptr, router_logits, n,
                 num_experts, hidden);
@@ -291,12 +292,12 @@ void CudaWorker::MoeMlp(const Layer& l, int64_t n) {
     gemm->Linear(normed, l.router, router_logits, n, num_experts, hidden, dtype, DType::kF32, false,
                  stream);
   }
-  cuda::MoeRoute(router_logits, n, e, k, config.norm_topk_prob, routing, stream);
+  cuda::MoeRoute(router_logits, n, e, k, config.norm_topk_prob, routing, stream, kernels);
   cuda::MoeGroupedGemm(normed, true, k, l.experts_gate_up, dtype, moe_gate_up, false, 2 * moe_inter,
-                       hidden, pairs, e, routing, stream);
+                       hidden, pairs, e, routing, stream, kernels);
   cuda::SiluMul(moe_gate_up, moe_act, pairs, moe_inter, dtype, stream);
   cuda::MoeGroupedGemm(moe_act, false, k, l.experts_down, dtype, moe_down, true, hidden, moe_inter,
-                       pairs, e, routing, stream);
+                       pairs, e, routing, stream, kernels);
   cuda::MoeCombine(moe_down, routing, n, k, hidden, x, /*accumulate=*/true, stream);
 }
 

@@ -72,6 +72,12 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "shape of the decode batch sizes with CUDA graphs and keep the fastest instead of "
                 "the heuristic's first (~3 s more start-up; measured +0.2-0.3% end to end on the "
                 "H200)");
+  cmd->add_option("--moe-kernels", moe_kernels,
+                  "cuda, mixture-of-experts models: v1 (the default: four grouping launches, "
+                  "every grouped GEMM on 2-stage tiles) or v2 (one grouping kernel; steps of up "
+                  "to 8 tokens on a GEMV over each chosen expert, larger ones on 4-stage tiles)")
+      ->check(CLI::IsMember({"v1", "v2"}))
+      ->capture_default_str();
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
                 "them (the residual projections write the next norm's input and sums of "
@@ -182,6 +188,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_max_tokens = f.gemv_max_tokens;
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
+  o.moe_v2 = f.moe_kernels == "v2";
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;
   o.async_masks = f.async_masks;

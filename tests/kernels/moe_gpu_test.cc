@@ -26,7 +26,8 @@ namespace {
 
 using test::DevBuf;
 
-class MoeGpuTest : public ::testing::Test {
+// Each test runs on both kernel sets (moe.h: MoeKernels).
+class MoeGpuTest : public ::testing::TestWithParam<MoeKernels> {
  protected:
   void SetUp() override {
     std::string why;
@@ -76,7 +77,7 @@ Half Round(const std::vector<float>& v, DType dtype) {
   return h;
 }
 
-TEST_F(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
+TEST_P(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
   struct Case {
     int tokens, experts, top_k;
   };
@@ -98,7 +99,8 @@ TEST_F(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
           cpu::GroupByExpert(want_e.data(), want_w.data(), c.tokens, c.top_k, c.experts);
       DevBuf d_logits(logits);
       Routing r(pairs, c.experts);
-      MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, normalize, r.r, nullptr);
+      MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, normalize, r.r, nullptr,
+               GetParam());
       const auto got_e = r.experts.Download<int32_t>();
       const auto got_w = r.weights.Download<float>();
       ASSERT_EQ(got_e, want_e) << c.tokens << " tokens, " << c.experts << " experts";
@@ -134,17 +136,19 @@ TEST_F(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
 }
 
 // out[row] = in(row) · W[expert]ᵀ against float64 sums of the same rounded operands.
-TEST_F(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
+TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
   struct Case {
     int tokens, experts, top_k, n, k;
   };
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    // Up to 8 tokens kV2 takes its GEMV path, from 9 the tiles.
     for (const Case c : {Case{77, 8, 2, 200, 72}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
-                         Case{9, 128, 8, 96, 40}}) {
+                         Case{9, 128, 8, 96, 40}, Case{8, 128, 8, 96, 40}, Case{3, 8, 2, 64, 2056},
+                         Case{8, 4, 2, 136, 64}}) {
       const int64_t pairs = int64_t(c.tokens) * c.top_k;
       DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
       Routing r(pairs, c.experts);
-      MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr);
+      MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr, GetParam());
       const auto sorted = r.sorted_pairs.Download<int32_t>();
       const auto experts = r.experts.Download<int32_t>();
       const Half w = Round(Normal(size_t(c.experts) * c.n * c.k, 0.1f, 6), dtype);
@@ -156,7 +160,7 @@ TEST_F(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
         for (const bool out_f32 : {true, false}) {
           DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
           MoeGroupedGemm(d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32, c.n, c.k, pairs,
-                         c.experts, r.r, nullptr);
+                         c.experts, r.r, nullptr, GetParam());
           std::vector<float> got(size_t(pairs) * c.n);
           if (out_f32) {
             got = d_out.Download<float>();
@@ -195,13 +199,13 @@ TEST_F(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
 // A MoE MLP of 2 (Mixtral-like) or 8 of 128 (Qwen3-MoE-like) experts: route, gate|up gathered,
 // SiLU·mul, down, combine into the residual, against the CPU's sums over the device's
 // rounded gate|up and activations.
-TEST_F(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
+TEST_P(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
   struct Case {
     int tokens, experts, top_k, hidden, inter;
   };
   const DType dtype = DType::kBF16;
-  for (const Case c :
-       {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64}, Case{1, 128, 8, 256, 96}}) {
+  for (const Case c : {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64},
+                       Case{1, 128, 8, 256, 96}, Case{5, 128, 8, 128, 64}}) {
     const int64_t pairs = int64_t(c.tokens) * c.top_k;
     const std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 1.5f, 11);
     const Half x = Round(Normal(size_t(c.tokens) * c.hidden, 1.f, 12), dtype);
@@ -212,12 +216,12 @@ TEST_F(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
     DevBuf gate_up(size_t(pairs) * 2 * c.inter * 2), act(size_t(pairs) * c.inter * 2),
         down(size_t(pairs) * c.hidden * 4);
     Routing r(pairs, c.experts);
-    MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr);
+    MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr, GetParam());
     MoeGroupedGemm(d_x.p, true, c.top_k, d_gu.p, dtype, gate_up.p, false, 2 * c.inter, c.hidden,
-                   pairs, c.experts, r.r, nullptr);
+                   pairs, c.experts, r.r, nullptr, GetParam());
     SiluMul(gate_up.p, act.p, pairs, c.inter, dtype, nullptr);
     MoeGroupedGemm(act.p, false, c.top_k, d_d.p, dtype, down.p, true, c.hidden, c.inter, pairs,
-                   c.experts, r.r, nullptr);
+                   c.experts, r.r, nullptr, GetParam());
     MoeCombine(down.as<float>(), r.r, c.tokens, c.top_k, c.hidden, d_resid.as<float>(), true,
                nullptr);
     const auto got = d_resid.Download<float>();
@@ -277,9 +281,10 @@ TEST_F(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
 }
 
 // The chain captured once in a CUDA graph (sizes from the host's token count only) and
-// replayed on new logits gives what eager launches give, bit for bit.
-TEST_F(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
-  const int tokens = 48, experts = 32, top_k = 4, hidden = 64, inter = 96;
+// replayed on new logits gives what eager launches give, bit for bit: 48 tokens (tiles) and 4
+// (kV2's GEMV).
+void CaptureAndReplay(int tokens, MoeKernels kernels) {
+  const int experts = 32, top_k = 4, hidden = 64, inter = 96;
   const int64_t pairs = int64_t(tokens) * top_k;
   const DType dtype = DType::kBF16;
   const Half x = Round(Normal(size_t(tokens) * hidden, 1.f, 21), dtype);
@@ -292,12 +297,12 @@ TEST_F(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto chain = [&] {
-    MoeRoute(d_logits.as<float>(), tokens, experts, top_k, true, r.r, stream);
+    MoeRoute(d_logits.as<float>(), tokens, experts, top_k, true, r.r, stream, kernels);
     MoeGroupedGemm(d_x.p, true, top_k, d_gu.p, dtype, gate_up.p, false, 2 * inter, hidden, pairs,
-                   experts, r.r, stream);
+                   experts, r.r, stream, kernels);
     SiluMul(gate_up.p, act.p, pairs, inter, dtype, stream);
     MoeGroupedGemm(act.p, false, top_k, d_d.p, dtype, down.p, true, hidden, inter, pairs, experts,
-                   r.r, stream);
+                   r.r, stream, kernels);
     MoeCombine(down.as<float>(), r.r, tokens, top_k, hidden, out.as<float>(), false, stream);
   };
   cudaGraph_t graph;
@@ -319,7 +324,7 @@ TEST_F(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
     LLM_CUDA_CHECK(cudaMemset(out.p, 0, out.bytes));
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     const auto replayed = out.Download<float>();
-    EXPECT_EQ(replayed, eager) << "seed " << seed;
+    EXPECT_EQ(replayed, eager) << "seed " << seed << ", " << tokens << " tokens";
     EXPECT_NE(std::count(eager.begin(), eager.end(), 0.f), std::ssize(eager));
   }
   cudaGraphExecDestroy(exec);
@@ -327,7 +332,11 @@ TEST_F(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
   cudaStreamDestroy(stream);
 }
 
-TEST_F(MoeGpuTest, BadArgumentsAreRefused) {
+TEST_P(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
+  for (const int tokens : {48, 4}) CaptureAndReplay(tokens, GetParam());
+}
+
+TEST_P(MoeGpuTest, BadArgumentsAreRefused) {
   Routing r(16, 8);
   EXPECT_THROW(MoeRoute(nullptr, 8, 300, 2, true, r.r, nullptr), std::invalid_argument);
   EXPECT_THROW(MoeRoute(nullptr, 8, 8, 9, true, r.r, nullptr), std::invalid_argument);
@@ -343,6 +352,11 @@ TEST_F(MoeGpuTest, BadArgumentsAreRefused) {
   EXPECT_THROW(MoeCombine(buf.as<float>(), missing, 8, 2, 64, buf.as<float>(), true, nullptr),
                std::invalid_argument);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, MoeGpuTest, ::testing::Values(MoeKernels::kV1, MoeKernels::kV2),
+                         [](const auto& info) {
+                           return std::string(info.param == MoeKernels::kV1 ? "v1" : "v2");
+                         });
 
 }  // namespace
 }  // namespace llm::cuda

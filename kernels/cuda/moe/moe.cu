@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -168,19 +169,118 @@ __global__ void __launch_bounds__(kGroupThreads)
   }
 }
 
+// kV2: the whole grouping in one CTA. Counts by shared-memory atomics (exact in any order), the
+// scan and the tile map, then the pairs placed chunk by chunk in pair order: a pair's row is its
+// expert's running base, plus its expert's pairs in the chunk's earlier warps, plus its rank
+// among its warp's lanes of the same expert (__match_any_sync).
+constexpr int kGroupOneThreads = 1024;
+
+__global__ void __launch_bounds__(kGroupOneThreads)
+    MoeGroupOneKernel(const int32_t* experts, int num_pairs, int num_experts, int32_t* offsets,
+                      int32_t* sorted_pairs, int32_t* pair_rows, int32_t* tile_expert,
+                      int32_t* tile_begin, int32_t* num_tiles) {
+  constexpr int kWarps = kGroupOneThreads / 32;
+  __shared__ int base[kMoeMaxExperts];  // counts, then each expert's next row
+  __shared__ int start[kMoeMaxExperts + 1], tile_start[kMoeMaxExperts + 1];
+  __shared__ int warp_count[kWarps][kMoeMaxExperts];
+  PdlWait();
+  PdlTrigger();
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  for (int e = tid; e < num_experts; e += kGroupOneThreads) base[e] = 0;
+  for (int i = tid; i < kWarps * kMoeMaxExperts; i += kGroupOneThreads) {
+    warp_count[i / kMoeMaxExperts][i % kMoeMaxExperts] = 0;
+  }
+  __syncthreads();
+  for (int p = tid; p < num_pairs; p += kGroupOneThreads) atomicAdd(&base[experts[p]], 1);
+  __syncthreads();
+  if (warp == 0) {  // exclusive scans of the counts and of the tiles, 8 experts a lane
+    constexpr int kPer = kMoeMaxExperts / 32;
+    int rows = 0, tiles = 0;
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane * kPer + i;
+      const int c = e < num_experts ? base[e] : 0;
+      rows += c;
+      tiles += (c + kMoeTileRows - 1) / kMoeTileRows;
+    }
+    int rows_before = rows, tiles_before = tiles;  // inclusive warp scans, then exclusive
+    for (int o = 1; o < 32; o <<= 1) {
+      const int r = __shfl_up_sync(kFullMask, rows_before, o);
+      const int t = __shfl_up_sync(kFullMask, tiles_before, o);
+      if (lane >= o) {
+        rows_before += r;
+        tiles_before += t;
+      }
+    }
+    rows_before -= rows;
+    tiles_before -= tiles;
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane * kPer + i;
+      if (e < num_experts) {
+        start[e] = rows_before;
+        tile_start[e] = tiles_before;
+        rows_before += base[e];
+        tiles_before += (base[e] + kMoeTileRows - 1) / kMoeTileRows;
+      }
+    }
+    if (lane == 31) {  // the last lane's running sums are the totals
+      start[num_experts] = rows_before;
+      tile_start[num_experts] = tiles_before;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < num_experts; e += kGroupOneThreads) {
+    offsets[e] = start[e];
+    int t = tile_start[e];
+    for (int b = start[e]; b < start[e + 1]; b += kMoeTileRows, ++t) {
+      tile_expert[t] = e;
+      tile_begin[t] = b;
+    }
+    base[e] = start[e];
+  }
+  if (tid == 0) {
+    offsets[num_experts] = start[num_experts];
+    *num_tiles = tile_start[num_experts];
+  }
+  __syncthreads();
+  for (int chunk = 0; chunk < num_pairs; chunk += kGroupOneThreads) {
+    const int p = chunk + tid;
+    const int e = p < num_pairs ? experts[p] : -1;
+    const unsigned peers = __match_any_sync(kFullMask, e);
+    const bool leader = lane == __ffs(peers) - 1;
+    if (leader && e >= 0) warp_count[warp][e] = __popc(peers);
+    __syncthreads();
+    if (e >= 0) {
+      int row = base[e] + __popc(peers & ((1u << lane) - 1u));
+      for (int w = 0; w < warp; ++w) row += warp_count[w][e];
+      sorted_pairs[row] = p;
+      pair_rows[p] = row;
+    }
+    __syncthreads();
+    for (int x = tid; x < num_experts; x += kGroupOneThreads) {
+      int added = 0;
+      for (int w = 0; w < kWarps; ++w) added += warp_count[w][x];
+      base[x] += added;
+    }
+    __syncthreads();
+    if (leader && e >= 0) warp_count[warp][e] = 0;
+    __syncthreads();
+  }
+}
+
 // ---- the grouped GEMM: mma.sync m16n8k16 tiles of 64 sorted rows x 64 outputs -----------------
 
 constexpr int kGemmThreads = 128;  // 4 warps, 2 x 2, each 32 x 32 of the tile
 constexpr int kBm = kMoeTileRows, kBn = 64, kBk = 32;
 constexpr int kSmemStride = kBk + 8;  // 80-byte rows: ldmatrix without bank conflicts
 
-template <typename T, bool kOutF32>
+// kStages k-tiles in flight (cp.async groups): 2 (kV1), 4 (kV2).
+template <typename T, bool kOutF32, int kStages>
 __global__ void __launch_bounds__(kGemmThreads)
     MoeGemmKernel(const T* x, bool gather, int top_k, const T* w, void* out, int n, int k,
                   const int32_t* sorted_pairs, const int32_t* offsets, const int32_t* tile_expert,
                   const int32_t* tile_begin, const int32_t* num_tiles) {
-  __shared__ alignas(16) T a_s[2][kBm][kSmemStride];
-  __shared__ alignas(16) T b_s[2][kBn][kSmemStride];
+  __shared__ alignas(16) T a_s[kStages][kBm][kSmemStride];
+  __shared__ alignas(16) T b_s[kStages][kBn][kSmemStride];
   __shared__ int a_rows[kBm];
   PdlWait();
   PdlTrigger();
@@ -215,16 +315,27 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
   float acc[2][4][4] = {};
   const int k_tiles = (k + kBk - 1) / kBk;
-  load(0, 0);
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    if (kt + 1 < k_tiles) {
-      load((kt + 1) & 1, (kt + 1) * kBk);
-      ptx::CpAsyncWait<1>();
+  // Tiles 0 .. kStages - 2 in flight; each iteration waits for tile kt, then refills the
+  // stage iteration kt - 1 read (every thread is past it: the barrier) with tile
+  // kt + kStages - 1. An empty commit where no tile is left keeps the group count uniform.
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < k_tiles) {
+      load(st, st * kBk);
     } else {
-      ptx::CpAsyncWait<0>();
+      ptx::CpAsyncCommit();
     }
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
-    const int s = kt & 1;
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) {
+      load(next % kStages, next * kBk);
+    } else {
+      ptx::CpAsyncCommit();
+    }
+    const int s = kt % kStages;
 #pragma unroll
     for (int kk = 0; kk < kBk; kk += 16) {
       uint32_t a[2][4];
@@ -245,8 +356,8 @@ __global__ void __launch_bounds__(kGemmThreads)
         }
       }
     }
-    __syncthreads();  // the next iteration's load overwrites this stage
   }
+  ptx::CpAsyncWaitAll();  // no copy may land in shared memory after the CTA exits
   const int g = lane / 4, c2 = (lane % 4) * 2;
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {
@@ -264,6 +375,81 @@ __global__ void __launch_bounds__(kGemmThreads)
           *reinterpret_cast<float2*>(static_cast<float*>(out) + at) = make_float2(v0, v1);
         } else {
           *reinterpret_cast<uint32_t*>(static_cast<T*>(out) + at) = vec::PackPair<T>(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+// ---- kV2, steps of at most kMoeGemvMaxTokens tokens: a GEMV over each chosen expert --------
+
+// CTA (output block, tile): the tile's expert has rows <= kMoeGemvMaxTokens (one per token);
+// each warp computes kGemvWarpRows output features for every row at once, its lanes streaming
+// the weight rows in 16-byte chunks (each byte read once per tile) against the rows' inputs
+// (a few KB, read through L1).
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarpRows = 2;
+constexpr int kGemvCtaRows = kGemvThreads / 32 * kGemvWarpRows;
+
+template <typename T, bool kOutF32>
+__global__ void __launch_bounds__(kGemvThreads)
+    MoeGemvKernel(const T* x, bool gather, int top_k, const T* w, void* out, int n, int k,
+                  const int32_t* sorted_pairs, const int32_t* offsets, const int32_t* tile_expert,
+                  const int32_t* tile_begin, const int32_t* num_tiles) {
+  constexpr int kMaxRows = kMoeGemvMaxTokens;
+  PdlWait();
+  PdlTrigger();
+  const int tile = blockIdx.y;
+  if (tile >= *num_tiles) return;
+  const int e = tile_expert[tile], row0 = tile_begin[tile];
+  const int rows = min(kMaxRows, offsets[e + 1] - row0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int j0 = blockIdx.x * kGemvCtaRows + warp * kGemvWarpRows;
+  if (j0 >= n) return;  // a whole warp
+  const T* in[kMaxRows];
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) {
+    const int row = row0 + min(r, rows - 1);
+    in[r] = x + int64_t(gather ? sorted_pairs[row] / top_k : row) * k;
+  }
+  const T* we = w + int64_t(e) * n * k;
+  float acc[kGemvWarpRows][kMaxRows] = {};
+  for (int c = lane * vec::kVec; c < k; c += 32 * vec::kVec) {
+    uint4 wv[kGemvWarpRows];
+#pragma unroll
+    for (int i = 0; i < kGemvWarpRows; ++i) {
+      const int j = min(j0 + i, n - 1);
+      wv[i] = ptx::LoadStream(reinterpret_cast<const uint4*>(we + int64_t(j) * k + c));
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRows; ++r) {
+      if (r < rows) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(in[r] + c);
+        const T* xe = reinterpret_cast<const T*>(&xv);
+#pragma unroll
+        for (int i = 0; i < kGemvWarpRows; ++i) {
+          const T* w8 = reinterpret_cast<const T*>(&wv[i]);
+#pragma unroll
+          for (int q = 0; q < vec::kVec; ++q) {
+            acc[i][r] = fmaf(vec::ToF32(w8[q]), vec::ToF32(xe[q]), acc[i][r]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGemvWarpRows; ++i) {
+#pragma unroll
+    for (int r = 0; r < kMaxRows; ++r) {
+      float v = acc[i][r];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+      const int j = j0 + i;
+      if (lane == 0 && r < rows && j < n) {
+        const int64_t at = int64_t(row0 + r) * n + j;
+        if constexpr (kOutF32) {
+          static_cast<float*>(out)[at] = v;
+        } else {
+          static_cast<T*>(out)[at] = vec::FromF32<T>(v);
         }
       }
     }
@@ -312,7 +498,7 @@ void CheckRouting(const MoeRouting& r, const char* op) {
 }  // namespace
 
 void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_k, bool normalize,
-              const MoeRouting& r, cudaStream_t stream) {
+              const MoeRouting& r, cudaStream_t stream, MoeKernels kernels) {
   CheckRouting(r, "MoeRoute");
   if (num_experts < 1 || num_experts > kMoeMaxExperts || top_k < 1 || top_k > kMoeMaxTopK ||
       top_k > num_experts) {
@@ -326,6 +512,13 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   Launch(MoeRouteKernel, dim3(unsigned((num_tokens + kRouteWarps - 1) / kRouteWarps)),
          dim3(kRouteWarps * 32), 0, stream, logits, int(num_tokens), num_experts, top_k, normalize,
          r.experts, r.weights);
+  if (kernels == MoeKernels::kV2) {
+    Launch(MoeGroupOneKernel, dim3(1), dim3(kGroupOneThreads), 0, stream,
+           static_cast<const int32_t*>(r.experts), pairs, num_experts, r.offsets, r.sorted_pairs,
+           r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);
+    LLM_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   Launch(MoeCountKernel, dim3(unsigned(num_experts)), dim3(kGroupThreads), 0, stream,
          static_cast<const int32_t*>(r.experts), pairs, r.offsets);
   Launch(MoeScanKernel, dim3(1), dim3(32), 0, stream, num_experts, r.offsets, r.tile_expert,
@@ -338,7 +531,7 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
 
 void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType dtype, void* out,
                     bool out_f32, int64_t n, int64_t k, int64_t num_pairs, int num_experts,
-                    const MoeRouting& r, cudaStream_t stream) {
+                    const MoeRouting& r, cudaStream_t stream, MoeKernels kernels) {
   CheckRouting(r, "MoeGroupedGemm");
   if (dtype != DType::kBF16 && dtype != DType::kF16) {
     throw std::invalid_argument("MoeGroupedGemm: dtype must be BF16 or F16, got " +
@@ -353,12 +546,22 @@ void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType 
     throw std::invalid_argument("MoeGroupedGemm: x, w and out must be 16-byte aligned");
   }
   if (num_pairs <= 0) return;
-  const dim3 grid(unsigned((n + kBn - 1) / kBn), unsigned(MoeMaxTiles(num_pairs, num_experts)));
-  const dim3 block(kGemmThreads);
+  const int64_t tokens = num_pairs / top_k;
+  // kV2's GEMV: every expert has at most `tokens` rows, so one tile each, and at most
+  // num_pairs tiles are not empty.
+  const bool gemv = kernels == MoeKernels::kV2 && tokens <= kMoeGemvMaxTokens;
+  const int64_t tiles = MoeMaxTiles(num_pairs, num_experts);
+  const dim3 grid = gemv ? dim3(unsigned((n + kGemvCtaRows - 1) / kGemvCtaRows),
+                                unsigned(std::min<int64_t>(tiles, num_pairs)))
+                         : dim3(unsigned((n + kBn - 1) / kBn), unsigned(tiles));
+  const dim3 block(gemv ? kGemvThreads : kGemmThreads);
   auto run = [&](auto tag, auto out_f32_tag) {
     using T = decltype(tag);
     constexpr bool kF32 = decltype(out_f32_tag)::value;
-    Launch(MoeGemmKernel<T, kF32>, grid, block, 0, stream, static_cast<const T*>(x), gather, top_k,
+    auto kernel = gemv                         ? MoeGemvKernel<T, kF32>
+                  : kernels == MoeKernels::kV2 ? MoeGemmKernel<T, kF32, 4>
+                                               : MoeGemmKernel<T, kF32, 2>;
+    Launch(kernel, grid, block, 0, stream, static_cast<const T*>(x), gather, top_k,
            static_cast<const T*>(w), out, int(n), int(k),
            static_cast<const int32_t*>(r.sorted_pairs), static_cast<const int32_t*>(r.offsets),
            static_cast<const int32_t*>(r.tile_expert), static_cast<const int32_t*>(r.tile_begin),

@@ -37,6 +37,15 @@ inline constexpr int kMoeTileRows = 64;
 inline constexpr int kMoeMaxExperts = 256;
 inline constexpr int kMoeMaxTopK = 16;
 
+// Which kernels run a step. kV1 (measured on the H200, 2026-12-04): four grouping launches
+// (count, scan, place) and every grouped GEMM on 2-stage 64 x 64 mma.sync tiles. kV2: one
+// grouping kernel (a single CTA: shared-memory counts, the scan, the placement in pair order by
+// warp matching); steps of at most kMoeGemvMaxTokens tokens (every expert then has at most that
+// many rows) on a GEMV that streams each chosen expert's weight rows once, larger steps on
+// 4-stage tiles. Both give the same routing and grouping; the GEMMs agree within fp32 rounding.
+enum class MoeKernels { kV1, kV2 };
+inline constexpr int kMoeGemvMaxTokens = 8;
+
 // Routing results and the permutation, device arrays the caller allocates for the largest
 // step (sizes in brackets; P = num_pairs, E = num_experts, T = MoeMaxTiles(P, E)).
 struct MoeRouting {
@@ -61,7 +70,7 @@ inline int64_t MoeMaxTiles(int64_t num_pairs, int64_t num_experts) {
 // order) and the tile map. num_experts <= kMoeMaxExperts, top_k <= min(kMoeMaxTopK,
 // num_experts).
 void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_k, bool normalize,
-              const MoeRouting& r, cudaStream_t stream);
+              const MoeRouting& r, cudaStream_t stream, MoeKernels kernels = MoeKernels::kV1);
 
 // out[row, :] = in(row) · W[expert(row)]ᵀ for every sorted row of the routing's tiles, where
 // in(row) = x[sorted_pairs[row] / top_k] when `gather` (x: the tokens [num_tokens, k]) or
@@ -70,7 +79,7 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
 // fp32 accumulation (mma.sync). n and k multiples of 8. Rows of no tile are not written.
 void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType dtype, void* out,
                     bool out_f32, int64_t n, int64_t k, int64_t num_pairs, int num_experts,
-                    const MoeRouting& r, cudaStream_t stream);
+                    const MoeRouting& r, cudaStream_t stream, MoeKernels kernels = MoeKernels::kV1);
 
 // residual[t, :] (+)= Σ over t's slots, by ascending expert, weight · rows[pair_rows[pair], :]
 // (the sum starts at 0 and is added to the residual when `accumulate`, else stored).
