@@ -333,9 +333,10 @@ void CpuModel::Attention(const Layer& layer, int64_t layer_index, const float* n
   }
 }
 
-void CpuModel::Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const {
+void CpuModel::Mlp(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+                   int64_t num_tokens) const {
   if (layer.moe) {
-    MoeMlp(layer, normed, out, num_tokens);
+    MoeMlp(layer, layer_index, normed, out, num_tokens);
     return;
   }
   const int64_t inter = config_.intermediate_size;
@@ -359,7 +360,8 @@ void CpuModel::Mlp(const Layer& layer, const float* normed, float* out, int64_t 
 // token, then expert by expert (ascending) its SwiGLU over the rows of the tokens that chose
 // it, each scaled by its routing weight and added into the token's output. A token's output
 // depends only on its own row: batch-invariant.
-void CpuModel::MoeMlp(const Layer& layer, const float* normed, float* out, int64_t n) const {
+void CpuModel::MoeMlp(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+                      int64_t n) const {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
   const int64_t num_experts = c.num_experts, k = c.num_experts_per_tok;
@@ -368,6 +370,7 @@ void CpuModel::MoeMlp(const Layer& layer, const float* normed, float* out, int64
   std::vector<int32_t> chosen(static_cast<size_t>(n * k));
   std::vector<float> weights(static_cast<size_t>(n * k));
   cpu::MoeRoute(logits.data(), n, num_experts, k, c.norm_topk_prob, chosen.data(), weights.data());
+  if (routing_observer_) routing_observer_(layer_index, chosen);
   const cpu::ExpertGroups groups =
       cpu::GroupByExpert(chosen.data(), weights.data(), n, k, num_experts);
   std::fill(out, out + n * hidden, 0.f);
@@ -423,7 +426,7 @@ std::vector<float> CpuModel::Forward(const ForwardBatch& batch, KvCachePool& kv)
     Attention(layer, i, normed.data(), delta.data(), batch, kv);
     cpu::AddInPlace(x.data(), delta.data(), n * hidden);
     cpu::RmsNorm(x.data(), layer.post_attention_norm.data(), normed.data(), n, hidden, eps);
-    Mlp(layer, normed.data(), delta.data(), n);
+    Mlp(layer, i, normed.data(), delta.data(), n);
     cpu::AddInPlace(x.data(), delta.data(), n * hidden);
   }
   // Final norm and lm_head only for the rows that need logits.

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -72,6 +73,12 @@ class CpuModel {
   // a token id outside the vocabulary.
   std::vector<float> Forward(const ForwardBatch& batch, KvCachePool& kv) const;
 
+  // Mixture of experts: called by every MoE layer of every Forward with the experts its
+  // tokens chose, [tokens · num_experts_per_tok], most probable first (tests compare the
+  // backends' routing). Not thread-safe with concurrent Forward calls; null to stop.
+  using RoutingObserver = std::function<void(int64_t layer, std::span<const int32_t> experts)>;
+  void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
+
  private:
   struct Layer {
     std::vector<float> input_norm, post_attention_norm;  // [hidden]
@@ -97,8 +104,10 @@ class CpuModel {
   std::vector<float>* VectorOf(WeightRole role, int64_t layer);
   void Attention(const Layer& layer, int64_t layer_index, const float* normed, float* out,
                  const ForwardBatch& batch, KvCachePool& kv) const;
-  void Mlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const;
-  void MoeMlp(const Layer& layer, const float* normed, float* out, int64_t num_tokens) const;
+  void Mlp(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+           int64_t num_tokens) const;
+  void MoeMlp(const Layer& layer, int64_t layer_index, const float* normed, float* out,
+              int64_t num_tokens) const;
 
   ModelConfig config_;
   DType weight_dtype_ = DType::kF32;
@@ -113,6 +122,7 @@ class CpuModel {
   std::vector<float> inv_freq_;          // [head_dim / 2]: full-attention layers
   std::vector<float> sliding_inv_freq_;  // sliding layers with a RoPE of their own (Gemma 3)
   ArchitectureFeatures features_;
+  RoutingObserver routing_observer_;
 };
 
 }  // namespace llm

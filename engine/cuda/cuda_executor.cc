@@ -232,6 +232,7 @@ void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {
 std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
   CudaWorker& m = *worker_;
   m.CheckNothingInFlight("Forward");
+  m.last_forward_tokens = batch.num_tokens();
   const auto start = Clock::now();
   LLM_CUDA_CHECK(cudaEventRecord(m.out[0].start, m.stream));
   m.Run(batch);
@@ -275,6 +276,21 @@ std::vector<SampleResult> CudaExecutor::Wait(StepHandle step) try {
 bool CudaExecutor::applies_token_masks_in_flight() const { return worker_->opt.async_masks; }
 
 CudaExecutorStats CudaExecutor::stats() const { return worker_->stats; }
+
+std::vector<std::vector<int32_t>> CudaExecutor::LastMoeRouting() const {
+  const CudaWorker& m = *worker_;
+  std::vector<std::vector<int32_t>> out;
+  if (!m.moe_routing_log) return out;
+  LLM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  const int64_t count = m.last_forward_tokens * m.top_k;
+  for (int64_t i = 0; i < m.config.num_layers; ++i) {
+    if (!m.layers[size_t(i)].moe) continue;
+    std::vector<int32_t>& layer = out.emplace_back(size_t(count));
+    LLM_CUDA_CHECK(cudaMemcpy(layer.data(), m.moe_routing_log + i * m.max_tokens * m.top_k,
+                              size_t(count) * 4, cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
 
 void CudaExecutor::ResetStats() {
   CudaExecutorStats& s = worker_->stats;

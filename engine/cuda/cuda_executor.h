@@ -101,6 +101,9 @@ struct CudaExecutorOptions {
   // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels::kV2 (one grouping
   // kernel, a GEMV for steps of at most 8 tokens, 4-stage tiles) instead of kV1.
   bool moe_v2 = false;
+  // Mixture of experts: keep every MoE layer's routing of the last step on the device, for
+  // LastMoeRouting (tests: where the GPU routes a token differently from the CPU's fp32).
+  bool record_moe_routing = false;
   // A step's inputs reach the device in one packed copy and one scatter kernel instead of
   // one copy per input array (~10 per step): Llama-2-7B batch 1, 128 + 256 tokens 3.667
   // ms/token against 3.685 (H200, same call, bench/RESULTS.md).
@@ -217,6 +220,10 @@ class CudaExecutor final : public ModelExecutor {
 
   CudaExecutorStats stats() const;
   void ResetStats();
+  // With options.record_moe_routing: the experts each mixture-of-experts layer chose for the
+  // last Forward's tokens, one [tokens · num_experts_per_tok] list per MoE layer in layer
+  // order (most probable first); empty without the option.
+  std::vector<std::vector<int32_t>> LastMoeRouting() const;
 
  private:
   explicit CudaExecutor(std::unique_ptr<CudaWorker> worker);

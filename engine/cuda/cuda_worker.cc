@@ -147,6 +147,7 @@ void CudaWorker::AllocActivations() {
     moe_gate_up = Alloc(P * 2 * moe_inter * int64_t(esize));
     moe_act = Alloc(P * moe_inter * int64_t(esize));
     moe_down = Alloc<float>(P * hidden * 4);
+    if (opt.record_moe_routing) moe_routing_log = Alloc<int32_t>(config.num_layers * P * 4);
   }
   decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
   // Zeroed once: its split arrival counters must start at zero, and every decode attention

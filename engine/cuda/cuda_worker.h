@@ -195,6 +195,10 @@ struct CudaWorker {
   cuda::MoeRouting routing;
   void *moe_gate_up = nullptr, *moe_act = nullptr;
   float* moe_down = nullptr;
+  // options.record_moe_routing: each layer's routing.experts of the last step
+  // [num_layers][T · top_k], and the last Forward's token count.
+  int32_t* moe_routing_log = nullptr;
+  int64_t last_forward_tokens = 0;
   void* decode_ws = nullptr;
   // fp8 KV (opt.fp8_prefill_wgmma): the prefill attention's scratch (cuda::PrefillScratch):
   // room for the bf16/fp16 copy of prefill_scratch_pages pages and a block table over them.
@@ -364,7 +368,7 @@ struct CudaWorker {
   void RunLayerFp8(int64_t i, const Shape& s);
   // A mixture-of-experts MLP of n tokens: `normed` (the post-attention RMSNorm of x) through
   // the router, the chosen experts and their weighted sum, added to the residual x.
-  void MoeMlp(const Layer& l, int64_t n);
+  void MoeMlp(const Layer& l, int64_t layer, int64_t n);
 
   // ---- decode CUDA graphs (graphs.cc) ----------------------------------------------------
   bool GraphEligible(const ForwardBatch& b) const;

@@ -228,7 +228,7 @@ void CudaWorker::RunModel(const Shape& s) {
       AllReduceResidual(n);
       if (l.moe) {
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
-        MoeMlp(l, n);
+        MoeMlp(l, i, n);
         continue;
       }
       // GeGLU: gate|up stored, then the activation (the GEMV's epilogue is SiLU's).
@@ -250,7 +250,7 @@ void CudaWorker::RunModel(const Shape& s) {
       AllReduceResidual(n);
       cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (l.moe) {
-        MoeMlp(l, n);
+        MoeMlp(l, i, n);
         continue;
       }
       gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
@@ -281,7 +281,7 @@ void CudaWorker::RunModel(const Shape& s) {
 // gate|up over each pair's token through its expert, SiLU·mul, down (fp32), and the weighted
 // sum added to x (kernels/cuda/moe/moe.h). One GPU, weights in dtype: CudaExecutor::Create
 // refuses tensor parallelism and fp8 for these layers; no MoE architecture has sandwich norms.
-void CudaWorker::MoeMlp(const Layer& l, int64_t n) {
+void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
   const int64_t pairs = n * top_k;
   const int e = int(num_experts), k = int(top_k);
   const cuda::MoeKernels kernels = opt.moe_v2 ? cuda::MoeKernels::kV2 : cuda::MoeKernels::kV1;
@@ -293,6 +293,10 @@ void CudaWorker::MoeMlp(const Layer& l, int64_t n) {
                  stream);
   }
   cuda::MoeRoute(router_logits, n, e, k, config.norm_topk_prob, routing, stream, kernels);
+  if (moe_routing_log) {  // a copy node in captured graphs too
+    LLM_CUDA_CHECK(cudaMemcpyAsync(moe_routing_log + layer * max_tokens * top_k, routing.experts,
+                                   size_t(pairs) * 4, cudaMemcpyDeviceToDevice, stream));
+  }
   cuda::MoeGroupedGemm(normed, true, k, l.experts_gate_up, dtype, moe_gate_up, false, 2 * moe_inter,
                        hidden, pairs, e, routing, stream, kernels);
   cuda::SiluMul(moe_gate_up, moe_act, pairs, moe_inter, dtype, stream);

@@ -22,12 +22,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/cpu/cpu_model.h"
 #include "engine/cpu/sequence_runner.h"
 #include "engine/cuda/cuda_executor.h"
+#include "engine/forward_batch.h"
 #include "engine/loader/make_model.h"
 #include "tests/engine/cuda/cuda_test_fixture.h"
 #include "tests/test_util.h"
@@ -115,6 +117,109 @@ TEST_P(CudaHfArch, LogitsWithinHalfPrecisionToleranceAndGreedyAgrees) {
     EXPECT_LE(max_diff, tol);
   }
   EXPECT_GT(ex->stats().graph_steps, 0) << "decode steps should replay CUDA graphs";
+}
+
+// Mixture of experts: the share of tokens the GPU routes to other experts than the CPU's fp32
+// (in any MoE layer, as sets of the top k), reported per layer; it must stay small (a routing
+// bug sends most tokens elsewhere). Logits before the first rerouted token of a prompt must be
+// within twice transformers' own bf16 gap of that prompt; from it on (a rerouted token also
+// changes the keys and values later tokens attend to), within twice the folder's larger gap.
+TEST_P(CudaHfArch, MoeRoutingAgreesWithTheCpuAndLogitsWhereItDoes) {
+  const ArchCase& c = GetParam();
+  const std::string dir = (test::SharedDir() / "models" / "hf-arch" / c.folder).string();
+  LoadOptions lo;
+  lo.weight_dtype = DType::kF32;
+  const auto cpu = CpuModel::Load(dir, lo);
+  if (cpu->config().num_experts == 0) GTEST_SKIP() << "not a mixture-of-experts folder";
+  const int64_t k = cpu->config().num_experts_per_tok, vocab = cpu->config().vocab_size;
+  const json ref = json::parse(test::ReadFile(fs::path(dir) / "reference.json"));
+  double folder_gap = 0;
+  for (const json& p : ref["prompts"]) {
+    folder_gap = std::max(folder_gap, p["bf16_vs_fp32_max_abs"].get<double>());
+  }
+  CudaExecutorOptions o = test::SmallOptions(c.dtype);
+  o.gemv_max_tokens = c.gemv ? 8 : 0;
+  o.moe_v2 = c.moe_v2;
+  o.record_moe_routing = true;
+  auto ex = CudaExecutor::Create(dir, o);
+  int64_t rerouted_tokens = 0, total_tokens = 0;
+  for (const json& p : ref["prompts"]) {
+    const std::vector<int> ids = p["ids"].get<std::vector<int>>();
+    const int64_t n = std::ssize(ids);
+    // The CPU's routing of every position, per MoE layer (the prompt in one Forward).
+    std::vector<std::vector<int32_t>> want;
+    cpu->set_routing_observer(
+        [&](int64_t, std::span<const int32_t> e) { want.emplace_back(e.begin(), e.end()); });
+    SequenceRunner run(*cpu, n + 1);
+    const std::vector<float> fp32 = run.Feed(ids, /*all_logits=*/true);
+    cpu->set_routing_observer(nullptr);
+    // The GPU: a prefill chunk of 10, then decode steps (as AllLogits), routing after each.
+    std::vector<int32_t> table;
+    for (int64_t b = 0; b * test::kBlockSize < n; ++b) table.push_back(int32_t(b));
+    std::vector<float> got;
+    std::vector<std::vector<int32_t>> routed(want.size());
+    for (int64_t pos = 0; pos < n;) {
+      const int64_t len = pos == 0 ? 10 : 1;
+      std::vector<int64_t> slots;
+      for (int64_t i = 0; i < len; ++i) slots.push_back(pos + i);
+      ForwardBatch batch;
+      batch.AddSequence(std::span<const int>(ids.data() + pos, size_t(len)), pos,
+                        std::span<const int32_t>(table.data(), size_t((pos + len + 15) / 16)),
+                        slots, true, pos > 0);
+      batch.logits_indices.clear();
+      for (int64_t i = 0; i < len; ++i) batch.logits_indices.push_back(int32_t(i));
+      const std::vector<float> logits = ex->Forward(batch);
+      got.insert(got.end(), logits.begin(), logits.end());
+      const std::vector<std::vector<int32_t>> step = ex->LastMoeRouting();
+      ASSERT_EQ(step.size(), want.size());
+      for (size_t l = 0; l < step.size(); ++l) {
+        routed[l].insert(routed[l].end(), step[l].begin(), step[l].end());
+      }
+      pos += len;
+    }
+    int64_t first_rerouted = n;
+    std::vector<int64_t> per_layer(want.size());
+    for (int64_t t = 0; t < n; ++t) {
+      bool differs = false;
+      for (size_t l = 0; l < want.size(); ++l) {
+        std::vector<int32_t> a(want[l].begin() + t * k, want[l].begin() + (t + 1) * k);
+        std::vector<int32_t> b(routed[l].begin() + t * k, routed[l].begin() + (t + 1) * k);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        if (a != b) {
+          ++per_layer[l];
+          differs = true;
+        }
+      }
+      if (differs) {
+        ++rerouted_tokens;
+        first_rerouted = std::min(first_rerouted, t);
+      }
+      ++total_tokens;
+    }
+    double before = 0, after = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double d = std::fabs(got[size_t(t * vocab + v)] - fp32[size_t(t * vocab + v)]);
+        (t < first_rerouted ? before : after) = std::max(t < first_rerouted ? before : after, d);
+      }
+    }
+    std::ostringstream layers;  // (not + on temporaries: GCC 12's false -Wstringop-overflow)
+    for (int64_t x : per_layer) layers << " " << x;
+    const double gap = p["bf16_vs_fp32_max_abs"].get<double>();
+    std::printf(
+        "  %s %s %s%s, %lld tokens: rerouted per layer%s; first at %lld; max |gpu - cpu fp32| "
+        "%.4f before it (bound %.4f), %.4f from it (bound %.4f)\n",
+        c.folder, c.dtype == DType::kBF16 ? "bf16" : "fp16", c.gemv ? "gemv" : "cublaslt",
+        c.moe_v2 ? " v2" : "", static_cast<long long>(n), layers.str().c_str(),
+        static_cast<long long>(first_rerouted), before, 2 * gap, after, 2 * folder_gap);
+    EXPECT_LE(before, 2 * gap);
+    EXPECT_LE(after, 2 * folder_gap);
+  }
+  std::printf("  %s: %lld of %lld tokens rerouted in some layer (%.1f%%)\n", c.folder,
+              static_cast<long long>(rerouted_tokens), static_cast<long long>(total_tokens),
+              100.0 * double(rerouted_tokens) / double(total_tokens));
+  EXPECT_LE(rerouted_tokens * 10, total_tokens) << "more than 10% of the tokens rerouted";
 }
 
 // --quantization fp8 (W8A8) and --kv-cache-dtype fp8 on each architecture that has an fp8 path
