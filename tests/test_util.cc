@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <string_view>
 
 #include "engine/cpu/cpu_model.h"
+#include "engine/cpu/sequence_runner.h"
 #include "engine/error.h"
 #include "engine/loader/make_model.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -166,6 +168,35 @@ GreedyAgreement CompareGreedy(const std::vector<Completion>& ref,
         << "), which is not a near-tie";
   }
   return a;
+}
+
+std::vector<int> RandomPrompt(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int> ids{1};
+  while (std::ssize(ids) < n) ids.push_back(std::uniform_int_distribution<int>(3, vocab - 1)(rng));
+  return ids;
+}
+
+std::vector<int> RunnerGreedy(const CpuModel& model, const std::vector<int>& prompt, int n) {
+  SequenceRunner run(model, std::ssize(prompt) + n + 1);
+  std::vector<float> logits = run.Feed(prompt);
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(int(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    logits = run.Feed(std::span<const int>(&out.back(), 1));
+  }
+  return out;
+}
+
+std::vector<int> AwaitTokens(const std::shared_ptr<OutputChannel>& channel) {
+  std::vector<int> tokens;
+  RequestOutput out;
+  while (channel->Pop(&out, std::chrono::seconds(300))) {
+    EXPECT_TRUE(out.error.empty()) << out.error;
+    tokens.insert(tokens.end(), out.token_ids.begin(), out.token_ids.end());
+    if (out.is_last) break;
+  }
+  return tokens;
 }
 
 Request GreedyRequest(std::vector<int> prompt, int max_tokens, int top_logprobs) {

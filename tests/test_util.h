@@ -1,6 +1,7 @@
 // Small helpers shared by the tests: where the test data lives, temp folders.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -48,6 +49,17 @@ std::string TestModelDir(const std::string& name);
 // A greedy request with ignore_eos (exactly max_tokens tokens), returning the sampled token's
 // logprob (a bit-exact view of the logits) and `top_logprobs` alternatives per token.
 Request GreedyRequest(std::vector<int> prompt, int max_tokens, int top_logprobs = 0);
+
+// A prompt of n ids: BOS (1), then ids drawn uniformly from [3, vocab) by `seed`.
+std::vector<int> RandomPrompt(int n, uint32_t seed, int vocab = 512);
+
+// `n` greedy tokens after `prompt` from the single-sequence runner (engine/cpu/sequence_runner.h):
+// what a request gets alone.
+std::vector<int> RunnerGreedy(const CpuModel& model, const std::vector<int>& prompt, int n);
+
+// The tokens a request's channel delivers, waiting (up to 300 s per event) for its last
+// event; fails the test on an error event.
+std::vector<int> AwaitTokens(const std::shared_ptr<OutputChannel>& channel);
 
 // One completion's tokens and logprobs, as a request's channel delivered them.
 struct Completion {

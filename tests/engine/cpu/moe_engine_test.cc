@@ -23,36 +23,6 @@ std::string Folder(const std::string& name) {
   return (test::SharedDir() / "models" / "hf-arch" / name).string();
 }
 
-std::vector<int> AloneGreedy(const CpuModel& model, const std::vector<int>& prompt, int n) {
-  SequenceRunner run(model, std::ssize(prompt) + n + 1);
-  std::vector<float> logits = run.Feed(prompt);
-  std::vector<int> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(
-        static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-    logits = run.Feed(std::span<const int>(&out.back(), 1));
-  }
-  return out;
-}
-
-std::vector<int> RandomPrompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int> ids{1};
-  while (std::ssize(ids) < n) ids.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
-  return ids;
-}
-
-std::vector<int> Tokens(const std::shared_ptr<OutputChannel>& ch) {
-  std::vector<int> tokens;
-  RequestOutput out;
-  while (ch->Pop(&out, std::chrono::seconds(300))) {
-    EXPECT_TRUE(out.error.empty()) << out.error;
-    tokens.insert(tokens.end(), out.token_ids.begin(), out.token_ids.end());
-    if (out.is_last) break;
-  }
-  return tokens;
-}
-
 class MoeEngineTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MoeEngineTest, ConcurrentRequestsMatchEachAlone) {
@@ -67,16 +37,12 @@ TEST_P(MoeEngineTest, ConcurrentRequestsMatchEachAlone) {
   std::vector<std::vector<int>> prompts;
   std::vector<std::shared_ptr<OutputChannel>> channels;
   for (size_t i = 0; i < prompt_lengths.size(); ++i) {
-    prompts.push_back(RandomPrompt(prompt_lengths[i], 100 + uint32_t(i)));
-    Request r;
-    r.prompt_ids = prompts.back();
-    r.sampling.max_tokens = lengths[i];
-    r.sampling.temperature = 0;
-    r.sampling.ignore_eos = true;
-    channels.push_back(engine.AddRequest(std::move(r)));
+    prompts.push_back(test::RandomPrompt(prompt_lengths[i], 100 + uint32_t(i)));
+    channels.push_back(engine.AddRequest(test::GreedyRequest(prompts.back(), lengths[i])));
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(Tokens(channels[i]), AloneGreedy(*model, prompts[i], lengths[i])) << "request " << i;
+    EXPECT_EQ(test::AwaitTokens(channels[i]), test::RunnerGreedy(*model, prompts[i], lengths[i]))
+        << "request " << i;
   }
   engine.Stop();
   const EngineStats s = engine.Stats();
@@ -101,7 +67,7 @@ TEST(MoeModel, DecodeReadsTheChosenExpertsOnly) {
   const int64_t experts8 = 2 * 3 * (64 * 64 + 64 * 4);
   EXPECT_EQ(fp8->weight_bytes_per_token(), 3 * (attention8 + router + experts8) + head);
   SequenceRunner run(*fp8, 16);
-  const std::vector<float> logits = run.Feed(RandomPrompt(10, 9));
+  const std::vector<float> logits = run.Feed(test::RandomPrompt(10, 9));
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
 }
 

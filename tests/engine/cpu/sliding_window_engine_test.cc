@@ -31,44 +31,8 @@ const CpuModel& SlidingModel() {
 
 // Greedy tokens from the single-sequence runner (a pool for all of them, no window mode).
 std::vector<int> RunnerGreedy(const std::vector<int>& prompt, int n) {
-  const CpuModel& model = SlidingModel();
-  SequenceRunner run(model, std::ssize(prompt) + n + 1);
-  EXPECT_EQ(run.blocks().sliding_window(), 0);
-  std::vector<float> logits = run.Feed(prompt);
-  std::vector<int> out;
-  for (int i = 0; i < n; ++i) {
-    const auto it = std::max_element(logits.begin(), logits.end());
-    out.push_back(static_cast<int>(it - logits.begin()));
-    logits = run.Feed(std::span<const int>(&out.back(), 1));
-  }
-  return out;
-}
-
-std::vector<int> RandomPrompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int> ids{1};
-  while (std::ssize(ids) < n) ids.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
-  return ids;
-}
-
-Request GreedyRequest(const std::vector<int>& prompt, int max_tokens) {
-  Request r;
-  r.prompt_ids = prompt;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.sampling.ignore_eos = true;
-  return r;
-}
-
-std::vector<int> Tokens(const std::shared_ptr<OutputChannel>& ch) {
-  std::vector<int> tokens;
-  RequestOutput out;
-  while (ch->Pop(&out, std::chrono::seconds(300))) {
-    EXPECT_TRUE(out.error.empty()) << out.error;
-    tokens.insert(tokens.end(), out.token_ids.begin(), out.token_ids.end());
-    if (out.is_last) break;
-  }
-  return tokens;
+  EXPECT_EQ(SequenceRunner(SlidingModel(), 1).blocks().sliding_window(), 0);
+  return test::RunnerGreedy(SlidingModel(), prompt, n);
 }
 
 // Block size 16, steps of at most 64 tokens: a sequence holds at most
@@ -84,11 +48,11 @@ EngineConfig SmallPool(int64_t num_blocks) {
 TEST(SlidingWindowEngine, RequestLongerThanThePoolMatchesTheRunner) {
   const CpuModel& model = SlidingModel();
   ASSERT_EQ(model.config().UniformSlidingWindow(), 16);
-  const std::vector<int> prompt = RandomPrompt(300, 1);
+  const std::vector<int> prompt = test::RandomPrompt(300, 1);
   const int n = 600;  // 900 tokens of KV: 57 blocks; the pool has 24
   Engine engine(model, test::StoriesTokenizer(), SmallPool(24));
   engine.Start();
-  const std::vector<int> got = Tokens(engine.AddRequest(GreedyRequest(prompt, n)));
+  const std::vector<int> got = test::AwaitTokens(engine.AddRequest(test::GreedyRequest(prompt, n)));
   engine.Stop();
   EXPECT_EQ(got, RunnerGreedy(prompt, n));
   const EngineStats s = engine.Stats();
@@ -105,16 +69,17 @@ TEST(SlidingWindowEngine, ConcurrentLongRequestsUnderPreemptionMatchTheRunner) {
   // Four requests (three prompts longer than a lookahead, one short) in a pool that holds
   // one sequence's window span and a little: they preempt one another and are recomputed in
   // window mode.
-  std::vector<std::vector<int>> prompts = {RandomPrompt(420, 2), RandomPrompt(40, 3),
-                                           RandomPrompt(700, 4), RandomPrompt(260, 5)};
+  std::vector<std::vector<int>> prompts = {test::RandomPrompt(420, 2), test::RandomPrompt(40, 3),
+                                           test::RandomPrompt(700, 4), test::RandomPrompt(260, 5)};
   const std::vector<int> lengths = {300, 500, 120, 400};
   Engine engine(model, test::StoriesTokenizer(), SmallPool(24));
   engine.Start();
   std::vector<std::shared_ptr<OutputChannel>> channels;
   for (size_t i = 0; i < prompts.size(); ++i)
-    channels.push_back(engine.AddRequest(GreedyRequest(prompts[i], lengths[i])));
+    channels.push_back(engine.AddRequest(test::GreedyRequest(prompts[i], lengths[i])));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(Tokens(channels[i]), RunnerGreedy(prompts[i], lengths[i])) << "request " << i;
+    EXPECT_EQ(test::AwaitTokens(channels[i]), RunnerGreedy(prompts[i], lengths[i]))
+        << "request " << i;
   }
   engine.Stop();
   const EngineStats s = engine.Stats();
@@ -130,11 +95,14 @@ TEST(SlidingWindowEngine, RequestBeyondOneWindowOfBlocksIsRefused) {
   // 22 blocks hold less than one sequence's window span (23): refused up front, as any
   // request that could never fit, with the pool's size in the message.
   Engine engine(SlidingModel(), test::StoriesTokenizer(), SmallPool(22));
-  test::ExpectError([&] { engine.AddRequest(GreedyRequest(RandomPrompt(500, 6), 300)); },
-                    {"KV cache", "352"});
+  test::ExpectError(
+      [&] { engine.AddRequest(test::GreedyRequest(test::RandomPrompt(500, 6), 300)); },
+      {"KV cache", "352"});
   // A short one fits.
   engine.Start();
-  EXPECT_EQ(Tokens(engine.AddRequest(GreedyRequest(RandomPrompt(20, 7), 10))).size(), 10u);
+  EXPECT_EQ(test::AwaitTokens(engine.AddRequest(test::GreedyRequest(test::RandomPrompt(20, 7), 10)))
+                .size(),
+            10u);
   engine.Stop();
 }
 
