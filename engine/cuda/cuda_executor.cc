@@ -232,7 +232,6 @@ void CudaExecutor::CopyBlocks(std::span<const BlockCopy> copies) try {
 std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
   CudaWorker& m = *worker_;
   m.CheckNothingInFlight("Forward");
-  m.last_forward_tokens = batch.num_tokens();
   const auto start = Clock::now();
   LLM_CUDA_CHECK(cudaEventRecord(m.out[0].start, m.stream));
   m.Run(batch);
@@ -282,7 +281,7 @@ std::vector<std::vector<int32_t>> CudaExecutor::LastMoeRouting() const {
   std::vector<std::vector<int32_t>> out;
   if (!m.moe_routing_log) return out;
   LLM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  const int64_t count = m.last_forward_tokens * m.top_k;
+  const int64_t count = m.last_step_tokens * m.top_k;
   for (int64_t i = 0; i < m.config.num_layers; ++i) {
     if (!m.layers[size_t(i)].moe) continue;
     std::vector<int32_t>& layer = out.emplace_back(size_t(count));

@@ -221,8 +221,9 @@ class CudaExecutor final : public ModelExecutor {
   CudaExecutorStats stats() const;
   void ResetStats();
   // With options.record_moe_routing: the experts each mixture-of-experts layer chose for the
-  // last Forward's tokens, one [tokens · num_experts_per_tok] list per MoE layer in layer
-  // order (most probable first); empty without the option.
+  // last step's tokens (Forward, ForwardAndSample or Launch; after that step completed), one
+  // [tokens · num_experts_per_tok] list per MoE layer in layer order (most probable first); empty
+  // without the option.
   std::vector<std::vector<int32_t>> LastMoeRouting() const;
 
  private:

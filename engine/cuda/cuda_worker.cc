@@ -122,8 +122,12 @@ void CudaWorker::AllocActivations() {
   qkv = Alloc(T * qkv_dim * int64_t(esize));
   q = Alloc(T * q_dim * int64_t(esize));
   attn = Alloc(T * q_dim * int64_t(esize));
-  gate_up = Alloc(T * 2 * inter * int64_t(esize));
-  act = Alloc(T * inter * int64_t(esize));
+  bool dense_mlp = false;  // a mixture-of-experts model's MoE layers need neither
+  for (int64_t i = 0; i < config.num_layers; ++i) dense_mlp = dense_mlp || !config.IsMoeLayer(i);
+  if (dense_mlp) {
+    gate_up = Alloc(T * 2 * inter * int64_t(esize));
+    act = Alloc(T * inter * int64_t(esize));
+  }
   if (features.sandwich_norms) delta = Alloc(T * hidden * int64_t(esize));
   rows_normed = Alloc(max_rows * hidden * int64_t(esize));
   // The folded RMSNorm's sums of squares: one per token per 4-row group of the residual.

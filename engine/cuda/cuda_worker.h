@@ -196,9 +196,9 @@ struct CudaWorker {
   void *moe_gate_up = nullptr, *moe_act = nullptr;
   float* moe_down = nullptr;
   // options.record_moe_routing: each layer's routing.experts of the last step
-  // [num_layers][T · top_k], and the last Forward's token count.
+  // [num_layers][T · top_k], and the last step's token count.
   int32_t* moe_routing_log = nullptr;
-  int64_t last_forward_tokens = 0;
+  int64_t last_step_tokens = 0;
   void* decode_ws = nullptr;
   // fp8 KV (opt.fp8_prefill_wgmma): the prefill attention's scratch (cuda::PrefillScratch):
   // room for the bf16/fp16 copy of prefill_scratch_pages pages and a block table over them.

@@ -22,6 +22,7 @@ namespace llm {
 // decision and enqueues the same collectives in the same order.
 void CudaWorker::Run(const ForwardBatch& b, bool wait_inputs) {
   if (b.num_tokens() == 0) throw Error("Forward: no tokens");
+  last_step_tokens = b.num_tokens();
   if (shard.rank > 0 && peer_step_observer) peer_step_observer->BeforeStep(shard.rank, b);
   CheckPeers();
   const bool graph = GraphEligible(b);
@@ -108,6 +109,7 @@ void CudaWorker::FinishTiming(const OutSlot& o, double host_ms) {
 // taken in launch order either way.
 StepHandle CudaWorker::Launch(const ForwardBatch& b, std::span<const SampleTask> tasks) {
   const auto host_start = Clock::now();
+  last_step_tokens = b.num_tokens();
   if (pending.size() >= 2) {
     throw std::logic_error("CUDA executor: at most two steps in flight (Wait first)");
   }

@@ -50,9 +50,14 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     sum += p[i];
   }
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
-    // Probabilities >= 0; a chosen or absent expert is marked -1.
+    // Probabilities >= 0; a chosen or absent expert is marked -1. A non-finite logit makes them
+    // NaN: those count as 0, so that the top k are still k distinct real experts (the lowest
+    // indices) and no later kernel indexes past the experts (the token's output is NaN anyway).
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) p[i] = lane + 32 * i < num_experts ? p[i] / sum : -1.f;
+  for (int i = 0; i < kPer; ++i) {
+    const float q = p[i] / sum;
+    p[i] = lane + 32 * i < num_experts ? (q >= 0.f ? q : 0.f) : -1.f;
+  }
   float chosen_v[kMoeMaxTopK];
   float chosen_sum = 0.f;
   for (int j = 0; j < top_k; ++j) {
@@ -401,55 +406,60 @@ __global__ void __launch_bounds__(kGemvThreads)
   PdlTrigger();
   const int tile = blockIdx.y;
   if (tile >= *num_tiles) return;
-  const int e = tile_expert[tile], row0 = tile_begin[tile];
-  const int rows = min(kMaxRows, offsets[e + 1] - row0);
+  const int e = tile_expert[tile];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int j0 = blockIdx.x * kGemvCtaRows + warp * kGemvWarpRows;
   if (j0 >= n) return;  // a whole warp
-  const T* in[kMaxRows];
-#pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
-    const int row = row0 + min(r, rows - 1);
-    in[r] = x + int64_t(gather ? sorted_pairs[row] / top_k : row) * k;
-  }
-  const T* we = w + int64_t(e) * n * k;
-  float acc[kGemvWarpRows][kMaxRows] = {};
-  for (int c = lane * vec::kVec; c < k; c += 32 * vec::kVec) {
-    uint4 wv[kGemvWarpRows];
-#pragma unroll
-    for (int i = 0; i < kGemvWarpRows; ++i) {
-      const int j = min(j0 + i, n - 1);
-      wv[i] = ptx::LoadStream(reinterpret_cast<const uint4*>(we + int64_t(j) * k + c));
-    }
+  // The tile's rows (its expert's, at most one per token: <= kMaxRows when the host chose this
+  // kernel), kMaxRows at a time should a caller break that.
+  const int rows_end = min(tile_begin[tile] + kMoeTileRows, offsets[e + 1]);
+  for (int row0 = tile_begin[tile]; row0 < rows_end; row0 += kMaxRows) {
+    const int rows = min(kMaxRows, rows_end - row0);
+    const T* in[kMaxRows];
 #pragma unroll
     for (int r = 0; r < kMaxRows; ++r) {
-      if (r < rows) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(in[r] + c);
-        const T* xe = reinterpret_cast<const T*>(&xv);
+      const int row = row0 + min(r, rows - 1);
+      in[r] = x + int64_t(gather ? sorted_pairs[row] / top_k : row) * k;
+    }
+    const T* we = w + int64_t(e) * n * k;
+    float acc[kGemvWarpRows][kMaxRows] = {};
+    for (int c = lane * vec::kVec; c < k; c += 32 * vec::kVec) {
+      uint4 wv[kGemvWarpRows];
 #pragma unroll
-        for (int i = 0; i < kGemvWarpRows; ++i) {
-          const T* w8 = reinterpret_cast<const T*>(&wv[i]);
+      for (int i = 0; i < kGemvWarpRows; ++i) {
+        const int j = min(j0 + i, n - 1);
+        wv[i] = ptx::LoadStream(reinterpret_cast<const uint4*>(we + int64_t(j) * k + c));
+      }
 #pragma unroll
-          for (int q = 0; q < vec::kVec; ++q) {
-            acc[i][r] = fmaf(vec::ToF32(w8[q]), vec::ToF32(xe[q]), acc[i][r]);
+      for (int r = 0; r < kMaxRows; ++r) {
+        if (r < rows) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(in[r] + c);
+          const T* xe = reinterpret_cast<const T*>(&xv);
+#pragma unroll
+          for (int i = 0; i < kGemvWarpRows; ++i) {
+            const T* w8 = reinterpret_cast<const T*>(&wv[i]);
+#pragma unroll
+            for (int q = 0; q < vec::kVec; ++q) {
+              acc[i][r] = fmaf(vec::ToF32(w8[q]), vec::ToF32(xe[q]), acc[i][r]);
+            }
           }
         }
       }
     }
-  }
 #pragma unroll
-  for (int i = 0; i < kGemvWarpRows; ++i) {
+    for (int i = 0; i < kGemvWarpRows; ++i) {
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
-      float v = acc[i][r];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-      const int j = j0 + i;
-      if (lane == 0 && r < rows && j < n) {
-        const int64_t at = int64_t(row0 + r) * n + j;
-        if constexpr (kOutF32) {
-          static_cast<float*>(out)[at] = v;
-        } else {
-          static_cast<T*>(out)[at] = vec::FromF32<T>(v);
+      for (int r = 0; r < kMaxRows; ++r) {
+        float v = acc[i][r];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+        const int j = j0 + i;
+        if (lane == 0 && r < rows && j < n) {
+          const int64_t at = int64_t(row0 + r) * n + j;
+          if constexpr (kOutF32) {
+            static_cast<float*>(out)[at] = v;
+          } else {
+            static_cast<T*>(out)[at] = vec::FromF32<T>(v);
+          }
         }
       }
     }
@@ -536,6 +546,9 @@ void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType 
   if (dtype != DType::kBF16 && dtype != DType::kF16) {
     throw std::invalid_argument("MoeGroupedGemm: dtype must be BF16 or F16, got " +
                                 std::string(DTypeName(dtype)));
+  }
+  if (top_k < 1 || top_k > kMoeMaxTopK) {
+    throw std::invalid_argument("MoeGroupedGemm: top_k " + std::to_string(top_k));
   }
   if (n <= 0 || k <= 0 || n % 8 != 0 || k % 8 != 0) {
     throw std::invalid_argument("MoeGroupedGemm: n (" + std::to_string(n) + ") and k (" +

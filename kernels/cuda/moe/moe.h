@@ -72,6 +72,8 @@ inline int64_t MoeMaxTiles(int64_t num_pairs, int64_t num_experts) {
 void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_k, bool normalize,
               const MoeRouting& r, cudaStream_t stream, MoeKernels kernels = MoeKernels::kV1);
 
+// num_pairs / top_k must be the step's token count and each token's experts distinct (as
+// MoeRoute makes them): kV2 picks its GEMV by that count, when no expert can have more rows.
 // out[row, :] = in(row) · W[expert(row)]ᵀ for every sorted row of the routing's tiles, where
 // in(row) = x[sorted_pairs[row] / top_k] when `gather` (x: the tokens [num_tokens, k]) or
 // x[row] (x: already in sorted order [num_pairs, k]). w: dtype [num_experts][n][k] (each
