@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Mixture of experts on the H200 (issue 30) in one call: the MoE GPU tests on both kernel sets,
+# bench_moe_gpu (both sets), and `llm bench --load-format dummy` on Qwen3-30B-A3B (batch-1
+# decode, 128 + 256 tokens; MOE_REQUESTS x (1,000 + 1,000) at 256 sequences) with
+# --moe-kernels v1 and v2, and Mixtral-8x7B batch-1 decode on the faster-looking v2. Run after
+# scripts/gpu_run.sh built the targets (carry .debs and .shared; ../shared/DEVICE.md):
+#   OUT=... GPU_TEST_REGEX=NO_SUCH_TEST GPU_POST='bash scripts/gpu_moe_bench.sh' \
+#     bash scripts/gpu_run.sh llm moe_gpu_test hf_arch_gpu_test cuda_executor_gpu_test \
+#     bench_moe_gpu bench_copy_bandwidth_gpu
+# A call brings back at most 8 files, so this leaves five in $OUT and removes gpu_run.sh's
+# logs (their failing lines are copied into moe-tests.txt first):
+#   moe-tests.txt      the tests' own output (gtest), with each MoE test's printed figures
+#   moe-kernels.jsonl  bench_moe_gpu's lines
+#   moe-e2e.jsonl      the llm bench runs ({"name", "result"} per line)
+#   moe-e2e.log        llm's stderr of those runs
+#   ceilings.txt       the copy bandwidth of this machine, and env.txt's lines
+#   MOE_REQUESTS=200  MOE_TIMEOUT=150 (seconds per throughput run)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export PATH=/opt/deps/usr/bin:$PATH
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+shared=$(pwd)/.shared
+[ -d "$shared" ] || shared=$(cd .. && pwd)/shared
+{
+  [ -f "$OUT/build.log" ] && grep -E 'error|FAILED' -A5 "$OUT/build.log" | head -40
+  timeout 300 build/moe_gpu_test 2>&1 | grep -E '^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|actual|  Actual'
+  timeout 600 build/hf_arch_gpu_test --gtest_filter='*mixtral*:*qwen3_moe*' 2>&1 |
+    grep -E '^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|actual|^  [a-z0-9_]+ (bf16|fp16)|rerouted|  Actual'
+  timeout 300 build/cuda_executor_gpu_test --gtest_filter='*Dummy*:*BadInput*' 2>&1 |
+    grep -E '^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|actual|dummy|  Actual'
+} > "$OUT/moe-tests.txt" 2>&1
+grep -c '^\[ *OK' "$OUT/moe-tests.txt" | sed 's/^/tests passed: /'
+grep '^\[ *FAILED' "$OUT/moe-tests.txt"
+timeout 240 build/bench_moe_gpu --reps 10 > "$OUT/moe-kernels.jsonl" 2>&1
+cut -c1-220 "$OUT/moe-kernels.jsonl"
+{
+  cat "$OUT/env.txt" 2>/dev/null
+  timeout 60 build/bench_copy_bandwidth_gpu 2>&1
+} > "$OUT/ceilings.txt"
+source scripts/bench_run.sh
+BENCH_RESULTS=$OUT/moe-e2e.jsonl BENCH_LOG=$OUT/moe-e2e.log BENCH_SELECT=${MOE_RUNS:-}
+BENCH_TOKENIZER=$shared/models/stories260K
+: > "$BENCH_RESULTS"
+for k in v1 v2; do
+  bench_run "latency_qwen3_30b_a3b_b1_$k" 150 --model engine/configs/qwen3-30b-a3b.json \
+    --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
+    --temperature 0 --warmup --max-num-seqs 256 --moe-kernels "$k"
+  bench_run "throughput_qwen3_30b_a3b_$k" "${MOE_TIMEOUT:-150}" \
+    --model engine/configs/qwen3-30b-a3b.json --num-requests "${MOE_REQUESTS:-200}" \
+    --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
+    --max-num-batched-tokens 8192 --temperature 1.0 --moe-kernels "$k"
+done
+bench_run latency_mixtral_8x7b_b1_v2 200 --model engine/configs/mixtral-8x7b.json \
+  --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
+  --temperature 0 --warmup --max-num-seqs 64 --moe-kernels v2
+rm -f "$OUT"/build.log "$OUT"/configure.log "$OUT"/gpu_tests.log "$OUT"/post.log "$OUT"/env.txt
