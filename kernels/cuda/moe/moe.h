@@ -57,6 +57,11 @@ struct MoeRouting {
   int32_t* tile_expert = nullptr;   // [T] each tile's expert
   int32_t* tile_begin = nullptr;    // [T] its first sorted row
   int32_t* num_tiles = nullptr;     // [1] how many tiles this step has
+
+  bool complete() const {
+    return experts && weights && offsets && sorted_pairs && pair_rows && tile_expert &&
+           tile_begin && num_tiles;
+  }
 };
 
 // The most tiles num_pairs pairs over num_experts experts can need.
