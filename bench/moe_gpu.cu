@@ -7,7 +7,10 @@
 // Logits are random (routing near uniform). Weights rotate over copies so that repeats do not
 // find them in L2. CUDA events, median of the repeats.
 //   build/bench_moe_gpu [--reps R]
-// Both kernel sets (moe.h: MoeKernels kV1, kV2) at every shape.
+// Both kernel sets (moe.h: MoeKernels kV1, kV2) at every shape, with bf16 experts and with fp8
+// ones (--quantization fp8: e4m3 codes with row scales; steps of up to 8 tokens on the
+// weight-only GEMV and larger ones on the W8A8 tiles, as the engine runs them, beside
+// cuBLASLt's FP8 GEMM for the dense ceiling).
 // Prints JSON lines {"kind":"moe", ...}.
 #include <cuda_runtime.h>
 
@@ -55,32 +58,55 @@ double MedianMs(F&& f, int reps) {
   return ms[ms.size() / 2];
 }
 
-void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm,
-         llm::cuda::MoeKernels kernels) {
+void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda::MoeKernels kernels,
+         bool fp8) {
   namespace cu = llm::cuda;
   const int64_t pairs = int64_t(tokens) * s.top_k, e = s.experts;
   const int64_t gu_elems = e * 2 * s.inter * s.hidden, d_elems = e * s.hidden * s.inter;
-  const int copies = int(std::max<int64_t>(2, (int64_t{1} << 30) / ((gu_elems + d_elems) * 2) + 1));
+  const int64_t wes = fp8 ? 1 : 2;  // bytes per weight
+  const int copies =
+      int(std::max<int64_t>(2, (int64_t{1} << 30) / ((gu_elems + d_elems) * wes) + 1));
+  // fp8: the engine's choice (forward.cc: MoeMlp), weight-only on the GEMV for small steps.
+  const bool w8a8 = fp8 && tokens > 8;
   void *x, *w_gu, *w_d, *gate_up, *act, *down, *dense_in, *dense_out;
-  float* logits;
+  float *logits, *scales;
   int32_t* ints;
   const int64_t tiles = cu::MoeMaxTiles(pairs, e);
   LLM_CUDA_CHECK(cudaMalloc(&x, size_t(tokens) * s.hidden * 2));
-  LLM_CUDA_CHECK(cudaMalloc(&w_gu, size_t(gu_elems) * 2 * copies));
-  LLM_CUDA_CHECK(cudaMalloc(&w_d, size_t(d_elems) * 2 * copies));
+  LLM_CUDA_CHECK(cudaMalloc(&w_gu, size_t(gu_elems * wes) * copies));
+  LLM_CUDA_CHECK(cudaMalloc(&w_d, size_t(d_elems * wes) * copies));
   LLM_CUDA_CHECK(cudaMalloc(&gate_up, size_t(pairs) * 2 * s.inter * 2));
   LLM_CUDA_CHECK(cudaMalloc(&act, size_t(pairs) * s.inter * 2));
   LLM_CUDA_CHECK(cudaMalloc(&down, size_t(pairs) * s.hidden * 4));
   LLM_CUDA_CHECK(cudaMalloc(&dense_in, size_t(pairs) * s.hidden * 2));
   LLM_CUDA_CHECK(cudaMalloc(&dense_out, size_t(pairs) * 2 * s.inter * 2));
   LLM_CUDA_CHECK(cudaMalloc(&logits, size_t(tokens) * e * 4));
+  // fp8 row scales: the weights' ([E · 2 · inter] and [E · hidden]) and the inputs' ([pairs]).
+  const int64_t num_scales = e * 2 * s.inter + e * s.hidden + pairs;
+  LLM_CUDA_CHECK(cudaMalloc(&scales, size_t(num_scales) * 4));
   const int64_t num_ints = 4 * pairs + (e + 1) + 2 * tiles + 1;
   LLM_CUDA_CHECK(cudaMalloc(&ints, size_t(num_ints) * 4));
-  cu::FillUniform(x, DType::kBF16, int64_t(tokens) * s.hidden, 1.f, 1, nullptr);
-  cu::FillUniform(dense_in, DType::kBF16, pairs * s.hidden, 1.f, 5, nullptr);
-  cu::FillUniform(w_gu, DType::kBF16, gu_elems * copies, 0.05f, 2, nullptr);
-  cu::FillUniform(w_d, DType::kBF16, d_elems * copies, 0.05f, 3, nullptr);
   cu::FillUniform(logits, DType::kF32, int64_t(tokens) * e, 2.f, 4, nullptr);
+  cu::FillConstant(scales, DType::kF32, num_scales, 1e-2f, nullptr);
+  if (fp8) {  // e4m3 codes of ±0.5 (the values do not change the time; none is NaN)
+    LLM_CUDA_CHECK(cudaMemset(w_gu, 0x30, size_t(gu_elems) * copies));
+    LLM_CUDA_CHECK(cudaMemset(w_d, 0xb0, size_t(d_elems) * copies));
+  } else {
+    cu::FillUniform(w_gu, DType::kBF16, gu_elems * copies, 0.05f, 2, nullptr);
+    cu::FillUniform(w_d, DType::kBF16, d_elems * copies, 0.05f, 3, nullptr);
+  }
+  if (w8a8) {  // the inputs as codes too (x, act and dense_in hold e4m3 bytes)
+    LLM_CUDA_CHECK(cudaMemset(x, 0x38, size_t(tokens) * s.hidden));
+    LLM_CUDA_CHECK(cudaMemset(act, 0x38, size_t(pairs) * s.inter));
+    LLM_CUDA_CHECK(cudaMemset(dense_in, 0x38, size_t(pairs) * s.hidden));
+  } else {
+    cu::FillUniform(x, DType::kBF16, int64_t(tokens) * s.hidden, 1.f, 1, nullptr);
+    cu::FillUniform(act, DType::kBF16, pairs * s.inter, 1.f, 6, nullptr);
+    cu::FillUniform(dense_in, DType::kBF16, pairs * s.hidden, 1.f, 5, nullptr);
+  }
+  const float* gu_scale = fp8 ? scales : nullptr;
+  const float* d_scale = fp8 ? scales + e * 2 * s.inter : nullptr;
+  const float* in_scale = w8a8 ? scales + e * 2 * s.inter + e * s.hidden : nullptr;
   cu::MoeRouting r;
   int32_t* p = ints;
   r.experts = p;
@@ -108,44 +134,72 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm,
   const double route_ms = MedianMs(
       [&] { cu::MoeRoute(logits, tokens, int(e), s.top_k, true, r, nullptr, kernels); }, reps);
   int call = 0;
+  cu::MoeGemm g;
+  g.top_k = s.top_k;
+  g.dtype = DType::kBF16;
+  g.num_pairs = pairs;
+  g.num_experts = int(e);
   const double gu_ms = MedianMs(
       [&] {
-        const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * 2;
-        cu::MoeGroupedGemm(x, true, s.top_k, w, DType::kBF16, gate_up, false, 2 * s.inter, s.hidden,
-                           pairs, int(e), r, nullptr, kernels);
+        g.x = x;
+        g.x_scale = in_scale;
+        g.gather = true;
+        g.w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * wes;
+        g.w_scale = gu_scale;
+        g.out = gate_up;
+        g.out_f32 = false;
+        g.n = 2 * s.inter;
+        g.k = s.hidden;
+        cu::MoeGroupedGemm(g, r, nullptr, kernels);
       },
       reps);
   const double down_ms = MedianMs(
       [&] {
-        const void* w = static_cast<const char*>(w_d) + size_t(call++ % copies) * d_elems * 2;
-        cu::MoeGroupedGemm(act, false, s.top_k, w, DType::kBF16, down, true, s.hidden, s.inter,
-                           pairs, int(e), r, nullptr, kernels);
+        g.x = act;
+        g.x_scale = in_scale;
+        g.gather = false;
+        g.w = static_cast<const char*>(w_d) + size_t(call++ % copies) * d_elems * wes;
+        g.w_scale = d_scale;
+        g.out = down;
+        g.out_f32 = true;
+        g.n = s.hidden;
+        g.k = s.inter;
+        cu::MoeGroupedGemm(g, r, nullptr, kernels);
       },
       reps);
   // cuBLASLt, one expert's gate|up matrix over all the routed rows (same FLOPs, 1/hit of the
-  // weight bytes): the dense ceiling of this shape.
+  // weight bytes): the dense ceiling of this shape (W8A8: its FP8 GEMM on e4m3 inputs;
+  // weight-only fp8 steps: the bf16 GEMM).
   const double dense_ms = MedianMs(
       [&] {
-        const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * 2;
-        gemm.Linear(dense_in, w, dense_out, pairs, 2 * s.inter, s.hidden, DType::kBF16,
-                    DType::kBF16, false, nullptr);
+        const void* w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * wes;
+        if (w8a8) {
+          gemm.LinearFp8(dense_in, in_scale, w, gu_scale, dense_out, pairs, 2 * s.inter, s.hidden,
+                         DType::kBF16, false, nullptr);
+        } else {  // (weight-only fp8: one expert's bytes read as bf16, within the buffer)
+          gemm.Linear(dense_in, w, dense_out, pairs, 2 * s.inter, s.hidden, DType::kBF16,
+                      DType::kBF16, false, nullptr);
+        }
       },
       reps);
   const double gu_flop = 2.0 * pairs * 2 * s.inter * s.hidden,
                d_flop = 2.0 * pairs * s.hidden * s.inter;
-  const double gu_bytes = double(hit) * 2 * s.inter * s.hidden * 2,
-               d_bytes = double(hit) * s.hidden * s.inter * 2;
+  const double gu_bytes = double(hit) * 2 * s.inter * s.hidden * wes,
+               d_bytes = double(hit) * s.hidden * s.inter * wes;
   std::printf(
-      "{\"kind\":\"moe\",\"kernels\":\"%s\",\"shape\":\"%s\",\"tokens\":%d,\"experts_hit\":%lld,"
+      "{\"kind\":\"moe\",\"kernels\":\"%s\",\"weights\":\"%s\",\"shape\":\"%s\","
+      "\"tokens\":%d,\"experts_hit\":%lld,"
       "\"route_us\":%.1f,\"gate_up_us\":%.1f,\"gate_up_tflops\":%.1f,\"gate_up_weight_tbs\":%.2f,"
       "\"down_us\":%.1f,\"down_tflops\":%.1f,\"down_weight_tbs\":%.2f,"
       "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f}\n",
-      kernels == cu::MoeKernels::kV2 ? "v2" : "v1", s.name, tokens, static_cast<long long>(hit),
-      route_ms * 1e3, gu_ms * 1e3, gu_flop / gu_ms / 1e9, gu_bytes / gu_ms / 1e9, down_ms * 1e3,
-      d_flop / down_ms / 1e9, d_bytes / down_ms / 1e9, dense_ms * 1e3, gu_flop / dense_ms / 1e9);
+      kernels == cu::MoeKernels::kV2 ? "v2" : "v1",
+      w8a8 ? "fp8-w8a8" : (fp8 ? "fp8-weight-only" : "bf16"), s.name, tokens,
+      static_cast<long long>(hit), route_ms * 1e3, gu_ms * 1e3, gu_flop / gu_ms / 1e9,
+      gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9, d_bytes / down_ms / 1e9,
+      dense_ms * 1e3, gu_flop / dense_ms / 1e9);
   std::fflush(stdout);
   for (void* q : {x, w_gu, w_d, gate_up, act, down, dense_in, dense_out, static_cast<void*>(logits),
-                  static_cast<void*>(ints)})
+                  static_cast<void*>(scales), static_cast<void*>(ints)})
     cudaFree(q);
 }
 
@@ -162,7 +216,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     for (int tokens : {1, 8, 64, 256, 1024, 4096}) {
       for (auto k : {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2}) {
-        Run(s, tokens, reps, gemm, k);
+        for (bool fp8 : {false, true}) Run(s, tokens, reps, gemm, k, fp8);
       }
     }
   }

@@ -84,25 +84,16 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(
                      : "'s packed qkv_proj / gate_up_proj tensors are not split across GPUs yet"));
   }
   if (features.moe) {
-    // kernels/cuda/moe/moe.h's limits; the experts on one GPU, in bf16 / fp16.
+    // kernels/cuda/moe/moe.h's limits (each expert's width per GPU: CudaWorker::Configure).
     if (config.num_experts > cuda::kMoeMaxExperts ||
-        config.num_experts_per_tok > cuda::kMoeMaxTopK || config.moe_intermediate_size % 8 != 0 ||
-        config.hidden_size % 8 != 0) {
+        config.num_experts_per_tok > cuda::kMoeMaxTopK || config.hidden_size % 8 != 0) {
       throw Error(config.architecture + ": " + std::to_string(config.num_experts) + " experts, " +
-                  std::to_string(config.num_experts_per_tok) + " per token, width " +
-                  std::to_string(config.moe_intermediate_size) +
+                  std::to_string(config.num_experts_per_tok) + " per token, hidden size " +
+                  std::to_string(config.hidden_size) +
                   ": the CUDA backend's mixture-of-experts kernels take up to " +
                   std::to_string(cuda::kMoeMaxExperts) + " experts, " +
                   std::to_string(cuda::kMoeMaxTopK) +
-                  " per token, and widths that are multiples of 8");
-    }
-    if (world > 1) {
-      throw Error("--tensor-parallel-size " + std::to_string(world) + ": " + config.architecture +
-                  "'s mixture-of-experts layers are not split across GPUs yet");
-    }
-    if (options.fp8_weights) {
-      throw Error("--quantization fp8: " + config.architecture +
-                  "'s experts have no fp8 path on the CUDA backend yet");
+                  " per token, and hidden sizes that are multiples of 8");
     }
   }
   if (options.fp8_weights && (features.sandwich_norms || features.mlp != MlpKind::kSwiGlu)) {

@@ -149,7 +149,8 @@ void CudaWorker::AllocActivations() {
     routing.tile_begin = Alloc<int32_t>(tiles * 4);
     routing.num_tiles = Alloc<int32_t>(4);
     moe_gate_up = Alloc(P * 2 * moe_inter * int64_t(esize));
-    moe_act = Alloc(P * moe_inter * int64_t(esize));
+    moe_act = Alloc(P * moe_inter * int64_t(esize));  // also the W8A8 codes (1 byte each)
+    if (fp8) moe_act8_scale = Alloc<float>(P * 4);
     moe_down = Alloc<float>(P * hidden * 4);
     if (opt.record_moe_routing) moe_routing_log = Alloc<int32_t>(config.num_layers * P * 4);
   }
@@ -346,7 +347,15 @@ void CudaWorker::Configure(const ModelConfig& c, const CudaExecutorOptions& opti
   gemv_ok = hidden % 8 == 0 && q_dim % 8 == 0 && inter % 8 == 0;
   num_experts = c.num_experts;
   top_k = c.num_experts_per_tok;
-  moe_inter = c.moe_intermediate_size;
+  moe_inter = shard.moe_intermediate;
+  if (num_experts > 0 && moe_inter % (fp8 ? 16 : 8) != 0) {
+    throw Error(
+        "the CUDA backend's mixture-of-experts kernels need each expert's width to be a "
+        "multiple of " +
+        std::string(fp8 ? "16 under --quantization fp8" : "8") + ": moe_intermediate_size " +
+        std::to_string(c.moe_intermediate_size) +
+        (shard.size > 1 ? ", " + std::to_string(moe_inter) + " per GPU" : ""));
+  }
   if (fp8 && (hidden % 16 != 0 || q_dim % 16 != 0 || inter % 16 != 0)) {
     throw Error(
         "--quantization fp8 on cuda needs every linear layer's input width to be a "
@@ -422,11 +431,13 @@ void CudaWorker::Finish(int64_t num_blocks) {
   stats.weight_bytes = weight_bytes;
   stats.weight_bytes_per_token =
       weight_bytes - (lm_head && lm_head != embed ? vocab * hidden * int64_t(esize) : 0);
-  // A mixture-of-experts layer: a token reads its top_k experts, not the others.
+  // A mixture-of-experts layer: a token reads its top_k experts, not the others (fp8: codes
+  // and row scales).
   for (const Layer& l : layers) {
     if (l.moe) {
       stats.weight_bytes_per_token -=
-          (num_experts - top_k) * 3 * moe_inter * hidden * int64_t(esize);
+          (num_experts - top_k) *
+          (3 * moe_inter * hidden * int64_t(wesize) + (fp8 ? (2 * moe_inter + hidden) * 4 : 0));
     }
   }
   stats.kv_cache_bytes = kv_bytes;

@@ -159,10 +159,13 @@ struct CudaWorker {
     // fp8: one scale per output row of each matrix.
     float *qkv_s = nullptr, *o_s = nullptr, *gate_up_s = nullptr, *down_s = nullptr;
     // A mixture-of-experts layer (ModelConfig::IsMoeLayer; gate_up and down stay null): the
-    // router [experts, hidden], every expert's gate|up [experts][2 · moe_inter][hidden] (gate
-    // rows, then up rows) and down [experts][hidden][moe_inter], in dtype.
+    // router [experts, hidden] in dtype (replicated), every expert's gate|up
+    // [experts][2 · moe_inter][hidden] (this rank's gate rows, then its up rows) and down
+    // [experts][hidden][moe_inter] (its columns), in dtype or, under fp8, e4m3 with one scale per
+    // row of each ([experts][2 · moe_inter] and [experts][hidden]).
     bool moe = false;
     void *router = nullptr, *experts_gate_up = nullptr, *experts_down = nullptr;
+    float *experts_gate_up_s = nullptr, *experts_down_s = nullptr;
   };
   std::vector<Layer> layers;
   void *embed = nullptr, *lm_head = nullptr;
@@ -189,11 +192,14 @@ struct CudaWorker {
   float* logits = nullptr;  // [S, vocab]
   // Mixture of experts (kernels/cuda/moe/moe.h), for P = T · top_k routed pairs: the router's
   // fp32 logits [T, experts], the routing arrays, and the pairs' gate|up [P, 2 · moe_inter],
-  // activations [P, moe_inter] (dtype) and expert outputs [P, hidden] (fp32).
+  // activations [P, moe_inter] (dtype; fp8's W8A8 steps: e4m3 codes in the same buffer, with
+  // moe_act8_scale [P]) and expert outputs [P, hidden] (fp32). moe_inter: each expert's width
+  // on this rank.
   int64_t moe_inter = 0, num_experts = 0, top_k = 0;
   float* router_logits = nullptr;
   cuda::MoeRouting routing;
   void *moe_gate_up = nullptr, *moe_act = nullptr;
+  float* moe_act8_scale = nullptr;
   float* moe_down = nullptr;
   // options.record_moe_routing: each layer's routing.experts of the last step
   // [num_layers][T · top_k], and the last step's token count.
@@ -339,7 +345,14 @@ struct CudaWorker {
   struct DeviceMatrix;
   static DeviceMatrix MatrixOf(Layer& l, const FusedMatrix& m);
   float* VectorOf(Layer& l, WeightRole role) const;  // (biases: this rank's rows)
-  void* ExpertMatrixOf(Layer& l, WeightRole role, int64_t expert) const;
+  // Where expert `expert`'s matrix of `role` (gate, up or down) lies in a MoE layer's arrays:
+  // the array with its scales, and the matrix's first row there.
+  struct ExpertRows {
+    void* data = nullptr;
+    float* scales = nullptr;
+    int64_t row0 = 0;
+  };
+  ExpertRows ExpertMatrixOf(Layer& l, WeightRole role, int64_t expert) const;
   void LoadCheckpoint(const std::string& dir);
   void FillDummy();
 

@@ -229,6 +229,7 @@ void CudaWorker::RunModel(const Shape& s) {
       if (l.moe) {
         cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
         MoeMlp(l, i, n);
+        AllReduceResidual(n);
         continue;
       }
       // GeGLU: gate|up stored, then the activation (the GEMV's epilogue is SiLU's).
@@ -251,6 +252,7 @@ void CudaWorker::RunModel(const Shape& s) {
       cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
       if (l.moe) {
         MoeMlp(l, i, n);
+        AllReduceResidual(n);
         continue;
       }
       gemm->Linear(normed, l.gate_up, gate_up, n, 2 * inter, hidden, dtype, dtype, false, stream);
@@ -279,13 +281,17 @@ void CudaWorker::RunModel(const Shape& s) {
 
 // The router's logits (fp32, on the GEMV kernel for small steps), the routing and grouping,
 // gate|up over each pair's token through its expert, SiLU·mul, down (fp32), and the weighted
-// sum added to x (kernels/cuda/moe/moe.h). One GPU, weights in dtype: CudaExecutor::Create
-// refuses tensor parallelism and fp8 for these layers; no MoE architecture has sandwich norms.
+// sum added to x (kernels/cuda/moe/moe.h). fp8 experts: weight-only on the GEMV for small steps
+// (as the dense layers), W8A8 otherwise (`normed` and the activations quantized per row).
+// Tensor parallel: every rank routes alike (the router is whole on each) through its slice of
+// each expert; rank 0 adds its partial sum to x, the others store theirs, and the caller's
+// all-reduce sums them (as the dense down projection). No MoE architecture has sandwich norms.
 void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
   const int64_t pairs = n * top_k;
   const int e = int(num_experts), k = int(top_k);
   const cuda::MoeKernels kernels = opt.moe_v2 ? cuda::MoeKernels::kV2 : cuda::MoeKernels::kV1;
-  if (SmallStep(n)) {
+  const bool small = SmallStep(n);
+  if (small) {
     SmallLinear(cuda::GemvEpilogue::kStoreF32, normed, nullptr, l.router, nullptr, router_logits, n,
                 num_experts, hidden);
   } else {
@@ -297,12 +303,41 @@ void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
     LLM_CUDA_CHECK(cudaMemcpyAsync(moe_routing_log + layer * max_tokens * top_k, routing.experts,
                                    size_t(pairs) * 4, cudaMemcpyDeviceToDevice, stream));
   }
-  cuda::MoeGroupedGemm(normed, true, k, l.experts_gate_up, dtype, moe_gate_up, false, 2 * moe_inter,
-                       hidden, pairs, e, routing, stream, kernels);
-  cuda::SiluMul(moe_gate_up, moe_act, pairs, moe_inter, dtype, stream);
-  cuda::MoeGroupedGemm(moe_act, false, k, l.experts_down, dtype, moe_down, true, hidden, moe_inter,
-                       pairs, e, routing, stream, kernels);
-  cuda::MoeCombine(moe_down, routing, n, k, hidden, x, /*accumulate=*/true, stream);
+  const bool w8a8 = fp8 && !small;
+  if (w8a8) {
+    cuda::QuantizeRowsE4m3(normed, dtype, n, hidden, act8, act8_scale, nullptr, stream);
+  }
+  cuda::MoeGemm g;
+  g.x = w8a8 ? static_cast<const void*>(act8) : normed;
+  g.x_scale = w8a8 ? act8_scale : nullptr;
+  g.gather = true;
+  g.top_k = k;
+  g.w = l.experts_gate_up;
+  g.w_scale = l.experts_gate_up_s;  // null unless fp8
+  g.dtype = dtype;
+  g.out = moe_gate_up;
+  g.n = 2 * moe_inter;
+  g.k = hidden;
+  g.num_pairs = pairs;
+  g.num_experts = e;
+  cuda::MoeGroupedGemm(g, routing, stream, kernels);
+  if (w8a8) {
+    cuda::SiluMulE4m3(moe_gate_up, static_cast<uint8_t*>(moe_act), moe_act8_scale, pairs, moe_inter,
+                      dtype, stream);
+  } else {
+    cuda::SiluMul(moe_gate_up, moe_act, pairs, moe_inter, dtype, stream);
+  }
+  g.x = moe_act;
+  g.x_scale = w8a8 ? moe_act8_scale : nullptr;
+  g.gather = false;
+  g.w = l.experts_down;
+  g.w_scale = l.experts_down_s;
+  g.out = moe_down;
+  g.out_f32 = true;
+  g.n = hidden;
+  g.k = moe_inter;
+  cuda::MoeGroupedGemm(g, routing, stream, kernels);
+  cuda::MoeCombine(moe_down, routing, n, k, hidden, x, /*accumulate=*/shard.rank == 0, stream);
 }
 
 // One layer with fp8 weights (W8A8): each GEMM's input is quantized per token by the kernel
@@ -324,6 +359,12 @@ void CudaWorker::RunLayerFp8(int64_t i, const Shape& s) {
   cuda::QuantizeRowsE4m3(attn, dtype, n, q_dim, act8, act8_scale, nullptr, stream);
   gemm->LinearFp8(act8, act8_scale, l.o, l.o_s, x, n, hidden, q_dim, f32, add, stream);
   AllReduceResidual(n);
+  if (l.moe) {  // the router reads `normed` in dtype; MoeMlp quantizes it for the experts
+    cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+    MoeMlp(l, i, n);
+    AllReduceResidual(n);
+    return;
+  }
   cuda::AddRmsNormE4m3(x, nullptr, l.post_norm, act8, act8_scale, dtype, nullptr, n, hidden, eps,
                        stream);
   gemm->LinearFp8(act8, act8_scale, l.gate_up, l.gate_up_s, gate_up, n, 2 * inter, hidden, dtype,

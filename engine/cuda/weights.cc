@@ -99,10 +99,10 @@ void CudaWorker::AllocWeights() {
     l.qkv = linear(qkv_dim, hidden, &l.qkv_s);
     l.o = linear(hidden, q_dim, &l.o_s);
     l.moe = c.IsMoeLayer(i);
-    if (l.moe) {  // in dtype (CudaExecutor::Create refuses fp8 experts)
+    if (l.moe) {  // the router in dtype (as the CPU backend keeps it), the experts linear
       l.router = matrix(num_experts, hidden, esize);
-      l.experts_gate_up = matrix(num_experts * 2 * moe_inter, hidden, esize);
-      l.experts_down = matrix(num_experts * hidden, moe_inter, esize);
+      l.experts_gate_up = linear(num_experts * 2 * moe_inter, hidden, &l.experts_gate_up_s);
+      l.experts_down = linear(num_experts * hidden, moe_inter, &l.experts_down_s);
       continue;
     }
     l.gate_up = linear(2 * inter, hidden, &l.gate_up_s);
@@ -207,20 +207,15 @@ CudaWorker::DeviceMatrix CudaWorker::MatrixOf(Layer& l, const FusedMatrix& m) {
   }
 }
 
-// Where expert `e`'s matrix of `role` (or the router) starts in a MoE layer's device arrays:
-// gate rows then up rows of each expert's gate|up block, one down block per expert.
-void* CudaWorker::ExpertMatrixOf(Layer& l, WeightRole role, int64_t e) const {
-  std::byte* gu = static_cast<std::byte*>(l.experts_gate_up);
-  const int64_t block = 2 * moe_inter * hidden * int64_t(esize);
+// Expert `e`'s gate rows then up rows in its gate|up block, one down block per expert.
+CudaWorker::ExpertRows CudaWorker::ExpertMatrixOf(Layer& l, WeightRole role, int64_t e) const {
   switch (role) {
-    case WeightRole::kRouter:
-      return l.router;
     case WeightRole::kExpertGate:
-      return gu + e * block;
+      return {l.experts_gate_up, l.experts_gate_up_s, e * 2 * moe_inter};
     case WeightRole::kExpertUp:
-      return gu + e * block + moe_inter * hidden * int64_t(esize);
+      return {l.experts_gate_up, l.experts_gate_up_s, e * 2 * moe_inter + moe_inter};
     case WeightRole::kExpertDown:
-      return static_cast<std::byte*>(l.experts_down) + e * hidden * moe_inter * int64_t(esize);
+      return {l.experts_down, l.experts_down_s, e * hidden};
     default:
       throw std::logic_error("CUDA executor: no expert matrix for weight role " +
                              std::to_string(int(role)));
@@ -324,9 +319,16 @@ void CudaWorker::LoadCheckpoint(const std::string& dir) {
     }
     for (const WeightSpec& w : spec.weights) {
       if (!w.per_layer || !LayerHolds(w, c, i)) continue;
-      if (w.role == WeightRole::kRouter || w.per_expert) {  // a MoE layer's, whole (one GPU)
-        for (int64_t e = 0; e < (w.per_expert ? num_experts : 1); ++e) {
-          put(WeightName(w, i, e), WeightShape(w, c), dtype, ExpertMatrixOf(l, w.role, e));
+      if (w.role == WeightRole::kRouter) {  // whole on every rank, in dtype
+        put(WeightName(w, i), WeightShape(w, c), dtype, l.router);
+        continue;
+      }
+      if (w.per_expert) {  // this rank's slice of each expert's matrix (fp8: quantized)
+        const std::vector<int64_t> shape = WeightShape(w, c);
+        const TpSlice sl = shard.Slice(w, c);
+        for (int64_t e = 0; e < num_experts; ++e) {
+          const ExpertRows d = ExpertMatrixOf(l, w.role, e);
+          put_part(WeightName(w, i, e), shape[0], shape[1], sl, d.data, d.scales, d.row0);
         }
         continue;
       }
@@ -393,6 +395,26 @@ void CudaWorker::FillDummy() {
     most = std::max(most, p.rows * p.cols);
     plans.push_back(std::move(p));
   }
+  // A MoE layer's experts as two tensors: every expert's gate|up [E · 2 · width, hidden] (this
+  // rank's gate rows and up rows of each expert, in the device order) and down
+  // [E · hidden, width] (its columns).
+  Plan experts_gate_up, experts_down;
+  if (num_experts > 0) {
+    const int64_t width = c.moe_intermediate_size, E = num_experts;
+    experts_gate_up = {E * 2 * width, hidden, E * 2 * moe_inter, hidden, {}};
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t half = 0; half < 2; ++half) {
+        const int64_t first = (2 * e + half) * width + shard.rank * moe_inter;
+        experts_gate_up.parts.push_back({first, moe_inter, 0, hidden});
+      }
+    }
+    experts_down = {E * hidden,
+                    width,
+                    E * hidden,
+                    moe_inter,
+                    {TpSlice{0, E * hidden, shard.rank * moe_inter, moe_inter}}};
+    most = std::max({most, E * 2 * width * hidden, E * hidden * width});
+  }
   std::byte* scratch = nullptr;
   if (shard.size > 1) {
     LLM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), size_t(most) * esize));
@@ -429,22 +451,22 @@ void CudaWorker::FillDummy() {
           w.tp == TpSplit::kReplicated ? DimSize(w.rows, c) : shard.Slice(w, c).num_rows;
       cuda::FillConstant(VectorOf(l, w.role), DType::kF32, n, IsBias(w.role) ? 0.f : 1.f, stream);
     }
-    if (l.moe) {  // the router and every expert, as one tensor each (one GPU)
+    // A linear layer's matrix: this rank's blocks in dtype, or quantized from them.
+    auto fill = [&](void* data, float* scales, const Plan& p) {
+      if (!fp8) return rnd_parts(data, p);
+      void* buf = stage.Get(p.rows_here * p.cols_here * int64_t(esize));
+      rnd_parts(buf, p);
+      stage.Quantize(buf, dtype, p.rows_here, p.cols_here, data, scales, "dummy weight");
+    };
+    if (l.moe) {  // the router (whole on every rank) and the experts
       rnd(l.router, num_experts * hidden);
-      rnd(l.experts_gate_up, num_experts * 2 * moe_inter * hidden);
-      rnd(l.experts_down, num_experts * hidden * moe_inter);
+      fill(l.experts_gate_up, l.experts_gate_up_s, experts_gate_up);
+      fill(l.experts_down, l.experts_down_s, experts_down);
     }
     for (size_t k = 0; k < matrices.size(); ++k) {
       if (!LayerHolds(*matrices[k].members.front(), c, i)) continue;
       const DeviceMatrix d = MatrixOf(l, matrices[k]);
-      const Plan& p = plans[k];
-      if (!fp8) {
-        rnd_parts(d.data, p);
-        continue;
-      }
-      void* buf = stage.Get(p.rows_here * p.cols_here * int64_t(esize));
-      rnd_parts(buf, p);
-      stage.Quantize(buf, dtype, p.rows_here, p.cols_here, d.data, d.scales, "dummy weight");
+      fill(d.data, d.scales, plans[k]);
     }
   }
   LLM_CUDA_CHECK(cudaStreamSynchronize(stream));

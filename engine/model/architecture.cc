@@ -125,17 +125,16 @@ std::vector<WeightSpec> Gemma3Weights() {
 std::vector<WeightSpec> MoeWeights(std::string_view router, std::string_view gate,
                                    std::string_view up, std::string_view down) {
   auto expert = [](R role, std::string_view name, Dim rows, Dim cols) {
-    return WeightSpec{
-        role,
-        name,
-        true,
-        rows,
-        cols,
-        FusedSlot::kNone,
-        role == R::kExpertDown ? TpSplit::kIntermediateCols : TpSplit::kIntermediateRows,
-        true,
-        LayerScope::kMoe,
-        true};
+    return WeightSpec{role,
+                      name,
+                      true,
+                      rows,
+                      cols,
+                      FusedSlot::kNone,
+                      role == R::kExpertDown ? TpSplit::kExpertCols : TpSplit::kExpertRows,
+                      true,
+                      LayerScope::kMoe,
+                      true};
   };
   return {{R::kRouter, router, true, Dim::kNumExperts, Dim::kHidden, FusedSlot::kNone,
            TpSplit::kReplicated, false, LayerScope::kMoe, false},

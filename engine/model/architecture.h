@@ -81,6 +81,8 @@ enum class TpSplit {
   kQHeadCols,         // columns by query heads (o_proj)
   kIntermediateRows,  // rows by MLP features (gate_proj, up_proj)
   kIntermediateCols,  // columns by MLP features (down_proj)
+  kExpertRows,        // each expert's rows by its features (experts' gate_proj, up_proj)
+  kExpertCols,        // each expert's columns by its features (experts' down_proj)
 };
 
 // Which layers of a mixture-of-experts model hold a per-layer weight

@@ -32,6 +32,9 @@ TensorParallelShard MakeTensorParallelShard(const ModelConfig& c, int rank, int 
                 std::to_string(c.num_kv_heads) + ")");
   }
   CheckDivides(size, c.intermediate_size, "intermediate size");
+  if (c.num_experts > 0) {
+    CheckDivides(size, c.moe_intermediate_size, "experts' intermediate size");
+  }
   TensorParallelShard s;
   s.rank = rank;
   s.size = size;
@@ -40,6 +43,7 @@ TensorParallelShard MakeTensorParallelShard(const ModelConfig& c, int rank, int 
   s.num_kv_heads = std::max<int64_t>(1, c.num_kv_heads / size);
   s.kv_head_begin = int64_t(rank) * c.num_kv_heads / size;
   s.intermediate = c.intermediate_size / size;
+  s.moe_intermediate = c.num_experts > 0 ? c.moe_intermediate_size / size : 0;
   s.head_dim = c.head_dim;
   s.hidden = c.hidden_size;
   return s;
@@ -59,6 +63,10 @@ TpSlice TensorParallelShard::Slice(TpSplit split) const {
       return {rank * intermediate, intermediate, 0, hidden};
     case TpSplit::kIntermediateCols:
       return {0, hidden, rank * intermediate, intermediate};
+    case TpSplit::kExpertRows:
+      return {rank * moe_intermediate, moe_intermediate, 0, hidden};
+    case TpSplit::kExpertCols:
+      return {0, hidden, rank * moe_intermediate, moe_intermediate};
   }
   return {};
 }

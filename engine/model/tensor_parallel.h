@@ -10,6 +10,9 @@
 //              o_proj split by columns (the same heads); the KV cache holds the rank's KV
 //              heads only
 //   MLP:       gate/up split by rows, down by columns (the same intermediate features)
+//   experts:   each expert's gate/up split by rows, down by columns (its own intermediate
+//              features, moe_intermediate_size / N per rank); the router replicated, so every
+//              rank routes each token to the same experts and holds a slice of each
 //   replicated: embeddings, norms, lm_head (sampling runs on rank 0, which alone computes
 //              the logits)
 //
@@ -34,10 +37,11 @@ struct TpSlice {
 struct TensorParallelShard {
   int rank = 0;
   int size = 1;
-  int64_t num_heads = 0;      // query heads on this rank
-  int64_t num_kv_heads = 0;   // KV heads on this rank (and in its KV cache)
-  int64_t kv_head_begin = 0;  // its first KV head (global numbering)
-  int64_t intermediate = 0;   // MLP features on this rank
+  int64_t num_heads = 0;         // query heads on this rank
+  int64_t num_kv_heads = 0;      // KV heads on this rank (and in its KV cache)
+  int64_t kv_head_begin = 0;     // its first KV head (global numbering)
+  int64_t intermediate = 0;      // MLP features on this rank
+  int64_t moe_intermediate = 0;  // each expert's features on this rank (0: no experts)
   int64_t head_dim = 0;
   int64_t hidden = 0;
 
@@ -51,9 +55,9 @@ struct TensorParallelShard {
   TpSlice Slice(const WeightSpec& w, const ModelConfig& config) const;
 };
 
-// Throws llm::Error, naming the model's numbers, when `size` does not divide the query heads or
-// the intermediate size, neither divides nor is a multiple of the KV heads, or when rank is
-// outside [0, size).
+// Throws llm::Error, naming the model's numbers, when `size` does not divide the query heads,
+// the intermediate size or the experts' intermediate size, neither divides nor is a multiple of the
+// KV heads, or when rank is outside [0, size).
 TensorParallelShard MakeTensorParallelShard(const ModelConfig& config, int rank, int size);
 
 // Copies `slice` of a row-major matrix with `cols` columns of `elem_size`-byte elements into

@@ -1,8 +1,8 @@
 // The mixture-of-experts kernels (kernels/cuda/moe/moe.h) against their CPU twins: routing and
 // grouping equal to cpu::MoeRoute / cpu::GroupByExpert, the grouped GEMM against a float64
-// product of the same bf16 / fp16 operands, a whole MoE MLP against the CPU's arithmetic on the
-// device's rounded intermediates, and the chain captured in a CUDA graph and replayed on other
-// routings. Skips without a GPU.
+// product of the same bf16 / fp16 operands (and of the same e4m3 codes: fp8 experts), a whole MoE
+// MLP against the CPU's arithmetic on the device's rounded intermediates, and the chain captured in
+// a CUDA graph and replayed on other routings. Skips without a GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -14,12 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/ops/model_ops.h"
 #include "kernels/dtype.h"
+#include "kernels/fp8.h"
 #include "tests/kernels/dev_buf.h"
 
 namespace llm::cuda {
@@ -76,6 +78,24 @@ Half Round(const std::vector<float>& v, DType dtype) {
     h.values.push_back(dtype == DType::kBF16 ? Bf16ToF32(b) : F16ToF32(b));
   }
   return h;
+}
+
+// A grouped GEMM's operands in dtype (MoeGemm without fp8).
+MoeGemm Gemm(const void* x, bool gather, int top_k, const void* w, DType dtype, void* out,
+             bool out_f32, int64_t n, int64_t k, int64_t pairs, int experts) {
+  MoeGemm g;
+  g.x = x;
+  g.gather = gather;
+  g.top_k = top_k;
+  g.w = w;
+  g.dtype = dtype;
+  g.out = out;
+  g.out_f32 = out_f32;
+  g.n = n;
+  g.k = k;
+  g.num_pairs = pairs;
+  g.num_experts = experts;
+  return g;
 }
 
 TEST_P(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
@@ -160,8 +180,9 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
         DevBuf d_x(x.bits);
         for (const bool out_f32 : {true, false}) {
           DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
-          MoeGroupedGemm(d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32, c.n, c.k, pairs,
-                         c.experts, r.r, nullptr, GetParam());
+          MoeGroupedGemm(Gemm(d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32, c.n, c.k,
+                              pairs, c.experts),
+                         r.r, nullptr, GetParam());
           std::vector<float> got(size_t(pairs) * c.n);
           if (out_f32) {
             got = d_out.Download<float>();
@@ -199,6 +220,84 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
   }
 }
 
+// fp8 experts (--quantization fp8): e4m3 weight codes with a scale per row of each expert,
+// weight-only (x in dtype: the GEMV) and W8A8 (x as e4m3 codes with a scale per row: the
+// m16n8k32 tiles), against float64 sums of the same codes' values. The tiles' bound is looser:
+// the FP8 tensor cores add their products with fewer than fp32's bits before the accumulator.
+TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
+  struct Case {
+    int tokens, experts, top_k, n, k;
+  };
+  const DType dtype = DType::kBF16;
+  for (const Case c : {Case{77, 8, 2, 200, 80}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
+                       Case{5, 128, 8, 96, 48}, Case{3, 8, 2, 64, 2064}, Case{9, 4, 2, 136, 32}}) {
+    const int64_t pairs = int64_t(c.tokens) * c.top_k;
+    DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
+    Routing r(pairs, c.experts);
+    MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr, GetParam());
+    const auto sorted = r.sorted_pairs.Download<int32_t>();
+    const auto experts = r.experts.Download<int32_t>();
+    const std::vector<float> w = Normal(size_t(c.experts) * c.n * c.k, 0.1f, 6);
+    std::vector<uint8_t> w8(w.size());
+    std::vector<float> w_scale(size_t(c.experts) * c.n);
+    ASSERT_TRUE(
+        cpu::QuantizeFp8Rows(w.data(), int64_t(c.experts) * c.n, c.k, w8.data(), w_scale.data()));
+    DevBuf d_w(w8), d_ws(w_scale);
+    for (const bool w8a8 : {false, true}) {
+      for (const bool gather : {true, false}) {
+        const int64_t in_rows = gather ? c.tokens : pairs;
+        const Half x = Round(Normal(size_t(in_rows) * c.k, 1.f, 7), dtype);
+        // W8A8: the inputs' codes and row scales; their values are what the sums see.
+        std::vector<uint8_t> x8(x.values.size());
+        std::vector<float> x_scale(static_cast<size_t>(in_rows));
+        ASSERT_TRUE(cpu::QuantizeFp8Rows(x.values.data(), in_rows, c.k, x8.data(), x_scale.data()));
+        std::vector<double> xv(x.values.begin(), x.values.end());
+        if (w8a8) {
+          for (size_t i = 0; i < xv.size(); ++i) {
+            xv[i] = double(E4m3ToF32(x8[i])) * x_scale[i / size_t(c.k)];
+          }
+        }
+        DevBuf d_x(x.bits), d_x8(x8), d_xs(x_scale);
+        for (const bool out_f32 : {true, false}) {
+          DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
+          MoeGemm g = Gemm(w8a8 ? d_x8.p : d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32,
+                           c.n, c.k, pairs, c.experts);
+          g.w_scale = d_ws.as<float>();
+          g.x_scale = w8a8 ? d_xs.as<float>() : nullptr;
+          MoeGroupedGemm(g, r.r, nullptr, GetParam());
+          std::vector<float> got(size_t(pairs) * c.n);
+          if (out_f32) {
+            got = d_out.Download<float>();
+          } else {
+            const auto bits = d_out.Download<uint16_t>();
+            for (size_t i = 0; i < bits.size(); ++i) got[i] = Bf16ToF32(bits[i]);
+          }
+          for (int64_t row = 0; row < pairs; ++row) {
+            const int32_t pair = sorted[size_t(row)];
+            const int64_t src = gather ? pair / c.top_k : row;
+            const int32_t e = experts[size_t(pair)];
+            for (int j = 0; j < c.n; ++j) {
+              const size_t wrow = size_t(e) * c.n + j;
+              double ref = 0, mag = 0;
+              for (int i = 0; i < c.k; ++i) {
+                const double a = xv[size_t(src * c.k + i)];
+                const double b = double(E4m3ToF32(w8[wrow * c.k + i])) * w_scale[wrow];
+                ref += a * b;
+                mag += std::fabs(a * b);
+              }
+              const double tol =
+                  (w8a8 ? 1e-3 : 2e-5) * mag + (out_f32 ? 0 : std::fabs(ref) / 256) + 1e-6;
+              ASSERT_NEAR(got[size_t(row * c.n + j)], ref, tol)
+                  << "row " << row << " col " << j << " expert " << e << (w8a8 ? " W8A8" : "")
+                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // A MoE MLP of 2 (Mixtral-like) or 8 of 128 (Qwen3-MoE-like) experts: route, gate|up gathered,
 // SiLU·mul, down, combine into the residual, against the CPU's sums over the device's
 // rounded gate|up and activations.
@@ -220,11 +319,13 @@ TEST_P(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
         down(size_t(pairs) * c.hidden * 4);
     Routing r(pairs, c.experts);
     MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr, GetParam());
-    MoeGroupedGemm(d_x.p, true, c.top_k, d_gu.p, dtype, gate_up.p, false, 2 * c.inter, c.hidden,
-                   pairs, c.experts, r.r, nullptr, GetParam());
+    MoeGroupedGemm(Gemm(d_x.p, true, c.top_k, d_gu.p, dtype, gate_up.p, false, 2 * c.inter,
+                        c.hidden, pairs, c.experts),
+                   r.r, nullptr, GetParam());
     SiluMul(gate_up.p, act.p, pairs, c.inter, dtype, nullptr);
-    MoeGroupedGemm(act.p, false, c.top_k, d_d.p, dtype, down.p, true, c.hidden, c.inter, pairs,
-                   c.experts, r.r, nullptr, GetParam());
+    MoeGroupedGemm(Gemm(act.p, false, c.top_k, d_d.p, dtype, down.p, true, c.hidden, c.inter, pairs,
+                        c.experts),
+                   r.r, nullptr, GetParam());
     MoeCombine(down.as<float>(), r.r, c.tokens, c.top_k, c.hidden, d_resid.as<float>(), true,
                nullptr);
     const auto got = d_resid.Download<float>();
@@ -302,11 +403,13 @@ void CaptureAndReplay(int tokens, MoeKernels kernels) {
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto chain = [&] {
     MoeRoute(d_logits.as<float>(), tokens, experts, top_k, true, r.r, stream, kernels);
-    MoeGroupedGemm(d_x.p, true, top_k, d_gu.p, dtype, gate_up.p, false, 2 * inter, hidden, pairs,
-                   experts, r.r, stream, kernels);
-    SiluMul(gate_up.p, act.p, pairs, inter, dtype, stream);
-    MoeGroupedGemm(act.p, false, top_k, d_d.p, dtype, down.p, true, hidden, inter, pairs, experts,
+    MoeGroupedGemm(Gemm(d_x.p, true, top_k, d_gu.p, dtype, gate_up.p, false, 2 * inter, hidden,
+                        pairs, experts),
                    r.r, stream, kernels);
+    SiluMul(gate_up.p, act.p, pairs, inter, dtype, stream);
+    MoeGroupedGemm(
+        Gemm(act.p, false, top_k, d_d.p, dtype, down.p, true, hidden, inter, pairs, experts), r.r,
+        stream, kernels);
     MoeCombine(down.as<float>(), r.r, tokens, top_k, hidden, out.as<float>(), false, stream);
   };
   cudaGraph_t graph;
@@ -350,12 +453,20 @@ TEST_P(MoeGpuTest, BadArgumentsAreRefused) {
   EXPECT_THROW(MoeRoute(nullptr, 8, 300, 2, true, r.r, nullptr), std::invalid_argument);
   EXPECT_THROW(MoeRoute(nullptr, 8, 8, 9, true, r.r, nullptr), std::invalid_argument);
   DevBuf buf(4096);
-  EXPECT_THROW(MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 12, 64, 16, 8, r.r,
-                              nullptr),
-               std::invalid_argument);
   EXPECT_THROW(
-      MoeGroupedGemm(buf.p, true, 2, buf.p, DType::kF32, buf.p, false, 64, 64, 16, 8, r.r, nullptr),
+      MoeGroupedGemm(Gemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 12, 64, 16, 8), r.r,
+                     nullptr),
       std::invalid_argument);
+  EXPECT_THROW(MoeGroupedGemm(Gemm(buf.p, true, 2, buf.p, DType::kF32, buf.p, false, 64, 64, 16, 8),
+                              r.r, nullptr),
+               std::invalid_argument);
+  // fp8: k a multiple of 16; e4m3 inputs need e4m3 weights.
+  MoeGemm fp8 = Gemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 64, 40, 16, 8);
+  fp8.w_scale = buf.as<float>();
+  EXPECT_THROW(MoeGroupedGemm(fp8, r.r, nullptr), std::invalid_argument);
+  MoeGemm a8 = Gemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 64, 64, 16, 8);
+  a8.x_scale = buf.as<float>();
+  EXPECT_THROW(MoeGroupedGemm(a8, r.r, nullptr), std::invalid_argument);
   MoeRouting missing = r.r;
   missing.pair_rows = nullptr;
   EXPECT_THROW(MoeCombine(buf.as<float>(), missing, 8, 2, 64, buf.as<float>(), true, nullptr),

@@ -145,6 +145,19 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
+// D[16x8] += A[16x32] · B[32x8], e4m3 operands (sm_89+), fp32 accumulators. The fragments
+// hold, byte for byte, what Mma16816's hold (4 codes per register where it has 2 elements:
+// a = {A[g][4c..], A[g+8][4c..], A[g][4c+16..], A[g+8][4c+16..]}, b0 / b1 = B[4c.., g] /
+// B[4c+16.., g]), so the same ldmatrix addresses over byte tiles feed both; d as Mma16816's.
+__device__ __forceinline__ void Mma16832E4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // ---- math ---------------------------------------------------------------------------------
 
 // 2^x by one MUFU.EX2 (flush-to-zero: results below 2^-126 become 0, far below the

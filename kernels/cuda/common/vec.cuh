@@ -120,6 +120,16 @@ __device__ __forceinline__ void E4m3x4ToHalf2x2(uint32_t codes, uint32_t& lo, ui
       : "r"(codes));
 }
 
+// The four e4m3 codes of `codes` (byte 0 first) as floats, exactly: E4m3x4ToHalf2x2, then
+// fp16 -> fp32.
+__device__ __forceinline__ void E4m3x4ToF32(uint32_t codes, float* f) {
+  uint32_t lo, hi;
+  E4m3x4ToHalf2x2(codes, lo, hi);
+  const float2 a = __half22float2(reinterpret_cast<const __half2&>(lo));
+  const float2 b = __half22float2(reinterpret_cast<const __half2&>(hi));
+  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
 // Two e4m3 codes (the low two bytes, low byte first) -> their exact fp16 values, packed,
 // through the cuda_fp8.h intrinsic (prefill_attention_v3_mma.cu's tile dequantization). It
 // costs two integer instructions per pair more than E4m3x4ToHalf2x2; v3 still uses it

@@ -80,18 +80,10 @@ struct Fp8Weights {  // w: e4m3 codes [m, k], w_scale: fp32 [m], applied after t
   static constexpr int kThreads = 128;
   static constexpr int kCtasPerSm = 6;  // at n = 1
   static constexpr int kStageChunks = kUnroll * kThreads;
-  // Codes 4i .. 4i + 3 of `word` as floats: e4m3 -> fp16 pairs (vec::E4m3x4ToHalf2x2), then
-  // fp16 -> fp32 (both exact).
-  __device__ static __forceinline__ void Codes4(uint32_t word, float* f) {
-    uint32_t lo, hi;  // bytes 0, 1 and 2, 3 as fp16 pairs, the first of each in the low half
-    vec::E4m3x4ToHalf2x2(word, lo, hi);
-    const float2 a = __half22float2(reinterpret_cast<const __half2&>(lo));
-    const float2 b = __half22float2(reinterpret_cast<const __half2&>(hi));
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-  }
+  // Codes 4i .. 4i + 3 of a word as floats (vec::E4m3x4ToF32: exact).
   __device__ static __forceinline__ void Unpack(const uint4& v, int sub, float (&f)[kChunk]) {
-    Codes4(sub == 0 ? v.x : v.z, f);
-    Codes4(sub == 0 ? v.y : v.w, f + 4);
+    vec::E4m3x4ToF32(sub == 0 ? v.x : v.z, f);
+    vec::E4m3x4ToF32(sub == 0 ? v.y : v.w, f + 4);
   }
 };
 

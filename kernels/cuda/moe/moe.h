@@ -10,7 +10,8 @@
 //   MoeRoute(logits)                            experts, weights [num_pairs]; the pairs sorted
 //                                               by expert (then pair order), the tile map
 //   MoeGroupedGemm(x, gather, W_gate|up)        [num_pairs, 2 · inter], each pair's row through
-//                                               its expert's matrix
+//                                               its expert's matrix (fp8: e4m3 weights, W8A8
+//                                               or weight-only, see MoeGemm)
 //   SiluMul                                     [num_pairs, inter]
 //   MoeGroupedGemm(act, W_down, fp32 out)       [num_pairs, hidden]
 //   MoeCombine                                  residual[t] += Σ_slots weight · row, the slots
@@ -77,16 +78,40 @@ inline int64_t MoeMaxTiles(int64_t num_pairs, int64_t num_experts) {
 void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_k, bool normalize,
               const MoeRouting& r, cudaStream_t stream, MoeKernels kernels = MoeKernels::kV1);
 
+// One grouped GEMM: out[row, :] = in(row) · W[expert(row)]ᵀ for every sorted row of the
+// routing's tiles, where in(row) = x[sorted_pairs[row] / top_k] when `gather` (x: the tokens
+// [num_tokens, k]) or x[row] (x: already in sorted order [num_pairs, k]). w: [num_experts][n][k]
+// (each expert's nn.Linear weight, row-major); out: [num_pairs, n] in dtype, or fp32 when
+// out_f32. fp32 accumulation. Rows of no tile are not written.
+//
+// Weights and inputs (--quantization fp8 keeps the experts as e4m3 codes with one fp32 scale
+// per output row, the rule of cuda::QuantizeRowsE4m3 and cpu::QuantizeFp8Rows):
+//   w_scale null, x_scale null   w and x in dtype (bf16 / fp16): mma.sync m16n8k16 tiles, or
+//                                kV2's GEMV for steps of at most kMoeGemvMaxTokens tokens
+//   w_scale, x_scale null        weight-only fp8: w e4m3 codes, x in dtype; the GEMV (each row
+//                                of W read once per kMoeGemvMaxTokens rows of its expert: for
+//                                small steps); out = w_scale[e][j] · Σ code · x
+//   w_scale, x_scale             W8A8: x e4m3 codes with one scale per row of x (per token when
+//                                gathering, per sorted row otherwise); m16n8k32 e4m3 tiles;
+//                                out = x_scale · w_scale[e][j] · Σ code · code
 // num_pairs / top_k must be the step's token count and each token's experts distinct (as
 // MoeRoute makes them): kV2 picks its GEMV by that count, when no expert can have more rows.
-// out[row, :] = in(row) · W[expert(row)]ᵀ for every sorted row of the routing's tiles, where
-// in(row) = x[sorted_pairs[row] / top_k] when `gather` (x: the tokens [num_tokens, k]) or
-// x[row] (x: already in sorted order [num_pairs, k]). w: dtype [num_experts][n][k] (each
-// expert's nn.Linear weight, row-major), out: [num_pairs, n] in dtype, or fp32 when out_f32.
-// fp32 accumulation (mma.sync). n and k multiples of 8. Rows of no tile are not written.
-void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType dtype, void* out,
-                    bool out_f32, int64_t n, int64_t k, int64_t num_pairs, int num_experts,
-                    const MoeRouting& r, cudaStream_t stream, MoeKernels kernels = MoeKernels::kV1);
+// n and k multiples of 8 (16 with fp8 weights); pointers 16-byte aligned.
+struct MoeGemm {
+  const void* x = nullptr;
+  const float* x_scale = nullptr;  // e4m3 x (W8A8): [rows of x]
+  bool gather = false;
+  int top_k = 1;
+  const void* w = nullptr;
+  const float* w_scale = nullptr;  // e4m3 w: [num_experts][n]
+  DType dtype = DType::kBF16;      // the activations' (x unless x_scale) and out's type
+  void* out = nullptr;
+  bool out_f32 = false;
+  int64_t n = 0, k = 0, num_pairs = 0;
+  int num_experts = 0;
+};
+void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
+                    MoeKernels kernels = MoeKernels::kV1);
 
 // residual[t, :] (+)= Σ over t's slots, by ascending expert, weight · rows[pair_rows[pair], :]
 // (the sum starts at 0 and is added to the residual when `accumulate`, else stored).

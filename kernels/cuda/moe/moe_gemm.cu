@@ -1,5 +1,6 @@
 // The mixture-of-experts grouped GEMMs (kernels/cuda/moe/moe.h: MoeGroupedGemm): mma.sync tiles
-// of each expert's sorted rows, and kV2's GEMV for steps of at most kMoeGemvMaxTokens tokens.
+// of each expert's sorted rows (bf16 / fp16, or W8A8 e4m3), and a GEMV (kV2's steps of at most
+// kMoeGemvMaxTokens tokens, and fp8 weight-only).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -19,20 +20,30 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// ---- the grouped GEMM: mma.sync m16n8k16 tiles of 64 sorted rows x 64 outputs -----------------
+// ---- the grouped GEMM: mma.sync tiles of 64 sorted rows x 64 outputs -------------------------
+// A stage holds 64 bytes of k per row (32 bf16 / fp16 elements, or 64 e4m3 codes), rows padded
+// to 80 bytes (ldmatrix without bank conflicts). kFp8 (W8A8): x and w are e4m3 codes and T is
+// out's dtype; each 32-byte step of k is one m16n8k32 e4m3 mma where 16-bit types take one
+// m16n8k16, on the same ldmatrix addresses (ptx::Mma16832E4m3).
 
 constexpr int kGemmThreads = 128;  // 4 warps, 2 x 2, each 32 x 32 of the tile
-constexpr int kBm = kMoeTileRows, kBn = 64, kBk = 32;
-constexpr int kSmemStride = kBk + 8;  // 80-byte rows: ldmatrix without bank conflicts
+constexpr int kBm = kMoeTileRows, kBn = 64;
+constexpr int kRowBytes = 64;
+constexpr int kStrideBytes = kRowBytes + 16;
 
 // kStages k-tiles in flight (cp.async groups): 2 (kV1), 4 (kV2).
-template <typename T, bool kOutF32, int kStages>
+template <typename T, bool kOutF32, int kStages, bool kFp8>
 __global__ void __launch_bounds__(kGemmThreads)
-    MoeGemmKernel(const T* x, bool gather, int top_k, const T* w, void* out, int n, int k,
-                  const int32_t* sorted_pairs, const int32_t* offsets, const int32_t* tile_expert,
-                  const int32_t* tile_begin, const int32_t* num_tiles) {
-  __shared__ alignas(16) T a_s[kStages][kBm][kSmemStride];
-  __shared__ alignas(16) T b_s[kStages][kBn][kSmemStride];
+    MoeGemmKernel(const void* x_in, const float* x_scale, bool gather, int top_k, const void* w_in,
+                  const float* w_scale, void* out, int n, int k, const int32_t* sorted_pairs,
+                  const int32_t* offsets, const int32_t* tile_expert, const int32_t* tile_begin,
+                  const int32_t* num_tiles) {
+  using E = std::conditional_t<kFp8, uint8_t, T>;
+  constexpr int kChunk = 16 / int(sizeof(E));         // elements per 16-byte copy
+  constexpr int kTileK = kRowBytes / int(sizeof(E));  // elements of k per stage
+  constexpr int kRowChunks = kRowBytes / 16;
+  __shared__ alignas(16) uint8_t a_s[kStages][kBm][kStrideBytes];
+  __shared__ alignas(16) uint8_t b_s[kStages][kBn][kStrideBytes];
   __shared__ int a_rows[kBm];
   PdlWait();
   PdlTrigger();
@@ -41,24 +52,25 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int e = tile_expert[tile], row0 = tile_begin[tile];
   const int rows = min(kBm, offsets[e + 1] - row0);
   const int n0 = blockIdx.x * kBn;
-  const T* we = w + int64_t(e) * n * k;
+  const E* x = static_cast<const E*>(x_in);
+  const E* we = static_cast<const E*>(w_in) + int64_t(e) * n * k;
   if (threadIdx.x < kBm) {
     const int r = row0 + int(threadIdx.x);
     a_rows[threadIdx.x] = int(threadIdx.x) < rows ? (gather ? sorted_pairs[r] / top_k : r) : -1;
   }
   __syncthreads();
   auto load = [&](int stage, int k0) {
-    for (int c = threadIdx.x; c < kBm * kBk / 8; c += kGemmThreads) {
-      const int r = c / (kBk / 8), col = k0 + (c % (kBk / 8)) * 8;
+    for (int c = threadIdx.x; c < kBm * kRowChunks; c += kGemmThreads) {
+      const int r = c / kRowChunks, part = c % kRowChunks, col = k0 + part * kChunk;
       const int src = a_rows[r];
       const bool ok = src >= 0 && col < k;
-      ptx::CpAsync16(ptx::SmemAddr(&a_s[stage][r][col - k0]), ok ? x + int64_t(src) * k + col : x,
+      ptx::CpAsync16(ptx::SmemAddr(&a_s[stage][r][part * 16]), ok ? x + int64_t(src) * k + col : x,
                      ok ? 16 : 0);
     }
-    for (int c = threadIdx.x; c < kBn * kBk / 8; c += kGemmThreads) {
-      const int r = c / (kBk / 8), col = k0 + (c % (kBk / 8)) * 8;
+    for (int c = threadIdx.x; c < kBn * kRowChunks; c += kGemmThreads) {
+      const int r = c / kRowChunks, part = c % kRowChunks, col = k0 + part * kChunk;
       const bool ok = n0 + r < n && col < k;
-      ptx::CpAsync16(ptx::SmemAddr(&b_s[stage][r][col - k0]),
+      ptx::CpAsync16(ptx::SmemAddr(&b_s[stage][r][part * 16]),
                      ok ? we + int64_t(n0 + r) * k + col : we, ok ? 16 : 0);
     }
     ptx::CpAsyncCommit();
@@ -66,14 +78,14 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
   float acc[2][4][4] = {};
-  const int k_tiles = (k + kBk - 1) / kBk;
+  const int k_tiles = (k + kTileK - 1) / kTileK;
   // Tiles 0 .. kStages - 2 in flight; each iteration waits for tile kt, then refills the
   // stage iteration kt - 1 read (every thread is past it: the barrier) with tile
   // kt + kStages - 1. An empty commit where no tile is left keeps the group count uniform.
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < k_tiles) {
-      load(st, st * kBk);
+      load(st, st * kTileK);
     } else {
       ptx::CpAsyncCommit();
     }
@@ -83,28 +95,33 @@ __global__ void __launch_bounds__(kGemmThreads)
     __syncthreads();
     const int next = kt + kStages - 1;
     if (next < k_tiles) {
-      load(next % kStages, next * kBk);
+      load(next % kStages, next * kTileK);
     } else {
       ptx::CpAsyncCommit();
     }
     const int s = kt % kStages;
 #pragma unroll
-    for (int kk = 0; kk < kBk; kk += 16) {
+    for (int kk = 0; kk < kRowBytes; kk += 32) {  // bytes: 16 elements, or 32 codes
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         ptx::LdMatrixX4(a[mi],
-                        ptx::SmemAddr(&a_s[s][wm + mi * 16 + lane % 16][kk + (lane / 16) * 8]));
+                        ptx::SmemAddr(&a_s[s][wm + mi * 16 + lane % 16][kk + (lane / 16) * 16]));
       }
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj) {
         uint32_t b[4];
         const int nr = wn + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-        ptx::LdMatrixX4(b, ptx::SmemAddr(&b_s[s][nr][kk + ((lane >> 3) & 1) * 8]));
+        ptx::LdMatrixX4(b, ptx::SmemAddr(&b_s[s][nr][kk + ((lane >> 3) & 1) * 16]));
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          ptx::Mma16816<T>(acc[mi][2 * nj], a[mi], b[0], b[1]);
-          ptx::Mma16816<T>(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
+          if constexpr (kFp8) {
+            ptx::Mma16832E4m3(acc[mi][2 * nj], a[mi], b[0], b[1]);
+            ptx::Mma16832E4m3(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
+          } else {
+            ptx::Mma16816<T>(acc[mi][2 * nj], a[mi], b[0], b[1]);
+            ptx::Mma16816<T>(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
+          }
         }
       }
     }
@@ -117,12 +134,22 @@ __global__ void __launch_bounds__(kGemmThreads)
     for (int ni = 0; ni < 4; ++ni) {
       const int col = n0 + wn + ni * 8 + c2;
       if (col >= n) continue;
+      float ws0 = 1.f, ws1 = 1.f;
+      if constexpr (kFp8) {
+        ws0 = w_scale[int64_t(e) * n + col];
+        ws1 = w_scale[int64_t(e) * n + col + 1];
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = wm + mi * 16 + g + h * 8;
         if (r >= rows) continue;
         const int64_t at = int64_t(row0 + r) * n + col;
-        const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        if constexpr (kFp8) {
+          const float xs = x_scale[a_rows[r]];
+          v0 *= xs * ws0;
+          v1 *= xs * ws1;
+        }
         if constexpr (kOutF32) {
           *reinterpret_cast<float2*>(static_cast<float*>(out) + at) = make_float2(v0, v1);
         } else {
@@ -133,22 +160,25 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
-// ---- kV2, steps of at most kMoeGemvMaxTokens tokens: a GEMV over each chosen expert --------
+// ---- the GEMV: kV2's steps of at most kMoeGemvMaxTokens tokens, and fp8 weight-only ---------
 
-// CTA (output block, tile): the tile's expert has rows <= kMoeGemvMaxTokens (one per token);
-// each warp computes kGemvWarpRows output features for every row at once, its lanes streaming
-// the weight rows in 16-byte chunks (each byte read once per tile) against the rows' inputs
-// (a few KB, read through L1).
+// CTA (output block, tile): each warp computes kGemvWarpRows output features for the tile's rows
+// kMoeGemvMaxTokens at a time (the expert's rows when the host chose this kernel for a small
+// step: at most one per token), its lanes streaming the weight rows in 16-byte chunks (each
+// byte read once per kMoeGemvMaxTokens rows) against the rows' inputs (a few KB, read through
+// L1). kFp8: w holds e4m3 codes (16 per chunk) and w_scale their row scales.
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarpRows = 2;
 constexpr int kGemvCtaRows = kGemvThreads / 32 * kGemvWarpRows;
 
-template <typename T, bool kOutF32>
+template <typename T, bool kOutF32, bool kFp8>
 __global__ void __launch_bounds__(kGemvThreads)
-    MoeGemvKernel(const T* x, bool gather, int top_k, const T* w, void* out, int n, int k,
-                  const int32_t* sorted_pairs, const int32_t* offsets, const int32_t* tile_expert,
-                  const int32_t* tile_begin, const int32_t* num_tiles) {
+    MoeGemvKernel(const T* x, bool gather, int top_k, const void* w_in, const float* w_scale,
+                  void* out, int n, int k, const int32_t* sorted_pairs, const int32_t* offsets,
+                  const int32_t* tile_expert, const int32_t* tile_begin, const int32_t* num_tiles) {
   constexpr int kMaxRows = kMoeGemvMaxTokens;
+  using W = std::conditional_t<kFp8, uint8_t, T>;
+  constexpr int kElems = 16 / int(sizeof(W));  // weights per 16-byte chunk
   PdlWait();
   PdlTrigger();
   const int tile = blockIdx.y;
@@ -157,8 +187,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int j0 = blockIdx.x * kGemvCtaRows + warp * kGemvWarpRows;
   if (j0 >= n) return;  // a whole warp
-  // The tile's rows (its expert's, at most one per token: <= kMaxRows when the host chose this
-  // kernel), kMaxRows at a time should a caller break that.
+  const W* we = static_cast<const W*>(w_in) + int64_t(e) * n * k;
   const int rows_end = min(tile_begin[tile] + kMoeTileRows, offsets[e + 1]);
   for (int row0 = tile_begin[tile]; row0 < rows_end; row0 += kMaxRows) {
     const int rows = min(kMaxRows, rows_end - row0);
@@ -168,26 +197,37 @@ __global__ void __launch_bounds__(kGemvThreads)
       const int row = row0 + min(r, rows - 1);
       in[r] = x + int64_t(gather ? sorted_pairs[row] / top_k : row) * k;
     }
-    const T* we = w + int64_t(e) * n * k;
     float acc[kGemvWarpRows][kMaxRows] = {};
-    for (int c = lane * vec::kVec; c < k; c += 32 * vec::kVec) {
-      uint4 wv[kGemvWarpRows];
+    for (int c = lane * kElems; c < k; c += 32 * kElems) {
+      float wf[kGemvWarpRows][kElems];
 #pragma unroll
       for (int i = 0; i < kGemvWarpRows; ++i) {
         const int j = min(j0 + i, n - 1);
-        wv[i] = ptx::LoadStream(reinterpret_cast<const uint4*>(we + int64_t(j) * k + c));
+        const uint4 wv = ptx::LoadStream(reinterpret_cast<const uint4*>(we + int64_t(j) * k + c));
+        if constexpr (kFp8) {
+          vec::E4m3x4ToF32(wv.x, &wf[i][0]);
+          vec::E4m3x4ToF32(wv.y, &wf[i][4]);
+          vec::E4m3x4ToF32(wv.z, &wf[i][8]);
+          vec::E4m3x4ToF32(wv.w, &wf[i][12]);
+        } else {
+          const T* w8 = reinterpret_cast<const T*>(&wv);
+#pragma unroll
+          for (int q = 0; q < kElems; ++q) wf[i][q] = vec::ToF32(w8[q]);
+        }
       }
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) {
         if (r < rows) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(in[r] + c);
-          const T* xe = reinterpret_cast<const T*>(&xv);
 #pragma unroll
-          for (int i = 0; i < kGemvWarpRows; ++i) {
-            const T* w8 = reinterpret_cast<const T*>(&wv[i]);
+          for (int h = 0; h < kElems / vec::kVec; ++h) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(in[r] + c + h * vec::kVec);
+            const T* xe = reinterpret_cast<const T*>(&xv);
 #pragma unroll
-            for (int q = 0; q < vec::kVec; ++q) {
-              acc[i][r] = fmaf(vec::ToF32(w8[q]), vec::ToF32(xe[q]), acc[i][r]);
+            for (int i = 0; i < kGemvWarpRows; ++i) {
+#pragma unroll
+              for (int q = 0; q < vec::kVec; ++q) {
+                acc[i][r] = fmaf(wf[i][h * vec::kVec + q], vec::ToF32(xe[q]), acc[i][r]);
+              }
             }
           }
         }
@@ -195,12 +235,14 @@ __global__ void __launch_bounds__(kGemvThreads)
     }
 #pragma unroll
     for (int i = 0; i < kGemvWarpRows; ++i) {
+      const int j = j0 + i;
+      const float scale = kFp8 && j < n ? w_scale[int64_t(e) * n + j] : 1.f;
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) {
         float v = acc[i][r];
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-        const int j = j0 + i;
         if (lane == 0 && r < rows && j < n) {
+          v *= scale;
           const int64_t at = int64_t(row0 + r) * n + j;
           if constexpr (kOutF32) {
             static_cast<float*>(out)[at] = v;
@@ -215,54 +257,66 @@ __global__ void __launch_bounds__(kGemvThreads)
 
 }  // namespace
 
-void MoeGroupedGemm(const void* x, bool gather, int top_k, const void* w, DType dtype, void* out,
-                    bool out_f32, int64_t n, int64_t k, int64_t num_pairs, int num_experts,
-                    const MoeRouting& r, cudaStream_t stream, MoeKernels kernels) {
+void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
+                    MoeKernels kernels) {
   if (!r.complete()) {
     throw std::invalid_argument("MoeGroupedGemm: a MoeRouting array is null");
   }
-  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+  if (g.dtype != DType::kBF16 && g.dtype != DType::kF16) {
     throw std::invalid_argument("MoeGroupedGemm: dtype must be BF16 or F16, got " +
-                                std::string(DTypeName(dtype)));
+                                std::string(DTypeName(g.dtype)));
   }
-  if (top_k < 1 || top_k > kMoeMaxTopK) {
-    throw std::invalid_argument("MoeGroupedGemm: top_k " + std::to_string(top_k));
+  if (g.top_k < 1 || g.top_k > kMoeMaxTopK) {
+    throw std::invalid_argument("MoeGroupedGemm: top_k " + std::to_string(g.top_k));
   }
-  if (n <= 0 || k <= 0 || n % 8 != 0 || k % 8 != 0) {
-    throw std::invalid_argument("MoeGroupedGemm: n (" + std::to_string(n) + ") and k (" +
-                                std::to_string(k) + ") must be positive multiples of 8");
+  const bool fp8_w = g.w_scale != nullptr, w8a8 = g.x_scale != nullptr;
+  if (w8a8 && !fp8_w) {
+    throw std::invalid_argument("MoeGroupedGemm: e4m3 inputs (x_scale) need e4m3 weights");
+  }
+  const int64_t align = fp8_w ? 16 : 8;
+  if (g.n <= 0 || g.k <= 0 || g.n % 8 != 0 || g.k % align != 0) {
+    throw std::invalid_argument("MoeGroupedGemm: n (" + std::to_string(g.n) + ") must be a " +
+                                "positive multiple of 8 and k (" + std::to_string(g.k) + ") of " +
+                                std::to_string(align));
   }
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!aligned(x) || !aligned(w) || !aligned(out)) {
+  if (!aligned(g.x) || !aligned(g.w) || !aligned(g.out)) {
     throw std::invalid_argument("MoeGroupedGemm: x, w and out must be 16-byte aligned");
   }
-  if (num_pairs <= 0) return;
-  const int64_t tokens = num_pairs / top_k;
-  // kV2's GEMV: every expert has at most `tokens` rows, so one tile each, and at most
-  // num_pairs tiles are not empty.
-  const bool gemv = kernels == MoeKernels::kV2 && tokens <= kMoeGemvMaxTokens;
-  const int64_t tiles = MoeMaxTiles(num_pairs, num_experts);
-  const dim3 grid = gemv ? dim3(unsigned((n + kGemvCtaRows - 1) / kGemvCtaRows),
-                                unsigned(std::min<int64_t>(tiles, num_pairs)))
-                         : dim3(unsigned((n + kBn - 1) / kBn), unsigned(tiles));
+  if (g.num_pairs <= 0) return;
+  const int64_t tokens = g.num_pairs / g.top_k;
+  // The GEMV: kV2's small steps (every expert has at most `tokens` rows, so one tile each, and
+  // at most num_pairs tiles are not empty) and every weight-only fp8 call.
+  const bool gemv =
+      (fp8_w && !w8a8) || (!fp8_w && kernels == MoeKernels::kV2 && tokens <= kMoeGemvMaxTokens);
+  const int64_t tiles = MoeMaxTiles(g.num_pairs, g.num_experts);
+  const dim3 grid = gemv ? dim3(unsigned((g.n + kGemvCtaRows - 1) / kGemvCtaRows),
+                                unsigned(std::min<int64_t>(tiles, g.num_pairs)))
+                         : dim3(unsigned((g.n + kBn - 1) / kBn), unsigned(tiles));
   const dim3 block(gemv ? kGemvThreads : kGemmThreads);
-  auto run = [&](auto tag, auto out_f32_tag) {
+  const auto* sorted = static_cast<const int32_t*>(r.sorted_pairs);
+  auto run = [&](auto tag, auto out_f32_tag, auto fp8_tag) {
     using T = decltype(tag);
-    constexpr bool kF32 = decltype(out_f32_tag)::value;
-    auto kernel = gemv                         ? MoeGemvKernel<T, kF32>
-                  : kernels == MoeKernels::kV2 ? MoeGemmKernel<T, kF32, 4>
-                                               : MoeGemmKernel<T, kF32, 2>;
-    Launch(kernel, grid, block, 0, stream, static_cast<const T*>(x), gather, top_k,
-           static_cast<const T*>(w), out, int(n), int(k),
-           static_cast<const int32_t*>(r.sorted_pairs), static_cast<const int32_t*>(r.offsets),
-           static_cast<const int32_t*>(r.tile_expert), static_cast<const int32_t*>(r.tile_begin),
-           static_cast<const int32_t*>(r.num_tiles));
+    constexpr bool kF32 = decltype(out_f32_tag)::value, kFp8 = decltype(fp8_tag)::value;
+    const int n = int(g.n), k = int(g.k);
+    if (gemv) {
+      Launch(MoeGemvKernel<T, kF32, kFp8>, grid, block, 0, stream, static_cast<const T*>(g.x),
+             g.gather, g.top_k, g.w, g.w_scale, g.out, n, k, sorted, r.offsets, r.tile_expert,
+             r.tile_begin, r.num_tiles);
+      return;
+    }
+    auto kernel = kernels == MoeKernels::kV2 ? MoeGemmKernel<T, kF32, 4, kFp8>
+                                             : MoeGemmKernel<T, kF32, 2, kFp8>;
+    Launch(kernel, grid, block, 0, stream, g.x, g.x_scale, g.gather, g.top_k, g.w, g.w_scale, g.out,
+           n, k, sorted, r.offsets, r.tile_expert, r.tile_begin, r.num_tiles);
   };
-  if (dtype == DType::kBF16) {
-    out_f32 ? run(__nv_bfloat16{}, std::true_type{}) : run(__nv_bfloat16{}, std::false_type{});
-  } else {
-    out_f32 ? run(__half{}, std::true_type{}) : run(__half{}, std::false_type{});
-  }
+  auto by_out = [&](auto tag, auto fp8_tag) {
+    g.out_f32 ? run(tag, std::true_type{}, fp8_tag) : run(tag, std::false_type{}, fp8_tag);
+  };
+  auto by_type = [&](auto fp8_tag) {
+    g.dtype == DType::kBF16 ? by_out(__nv_bfloat16{}, fp8_tag) : by_out(__half{}, fp8_tag);
+  };
+  fp8_w ? by_type(std::true_type{}) : by_type(std::false_type{});
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 

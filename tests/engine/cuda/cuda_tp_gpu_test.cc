@@ -4,6 +4,7 @@
 //     random hd128 / hd64 models (hd64 has one KV head: both ranks hold a replica), and a
 //     Llama-3-8B-shaped model with dummy weights, which are the same values at TP=1 and
 //     TP=2), within a bound far below bf16's own error;
+//   - mixture-of-experts models (each expert split by its width), bf16 and fp8, against TP=1;
 //   - the engine (async scheduling, decode CUDA graphs, an n = 2 request whose copy-on-write
 //     block copies must reach every rank's KV cache): greedy tokens equal TP=1's, or differ
 //     first where TP=1's top two candidates are a near-tie (bf16 rounding may flip those).
@@ -14,8 +15,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/cuda/cuda_executor.h"
 #include "engine/engine.h"
@@ -25,6 +29,9 @@
 
 namespace llm {
 namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
 
 constexpr int64_t kBlockSize = 16;
 // Relative logit difference allowed between TP=2 and TP=1 (max|Δ| / max|logit|): below the
@@ -152,6 +159,80 @@ TEST_F(CudaTpTest, LogitsMatchOneGpu) {
                   c.name.c_str(), custom ? "peer all-reduce" : "NCCL", rel);
       EXPECT_LE(rel, kLogitTolerance) << (custom ? "peer all-reduce" : "NCCL");
     }
+  }
+}
+
+// Mixture of experts split over 2 GPUs (each expert's width; the router whole on each rank):
+// the hf-arch Mixtral and Qwen3-MoE checkpoints (each expert's tensors sliced at load) in bf16
+// and fp8 (the experts quantized per rank: their row scales are the whole rows' for gate|up,
+// the slice's for down), and a 128-expert dummy model (sliced from the TP=1 values). TP=2 sums
+// o and down in another order than TP=1, so a few tokens may go to other experts: the bound is
+// twice the folder's own transformers bf16-vs-fp32 gap (which includes its rerouting), and
+// 0.1 of the largest logit for the dummy model; the share of routed pairs that differ in the
+// prefill step is printed and must stay under 10%.
+TEST_F(CudaTpTest, MixtureOfExpertsLogitsMatchOneGpu) {
+  const fs::path arch = test::SharedDir() / "models" / "hf-arch";
+  const test::TempDir tmp;
+  json moe = json::parse(test::ReadFile(arch / "qwen3_moe" / "config.json"));
+  moe["num_local_experts"] = 128;
+  moe["num_experts_per_tok"] = 8;
+  const fs::path dummy = tmp.path() / "moe128.json";
+  test::WriteFile(dummy, moe.dump(2));
+  struct Case {
+    std::string name, path;
+    bool dummy, fp8;
+  };
+  const std::vector<Case> cases = {{"mixtral", (arch / "mixtral").string(), false, false},
+                                   {"qwen3_moe", (arch / "qwen3_moe").string(), false, false},
+                                   {"qwen3_moe fp8", (arch / "qwen3_moe").string(), false, true},
+                                   {"moe128 dummy", dummy.string(), true, false},
+                                   {"moe128 dummy fp8", dummy.string(), true, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    double bound = 0.1;  // relative, dummy weights
+    if (!c.dummy) {
+      const json ref = json::parse(test::ReadFile(fs::path(c.path) / "reference.json"));
+      double gap = 0;
+      for (const json& p : ref["prompts"]) {
+        gap = std::max(gap, p["bf16_vs_fp32_max_abs"].get<double>());
+      }
+      bound = 2 * gap;  // absolute
+    }
+    std::vector<float> logits[2];
+    std::vector<std::vector<int32_t>> routing[2];
+    for (int tp : {1, 2}) {
+      CudaExecutorOptions o = Options(tp, c.dummy);
+      o.fp8_weights = c.fp8;
+      o.record_moe_routing = true;
+      std::unique_ptr<CudaExecutor> ex = CudaExecutor::Create(c.path, o);
+      logits[tp - 1] = StepLogits(*ex);
+      routing[tp - 1] = ex->LastMoeRouting();  // the last decode step's
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    ASSERT_EQ(routing[0].size(), routing[1].size());
+    int64_t pairs = 0, differ = 0;
+    for (size_t l = 0; l < routing[0].size(); ++l) {
+      ASSERT_EQ(routing[0][l].size(), routing[1][l].size());
+      for (size_t i = 0; i < routing[0][l].size(); ++i) {
+        ++pairs;
+        differ += routing[0][l][i] != routing[1][l][i];
+      }
+    }
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(logits[1][i])) << "logit " << i;
+      diff = std::max(diff, double(std::fabs(logits[1][i] - logits[0][i])));
+      scale = std::max(scale, double(std::fabs(logits[0][i])));
+    }
+    const double got = c.dummy ? diff / scale : diff;
+    std::printf(
+        "[tp] %s: TP=2 vs TP=1 logits max|diff| %.4g%s (bound %.4g); last step's routed "
+        "pairs differing: %lld of %lld\n",
+        c.name.c_str(), got, c.dummy ? " of max|logit|" : "", bound, static_cast<long long>(differ),
+        static_cast<long long>(pairs));
+    EXPECT_LE(got, bound);
+    EXPECT_LE(differ * 10, pairs);
+    EXPECT_GT(pairs, 0);
   }
 }
 

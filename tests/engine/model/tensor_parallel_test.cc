@@ -298,5 +298,58 @@ TEST(TensorParallelTest, AttentionPartialsSumToFullOutput) {
   }
 }
 
+// Experts split by their own width (moe_intermediate_size, not intermediate_size): each
+// expert's gate / up rows and down columns partition its tensors, and the ranks' partial expert
+// MLPs sum to the whole expert's output (the router is replicated: every rank runs the same
+// experts). A width the ranks do not divide is refused by name.
+TEST(TensorParallelTest, ExpertsSplitByTheirOwnWidth) {
+  ModelConfig c = Tiny();
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;  // Qwen3-MoE: not intermediate_size (96)
+  const ArchitectureSpec& spec = *FindArchitecture("Qwen3MoeForCausalLM");
+  const WeightSpec& gate = WeightOf(spec, WeightRole::kExpertGate);
+  const WeightSpec& up = WeightOf(spec, WeightRole::kExpertUp);
+  const WeightSpec& down = WeightOf(spec, WeightRole::kExpertDown);
+  EXPECT_EQ(WeightShape(gate, c), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(WeightShape(down, c), (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(WeightOf(spec, WeightRole::kRouter).tp, TpSplit::kReplicated);
+  std::mt19937 rng(3);
+  const Mat x = Random(kNumTokens, c.hidden_size, rng);
+  Layer expert;  // indexed by TpWeight: only gate, up and down are set
+  expert.w.resize(std::size(kSplitWeights));
+  expert.w[size_t(TpWeight::kGateProj)] = Random(32, 64, rng);
+  expert.w[size_t(TpWeight::kUpProj)] = Random(32, 64, rng);
+  expert.w[size_t(TpWeight::kDownProj)] = Random(64, 32, rng);
+  const Mat full = Mlp(x, expert);
+  for (int size : {1, 2, 4, 8}) {
+    SCOPED_TRACE(testing::Message() << "size " << size);
+    Mat sum{full.rows, full.cols};
+    for (int rank = 0; rank < size; ++rank) {
+      const TensorParallelShard s = MakeTensorParallelShard(c, rank, size);
+      EXPECT_EQ(s.moe_intermediate, 32 / size);
+      EXPECT_EQ(s.intermediate, 96 / size);
+      const TpSlice g = s.Slice(gate, c), u = s.Slice(up, c), d = s.Slice(down, c);
+      EXPECT_EQ(std::tuple(g.row_begin, g.num_rows, g.col_begin, g.num_cols),
+                std::tuple(int64_t(rank) * 32 / size, int64_t(32 / size), int64_t(0), int64_t(64)));
+      EXPECT_EQ(std::tuple(u.row_begin, u.num_rows), std::tuple(g.row_begin, g.num_rows));
+      EXPECT_EQ(std::tuple(d.row_begin, d.num_rows, d.col_begin, d.num_cols),
+                std::tuple(int64_t(0), int64_t(64), g.row_begin, g.num_rows));
+      Layer local;
+      local.w.resize(std::size(kSplitWeights));
+      local.w[size_t(TpWeight::kGateProj)] = Cut(expert[TpWeight::kGateProj], g);
+      local.w[size_t(TpWeight::kUpProj)] = Cut(expert[TpWeight::kUpProj], u);
+      local.w[size_t(TpWeight::kDownProj)] = Cut(expert[TpWeight::kDownProj], d);
+      sum += Mlp(x, local);
+    }
+    ExpectClose(sum, full);
+  }
+  c.moe_intermediate_size = 36;
+  ExpectError([&] { MakeTensorParallelShard(c, 0, 8); }, {"experts' intermediate size", "(36)"});
+  EXPECT_EQ(MakeTensorParallelShard(c, 1, 2).moe_intermediate, 18);
+  c.num_experts = 0;  // a dense model: no expert width to split
+  EXPECT_EQ(MakeTensorParallelShard(c, 0, 8).moe_intermediate, 0);
+}
+
 }  // namespace
 }  // namespace llm
