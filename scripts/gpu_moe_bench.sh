@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Mixture of experts on the H200 (issue 30) in one call: the MoE GPU tests on both kernel sets,
-# bench_moe_gpu (both sets), and `llm bench --load-format dummy` on Qwen3-30B-A3B (batch-1
-# decode, 128 + 256 tokens; MOE_REQUESTS x (1,000 + 1,000) at 256 sequences) with
-# --moe-kernels v1 and v2, and Mixtral-8x7B batch-1 decode on the faster-looking v2. Run after
+# Mixture of experts on the H200 (issue 30): the MoE GPU tests on both kernel sets (bf16 and
+# fp8 experts), bench_moe_gpu (both sets, bf16 and fp8), and `llm bench --load-format dummy` on
+# Qwen3-30B-A3B (batch-1 decode, 128 + 256 tokens; MOE_REQUESTS x (1,000 + 1,000) at 256
+# sequences) with --moe-kernels v1 and v2 and with fp8 experts, and Mixtral-8x7B batch-1 decode
+# on the faster-looking v2. Tensor parallelism needs 2 GPUs (nvidia-h200-x2):
+#   build/cuda_tp_gpu_test --gtest_filter='*MixtureOfExperts*' Run after
 # scripts/gpu_run.sh built the targets (carry .debs and .shared; ../shared/DEVICE.md):
 #   OUT=... GPU_TEST_REGEX=NO_SUCH_TEST GPU_POST='bash scripts/gpu_moe_bench.sh' \
 #     bash scripts/gpu_run.sh llm moe_gpu_test hf_arch_gpu_test cuda_executor_gpu_test \
@@ -59,6 +61,16 @@ for k in v1 v2; do
     --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
     --max-num-batched-tokens 8192 --temperature 1.0 --moe-kernels "$k"
 done
+# fp8 experts (weight-only GEMV in decode, W8A8 tiles in prefill) on the kernel set named by
+# MOE_FP8_KERNELS (default v2).
+fk=${MOE_FP8_KERNELS:-v2}
+bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 --model engine/configs/qwen3-30b-a3b.json \
+  --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
+  --temperature 0 --warmup --max-num-seqs 256 --moe-kernels "$fk" --quantization fp8
+bench_run "throughput_qwen3_30b_a3b_fp8_$fk" "${MOE_TIMEOUT:-150}" \
+  --model engine/configs/qwen3-30b-a3b.json --num-requests "${MOE_REQUESTS:-200}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --moe-kernels "$fk" --quantization fp8
 bench_run latency_mixtral_8x7b_b1_v2 200 --model engine/configs/mixtral-8x7b.json \
   --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
   --temperature 0 --warmup --max-num-seqs 64 --moe-kernels v2

@@ -134,6 +134,9 @@ struct CudaExecutorOptions {
   int64_t max_graph_batch = 0;  // 0: max_num_seqs
   bool dummy_weights = false;   // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;
+  // The dummy weights' range: uniform in ±dummy_range (vLLM's 1e-3, which keeps activations
+  // finite at any depth; tests raise it so that every layer's output shows in the logits).
+  float dummy_range = 1e-3f;
   // GPUs 0..N-1 of this process (CUDA_VISIBLE_DEVICES picks them), one shard each, over
   // NCCL; needs a build with NCCL. Dummy weights are the same values as at N = 1 (each rank
   // generates the full tensor and keeps its slice), so N = 1 and N > 1 compare exactly.

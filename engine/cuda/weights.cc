@@ -365,8 +365,7 @@ void CudaWorker::FillDummy() {
   }
   uint64_t seed = opt.dummy_seed * 1000003 + 1;
   auto rnd = [&](void* p, int64_t count) {
-    // vLLM's dummy range: small uniform values keep activations finite at any depth.
-    cuda::FillUniform(p, dtype, count, 1e-3f, seed++, stream);
+    cuda::FillUniform(p, dtype, count, opt.dummy_range, seed++, stream);
   };
   auto ones = [&](float* p) { cuda::FillConstant(p, DType::kF32, hidden, 1.f, stream); };
   // A split weight: the full (fused) tensor with the seed it has at N = 1, generated into a
@@ -421,7 +420,7 @@ void CudaWorker::FillDummy() {
   }
   auto rnd_parts = [&](void* dst, const Plan& p) {
     if (!scratch) return rnd(dst, p.rows * p.cols);
-    cuda::FillUniform(scratch, dtype, p.rows * p.cols, 1e-3f, seed++, stream);
+    cuda::FillUniform(scratch, dtype, p.rows * p.cols, opt.dummy_range, seed++, stream);
     auto* out = static_cast<std::byte*>(dst);
     for (const TpSlice& sl : p.parts) {
       LLM_CUDA_CHECK(cudaMemcpy2DAsync(

@@ -631,7 +631,13 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   std::printf("  dummy MoE, kernels v2 vs v1: %.3e of max|logit|\n", rel);
   EXPECT_LT(rel, 1e-2);
   // --quantization fp8 (the experts' W8A8 tiles for the 30-token chunk, their weight-only GEMV
-  // for the decode steps), on both kernel sets: deterministic, finite, close to bf16.
+  // for the decode steps), on both kernel sets: deterministic, finite, close to bf16 with the
+  // same seed, half the bytes. Weights in ±0.05 (not vLLM's ±1e-3, under which the experts'
+  // outputs are below bf16's resolution of the residual): fp8 must move the logits, a little.
+  o.moe_v2 = false;
+  o.dummy_range = 0.05f;
+  auto wide = CudaExecutor::Create(path.string(), o);
+  const std::vector<float> lw = AllLogits(*wide, ids, 30);
   o.fp8_weights = true;
   for (bool v2 : {false, true}) {
     o.moe_v2 = v2;
@@ -640,11 +646,12 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
     const std::vector<float> lf = AllLogits(*f, ids, 30);
     for (float v : lf) ASSERT_TRUE(std::isfinite(v));
     EXPECT_EQ(lf, AllLogits(*g, ids, 30));
-    const double frel = Relative(lf, la);
-    std::printf("  dummy MoE fp8 (kernels %s) vs bf16, same seed: %.3e of max|logit|\n",
+    const double frel = Relative(lf, lw);
+    std::printf("  dummy MoE (±0.05) fp8 (kernels %s) vs bf16, same seed: %.3e of max|logit|\n",
                 v2 ? "v2" : "v1", frel);
     EXPECT_LT(frel, 0.1);
-    EXPECT_LT(f->stats().weight_bytes, a->stats().weight_bytes * 6 / 10);
+    EXPECT_GT(frel, 0.0);
+    EXPECT_LT(f->stats().weight_bytes, wide->stats().weight_bytes * 6 / 10);
   }
 }
 
