@@ -9,10 +9,14 @@
 namespace llm {
 
 // kF8E4M3: FP8 e4m3 codes (kernels/fp8.h), the weight format of --quantization fp8 (weights
-// only, each matrix row with its own fp32 scale: cpu::WeightMatrix::scales).
-enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3 };
+// only, each matrix row with its own fp32 scale: cpu::WeightMatrix::scales). kI8: int8 codes in
+// [-127, 127] with the same row scales, the CPU's --quantization int8
+// (kernels/cpu/matmul_int8.h). Neither is read from checkpoints.
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI8 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : t == DType::kF8E4M3 ? 1 : 2; }
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kF8E4M3 || t == DType::kI8 ? 1 : 2;
+}
 
 // The names safetensors uses ("F32", "F16", "BF16", "F8_E4M3").
 constexpr std::string_view DTypeName(DType t) {
@@ -25,6 +29,8 @@ constexpr std::string_view DTypeName(DType t) {
       return "BF16";
     case DType::kF8E4M3:
       return "F8_E4M3";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }

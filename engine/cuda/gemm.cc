@@ -25,6 +25,8 @@ cudaDataType_t CudaType(DType t) {
       return CUDA_R_16BF;
     case DType::kF8E4M3:
       return CUDA_R_8F_E4M3;
+    case DType::kI8:
+      return CUDA_R_8I;
   }
   return CUDA_R_32F;
 }

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/matmul_int8.h"
 #include "kernels/fp8.h"
 
 namespace llm::cpu {
@@ -277,6 +278,8 @@ void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens)
       return LinearTyped<DType::kF16>(x, w, y, num_tokens);
     case DType::kF8E4M3:
       return LinearTyped<DType::kF8E4M3>(x, w, y, num_tokens);
+    case DType::kI8:
+      return LinearInt8(x, w, y, num_tokens);
   }
 }
 
@@ -295,6 +298,9 @@ void LoadRow(const WeightMatrix& w, int64_t row, float* out) {
         break;
       case DType::kF8E4M3:
         out[k] = LoadScalar<DType::kF8E4M3>(w.data, i) * w.scales[row];
+        break;
+      case DType::kI8:
+        out[k] = float(static_cast<const int8_t*>(w.data)[i]) * w.scales[row];
         break;
     }
   }

@@ -21,13 +21,15 @@ struct WeightMatrix {
   const void* data = nullptr;
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features
-  // kF8E4M3 only: [rows] fp32 scales, W[r][c] = scales[r] · e4m3(data[r][c]). The codes are
-  // never NaN (QuantizeFp8Rows rejects non-finite weights), which the kernel relies on.
+  // kF8E4M3 and kI8: [rows] fp32 scales, W[r][c] = scales[r] · e4m3(data[r][c]) or
+  // scales[r] · int8(data[r][c]). The e4m3 codes are never NaN (QuantizeFp8Rows rejects
+  // non-finite weights), which the kernel relies on.
   const float* scales = nullptr;
 
+  bool quantized() const { return dtype == DType::kF8E4M3 || dtype == DType::kI8; }
   int64_t num_bytes() const {
     return rows * cols * static_cast<int64_t>(DTypeSize(dtype)) +
-           (dtype == DType::kF8E4M3 ? rows * int64_t(sizeof(float)) : 0);
+           (quantized() ? rows * int64_t(sizeof(float)) : 0);
   }
 };
 
@@ -38,9 +40,11 @@ struct WeightMatrix {
 // infinite: the caller names the tensor.
 bool QuantizeFp8Rows(const float* src, int64_t rows, int64_t cols, uint8_t* codes, float* scales);
 
+// kI8 weights run kernels/cpu/matmul_int8.h's LinearInt8 (x quantized per block of 32).
 void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens);
 
-// Reference: the same product in double precision, one element at a time (for tests).
+// Reference: the same product in double precision, one element at a time (for tests; kI8
+// weights against unquantized x: LinearInt8Reference quantizes x as the kernel does).
 void LinearReference(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens);
 
 // Converts one row of W to fp32 (embedding lookup, tests).
