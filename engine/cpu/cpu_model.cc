@@ -11,6 +11,7 @@
 #include "engine/loader/safetensors.h"
 #include "engine/model/architecture.h"
 #include "kernels/cpu/flash_attention.h"
+#include "kernels/cpu/matmul_int8.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/ops.h"
 
@@ -64,25 +65,33 @@ cpu::WeightMatrix CpuModel::Matrix(const std::string& name, std::vector<int64_t>
 }
 
 cpu::WeightMatrix CpuModel::LinearMatrix(const std::string& name, std::vector<int64_t> shape) {
-  if (!fp8_weights_) return Matrix(name, shape);
+  if (!fp8_weights_ && !int8_weights_) return Matrix(name, shape);
   const TensorView& t = checkpoint_->GetWithShape(name, shape);
   const int64_t rows = shape[0], cols = shape[1];
   std::vector<float> f32(static_cast<size_t>(rows * cols));
   ToF32(t, f32.data(), rows * cols);
   owned8_.emplace_back(static_cast<size_t>(rows * cols));
   owned32_.emplace_back(static_cast<size_t>(rows));
-  if (!cpu::QuantizeFp8Rows(f32.data(), rows, cols, owned8_.back().data(),
-                            owned32_.back().data())) {
-    throw Error(t.file + ": tensor " + name +
-                " holds a NaN or infinite weight (--quantization fp8 cannot scale it)");
+  uint8_t* codes = owned8_.back().data();
+  float* scales = owned32_.back().data();
+  const bool ok = int8_weights_ ? cpu::QuantizeInt8Rows(f32.data(), rows, cols,
+                                                        reinterpret_cast<int8_t*>(codes), scales)
+                                : cpu::QuantizeFp8Rows(f32.data(), rows, cols, codes, scales);
+  if (!ok) {
+    throw Error(t.file + ": tensor " + name + " holds a NaN or infinite weight (--quantization " +
+                (int8_weights_ ? "int8" : "fp8") + " cannot scale it)");
   }
-  cpu::WeightMatrix m{DType::kF8E4M3, owned8_.back().data(), rows, cols};
-  m.scales = owned32_.back().data();
+  cpu::WeightMatrix m{int8_weights_ ? DType::kI8 : DType::kF8E4M3, codes, rows, cols};
+  m.scales = scales;
   return m;
 }
 
 std::string CpuModel::WeightsDescription() const {
   const std::string base(DTypeName(weight_dtype_));
+  if (int8_weights_) {
+    return std::string("I8 (linear layers, per-row scales; activations per block of 32, ") +
+           cpu::Int8KernelName(cpu::BestInt8Kernel()) + " kernel) + " + base;
+  }
   return fp8_weights_ ? "F8_E4M3 (linear layers, per-row scales) + " + base : base;
 }
 
@@ -103,7 +112,11 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
   const ModelConfig& c = m->config_;
   const TensorView& embed = m->checkpoint_->Get(WeightName(WeightOf(spec, WeightRole::kEmbed), -1));
   m->weight_dtype_ = options.weight_dtype.value_or(embed.dtype);
+  if (options.fp8_weights && options.int8_weights) {
+    throw Error("--quantization: fp8 and int8 weights exclude each other");
+  }
   m->fp8_weights_ = options.fp8_weights;
+  m->int8_weights_ = options.int8_weights;
 
   // Every weight of the registry's list, by role; a tied lm_head (absent from the checkpoint)
   // is the embedding matrix.

@@ -47,6 +47,10 @@ struct LoadOptions {
   // codes with one fp32 scale per output row (cpu::QuantizeFp8Rows), a quarter of the bytes of
   // f32 and half of bf16; the embeddings and lm_head stay in weight_dtype (as vLLM keeps them).
   bool fp8_weights = false;
+  // --quantization int8: the same matrices as int8 codes with one fp32 scale per output row
+  // (cpu::QuantizeInt8Rows), multiplied on the CPU's integer dot products against x quantized
+  // per block of 32 (kernels/cpu/matmul_int8.h). Exclusive with fp8_weights.
+  bool int8_weights = false;
 };
 
 class KvCachePool;
@@ -62,7 +66,9 @@ class CpuModel {
   const ModelConfig& config() const { return config_; }
   DType weight_dtype() const { return weight_dtype_; }
   bool fp8_weights() const { return fp8_weights_; }
-  // "BF16", or "F8_E4M3 (linear layers, per-row scales) + BF16" under --quantization fp8.
+  bool int8_weights() const { return int8_weights_; }
+  // "BF16", or "F8_E4M3 (linear layers, per-row scales) + BF16" under --quantization fp8
+  // ("I8 (...)" under int8, naming the kernel this CPU runs).
   std::string WeightsDescription() const;
   // Bytes of weight matrices streamed per decoded token (all linear layers + lm_head; of a
   // mixture-of-experts layer, the router and num_experts_per_tok experts).
@@ -96,7 +102,7 @@ class CpuModel {
   };
   CpuModel() = default;
   cpu::WeightMatrix Matrix(const std::string& name, std::vector<int64_t> shape);
-  // A linear layer's matrix: Matrix(), or its FP8 quantization under fp8_weights_.
+  // A linear layer's matrix: Matrix(), or its FP8 / int8 quantization.
   cpu::WeightMatrix LinearMatrix(const std::string& name, std::vector<int64_t> shape);
   std::vector<float> Vector(const std::string& name, int64_t size);
   // Where the registry's weight of `role` (of layer `layer`, for per-layer roles) lives.
@@ -112,8 +118,9 @@ class CpuModel {
   ModelConfig config_;
   DType weight_dtype_ = DType::kF32;
   bool fp8_weights_ = false;
+  bool int8_weights_ = false;
   std::unique_ptr<Checkpoint> checkpoint_;
-  std::vector<std::vector<uint8_t>> owned8_;    // FP8 codes (fp8_weights_; scales in owned32_)
+  std::vector<std::vector<uint8_t>> owned8_;    // FP8 / int8 codes (scales in owned32_)
   std::vector<std::vector<uint16_t>> owned16_;  // converted weights (when not as stored)
   std::vector<std::vector<float>> owned32_;
   cpu::WeightMatrix embed_, lm_head_;

@@ -178,7 +178,8 @@ LLM_TARGET_AVX2 void TileAvx2(const int8_t* const* w, int64_t cols, const Activa
       aw[r] = _mm256_abs_epi8(wv[r]);
     }
     for (int t = 0; t < kT; ++t) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.Codes(tokens[t]) + k));
+      const __m256i x =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.Codes(tokens[t]) + k));
       const __m256 s = _mm256_loadu_ps(a.Lanes(tokens[t]) + k / 4);
       for (int r = 0; r < kR; ++r) {
         const __m256i p16 = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(x, wv[r]));
@@ -206,11 +207,10 @@ struct Avx2 {
 
 template <template <int, int> class K>
 TileFn Tile(int r, int t) {
-  static constexpr TileFn table[4][4] = {
-      {K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn},
-      {K<2, 1>::fn, K<2, 2>::fn, K<2, 3>::fn, K<2, 4>::fn},
-      {K<3, 1>::fn, K<3, 2>::fn, K<3, 3>::fn, K<3, 4>::fn},
-      {K<4, 1>::fn, K<4, 2>::fn, K<4, 3>::fn, K<4, 4>::fn}};
+  static constexpr TileFn table[4][4] = {{K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn},
+                                         {K<2, 1>::fn, K<2, 2>::fn, K<2, 3>::fn, K<2, 4>::fn},
+                                         {K<3, 1>::fn, K<3, 2>::fn, K<3, 3>::fn, K<3, 4>::fn},
+                                         {K<4, 1>::fn, K<4, 2>::fn, K<4, 3>::fn, K<4, 4>::fn}};
   return table[r - 1][t - 1];
 }
 

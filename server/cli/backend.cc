@@ -116,11 +116,13 @@ void BackendFlags::AddTo(CLI::App* cmd) {
       ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}))
       ->capture_default_str();
   cmd->add_option("--quantization", quantization,
-                  "none, or fp8: the linear layers' weights quantized at load to FP8 e4m3 with "
-                  "one scale per output row (a quarter of the bytes of f32, half of bf16; "
-                  "embeddings and lm_head unchanged; cuda also quantizes the activations per "
-                  "token and runs FP8 GEMMs)")
-      ->check(CLI::IsMember({"none", "fp8"}))
+                  "none, fp8 or int8: the linear layers' weights quantized at load with one "
+                  "scale per output row (a quarter of the bytes of f32, half of bf16; "
+                  "embeddings and lm_head unchanged). fp8: e4m3 (cuda also quantizes the "
+                  "activations per token and runs FP8 GEMMs). int8 (cpu): int8 codes multiplied "
+                  "on integer dot products (AVX-512 VNNI / AVX2) against the activations "
+                  "quantized per block of 32")
+      ->check(CLI::IsMember({"none", "fp8", "int8"}))
       ->capture_default_str();
   cmd->add_flag("--disable-custom-all-reduce", disable_custom_all_reduce,
                 "cuda, --tensor-parallel-size > 1: every all-reduce through NCCL (default: "
@@ -133,6 +135,7 @@ LoadOptions CpuLoadOptions(const BackendFlags& f) {
   if (f.dtype == "bf16") load.weight_dtype = DType::kBF16;
   if (f.dtype == "f16") load.weight_dtype = DType::kF16;
   load.fp8_weights = f.quantization == "fp8";
+  load.int8_weights = f.quantization == "int8";
   return load;
 }
 
@@ -172,6 +175,9 @@ Backend MakeCpu(const std::string& model_path, const BackendFlags& f, EngineConf
 #if defined(LLM_HAS_CUDA)
 Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineConfig* engine) {
   if (f.dtype == "f32") throw Error("--device cuda runs bf16 or f16 (not f32)");
+  if (f.quantization == "int8") {
+    throw Error("--quantization int8 is the CPU's 8-bit path; on --device cuda use fp8");
+  }
   CudaExecutorOptions o;
   o.fp8_weights = f.quantization == "fp8";
   if (f.fp8_precise_accum && !o.fp8_weights) {

@@ -55,8 +55,8 @@ class Int8KernelTest : public ::testing::TestWithParam<Int8Kernel> {
  protected:
   void SetUp() override {
     if (!Int8KernelSupported(GetParam())) {
-      GTEST_SKIP() << "this CPU has no " << Int8KernelName(GetParam()) << " (best here: "
-                   << Int8KernelName(BestInt8Kernel()) << ")";
+      GTEST_SKIP() << "this CPU has no " << Int8KernelName(GetParam())
+                   << " (best here: " << Int8KernelName(BestInt8Kernel()) << ")";
     }
   }
 };
@@ -79,8 +79,8 @@ TEST_P(Int8KernelTest, MatchesTheReferenceOfTheSameQuantization) {
       for (int64_t r = 0; r < c.rows; ++r) {
         double mag = 0;
         for (int64_t i = 0; i < c.cols; ++i) {
-          mag += std::fabs(double(x[size_t(t * c.cols + i)]) *
-                           w.codes[size_t(r * c.cols + i)] * w.scales[size_t(r)]);
+          mag += std::fabs(double(x[size_t(t * c.cols + i)]) * w.codes[size_t(r * c.cols + i)] *
+                           w.scales[size_t(r)]);
         }
         const size_t at = size_t(t * c.rows + r);
         ASSERT_FALSE(std::isnan(got[at])) << "row " << r << " token " << t << " never written";

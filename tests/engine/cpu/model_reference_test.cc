@@ -205,6 +205,44 @@ TEST(Stories260KFp8, LogitsCloseToTheReference) {
   EXPECT_GE(agree, 4u);
 }
 
+// int8 weights (--quantization int8: per-row int8 codes on the CPU's integer dot products,
+// activations quantized per block of 32): the last prompt position's logits against the f32
+// reference, and the greedy continuation teacher-forced on the reference's 64 tokens (how many
+// agree, and how many before the first divergence), both reported; bounds from the measured
+// values (2026-12-04, dev VM) with a margin, tighter than fp8's.
+TEST(Stories260KInt8, LogitsCloseAndGreedyAgreesWithF32) {
+  LoadOptions options;
+  options.int8_weights = true;
+  auto model = CpuModel::Load(ModelDir(), options);
+  EXPECT_TRUE(model->int8_weights());
+  EXPECT_NE(model->WeightsDescription().find("I8"), std::string::npos);
+  auto f32 = CpuModel::Load(ModelDir());
+  EXPECT_LT(model->weight_bytes_per_token(), f32->weight_bytes_per_token());
+  const json& c = Reference()["cases"][0];
+  const std::vector<int> ids = c["prompt_ids"].get<std::vector<int>>();
+  const auto ref = c["logits"].get<std::vector<std::vector<float>>>();
+  SequenceRunner runner(*model, 128);
+  std::vector<float> l = runner.Feed(ids);
+  const double err = RelativeError(l, ref[ids.size() - 1]);
+  const std::vector<int> want = c["greedy_ids"].get<std::vector<int>>();
+  size_t agree = 0, before = 0;
+  bool diverged = false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool same = Argmax(l) == want[i];
+    agree += same;
+    diverged = diverged || !same;
+    before += !diverged;
+    const int next[1] = {want[i]};
+    l = runner.Feed(next);
+  }
+  std::printf(
+      "  stories260K int8 weights: last-position logits %.3e of max|ref|; greedy %zu of %zu "
+      "tokens equal (teacher-forced), %zu before the first divergence\n",
+      err, agree, want.size(), before);
+  EXPECT_LE(err, 4e-2);
+  EXPECT_GE(agree * 10, want.size() * 9);
+}
+
 // A weight that cannot be scaled is a start-up error naming the file and the tensor.
 TEST(Stories260KFp8, NonFiniteWeightNamesTheTensor) {
   test::TempDir dir;
