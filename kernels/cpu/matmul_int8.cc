@@ -115,35 +115,43 @@ void RowsPortable(const Activations& a, const WeightMatrix& w, float* y, int64_t
 #if defined(LLM_INT8_X86)
 // ---- AVX-512 VNNI -------------------------------------------------------------------------
 
-// kR rows x kT tokens: out[r][t] = Σ over lanes of lane_scale · (exact lane sum).
+// kR rows x kT tokens: out[r][t] = Σ over lanes of lane_scale · (exact lane sum). vpdpbusd
+// multiplies unsigned by signed bytes: x goes in as x + 128 (its sign bit flipped) and the
+// accumulator starts at -128 · Σ w of the lane, so each lane ends at Σ x · w exactly; the
+// weights' part (one vpdpbusd and a subtraction per row) is shared by the tile's tokens.
 template <int kR, int kT>
 LLM_TARGET_VNNI void TileVnni(const int8_t* const* w, int64_t cols, const Activations& a,
                               const int64_t* tokens, float (*out)[4]) {
   __m512 acc[kR][kT];
+#pragma GCC unroll 4
   for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 4
     for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
-  const __m512i zero = _mm512_setzero_si512();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // as unsigned: 128
   for (int64_t k = 0; k < cols; k += kChunk) {
     const __mmask64 m =
         cols - k >= kChunk ? ~__mmask64{0} : (__mmask64{1} << (cols - k)) - 1;  // the row's tail
-    __m512i aw[kR];
-    __mmask64 neg[kR];
+    __m512i wv[kR], bias[kR];
+#pragma GCC unroll 4
     for (int r = 0; r < kR; ++r) {
-      const __m512i v = _mm512_maskz_loadu_epi8(m, w[r] + k);
-      aw[r] = _mm512_abs_epi8(v);
-      neg[r] = _mm512_movepi8_mask(v);
+      wv[r] = _mm512_maskz_loadu_epi8(m, w[r] + k);
+      bias[r] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wv[r]));
     }
+#pragma GCC unroll 4
     for (int t = 0; t < kT; ++t) {
-      const __m512i x = _mm512_loadu_si512(a.Codes(tokens[t]) + k);
+      const __m512i xu = _mm512_xor_si512(_mm512_loadu_si512(a.Codes(tokens[t]) + k), flip);
       const __m512 s = _mm512_loadu_ps(a.Lanes(tokens[t]) + k / 4);
+#pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
-        const __m512i xs = _mm512_mask_sub_epi8(x, neg[r], zero, x);  // x · sign(w)
-        const __m512i p = _mm512_dpbusd_epi32(zero, aw[r], xs);
+        const __m512i p = _mm512_dpbusd_epi32(bias[r], xu, wv[r]);
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
       }
     }
   }
+#pragma GCC unroll 4
   for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 4
     for (int t = 0; t < kT; ++t) out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
@@ -248,13 +256,18 @@ Int8Kernel Resolve(Int8Kernel k) {
 }  // namespace
 
 bool QuantizeInt8Rows(const float* src, int64_t rows, int64_t cols, int8_t* codes, float* scales) {
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * cols;
     float amax = 0.f;
+    bool ok = true;
     for (int64_t c = 0; c < cols; ++c) {
-      if (!std::isfinite(row[c])) return false;
+      ok = ok && std::isfinite(row[c]);
       amax = std::max(amax, std::fabs(row[c]));
     }
+    finite = finite && ok;
+    if (!ok) continue;
     const float scale = amax > 0.f ? amax / 127.f : 1.f;
     scales[r] = scale;
     for (int64_t c = 0; c < cols; ++c) {
@@ -262,7 +275,7 @@ bool QuantizeInt8Rows(const float* src, int64_t rows, int64_t cols, int8_t* code
           static_cast<int8_t>(std::clamp(std::nearbyint(row[c] / scale), -127.f, 127.f));
     }
   }
-  return true;
+  return finite;
 }
 
 bool Int8KernelSupported(Int8Kernel k) {
