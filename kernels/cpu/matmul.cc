@@ -14,6 +14,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/matmul_half.h"
 #include "kernels/cpu/matmul_int8.h"
 #include "kernels/fp8.h"
 
@@ -182,30 +183,6 @@ inline __m512 Load16(const void* base, int64_t index) {
 }
 #endif
 
-#if defined(__AVX512F__)
-// bf16 rows on AVX-512 take 32 weights per 64-byte load and split them into their even and odd
-// elements (a shift and a mask: both already fp32 bit patterns), half the conversion work of
-// widening 16 at a time, which made bf16 slower than f16 (cvtph: one instruction per 16). x
-// comes permuted to match (PermuteForBf16): in each 64-element block of the rows' first
-// `cols & ~63` elements, x[even] then x[odd] of each half; the rest in place.
-inline void PermuteForBf16(const float* x, int64_t cols, float* out) {
-  const int64_t vec64 = cols & ~int64_t{63};
-  for (int64_t b = 0; b < vec64; b += 32) {
-    for (int64_t i = 0; i < 16; ++i) {
-      out[b + i] = x[b + 2 * i];
-      out[b + 16 + i] = x[b + 2 * i + 1];
-    }
-  }
-  std::copy(x + vec64, x + cols, out + vec64);
-}
-
-inline void Bf16EvenOdd(const void* base, int64_t index, __m512& even, __m512& odd) {
-  const __m512i v = _mm512_loadu_si512(static_cast<const uint16_t*>(base) + index);
-  even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-  odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
-}
-#endif
-
 template <DType kType>
 inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
   if constexpr (kType == DType::kF8E4M3) {
@@ -219,17 +196,6 @@ inline float RowDot(const float* x, const WeightMatrix& w, int64_t r) {
   // fp32 weights stay on the 256-bit path below: measured faster for pure streaming.
   const int64_t vec64 = kType == DType::kF32 ? 0 : cols & ~int64_t{63};
   __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
-  if constexpr (kType == DType::kBF16) {  // x permuted by PermuteForBf16
-    for (; k < vec64; k += 64) {
-      __m512 e0, o0, e1, o1;
-      Bf16EvenOdd(w.data, base + k, e0, o0);
-      Bf16EvenOdd(w.data, base + k + 32, e1, o1);
-      b0 = _mm512_fmadd_ps(e0, _mm512_loadu_ps(x + k), b0);
-      b1 = _mm512_fmadd_ps(o0, _mm512_loadu_ps(x + k + 16), b1);
-      b2 = _mm512_fmadd_ps(e1, _mm512_loadu_ps(x + k + 32), b2);
-      b3 = _mm512_fmadd_ps(o1, _mm512_loadu_ps(x + k + 48), b3);
-    }
-  }
   for (; k < vec64; k += 64) {
     b0 = _mm512_fmadd_ps(Load16<kType>(w.data, base + k), _mm512_loadu_ps(x + k), b0);
     b1 = _mm512_fmadd_ps(Load16<kType>(w.data, base + k + 16), _mm512_loadu_ps(x + k + 16), b1);
@@ -291,17 +257,6 @@ void LinearRows(const float* x, const WeightMatrix& w, float* y, int64_t num_tok
 
 template <DType kType>
 void LinearTyped(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens) {
-#if defined(__AVX512F__)
-  if constexpr (kType == DType::kBF16) {  // RowDot's bf16 loop reads x permuted
-    thread_local std::vector<float> permuted;
-    std::vector<float>& px = permuted;  // (the caller's buffer inside the parallel region)
-    px.resize(static_cast<size_t>(num_tokens * w.cols));
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      PermuteForBf16(x + t * w.cols, w.cols, px.data() + t * w.cols);
-    }
-    x = px.data();
-  }
-#endif
   // Chunks of 16 rows keep the 4-row micro-tiles intact and balance the threads.
   constexpr int64_t kRowChunk = 16;
   const int64_t num_chunks = (w.rows + kRowChunk - 1) / kRowChunk;
@@ -319,8 +274,10 @@ void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens)
     case DType::kF32:
       return LinearTyped<DType::kF32>(x, w, y, num_tokens);
     case DType::kBF16:
+      if (LinearHalf(x, w, y, num_tokens)) return;
       return LinearTyped<DType::kBF16>(x, w, y, num_tokens);
     case DType::kF16:
+      if (LinearHalf(x, w, y, num_tokens)) return;
       return LinearTyped<DType::kF16>(x, w, y, num_tokens);
     case DType::kF8E4M3:
       return LinearTyped<DType::kF8E4M3>(x, w, y, num_tokens);

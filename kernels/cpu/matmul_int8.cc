@@ -21,6 +21,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/row_tiles.h"
+
 namespace llm::cpu {
 namespace {
 
@@ -120,8 +122,9 @@ void RowsPortable(const Activations& a, const WeightMatrix& w, float* y, int64_t
 // accumulator starts at -128 · Σ w of the lane, so each lane ends at Σ x · w exactly; the
 // weights' part (one vpdpbusd and a subtraction per row) is shared by the tile's tokens.
 template <int kR, int kT>
-LLM_TARGET_VNNI void TileVnni(const int8_t* const* w, int64_t cols, const Activations& a,
-                              const int64_t* tokens, float (*out)[4]) {
+LLM_TARGET_VNNI void TileVnni(const int8_t* const* w, int64_t cols, const void* acts,
+                              const int64_t* tokens, float (*out)[kMaxTileTokens]) {
+  const Activations& a = *static_cast<const Activations*>(acts);
   __m512 acc[kR][kT];
 #pragma GCC unroll 4
   for (int r = 0; r < kR; ++r)
@@ -166,8 +169,9 @@ LLM_TARGET_AVX2 inline float HorizontalSum8(__m256 v) {
 
 // 32-byte steps (one block); a row's tail (cols % 32) is copied into a zeroed buffer.
 template <int kR, int kT>
-LLM_TARGET_AVX2 void TileAvx2(const int8_t* const* w, int64_t cols, const Activations& a,
-                              const int64_t* tokens, float (*out)[4]) {
+LLM_TARGET_AVX2 void TileAvx2(const int8_t* const* w, int64_t cols, const void* acts,
+                              const int64_t* tokens, float (*out)[kMaxTileTokens]) {
+  const Activations& a = *static_cast<const Activations*>(acts);
   __m256 acc[kR][kT];
   for (int r = 0; r < kR; ++r)
     for (int t = 0; t < kT; ++t) acc[r][t] = _mm256_setzero_ps();
@@ -200,51 +204,14 @@ LLM_TARGET_AVX2 void TileAvx2(const int8_t* const* w, int64_t cols, const Activa
     for (int t = 0; t < kT; ++t) out[r][t] = HorizontalSum8(acc[r][t]);
 }
 
-// A tile of any size up to kMaxR x kMaxT through the kernel's template (bit-identical per pair
-// whatever the size).
-using TileFn = void (*)(const int8_t* const*, int64_t, const Activations&, const int64_t*,
-                        float (*)[4]);
 template <int kR, int kT>
 struct Vnni {
-  static constexpr TileFn fn = TileVnni<kR, kT>;
+  static constexpr TileFn<int8_t> Run = TileVnni<kR, kT>;
 };
 template <int kR, int kT>
 struct Avx2 {
-  static constexpr TileFn fn = TileAvx2<kR, kT>;
+  static constexpr TileFn<int8_t> Run = TileAvx2<kR, kT>;
 };
-
-template <template <int, int> class K>
-TileFn Tile(int r, int t) {
-  static constexpr TileFn table[4][4] = {{K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn, K<1, 4>::fn},
-                                         {K<2, 1>::fn, K<2, 2>::fn, K<2, 3>::fn, K<2, 4>::fn},
-                                         {K<3, 1>::fn, K<3, 2>::fn, K<3, 3>::fn, K<3, 4>::fn},
-                                         {K<4, 1>::fn, K<4, 2>::fn, K<4, 3>::fn, K<4, 4>::fn}};
-  return table[r - 1][t - 1];
-}
-
-// Rows [row_begin, row_end) for every token, in tiles of up to 4 rows x max_t tokens. One
-// token (decode): one row at a time, so the weights are read as one stream in memory order.
-template <template <int, int> class K>
-void RowsTiled(const Activations& a, const WeightMatrix& w, float* y, int64_t num_tokens,
-               int64_t row_begin, int64_t row_end, int max_t) {
-  const auto* codes = static_cast<const int8_t*>(w.data);
-  const int max_r = num_tokens == 1 ? 1 : 4;
-  float out[4][4];
-  for (int64_t t0 = 0; t0 < num_tokens; t0 += max_t) {
-    const int nt = int(std::min<int64_t>(max_t, num_tokens - t0));
-    int64_t tokens[4];
-    for (int t = 0; t < nt; ++t) tokens[t] = t0 + t;
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += max_r) {
-      const int nr = int(std::min<int64_t>(max_r, row_end - r0));
-      const int8_t* rows[4];
-      for (int r = 0; r < nr; ++r) rows[r] = codes + (r0 + r) * w.cols;
-      Tile<K>(nr, nt)(rows, w.cols, a, tokens, out);
-      for (int r = 0; r < nr; ++r) {
-        for (int t = 0; t < nt; ++t) y[(t0 + t) * w.rows + r0 + r] = out[r][t] * w.scales[r0 + r];
-      }
-    }
-  }
-}
 #endif  // LLM_INT8_X86
 
 Int8Kernel Resolve(Int8Kernel k) {
@@ -338,13 +305,15 @@ void LinearInt8(const float* x, const WeightMatrix& w, float* y, int64_t num_tok
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t begin = c * kRowChunk, end = std::min(w.rows, begin + kRowChunk);
+    const auto* codes = static_cast<const int8_t*>(w.data);
+    auto scale = [&](int64_t r) { return w.scales[r]; };
     switch (k) {
 #if defined(LLM_INT8_X86)
       case Int8Kernel::kAvx512Vnni:
-        RowsTiled<Vnni>(a, w, y, num_tokens, begin, end, 4);
+        RunTiles<int8_t, Vnni>(codes, w.rows, w.cols, &a, y, num_tokens, begin, end, 4, scale);
         break;
       case Int8Kernel::kAvx2:  // 16 ymm registers: tiles of up to 4 rows x 2 tokens
-        RowsTiled<Avx2>(a, w, y, num_tokens, begin, end, 2);
+        RunTiles<int8_t, Avx2>(codes, w.rows, w.cols, &a, y, num_tokens, begin, end, 2, scale);
         break;
 #endif
       default:

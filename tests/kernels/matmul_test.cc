@@ -1,6 +1,6 @@
 // cpu::Linear against the double-precision reference for every weight dtype (FP8 e4m3 with
-// per-row scales included) and awkward shapes (rows not a multiple of the 4-row tile, cols not a
-// multiple of 8, 1..70 tokens).
+// per-row scales included; int8: tests/kernels/matmul_int8_test.cc) and awkward shapes (rows not a
+// multiple of the 4-row tile, cols not a multiple of 8, 1..70 tokens).
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/matmul_int8.h"
 #include "kernels/fp8.h"
 
 namespace llm::cpu {
@@ -94,14 +95,23 @@ void ExpectBitIdenticalAloneOrBatched(int64_t cols) {
   std::vector<float> x(static_cast<size_t>(tokens * cols)), w(static_cast<size_t>(rows * cols));
   for (float& v : x) v = dist(rng);
   for (float& v : w) v = dist(rng);
-  std::vector<uint16_t> wb(w.size());
-  for (size_t i = 0; i < w.size(); ++i) wb[i] = F32ToBf16(w[i]);
+  std::vector<uint16_t> wb(w.size()), wh(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    wb[i] = F32ToBf16(w[i]);
+    wh[i] = F32ToF16(w[i]);
+  }
   std::vector<uint8_t> w8(w.size());
   std::vector<float> s8(static_cast<size_t>(rows));
   ASSERT_TRUE(QuantizeFp8Rows(w.data(), rows, cols, w8.data(), s8.data()));
+  std::vector<int8_t> wi(w.size());
+  std::vector<float> si(static_cast<size_t>(rows));
+  ASSERT_TRUE(QuantizeInt8Rows(w.data(), rows, cols, wi.data(), si.data()));
   for (const WeightMatrix m : {WeightMatrix{DType::kF32, w.data(), rows, cols},
                                WeightMatrix{DType::kBF16, wb.data(), rows, cols},
-                               WeightMatrix{DType::kF8E4M3, w8.data(), rows, cols, s8.data()}}) {
+                               WeightMatrix{DType::kF16, wh.data(), rows, cols},
+                               WeightMatrix{DType::kF8E4M3, w8.data(), rows, cols, s8.data()},
+                               WeightMatrix{DType::kI8, wi.data(), rows, cols, si.data()}}) {
+    SCOPED_TRACE(DTypeName(m.dtype));
     std::vector<float> batched(static_cast<size_t>(tokens * rows));
     Linear(x.data(), m, batched.data(), tokens);
     for (int64_t t = 0; t < tokens; ++t) {

@@ -1,0 +1,55 @@
+// How the CPU's tiled linear kernels (matmul_int8.cc, matmul_half.cc) walk a block of rows for
+// a batch of tokens: tiles of up to 4 rows x max_tokens tokens, each (row, token) pair computed
+// by the same sequence of operations whatever the tile's size (so a token's result does not
+// depend on its batch); one token (decode): one row at a time, the weights read as a single
+// stream in memory order.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace llm::cpu {
+
+inline constexpr int kMaxTileRows = 4;
+inline constexpr int kMaxTileTokens = 4;
+
+// A kernel's tile: out[r][t] for rows rows[0..nr) and tokens tokens[0..nt).
+template <typename T>
+using TileFn = void (*)(const T* const* rows, int64_t cols, const void* acts,
+                        const int64_t* tokens, float (*out)[kMaxTileTokens]);
+
+// The kernel K<R, T>::Run instantiated for every tile size, by (rows, tokens).
+template <typename T, template <int, int> class K>
+TileFn<T> TileOf(int nr, int nt) {
+  static constexpr TileFn<T> table[kMaxTileRows][kMaxTileTokens] = {
+      {K<1, 1>::Run, K<1, 2>::Run, K<1, 3>::Run, K<1, 4>::Run},
+      {K<2, 1>::Run, K<2, 2>::Run, K<2, 3>::Run, K<2, 4>::Run},
+      {K<3, 1>::Run, K<3, 2>::Run, K<3, 3>::Run, K<3, 4>::Run},
+      {K<4, 1>::Run, K<4, 2>::Run, K<4, 3>::Run, K<4, 4>::Run}};
+  return table[nr - 1][nt - 1];
+}
+
+// y[t][r] = scale(r) · out for rows [row_begin, row_end) of the [num_rows, cols] matrix `w`.
+template <typename T, template <int, int> class K, typename Scale>
+void RunTiles(const T* w, int64_t num_rows, int64_t cols, const void* acts, float* y,
+              int64_t num_tokens, int64_t row_begin, int64_t row_end, int max_tokens,
+              Scale scale) {
+  const int max_r = num_tokens == 1 ? 1 : kMaxTileRows;
+  float out[kMaxTileRows][kMaxTileTokens];
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += max_tokens) {
+    const int nt = int(std::min<int64_t>(max_tokens, num_tokens - t0));
+    int64_t tokens[kMaxTileTokens];
+    for (int t = 0; t < nt; ++t) tokens[t] = t0 + t;
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += max_r) {
+      const int nr = int(std::min<int64_t>(max_r, row_end - r0));
+      const T* rows[kMaxTileRows];
+      for (int r = 0; r < nr; ++r) rows[r] = w + (r0 + r) * cols;
+      TileOf<T, K>(nr, nt)(rows, cols, acts, tokens, out);
+      for (int r = 0; r < nr; ++r) {
+        for (int t = 0; t < nt; ++t) y[(t0 + t) * num_rows + r0 + r] = scale(r0 + r) * out[r][t];
+      }
+    }
+  }
+}
+
+}  // namespace llm::cpu
