@@ -47,9 +47,11 @@ struct LoadOptions {
   // codes with one fp32 scale per output row (cpu::QuantizeFp8Rows), a quarter of the bytes of
   // f32 and half of bf16; the embeddings and lm_head stay in weight_dtype (as vLLM keeps them).
   bool fp8_weights = false;
-  // --quantization int8: the same matrices as int8 codes with one fp32 scale per output row
-  // (cpu::QuantizeInt8Rows), multiplied on the CPU's integer dot products against x quantized
-  // per block of 32 (kernels/cpu/matmul_int8.h). Exclusive with fp8_weights.
+  // --quantization int8: the same matrices and lm_head (as llama.cpp's Q8_0; a tied one gets
+  // an int8 copy, the embedding lookups keep weight_dtype) as int8 codes with one fp32 scale
+  // per output row (cpu::QuantizeInt8Rows), multiplied on the CPU's integer dot products
+  // against x quantized per block of 32 (kernels/cpu/matmul_int8.h). Exclusive with
+  // fp8_weights.
   bool int8_weights = false;
 };
 
@@ -120,8 +122,13 @@ class CpuModel {
   bool fp8_weights_ = false;
   bool int8_weights_ = false;
   std::unique_ptr<Checkpoint> checkpoint_;
-  std::vector<std::vector<uint8_t>> owned8_;    // FP8 / int8 codes (scales in owned32_)
-  std::vector<std::vector<uint16_t>> owned16_;  // converted weights (when not as stored)
+  // Weights of our own (converted, quantized, or 16-bit copied out of the mapping): 2 MiB
+  // aligned with transparent huge pages asked for (AllocateWeights); scales in owned32_.
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  std::vector<std::unique_ptr<void, FreeDeleter>> owned_;
+  void* AllocateWeights(size_t bytes);
   std::vector<std::vector<float>> owned32_;
   cpu::WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_;

@@ -34,6 +34,9 @@ namespace {
 
 constexpr int64_t kChunk = 64;     // bytes of a row per step of the VNNI kernel
 constexpr int64_t kRowChunk = 16;  // rows per OpenMP work item (as cpu::Linear)
+// How far ahead of its loads a row is prefetched into L1 (the L2 streamer alone left decode at
+// ~19 GB/s of the machine's ~28-31; 512 and 2048 bytes measured slower than 1024).
+constexpr int64_t kPrefetchBytes = 1024;
 
 int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -137,6 +140,7 @@ LLM_TARGET_VNNI void TileVnni(const int8_t* const* w, int64_t cols, const void* 
     __m512i wv[kR], bias[kR];
 #pragma GCC unroll 4
     for (int r = 0; r < kR; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
       wv[r] = _mm512_maskz_loadu_epi8(m, w[r] + k);
       bias[r] = _mm512_sub_epi32(_mm512_setzero_si512(),
                                  _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wv[r]));

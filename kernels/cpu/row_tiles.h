@@ -15,8 +15,8 @@ inline constexpr int kMaxTileTokens = 4;
 
 // A kernel's tile: out[r][t] for rows rows[0..nr) and tokens tokens[0..nt).
 template <typename T>
-using TileFn = void (*)(const T* const* rows, int64_t cols, const void* acts,
-                        const int64_t* tokens, float (*out)[kMaxTileTokens]);
+using TileFn = void (*)(const T* const* rows, int64_t cols, const void* acts, const int64_t* tokens,
+                        float (*out)[kMaxTileTokens]);
 
 // The kernel K<R, T>::Run instantiated for every tile size, by (rows, tokens).
 template <typename T, template <int, int> class K>
@@ -32,8 +32,7 @@ TileFn<T> TileOf(int nr, int nt) {
 // y[t][r] = scale(r) · out for rows [row_begin, row_end) of the [num_rows, cols] matrix `w`.
 template <typename T, template <int, int> class K, typename Scale>
 void RunTiles(const T* w, int64_t num_rows, int64_t cols, const void* acts, float* y,
-              int64_t num_tokens, int64_t row_begin, int64_t row_end, int max_tokens,
-              Scale scale) {
+              int64_t num_tokens, int64_t row_begin, int64_t row_end, int max_tokens, Scale scale) {
   const int max_r = num_tokens == 1 ? 1 : kMaxTileRows;
   float out[kMaxTileRows][kMaxTileTokens];
   for (int64_t t0 = 0; t0 < num_tokens; t0 += max_tokens) {
