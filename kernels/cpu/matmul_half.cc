@@ -79,6 +79,9 @@ void Tile(const uint16_t* const* w, int64_t cols, const void* acts, const int64_
   for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 4
     for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const float* xs[kT];
+#pragma GCC unroll 4
+  for (int t = 0; t < kT; ++t) xs[t] = x.Row(tokens[t]);
   for (int64_t k = 0; k < cols; k += kStep) {
     const __mmask32 m = cols - k >= kStep ? ~__mmask32{0} : (__mmask32{1} << (cols - k)) - 1;
     __m512 lo[kR], hi[kR];
@@ -89,7 +92,7 @@ void Tile(const uint16_t* const* w, int64_t cols, const void* acts, const int64_
     }
 #pragma GCC unroll 4
     for (int t = 0; t < kT; ++t) {
-      const float* xt = x.Row(tokens[t]) + k;
+      const float* xt = xs[t] + k;
       const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {

@@ -134,6 +134,13 @@ LLM_TARGET_VNNI void TileVnni(const int8_t* const* w, int64_t cols, const void* 
 #pragma GCC unroll 4
     for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // as unsigned: 128
+  const int8_t* xs[kT];
+  const float* ss[kT];
+#pragma GCC unroll 4
+  for (int t = 0; t < kT; ++t) {
+    xs[t] = a.Codes(tokens[t]);
+    ss[t] = a.Lanes(tokens[t]);
+  }
   for (int64_t k = 0; k < cols; k += kChunk) {
     const __mmask64 m =
         cols - k >= kChunk ? ~__mmask64{0} : (__mmask64{1} << (cols - k)) - 1;  // the row's tail
@@ -147,8 +154,8 @@ LLM_TARGET_VNNI void TileVnni(const int8_t* const* w, int64_t cols, const void* 
     }
 #pragma GCC unroll 4
     for (int t = 0; t < kT; ++t) {
-      const __m512i xu = _mm512_xor_si512(_mm512_loadu_si512(a.Codes(tokens[t]) + k), flip);
-      const __m512 s = _mm512_loadu_ps(a.Lanes(tokens[t]) + k / 4);
+      const __m512i xu = _mm512_xor_si512(_mm512_loadu_si512(xs[t] + k), flip);
+      const __m512 s = _mm512_loadu_ps(ss[t] + k / 4);
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
         const __m512i p = _mm512_dpbusd_epi32(bias[r], xu, wv[r]);
