@@ -27,7 +27,6 @@ namespace llm::cpu {
 namespace {
 
 constexpr int64_t kStep = 32;             // weights per step
-constexpr int64_t kRowChunk = 16;         // rows per OpenMP work item (as cpu::Linear)
 constexpr int64_t kPrefetchBytes = 1024;  // L1 prefetch distance (as matmul_int8.cc's)
 
 // The tokens' x, zero-padded to a multiple of kStep; for bf16, each 32-element block as its
@@ -126,19 +125,16 @@ bool LinearHalf(const float* x, const WeightMatrix& w, float* y, int64_t num_tok
   const bool bf16 = w.dtype == DType::kBF16;
   Prepare(x, num_tokens, w.cols, bf16, px);
   const auto* rows = static_cast<const uint16_t*>(w.data);
-  const int64_t num_chunks = (w.rows + kRowChunk - 1) / kRowChunk;
   auto one = [](int64_t) { return 1.f; };
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const int64_t begin = c * kRowChunk, end = std::min(w.rows, begin + kRowChunk);
+  ParallelRows(w.rows, num_tokens, px.padded * 4, [&](int64_t begin, int64_t end, int64_t block) {
     if (bf16) {
       RunTiles<uint16_t, Bf16Tile>(rows, w.rows, w.cols, &px, y, num_tokens, begin, end,
-                                   kMaxTileTokens, one);
+                                   kMaxTileTokens, block, one);
     } else {
       RunTiles<uint16_t, F16Tile>(rows, w.rows, w.cols, &px, y, num_tokens, begin, end,
-                                  kMaxTileTokens, one);
+                                  kMaxTileTokens, block, one);
     }
-  }
+  });
   return true;
 }
 

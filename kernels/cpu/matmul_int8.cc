@@ -32,8 +32,7 @@ namespace {
 #define LLM_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
-constexpr int64_t kChunk = 64;     // bytes of a row per step of the VNNI kernel
-constexpr int64_t kRowChunk = 16;  // rows per OpenMP work item (as cpu::Linear)
+constexpr int64_t kChunk = 64;  // bytes of a row per step of the VNNI kernel
 // How far ahead of its loads a row is prefetched into L1 (the L2 streamer alone left decode at
 // ~19 GB/s of the machine's ~28-31; 512 and 2048 bytes measured slower than 1024).
 constexpr int64_t kPrefetchBytes = 1024;
@@ -312,26 +311,27 @@ void LinearInt8(const float* x, const WeightMatrix& w, float* y, int64_t num_tok
   Activations& a = buffer;
   Quantize(x, num_tokens, w.cols, a);
   const Int8Kernel k = Resolve(kernel);
-  const int64_t num_chunks = (w.rows + kRowChunk - 1) / kRowChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const int64_t begin = c * kRowChunk, end = std::min(w.rows, begin + kRowChunk);
-    const auto* codes = static_cast<const int8_t*>(w.data);
-    auto scale = [&](int64_t r) { return w.scales[r]; };
+  const auto* codes = static_cast<const int8_t*>(w.data);
+  auto scale = [&](int64_t r) { return w.scales[r]; };
+  // A token's activations: its codes and its lanes' scales.
+  const int64_t bytes_per_token = a.padded + a.lanes * 4;
+  ParallelRows(w.rows, num_tokens, bytes_per_token, [&](int64_t begin, int64_t end, int64_t block) {
     switch (k) {
 #if defined(LLM_INT8_X86)
       case Int8Kernel::kAvx512Vnni:
-        RunTiles<int8_t, Vnni>(codes, w.rows, w.cols, &a, y, num_tokens, begin, end, 4, scale);
+        RunTiles<int8_t, Vnni>(codes, w.rows, w.cols, &a, y, num_tokens, begin, end, 4, block,
+                               scale);
         break;
       case Int8Kernel::kAvx2:  // 16 ymm registers: tiles of up to 4 rows x 2 tokens
-        RunTiles<int8_t, Avx2>(codes, w.rows, w.cols, &a, y, num_tokens, begin, end, 2, scale);
+        RunTiles<int8_t, Avx2>(codes, w.rows, w.cols, &a, y, num_tokens, begin, end, 2, block,
+                               scale);
         break;
 #endif
       default:
         RowsPortable(a, w, y, num_tokens, begin, end);
         break;
     }
-  }
+  });
 }
 
 void LinearInt8Reference(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens) {
