@@ -190,8 +190,8 @@ int main(int argc, char** argv) {
       const size_t bytes = n * out_row;
       size_t done = 0;
       while (done < bytes) {
-        const ssize_t w = pwrite(out_fd, buf.data() + done, bytes - done,
-                                 dst_offset + r0 * out_row + done);
+        const ssize_t w =
+            pwrite(out_fd, buf.data() + done, bytes - done, dst_offset + r0 * out_row + done);
         if (w <= 0) Die("write failed");
         done += w;
       }
