@@ -98,7 +98,10 @@ cpu::WeightMatrix CpuModel::LinearMatrix(const std::string& name, std::vector<in
   std::vector<float> f32(static_cast<size_t>(rows * cols));
   ToF32(t, f32.data(), rows * cols);
   owned32_.emplace_back(static_cast<size_t>(rows));
-  auto* codes = static_cast<uint8_t*>(AllocateWeights(size_t(rows * cols)));
+  const bool stage = int8_weights_ && cpu::Int8KernelWantsPacked();
+  if (stage) staging_.resize(size_t(rows * cols));
+  auto* codes = stage ? reinterpret_cast<uint8_t*>(staging_.data())
+                      : static_cast<uint8_t*>(AllocateWeights(size_t(rows * cols)));
   float* scales = owned32_.back().data();
   const bool ok = int8_weights_ ? cpu::QuantizeInt8Rows(f32.data(), rows, cols,
                                                         reinterpret_cast<int8_t*>(codes), scales)
@@ -110,6 +113,11 @@ cpu::WeightMatrix CpuModel::LinearMatrix(const std::string& name, std::vector<in
   cpu::WeightMatrix m{int8_weights_ ? DType::kI8 : DType::kF8E4M3, codes, rows, cols};
   m.scales = scales;
   return m;
+}
+
+cpu::WeightMatrix CpuModel::Packed(const cpu::WeightMatrix& m) {
+  if (m.dtype != DType::kI8 || m.packed || !cpu::Int8KernelWantsPacked()) return m;
+  return cpu::PackInt8(m, AllocateWeights(size_t(cpu::Int8PackedBytes(m.rows, m.cols))));
 }
 
 std::string CpuModel::WeightsDescription() const {
@@ -172,14 +180,14 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
     Layer* l = layer >= 0 ? &m->layers_[static_cast<size_t>(layer)] : nullptr;
     if (w.role == WeightRole::kQkvProj) {  // Phi-3: rows q | k | v of one matrix
       const int64_t q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-      l->q = RowRange(matrix, 0, q_dim);
-      l->k = RowRange(matrix, q_dim, kv_dim);
-      l->v = RowRange(matrix, q_dim + kv_dim, kv_dim);
+      l->q = m->Packed(RowRange(matrix, 0, q_dim));
+      l->k = m->Packed(RowRange(matrix, q_dim, kv_dim));
+      l->v = m->Packed(RowRange(matrix, q_dim + kv_dim, kv_dim));
     } else if (w.role == WeightRole::kGateUpProj) {  // rows gate | up
-      l->gate = RowRange(matrix, 0, c.intermediate_size);
-      l->up = RowRange(matrix, c.intermediate_size, c.intermediate_size);
+      l->gate = m->Packed(RowRange(matrix, 0, c.intermediate_size));
+      l->up = m->Packed(RowRange(matrix, c.intermediate_size, c.intermediate_size));
     } else {
-      *m->MatrixOf(w.role, layer, expert) = matrix;
+      *m->MatrixOf(w.role, layer, expert) = m->Packed(matrix);
     }
   };
   for (const WeightSpec& w : spec.weights) {
@@ -188,8 +196,9 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
   if (c.tie_word_embeddings && !has_head) {
     const WeightSpec& e = WeightOf(spec, WeightRole::kEmbed);
     // int8: an int8 copy of the tied table for lm_head; the lookups keep the table.
-    m->lm_head_ =
-        m->int8_weights_ ? m->LinearMatrix(WeightName(e, -1), WeightShape(e, c)) : m->embed_;
+    m->lm_head_ = m->int8_weights_
+                      ? m->Packed(m->LinearMatrix(WeightName(e, -1), WeightShape(e, c)))
+                      : m->embed_;
   }
   for (int64_t i = 0; i < c.num_layers; ++i) {
     Layer& l = m->layers_[static_cast<size_t>(i)];
@@ -206,6 +215,7 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
       }
     }
   }
+  m->staging_ = {};
   m->features_ = spec.features;
   m->inv_freq_ = RopeInvFreq(c);
   if (c.sliding_rope) m->sliding_inv_freq_ = RopeInvFreq(*c.sliding_rope, c.head_dim);

@@ -104,8 +104,12 @@ class CpuModel {
   };
   CpuModel() = default;
   cpu::WeightMatrix Matrix(const std::string& name, std::vector<int64_t> shape);
-  // A linear layer's matrix: Matrix(), or its FP8 / int8 quantization.
+  // A linear layer's matrix: Matrix(), or its FP8 / int8 quantization (int8 codes row-major,
+  // in staging_ when this CPU's kernel packs them: Packed() then moves each piece out).
   cpu::WeightMatrix LinearMatrix(const std::string& name, std::vector<int64_t> shape);
+  // m itself, or (int8 on a CPU whose kernel wants them packed) its codes packed into memory of
+  // our own (cpu::PackInt8).
+  cpu::WeightMatrix Packed(const cpu::WeightMatrix& m);
   std::vector<float> Vector(const std::string& name, int64_t size);
   // Where the registry's weight of `role` (of layer `layer`, for per-layer roles) lives.
   cpu::WeightMatrix* MatrixOf(WeightRole role, int64_t layer, int64_t expert);
@@ -128,6 +132,7 @@ class CpuModel {
     void operator()(void* p) const;
   };
   std::vector<std::unique_ptr<void, FreeDeleter>> owned_;
+  std::vector<int8_t> staging_;  // the last LinearMatrix's row-major int8 codes, to be packed
   void* AllocateWeights(size_t bytes);
   std::vector<std::vector<float>> owned32_;
   cpu::WeightMatrix embed_, lm_head_;

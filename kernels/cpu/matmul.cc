@@ -269,6 +269,13 @@ void LinearTyped(const float* x, const WeightMatrix& w, float* y, int64_t num_to
 
 }  // namespace
 
+int64_t WeightMatrix::num_bytes() const {
+  if (dtype == DType::kI8 && packed)
+    return Int8PackedBytes(rows, cols) + rows * int64_t(sizeof(float));
+  return rows * cols * static_cast<int64_t>(DTypeSize(dtype)) +
+         (quantized() ? rows * int64_t(sizeof(float)) : 0);
+}
+
 void Linear(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens) {
   switch (w.dtype) {
     case DType::kF32:
@@ -303,7 +310,9 @@ void LoadRow(const WeightMatrix& w, int64_t row, float* out) {
         out[k] = LoadScalar<DType::kF8E4M3>(w.data, i) * w.scales[row];
         break;
       case DType::kI8:
-        out[k] = float(static_cast<const int8_t*>(w.data)[i]) * w.scales[row];
+        out[k] =
+            float(w.packed ? PackedInt8Code(w, row, k) : static_cast<const int8_t*>(w.data)[i]) *
+            w.scales[row];
         break;
     }
   }

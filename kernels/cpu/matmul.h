@@ -25,12 +25,12 @@ struct WeightMatrix {
   // scales[r] · int8(data[r][c]). The e4m3 codes are never NaN (QuantizeFp8Rows rejects
   // non-finite weights), which the kernel relies on.
   const float* scales = nullptr;
+  // kI8 only: `data` holds the codes in the AVX-512 VNNI kernel's layout (PackInt8 in
+  // kernels/cpu/matmul_int8.h: groups of 16 rows, offset to unsigned), not row-major.
+  bool packed = false;
 
   bool quantized() const { return dtype == DType::kF8E4M3 || dtype == DType::kI8; }
-  int64_t num_bytes() const {
-    return rows * cols * static_cast<int64_t>(DTypeSize(dtype)) +
-           (quantized() ? rows * int64_t(sizeof(float)) : 0);
-  }
+  int64_t num_bytes() const;
 };
 
 // FP8 weights (vLLM's --quantization fp8 on a bf16/fp32 checkpoint, per output channel):

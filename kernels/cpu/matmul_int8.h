@@ -13,7 +13,16 @@
 // Three kernels, the best one this CPU runs chosen at run time (Int8Kernel::kAuto): AVX-512
 // VNNI, AVX2, and a portable one. A token's result does not depend on the rest of its batch
 // (every kernel computes each output the same way for 1 or many tokens), so the engine's batch
-// invariance holds; the kernels differ from each other by fp32 rounding only.
+// invariance holds; the kernels differ from each other by fp32 rounding only, and the VNNI
+// kernel and the portable one not at all (both sum each block exactly in int32 and the blocks
+// in order with one fp32 fma each, then multiply by the row's scale).
+//
+// The VNNI kernel reads W in its own layout (PackInt8; WeightMatrix::packed): 16 rows side by
+// side, 4 bytes of each per 64-byte vector, so that one vpdpbusd multiplies 16 rows by a
+// token's 4 bytes (broadcast) into 16 int32 sums, a block of 32 columns is 8 of them into the
+// same sums, and one conversion and fma per block and 16 rows folds them into fp32 (the
+// row-major alternative needs one per 4 columns). The codes are stored + 128 (unsigned, as
+// vpdpbusd's first operand wants); each block's sum starts at -128 · Σ x of the block.
 // Tested by tests/kernels/matmul_int8_test.cc against LinearInt8Reference.
 #pragma once
 
@@ -38,7 +47,21 @@ bool Int8KernelSupported(Int8Kernel k);
 Int8Kernel BestInt8Kernel();
 const char* Int8KernelName(Int8Kernel k);
 
-// w.dtype must be kI8. Multi-threaded over row blocks (OpenMP), as cpu::Linear.
+// The VNNI layout: rows padded to a multiple of 16 (kInt8GroupRows), columns to one of 32 (zero
+// codes); group g's bytes at g · 16 · padded_cols: for each 4 columns c4, 16 rows x 4 bytes.
+inline constexpr int64_t kInt8GroupRows = 16;
+int64_t Int8PackedBytes(int64_t rows, int64_t cols);
+// Writes w's codes (kI8, row-major) in the VNNI layout to `out` (Int8PackedBytes of them) and
+// returns the matrix that reads them (same scales, packed = true).
+WeightMatrix PackInt8(const WeightMatrix& w, void* out);
+// The code at (row, col) of a packed matrix.
+int8_t PackedInt8Code(const WeightMatrix& w, int64_t row, int64_t col);
+// Whether the kernel kAuto picks here reads packed weights (a model should PackInt8 them).
+bool Int8KernelWantsPacked();
+
+// w.dtype must be kI8. Multi-threaded over row blocks (OpenMP), as cpu::Linear. Packed weights
+// run the VNNI kernel (`kernel` must be kAuto or kAvx512Vnni, and this CPU must have it);
+// row-major ones the AVX2 or portable kernel (kAvx512Vnni falls back to AVX2 for them).
 void LinearInt8(const float* x, const WeightMatrix& w, float* y, int64_t num_tokens,
                 Int8Kernel kernel = Int8Kernel::kAuto);
 
