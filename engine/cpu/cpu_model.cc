@@ -1,5 +1,6 @@
 #include "engine/cpu/cpu_model.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <mutex>
 #include <numbers>
 #include <stdexcept>
 
@@ -136,7 +138,22 @@ std::vector<float> CpuModel::Vector(const std::string& name, int64_t size) {
   return out;
 }
 
+// A forward pass allocates its activations (a few MiB each at a 512-token prompt) and frees
+// them; glibc serves blocks that large from fresh mappings (and returns the heap's top to the
+// system), so every pass paid page faults and zeroing for them: 10-20% of prompt processing
+// (llama2.c 110M shape, 2 threads, AMD EPYC dev VM, 2026-12-05: ~570 -> ~750 tok/s without).
+// Blocks up to 256 MiB come from the heap instead and freed memory stays there, for the next
+// pass to reuse (the process keeps its peak, as every inference server does).
+static void KeepActivationsInTheHeap() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  });
+}
+
 std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const LoadOptions& options) {
+  KeepActivationsInTheHeap();
   std::unique_ptr<CpuModel> m(new CpuModel());
   m->config_ = ModelConfig::Load(model_dir);
   const ArchitectureSpec& spec = ArchitectureOf(m->config_);
