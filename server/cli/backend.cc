@@ -73,9 +73,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "the heuristic's first (~3 s more start-up; measured +0.2-0.3% end to end on the "
                 "H200)");
   cmd->add_option("--moe-kernels", moe_kernels,
-                  "cuda, mixture-of-experts models: v1 (the default: four grouping launches, "
-                  "every grouped GEMM on 2-stage tiles) or v2 (one grouping kernel; steps of up "
-                  "to 8 tokens on a GEMV over each chosen expert, larger ones on 4-stage tiles)")
+                  "cuda, mixture-of-experts models: v2 (the default: one grouping kernel; steps "
+                  "of up to 8 tokens on a GEMV over each chosen expert, larger ones on 4-stage "
+                  "tiles; H200, Qwen3-30B-A3B: batch-1 decode 1.71x and throughput 1.05x v1's) "
+                  "or v1 (four grouping launches, every grouped GEMM on 2-stage tiles)")
       ->check(CLI::IsMember({"v1", "v2"}))
       ->capture_default_str();
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
