@@ -18,6 +18,7 @@
 #include "engine/loader/safetensors.h"
 #include "engine/model/architecture.h"
 #include "kernels/cpu/flash_attention.h"
+#include "kernels/cpu/matmul_half.h"
 #include "kernels/cpu/matmul_int8.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/ops.h"
@@ -66,9 +67,16 @@ cpu::WeightMatrix CpuModel::Matrix(const std::string& name, std::vector<int64_t>
   const TensorView& t = checkpoint_->GetWithShape(name, shape);
   cpu::WeightMatrix m{t.dtype, t.data, shape[0], shape[1]};
   const int64_t n = shape[0] * shape[1];
+  // 16-bit weights the packed kernel reads: row-major in staging16_ until Packed() moves them.
+  const bool stage = weight_dtype_ != DType::kF32 && cpu::HalfKernelWantsPacked();
+  auto out16 = [&] {
+    if (!stage) return static_cast<uint16_t*>(AllocateWeights(size_t(n) * 2));
+    staging16_.resize(size_t(n));
+    return staging16_.data();
+  };
   if (t.dtype == weight_dtype_) {
     if (t.dtype == DType::kF32) return m;  // zero copy: points into the mapping
-    void* dst = AllocateWeights(size_t(n) * 2);
+    uint16_t* dst = out16();
     std::memcpy(dst, t.data, size_t(n) * 2);
     m.data = dst;
     return m;
@@ -78,7 +86,7 @@ cpu::WeightMatrix CpuModel::Matrix(const std::string& name, std::vector<int64_t>
     ToF32(t, dst, n);
     m.data = dst;
   } else {
-    auto* dst = static_cast<uint16_t*>(AllocateWeights(size_t(n) * 2));
+    uint16_t* dst = out16();
     std::vector<float> row(static_cast<size_t>(shape[1]));
     for (int64_t r = 0; r < shape[0]; ++r) {
       cpu::LoadRow(m, r, row.data());
@@ -118,8 +126,14 @@ cpu::WeightMatrix CpuModel::LinearMatrix(const std::string& name, std::vector<in
 }
 
 cpu::WeightMatrix CpuModel::Packed(const cpu::WeightMatrix& m) {
-  if (m.dtype != DType::kI8 || m.packed || !cpu::Int8KernelWantsPacked()) return m;
-  return cpu::PackInt8(m, AllocateWeights(size_t(cpu::Int8PackedBytes(m.rows, m.cols))));
+  if (m.packed) return m;
+  if (m.dtype == DType::kI8 && cpu::Int8KernelWantsPacked()) {
+    return cpu::PackInt8(m, AllocateWeights(size_t(cpu::Int8PackedBytes(m.rows, m.cols))));
+  }
+  if ((m.dtype == DType::kBF16 || m.dtype == DType::kF16) && cpu::HalfKernelWantsPacked()) {
+    return cpu::PackHalf(m, AllocateWeights(size_t(cpu::HalfPackedBytes(m.rows, m.cols))));
+  }
+  return m;
 }
 
 std::string CpuModel::WeightsDescription() const {
@@ -233,6 +247,7 @@ std::unique_ptr<CpuModel> CpuModel::Load(const std::string& model_dir, const Loa
     }
   }
   m->staging_ = {};
+  m->staging16_ = {};
   m->features_ = spec.features;
   m->inv_freq_ = RopeInvFreq(c);
   if (c.sliding_rope) m->sliding_inv_freq_ = RopeInvFreq(*c.sliding_rope, c.head_dim);

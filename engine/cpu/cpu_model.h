@@ -107,8 +107,8 @@ class CpuModel {
   // A linear layer's matrix: Matrix(), or its FP8 / int8 quantization (int8 codes row-major,
   // in staging_ when this CPU's kernel packs them: Packed() then moves each piece out).
   cpu::WeightMatrix LinearMatrix(const std::string& name, std::vector<int64_t> shape);
-  // m itself, or (int8 on a CPU whose kernel wants them packed) its codes packed into memory of
-  // our own (cpu::PackInt8).
+  // m itself, or (int8 / bf16 / f16 where their kernel wants them packed) m packed into memory
+  // of our own (cpu::PackInt8, cpu::PackHalf).
   cpu::WeightMatrix Packed(const cpu::WeightMatrix& m);
   std::vector<float> Vector(const std::string& name, int64_t size);
   // Where the registry's weight of `role` (of layer `layer`, for per-layer roles) lives.
@@ -132,7 +132,8 @@ class CpuModel {
     void operator()(void* p) const;
   };
   std::vector<std::unique_ptr<void, FreeDeleter>> owned_;
-  std::vector<int8_t> staging_;  // the last LinearMatrix's row-major int8 codes, to be packed
+  std::vector<int8_t> staging_;      // the last LinearMatrix's row-major int8 codes, to be packed
+  std::vector<uint16_t> staging16_;  // the last Matrix's row-major 16-bit values, to be packed
   void* AllocateWeights(size_t bytes);
   std::vector<std::vector<float>> owned32_;
   cpu::WeightMatrix embed_, lm_head_;

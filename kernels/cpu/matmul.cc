@@ -272,6 +272,7 @@ void LinearTyped(const float* x, const WeightMatrix& w, float* y, int64_t num_to
 int64_t WeightMatrix::num_bytes() const {
   if (dtype == DType::kI8 && packed)
     return Int8PackedBytes(rows, cols) + rows * int64_t(sizeof(float));
+  if (packed) return HalfPackedBytes(rows, cols);
   return rows * cols * static_cast<int64_t>(DTypeSize(dtype)) +
          (quantized() ? rows * int64_t(sizeof(float)) : 0);
 }
@@ -301,11 +302,13 @@ void LoadRow(const WeightMatrix& w, int64_t row, float* out) {
         out[k] = LoadScalar<DType::kF32>(w.data, i);
         break;
       case DType::kBF16:
-        out[k] = LoadScalar<DType::kBF16>(w.data, i);
+      case DType::kF16: {
+        const uint16_t v =
+            w.packed ? PackedHalfValue(w, row, k) : static_cast<const uint16_t*>(w.data)[i];
+        out[k] = w.dtype == DType::kBF16 ? LoadScalar<DType::kBF16>(&v, 0)
+                                         : LoadScalar<DType::kF16>(&v, 0);
         break;
-      case DType::kF16:
-        out[k] = LoadScalar<DType::kF16>(w.data, i);
-        break;
+      }
       case DType::kF8E4M3:
         out[k] = LoadScalar<DType::kF8E4M3>(w.data, i) * w.scales[row];
         break;

@@ -25,8 +25,8 @@ struct WeightMatrix {
   // scales[r] · int8(data[r][c]). The e4m3 codes are never NaN (QuantizeFp8Rows rejects
   // non-finite weights), which the kernel relies on.
   const float* scales = nullptr;
-  // kI8 only: `data` holds the codes in the AVX-512 VNNI kernel's layout (PackInt8 in
-  // kernels/cpu/matmul_int8.h: groups of 16 rows, offset to unsigned), not row-major.
+  // kI8, kBF16, kF16: `data` holds the values in their kernel's layout, not row-major (PackInt8
+  // in kernels/cpu/matmul_int8.h, PackHalf in matmul_half.h: groups of 16 rows).
   bool packed = false;
 
   bool quantized() const { return dtype == DType::kF8E4M3 || dtype == DType::kI8; }

@@ -1,6 +1,8 @@
 // cpu::Linear against the double-precision reference for every weight dtype (FP8 e4m3 with
-// per-row scales included; int8: tests/kernels/matmul_int8_test.cc) and awkward shapes (rows not a
-// multiple of the 4-row tile, cols not a multiple of 8, 1..70 tokens).
+// per-row scales included; bf16 / f16 row-major and packed (kernels/cpu/matmul_half.h); int8:
+// tests/kernels/matmul_int8_test.cc) and awkward shapes (rows not a multiple of the 4-row tile
+// or the 16-row group, cols odd or not a multiple of 8, 1..70 tokens, and 600 tokens over
+// several column panels and token blocks).
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/matmul_half.h"
 #include "kernels/cpu/matmul_int8.h"
 #include "kernels/fp8.h"
 
@@ -47,15 +50,24 @@ TEST_P(LinearTest, MatchesReference) {
     w.data = w8.data();
     w.scales = scales.data();
   }
-  std::vector<float> got(static_cast<size_t>(c.num_tokens * c.rows), std::nanf(""));
-  std::vector<float> want(got.size());
-  Linear(x.data(), w, got.data(), c.num_tokens);
+  std::vector<float> want(static_cast<size_t>(c.num_tokens * c.rows));
   LinearReference(x.data(), w, want.data(), c.num_tokens);
   // fp32 accumulation over `cols` terms of magnitude <= 1: error ~ sqrt(cols) * eps * |sum|.
   const double tol = 1e-5 * std::sqrt(static_cast<double>(c.cols)) * 4;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " never written";
-    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "output " << i;
+  std::vector<uint16_t> packed_storage;
+  std::vector<WeightMatrix> layouts = {w};
+  if ((c.dtype == DType::kBF16 || c.dtype == DType::kF16) && HalfKernelWantsPacked()) {
+    packed_storage.resize(size_t(HalfPackedBytes(c.rows, c.cols) / 2));
+    layouts.push_back(PackHalf(w, packed_storage.data()));
+  }
+  for (const WeightMatrix& m : layouts) {
+    SCOPED_TRACE(m.packed ? "packed" : "row-major");
+    std::vector<float> got(want.size(), std::nanf(""));
+    Linear(x.data(), m, got.data(), c.num_tokens);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " never written";
+      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "output " << i;
+    }
   }
 }
 
@@ -70,6 +82,7 @@ std::vector<Case> Cases() {
                               {96, 2048}}) {
       for (int64_t tokens : {1, 2, 3, 33, 70}) cases.push_back({t, rows, cols, tokens});
     }
+    cases.push_back({t, 40, 1003, 600});
   }
   return cases;
 }
@@ -106,12 +119,19 @@ void ExpectBitIdenticalAloneOrBatched(int64_t cols) {
   std::vector<int8_t> wi(w.size());
   std::vector<float> si(static_cast<size_t>(rows));
   ASSERT_TRUE(QuantizeInt8Rows(w.data(), rows, cols, wi.data(), si.data()));
-  for (const WeightMatrix m : {WeightMatrix{DType::kF32, w.data(), rows, cols},
-                               WeightMatrix{DType::kBF16, wb.data(), rows, cols},
-                               WeightMatrix{DType::kF16, wh.data(), rows, cols},
-                               WeightMatrix{DType::kF8E4M3, w8.data(), rows, cols, s8.data()},
-                               WeightMatrix{DType::kI8, wi.data(), rows, cols, si.data()}}) {
-    SCOPED_TRACE(DTypeName(m.dtype));
+  std::vector<WeightMatrix> matrices = {
+      WeightMatrix{DType::kF32, w.data(), rows, cols},
+      WeightMatrix{DType::kBF16, wb.data(), rows, cols},
+      WeightMatrix{DType::kF16, wh.data(), rows, cols},
+      WeightMatrix{DType::kF8E4M3, w8.data(), rows, cols, s8.data()},
+      WeightMatrix{DType::kI8, wi.data(), rows, cols, si.data()}};
+  std::vector<uint16_t> pb(size_t(HalfPackedBytes(rows, cols) / 2)), ph(pb.size());
+  if (HalfKernelWantsPacked()) {
+    matrices.push_back(PackHalf(matrices[1], pb.data()));
+    matrices.push_back(PackHalf(matrices[2], ph.data()));
+  }
+  for (const WeightMatrix& m : matrices) {
+    SCOPED_TRACE(std::string(DTypeName(m.dtype)) + (m.packed ? " packed" : ""));
     std::vector<float> batched(static_cast<size_t>(tokens * rows));
     Linear(x.data(), m, batched.data(), tokens);
     for (int64_t t = 0; t < tokens; ++t) {
@@ -197,6 +217,30 @@ TEST(LoadRow, ConvertsEachDtype) {
   LoadRow({DType::kF16, h.data(), 1, 4}, 0, out.data());
   EXPECT_FLOAT_EQ(out[0], 1.5f);
   EXPECT_NEAR(out[3], 1e-3f, 1e-6f);
+}
+
+// The packed 16-bit layout holds every value where LoadRow finds it (odd columns, a partial
+// group of rows).
+TEST(LoadRow, ReadsPackedHalfMatrices) {
+  const int64_t rows = 21, cols = 35;
+  std::vector<uint16_t> w(size_t(rows * cols));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = F32ToBf16(float(i) * 0.25f - 40.f);
+  for (const DType t : {DType::kBF16, DType::kF16}) {
+    const WeightMatrix m{t, w.data(), rows, cols};
+    std::vector<uint16_t> storage(size_t(HalfPackedBytes(rows, cols) / 2));
+    EXPECT_EQ(std::ssize(storage), 32 * 36);  // rows to 32, columns to 36
+    const WeightMatrix p = PackHalf(m, storage.data());
+    EXPECT_TRUE(p.packed);
+    EXPECT_EQ(p.num_bytes(), 32 * 36 * 2);
+    std::vector<float> a(static_cast<size_t>(cols)), b(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(PackedHalfValue(p, r, c), w[size_t(r * cols + c)]);
+      LoadRow(m, r, a.data());
+      LoadRow(p, r, b.data());
+      ASSERT_EQ(a, b);
+    }
+  }
 }
 
 TEST(DType, RoundTripsAndRounding) {
