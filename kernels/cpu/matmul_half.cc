@@ -27,6 +27,11 @@
 #endif
 
 namespace llm::cpu {
+namespace {
+// The packed layout (matmul_half.h): rows per group, columns padded to even.
+constexpr int kGroupRows = 16;
+int64_t EvenCols(int64_t cols) { return (cols + 1) / 2 * 2; }
+}  // namespace
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 namespace {
@@ -113,7 +118,6 @@ void Tile(const uint16_t* const* w, int64_t cols, const void* acts, const int64_
 
 // ---- packed weights (matmul_half.h's layout) ----------------------------------------------
 
-constexpr int kGroupRows = 16;
 constexpr int kPackedGroups = 3;      // groups of 16 rows per tile
 constexpr int kPackedTokens = 6;      // tokens per tile: 18 accumulators + 6 weight vectors
 constexpr int64_t kPanelPairs = 128;  // a panel: 256 columns
@@ -122,8 +126,6 @@ constexpr int64_t kBlockXBytes = int64_t{512} << 10;  // a token block's x panel
 // Decode reads 3 groups' streams at once: prefetched 4 KiB ahead (1 KiB: 110M-shape bf16
 // decode ~215 tok/s, 4 KiB ~240; TinyLlama 27.6 -> 30.0; AMD EPYC dev VM, 2 threads).
 constexpr int64_t kPackedPrefetchBytes = 4096;
-
-int64_t EvenCols(int64_t cols) { return (cols + 1) / 2 * 2; }
 
 // The fp32 values of columns 2p and 2p + 1 of a group's 16 rows.
 template <DType kType>
@@ -148,10 +150,7 @@ void PackedTile(const uint16_t* w, int64_t group_elems, const float* x, int64_t 
                 int64_t p0, int64_t p1, float* y, int64_t ldy, int64_t row0, int64_t rows_left) {
   __mmask16 mask[kG];
 #pragma GCC unroll 3
-  for (int g = 0; g < kG; ++g) {
-    const int64_t n = std::clamp<int64_t>(rows_left - g * kGroupRows, 0, kGroupRows);
-    mask[g] = n == kGroupRows ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-  }
+  for (int g = 0; g < kG; ++g) mask[g] = GroupMask(rows_left, g);
   __m512 acc[kG][kT];
 #pragma GCC unroll 3
   for (int g = 0; g < kG; ++g)
@@ -310,28 +309,27 @@ bool HalfKernelWantsPacked() { return false; }
 
 // The layout's helpers (any build: LoadRow reads packed matrices too).
 namespace {
-constexpr int64_t kRows = 16;  // matmul_half.h: rows per group
-int64_t Even(int64_t cols) { return (cols + 1) / 2 * 2; }
 // Where (row, col) lives, in 16-bit elements from the matrix's start.
 int64_t PackedIndex(int64_t cols, DType dtype, int64_t row, int64_t col) {
-  const int64_t group = row / kRows * kRows * Even(cols), pair = col / 2 * 2 * kRows;
-  const int64_t lane = row % kRows;
-  return group + pair + (dtype == DType::kBF16 ? 2 * lane + col % 2 : col % 2 * kRows + lane);
+  const int64_t group = row / kGroupRows * kGroupRows * EvenCols(cols),
+                pair = col / 2 * 2 * kGroupRows;
+  const int64_t lane = row % kGroupRows;
+  return group + pair + (dtype == DType::kBF16 ? 2 * lane + col % 2 : col % 2 * kGroupRows + lane);
 }
 }  // namespace
 
 int64_t HalfPackedBytes(int64_t rows, int64_t cols) {
-  return (rows + kRows - 1) / kRows * kRows * Even(cols) * 2;
+  return (rows + kGroupRows - 1) / kGroupRows * kGroupRows * EvenCols(cols) * 2;
 }
 
 WeightMatrix PackHalf(const WeightMatrix& w, void* out) {
   const auto* src = static_cast<const uint16_t*>(w.data);
   auto* dst = static_cast<uint16_t*>(out);
-  const int64_t groups = (w.rows + kRows - 1) / kRows, cols = Even(w.cols);
+  const int64_t groups = (w.rows + kGroupRows - 1) / kGroupRows, cols = EvenCols(w.cols);
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t i = 0; i < kRows; ++i) {
-      const int64_t r = g * kRows + i;
+    for (int64_t i = 0; i < kGroupRows; ++i) {
+      const int64_t r = g * kGroupRows + i;
       for (int64_t c = 0; c < cols; ++c) {
         dst[PackedIndex(w.cols, w.dtype, r, c)] =
             r < w.rows && c < w.cols ? src[r * w.cols + c] : 0;

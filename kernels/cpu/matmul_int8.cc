@@ -150,10 +150,7 @@ LLM_TARGET_VNNI void PackedTile(const uint8_t* w, int64_t group_bytes, const Act
                                 int64_t row0, int64_t rows_left, const float* scales, bool last) {
   __mmask16 mask[kG];
 #pragma GCC unroll 4
-  for (int g = 0; g < kG; ++g) {
-    const int64_t n = std::clamp<int64_t>(rows_left - g * kInt8GroupRows, 0, kInt8GroupRows);
-    mask[g] = n == kInt8GroupRows ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-  }
+  for (int g = 0; g < kG; ++g) mask[g] = GroupMask(rows_left, g);
   __m512 acc[kG][kT];
 #pragma GCC unroll 4
   for (int g = 0; g < kG; ++g)

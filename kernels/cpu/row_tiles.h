@@ -12,6 +12,13 @@
 
 namespace llm::cpu {
 
+// The packed kernels (matmul_int8.cc, matmul_half.cc) keep 16 rows per vector: group g of a
+// tile whose first row has rows_left rows after it holds the lanes this mask sets.
+inline uint16_t GroupMask(int64_t rows_left, int g) {
+  const int64_t n = std::clamp<int64_t>(rows_left - int64_t{g} * 16, 0, 16);
+  return n == 16 ? uint16_t{0xffff} : static_cast<uint16_t>((1u << n) - 1);
+}
+
 inline constexpr int kMaxTileRows = 4;
 inline constexpr int kMaxTileTokens = 4;
 
