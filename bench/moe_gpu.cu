@@ -6,8 +6,11 @@
 // GEMM of the same rows and shape (engine/cuda/gemm.h: the ceiling a grouped GEMM aims at).
 // Logits are random (routing near uniform). Weights rotate over copies so that repeats do not
 // find them in L2. CUDA events, median of the repeats.
-//   build/bench_moe_gpu [--reps R]
-// Both kernel sets (moe.h: MoeKernels kV1, kV2) at every shape, with bf16 experts and with fp8
+//   build/bench_moe_gpu [--reps R] [--kernels 123]
+// kV3 at steps its GEMV takes also times gate|up with SiLU·mul fused (gate_up_silu_us; the
+// others: -1).
+// Every kernel set (moe.h: MoeKernels kV1 .. kV3; --kernels picks some, e.g. --kernels 23) at
+// every shape, with bf16 experts and with fp8
 // ones (--quantization fp8: e4m3 codes with row scales; steps of up to 8 tokens on the
 // weight-only GEMV and larger ones on the W8A8 tiles, as the engine runs them, beside
 // cuBLASLt's FP8 GEMM for the dense ceiling).
@@ -153,6 +156,26 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
         cu::MoeGroupedGemm(g, r, nullptr, kernels);
       },
       reps);
+  // kV3's fused SiLU·mul (MoeGemm::silu_mul): the gate|up GEMV writing the activations.
+  double silu_ms = -1e-3;
+  g.x = x;
+  g.x_scale = in_scale;
+  g.gather = true;
+  g.w_scale = gu_scale;
+  g.out = act;
+  g.out_f32 = false;
+  g.n = 2 * s.inter;
+  g.k = s.hidden;
+  if (cu::MoeFusesSiluMul(g, kernels)) {
+    silu_ms = MedianMs(
+        [&] {
+          g.w = static_cast<const char*>(w_gu) + size_t(call++ % copies) * gu_elems * wes;
+          g.silu_mul = true;
+          cu::MoeGroupedGemm(g, r, nullptr, kernels);
+          g.silu_mul = false;
+        },
+        reps);
+  }
   const double down_ms = MedianMs(
       [&] {
         g.x = act;
@@ -191,12 +214,12 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
       "\"tokens\":%d,\"experts_hit\":%lld,"
       "\"route_us\":%.1f,\"gate_up_us\":%.1f,\"gate_up_tflops\":%.1f,\"gate_up_weight_tbs\":%.2f,"
       "\"down_us\":%.1f,\"down_tflops\":%.1f,\"down_weight_tbs\":%.2f,"
-      "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f}\n",
-      kernels == cu::MoeKernels::kV2 ? "v2" : "v1",
+      "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f,\"gate_up_silu_us\":%.1f}\n",
+      kernels == cu::MoeKernels::kV3 ? "v3" : (kernels == cu::MoeKernels::kV2 ? "v2" : "v1"),
       w8a8 ? "fp8-w8a8" : (fp8 ? "fp8-weight-only" : "bf16"), s.name, tokens,
       static_cast<long long>(hit), route_ms * 1e3, gu_ms * 1e3, gu_flop / gu_ms / 1e9,
       gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9, d_bytes / down_ms / 1e9,
-      dense_ms * 1e3, gu_flop / dense_ms / 1e9);
+      dense_ms * 1e3, gu_flop / dense_ms / 1e9, silu_ms * 1e3);
   std::fflush(stdout);
   for (void* q : {x, w_gu, w_d, gate_up, act, down, dense_in, dense_out, static_cast<void*>(logits),
                   static_cast<void*>(scales), static_cast<void*>(ints)})
@@ -207,15 +230,19 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
 
 int main(int argc, char** argv) {
   int reps = 20;
+  std::string sets = "123";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) sets = argv[++i];
   }
   llm::cuda::Gemm gemm;
   const Shape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8},
                           {"mixtral-8x7b", 4096, 14336, 8, 2}};
   for (const Shape& s : shapes) {
     for (int tokens : {1, 8, 64, 256, 1024, 4096}) {
-      for (auto k : {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2}) {
+      for (auto k :
+           {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2, llm::cuda::MoeKernels::kV3}) {
+        if (sets.find(char('1' + int(k))) == std::string::npos) continue;
         for (bool fp8 : {false, true}) Run(s, tokens, reps, gemm, k, fp8);
       }
     }

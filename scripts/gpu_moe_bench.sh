@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Mixture of experts on the H200 (issue 30): the MoE GPU tests on both kernel sets (bf16 and
-# fp8 experts), bench_moe_gpu (both sets, bf16 and fp8), and `llm bench --load-format dummy` on
-# Qwen3-30B-A3B (batch-1 decode, 128 + 256 tokens; MOE_REQUESTS x (1,000 + 1,000) at 256
-# sequences) with --moe-kernels v1 and v2 and with fp8 experts, and Mixtral-8x7B batch-1 decode
-# on the faster-looking v2. Tensor parallelism needs 2 GPUs (nvidia-h200-x2):
+# Mixture of experts on the H200 (issue 30): the MoE GPU tests on every kernel set (bf16 and
+# fp8 experts), bench_moe_gpu (sets MOE_BENCH_SETS, default 23: v2 and v3; bf16 and fp8), and
+# `llm bench --load-format dummy` on Qwen3-30B-A3B (batch-1 decode, 128 + 256 tokens, then
+# MOE_REQUESTS x (1,000 + 1,000) at 256 sequences) with each --moe-kernels set of MOE_SETS
+# (default "v2 v3") and with fp8 experts on MOE_FP8_KERNELS (default v3), and Mixtral-8x7B
+# batch-1 decode on the last of MOE_SETS. The batch-1 runs come first (the shortest), then the
+# throughput runs: a call cut short by its time limit keeps what finished. Tensor parallelism needs 2 GPUs (nvidia-h200-x2):
 #   build/cuda_tp_gpu_test --gtest_filter='*MixtureOfExperts*' Run after
 # scripts/gpu_run.sh built the targets (carry .debs and .shared; ../shared/DEVICE.md):
 #   OUT=... GPU_TEST_REGEX=NO_SUCH_TEST GPU_POST='bash scripts/gpu_moe_bench.sh' \
@@ -33,14 +35,15 @@ if [ "${MOE_TESTS:-1}" != 0 ]; then
 {
   [ -f "$OUT/build.log" ] && grep -E 'error|FAILED' -A5 "$OUT/build.log" | head -40
   timeout 300 build/moe_gpu_test 2>&1 | grep -E '^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|actual|  Actual'
-  timeout 600 build/hf_arch_gpu_test --gtest_filter='*mixtral*:*qwen3_moe*' 2>&1 |
+  timeout 600 build/hf_arch_gpu_test --gtest_filter="${MOE_ARCH_FILTER:-*mixtral*:*qwen3_moe*}" 2>&1 |
     grep -E '^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|actual|^  [a-z0-9_]+ (bf16|fp16)|rerouted|  Actual'
   timeout 300 build/cuda_executor_gpu_test --gtest_filter='*Dummy*:*BadInput*' 2>&1 |
     grep -E '^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|actual|dummy|  Actual'
 } > "$OUT/moe-tests.txt" 2>&1
 grep -c '^\[ *OK' "$OUT/moe-tests.txt" | sed 's/^/tests passed: /'
 grep '^\[ *FAILED' "$OUT/moe-tests.txt"
-timeout 240 build/bench_moe_gpu --reps 10 > "$OUT/moe-kernels.jsonl" 2>&1
+timeout "${MOE_BENCH_TIMEOUT:-240}" build/bench_moe_gpu --reps 10 --kernels "${MOE_BENCH_SETS:-23}" \
+  > "$OUT/moe-kernels.jsonl" 2>&1
 cut -c1-220 "$OUT/moe-kernels.jsonl"
 fi
 {
@@ -52,26 +55,26 @@ source scripts/bench_run.sh
 BENCH_RESULTS=$OUT/moe-e2e.jsonl BENCH_LOG=$OUT/moe-e2e.log BENCH_SELECT=${MOE_RUNS:-}
 BENCH_TOKENIZER=$shared/models/stories260K
 : > "$BENCH_RESULTS"
-for k in v1 v2; do
-  bench_run "latency_qwen3_30b_a3b_b1_$k" 150 --model engine/configs/qwen3-30b-a3b.json \
-    --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
-    --temperature 0 --warmup --max-num-seqs 256 --moe-kernels "$k"
-  bench_run "throughput_qwen3_30b_a3b_$k" "${MOE_TIMEOUT:-150}" \
-    --model engine/configs/qwen3-30b-a3b.json --num-requests "${MOE_REQUESTS:-200}" \
-    --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
-    --max-num-batched-tokens 8192 --temperature 1.0 --moe-kernels "$k"
+sets=${MOE_SETS:-v2 v3}
+fk=${MOE_FP8_KERNELS:-v3}
+qwen=(--model engine/configs/qwen3-30b-a3b.json --max-num-seqs 256)
+b1=(--num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256
+  --temperature 0 --warmup)
+tp=(--num-requests "${MOE_REQUESTS:-200}" --min-input 1000 --max-input 1000 --min-output 1000
+  --max-output 1000 --max-num-batched-tokens 8192 --temperature 1.0)
+for k in $sets; do
+  bench_run "latency_qwen3_30b_a3b_b1_$k" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$k"
 done
-# fp8 experts (weight-only GEMV in decode, W8A8 tiles in prefill) on the kernel set named by
-# MOE_FP8_KERNELS (default v2).
-fk=${MOE_FP8_KERNELS:-v2}
-bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 --model engine/configs/qwen3-30b-a3b.json \
-  --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
-  --temperature 0 --warmup --max-num-seqs 256 --moe-kernels "$fk" --quantization fp8
-bench_run "throughput_qwen3_30b_a3b_fp8_$fk" "${MOE_TIMEOUT:-150}" \
-  --model engine/configs/qwen3-30b-a3b.json --num-requests "${MOE_REQUESTS:-200}" \
-  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 256 \
-  --max-num-batched-tokens 8192 --temperature 1.0 --moe-kernels "$fk" --quantization fp8
-bench_run latency_mixtral_8x7b_b1_v2 200 --model engine/configs/mixtral-8x7b.json \
-  --num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256 \
-  --temperature 0 --warmup --max-num-seqs 64 --moe-kernels v2
+# fp8 experts: weight-only GEMV in decode, W8A8 tiles in prefill.
+bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$fk" \
+  --quantization fp8
+for k in $sets; do
+  bench_run "throughput_qwen3_30b_a3b_$k" "${MOE_TIMEOUT:-150}" "${qwen[@]}" "${tp[@]}" \
+    --moe-kernels "$k"
+done
+bench_run "throughput_qwen3_30b_a3b_fp8_$fk" "${MOE_TIMEOUT:-150}" "${qwen[@]}" "${tp[@]}" \
+  --moe-kernels "$fk" --quantization fp8
+last=${sets##* }
+bench_run "latency_mixtral_8x7b_b1_$last" 200 --model engine/configs/mixtral-8x7b.json \
+  "${b1[@]}" --max-num-seqs 64 --moe-kernels "$last"
 rm -f "$OUT"/build.log "$OUT"/configure.log "$OUT"/gpu_tests.log "$OUT"/post.log "$OUT"/env.txt

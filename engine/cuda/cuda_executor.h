@@ -98,10 +98,12 @@ struct CudaExecutorOptions {
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
   // (kernels/cuda/gemv/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
-  // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels::kV2 (one grouping
-  // kernel, a GEMV for steps of at most 8 tokens, 4-stage tiles; measured faster, the CLI's
-  // default) instead of kV1.
-  bool moe_v2 = true;
+  // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels kV1, kV2 or kV3 (1, 2, 3).
+  // kV2 (one grouping kernel, a GEMV for steps of at most 8 tokens, 4-stage tiles) measured
+  // faster than kV1 on the H200; kV3 (routing and grouping in one kernel for small steps, tiles
+  // that skip empty fragments, a GEMV streaming through a shared-memory ring and writing
+  // SiLU·mul itself) is kV2's successor.
+  int moe_kernels = 2;
   // Mixture of experts: keep every MoE layer's routing of the last step on the device, for
   // LastMoeRouting (tests: where the GPU routes a token differently from the CPU's fp32).
   bool record_moe_routing = false;

@@ -289,7 +289,9 @@ void CudaWorker::RunModel(const Shape& s) {
 void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
   const int64_t pairs = n * top_k;
   const int e = int(num_experts), k = int(top_k);
-  const cuda::MoeKernels kernels = opt.moe_v2 ? cuda::MoeKernels::kV2 : cuda::MoeKernels::kV1;
+  const cuda::MoeKernels kernels = opt.moe_kernels == 1   ? cuda::MoeKernels::kV1
+                                   : opt.moe_kernels == 2 ? cuda::MoeKernels::kV2
+                                                          : cuda::MoeKernels::kV3;
   const bool small = SmallStep(n);
   if (small) {
     SmallLinear(cuda::GemvEpilogue::kStoreF32, normed, nullptr, l.router, nullptr, router_logits, n,
@@ -320,8 +322,13 @@ void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
   g.k = hidden;
   g.num_pairs = pairs;
   g.num_experts = e;
+  // kV3's GEMV writes SiLU(gate) · up itself (small steps, bf16 / fp16 or weight-only fp8).
+  g.silu_mul = cuda::MoeFusesSiluMul(g, kernels);
+  if (g.silu_mul) g.out = moe_act;
   cuda::MoeGroupedGemm(g, routing, stream, kernels);
-  if (w8a8) {
+  if (g.silu_mul) {
+    g.silu_mul = false;
+  } else if (w8a8) {
     cuda::SiluMulE4m3(moe_gate_up, static_cast<uint8_t*>(moe_act), moe_act8_scale, pairs, moe_inter,
                       dtype, stream);
   } else {

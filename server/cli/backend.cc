@@ -75,9 +75,12 @@ void BackendFlags::AddTo(CLI::App* cmd) {
   cmd->add_option("--moe-kernels", moe_kernels,
                   "cuda, mixture-of-experts models: v2 (the default: one grouping kernel; steps "
                   "of up to 8 tokens on a GEMV over each chosen expert, larger ones on 4-stage "
-                  "tiles; H200, Qwen3-30B-A3B: batch-1 decode 1.71x and throughput 1.05x v1's) "
-                  "or v1 (four grouping launches, every grouped GEMM on 2-stage tiles)")
-      ->check(CLI::IsMember({"v1", "v2"}))
+                  "tiles; H200, Qwen3-30B-A3B: batch-1 decode 1.71x and throughput 1.05x v1's), "
+                  "v1 (four grouping launches, every grouped GEMM on 2-stage tiles) or v3 (v2 "
+                  "with routing and grouping in one kernel for steps of up to 64 tokens, tiles "
+                  "that skip the rows an expert lacks, a GEMV streaming through a shared-memory "
+                  "ring that writes SiLU(gate)*up itself)")
+      ->check(CLI::IsMember({"v1", "v2", "v3"}))
       ->capture_default_str();
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
@@ -195,7 +198,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_max_tokens = f.gemv_max_tokens;
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
-  o.moe_v2 = f.moe_kernels == "v2";
+  o.moe_kernels = f.moe_kernels[1] - '0';  // "v1" .. "v3" (checked by the option)
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;
   o.async_masks = f.async_masks;

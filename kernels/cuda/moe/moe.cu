@@ -18,14 +18,10 @@ constexpr int kGroupThreads = 256;  // the counting and placing CTAs (one per ex
 
 // ---- routing: one warp per token ------------------------------------------------------------
 
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    MoeRouteKernel(const float* logits, int num_tokens, int num_experts, int top_k, bool normalize,
-                   int32_t* experts, float* weights) {
-  PdlWait();
-  PdlTrigger();
-  const int lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kRouteWarps + threadIdx.x / 32;
-  if (t >= num_tokens) return;  // a whole warp
+// Token t's routing by one warp (lane: its lane).
+__device__ __forceinline__ void RouteToken(const float* logits, int t, int num_experts, int top_k,
+                                           bool normalize, int32_t* experts, float* weights,
+                                           int lane) {
   constexpr int kPer = kMoeMaxExperts / 32;
   // Lane l holds experts l, l + 32, ...: within a lane, ascending index.
   float p[kPer];
@@ -88,6 +84,16 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
       weights[int64_t(t) * top_k + j] = normalize ? chosen_v[j] / chosen_sum : chosen_v[j];
     }
   }
+}
+
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    MoeRouteKernel(const float* logits, int num_tokens, int num_experts, int top_k, bool normalize,
+                   int32_t* experts, float* weights) {
+  PdlWait();
+  PdlTrigger();
+  const int t = blockIdx.x * kRouteWarps + threadIdx.x / 32;
+  if (t >= num_tokens) return;  // a whole warp
+  RouteToken(logits, t, num_experts, top_k, normalize, experts, weights, threadIdx.x % 32);
 }
 
 // ---- grouping: counts, offsets and tiles, then each expert's pairs in pair order ------------
@@ -175,16 +181,15 @@ __global__ void __launch_bounds__(kGroupThreads)
 // among its warp's lanes of the same expert (__match_any_sync).
 constexpr int kGroupOneThreads = 1024;
 
-__global__ void __launch_bounds__(kGroupOneThreads)
-    MoeGroupOneKernel(const int32_t* experts, int num_pairs, int num_experts, int32_t* offsets,
-                      int32_t* sorted_pairs, int32_t* pair_rows, int32_t* tile_expert,
-                      int32_t* tile_begin, int32_t* num_tiles) {
+// The grouping by one CTA of kGroupOneThreads threads (MoeGroupOneKernel, MoeRouteGroupKernel).
+__device__ __forceinline__ void GroupPairs(const int32_t* experts, int num_pairs, int num_experts,
+                                           int32_t* offsets, int32_t* sorted_pairs,
+                                           int32_t* pair_rows, int32_t* tile_expert,
+                                           int32_t* tile_begin, int32_t* num_tiles) {
   constexpr int kWarps = kGroupOneThreads / 32;
   __shared__ int base[kMoeMaxExperts];  // counts, then each expert's next row
   __shared__ int start[kMoeMaxExperts + 1], tile_start[kMoeMaxExperts + 1];
   __shared__ int warp_count[kWarps][kMoeMaxExperts];
-  PdlWait();
-  PdlTrigger();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   for (int e = tid; e < num_experts; e += kGroupOneThreads) base[e] = 0;
   for (int i = tid; i < kWarps * kMoeMaxExperts; i += kGroupOneThreads) {
@@ -267,6 +272,34 @@ __global__ void __launch_bounds__(kGroupOneThreads)
   }
 }
 
+__global__ void __launch_bounds__(kGroupOneThreads)
+    MoeGroupOneKernel(const int32_t* experts, int num_pairs, int num_experts, int32_t* offsets,
+                      int32_t* sorted_pairs, int32_t* pair_rows, int32_t* tile_expert,
+                      int32_t* tile_begin, int32_t* num_tiles) {
+  PdlWait();
+  PdlTrigger();
+  GroupPairs(experts, num_pairs, num_experts, offsets, sorted_pairs, pair_rows, tile_expert,
+             tile_begin, num_tiles);
+}
+
+// kV3's small steps: the routing (warp w routes tokens w, w + 32, ...) and the grouping in one
+// CTA. The grouping reads the experts this CTA wrote to global memory: __syncthreads makes a
+// block's global writes visible to the whole block.
+__global__ void __launch_bounds__(kGroupOneThreads)
+    MoeRouteGroupKernel(const float* logits, int num_tokens, int num_experts, int top_k,
+                        bool normalize, int32_t* experts, float* weights, int32_t* offsets,
+                        int32_t* sorted_pairs, int32_t* pair_rows, int32_t* tile_expert,
+                        int32_t* tile_begin, int32_t* num_tiles) {
+  PdlWait();
+  PdlTrigger();
+  for (int t = threadIdx.x / 32; t < num_tokens; t += kGroupOneThreads / 32) {
+    RouteToken(logits, t, num_experts, top_k, normalize, experts, weights, threadIdx.x % 32);
+  }
+  __syncthreads();
+  GroupPairs(experts, num_tokens * top_k, num_experts, offsets, sorted_pairs, pair_rows,
+             tile_expert, tile_begin, num_tiles);
+}
+
 // ---- the combine: CTAs of 128 threads x 4 columns per token ----------------------------------
 
 // Each CTA does 512 columns of one token (a batch-1 step: hidden / 512 CTAs; the first version,
@@ -344,10 +377,17 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   }
   if (num_tokens <= 0) return;
   const int pairs = int(num_tokens * top_k);
+  if (kernels == MoeKernels::kV3 && num_tokens <= kMoeFusedRouteMaxTokens) {
+    Launch(MoeRouteGroupKernel, dim3(1), dim3(kGroupOneThreads), 0, stream, logits, int(num_tokens),
+           num_experts, top_k, normalize, r.experts, r.weights, r.offsets, r.sorted_pairs,
+           r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);
+    LLM_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   Launch(MoeRouteKernel, dim3(unsigned((num_tokens + kRouteWarps - 1) / kRouteWarps)),
          dim3(kRouteWarps * 32), 0, stream, logits, int(num_tokens), num_experts, top_k, normalize,
          r.experts, r.weights);
-  if (kernels == MoeKernels::kV2) {
+  if (kernels != MoeKernels::kV1) {
     Launch(MoeGroupOneKernel, dim3(1), dim3(kGroupOneThreads), 0, stream,
            static_cast<const int32_t*>(r.experts), pairs, num_experts, r.offsets, r.sorted_pairs,
            r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);

@@ -43,9 +43,20 @@ inline constexpr int kMoeMaxTopK = 16;
 // grouping kernel (a single CTA: shared-memory counts, the scan, the placement in pair order by
 // warp matching); steps of at most kMoeGemvMaxTokens tokens (every expert then has at most that
 // many rows) on a GEMV that streams each chosen expert's weight rows once, larger steps on
-// 4-stage tiles. Both give the same routing and grouping; the GEMMs agree within fp32 rounding.
-enum class MoeKernels { kV1, kV2 };
+// 4-stage tiles. kV3: kV2 with
+//   - the routing and the grouping in one kernel (one CTA) for steps of at most
+//     kMoeFusedRouteMaxTokens tokens (decode: one launch and one dependent chain fewer);
+//   - tiles that skip the 16-row fragments past an expert's last row (no copy, no mma: a decode
+//     step of 256 tokens gives an expert of Qwen3-30B-A3B ~16 rows of a 64-row tile, and kV2
+//     spent 3/4 of its tensor work and its A copies on padding), with the tile's 4 warps side
+//     by side along n (64 x 16 each) when the step averages at most 32 rows per expert;
+//   - a GEMV whose lanes keep two 16-byte chunks of each of their two weight rows in flight
+//     while they multiply the previous two (double buffered), and which can write
+//     SiLU(gate) · up itself (MoeGemm::silu_mul: no gate|up round trip, no SiluMul launch).
+// All give the same routing and grouping; the GEMMs agree within fp32 rounding.
+enum class MoeKernels { kV1, kV2, kV3 };
 inline constexpr int kMoeGemvMaxTokens = 8;
+inline constexpr int kMoeFusedRouteMaxTokens = 64;
 
 // Routing results and the permutation, device arrays the caller allocates for the largest
 // step (sizes in brackets; P = num_pairs, E = num_experts, T = MoeMaxTiles(P, E)).
@@ -107,11 +118,22 @@ struct MoeGemm {
   DType dtype = DType::kBF16;      // the activations' (x unless x_scale) and out's type
   void* out = nullptr;
   bool out_f32 = false;
+  // out[row, j] = SiLU(gate) · up for j < n / 2, gate and up the row's outputs j and n / 2 + j
+  // (w: each expert's gate rows, then its up rows), each rounded to dtype first, as a GEMM into
+  // dtype followed by cuda::SiluMul; out: [num_pairs, n / 2] in dtype. Only where
+  // MoeFusesSiluMul says so (kV3's GEMV); the call throws otherwise.
+  bool silu_mul = false;
   int64_t n = 0, k = 0, num_pairs = 0;
   int num_experts = 0;
 };
 void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
                     MoeKernels kernels = MoeKernels::kV1);
+
+// Whether MoeGroupedGemm runs g on its GEMV (kV2 / kV3 steps of at most kMoeGemvMaxTokens tokens,
+// and every weight-only fp8 call) rather than on tiles.
+bool MoeUsesGemv(const MoeGemm& g, MoeKernels kernels);
+// Whether MoeGroupedGemm can take g with silu_mul set: kV3's GEMV, out in dtype, n even.
+bool MoeFusesSiluMul(const MoeGemm& g, MoeKernels kernels);
 
 // residual[t, :] (+)= Σ over t's slots, by ascending expert, weight · rows[pair_rows[pair], :]
 // (the sum starts at 0 and is added to the residual when `accumulate`, else stored).

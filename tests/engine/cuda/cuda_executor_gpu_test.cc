@@ -610,6 +610,7 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   CudaExecutorOptions o = SmallOptions();
   o.dummy_weights = true;
   o.dummy_seed = 5;
+  o.moe_kernels = 1;
   auto a = CudaExecutor::Create(path.string(), o);
   auto b = CudaExecutor::Create(path.string(), o);
   o.dummy_seed = 6;
@@ -621,34 +622,37 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   EXPECT_EQ(la, lb);
   EXPECT_NE(la, lc);
   EXPECT_GT(a->stats().graph_steps, 0);
-  // The v2 kernels (a GEMV for steps of up to 8 tokens, 4-stage tiles, one grouping kernel)
-  // give the same model: equal routing, sums in another order.
+  // The v2 and v3 kernels (moe.h: MoeKernels) give the same model: equal routing, sums in
+  // another order (v3: SiLU·mul in the GEMV's epilogue, the same roundings).
   o.dummy_seed = 5;
-  o.moe_v2 = true;
-  auto v2 = CudaExecutor::Create(path.string(), o);
-  const std::vector<float> l2 = AllLogits(*v2, ids, 30);
-  const double rel = Relative(l2, la);
-  std::printf("  dummy MoE, kernels v2 vs v1: %.3e of max|logit|\n", rel);
-  EXPECT_LT(rel, 1e-2);
+  for (const int set : {2, 3}) {
+    o.moe_kernels = set;
+    auto other = CudaExecutor::Create(path.string(), o);
+    const std::vector<float> lo = AllLogits(*other, ids, 30);
+    const double rel = Relative(lo, la);
+    std::printf("  dummy MoE, kernels v%d vs v1: %.3e of max|logit|\n", set, rel);
+    EXPECT_LT(rel, 1e-2);
+    EXPECT_EQ(lo, AllLogits(*other, ids, 30));
+  }
   // --quantization fp8 (the experts' W8A8 tiles for the 30-token chunk, their weight-only GEMV
   // for the decode steps), on both kernel sets: deterministic, finite, close to bf16 with the
   // same seed, half the bytes. Weights in ±0.05 (not vLLM's ±1e-3, under which the experts'
   // outputs are below bf16's resolution of the residual): fp8 must move the logits, a little.
-  o.moe_v2 = false;
+  o.moe_kernels = 1;
   o.dummy_range = 0.05f;
   auto wide = CudaExecutor::Create(path.string(), o);
   const std::vector<float> lw = AllLogits(*wide, ids, 30);
   o.fp8_weights = true;
-  for (bool v2 : {false, true}) {
-    o.moe_v2 = v2;
+  for (const int set : {1, 2, 3}) {
+    o.moe_kernels = set;
     auto f = CudaExecutor::Create(path.string(), o);
     auto g = CudaExecutor::Create(path.string(), o);
     const std::vector<float> lf = AllLogits(*f, ids, 30);
     for (float v : lf) ASSERT_TRUE(std::isfinite(v));
     EXPECT_EQ(lf, AllLogits(*g, ids, 30));
     const double frel = Relative(lf, lw);
-    std::printf("  dummy MoE (±0.05) fp8 (kernels %s) vs bf16, same seed: %.3e of max|logit|\n",
-                v2 ? "v2" : "v1", frel);
+    std::printf("  dummy MoE (±0.05) fp8 (kernels v%d) vs bf16, same seed: %.3e of max|logit|\n",
+                set, frel);
     EXPECT_LT(frel, 0.1);
     EXPECT_GT(frel, 0.0);
     EXPECT_LT(f->stats().weight_bytes, wide->stats().weight_bytes * 6 / 10);

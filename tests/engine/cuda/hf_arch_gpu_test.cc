@@ -47,12 +47,18 @@ struct ArchCase {
   const char* folder;
   DType dtype;
   bool gemv;            // small steps on the GEMV kernels (else cuBLASLt)
-  bool moe_v2 = false;  // mixture of experts: kernels/cuda/moe/moe.h's kV2 set
+  int moe_kernels = 1;  // mixture of experts: kernels/cuda/moe/moe.h's set kV1 .. kV3
 };
 
 std::string ArchCaseName(const ::testing::TestParamInfo<ArchCase>& info) {
   return std::string(info.param.folder) + (info.param.dtype == DType::kBF16 ? "_bf16" : "_fp16") +
-         (info.param.gemv ? "_gemv" : "_cublaslt") + (info.param.moe_v2 ? "_moe_v2" : "");
+         (info.param.gemv ? "_gemv" : "_cublaslt") +
+         (info.param.moe_kernels > 1 ? "_moe_v" + std::to_string(info.param.moe_kernels) : "");
+}
+
+// " v2" / " v3" for the printed lines (nothing for kV1).
+std::string MoeSet(const ArchCase& c) {
+  return c.moe_kernels > 1 ? " v" + std::to_string(c.moe_kernels) : "";
 }
 
 class CudaHfArch : public test::CudaExecutorTest, public ::testing::WithParamInterface<ArchCase> {};
@@ -63,7 +69,7 @@ TEST_P(CudaHfArch, LogitsWithinHalfPrecisionToleranceAndGreedyAgrees) {
   const json ref = json::parse(test::ReadFile(fs::path(dir) / "reference.json"));
   CudaExecutorOptions o = test::SmallOptions(c.dtype);
   o.gemv_max_tokens = c.gemv ? 8 : 0;
-  o.moe_v2 = c.moe_v2;
+  o.moe_kernels = c.moe_kernels;
   auto ex = CudaExecutor::Create(dir, o);
   LoadOptions lo;
   lo.weight_dtype = DType::kF32;
@@ -250,7 +256,7 @@ TEST_P(CudaHfArch, MoeRoutingAgreesWithTheCpuAndLogitsWhereItDoes) {
   const double folder_gap = FolderGap(ref);
   CudaExecutorOptions o = test::SmallOptions(c.dtype);
   o.gemv_max_tokens = c.gemv ? 8 : 0;
-  o.moe_v2 = c.moe_v2;
+  o.moe_kernels = c.moe_kernels;
   o.record_moe_routing = true;
   auto ex = CudaExecutor::Create(dir, o);
   int64_t rerouted_tokens = 0, total_tokens = 0;
@@ -268,7 +274,7 @@ TEST_P(CudaHfArch, MoeRoutingAgreesWithTheCpuAndLogitsWhereItDoes) {
         "  %s %s %s%s, %lld tokens: rerouted per layer%s; first at %lld; max |gpu - cpu fp32| "
         "%.4f before it (bound %.4f), %.4f from it (bound %.4f)\n",
         c.folder, c.dtype == DType::kBF16 ? "bf16" : "fp16", c.gemv ? "gemv" : "cublaslt",
-        c.moe_v2 ? " v2" : "", static_cast<long long>(n), Layers(rr.per_layer).c_str(),
+        MoeSet(c).c_str(), static_cast<long long>(n), Layers(rr.per_layer).c_str(),
         static_cast<long long>(rr.first), before, 2 * gap, after, 2 * folder_gap);
     EXPECT_LE(before, 2 * gap);
     EXPECT_LE(after, 2 * folder_gap);
@@ -309,7 +315,7 @@ TEST_P(CudaHfArch, Fp8WeightsAndCacheMatchTheCpuFp8) {
   o.gemv_max_tokens = c.gemv ? 8 : 0;
   o.fp8_weights = true;
   o.kv_cache_fp8 = true;
-  o.moe_v2 = c.moe_v2;
+  o.moe_kernels = c.moe_kernels;
   o.record_moe_routing = true;
   auto ex = CudaExecutor::Create(dir, o);
   const Routed got = GpuRouted(*ex, ids);
@@ -326,8 +332,8 @@ TEST_P(CudaHfArch, Fp8WeightsAndCacheMatchTheCpuFp8) {
       "rerouted token (%lld of %lld; per layer%s), %.4f from it (bound %.4f); cpu fp8 - fp32 "
       "%.4f\n",
       c.folder, c.dtype == DType::kBF16 ? "bf16" : "fp16", c.gemv ? "gemv" : "cublaslt",
-      c.moe_v2 ? " v2" : "", before, bound, static_cast<long long>(rr.first),
-      static_cast<long long>(n), Layers(rr.per_layer).c_str(), after, bound_after, cost);
+      MoeSet(c).c_str(), before, bound, static_cast<long long>(rr.first), static_cast<long long>(n),
+      Layers(rr.per_layer).c_str(), after, bound_after, cost);
   EXPECT_LE(before, bound);
   EXPECT_LE(after, bound_after);
 }
@@ -416,7 +422,10 @@ std::vector<ArchCase> ArchCases() {
     for (DType t : {DType::kBF16, DType::kF16}) {
       for (bool gemv : {false, true}) {
         cases.push_back({folder, t, gemv});
-        if (moe) cases.push_back({folder, t, gemv, true});
+        if (moe) {
+          cases.push_back({folder, t, gemv, 2});
+          cases.push_back({folder, t, gemv, 3});
+        }
       }
     }
   }
