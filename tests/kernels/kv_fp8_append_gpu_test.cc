@@ -159,13 +159,14 @@ struct RopeCase {
   DType dtype;
   int head_dim, num_heads, num_kv_heads, block_size;
   float k_scale, v_scale;
+  bool qk_norm = false;  // QkvPrologue's per-head q / k RMSNorms (Qwen3), in both runs
 };
 
 std::string RopeName(const ::testing::TestParamInfo<RopeCase>& info) {
   const RopeCase& c = info.param;
   return std::string(Name(c.dtype)) + "_hd" + std::to_string(c.head_dim) + "_h" +
          std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) + "_bs" +
-         std::to_string(c.block_size) + "_" + std::to_string(info.index);
+         std::to_string(c.block_size) + (c.qk_norm ? "_qknorm_" : "_") + std::to_string(info.index);
 }
 
 // The dtype value next to d (bits of d in the dtype) toward +inf (dir 1) or -inf (dir -1):
@@ -213,16 +214,27 @@ TEST_P(RopeAppendKvFp8Gpu, MatchesDtypeCacheRun) {
 
   const size_t pool = size_t(layout.pool_elements()), nq = size_t(num_tokens * nh * hd);
   const uint16_t nan16 = t == DType::kBF16 ? 0x7fc0 : 0x7e00;
+  // The per-head norms' weights (qk_norm): around 1, as trained ones.
+  std::normal_distribution<float> wdist(1.f, 0.3f);
+  std::vector<float> q_norm(static_cast<size_t>(hd)), k_norm(static_cast<size_t>(hd));
+  for (float& w : q_norm) w = wdist(rng);
+  for (float& w : k_norm) w = wdist(rng);
+  DevBuf dqn(q_norm), dkn(k_norm);
+  cuda::QkvPrologue pre;
+  if (c.qk_norm) {
+    pre.q_norm = dqn.as<float>();
+    pre.k_norm = dkn.as<float>();
+  }
   DevBuf dqkv(qkv_bits), dpos(positions), dslots(slots), dfreq(inv_freq);
   DevBuf dq16(std::vector<uint16_t>(nq, nan16)), dq8(std::vector<uint16_t>(nq, nan16));
   DevBuf dk16(std::vector<uint16_t>(pool, nan16)), dv16(std::vector<uint16_t>(pool, nan16));
   DevBuf dk8(std::vector<uint8_t>(pool, kNanK)), dv8(std::vector<uint8_t>(pool, kNanV));
   cuda::RopeAppendKv(dqkv.p, dpos.as<int32_t>(), dslots.as<int64_t>(), dfreq.as<float>(),
                      num_tokens, nh, nkv, hd, PagedKvView<void>{dk16.p, dv16.p, layout}, t, dq16.p,
-                     nullptr);
+                     nullptr, {}, pre);
   cuda::RopeAppendKv(dqkv.p, dpos.as<int32_t>(), dslots.as<int64_t>(), dfreq.as<float>(),
                      num_tokens, nh, nkv, hd, PagedKvView<void>{dk8.p, dv8.p, layout}, t, dq8.p,
-                     nullptr, cuda::KvCacheFormat{true, c.k_scale, c.v_scale});
+                     nullptr, cuda::KvCacheFormat{true, c.k_scale, c.v_scale}, pre);
   const std::vector<uint16_t> q16 = dq16.Download<uint16_t>(), q8 = dq8.Download<uint16_t>();
   const std::vector<uint16_t> k16 = dk16.Download<uint16_t>(), v16 = dv16.Download<uint16_t>();
   const std::vector<uint8_t> k8 = dk8.Download<uint8_t>(), v8 = dv8.Download<uint8_t>();
@@ -237,6 +249,9 @@ TEST_P(RopeAppendKvFp8Gpu, MatchesDtypeCacheRun) {
   for (int64_t tk = 0; tk < num_tokens; ++tk) {
     const float* src = qkv.data() + tk * row + int64_t(nh) * hd;
     std::copy(src, src + nkv * hd, k_host.begin() + tk * nkv * hd);
+  }
+  if (c.qk_norm) {
+    cpu::RmsNorm(k_host.data(), k_norm.data(), k_host.data(), num_tokens * nkv, hd, 1e-6f);
   }
   cpu::ApplyRope(k_host.data(), num_tokens, nkv, hd, positions.data(), inv_freq.data());
   std::vector<float> k_host_pool(pool, NAN);
@@ -299,6 +314,11 @@ std::vector<RopeCase> RopeCases() {
       }
     }
     cases.push_back({t, 24, 4, 2, 16, 0.75f, 0.3f});  // half = 12: the scalar path
+    // Per-head norms: a warp per head at head_dim 64 / 128 / 256, the CTA kernel at 24.
+    for (int hd : {24, 64, 128, 256}) {
+      const auto [ks, vs] = scales[i++ % 3];
+      cases.push_back({t, hd, 8, 2, 16, ks, vs, true});
+    }
   }
   return cases;
 }

@@ -346,6 +346,10 @@ std::vector<RopeCase> RopeCases() {
       cases.push_back({t, hd, 8, 2, 16, false, true});
       cases.push_back({t, hd, 16, 4, 16, true, true});
     }
+    // Qwen3-30B-A3B's heads (32 q, 4 kv at head_dim 128) and head_dim 256, per-head norms: the
+    // warp-per-head kernel.
+    cases.push_back({t, 128, 32, 4, 16, false, true});
+    cases.push_back({t, 256, 8, 2, 16, true, true});
   }
   return cases;
 }

@@ -485,6 +485,86 @@ __global__ void __launch_bounds__(kRopeThreads)
   }
 }
 
+// RopeAppendKv with per-head norms (QkvPrologue::q_norm, Qwen3) at head_dim = 32 · kM: one warp
+// per head, CTA (token, kHeadWarps heads). Lane l holds dims l, l + 32, ..., so that the norm
+// sums its squares in RopeAppendKvKernel's order (then the same xor tree) and every rotate-half
+// pair (i, i + half = i + 32 · kM / 2) sits in one lane: one load of the row, no shared memory
+// and no barrier. RopeAppendKvKernel ran a batch-1 step of Qwen3-30B-A3B (32 q + 4 k heads, one
+// CTA of 8 warps taking the norms 4.5 rounds deep) in 7.9 us per layer on the H200
+// (bench/results/moe-h200/2026-12-05-combine). The arithmetic is RopeAppendKvKernel's,
+// expression for expression.
+constexpr int kHeadWarps = 4;
+
+template <typename T, int kM, bool kFp8>
+__global__ void __launch_bounds__(kHeadWarps * 32)
+    RopeAppendKvHeadsKernel(const T* __restrict__ qkv, const int32_t* __restrict__ positions,
+                            const int64_t* __restrict__ slot_mapping,
+                            const float* __restrict__ inv_freq, int num_heads, int num_kv_heads,
+                            PagedKvLayout layout, void* __restrict__ kc, void* __restrict__ vc,
+                            T* __restrict__ q_out, KvCacheFormat format, QkvPrologue pre) {
+  static_assert(kM % 2 == 0, "rotate-half pairs within a lane");
+  constexpr int kHeadDim = 32 * kM, kHalf = kHeadDim / 2;
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x % 32;
+  const int head = blockIdx.y * kHeadWarps + threadIdx.x / 32;  // q | k | v heads of the token
+  const int qk_heads = num_heads + num_kv_heads;
+  if (head >= qk_heads + num_kv_heads) return;  // a whole warp
+  const int64_t slot = slot_mapping[t];
+  if (head >= num_heads && slot < 0) return;  // no cache slot: q only
+  const T* src = qkv + (t * int64_t(qk_heads + num_kv_heads) + head) * kHeadDim;
+  float x[kM];
+#pragma unroll
+  for (int j = 0; j < kM; ++j) {
+    x[j] = static_cast<float>(src[lane + 32 * j]);
+    if (pre.bias != nullptr) x[j] += pre.bias[head * kHeadDim + lane + 32 * j];
+  }
+  if (head >= qk_heads) {  // v: copied unchanged (fp8: quantized)
+    const int64_t off = layout.SlotOffset(slot, head - qk_heads);
+#pragma unroll
+    for (int j = 0; j < kM; ++j) {
+      if constexpr (kFp8) {
+        static_cast<uint8_t*>(vc)[off + lane + 32 * j] = F32ToE4m3(x[j] / format.v_scale);
+      } else {
+        static_cast<T*>(vc)[off + lane + 32 * j] = vec::FromF32<T>(x[j]);
+      }
+    }
+    return;
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kM; ++j) sum += x[j] * x[j];
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float r = rsqrtf(sum / float(kHeadDim) + pre.eps);
+  const float* w = head < num_heads ? pre.q_norm : pre.k_norm;
+  const float pos = static_cast<float>(positions[t]);
+  const int64_t off = head < num_heads ? (t * num_heads + head) * int64_t(kHeadDim)
+                                       : layout.SlotOffset(slot, head - num_heads);
+#pragma unroll
+  for (int j = 0; j < kM / 2; ++j) {
+    const int i = lane + 32 * j;
+    float a = x[j], b = x[j + kM / 2];
+    a = a * r * w[i];
+    b = b * r * w[i + kHalf];
+    float sn, cs;
+    sincosf(pos * inv_freq[i], &sn, &cs);
+    const float c = cs, s = sn;
+    const float lo = a * c - b * s;
+    const float hi = b * c + a * s;
+    if (kFp8 && head >= num_heads) {
+      uint8_t* dst = static_cast<uint8_t*>(kc) + off;
+      dst[i] = F32ToE4m3(lo / format.k_scale);
+      dst[i + kHalf] = F32ToE4m3(hi / format.k_scale);
+    } else {
+      T* dst = (head < num_heads ? q_out : static_cast<T*>(kc)) + off;
+      dst[i] = vec::FromF32<T>(lo);
+      dst[i + kHalf] = vec::FromF32<T>(hi);
+    }
+  }
+}
+
 // ---- SiluMul ------------------------------------------------------------------------------
 constexpr int kSiluThreads = 256;
 
@@ -622,11 +702,34 @@ void LaunchRope(const void* qkv, const int32_t* positions, const int64_t* slot_m
          head_dim, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format, pre);
 }
 
+template <typename T, int kM, bool kFp8>
+void LaunchRopeHeads(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
+                     const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
+                     const PagedKvView<void>& kv, void* q_out, const KvCacheFormat& format,
+                     const QkvPrologue& pre, cudaStream_t stream) {
+  const unsigned groups = unsigned((num_heads + 2 * num_kv_heads + kHeadWarps - 1) / kHeadWarps);
+  Launch(RopeAppendKvHeadsKernel<T, kM, kFp8>, dim3(unsigned(num_tokens), groups),
+         dim3(kHeadWarps * 32), 0, stream, static_cast<const T*>(qkv), positions, slot_mapping,
+         inv_freq, num_heads, num_kv_heads, kv.layout, kv.k, kv.v, static_cast<T*>(q_out), format,
+         pre);
+}
+
 template <typename T>
 void LaunchRopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
                         const float* inv_freq, int64_t num_tokens, int num_heads, int num_kv_heads,
                         int head_dim, const PagedKvView<void>& kv, void* q_out, bool vec,
                         const KvCacheFormat& format, const QkvPrologue& pre, cudaStream_t stream) {
+  // Per-head norms at head_dim 64 / 128 / 256: a warp per head (RopeAppendKvHeadsKernel).
+  if (pre.q_norm != nullptr && (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
+    auto* heads = head_dim == 64
+                      ? (format.fp8 ? LaunchRopeHeads<T, 2, true> : LaunchRopeHeads<T, 2, false>)
+                  : head_dim == 128
+                      ? (format.fp8 ? LaunchRopeHeads<T, 4, true> : LaunchRopeHeads<T, 4, false>)
+                      : (format.fp8 ? LaunchRopeHeads<T, 8, true> : LaunchRopeHeads<T, 8, false>);
+    heads(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads, num_kv_heads, kv, q_out,
+          format, pre, stream);
+    return;
+  }
   auto* launch = vec ? (format.fp8 ? LaunchRope<T, kVec, true> : LaunchRope<T, kVec, false>)
                      : (format.fp8 ? LaunchRope<T, 1, true> : LaunchRope<T, 1, false>);
   launch(qkv, positions, slot_mapping, inv_freq, num_tokens, num_heads, num_kv_heads, head_dim, kv,
