@@ -65,6 +65,10 @@ tp=(--num-requests "${MOE_REQUESTS:-200}" --min-input 1000 --max-input 1000 --mi
 for k in $sets; do
   bench_run "latency_qwen3_30b_a3b_b1_$k" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$k"
 done
+last=${sets##* }
+# The warp-per-head RoPE (--rope-head-warps: Qwen3's per-head norms) on the last set.
+bench_run "latency_qwen3_30b_a3b_b1_${last}_rope_warps" 150 "${qwen[@]}" "${b1[@]}" \
+  --moe-kernels "$last" --rope-head-warps
 # fp8 experts: weight-only GEMV in decode, W8A8 tiles in prefill.
 bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$fk" \
   --quantization fp8
@@ -74,7 +78,6 @@ for k in $sets; do
 done
 bench_run "throughput_qwen3_30b_a3b_fp8_$fk" "${MOE_TIMEOUT:-150}" "${qwen[@]}" "${tp[@]}" \
   --moe-kernels "$fk" --quantization fp8
-last=${sets##* }
 bench_run "latency_mixtral_8x7b_b1_$last" 200 --model engine/configs/mixtral-8x7b.json \
   "${b1[@]}" --max-num-seqs 64 --moe-kernels "$last"
 rm -f "$OUT"/build.log "$OUT"/configure.log "$OUT"/gpu_tests.log "$OUT"/post.log "$OUT"/env.txt

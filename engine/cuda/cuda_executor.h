@@ -126,6 +126,9 @@ struct CudaExecutorOptions {
   // by 1 / rms): no RMSNorm kernel inside the layer stack (kernels/cuda/gemv/gemv.h). Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).
   bool gemv_fold_norm = false;
+  // Per-head q/k norms (Qwen3) at head_dim 64 / 128 / 256: RopeAppendKv with one warp per head
+  // (cuda::QkvPrologue::head_warps) instead of one CTA per token. Off until measured on a GPU.
+  bool rope_head_warps = false;
   // GEMV steps: the RMSNorm before q|k|v and gate|up in the GEMV's prologue (each CTA
   // normalizes the residual row into shared memory) instead of its own kernel. Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).

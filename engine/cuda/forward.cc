@@ -129,7 +129,9 @@ void CudaWorker::FoldInto(cuda::GemvArgs& g, const float* weight) const {
 }
 
 cuda::QkvPrologue CudaWorker::Prologue(const Layer& l) const {
-  return {l.qkv_bias, l.q_norm, l.k_norm, float(config.rms_norm_eps)};
+  cuda::QkvPrologue pre{l.qkv_bias, l.q_norm, l.k_norm, float(config.rms_norm_eps)};
+  pre.head_warps = opt.rope_head_warps;
+  return pre;
 }
 
 bool CudaWorker::SmallStep(int64_t rows) const {

@@ -87,6 +87,9 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "them (the residual projections write the next norm's input and sums of "
                 "squares) instead of running them as kernels of their own (measured slower on "
                 "the H200)");
+  cmd->add_flag("--rope-head-warps", rope_head_warps,
+                "cuda, per-head q/k norms (Qwen3) at head_dim 64/128/256: RoPE and the KV "
+                "append with one warp per head instead of one CTA per token (not yet measured)");
   cmd->add_flag("--gemv-norm-prologue", gemv_norm_prologue,
                 "cuda: on GEMV steps, run the RMSNorm before q|k|v and gate|up in the GEMV's "
                 "prologue instead of as its own kernel (measured slower on the H200)");
@@ -198,6 +201,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_max_tokens = f.gemv_max_tokens;
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
+  o.rope_head_warps = f.rope_head_warps;
   o.moe_kernels = f.moe_kernels[1] - '0';  // "v1" .. "v3" (checked by the option)
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;

@@ -30,6 +30,7 @@ struct BackendFlags {
   bool disable_pdl = false;         // cuda: no programmatic dependent launch
   bool gemv_norm_prologue = false;  // cuda: RMSNorm in the GEMV's prologue on GEMV steps
   bool gemv_fold_norm = false;      // cuda: the RMSNorms folded into the GEMVs around them
+  bool rope_head_warps = false;     // cuda: RoPE with per-head norms, one warp per head
   bool fp8_precise_accum = false;   // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
   std::string moe_kernels = "v2";   // cuda, mixture of experts: kernels/cuda/moe/moe.h's set
   uint64_t dummy_seed = 0;

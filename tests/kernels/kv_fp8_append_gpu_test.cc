@@ -159,14 +159,16 @@ struct RopeCase {
   DType dtype;
   int head_dim, num_heads, num_kv_heads, block_size;
   float k_scale, v_scale;
-  bool qk_norm = false;  // QkvPrologue's per-head q / k RMSNorms (Qwen3), in both runs
+  bool qk_norm = false;     // QkvPrologue's per-head q / k RMSNorms (Qwen3), in both runs
+  bool head_warps = false;  // QkvPrologue::head_warps (a warp per head where it applies)
 };
 
 std::string RopeName(const ::testing::TestParamInfo<RopeCase>& info) {
   const RopeCase& c = info.param;
   return std::string(Name(c.dtype)) + "_hd" + std::to_string(c.head_dim) + "_h" +
          std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) + "_bs" +
-         std::to_string(c.block_size) + (c.qk_norm ? "_qknorm_" : "_") + std::to_string(info.index);
+         std::to_string(c.block_size) + (c.qk_norm ? "_qknorm" : "") +
+         (c.head_warps ? "_warps_" : "_") + std::to_string(info.index);
 }
 
 // The dtype value next to d (bits of d in the dtype) toward +inf (dir 1) or -inf (dir -1):
@@ -225,6 +227,7 @@ TEST_P(RopeAppendKvFp8Gpu, MatchesDtypeCacheRun) {
     pre.q_norm = dqn.as<float>();
     pre.k_norm = dkn.as<float>();
   }
+  pre.head_warps = c.head_warps;
   DevBuf dqkv(qkv_bits), dpos(positions), dslots(slots), dfreq(inv_freq);
   DevBuf dq16(std::vector<uint16_t>(nq, nan16)), dq8(std::vector<uint16_t>(nq, nan16));
   DevBuf dk16(std::vector<uint16_t>(pool, nan16)), dv16(std::vector<uint16_t>(pool, nan16));
@@ -314,10 +317,13 @@ std::vector<RopeCase> RopeCases() {
       }
     }
     cases.push_back({t, 24, 4, 2, 16, 0.75f, 0.3f});  // half = 12: the scalar path
-    // Per-head norms: a warp per head at head_dim 64 / 128 / 256, the CTA kernel at 24.
+    // Per-head norms on the CTA kernel, and (head_warps) a warp per head at head_dim 64 / 128 /
+    // 256 (at 24 the CTA kernel still).
     for (int hd : {24, 64, 128, 256}) {
-      const auto [ks, vs] = scales[i++ % 3];
-      cases.push_back({t, hd, 8, 2, 16, ks, vs, true});
+      for (const bool warps : {false, true}) {
+        const auto [ks, vs] = scales[i++ % 3];
+        cases.push_back({t, hd, 8, 2, 16, ks, vs, true, warps});
+      }
     }
   }
   return cases;

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -294,40 +295,58 @@ TEST_P(RopeAppendKvGpu, MatchesApplyRopeAndAppendKv) {
   cpu::AppendKv(k.data(), v.data(), slots.data(), num_tokens,
                 PagedKvView<float>{kref.data(), vref.data(), layout});
 
-  DevBuf dqkv(qkv_bits), dpos(positions), dslots(slots), dfreq(inv_freq);
-  DevBuf dq(std::vector<uint16_t>(q.size(), NanBits(t)));
-  DevBuf dk(std::vector<uint16_t>(kref.size(), NanBits(t)));
-  DevBuf dv(std::vector<uint16_t>(kref.size(), NanBits(t)));
-  DevBuf dbias(bias), dqn(q_norm), dkn(k_norm);
-  cuda::QkvPrologue pre;
-  if (c.bias) pre.bias = dbias.as<float>();
-  if (c.qk_norm) {
-    pre.q_norm = dqn.as<float>();
-    pre.k_norm = dkn.as<float>();
-  }
-  cuda::RopeAppendKv(dqkv.p, dpos.as<int32_t>(), dslots.as<int64_t>(), dfreq.as<float>(),
-                     num_tokens, nh, nkv, hd, PagedKvView<void>{dk.p, dv.p, layout}, t, dq.p,
-                     nullptr, {}, pre);
-  const std::vector<uint16_t> qg = dq.Download<uint16_t>(), kg = dk.Download<uint16_t>(),
-                              vg = dv.Download<uint16_t>();
-  for (size_t i = 0; i < q.size(); ++i) {
-    const float g = FromBits(qg[i], t);
-    ASSERT_FALSE(std::isnan(g)) << "q " << i;
-    ASSERT_NEAR(g, q[i], Tolerance(q[i], t)) << "q " << i;
-  }
-  for (size_t i = 0; i < kref.size(); ++i) {
-    if (std::isnan(kref[i])) {  // a slot nobody writes: still the poison
-      ASSERT_EQ(kg[i], NanBits(t)) << "k written at unowned pool element " << i;
-      ASSERT_EQ(vg[i], NanBits(t)) << "v written at unowned pool element " << i;
-      continue;
+  // QkvPrologue::head_warps: the warp-per-head kernel where it applies (per-head norms at
+  // head_dim 64 / 128 / 256), against the same reference; both kernels' outputs are compared too.
+  const bool warps_apply = c.qk_norm && (hd == 64 || hd == 128 || hd == 256);
+  std::vector<uint16_t> first_q, first_k;
+  for (const bool head_warps : {false, true}) {
+    if (head_warps && !warps_apply) break;
+    DevBuf dqkv(qkv_bits), dpos(positions), dslots(slots), dfreq(inv_freq);
+    DevBuf dq(std::vector<uint16_t>(q.size(), NanBits(t)));
+    DevBuf dk(std::vector<uint16_t>(kref.size(), NanBits(t)));
+    DevBuf dv(std::vector<uint16_t>(kref.size(), NanBits(t)));
+    DevBuf dbias(bias), dqn(q_norm), dkn(k_norm);
+    cuda::QkvPrologue pre;
+    pre.head_warps = head_warps;
+    if (c.bias) pre.bias = dbias.as<float>();
+    if (c.qk_norm) {
+      pre.q_norm = dqn.as<float>();
+      pre.k_norm = dkn.as<float>();
     }
-    const float g = FromBits(kg[i], t);
-    ASSERT_FALSE(std::isnan(g)) << "k " << i;
-    ASSERT_NEAR(g, kref[i], Tolerance(kref[i], t)) << "k " << i;
-    if (c.bias) {  // v + bias, rounded once
-      ASSERT_NEAR(FromBits(vg[i], t), vref[i], Tolerance(vref[i], t)) << "v " << i;
+    cuda::RopeAppendKv(dqkv.p, dpos.as<int32_t>(), dslots.as<int64_t>(), dfreq.as<float>(),
+                       num_tokens, nh, nkv, hd, PagedKvView<void>{dk.p, dv.p, layout}, t, dq.p,
+                       nullptr, {}, pre);
+    const std::vector<uint16_t> qg = dq.Download<uint16_t>(), kg = dk.Download<uint16_t>(),
+                                vg = dv.Download<uint16_t>();
+    for (size_t i = 0; i < q.size(); ++i) {
+      const float g = FromBits(qg[i], t);
+      ASSERT_FALSE(std::isnan(g)) << "q " << i;
+      ASSERT_NEAR(g, q[i], Tolerance(q[i], t)) << "q " << i;
+    }
+    for (size_t i = 0; i < kref.size(); ++i) {
+      if (std::isnan(kref[i])) {  // a slot nobody writes: still the poison
+        ASSERT_EQ(kg[i], NanBits(t)) << "k written at unowned pool element " << i;
+        ASSERT_EQ(vg[i], NanBits(t)) << "v written at unowned pool element " << i;
+        continue;
+      }
+      const float g = FromBits(kg[i], t);
+      ASSERT_FALSE(std::isnan(g)) << "k " << i;
+      ASSERT_NEAR(g, kref[i], Tolerance(kref[i], t)) << "k " << i;
+      if (c.bias) {  // v + bias, rounded once
+        ASSERT_NEAR(FromBits(vg[i], t), vref[i], Tolerance(vref[i], t)) << "v " << i;
+      } else {
+        ASSERT_EQ(vg[i], ToBits(vref[i], t)) << "v " << i;  // a copy: bit exact
+      }
+    }
+    if (!head_warps) {
+      first_q = qg;
+      first_k = kg;
     } else {
-      ASSERT_EQ(vg[i], ToBits(vref[i], t)) << "v " << i;  // a copy: bit exact
+      size_t differ = 0;
+      for (size_t i = 0; i < qg.size(); ++i) differ += qg[i] != first_q[i];
+      for (size_t i = 0; i < kg.size(); ++i) differ += kg[i] != first_k[i];
+      std::printf("  warp-per-head RoPE: %zu of %zu q/k values differ from the CTA kernel's\n",
+                  differ, qg.size() + kg.size());
     }
   }
 }

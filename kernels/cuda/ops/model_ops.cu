@@ -720,7 +720,8 @@ void LaunchRopeAppendKv(const void* qkv, const int32_t* positions, const int64_t
                         int head_dim, const PagedKvView<void>& kv, void* q_out, bool vec,
                         const KvCacheFormat& format, const QkvPrologue& pre, cudaStream_t stream) {
   // Per-head norms at head_dim 64 / 128 / 256: a warp per head (RopeAppendKvHeadsKernel).
-  if (pre.q_norm != nullptr && (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
+  if (pre.head_warps && pre.q_norm != nullptr &&
+      (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
     auto* heads = head_dim == 64
                       ? (format.fp8 ? LaunchRopeHeads<T, 2, true> : LaunchRopeHeads<T, 2, false>)
                   : head_dim == 128

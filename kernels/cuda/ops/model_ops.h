@@ -103,6 +103,10 @@ struct QkvPrologue {
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   float eps = 1e-6f;
+  // With q_norm at head_dim 64 / 128 / 256: one warp per head (RopeAppendKvHeadsKernel) instead
+  // of one CTA per token whose warps take the heads' norms in turn. Opt-in until measured on a
+  // GPU (written 2026-12-06 without one).
+  bool head_warps = false;
   bool any() const { return bias != nullptr || q_norm != nullptr; }
 };
 void RopeAppendKv(const void* qkv, const int32_t* positions, const int64_t* slot_mapping,
