@@ -386,45 +386,50 @@ TEST_P(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
 
 // MoeGemm::silu_mul (kV3's GEMV): SiLU(gate) · up written by the gate|up GEMV equals the GEMV
 // into dtype followed by SiluMul, bit for bit (the same sums, rounded to dtype, then the same
-// fp32 arithmetic), for 16-bit and weight-only fp8 experts, one pass (1, 3, 8 tokens) and
-// several (fp8 weight-only at 20 tokens: 8 rows a pass). Other sets refuse the flag.
+// fp32 arithmetic), for bf16 / fp16 and weight-only fp8 experts; every rows-per-pass variant (1,
+// 2, 3 -> 4, 8 tokens) and several passes (fp8 weight-only at 20 tokens: 8 rows a pass); an
+// inter of 76 (the last CTA's warps past it return) and k = 2064 (the ring wraps: 129 chunks
+// of fp8, 258 of 16-bit weights). Other sets refuse the flag.
 TEST_P(MoeGpuTest, FusedSiluMulEqualsTheGemvThenSiluMul) {
-  const int experts = 16, top_k = 4, inter = 72, hidden = 96;
-  const DType dtype = DType::kBF16;
-  for (const bool fp8 : {false, true}) {
-    for (const int tokens : {1, 3, 8, 20}) {
-      if (tokens > kMoeGemvMaxTokens && !fp8) continue;  // 16-bit experts: tiles from 9 tokens
-      const int64_t pairs = int64_t(tokens) * top_k;
-      DevBuf d_logits(Normal(size_t(tokens) * experts, 1.f, 40 + tokens));
-      Routing r(pairs, experts);
-      MoeRoute(d_logits.as<float>(), tokens, experts, top_k, true, r.r, nullptr, GetParam());
-      const Half x = Round(Normal(size_t(tokens) * hidden, 1.f, 41), dtype);
-      const std::vector<float> w = Normal(size_t(experts) * 2 * inter * hidden, 0.1f, 42);
-      std::vector<uint8_t> w8(w.size());
-      std::vector<float> w_scale(size_t(experts) * 2 * inter);
-      ASSERT_TRUE(cpu::QuantizeFp8Rows(w.data(), int64_t(experts) * 2 * inter, hidden, w8.data(),
-                                       w_scale.data()));
-      const Half w16 = Round(w, dtype);
-      DevBuf d_x(x.bits), d_w16(w16.bits), d_w8(w8), d_ws(w_scale);
-      DevBuf gate_up(size_t(pairs) * 2 * inter * 2), act(size_t(pairs) * inter * 2),
-          fused(size_t(pairs) * inter * 2);
-      MoeGemm g = Gemm(d_x.p, true, top_k, fp8 ? d_w8.p : d_w16.p, dtype, gate_up.p, false,
-                       2 * inter, hidden, pairs, experts);
-      g.w_scale = fp8 ? d_ws.as<float>() : nullptr;
-      MoeGroupedGemm(g, r.r, nullptr, GetParam());
-      SiluMul(gate_up.p, act.p, pairs, inter, dtype, nullptr);
-      g.out = fused.p;
-      g.silu_mul = true;
-      if (GetParam() != MoeKernels::kV3) {
-        EXPECT_FALSE(MoeFusesSiluMul(g, GetParam()));
-        EXPECT_THROW(MoeGroupedGemm(g, r.r, nullptr, GetParam()), std::invalid_argument);
-        continue;
+  const int experts = 16, top_k = 4, inter = 76, hidden = 2064;
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const std::vector<float> w = Normal(size_t(experts) * 2 * inter * hidden, 0.03f, 42);
+    std::vector<uint8_t> w8(w.size());
+    std::vector<float> w_scale(size_t(experts) * 2 * inter);
+    ASSERT_TRUE(cpu::QuantizeFp8Rows(w.data(), int64_t(experts) * 2 * inter, hidden, w8.data(),
+                                     w_scale.data()));
+    const Half w16 = Round(w, dtype);
+    DevBuf d_w16(w16.bits), d_w8(w8), d_ws(w_scale);
+    for (const bool fp8 : {false, true}) {
+      for (const int tokens : {1, 2, 3, 8, 20}) {
+        if (tokens > kMoeGemvMaxTokens && !fp8) continue;  // 16-bit experts: tiles from 9 tokens
+        const int64_t pairs = int64_t(tokens) * top_k;
+        DevBuf d_logits(Normal(size_t(tokens) * experts, 1.f, 40 + tokens));
+        Routing r(pairs, experts);
+        MoeRoute(d_logits.as<float>(), tokens, experts, top_k, true, r.r, nullptr, GetParam());
+        const Half x = Round(Normal(size_t(tokens) * hidden, 1.f, 41), dtype);
+        DevBuf d_x(x.bits);
+        DevBuf gate_up(size_t(pairs) * 2 * inter * 2), act(size_t(pairs) * inter * 2),
+            fused(size_t(pairs) * inter * 2);
+        MoeGemm g = Gemm(d_x.p, true, top_k, fp8 ? d_w8.p : d_w16.p, dtype, gate_up.p, false,
+                         2 * inter, hidden, pairs, experts);
+        g.w_scale = fp8 ? d_ws.as<float>() : nullptr;
+        MoeGroupedGemm(g, r.r, nullptr, GetParam());
+        SiluMul(gate_up.p, act.p, pairs, inter, dtype, nullptr);
+        g.out = fused.p;
+        g.silu_mul = true;
+        if (GetParam() != MoeKernels::kV3) {
+          EXPECT_FALSE(MoeFusesSiluMul(g, GetParam()));
+          EXPECT_THROW(MoeGroupedGemm(g, r.r, nullptr, GetParam()), std::invalid_argument);
+          continue;
+        }
+        ASSERT_TRUE(MoeFusesSiluMul(g, GetParam()));
+        MoeGroupedGemm(g, r.r, nullptr, GetParam());
+        const auto want = act.Download<uint16_t>(), got = fused.Download<uint16_t>();
+        EXPECT_EQ(got, want) << tokens << " tokens" << (fp8 ? ", fp8 weights" : "")
+                             << (dtype == DType::kF16 ? ", fp16" : ", bf16");
+        EXPECT_NE(std::count(got.begin(), got.end(), uint16_t(0)), std::ssize(got));
       }
-      ASSERT_TRUE(MoeFusesSiluMul(g, GetParam()));
-      MoeGroupedGemm(g, r.r, nullptr, GetParam());
-      const auto want = act.Download<uint16_t>(), got = fused.Download<uint16_t>();
-      EXPECT_EQ(got, want) << tokens << " tokens" << (fp8 ? ", fp8 weights" : "");
-      EXPECT_NE(std::count(got.begin(), got.end(), uint16_t(0)), std::ssize(got));
     }
   }
   // fp32 outputs and W8A8 tiles have no fused form.

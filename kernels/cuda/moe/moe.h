@@ -50,9 +50,10 @@ inline constexpr int kMoeMaxTopK = 16;
 //     step of 256 tokens gives an expert of Qwen3-30B-A3B ~16 rows of a 64-row tile, and kV2
 //     spent 3/4 of its tensor work and its A copies on padding), with the tile's 4 warps side
 //     by side along n (64 x 16 each) when the step averages at most 32 rows per expert;
-//   - a GEMV whose lanes keep two 16-byte chunks of each of their two weight rows in flight
-//     while they multiply the previous two (double buffered), and which can write
-//     SiLU(gate) · up itself (MoeGemm::silu_mul: no gate|up round trip, no SiluMul launch).
+//   - a GEMV whose lanes stream their 16-byte chunks of two weight rows through their own
+//     slots of a 4-stage shared-memory cp.async ring (3 chunks of each row in flight while they
+//     multiply one), and which can write SiLU(gate) · up itself (MoeGemm::silu_mul: no gate|up
+//     round trip, no SiluMul launch).
 // All give the same routing and grouping; the GEMMs agree within fp32 rounding.
 enum class MoeKernels { kV1, kV2, kV3 };
 inline constexpr int kMoeGemvMaxTokens = 8;

@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kGemmThreads)
     a_rows[threadIdx.x] = int(threadIdx.x) < rows ? (gather ? sorted_pairs[r] / top_k : r) : -1;
   }
   __syncthreads();
-  // kSkip: the A rows copied, whole 16-row fragments (rows past `rows` within the last one
-  // hold stale data; their outputs are not stored).
+  // kSkip: the A rows copied, whole 16-row fragments (rows past `rows` within the last one are
+  // zero-filled: their a_rows entry is -1, a copy of 0 source bytes).
   const int a_rows_used = kSkip ? (rows + 15) / 16 * 16 : kBm;
   auto load = [&](int stage, int k0) {
     for (int c = threadIdx.x; c < a_rows_used * kRowChunks; c += kGemmThreads) {
@@ -275,9 +275,10 @@ __global__ void __launch_bounds__(kGemvThreads)
 
 // As MoeGemvKernel, CTA (outputs, tile) with 8 warps of two weight rows each, but each lane
 // copies its 16-byte chunks of the two rows into its own slots of a shared-memory ring,
-// kGemvStages chunks of each row ahead of the one it multiplies: 32 KiB per CTA, up to 6 CTAs
-// per SM, so that an SM keeps ~100 KiB of weights in flight where MoeGemvKernel's registers
-// held two chunks per lane (~32 KiB per SM: 1.4-2.0 TB/s on the H200, bench/RESULTS.md V2).
+// kGemvStages - 1 chunks of each row ahead of the one it multiplies: 32 KiB per CTA. The batch-1
+// variants take 38-56 registers (4-6 CTAs per SM: 72-108 KiB of weights in flight), the 8-row
+// and fp8 ones 73-98 (2-3 CTAs, 36-54 KiB); MoeGemvKernel's registers held two chunks per lane
+// (~32 KiB per SM: 1.4-2.0 TB/s on the H200, bench/RESULTS.md V2).
 // Each lane reads back only what it copied: no barrier. kMaxRows: the tile's rows per pass
 // (the host picks the smallest power of two >= the step's tokens, so that a batch-1 step keeps
 // one accumulator per weight row). kSilu: the warp's rows are gate row j and up row n / 2 + j,
@@ -297,8 +298,8 @@ __global__ void __launch_bounds__(kGemvThreads)
   PdlWait();
   PdlTrigger();
   const int tile = blockIdx.y;
-  const int tiles = *num_tiles, e = tile_expert[tile], first = tile_begin[tile];
-  if (tile >= tiles) return;
+  if (tile >= *num_tiles) return;  // (tile_expert past num_tiles holds no step's values)
+  const int e = tile_expert[tile], first = tile_begin[tile];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int half = n / 2;
   int row_a, row_b;  // the warp's two weight rows

@@ -492,7 +492,8 @@ __global__ void __launch_bounds__(kRopeThreads)
 // and no barrier. RopeAppendKvKernel ran a batch-1 step of Qwen3-30B-A3B (32 q + 4 k heads, one
 // CTA of 8 warps taking the norms 4.5 rounds deep) in 7.9 us per layer on the H200
 // (bench/results/moe-h200/2026-12-05-combine). The arithmetic is RopeAppendKvKernel's,
-// expression for expression.
+// operation for operation, with each rounding explicit (that kernel leaves ptxas free to contract
+// a product and a sum into an fma, so the two may differ in the last bit).
 constexpr int kHeadWarps = 4;
 
 template <typename T, int kM, bool kFp8>
@@ -532,12 +533,14 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
     }
     return;
   }
+  // Explicit roundings (no contraction left to ptxas): every instantiation (dtype or e4m3
+  // pools) computes the same values, which the fp8-cache test checks on q.
   float sum = 0.f;
 #pragma unroll
-  for (int j = 0; j < kM; ++j) sum += x[j] * x[j];
+  for (int j = 0; j < kM; ++j) sum = __fmaf_rn(x[j], x[j], sum);
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float r = rsqrtf(sum / float(kHeadDim) + pre.eps);
+  for (int o = 16; o > 0; o /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  const float r = rsqrtf(__fadd_rn(__fdiv_rn(sum, float(kHeadDim)), pre.eps));
   const float* w = head < num_heads ? pre.q_norm : pre.k_norm;
   const float pos = static_cast<float>(positions[t]);
   const int64_t off = head < num_heads ? (t * num_heads + head) * int64_t(kHeadDim)
@@ -546,13 +549,12 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
   for (int j = 0; j < kM / 2; ++j) {
     const int i = lane + 32 * j;
     float a = x[j], b = x[j + kM / 2];
-    a = a * r * w[i];
-    b = b * r * w[i + kHalf];
-    float sn, cs;
-    sincosf(pos * inv_freq[i], &sn, &cs);
-    const float c = cs, s = sn;
-    const float lo = a * c - b * s;
-    const float hi = b * c + a * s;
+    a = __fmul_rn(__fmul_rn(a, r), w[i]);
+    b = __fmul_rn(__fmul_rn(b, r), w[i + kHalf]);
+    float s, c;
+    sincosf(__fmul_rn(pos, inv_freq[i]), &s, &c);
+    const float lo = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    const float hi = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     if (kFp8 && head >= num_heads) {
       uint8_t* dst = static_cast<uint8_t*>(kc) + off;
       dst[i] = F32ToE4m3(lo / format.k_scale);
