@@ -4,8 +4,14 @@
 # (tests/clients/grpc_client_test.py), the image's HEALTHCHECK and its non-root user.
 # No registry is reachable here, so the base image is made with debootstrap and cached in
 # the scratch folder (see ../shared/CONTAINERS.md for why runc, cgroupfs and explicit ulimits).
-# Usage (as root): scripts/test_container.sh   [LLM_CONTAINER_STATE=/tmp/llm-container-test]
+# Usage (as root): scripts/test_container.sh [--prepare]   [LLM_CONTAINER_STATE=/tmp/llm-container-test]
+#   --prepare  only make what does not depend on the sources: the base image and the image's
+#              build-deps stage (its apt-get layer, cached by podman). Mostly downloads and
+#              unpacking: scripts/test.sh runs it in the background during the fuzz stage, so
+#              that the container stage then starts at the compile.
 set -euo pipefail
+prepare_only=""
+[ "${1:-}" = --prepare ] && prepare_only=1
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 model=$(cd "$repo/../shared/models/stories260K" && pwd)
@@ -69,6 +75,22 @@ if ! podman image exists "$base"; then
   echo "[container] base image $base made in $(($(date +%s) - t0)) s"
 else
   echo "[container] base image $base cached"
+fi
+
+# ---- the build-deps stage (packages only; the full build below reuses its cached layers) --
+t0=$(date +%s)
+if podman build --format docker --build-arg BASE_IMAGE="$base" -f docker/Dockerfile.cpu \
+     --target build-deps -t localhost/llm:cpu-build-deps . >"$state/build-deps.log" 2>&1; then
+  echo "[container] build-deps stage in $(($(date +%s) - t0)) s"
+else
+  tail -40 "$state/build-deps.log"
+  fail "podman build --target build-deps (log: $state/build-deps.log)"
+  echo "$passed passed, $failed failed"
+  exit 1
+fi
+if [ -n "$prepare_only" ]; then
+  echo "[container] prepared in $(($(date +%s) - start)) s"
+  exit 0
 fi
 
 # ---- build ------------------------------------------------------------------------------
