@@ -73,9 +73,9 @@ for s in $stages; do
   echo "[test] ===== stage $s"
   # The container stage's base image (debootstrap) and package layer are downloads and
   # unpacking, independent of the sources: made in the background while the fuzz stage
-  # compiles and fuzzes (which has no timing assertions), they cost the container stage
-  # nothing but waiting for them.
-  if [ "$s" = fuzz ] && [[ " $stages " == *" container "* ]]; then
+  # compiles and fuzzes (which has no timing assertions; only when container comes after it),
+  # they cost the container stage nothing but waiting for them.
+  if [ "$s" = fuzz ] && [[ " $stages " == *" fuzz "*"container "* ]]; then
     scripts/test_container.sh --prepare >"$container_prep_log" 2>&1 &
     container_prep_pid=$!
   fi
