@@ -1,6 +1,7 @@
-// The fused element-wise ops of kernels/cuda/ops/model_ops.cu against their CPU twins (label gpu;
-// skips without a GPU): EmbeddingGather, AddRmsNorm (residual add + optional row gather),
-// RopeAppendKv (cpu::ApplyRope + cpu::AppendKv), SiluMul; bf16 and fp16; head_dim 64 / 128
+// The fused element-wise ops of kernels/cuda/ops/model_ops.cu and rope_append_kv.cu against their
+// CPU twins (label gpu; skips without a GPU): EmbeddingGather, AddRmsNorm (residual add + optional
+// row gather), RopeAppendKv (cpu::ApplyRope + cpu::AppendKv), SiluMul; bf16 and fp16; head_dim 64 /
+// 128
 // (+ a 24 that takes the scalar path), GQA ratios 1 / 4 / 8, block sizes 8 / 16 / 32.
 //
 // Error bound: the CPU reference runs in fp32 on the SAME bf16/fp16-rounded inputs, so the
