@@ -5,7 +5,8 @@
 # MOE_REQUESTS x (1,000 + 1,000) at 256 sequences) with each --moe-kernels set of MOE_SETS
 # (default "v2 v3") and with fp8 experts on MOE_FP8_KERNELS (default v3), and Mixtral-8x7B
 # batch-1 decode on the last of MOE_SETS. The batch-1 runs come first (the shortest), then the
-# throughput runs: a call cut short by its time limit keeps what finished. Tensor parallelism needs 2 GPUs (nvidia-h200-x2):
+# throughput runs: a call cut short by its time limit keeps what finished. Tensor parallelism
+# needs 2 GPUs (nvidia-h200-x2):
 #   build/cuda_tp_gpu_test --gtest_filter='*MixtureOfExperts*' Run after
 # scripts/gpu_run.sh built the targets (carry .debs and .shared; ../shared/DEVICE.md):
 #   OUT=... GPU_TEST_REGEX=NO_SUCH_TEST GPU_POST='bash scripts/gpu_moe_bench.sh' \
