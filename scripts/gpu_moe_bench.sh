@@ -67,9 +67,13 @@ for k in $sets; do
   bench_run "latency_qwen3_30b_a3b_b1_$k" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$k"
 done
 last=${sets##* }
-# The warp-per-head RoPE (--rope-head-warps: Qwen3's per-head norms) on the last set.
-bench_run "latency_qwen3_30b_a3b_b1_${last}_rope_warps" 150 "${qwen[@]}" "${b1[@]}" \
-  --moe-kernels "$last" --rope-head-warps
+# The one-CTA-per-token RoPE (--no-rope-head-warps; the default, since 2026-12-06, is a warp per
+# head with Qwen3's per-head norms) on the last set.
+bench_run "latency_qwen3_30b_a3b_b1_${last}_rope_cta" 150 "${qwen[@]}" "${b1[@]}" \
+  --moe-kernels "$last" --no-rope-head-warps
+# The experts' sum by a launch of its own (--no-moe-combine-in-norm), not by the next RMSNorm.
+bench_run "latency_qwen3_30b_a3b_b1_${last}_separate_combine" 150 "${qwen[@]}" "${b1[@]}" \
+  --moe-kernels "$last" --no-moe-combine-in-norm
 # fp8 experts: weight-only GEMV in decode, W8A8 tiles in prefill.
 bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$fk" \
   --quantization fp8

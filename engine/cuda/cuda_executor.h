@@ -102,8 +102,12 @@ struct CudaExecutorOptions {
   // kV2 (one grouping kernel, a GEMV for steps of at most 8 tokens, 4-stage tiles) measured
   // faster than kV1 on the H200; kV3 (routing and grouping in one kernel for small steps, tiles
   // that skip empty fragments, a GEMV streaming through a shared-memory ring and writing
-  // SiLU·mul itself) is kV2's successor.
-  int moe_kernels = 2;
+  // SiLU·mul itself) faster than kV2 on the H100 (Qwen3-30B-A3B batch 1 4.091 ms/token against
+  // 4.189; throughput equal: bench/RESULTS.md), the default since 2026-12-06.
+  int moe_kernels = 3;
+  // Mixture of experts, small steps on one GPU: the experts' weighted sum added to the residual
+  // by the next RMSNorm (cuda::MoeCombineRmsNorm) instead of a MoeCombine launch of its own.
+  bool moe_combine_in_norm = true;
   // Mixture of experts: keep every MoE layer's routing of the last step on the device, for
   // LastMoeRouting (tests: where the GPU routes a token differently from the CPU's fp32).
   bool record_moe_routing = false;
@@ -127,8 +131,9 @@ struct CudaExecutorOptions {
   // slower end to end on the H200 (bench/RESULTS.md).
   bool gemv_fold_norm = false;
   // Per-head q/k norms (Qwen3) at head_dim 64 / 128 / 256: RopeAppendKv with one warp per head
-  // (cuda::QkvPrologue::head_warps) instead of one CTA per token. Off until measured on a GPU.
-  bool rope_head_warps = false;
+  // (cuda::QkvPrologue::head_warps) instead of one CTA per token: Qwen3-30B-A3B batch 1 3.962
+  // ms/token against 4.091 (H100, 2026-12-06, bench/RESULTS.md).
+  bool rope_head_warps = true;
   // GEMV steps: the RMSNorm before q|k|v and gate|up in the GEMV's prologue (each CTA
   // normalizes the residual row into shared memory) instead of its own kernel. Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).

@@ -205,6 +205,9 @@ struct CudaWorker {
   // [num_layers][T · top_k], and the last step's token count.
   int32_t* moe_routing_log = nullptr;
   int64_t last_step_tokens = 0;
+  // While a step is enqueued: the last MoE layer's weighted sum (moe_down through `routing`)
+  // is not yet in x; the next RMSNorm adds it (ResidualNorm, cuda::MoeCombineRmsNorm).
+  bool combine_pending = false;
   void* decode_ws = nullptr;
   // fp8 KV (opt.fp8_prefill_wgmma): the prefill attention's scratch (cuda::PrefillScratch):
   // room for the bf16/fp16 copy of prefill_scratch_pages pages and a block table over them.
@@ -380,8 +383,13 @@ struct CudaWorker {
   void RunModel(const Shape& s);
   void RunLayerFp8(int64_t i, const Shape& s);
   // A mixture-of-experts MLP of n tokens: `normed` (the post-attention RMSNorm of x) through
-  // the router, the chosen experts and their weighted sum, added to the residual x.
+  // the router, the chosen experts and their weighted sum, added to the residual x (on small
+  // steps of one GPU by the next RMSNorm: combine_pending).
   void MoeMlp(const Layer& l, int64_t layer, int64_t n);
+  // The RMSNorm (weight) of x's rows (null: the first num_rows) into out, adding a pending
+  // MoE sum first; FlushCombine adds it alone (before anything else reads x).
+  void ResidualNorm(const float* weight, void* out, const int32_t* rows, int64_t num_rows);
+  void FlushCombine(int64_t n);
 
   // ---- decode CUDA graphs (graphs.cc) ----------------------------------------------------
   bool GraphEligible(const ForwardBatch& b) const;

@@ -106,6 +106,10 @@ bool CudaWorker::FuseNorm(cuda::GemvArgs& g, const float* resid, const float* no
 // GEMV before g wrote `normed` and x's sums of squares: GemvArgs::rms_partials), in g's
 // prologue (FuseNorm), or its own kernel.
 void CudaWorker::NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weight, int64_t n) {
+  if (combine_pending) {  // the sum's fused RMSNorm kernel (no fold or prologue reads it)
+    ResidualNorm(weight, normed, nullptr, n);
+    return;
+  }
   if (folded_in) {
     g.rms_partials = rms_partials;
     g.rms_num_partials = (hidden + 3) / 4;  // the producer's row groups
@@ -118,6 +122,24 @@ void CudaWorker::NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weig
   }
   cuda::AddRmsNorm(x, nullptr, weight, normed, dtype, nullptr, n, hidden,
                    float(config.rms_norm_eps), stream);
+}
+
+void CudaWorker::ResidualNorm(const float* weight, void* out, const int32_t* rows,
+                              int64_t num_rows) {
+  const float eps = float(config.rms_norm_eps);
+  if (combine_pending) {
+    cuda::MoeCombineRmsNorm(x, moe_down, routing, int(top_k), weight, out, dtype, rows, num_rows,
+                            hidden, eps, stream);
+    combine_pending = false;
+    return;
+  }
+  cuda::AddRmsNorm(x, nullptr, weight, out, dtype, rows, num_rows, hidden, eps, stream);
+}
+
+void CudaWorker::FlushCombine(int64_t n) {
+  if (!combine_pending) return;
+  cuda::MoeCombine(moe_down, routing, n, int(top_k), hidden, x, /*accumulate=*/true, stream);
+  combine_pending = false;
 }
 
 // g (a residual GEMV) also writes the folded RMSNorm's input for the GEMV after it: `normed`
@@ -159,11 +181,13 @@ void CudaWorker::RunModel(const Shape& s) {
   const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&
                     rms_partials != nullptr && num_experts == 0;
   bool folded = false;  // normed and rms_partials hold x's folded RMSNorm for q|k|v
+  combine_pending = false;
   cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream, embed_scale);
   const bool sandwich = features.sandwich_norms;  // Gemma: o and down outputs normalized
   const bool gelu = features.mlp == MlpKind::kGeGluTanh;
   for (int64_t i = 0; i < config.num_layers; ++i) {
     if (fp8 && !small) {  // W8A8: the layer's own path
+      FlushCombine(n);    // (only small steps defer the MoE sum)
       RunLayerFp8(i, s);
       continue;
     }
@@ -195,7 +219,7 @@ void CudaWorker::RunModel(const Shape& s) {
       NormBefore(rope, folded && fold_here, l.input_norm, n);
       cuda::Gemv(rope, stream);
     } else {
-      cuda::AddRmsNorm(x, nullptr, l.input_norm, normed, dtype, nullptr, n, hidden, eps, stream);
+      ResidualNorm(l.input_norm, normed, nullptr, n);
       if (small) {
         SmallLinear(E::kStore, normed, nullptr, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden);
       } else {
@@ -270,8 +294,8 @@ void CudaWorker::RunModel(const Shape& s) {
     AllReduceResidual(n);
   }
   if (s.num_rows == 0 || shard.rank != 0) return;  // rank 0 alone computes logits
-  cuda::AddRmsNorm(x, nullptr, final_norm, rows_normed, dtype, d_rows, s.num_rows, hidden, eps,
-                   stream);
+  // (A pending MoE sum is added to the rows that need logits only: x is not read after.)
+  ResidualNorm(final_norm, rows_normed, d_rows, s.num_rows);
   if (SmallStep(s.num_rows)) {
     SmallLinear(E::kStoreF32, rows_normed, nullptr, lm_head, nullptr, logits, s.num_rows, vocab,
                 hidden);
@@ -346,6 +370,10 @@ void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
   g.n = hidden;
   g.k = moe_inter;
   cuda::MoeGroupedGemm(g, routing, stream, kernels);
+  if (small && shard.size == 1 && opt.moe_combine_in_norm) {  // the next RMSNorm adds it
+    combine_pending = true;
+    return;
+  }
   cuda::MoeCombine(moe_down, routing, n, k, hidden, x, /*accumulate=*/shard.rank == 0, stream);
 }
 

@@ -73,23 +73,28 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "the heuristic's first (~3 s more start-up; measured +0.2-0.3% end to end on the "
                 "H200)");
   cmd->add_option("--moe-kernels", moe_kernels,
-                  "cuda, mixture-of-experts models: v2 (the default: one grouping kernel; steps "
-                  "of up to 8 tokens on a GEMV over each chosen expert, larger ones on 4-stage "
-                  "tiles; H200, Qwen3-30B-A3B: batch-1 decode 1.71x and throughput 1.05x v1's), "
-                  "v1 (four grouping launches, every grouped GEMM on 2-stage tiles) or v3 (v2 "
-                  "with routing and grouping in one kernel for steps of up to 64 tokens, tiles "
-                  "that skip the rows an expert lacks, a GEMV streaming through a shared-memory "
-                  "ring that writes SiLU(gate)*up itself)")
+                  "cuda, mixture-of-experts models: v3 (the default: v2 with routing and grouping "
+                  "in one kernel for steps of up to 64 tokens, tiles that skip the rows an "
+                  "expert lacks, a GEMV streaming through a shared-memory ring that writes "
+                  "SiLU(gate)*up itself; H100, Qwen3-30B-A3B batch-1 decode 1.02x v2's), v2 (one "
+                  "grouping kernel; steps of up to 8 tokens on a GEMV over each chosen expert, "
+                  "larger ones on 4-stage tiles; H200: batch-1 decode 1.71x and throughput 1.05x "
+                  "v1's) or v1 (four grouping launches, every grouped GEMM on 2-stage tiles)")
       ->check(CLI::IsMember({"v1", "v2", "v3"}))
       ->capture_default_str();
+  cmd->add_flag("--moe-combine-in-norm,!--no-moe-combine-in-norm", moe_combine_in_norm,
+                "cuda, mixture-of-experts models, steps of up to 8 tokens on one GPU: the "
+                "experts' weighted sum added to the residual by the next RMSNorm's kernel (the "
+                "default) or by a kernel of its own (--no-moe-combine-in-norm)");
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
                 "them (the residual projections write the next norm's input and sums of "
                 "squares) instead of running them as kernels of their own (measured slower on "
                 "the H200)");
-  cmd->add_flag("--rope-head-warps", rope_head_warps,
+  cmd->add_flag("--rope-head-warps,!--no-rope-head-warps", rope_head_warps,
                 "cuda, per-head q/k norms (Qwen3) at head_dim 64/128/256: RoPE and the KV "
-                "append with one warp per head instead of one CTA per token (not yet measured)");
+                "append with one warp per head (the default; H100, Qwen3-30B-A3B batch-1 decode "
+                "1.03x) or one CTA per token (--no-rope-head-warps)");
   cmd->add_flag("--gemv-norm-prologue", gemv_norm_prologue,
                 "cuda: on GEMV steps, run the RMSNorm before q|k|v and gate|up in the GEMV's "
                 "prologue instead of as its own kernel (measured slower on the H200)");
@@ -203,6 +208,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.rope_head_warps = f.rope_head_warps;
   o.moe_kernels = f.moe_kernels[1] - '0';  // "v1" .. "v3" (checked by the option)
+  o.moe_combine_in_norm = f.moe_combine_in_norm;
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;
   o.async_masks = f.async_masks;

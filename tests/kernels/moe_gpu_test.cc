@@ -103,7 +103,8 @@ TEST_P(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
     int tokens, experts, top_k;
   };
   for (const Case c :
-       {Case{300, 8, 2}, Case{257, 128, 8}, Case{64, 256, 8}, Case{5, 3, 3}, Case{1, 128, 8}}) {
+       {Case{300, 8, 2}, Case{257, 128, 8}, Case{64, 256, 8}, Case{5, 3, 3}, Case{1, 128, 8},
+        Case{4, 128, 8}, Case{16, 8, 2}, Case{3, 256, 10}, Case{2, 4, 4}, Case{5, 128, 8}}) {
     for (const bool normalize : {true, false}) {
       std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 2.f, c.experts + c.tokens);
       // Ties: token 0 has three equal largest logits, token 1 all equal.
@@ -379,6 +380,61 @@ TEST_P(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
         ASSERT_NEAR(got_g, g, std::fabs(g) / 128 + 1e-3) << "row " << row << " gate " << i;
         const double got_u = Bf16ToF32(gu_bits[size_t(row) * 2 * c.inter + c.inter + i]);
         ASSERT_NEAR(got_u, u, std::fabs(u) / 128 + 1e-3) << "row " << row << " up " << i;
+      }
+    }
+  }
+}
+
+// MoeCombineRmsNorm (the MoE sum added by the next RMSNorm: decode steps) equals MoeCombine then
+// AddRmsNorm bit for bit, the residual and the normalized rows, for bf16 / fp16, top 2 of 8 and
+// top 8 of 128, every token or a gathered few (`rows`, as the final norm: the other tokens'
+// residuals stay as they were).
+TEST_P(MoeGpuTest, CombineRmsNormEqualsTheCombineThenTheNorm) {
+  struct Case {
+    int tokens, experts, top_k, hidden;
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const Case c : {Case{1, 128, 8, 2048}, Case{7, 8, 2, 4096}, Case{4, 128, 8, 136}}) {
+      const int64_t pairs = int64_t(c.tokens) * c.top_k;
+      const std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 1.5f, 21);
+      const std::vector<float> down = Normal(size_t(pairs) * c.hidden, 0.7f, 22);
+      const std::vector<float> resid0 = Normal(size_t(c.tokens) * c.hidden, 1.f, 23);
+      const std::vector<float> norm_w = Normal(size_t(c.hidden), 1.f, 24);
+      Routing r(pairs, c.experts);
+      DevBuf d_logits(logits), d_down(down), d_w(norm_w);
+      MoeRoute(d_logits.as<float>(), c.tokens, c.experts, c.top_k, true, r.r, nullptr, GetParam());
+      const size_t out_bytes = size_t(c.tokens) * c.hidden * 2;
+      // All tokens.
+      DevBuf want_resid(resid0), got_resid(resid0), want_out(out_bytes), got_out(out_bytes);
+      MoeCombine(d_down.as<float>(), r.r, c.tokens, c.top_k, c.hidden, want_resid.as<float>(), true,
+                 nullptr);
+      AddRmsNorm(want_resid.as<float>(), nullptr, d_w.as<float>(), want_out.p, dtype, nullptr,
+                 c.tokens, c.hidden, 1e-6f, nullptr);
+      MoeCombineRmsNorm(got_resid.as<float>(), d_down.as<float>(), r.r, c.top_k, d_w.as<float>(),
+                        got_out.p, dtype, nullptr, c.tokens, c.hidden, 1e-6f, nullptr);
+      const auto want_x = want_resid.Download<float>();
+      ASSERT_EQ(got_resid.Download<float>(), want_x) << c.tokens << " tokens";
+      const auto want_y = want_out.Download<uint16_t>();
+      ASSERT_EQ(got_out.Download<uint16_t>(), want_y) << c.tokens << " tokens";
+      // A gathered few: the last token, then the first.
+      const std::vector<int32_t> rows = {c.tokens - 1, 0};
+      DevBuf d_rows(rows), few_resid(resid0), few_out(size_t(2) * c.hidden * 2);
+      MoeCombineRmsNorm(few_resid.as<float>(), d_down.as<float>(), r.r, c.top_k, d_w.as<float>(),
+                        few_out.p, dtype, d_rows.as<int32_t>(), 2, c.hidden, 1e-6f, nullptr);
+      const auto fx = few_resid.Download<float>();
+      const auto fy = few_out.Download<uint16_t>();
+      for (int t = 0; t < c.tokens; ++t) {
+        const bool gathered = t == 0 || t == c.tokens - 1;
+        for (int h = 0; h < c.hidden; ++h) {
+          const size_t at = size_t(t) * c.hidden + h;
+          ASSERT_EQ(fx[at], gathered ? want_x[at] : resid0[at]) << "token " << t << " col " << h;
+        }
+      }
+      for (int i = 0; i < 2; ++i) {
+        for (int h = 0; h < c.hidden; ++h) {
+          ASSERT_EQ(fy[size_t(i) * c.hidden + h], want_y[size_t(rows[size_t(i)]) * c.hidden + h])
+              << "gathered row " << i << " col " << h;
+        }
       }
     }
   }

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/moe/combine.cuh"
 #include "kernels/cuda/moe/moe.h"
 
 namespace llm::cuda {
@@ -18,10 +19,11 @@ constexpr int kGroupThreads = 256;  // the counting and placing CTAs (one per ex
 
 // ---- routing: one warp per token ------------------------------------------------------------
 
-// Token t's routing by one warp (lane: its lane).
+// Token t's routing by one warp (lane: its lane). chosen (optional): the token's experts in
+// rank order, also written there (by lane 0).
 __device__ __forceinline__ void RouteToken(const float* logits, int t, int num_experts, int top_k,
                                            bool normalize, int32_t* experts, float* weights,
-                                           int lane) {
+                                           int lane, int* chosen = nullptr) {
   constexpr int kPer = kMoeMaxExperts / 32;
   // Lane l holds experts l, l + 32, ...: within a lane, ascending index.
   float p[kPer];
@@ -77,7 +79,10 @@ __device__ __forceinline__ void RouteToken(const float* logits, int t, int num_e
     }
     chosen_v[j] = best_v;
     chosen_sum += best_v;  // in rank order, as cpu::MoeRoute
-    if (lane == 0) experts[int64_t(t) * top_k + j] = best_e;
+    if (lane == 0) {
+      experts[int64_t(t) * top_k + j] = best_e;
+      if (chosen != nullptr) chosen[j] = best_e;
+    }
   }
   if (lane == 0) {
     for (int j = 0; j < top_k; ++j) {
@@ -300,6 +305,63 @@ __global__ void __launch_bounds__(kGroupOneThreads)
              tile_expert, tile_begin, num_tiles);
 }
 
+// kV3's smallest steps (at most kWarpGroupPairs pairs: batch 1-4 of top 8, up to 16 tokens of
+// top 2): the routing (warp w routes tokens w, w + 4, ...; their experts also go to shared
+// memory) and then the grouping by one warp, with no atomics and one barrier: lane p holds pair
+// p's expert, its row is the number of pairs before it in (expert, pair) order, an expert's
+// first pair opens its one tile (kMoeTileRows >= the pairs) and offsets[x] counts the pairs of
+// experts below x. MoeRouteGroupKernel took 7.1 us per layer of Qwen3-30B-A3B at batch 1 on the
+// H100 (its 1024 threads through ten barriers): bench/RESULTS.md.
+constexpr int kWarpGroupPairs = 32;
+constexpr int kWarpGroupWarps = 4;
+static_assert(kMoeTileRows >= kWarpGroupPairs, "one tile per expert");
+
+__global__ void __launch_bounds__(kWarpGroupWarps * 32)
+    MoeRouteGroupWarpKernel(const float* logits, int num_tokens, int num_experts, int top_k,
+                            bool normalize, int32_t* experts, float* weights, int32_t* offsets,
+                            int32_t* sorted_pairs, int32_t* pair_rows, int32_t* tile_expert,
+                            int32_t* tile_begin, int32_t* num_tiles) {
+  __shared__ int pair_expert[kWarpGroupPairs];
+  PdlWait();
+  PdlTrigger();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int t = warp; t < num_tokens; t += kWarpGroupWarps) {
+    RouteToken(logits, t, num_experts, top_k, normalize, experts, weights, lane,
+               pair_expert + t * top_k);
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const int pairs = num_tokens * top_k;
+  const bool valid = lane < pairs;
+  const int e = valid ? pair_expert[lane] : num_experts;  // past every expert
+  const unsigned same = __match_any_sync(kFullMask, e);
+  const unsigned firsts = __ballot_sync(kFullMask, valid && lane == __ffs(same) - 1);
+  // Offsets: lane l counts for experts l, l + 32, ... (up to num_experts inclusive).
+  constexpr int kSpan = kMoeMaxExperts / 32 + 1;
+  int below[kSpan] = {};
+  int row = 0, tile = 0;
+  for (int q = 0; q < pairs; ++q) {
+    const int eq = pair_expert[q];
+    row += eq < e || (eq == e && q < lane);
+    tile += (firsts >> q & 1u) && eq < e;
+#pragma unroll
+    for (int i = 0; i < kSpan; ++i) below[i] += eq < lane + 32 * i;
+  }
+#pragma unroll
+  for (int i = 0; i < kSpan; ++i) {
+    if (lane + 32 * i <= num_experts) offsets[lane + 32 * i] = below[i];
+  }
+  if (valid) {
+    sorted_pairs[row] = lane;
+    pair_rows[lane] = row;
+    if (firsts >> lane & 1u) {
+      tile_expert[tile] = e;
+      tile_begin[tile] = row;
+    }
+  }
+  if (lane == 0) *num_tiles = __popc(firsts);
+}
+
 // ---- the combine: CTAs of 128 threads x 4 columns per token ----------------------------------
 
 // Each CTA does 512 columns of one token (a batch-1 step: hidden / 512 CTAs; the first version,
@@ -310,56 +372,32 @@ constexpr int kCombineThreads = 128;
 constexpr int kCombineCols = 4 * kCombineThreads;
 
 __global__ void __launch_bounds__(kCombineThreads)
-    MoeCombineKernel(const float* rows, const int32_t* experts, const float* weights,
-                     const int32_t* pair_rows, int top_k, int hidden, float* residual,
-                     bool accumulate) {
+    MoeCombineKernel(moe_detail::CombineSource src, float* residual, bool accumulate) {
   PdlWait();
   PdlTrigger();
   const int64_t t = blockIdx.x;
-  // The token's slots by ascending expert (insertion sort; every thread the same).
-  int order[kMoeMaxTopK];
-  int chosen[kMoeMaxTopK];
-  for (int j = 0; j < top_k; ++j) chosen[j] = experts[t * top_k + j];
-  for (int j = 0; j < top_k; ++j) {
-    int i = j;
-    while (i > 0 && chosen[order[i - 1]] > chosen[j]) {
-      order[i] = order[i - 1];
-      --i;
-    }
-    order[i] = j;
-  }
-  const float* src[kMoeMaxTopK];
-  float w[kMoeMaxTopK];
-  for (int j = 0; j < top_k; ++j) {
-    const int64_t p = t * top_k + order[j];
-    src[j] = rows + int64_t(pair_rows[p]) * hidden;
-    w[j] = weights[p];
-  }
+  const int hidden = int(src.hidden);
+  const moe_detail::CombineToken token = src.Token(t);
   float* dst = residual + t * hidden;
   const int begin = blockIdx.y * kCombineCols;
-  if (hidden % 4 == 0) {  // 16-byte rows: float4 columns
+  if (hidden % 4 == 0) {  // 16-byte rows: 4 columns a thread
     const int h = begin + 4 * threadIdx.x;
     if (h >= hidden) return;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int j = 0; j < top_k; ++j) {
-      const float4 v = *reinterpret_cast<const float4*>(src[j] + h);
-      acc.x += v.x * w[j];
-      acc.y += v.y * w[j];
-      acc.z += v.z * w[j];
-      acc.w += v.w * w[j];
-    }
+    float acc[4];
+    token.Sum<4>(h, acc);
     float4* out = reinterpret_cast<float4*>(dst + h);
     if (accumulate) {
       const float4 old = *out;
-      acc = make_float4(old.x + acc.x, old.y + acc.y, old.z + acc.z, old.w + acc.w);
+      *out = make_float4(old.x + acc[0], old.y + acc[1], old.z + acc[2], old.w + acc[3]);
+    } else {
+      *out = make_float4(acc[0], acc[1], acc[2], acc[3]);
     }
-    *out = acc;
     return;
   }
   for (int h = begin + threadIdx.x; h < min(hidden, begin + kCombineCols); h += kCombineThreads) {
-    float acc = 0.f;
-    for (int j = 0; j < top_k; ++j) acc += src[j][h] * w[j];
-    dst[h] = accumulate ? dst[h] + acc : acc;
+    float acc[1];
+    token.Sum<1>(h, acc);
+    dst[h] = accumulate ? dst[h] + acc[0] : acc[0];
   }
 }
 
@@ -377,6 +415,13 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   }
   if (num_tokens <= 0) return;
   const int pairs = int(num_tokens * top_k);
+  if (kernels == MoeKernels::kV3 && pairs <= kWarpGroupPairs) {
+    Launch(MoeRouteGroupWarpKernel, dim3(1), dim3(kWarpGroupWarps * 32), 0, stream, logits,
+           int(num_tokens), num_experts, top_k, normalize, r.experts, r.weights, r.offsets,
+           r.sorted_pairs, r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);
+    LLM_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (kernels == MoeKernels::kV3 && num_tokens <= kMoeFusedRouteMaxTokens) {
     Launch(MoeRouteGroupKernel, dim3(1), dim3(kGroupOneThreads), 0, stream, logits, int(num_tokens),
            num_experts, top_k, normalize, r.experts, r.weights, r.offsets, r.sorted_pairs,
@@ -413,8 +458,7 @@ void MoeCombine(const float* rows, const MoeRouting& r, int64_t num_tokens, int 
   if (num_tokens <= 0 || hidden <= 0) return;
   const unsigned col_blocks = unsigned((hidden + kCombineCols - 1) / kCombineCols);
   Launch(MoeCombineKernel, dim3(unsigned(num_tokens), col_blocks), dim3(kCombineThreads), 0, stream,
-         rows, static_cast<const int32_t*>(r.experts), static_cast<const float*>(r.weights),
-         static_cast<const int32_t*>(r.pair_rows), top_k, int(hidden), residual, accumulate);
+         moe_detail::CombineSourceOf(rows, r, top_k, hidden), residual, accumulate);
   LLM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -45,7 +45,8 @@ inline constexpr int kMoeMaxTopK = 16;
 // many rows) on a GEMV that streams each chosen expert's weight rows once, larger steps on
 // 4-stage tiles. kV3: kV2 with
 //   - the routing and the grouping in one kernel (one CTA) for steps of at most
-//     kMoeFusedRouteMaxTokens tokens (decode: one launch and one dependent chain fewer);
+//     kMoeFusedRouteMaxTokens tokens (decode: one launch and one dependent chain fewer); up to
+//     32 pairs (batch 1-4 of top 8), a 4-warp kernel whose grouping is one warp's registers;
 //   - tiles that skip the 16-row fragments past an expert's last row (no copy, no mma: a decode
 //     step of 256 tokens gives an expert of Qwen3-30B-A3B ~16 rows of a 64-row tile, and kV2
 //     spent 3/4 of its tensor work and its A copies on padding), with the tile's 4 warps side

@@ -37,6 +37,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/common/vec.cuh"
+#include "kernels/cuda/moe/combine.cuh"
 #include "kernels/cuda/ops/model_ops.h"
 #include "kernels/cuda/ops/ops_common.cuh"
 #include "kernels/fp8.h"
@@ -264,13 +265,30 @@ __device__ __forceinline__ float NormBlockSum(float v) {
   return total;
 }
 
-// residual fp32 [*, hidden]; delta T [*, hidden] or null; weight fp32 [hidden];
-// out T [num_rows, hidden]; rows int32 [num_rows] or null. One CTA per output row.
+// AddRmsNorm's delta: a row of T [*, hidden], or none (p null).
+template <typename T>
+struct RowDelta {
+  const T* p;
+  int64_t hidden;
+  struct Row {
+    const T* p;
+    template <int N>
+    __device__ __forceinline__ void Sum(int64_t off, float (&d)[N]) const {
+      Load<T, N>(p + off, d);
+    }
+  };
+  __device__ __forceinline__ bool present() const { return p != nullptr; }
+  __device__ __forceinline__ Row Token(int64_t r) const { return {p ? p + r * hidden : nullptr}; }
+};
+
+// residual fp32 [*, hidden]; delta: RowDelta<T> or moe_detail::CombineSource (MoeCombine's sum
+// of the token's expert rows); weight fp32 [hidden]; out T [num_rows, hidden]; rows int32
+// [num_rows] or null. One CTA per output row.
 // kFp8Out: out is e4m3 codes [num_rows, hidden] of the fp32 normalized row with one dynamic
 // scale per row (out_scale), QuantizeRow's rule.
-template <typename T, int N, bool kFp8Out>
+template <typename T, int N, bool kFp8Out, typename Delta = RowDelta<T>>
 __global__ void __launch_bounds__(kNormThreads)
-    AddRmsNormKernel(float* __restrict__ residual, const T* __restrict__ delta,
+    AddRmsNormKernel(float* __restrict__ residual, const Delta delta,
                      const float* __restrict__ weight, T* __restrict__ out,
                      const int32_t* __restrict__ rows, int64_t hidden, float eps,
                      uint8_t* __restrict__ out8, float* __restrict__ out_scale) {
@@ -278,7 +296,8 @@ __global__ void __launch_bounds__(kNormThreads)
   PdlTrigger();
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
   float* res = residual + r * hidden;
-  const T* del = delta ? delta + r * hidden : nullptr;
+  const bool has_delta = delta.present();
+  const auto del = delta.Token(r);
   T* dst = kFp8Out ? nullptr : out + int64_t(blockIdx.x) * hidden;  // (out is null with kFp8Out)
   const int64_t num_chunks = hidden / N;
   float cache[kNormCached][N];
@@ -289,9 +308,9 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
     if (c < num_chunks) {
       LoadF32<N>(res + c * N, cache[j]);
-      if (del) {
+      if (has_delta) {
         float d[N];
-        Load<T, N>(del + c * N, d);
+        del.template Sum<N>(c * N, d);
 #pragma unroll
         for (int i = 0; i < N; ++i) cache[j][i] += d[i];
         StoreF32<N>(res + c * N, cache[j]);
@@ -303,9 +322,9 @@ __global__ void __launch_bounds__(kNormThreads)
   for (; c < num_chunks; c += kNormThreads) {  // rows longer than the register cache
     float x[N];
     LoadF32<N>(res + c * N, x);
-    if (del) {
+    if (has_delta) {
       float d[N];
-      Load<T, N>(del + c * N, d);
+      del.template Sum<N>(c * N, d);
 #pragma unroll
       for (int i = 0; i < N; ++i) x[i] += d[i];
       StoreF32<N>(res + c * N, x);
@@ -422,7 +441,7 @@ template <typename T>
 void LaunchAddRmsNorm(float* residual, const void* delta, const float* weight, void* out,
                       const int32_t* rows, int64_t num_rows, int64_t hidden, float eps, bool vec,
                       cudaStream_t stream) {
-  const T* d = static_cast<const T*>(delta);
+  const RowDelta<T> d{static_cast<const T*>(delta), hidden};
   T* o = static_cast<T*>(out);
   if (vec) {
     Launch(AddRmsNormKernel<T, kVec, false>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0,
@@ -437,7 +456,7 @@ template <typename T>
 void LaunchAddRmsNormE4m3(float* residual, const void* delta, const float* weight, uint8_t* out,
                           float* out_scale, const int32_t* rows, int64_t num_rows, int64_t hidden,
                           float eps, bool vec, cudaStream_t stream) {
-  const T* d = static_cast<const T*>(delta);
+  const RowDelta<T> d{static_cast<const T*>(delta), hidden};
   if (vec) {
     Launch(AddRmsNormKernel<T, kVec, true>, dim3(unsigned(num_rows)), dim3(kNormThreads), 0, stream,
            residual, d, weight, static_cast<T*>(nullptr), rows, hidden, eps, out, out_scale);
@@ -546,6 +565,41 @@ void AddRmsNorm(float* residual, const void* delta, const float* weight, void* o
   } else {
     LaunchAddRmsNorm<__half>(residual, delta, weight, out, rows, num_rows, hidden, eps, vec,
                              stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void MoeCombineRmsNorm(float* residual, const float* expert_rows, const MoeRouting& routing,
+                       int top_k, const float* weight, void* out, DType dtype, const int32_t* rows,
+                       int64_t num_rows, int64_t hidden, float eps, cudaStream_t stream) {
+  CheckDType(dtype, "MoeCombineRmsNorm");
+  if (!routing.complete())
+    throw std::invalid_argument("MoeCombineRmsNorm: a MoeRouting array is null");
+  if (top_k < 1 || top_k > kMoeMaxTopK) {
+    throw std::invalid_argument("MoeCombineRmsNorm: top_k " + std::to_string(top_k));
+  }
+  if (num_rows <= 0 || hidden <= 0) return;
+  const bool vec = hidden % kVec == 0 && Aligned16(residual) && Aligned16(weight) &&
+                   Aligned16(out) && Aligned16(expert_rows);
+  const moe_detail::CombineSource src =
+      moe_detail::CombineSourceOf(expert_rows, routing, top_k, hidden);
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out);
+    if (vec) {
+      Launch(AddRmsNormKernel<T, kVec, false, moe_detail::CombineSource>, dim3(unsigned(num_rows)),
+             dim3(kNormThreads), 0, stream, residual, src, weight, o, rows, hidden, eps, nullptr,
+             nullptr);
+    } else {
+      Launch(AddRmsNormKernel<T, 1, false, moe_detail::CombineSource>, dim3(unsigned(num_rows)),
+             dim3(kNormThreads), 0, stream, residual, src, weight, o, rows, hidden, eps, nullptr,
+             nullptr);
+    }
+  };
+  if (dtype == DType::kBF16) {
+    launch(__nv_bfloat16{});
+  } else {
+    launch(__half{});
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }

@@ -19,6 +19,8 @@
 
 namespace llm::cuda {
 
+struct MoeRouting;  // kernels/cuda/moe/moe.h
+
 // out[t, :] = float(table[token_ids[t], :]), out fp32 [num_tokens, hidden]. Ids must be in
 // range (the caller validates them on the host).
 // scale: multiplies every value (Gemma's sqrt(hidden), rounded to dtype as transformers does).
@@ -57,6 +59,14 @@ void ScatterCopies(const void* src, const CopySegment* segments, int count, cuda
 void AddRmsNorm(float* residual, const void* delta, const float* weight, void* out, DType dtype,
                 const int32_t* rows, int64_t num_rows, int64_t hidden, float eps,
                 cudaStream_t stream);
+
+// AddRmsNorm whose delta is a mixture-of-experts layer's output: residual[r, :] += the sum
+// MoeCombine(expert_rows, routing, top_k) adds (kernels/cuda/moe/moe.h), bit for bit the same,
+// then the RMSNorm as AddRmsNorm. One launch for MoeCombine + AddRmsNorm (a decode step of
+// Qwen3-30B-A3B: 48 launches fewer). With `rows`, only those tokens' residuals are updated.
+void MoeCombineRmsNorm(float* residual, const float* expert_rows, const MoeRouting& routing,
+                       int top_k, const float* weight, void* out, DType dtype, const int32_t* rows,
+                       int64_t num_rows, int64_t hidden, float eps, cudaStream_t stream);
 
 // ---- FP8 (e4m3) activations and weights (--quantization fp8) ------------------------------
 // Dynamic per-row scales: scale[r] = max_i |v[r, i]| / 448 (1 for an all-zero row) and
