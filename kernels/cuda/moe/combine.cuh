@@ -10,32 +10,67 @@
 namespace llm::cuda::moe_detail {
 
 // Token t's top_k rows of the down projection's fp32 output, in ascending expert order (as
-// cpu::MoeCombine sums them), with their routing weights.
+// cpu::MoeCombine sums them), with their routing weights: staged in shared memory by the CTA
+// (CombineSource::Token), read by every thread.
 struct CombineToken {
-  const float* src[kMoeMaxTopK];
-  float w[kMoeMaxTopK];
+  const float* rows;
+  const int* row_of;  // [top_k] shared: the rows by ascending expert
+  const float* w;     // [top_k] shared: their weights
   int top_k;
+  int64_t hidden;
 
-  // out[i] = Σ_j w_j · src_j[off + i] over the token's experts in ascending order, each step
+  // out[i] = Σ_j w_j · row_j[off + i] over the token's experts in ascending order, each step
   // one fused multiply-add from 0 (written out: no contraction choice left to the compiler).
+  // Up to kBatch rows' loads are issued before their multiply-adds: one memory latency per
+  // kBatch experts, not one per expert (the loop as first written, a load and its FMA per
+  // expert, took 5.7 us a layer of Qwen3-30B-A3B at batch 1 on the H100).
   template <int N>
   __device__ __forceinline__ void Sum(int64_t off, float (&out)[N]) const {
+    constexpr int kBatch = 8;
+    constexpr int kQuads = N % 4 == 0 ? N / 4 : 0;
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-      const float* p = src[j] + off;
-      if constexpr (N % 4 == 0) {
+    for (int j0 = 0; j0 < top_k; j0 += kBatch) {
+      if constexpr (kQuads > 0) {
+        float4 v[kBatch][kQuads];
 #pragma unroll
-        for (int i = 0; i < N; i += 4) {
-          const float4 v = *reinterpret_cast<const float4*>(p + i);
-          out[i] = __fmaf_rn(v.x, w[j], out[i]);
-          out[i + 1] = __fmaf_rn(v.y, w[j], out[i + 1]);
-          out[i + 2] = __fmaf_rn(v.z, w[j], out[i + 2]);
-          out[i + 3] = __fmaf_rn(v.w, w[j], out[i + 3]);
+        for (int b = 0; b < kBatch; ++b) {
+          if (j0 + b < top_k) {
+            const float* p = rows + int64_t(row_of[j0 + b]) * hidden + off;
+#pragma unroll
+            for (int q = 0; q < kQuads; ++q) v[b][q] = reinterpret_cast<const float4*>(p)[q];
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          if (j0 + b < top_k) {
+            const float wb = w[j0 + b];
+#pragma unroll
+            for (int q = 0; q < kQuads; ++q) {
+              out[4 * q] = __fmaf_rn(v[b][q].x, wb, out[4 * q]);
+              out[4 * q + 1] = __fmaf_rn(v[b][q].y, wb, out[4 * q + 1]);
+              out[4 * q + 2] = __fmaf_rn(v[b][q].z, wb, out[4 * q + 2]);
+              out[4 * q + 3] = __fmaf_rn(v[b][q].w, wb, out[4 * q + 3]);
+            }
+          }
         }
       } else {
+        float v[kBatch][N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(p[i], w[j], out[i]);
+        for (int b = 0; b < kBatch; ++b) {
+          if (j0 + b < top_k) {
+            const float* p = rows + int64_t(row_of[j0 + b]) * hidden + off;
+#pragma unroll
+            for (int i = 0; i < N; ++i) v[b][i] = p[i];
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          if (j0 + b < top_k) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(v[b][i], w[j0 + b], out[i]);
+          }
+        }
       }
     }
   }
@@ -52,27 +87,25 @@ struct CombineSource {
   int64_t hidden;
 
   __device__ __forceinline__ bool present() const { return true; }  // (AddRmsNormKernel's delta)
+  // Every thread of the CTA calls it (it ends in a barrier): warp 0's lane j ranks slot j of
+  // token t by expert (a token's experts are distinct) and stages its row and weight.
   __device__ __forceinline__ CombineToken Token(int64_t t) const {
-    CombineToken c;
-    c.top_k = top_k;
-    // The token's slots by ascending expert (insertion sort; every thread the same).
-    int order[kMoeMaxTopK];
-    int chosen[kMoeMaxTopK];
-    for (int j = 0; j < top_k; ++j) chosen[j] = experts[t * top_k + j];
-    for (int j = 0; j < top_k; ++j) {
-      int i = j;
-      while (i > 0 && chosen[order[i - 1]] > chosen[j]) {
-        order[i] = order[i - 1];
-        --i;
+    __shared__ int row_of[kMoeMaxTopK];
+    __shared__ float w[kMoeMaxTopK];
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      const int64_t p = t * top_k + lane;
+      const int e = lane < top_k ? experts[p] : 1 << 30;
+      int rank = 0;
+#pragma unroll
+      for (int i = 0; i < kMoeMaxTopK; ++i) rank += __shfl_sync(0xffffffffu, e, i) < e;
+      if (lane < top_k) {
+        row_of[rank] = pair_rows[p];
+        w[rank] = weights[p];
       }
-      order[i] = j;
     }
-    for (int j = 0; j < top_k; ++j) {
-      const int64_t p = t * top_k + order[j];
-      c.src[j] = rows + int64_t(pair_rows[p]) * hidden;
-      c.w[j] = weights[p];
-    }
-    return c;
+    __syncthreads();
+    return {rows, row_of, w, top_k, hidden};
   }
 };
 
