@@ -71,9 +71,9 @@ last=${sets##* }
 # head with Qwen3's per-head norms) on the last set.
 bench_run "latency_qwen3_30b_a3b_b1_${last}_rope_cta" 150 "${qwen[@]}" "${b1[@]}" \
   --moe-kernels "$last" --no-rope-head-warps
-# The experts' sum by a launch of its own (--no-moe-combine-in-norm), not by the next RMSNorm.
-bench_run "latency_qwen3_30b_a3b_b1_${last}_separate_combine" 150 "${qwen[@]}" "${b1[@]}" \
-  --moe-kernels "$last" --no-moe-combine-in-norm
+# The experts' sum added by the next RMSNorm (--moe-combine-in-norm), not by a launch of its own.
+bench_run "latency_qwen3_30b_a3b_b1_${last}_combine_in_norm" 150 "${qwen[@]}" "${b1[@]}" \
+  --moe-kernels "$last" --moe-combine-in-norm
 # fp8 experts: weight-only GEMV in decode, W8A8 tiles in prefill.
 bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$fk" \
   --quantization fp8

@@ -107,7 +107,9 @@ struct CudaExecutorOptions {
   int moe_kernels = 3;
   // Mixture of experts, small steps on one GPU: the experts' weighted sum added to the residual
   // by the next RMSNorm (cuda::MoeCombineRmsNorm) instead of a MoeCombine launch of its own.
-  bool moe_combine_in_norm = true;
+  // Off: measured no faster (Qwen3-30B-A3B batch 1 3.826 ms/token against 3.800, H100,
+  // 2026-12-06): the norm's one CTA per token does the sum's loads as well.
+  bool moe_combine_in_norm = false;
   // Mixture of experts: keep every MoE layer's routing of the last step on the device, for
   // LastMoeRouting (tests: where the GPU routes a token differently from the CPU's fp32).
   bool record_moe_routing = false;

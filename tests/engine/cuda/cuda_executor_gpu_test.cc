@@ -622,12 +622,13 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   EXPECT_EQ(la, lb);
   EXPECT_NE(la, lc);
   EXPECT_GT(a->stats().graph_steps, 0);
-  // The experts' sum of the decode steps by a MoeCombine launch of its own instead of the next
-  // RMSNorm's kernel (moe_combine_in_norm): the same arithmetic, the same logits bit for bit.
+  // The experts' sum of the decode steps added by the next RMSNorm's kernel instead of a
+  // MoeCombine launch of its own (moe_combine_in_norm): the same arithmetic, the same logits
+  // bit for bit.
   o.dummy_seed = 5;
-  o.moe_combine_in_norm = false;
-  EXPECT_EQ(AllLogits(*CudaExecutor::Create(path.string(), o), ids, 30), la);
   o.moe_combine_in_norm = true;
+  EXPECT_EQ(AllLogits(*CudaExecutor::Create(path.string(), o), ids, 30), la);
+  o.moe_combine_in_norm = false;
   // The v2 and v3 kernels (moe.h: MoeKernels) give the same model: equal routing, sums in
   // another order (v3: SiLU·mul in the GEMV's epilogue, the same roundings).
   o.dummy_seed = 5;
