@@ -14,7 +14,14 @@
 // ones (--quantization fp8: e4m3 codes with row scales; steps of up to 8 tokens on the
 // weight-only GEMV and larger ones on the W8A8 tiles, as the engine runs them, beside
 // cuBLASLt's FP8 GEMM for the dense ceiling).
+// bf16 steps of >= 64 tokens also time cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx: one
+// problem per expert the step touches, its rows contiguous as the sorted pairs are) on the same
+// shapes, the library alternative a prefill-size step could take: cublas_gate_up_us /
+// cublas_down_us (bf16 outputs; -1: not run or not supported). It needs each expert's row count
+// on the host (a device-to-host copy and a sync per layer in an engine) and the gathered input
+// rows; neither is in the time.
 // Prints JSON lines {"kind":"moe", ...}.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,6 +46,79 @@ using llm::DType;
 struct Shape {
   const char* name;
   int hidden, inter, experts, top_k;
+};
+
+// cuBLAS's grouped GEMM over the experts a routing touches: out rows [offsets[e], offsets[e+1])
+// = in rows of the same range · W[e]ᵀ (W [E, n, k] row major), bf16 in and out, fp32 compute.
+// The device arrays of pointers are made per weight copy before timing.
+class GroupedCublas {
+ public:
+  GroupedCublas(const std::vector<int32_t>& offsets, int n, int k, const void* in, const void* w,
+                int64_t w_stride_bytes, int copies, void* out) {
+    if (cublasCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return;
+    std::vector<const void*> ptrs;
+    for (int c = 0; c < copies; ++c) {
+      std::vector<const void*> a, b;
+      std::vector<void*> o;
+      for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+        const int rows = offsets[e + 1] - offsets[e];
+        if (rows == 0) continue;
+        if (c == 0) {
+          m_.push_back(n);
+          n_.push_back(rows);
+        }
+        a.push_back(static_cast<const char*>(w) + size_t(c) * size_t(w_stride_bytes) +
+                    e * size_t(n) * size_t(k) * 2);
+        b.push_back(static_cast<const char*>(in) + size_t(offsets[e]) * size_t(k) * 2);
+        o.push_back(static_cast<char*>(out) + size_t(offsets[e]) * size_t(n) * 2);
+      }
+      ptrs.insert(ptrs.end(), a.begin(), a.end());
+      ptrs.insert(ptrs.end(), b.begin(), b.end());
+      ptrs.insert(ptrs.end(), o.begin(), o.end());
+    }
+    groups_ = int(m_.size());
+    k_.assign(size_t(groups_), k);
+    lda_.assign(size_t(groups_), k);
+    ldb_.assign(size_t(groups_), k);
+    ldc_.assign(size_t(groups_), n);
+    ta_.assign(size_t(groups_), CUBLAS_OP_T);
+    tb_.assign(size_t(groups_), CUBLAS_OP_N);
+    alpha_.assign(size_t(groups_), 1.f);
+    beta_.assign(size_t(groups_), 0.f);
+    sizes_.assign(size_t(groups_), 1);
+    LLM_CUDA_CHECK(cudaMalloc(&dev_ptrs_, ptrs.size() * sizeof(void*)));
+    LLM_CUDA_CHECK(
+        cudaMemcpy(dev_ptrs_, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  ~GroupedCublas() {
+    if (dev_ptrs_ != nullptr) cudaFree(dev_ptrs_);
+    if (handle_ != nullptr) cublasDestroy(handle_);
+  }
+  // One call on weight copy c; false: cuBLAS refused it (the status is printed once).
+  bool Run(int c) {
+    if (handle_ == nullptr || groups_ == 0) return false;
+    void** base = static_cast<void**>(dev_ptrs_) + size_t(c) * 3 * size_t(groups_);
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        handle_, ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
+        reinterpret_cast<const void* const*>(base), CUDA_R_16BF, lda_.data(),
+        reinterpret_cast<const void* const*>(base + groups_), CUDA_R_16BF, ldb_.data(),
+        beta_.data(), base + 2 * groups_, CUDA_R_16BF, ldc_.data(), groups_, sizes_.data(),
+        CUBLAS_COMPUTE_32F);
+    if (st != CUBLAS_STATUS_SUCCESS && !warned_) {
+      std::fprintf(stderr, "cublasGemmGroupedBatchedEx: %s\n", cublasGetStatusString(st));
+      warned_ = true;
+    }
+    return st == CUBLAS_STATUS_SUCCESS;
+  }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+  void* dev_ptrs_ = nullptr;
+  int groups_ = 0;
+  bool warned_ = false;
+  std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, sizes_;
+  std::vector<cublasOperation_t> ta_, tb_;
+  std::vector<float> alpha_, beta_;
 };
 
 template <typename F>
@@ -205,6 +285,21 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
         }
       },
       reps);
+  // cuBLAS's grouped GEMM, bf16 steps of >= 64 tokens (dense_in stands for the gathered rows;
+  // gate|up into dense_out, down from act into `down` read as bf16 rows).
+  double cublas_gu_ms = -1e-3, cublas_d_ms = -1e-3;
+  if (!fp8 && tokens >= 64) {
+    GroupedCublas cgu(offsets, 2 * s.inter, s.hidden, dense_in, w_gu, gu_elems * wes, copies,
+                      dense_out);
+    GroupedCublas cd(offsets, s.hidden, s.inter, act, w_d, d_elems * wes, copies, down);
+    if (cgu.Run(0)) {
+      cublas_gu_ms = MedianMs([&] { cgu.Run(call++ % copies); }, reps);
+    }
+    if (cd.Run(0)) {
+      cublas_d_ms = MedianMs([&] { cd.Run(call++ % copies); }, reps);
+    }
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   const double gu_flop = 2.0 * pairs * 2 * s.inter * s.hidden,
                d_flop = 2.0 * pairs * s.hidden * s.inter;
   const double gu_bytes = double(hit) * 2 * s.inter * s.hidden * wes,
@@ -214,12 +309,14 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
       "\"tokens\":%d,\"experts_hit\":%lld,"
       "\"route_us\":%.1f,\"gate_up_us\":%.1f,\"gate_up_tflops\":%.1f,\"gate_up_weight_tbs\":%.2f,"
       "\"down_us\":%.1f,\"down_tflops\":%.1f,\"down_weight_tbs\":%.2f,"
-      "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f,\"gate_up_silu_us\":%.1f}\n",
+      "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f,\"gate_up_silu_us\":%.1f,"
+      "\"cublas_gate_up_us\":%.1f,\"cublas_gate_up_tflops\":%.1f,\"cublas_down_us\":%.1f}\n",
       kernels == cu::MoeKernels::kV3 ? "v3" : (kernels == cu::MoeKernels::kV2 ? "v2" : "v1"),
       w8a8 ? "fp8-w8a8" : (fp8 ? "fp8-weight-only" : "bf16"), s.name, tokens,
       static_cast<long long>(hit), route_ms * 1e3, gu_ms * 1e3, gu_flop / gu_ms / 1e9,
       gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9, d_bytes / down_ms / 1e9,
-      dense_ms * 1e3, gu_flop / dense_ms / 1e9, silu_ms * 1e3);
+      dense_ms * 1e3, gu_flop / dense_ms / 1e9, silu_ms * 1e3, cublas_gu_ms * 1e3,
+      cublas_gu_ms > 0 ? gu_flop / cublas_gu_ms / 1e9 : -1.0, cublas_d_ms * 1e3);
   std::fflush(stdout);
   for (void* q : {x, w_gu, w_d, gate_up, act, down, dense_in, dense_out, static_cast<void*>(logits),
                   static_cast<void*>(scales), static_cast<void*>(ints)})
