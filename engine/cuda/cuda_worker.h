@@ -387,8 +387,10 @@ struct CudaWorker {
   // steps of one GPU by the next RMSNorm: combine_pending).
   void MoeMlp(const Layer& l, int64_t layer, int64_t n);
   // The RMSNorm (weight) of x's rows (null: the first num_rows) into out, adding a pending
-  // MoE sum first; FlushCombine adds it alone (before anything else reads x).
-  void ResidualNorm(const float* weight, void* out, const int32_t* rows, int64_t num_rows);
+  // MoE sum of the step's n tokens first; FlushCombine adds it alone (before anything else
+  // reads x).
+  void ResidualNorm(const float* weight, void* out, const int32_t* rows, int64_t num_rows,
+                    int64_t n);
   void FlushCombine(int64_t n);
 
   // ---- decode CUDA graphs (graphs.cc) ----------------------------------------------------

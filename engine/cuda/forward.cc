@@ -107,7 +107,7 @@ bool CudaWorker::FuseNorm(cuda::GemvArgs& g, const float* resid, const float* no
 // prologue (FuseNorm), or its own kernel.
 void CudaWorker::NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weight, int64_t n) {
   if (combine_pending) {  // the sum's fused RMSNorm kernel (no fold or prologue reads it)
-    ResidualNorm(weight, normed, nullptr, n);
+    ResidualNorm(weight, normed, nullptr, n, n);
     return;
   }
   if (folded_in) {
@@ -124,9 +124,12 @@ void CudaWorker::NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weig
                    float(config.rms_norm_eps), stream);
 }
 
-void CudaWorker::ResidualNorm(const float* weight, void* out, const int32_t* rows,
-                              int64_t num_rows) {
+void CudaWorker::ResidualNorm(const float* weight, void* out, const int32_t* rows, int64_t num_rows,
+                              int64_t n) {
   const float eps = float(config.rms_norm_eps);
+  // A gathered norm (the final one: rows the scheduler picked, distinct or not) adds the sum
+  // by MoeCombine first, so that no row's residual is updated twice.
+  if (rows != nullptr) FlushCombine(n);
   if (combine_pending) {
     cuda::MoeCombineRmsNorm(x, moe_down, routing, int(top_k), weight, out, dtype, rows, num_rows,
                             hidden, eps, stream);
@@ -219,7 +222,7 @@ void CudaWorker::RunModel(const Shape& s) {
       NormBefore(rope, folded && fold_here, l.input_norm, n);
       cuda::Gemv(rope, stream);
     } else {
-      ResidualNorm(l.input_norm, normed, nullptr, n);
+      ResidualNorm(l.input_norm, normed, nullptr, n, n);
       if (small) {
         SmallLinear(E::kStore, normed, nullptr, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden);
       } else {
@@ -294,8 +297,7 @@ void CudaWorker::RunModel(const Shape& s) {
     AllReduceResidual(n);
   }
   if (s.num_rows == 0 || shard.rank != 0) return;  // rank 0 alone computes logits
-  // (A pending MoE sum is added to the rows that need logits only: x is not read after.)
-  ResidualNorm(final_norm, rows_normed, d_rows, s.num_rows);
+  ResidualNorm(final_norm, rows_normed, d_rows, s.num_rows, n);
   if (SmallStep(s.num_rows)) {
     SmallLinear(E::kStoreF32, rows_normed, nullptr, lm_head, nullptr, logits, s.num_rows, vocab,
                 hidden);

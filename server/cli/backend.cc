@@ -85,7 +85,8 @@ void BackendFlags::AddTo(CLI::App* cmd) {
   cmd->add_flag("--moe-combine-in-norm,!--no-moe-combine-in-norm", moe_combine_in_norm,
                 "cuda, mixture-of-experts models, steps of up to 8 tokens on one GPU: the "
                 "experts' weighted sum added to the residual by the next RMSNorm's kernel "
-                "instead of by a kernel of its own (the default: measured as fast on the H100)");
+                "instead of by a kernel of its own (off by default: measured no faster on the "
+                "H100)");
   cmd->add_flag("--gemv-fold-norm", gemv_fold_norm,
                 "cuda, bf16, one GPU: on GEMV steps, fold the RMSNorms into the GEMVs around "
                 "them (the residual projections write the next norm's input and sums of "

@@ -416,11 +416,13 @@ TEST_P(MoeGpuTest, CombineRmsNormEqualsTheCombineThenTheNorm) {
       ASSERT_EQ(got_resid.Download<float>(), want_x) << c.tokens << " tokens";
       const auto want_y = want_out.Download<uint16_t>();
       ASSERT_EQ(got_out.Download<uint16_t>(), want_y) << c.tokens << " tokens";
-      // A gathered few: the last token, then the first.
-      const std::vector<int32_t> rows = {c.tokens - 1, 0};
-      DevBuf d_rows(rows), few_resid(resid0), few_out(size_t(2) * c.hidden * 2);
+      // A gathered few (distinct): the last token, then the first.
+      const std::vector<int32_t> rows =
+          c.tokens > 1 ? std::vector<int32_t>{c.tokens - 1, 0} : std::vector<int32_t>{0};
+      const int num_rows = int(rows.size());
+      DevBuf d_rows(rows), few_resid(resid0), few_out(size_t(num_rows) * c.hidden * 2);
       MoeCombineRmsNorm(few_resid.as<float>(), d_down.as<float>(), r.r, c.top_k, d_w.as<float>(),
-                        few_out.p, dtype, d_rows.as<int32_t>(), 2, c.hidden, 1e-6f, nullptr);
+                        few_out.p, dtype, d_rows.as<int32_t>(), num_rows, c.hidden, 1e-6f, nullptr);
       const auto fx = few_resid.Download<float>();
       const auto fy = few_out.Download<uint16_t>();
       for (int t = 0; t < c.tokens; ++t) {
@@ -430,7 +432,7 @@ TEST_P(MoeGpuTest, CombineRmsNormEqualsTheCombineThenTheNorm) {
           ASSERT_EQ(fx[at], gathered ? want_x[at] : resid0[at]) << "token " << t << " col " << h;
         }
       }
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < num_rows; ++i) {
         for (int h = 0; h < c.hidden; ++h) {
           ASSERT_EQ(fy[size_t(i) * c.hidden + h], want_y[size_t(rows[size_t(i)]) * c.hidden + h])
               << "gathered row " << i << " col " << h;

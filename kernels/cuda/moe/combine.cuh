@@ -88,7 +88,8 @@ struct CombineSource {
 
   __device__ __forceinline__ bool present() const { return true; }  // (AddRmsNormKernel's delta)
   // Every thread of the CTA calls it (it ends in a barrier): warp 0's lane j ranks slot j of
-  // token t by expert (a token's experts are distinct) and stages its row and weight.
+  // token t by expert, equal experts by slot (a stable sort, as the insertion sort before it;
+  // the routing never repeats one), and stages its row and weight.
   __device__ __forceinline__ CombineToken Token(int64_t t) const {
     __shared__ int row_of[kMoeMaxTopK];
     __shared__ float w[kMoeMaxTopK];
@@ -98,7 +99,10 @@ struct CombineSource {
       const int e = lane < top_k ? experts[p] : 1 << 30;
       int rank = 0;
 #pragma unroll
-      for (int i = 0; i < kMoeMaxTopK; ++i) rank += __shfl_sync(0xffffffffu, e, i) < e;
+      for (int i = 0; i < kMoeMaxTopK; ++i) {
+        const int ei = __shfl_sync(0xffffffffu, e, i);
+        rank += ei < e || (ei == e && i < lane);
+      }
       if (lane < top_k) {
         row_of[rank] = pair_rows[p];
         w[rank] = weights[p];

@@ -579,8 +579,12 @@ void MoeCombineRmsNorm(float* residual, const float* expert_rows, const MoeRouti
     throw std::invalid_argument("MoeCombineRmsNorm: top_k " + std::to_string(top_k));
   }
   if (num_rows <= 0 || hidden <= 0) return;
-  const bool vec = hidden % kVec == 0 && Aligned16(residual) && Aligned16(weight) &&
-                   Aligned16(out) && Aligned16(expert_rows);
+  // The chunking of AddRmsNorm (the same sums of squares, bit for bit); its 16-byte chunks
+  // read the expert rows 16 bytes at a time too.
+  const bool vec = hidden % kVec == 0 && Aligned16(residual) && Aligned16(weight) && Aligned16(out);
+  if (vec && !Aligned16(expert_rows)) {
+    throw std::invalid_argument("MoeCombineRmsNorm: expert_rows must be 16-byte aligned");
+  }
   const moe_detail::CombineSource src =
       moe_detail::CombineSourceOf(expert_rows, routing, top_k, hidden);
   auto launch = [&](auto tag) {

@@ -63,7 +63,8 @@ void AddRmsNorm(float* residual, const void* delta, const float* weight, void* o
 // AddRmsNorm whose delta is a mixture-of-experts layer's output: residual[r, :] += the sum
 // MoeCombine(expert_rows, routing, top_k) adds (kernels/cuda/moe/moe.h), bit for bit the same,
 // then the RMSNorm as AddRmsNorm. One launch for MoeCombine + AddRmsNorm (a decode step of
-// Qwen3-30B-A3B: 48 launches fewer). With `rows`, only those tokens' residuals are updated.
+// Qwen3-30B-A3B: 48 launches fewer). With `rows` (distinct: each is updated once), only those
+// tokens' residuals are updated.
 void MoeCombineRmsNorm(float* residual, const float* expert_rows, const MoeRouting& routing,
                        int top_k, const float* weight, void* out, DType dtype, const int32_t* rows,
                        int64_t num_rows, int64_t hidden, float eps, cudaStream_t stream);
@@ -114,8 +115,8 @@ struct QkvPrologue {
   const float* k_norm = nullptr;
   float eps = 1e-6f;
   // With q_norm at head_dim 64 / 128 / 256: one warp per head (RopeAppendKvHeadsKernel) instead
-  // of one CTA per token whose warps take the heads' norms in turn. Opt-in until measured on a
-  // GPU (written 2026-12-06 without one).
+  // of one CTA per token whose warps take the heads' norms in turn (the executor's default since
+  // 2026-12-06: CudaExecutorOptions::rope_head_warps).
   bool head_warps = false;
   bool any() const { return bias != nullptr || q_norm != nullptr; }
 };
