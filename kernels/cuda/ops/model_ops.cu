@@ -19,8 +19,8 @@
 //    scaling pass (hidden <= 8192 at kVec = 8: all of it), the rest is re-read (L1/L2).
 //  - SiluMul: a grid-stride loop over the chunks of [num_tokens, inter].
 // One file for one job, the forward pass's element-wise ops: they share the chunked accesses
-// (vec.cuh at kVec = 8 or 1), the dtype dispatch and the e4m3 rounding (ops_common.cuh's
-// StoreE4m3, which QuantizeRow ends in, as AddRmsNormE4m3, QuantizeRowsE4m3 and SiluMulE4m3 do).
+// (vec.cuh at kVec = 8 or 1) and the dtype dispatch. AddRmsNormE4m3 ends in quantize_row.cuh's
+// QuantizeRow, as fp8_rows.cu's QuantizeRowsE4m3 and SiluMulE4m3 do.
 // Test:  ninja -C build model_ops_gpu_test fp8_linear_gpu_test &&
 //        (cd build && ctest -L gpu -R 'model_ops|fp8_linear')   (fp8_linear: the e4m3 outputs)
 // Bench: none of its own (memory-bound, each op a small share of a decode step).
@@ -40,6 +40,7 @@
 #include "kernels/cuda/moe/combine.cuh"
 #include "kernels/cuda/ops/model_ops.h"
 #include "kernels/cuda/ops/ops_common.cuh"
+#include "kernels/cuda/ops/quantize_row.cuh"
 #include "kernels/fp8.h"
 
 namespace llm::cuda {
@@ -47,7 +48,8 @@ namespace {
 
 using ops_detail::Aligned16;
 using ops_detail::CheckDType;
-using ops_detail::StoreE4m3;
+using ops_detail::kQuantThreads;
+using ops_detail::QuantizeRow;
 using vec::kVec;
 using vec::Load;
 using vec::LoadF32;
@@ -114,104 +116,6 @@ __global__ void __launch_bounds__(kScatterThreads) ScatterCopiesKernel(ScatterAr
   for (int64_t i = words16 * 4 + first; i < s.bytes / 4; i += stride) out4[i] = in4[i];
 }
 
-// ---- FP8 rows (dynamic per-row scales) ------------------------------------------------------
-// One CTA of kQuantThreads per row. A source functor yields chunk c (N values, fp32) of the row;
-// the first kQuantCached chunks of each thread stay in registers between the max pass and the
-// code pass (16,384 elements at N = 8: every Llama hidden and intermediate size), the rest are
-// produced again. scale = max|v| / 448 (1 for an all-zero row), code = F32ToE4m3(v / scale):
-// cpu::QuantizeFp8Rows's rule, bit for bit (IEEE division; fmaxf ignores NaN, as std::max
-// there does not matter: a non-finite row is an error for weights).
-constexpr int kQuantThreads = 256;
-constexpr int kQuantCached = 8;
-
-// Max over the CTA (kQuantThreads threads), result in every thread.
-__device__ __forceinline__ float QuantBlockMax(float v) {
-  __shared__ float warp_max[kQuantThreads / 32];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  }
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  float m = 0.f;
-#pragma unroll
-  for (int w = 0; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-  return m;
-}
-
-// Quantizes the row `src` yields (num_chunks chunks of N) into codes [num_chunks * N] and
-// *scale_out. nonfinite (may be null; uniform over the CTA): incremented when the row holds a
-// NaN or an infinity.
-template <int N, typename Src>
-__device__ __forceinline__ void QuantizeRow(const Src& src, int64_t num_chunks,
-                                            uint8_t* __restrict__ codes, float* scale_out,
-                                            int* nonfinite) {
-  float cache[kQuantCached][N];
-  float amax = 0.f;
-  bool bad = false;
-  int64_t c = threadIdx.x;
-#pragma unroll
-  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
-    if (c < num_chunks) {
-      src(c, cache[j]);
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        amax = fmaxf(amax, fabsf(cache[j][i]));
-        bad |= !isfinite(cache[j][i]);
-      }
-    }
-  }
-  for (; c < num_chunks; c += kQuantThreads) {
-    float x[N];
-    src(c, x);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      amax = fmaxf(amax, fabsf(x[i]));
-      bad |= !isfinite(x[i]);
-    }
-  }
-  if (nonfinite != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) atomicAdd(nonfinite, 1);
-  amax = QuantBlockMax(amax);
-  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
-  if (threadIdx.x == 0) *scale_out = scale;
-  c = threadIdx.x;
-#pragma unroll
-  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
-    if (c < num_chunks) StoreE4m3<N>(codes + c * N, cache[j], scale);
-  }
-  for (; c < num_chunks; c += kQuantThreads) {
-    float x[N];
-    src(c, x);
-    StoreE4m3<N>(codes + c * N, x, scale);
-  }
-}
-
-// Sources: a row of T (bf16 / fp16) or fp32 values; silu(gate) * up of a gate|up row.
-template <typename T, int N>
-struct RowSource {
-  const T* row;
-  __device__ void operator()(int64_t c, float (&x)[N]) const {
-    if constexpr (std::is_same_v<T, float>) {
-      LoadF32<N>(row + c * N, x);
-    } else {
-      Load<T, N>(row + c * N, x);
-    }
-  }
-};
-
-template <typename T, int N>
-struct SiluMulSource {
-  const T* gate;  // the row's gate half; up = gate + inter
-  int64_t inter;
-  __device__ void operator()(int64_t c, float (&x)[N]) const {
-    float u[N];
-    Load<T, N>(gate + c * N, x);
-    Load<T, N>(gate + inter + c * N, u);
-#pragma unroll
-    for (int j = 0; j < N; ++j) x[j] = x[j] / (1.f + expf(-x[j])) * u[j];
-  }
-};
-
 // weight * (residual * inv_rms): AddRmsNorm's normalized row in fp32.
 template <int N>
 struct NormSource {
@@ -226,27 +130,6 @@ struct NormSource {
     for (int i = 0; i < N; ++i) x[i] = w[i] * (x[i] * inv_rms);
   }
 };
-
-template <typename T, int N>
-__global__ void __launch_bounds__(kQuantThreads)
-    QuantizeRowsKernel(const T* __restrict__ in, int64_t cols, uint8_t* __restrict__ codes,
-                       float* __restrict__ scales, int* nonfinite) {
-  PdlWait();  // reads what earlier kernels wrote (launch.h)
-  PdlTrigger();
-  const int64_t r = blockIdx.x;
-  QuantizeRow<N>(RowSource<T, N>{in + r * cols}, cols / N, codes + r * cols, scales + r, nonfinite);
-}
-
-template <typename T, int N>
-__global__ void __launch_bounds__(kQuantThreads)
-    SiluMulE4m3Kernel(const T* __restrict__ gate_up, int64_t inter, uint8_t* __restrict__ codes,
-                      float* __restrict__ scales) {
-  PdlWait();  // reads what earlier kernels wrote (launch.h)
-  PdlTrigger();
-  const int64_t t = blockIdx.x;
-  QuantizeRow<N>(SiluMulSource<T, N>{gate_up + t * 2 * inter, inter}, inter / N, codes + t * inter,
-                 scales + t, nullptr);
-}
 
 // ---- AddRmsNorm ---------------------------------------------------------------------------
 constexpr int kNormThreads = 256;
@@ -467,32 +350,6 @@ void LaunchAddRmsNormE4m3(float* residual, const void* delta, const float* weigh
 }
 
 template <typename T>
-void LaunchQuantizeRows(const void* in, int64_t rows, int64_t cols, uint8_t* codes, float* scales,
-                        int* nonfinite, bool vec, cudaStream_t stream) {
-  const T* p = static_cast<const T*>(in);
-  if (vec) {
-    Launch(QuantizeRowsKernel<T, kVec>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p,
-           cols, codes, scales, nonfinite);
-  } else {
-    Launch(QuantizeRowsKernel<T, 1>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p, cols,
-           codes, scales, nonfinite);
-  }
-}
-
-template <typename T>
-void LaunchSiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
-                       int64_t inter, bool vec, cudaStream_t stream) {
-  const T* p = static_cast<const T*>(gate_up);
-  if (vec) {
-    Launch(SiluMulE4m3Kernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream,
-           p, inter, out, out_scale);
-  } else {
-    Launch(SiluMulE4m3Kernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream, p,
-           inter, out, out_scale);
-  }
-}
-
-template <typename T>
 void LaunchSiluMul(const void* gate_up, void* out, int64_t num_tokens, int64_t inter,
                    unsigned blocks, bool vec, bool gelu, cudaStream_t stream) {
   const T* in = static_cast<const T*>(gate_up);
@@ -668,38 +525,6 @@ void AddRmsNormE4m3(float* residual, const void* delta, const float* weight, uin
   } else {
     LaunchAddRmsNormE4m3<__half>(residual, delta, weight, out, out_scale, rows, num_rows, hidden,
                                  eps, vec, stream);
-  }
-  LLM_CUDA_CHECK(cudaGetLastError());
-}
-
-void QuantizeRowsE4m3(const void* in, DType dtype, int64_t rows, int64_t cols, uint8_t* codes,
-                      float* scales, int* nonfinite, cudaStream_t stream) {
-  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
-    throw std::invalid_argument("QuantizeRowsE4m3: dtype must be BF16, F16 or F32, got " +
-                                std::string(DTypeName(dtype)));
-  }
-  if (rows <= 0 || cols <= 0) return;
-  const bool vec = cols % kVec == 0 && Aligned16(in) && reinterpret_cast<uintptr_t>(codes) % 8 == 0;
-  if (dtype == DType::kBF16) {
-    LaunchQuantizeRows<__nv_bfloat16>(in, rows, cols, codes, scales, nonfinite, vec, stream);
-  } else if (dtype == DType::kF16) {
-    LaunchQuantizeRows<__half>(in, rows, cols, codes, scales, nonfinite, vec, stream);
-  } else {
-    LaunchQuantizeRows<float>(in, rows, cols, codes, scales, nonfinite, vec, stream);
-  }
-  LLM_CUDA_CHECK(cudaGetLastError());
-}
-
-void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
-                 int64_t inter, DType dtype, cudaStream_t stream) {
-  CheckDType(dtype, "SiluMulE4m3");
-  if (num_tokens <= 0 || inter <= 0) return;
-  const bool vec =
-      inter % kVec == 0 && Aligned16(gate_up) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  if (dtype == DType::kBF16) {
-    LaunchSiluMulE4m3<__nv_bfloat16>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
-  } else {
-    LaunchSiluMulE4m3<__half>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
   }
   LLM_CUDA_CHECK(cudaGetLastError());
 }

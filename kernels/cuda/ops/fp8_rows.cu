@@ -1,0 +1,140 @@
+// FP8 (e4m3) activations with dynamic per-row scales (kernels/cuda/ops/model_ops.h):
+// QuantizeRowsE4m3 (rows of bf16 / fp16 / fp32) and SiluMulE4m3 (silu(gate) · up of gate|up
+// rows), one CTA per row through quantize_row.cuh's QuantizeRow: cpu::QuantizeFp8Rows's rule
+// bit for bit. (AddRmsNormE4m3, the third producer, is model_ops.cu's.)
+// Test:  ninja -C build fp8_linear_gpu_test && (cd build && ctest -L gpu -R fp8_linear)
+// Bench: none of its own (memory-bound, a small share of a W8A8 step).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/vec.cuh"
+#include "kernels/cuda/ops/model_ops.h"
+#include "kernels/cuda/ops/ops_common.cuh"
+#include "kernels/cuda/ops/quantize_row.cuh"
+
+namespace llm::cuda {
+namespace {
+
+using ops_detail::Aligned16;
+using ops_detail::CheckDType;
+using ops_detail::kQuantThreads;
+using ops_detail::QuantizeRow;
+using vec::kVec;
+using vec::Load;
+using vec::LoadF32;
+
+// Sources: a row of T (bf16 / fp16) or fp32 values; silu(gate) * up of a gate|up row.
+template <typename T, int N>
+struct RowSource {
+  const T* row;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    if constexpr (std::is_same_v<T, float>) {
+      LoadF32<N>(row + c * N, x);
+    } else {
+      Load<T, N>(row + c * N, x);
+    }
+  }
+};
+
+template <typename T, int N>
+struct SiluMulSource {
+  const T* gate;  // the row's gate half; up = gate + inter
+  int64_t inter;
+  __device__ void operator()(int64_t c, float (&x)[N]) const {
+    float u[N];
+    Load<T, N>(gate + c * N, x);
+    Load<T, N>(gate + inter + c * N, u);
+#pragma unroll
+    for (int j = 0; j < N; ++j) x[j] = x[j] / (1.f + expf(-x[j])) * u[j];
+  }
+};
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsKernel(const T* __restrict__ in, int64_t cols, uint8_t* __restrict__ codes,
+                       float* __restrict__ scales, int* nonfinite) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t r = blockIdx.x;
+  QuantizeRow<N>(RowSource<T, N>{in + r * cols}, cols / N, codes + r * cols, scales + r, nonfinite);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
+    SiluMulE4m3Kernel(const T* __restrict__ gate_up, int64_t inter, uint8_t* __restrict__ codes,
+                      float* __restrict__ scales) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t t = blockIdx.x;
+  QuantizeRow<N>(SiluMulSource<T, N>{gate_up + t * 2 * inter, inter}, inter / N, codes + t * inter,
+                 scales + t, nullptr);
+}
+
+template <typename T>
+void LaunchQuantizeRows(const void* in, int64_t rows, int64_t cols, uint8_t* codes, float* scales,
+                        int* nonfinite, bool vec, cudaStream_t stream) {
+  const T* p = static_cast<const T*>(in);
+  if (vec) {
+    Launch(QuantizeRowsKernel<T, kVec>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p,
+           cols, codes, scales, nonfinite);
+  } else {
+    Launch(QuantizeRowsKernel<T, 1>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p, cols,
+           codes, scales, nonfinite);
+  }
+}
+
+template <typename T>
+void LaunchSiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
+                       int64_t inter, bool vec, cudaStream_t stream) {
+  const T* p = static_cast<const T*>(gate_up);
+  if (vec) {
+    Launch(SiluMulE4m3Kernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream,
+           p, inter, out, out_scale);
+  } else {
+    Launch(SiluMulE4m3Kernel<T, 1>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream, p,
+           inter, out, out_scale);
+  }
+}
+
+}  // namespace
+
+void QuantizeRowsE4m3(const void* in, DType dtype, int64_t rows, int64_t cols, uint8_t* codes,
+                      float* scales, int* nonfinite, cudaStream_t stream) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    throw std::invalid_argument("QuantizeRowsE4m3: dtype must be BF16, F16 or F32, got " +
+                                std::string(DTypeName(dtype)));
+  }
+  if (rows <= 0 || cols <= 0) return;
+  const bool vec = cols % kVec == 0 && Aligned16(in) && reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  if (dtype == DType::kBF16) {
+    LaunchQuantizeRows<__nv_bfloat16>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  } else if (dtype == DType::kF16) {
+    LaunchQuantizeRows<__half>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  } else {
+    LaunchQuantizeRows<float>(in, rows, cols, codes, scales, nonfinite, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void SiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
+                 int64_t inter, DType dtype, cudaStream_t stream) {
+  CheckDType(dtype, "SiluMulE4m3");
+  if (num_tokens <= 0 || inter <= 0) return;
+  const bool vec =
+      inter % kVec == 0 && Aligned16(gate_up) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  if (dtype == DType::kBF16) {
+    LaunchSiluMulE4m3<__nv_bfloat16>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
+  } else {
+    LaunchSiluMulE4m3<__half>(gate_up, out, out_scale, num_tokens, inter, vec, stream);
+  }
+  LLM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace llm::cuda

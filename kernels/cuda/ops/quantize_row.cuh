@@ -1,0 +1,85 @@
+// FP8 (e4m3) rows with dynamic per-row scales: the row quantizer the element-wise ops share
+// (model_ops.cu's AddRmsNormE4m3, fp8_rows.cu's QuantizeRowsE4m3 and SiluMulE4m3). Device code;
+// include from .cu files only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/ops/ops_common.cuh"
+#include "kernels/fp8.h"
+
+namespace llm::cuda::ops_detail {
+
+// ---- FP8 rows (dynamic per-row scales) ------------------------------------------------------
+// One CTA of kQuantThreads per row. A source functor yields chunk c (N values, fp32) of the row;
+// the first kQuantCached chunks of each thread stay in registers between the max pass and the
+// code pass (16,384 elements at N = 8: every Llama hidden and intermediate size), the rest are
+// produced again. scale = max|v| / 448 (1 for an all-zero row), code = F32ToE4m3(v / scale):
+// cpu::QuantizeFp8Rows's rule, bit for bit (IEEE division; fmaxf ignores NaN, as std::max
+// there does not matter: a non-finite row is an error for weights).
+constexpr int kQuantThreads = 256;
+constexpr int kQuantCached = 8;
+
+// Max over the CTA (kQuantThreads threads), result in every thread.
+__device__ __forceinline__ float QuantBlockMax(float v) {
+  __shared__ float warp_max[kQuantThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = 0.f;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+  return m;
+}
+
+// Quantizes the row `src` yields (num_chunks chunks of N) into codes [num_chunks * N] and
+// *scale_out. nonfinite (may be null; uniform over the CTA): incremented when the row holds a
+// NaN or an infinity.
+template <int N, typename Src>
+__device__ __forceinline__ void QuantizeRow(const Src& src, int64_t num_chunks,
+                                            uint8_t* __restrict__ codes, float* scale_out,
+                                            int* nonfinite) {
+  float cache[kQuantCached][N];
+  float amax = 0.f;
+  bool bad = false;
+  int64_t c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
+    if (c < num_chunks) {
+      src(c, cache[j]);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        amax = fmaxf(amax, fabsf(cache[j][i]));
+        bad |= !isfinite(cache[j][i]);
+      }
+    }
+  }
+  for (; c < num_chunks; c += kQuantThreads) {
+    float x[N];
+    src(c, x);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      amax = fmaxf(amax, fabsf(x[i]));
+      bad |= !isfinite(x[i]);
+    }
+  }
+  if (nonfinite != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) atomicAdd(nonfinite, 1);
+  amax = QuantBlockMax(amax);
+  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+  if (threadIdx.x == 0) *scale_out = scale;
+  c = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j, c += kQuantThreads) {
+    if (c < num_chunks) StoreE4m3<N>(codes + c * N, cache[j], scale);
+  }
+  for (; c < num_chunks; c += kQuantThreads) {
+    float x[N];
+    src(c, x);
+    StoreE4m3<N>(codes + c * N, x, scale);
+  }
+}
+
+}  // namespace llm::cuda::ops_detail
