@@ -3,7 +3,8 @@
 # fp8 experts), bench_moe_gpu (sets MOE_BENCH_SETS, default 23: v2 and v3; bf16 and fp8), and
 # `llm bench --load-format dummy` on Qwen3-30B-A3B (batch-1 decode, 128 + 256 tokens, then
 # MOE_REQUESTS x (1,000 + 1,000) at 256 sequences) with each --moe-kernels set of MOE_SETS
-# (default "v2 v3") and with fp8 experts on MOE_FP8_KERNELS (default v3), and Mixtral-8x7B
+# (default "v2 v3") and with fp8 experts on MOE_FP8_KERNELS (default v3), TTFT of a 4,096-token
+# prompt on each, and Mixtral-8x7B
 # batch-1 decode on the last of MOE_SETS. The batch-1 runs come first (the shortest), then the
 # throughput runs: a call cut short by its time limit keeps what finished. Tensor parallelism
 # needs 2 GPUs (nvidia-h200-x2):
@@ -76,6 +77,15 @@ bench_run "latency_qwen3_30b_a3b_b1_${last}_combine_in_norm" 150 "${qwen[@]}" "$
   --moe-kernels "$last" --moe-combine-in-norm
 # fp8 experts: weight-only GEMV in decode, W8A8 tiles in prefill.
 bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$fk" \
+  --quantization fp8
+# Time to first token of one 4,096-token prompt (one prefill chunk: the experts' GEMMs at 32,768
+# routed rows, ~256 per expert), with each set and with fp8 experts (W8A8) on MOE_FP8_KERNELS.
+ttft=(--num-requests 1 --min-input 4096 --max-input 4096 --min-output 1 --max-output 1
+  --max-num-batched-tokens 8192 --temperature 0 --warmup)
+for k in $sets; do
+  bench_run "ttft_qwen3_30b_a3b_4096_$k" 150 "${qwen[@]}" "${ttft[@]}" --moe-kernels "$k"
+done
+bench_run "ttft_qwen3_30b_a3b_4096_fp8_$fk" 150 "${qwen[@]}" "${ttft[@]}" --moe-kernels "$fk" \
   --quantization fp8
 for k in $sets; do
   bench_run "throughput_qwen3_30b_a3b_$k" "${MOE_TIMEOUT:-150}" "${qwen[@]}" "${tp[@]}" \

@@ -98,12 +98,13 @@ struct CudaExecutorOptions {
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
   // (kernels/cuda/gemv/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
-  // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels kV1, kV2 or kV3 (1, 2, 3).
+  // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels kV1 .. kV4 (1 .. 4).
   // kV2 (one grouping kernel, a GEMV for steps of at most 8 tokens, 4-stage tiles) measured
   // faster than kV1 on the H200; kV3 (routing and grouping in one kernel for small steps, tiles
   // that skip empty fragments, a GEMV streaming through a shared-memory ring and writing
   // SiLU·mul itself) faster than kV2 on the H100 (Qwen3-30B-A3B batch 1 4.091 ms/token against
-  // 4.189; throughput equal: bench/RESULTS.md), the default since 2026-12-06.
+  // 4.189; throughput equal: bench/RESULTS.md), the default since 2026-12-06. kV4: kV3 with
+  // prefill-size steps' expert GEMMs on warpgroup MMAs (sm_90a).
   int moe_kernels = 3;
   // Mixture of experts, small steps on one GPU: the experts' weighted sum added to the residual
   // by the next RMSNorm (cuda::MoeCombineRmsNorm) instead of a MoeCombine launch of its own.

@@ -12,6 +12,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -35,6 +36,12 @@ class MoeGpuTest : public ::testing::TestWithParam<MoeKernels> {
   void SetUp() override {
     std::string why;
     if (!DeviceAvailable(&why)) GTEST_SKIP() << "no GPU, MoE GPU test skipped: " << why;
+  }
+  // The grouped GEMM tests' (out_f32, MoeGemm::wgmma_warpgroups) runs: both output types, and
+  // on kV4 both CTA widths of its warpgroup-MMA tiles.
+  static std::vector<std::pair<bool, int>> OutputsAndWarpgroups() {
+    if (GetParam() != MoeKernels::kV4) return {{true, 0}, {false, 0}};
+    return {{true, 1}, {false, 1}, {true, 2}, {false, 2}};
   }
 };
 
@@ -163,10 +170,13 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
     int tokens, experts, top_k, n, k;
   };
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
-    // Up to 8 tokens kV2 takes its GEMV path, from 9 the tiles.
+    // Up to 8 tokens kV2 takes its GEMV path, from 9 the tiles; from 33 rows per expert on
+    // average kV4's warpgroup-MMA tiles (the last three: n past a 128 / 256-output block, k past
+    // a 64-element panel, experts of several tiles).
     for (const Case c : {Case{77, 8, 2, 200, 72}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
                          Case{9, 128, 8, 96, 40}, Case{8, 128, 8, 96, 40}, Case{3, 8, 2, 64, 2056},
-                         Case{8, 4, 2, 136, 64}}) {
+                         Case{8, 4, 2, 136, 64}, Case{150, 4, 2, 200, 72},
+                         Case{200, 4, 2, 136, 520}}) {
       const int64_t pairs = int64_t(c.tokens) * c.top_k;
       DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
       Routing r(pairs, c.experts);
@@ -179,11 +189,12 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
         const int64_t in_rows = gather ? c.tokens : pairs;
         const Half x = Round(Normal(size_t(in_rows) * c.k, 1.f, 7), dtype);
         DevBuf d_x(x.bits);
-        for (const bool out_f32 : {true, false}) {
+        for (const auto& [out_f32, wgs] : OutputsAndWarpgroups()) {
           DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
-          MoeGroupedGemm(Gemm(d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32, c.n, c.k,
-                              pairs, c.experts),
-                         r.r, nullptr, GetParam());
+          MoeGemm g = Gemm(d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32, c.n, c.k, pairs,
+                           c.experts);
+          g.wgmma_warpgroups = wgs;
+          MoeGroupedGemm(g, r.r, nullptr, GetParam());
           std::vector<float> got(size_t(pairs) * c.n);
           if (out_f32) {
             got = d_out.Download<float>();
@@ -211,7 +222,8 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
               const double err = std::fabs(got[size_t(row * c.n + j)] - ref);
               worst = std::max(worst, err / tol);
               ASSERT_LE(err, tol) << "row " << row << " col " << j << " expert " << e
-                                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k;
+                                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k
+                                  << " warpgroups " << wgs;
             }
           }
           EXPECT_LE(worst, 1.0);
@@ -231,7 +243,8 @@ TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
   };
   const DType dtype = DType::kBF16;
   for (const Case c : {Case{77, 8, 2, 200, 80}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
-                       Case{5, 128, 8, 96, 48}, Case{3, 8, 2, 64, 2064}, Case{9, 4, 2, 136, 32}}) {
+                       Case{5, 128, 8, 96, 48}, Case{3, 8, 2, 64, 2064}, Case{9, 4, 2, 136, 32},
+                       Case{150, 4, 2, 200, 80}, Case{200, 4, 2, 136, 528}}) {
     const int64_t pairs = int64_t(c.tokens) * c.top_k;
     DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
     Routing r(pairs, c.experts);
@@ -259,10 +272,11 @@ TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
           }
         }
         DevBuf d_x(x.bits), d_x8(x8), d_xs(x_scale);
-        for (const bool out_f32 : {true, false}) {
+        for (const auto& [out_f32, wgs] : OutputsAndWarpgroups()) {
           DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
           MoeGemm g = Gemm(w8a8 ? d_x8.p : d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32,
                            c.n, c.k, pairs, c.experts);
+          g.wgmma_warpgroups = wgs;
           g.w_scale = d_ws.as<float>();
           g.x_scale = w8a8 ? d_xs.as<float>() : nullptr;
           MoeGroupedGemm(g, r.r, nullptr, GetParam());
@@ -290,7 +304,8 @@ TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
                   (w8a8 ? 1e-3 : 2e-5) * mag + (out_f32 ? 0 : std::fabs(ref) / 256) + 1e-6;
               ASSERT_NEAR(got[size_t(row * c.n + j)], ref, tol)
                   << "row " << row << " col " << j << " expert " << e << (w8a8 ? " W8A8" : "")
-                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k;
+                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k << " warpgroups "
+                  << wgs;
             }
           }
         }
@@ -308,7 +323,8 @@ TEST_P(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
   };
   const DType dtype = DType::kBF16;
   for (const Case c : {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64},
-                       Case{1, 128, 8, 256, 96}, Case{5, 128, 8, 128, 64}}) {
+                       Case{1, 128, 8, 256, 96}, Case{5, 128, 8, 128, 64},
+                       Case{300, 8, 2, 128, 200}}) {
     const int64_t pairs = int64_t(c.tokens) * c.top_k;
     const std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 1.5f, 11);
     const Half x = Round(Normal(size_t(c.tokens) * c.hidden, 1.f, 12), dtype);
@@ -442,7 +458,7 @@ TEST_P(MoeGpuTest, CombineRmsNormEqualsTheCombineThenTheNorm) {
   }
 }
 
-// MoeGemm::silu_mul (kV3's GEMV): SiLU(gate) · up written by the gate|up GEMV equals the GEMV
+// MoeGemm::silu_mul (kV3 / kV4 GEMV): SiLU(gate) · up written by the gate|up GEMV equals the GEMV
 // into dtype followed by SiluMul, bit for bit (the same sums, rounded to dtype, then the same
 // fp32 arithmetic), for bf16 / fp16 and weight-only fp8 experts; every rows-per-pass variant (1,
 // 2, 3 -> 4, 8 tokens) and several passes (fp8 weight-only at 20 tokens: 8 rows a pass); an
@@ -476,7 +492,7 @@ TEST_P(MoeGpuTest, FusedSiluMulEqualsTheGemvThenSiluMul) {
         SiluMul(gate_up.p, act.p, pairs, inter, dtype, nullptr);
         g.out = fused.p;
         g.silu_mul = true;
-        if (GetParam() != MoeKernels::kV3) {
+        if (GetParam() < MoeKernels::kV3) {
           EXPECT_FALSE(MoeFusesSiluMul(g, GetParam()));
           EXPECT_THROW(MoeGroupedGemm(g, r.r, nullptr, GetParam()), std::invalid_argument);
           continue;
@@ -505,7 +521,8 @@ TEST_P(MoeGpuTest, FusedSiluMulEqualsTheGemvThenSiluMul) {
 // The chain captured once in a CUDA graph (sizes from the host's token count only) and
 // replayed on new logits gives what eager launches give, bit for bit, and so do eager launches
 // with programmatic dependent launch (launch.h; the executor's default on sm_90): 80 tokens
-// (tiles; seed 33 gives 4 experts 80 rows each, 2 tiles) and 4 (kV2's GEMV).
+// (tiles; seed 33 gives 4 experts 80 rows each, 2 tiles), 300 (kV4's warpgroup-MMA tiles: 37.5
+// rows per expert on average; seed 33: 300 rows each) and 4 (kV2's GEMV).
 void CaptureAndReplay(int tokens, MoeKernels kernels) {
   const int experts = 32, top_k = 4, hidden = 64, inter = 96;
   const int64_t pairs = int64_t(tokens) * top_k;
@@ -563,7 +580,7 @@ void CaptureAndReplay(int tokens, MoeKernels kernels) {
 }
 
 TEST_P(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
-  for (const int tokens : {80, 4}) CaptureAndReplay(tokens, GetParam());
+  for (const int tokens : {80, 300, 4}) CaptureAndReplay(tokens, GetParam());
 }
 
 TEST_P(MoeGpuTest, BadArgumentsAreRefused) {
@@ -585,19 +602,35 @@ TEST_P(MoeGpuTest, BadArgumentsAreRefused) {
   MoeGemm a8 = Gemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 64, 64, 16, 8);
   a8.x_scale = buf.as<float>();
   EXPECT_THROW(MoeGroupedGemm(a8, r.r, nullptr), std::invalid_argument);
+  // kV4's warpgroups per CTA: 0 (its pick), 1 or 2.
+  MoeGemm wide = Gemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 64, 64, 16, 8);
+  wide.wgmma_warpgroups = 3;
+  EXPECT_THROW(MoeGroupedGemm(wide, r.r, nullptr, MoeKernels::kV4), std::invalid_argument);
   MoeRouting missing = r.r;
   missing.pair_rows = nullptr;
   EXPECT_THROW(MoeCombine(buf.as<float>(), missing, 8, 2, 64, buf.as<float>(), true, nullptr),
                std::invalid_argument);
 }
 
+// (Literals: GCC 12 warns falsely about "v" + std::to_string(...) here.)
+const char* SetName(MoeKernels k) {
+  switch (k) {
+    case MoeKernels::kV1:
+      return "v1";
+    case MoeKernels::kV2:
+      return "v2";
+    case MoeKernels::kV3:
+      return "v3";
+    case MoeKernels::kV4:
+      return "v4";
+  }
+  return "unknown";
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, MoeGpuTest,
-                         ::testing::Values(MoeKernels::kV1, MoeKernels::kV2, MoeKernels::kV3),
-                         [](const auto& info) {
-                           return std::string(info.param == MoeKernels::kV1   ? "v1"
-                                              : info.param == MoeKernels::kV2 ? "v2"
-                                                                              : "v3");
-                         });
+                         ::testing::Values(MoeKernels::kV1, MoeKernels::kV2, MoeKernels::kV3,
+                                           MoeKernels::kV4),
+                         [](const auto& info) { return std::string(SetName(info.param)); });
 
 }  // namespace
 }  // namespace llm::cuda

@@ -146,26 +146,9 @@ using ptx::WgmmaRS64;   // D[64×64] += A (registers) · B (smem, transposed)
 using ptx::WgmmaSS128;  // D[64×128] (+)= A (smem) · B (smem), both K-major
 using ptx::WgmmaWait;
 
-// Shared-memory matrix descriptor, 128-byte swizzle. K-major operands: 8-row groups SBO apart
-// (LBO unused); N-major (transposed) V: 64-column panels LBO apart, 8-key groups SBO apart.
-__device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
-         (1ull << 62);
-}
-// A descriptor as two 32-bit words, built once per kernel: the start address (bits 0-13, in
-// 16-byte units) of every later operand is this base plus an offset, one 32-bit add on the low
-// word (shared memory ends below 2^18 bytes, so the field never carries). Rebuilding each
-// descriptor from its address cost ~20% of the consumers' instructions (ncu, RESULTS.md).
-struct DescBase {
-  uint32_t lo, hi;
-};
-__device__ __forceinline__ DescBase MakeDescBase(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  const uint64_t d = Desc(addr, lbo, sbo);
-  return {uint32_t(d), uint32_t(d >> 32)};
-}
-__device__ __forceinline__ uint64_t DescAt(DescBase b, uint32_t byte_offset) {
-  return (uint64_t(b.hi) << 32) | (b.lo + (byte_offset >> 4));
-}
+using ptx::DescAt;  // shared-memory matrix descriptors, 128-byte swizzle
+using ptx::DescBase;
+using ptx::MakeDescBase;
 
 template <typename T, int HD>
 __device__ __forceinline__ void WgmmaPV(float (&o)[HD / 2], const uint32_t (&a)[4], uint64_t db) {

@@ -317,9 +317,30 @@ __device__ __forceinline__ void FenceRegs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+// Shared-memory matrix descriptor, 128-byte swizzle. K-major operands: 8-row groups SBO apart
+// (LBO unused); N-major (transposed) V: 64-column panels LBO apart, 8-key groups SBO apart.
+__device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (1ull << 62);
+}
+// A descriptor as two 32-bit words, built once per kernel: the start address (bits 0-13, in
+// 16-byte units) of every later operand is this base plus an offset, one 32-bit add on the low
+// word (shared memory ends below 2^18 bytes, so the field never carries). Rebuilding each
+// descriptor from its address cost ~20% of the consumers' instructions (ncu, RESULTS.md).
+struct DescBase {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ DescBase MakeDescBase(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  const uint64_t d = Desc(addr, lbo, sbo);
+  return {uint32_t(d), uint32_t(d >> 32)};
+}
+__device__ __forceinline__ uint64_t DescAt(DescBase b, uint32_t byte_offset) {
+  return (uint64_t(b.hi) << 32) | (b.lo + (byte_offset >> 4));
+}
+
 // The wgmma instructions the attention kernels issue (operand lists generated: 64 or 32
 // accumulator registers per thread); the last argument (a value of T) picks bf16 or f16.
-// Descriptors: 64-bit shared-memory matrix descriptors (prefill_attention_v4_wgmma.cu: Desc).
+// Descriptors: 64-bit shared-memory matrix descriptors (Desc above).
 
 // D[64×128] (+)= A[64×16] (smem, K-major) · B[16×128] (smem, K-major), bf16;
 // accumulate = 0 overwrites D.
@@ -435,6 +456,17 @@ __device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4]
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// D[64×128] (+)= A[64×32] (smem, K-major) · B[32×128] (smem, K-major), e4m3 operands (fp8
+// wgmma takes K-major operands only: no transpose arguments); accumulate = 0 overwrites D.
+__device__ __forceinline__ void WgmmaSS128E4m3(float (&d)[64], uint64_t da, uint64_t db,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
 }
 
 }  // namespace llm::cuda::ptx

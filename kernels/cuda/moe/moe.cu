@@ -415,14 +415,14 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   }
   if (num_tokens <= 0) return;
   const int pairs = int(num_tokens * top_k);
-  if (kernels == MoeKernels::kV3 && pairs <= kWarpGroupPairs) {
+  if (kernels >= MoeKernels::kV3 && pairs <= kWarpGroupPairs) {
     Launch(MoeRouteGroupWarpKernel, dim3(1), dim3(kWarpGroupWarps * 32), 0, stream, logits,
            int(num_tokens), num_experts, top_k, normalize, r.experts, r.weights, r.offsets,
            r.sorted_pairs, r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  if (kernels == MoeKernels::kV3 && num_tokens <= kMoeFusedRouteMaxTokens) {
+  if (kernels >= MoeKernels::kV3 && num_tokens <= kMoeFusedRouteMaxTokens) {
     Launch(MoeRouteGroupKernel, dim3(1), dim3(kGroupOneThreads), 0, stream, logits, int(num_tokens),
            num_experts, top_k, normalize, r.experts, r.weights, r.offsets, r.sorted_pairs,
            r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);

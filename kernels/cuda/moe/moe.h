@@ -55,8 +55,11 @@ inline constexpr int kMoeMaxTopK = 16;
 //     slots of a 4-stage shared-memory cp.async ring (3 chunks of each row in flight while they
 //     multiply one), and which can write SiLU(gate) · up itself (MoeGemm::silu_mul: no gate|up
 //     round trip, no SiluMul launch).
+// kV4: kV3 with the tiles of steps whose experts average more than 32 rows (prefill-size
+// steps, bf16 / fp16 or W8A8) on Hopper warpgroup MMAs (moe_gemm_wgmma.cu: wgmma m64n128 from
+// 128B-swizzled shared memory, a CTA of one or two warpgroups per 64-row tile; sm_90a).
 // All give the same routing and grouping; the GEMMs agree within fp32 rounding.
-enum class MoeKernels { kV1, kV2, kV3 };
+enum class MoeKernels { kV1, kV2, kV3, kV4 };
 inline constexpr int kMoeGemvMaxTokens = 8;
 inline constexpr int kMoeFusedRouteMaxTokens = 64;
 
@@ -125,6 +128,9 @@ struct MoeGemm {
   // dtype followed by cuda::SiluMul; out: [num_pairs, n / 2] in dtype. Only where
   // MoeFusesSiluMul says so (kV3's GEMV); the call throws otherwise.
   bool silu_mul = false;
+  // kV4's warpgroup-MMA tiles: warpgroups per CTA along n (1: 64 x 128 outputs, 2: 64 x 256);
+  // 0 lets MoeGroupedGemm pick. For benchmarks and tests; ignored by the other paths.
+  int wgmma_warpgroups = 0;
   int64_t n = 0, k = 0, num_pairs = 0;
   int num_experts = 0;
 };

@@ -14,6 +14,7 @@
 #include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/cuda/moe/moe.h"
+#include "kernels/cuda/moe/moe_gemm_wgmma.h"
 
 namespace llm::cuda {
 namespace {
@@ -427,7 +428,7 @@ bool MoeUsesGemv(const MoeGemm& g, MoeKernels kernels) {
 }
 
 bool MoeFusesSiluMul(const MoeGemm& g, MoeKernels kernels) {
-  return kernels == MoeKernels::kV3 && MoeUsesGemv(g, kernels) && !g.out_f32 && g.n % 2 == 0;
+  return kernels >= MoeKernels::kV3 && MoeUsesGemv(g, kernels) && !g.out_f32 && g.n % 2 == 0;
 }
 
 void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
@@ -458,7 +459,7 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   }
   if (g.silu_mul && !MoeFusesSiluMul(g, kernels)) {
     throw std::invalid_argument(
-        "MoeGroupedGemm: silu_mul needs kernel set v3's GEMV (steps of at most " +
+        "MoeGroupedGemm: silu_mul needs kernel set v3 / v4's GEMV (steps of at most " +
         std::to_string(kMoeGemvMaxTokens) + " tokens, or weight-only fp8) and out in dtype");
   }
   if (g.num_pairs <= 0) return;
@@ -466,7 +467,7 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   // The GEMV: kV2 / kV3's small steps (every expert has at most `tokens` rows, so one tile
   // each, and at most num_pairs tiles are not empty) and every weight-only fp8 call.
   const bool gemv = MoeUsesGemv(g, kernels);
-  const bool v3 = kernels == MoeKernels::kV3;
+  const bool v3 = kernels >= MoeKernels::kV3;
   const int64_t tiles = MoeMaxTiles(g.num_pairs, g.num_experts);
   const int64_t gemv_x = g.silu_mul ? (g.n / 2 + kGemvThreads / 32 - 1) / (kGemvThreads / 32)
                                     : (g.n + kGemvCtaRows - 1) / kGemvCtaRows;
@@ -476,6 +477,16 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   const auto* sorted = static_cast<const int32_t*>(r.sorted_pairs);
   // kV3's tiles: warps side by side along n while the step averages at most 32 rows per expert.
   const bool narrow = g.num_pairs <= 32 * int64_t(g.num_experts);
+  if (g.wgmma_warpgroups < 0 || g.wgmma_warpgroups > 2) {
+    throw std::invalid_argument("MoeGroupedGemm: wgmma_warpgroups " +
+                                std::to_string(g.wgmma_warpgroups) + " (0, 1 or 2)");
+  }
+  // kV4: the wider steps on warpgroup-MMA tiles.
+  if (kernels == MoeKernels::kV4 && !gemv && !narrow) {
+    moe_detail::LaunchMoeGemmWgmma(g, r, g.wgmma_warpgroups == 1 ? 1 : 2, stream);
+    LLM_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   // kV3's GEMV: rows per pass, the smallest power of two >= the step's tokens (at most 8).
   const int pass_rows = tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8;
   auto run = [&](auto tag, auto out_f32_tag, auto fp8_tag) {

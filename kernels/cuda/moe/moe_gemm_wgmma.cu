@@ -1,0 +1,227 @@
+// kV4's grouped GEMM tiles (kernels/cuda/moe/moe.h: MoeKernels::kV4): Hopper warpgroup MMAs
+// (wgmma, sm_90a) over the routing's 64-row tiles, for steps whose experts average more than
+// 32 rows (prefill-size steps; smaller ones keep kV3's mma.sync tiles that skip empty
+// fragments, and the GEMV).
+//
+// A CTA is kWg warpgroups side by side along n over one routing tile: each warpgroup computes
+// the tile's 64 rows x 128 outputs with wgmma m64n128k16 (bf16 / fp16) or m64n128k32 (W8A8
+// e4m3), both operands from shared memory. A stage is one 128-byte panel of k (64 bf16 / fp16
+// elements or 128 e4m3 codes) of the tile's 64 input rows (gathered: row r is x[sorted_pairs /
+// top_k] when MoeGemm::gather) and of the CTA's 128 · kWg weight rows, 128B-swizzled (16-byte
+// chunk c of row r at r · 128 + (c ^ r % 8) · 16, the layout the descriptors name), copied by
+// every thread with cp.async (the gathered rows rule out TMA boxes on Hopper). kStages stages:
+// the copies run kStages - 2 panels ahead of the one the wgmmas read; the stage refilled at
+// step kt is the one step kt - 2's wgmmas read, which every warpgroup has waited for
+// (wgmma.wait_group 1 at step kt - 1) before the barrier of step kt. The epilogue writes the
+// accumulators as kV3's tiles do (fp32 or dtype, the W8A8 scales applied).
+// The rows past an expert's last in its last tile are copied as zeros and multiplied (a
+// warpgroup MMA is 64 rows); their outputs are not written.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/ptx.cuh"
+#include "kernels/cuda/common/vec.cuh"
+#include "kernels/cuda/moe/moe_gemm_wgmma.h"
+
+namespace llm::cuda::moe_detail {
+namespace {
+
+constexpr int kRows = kMoeTileRows;  // 64: one warpgroup MMA's rows
+constexpr int kPanelBytes = 128;     // a row's bytes of k per stage (one 128B swizzle span)
+constexpr int kChunks = kPanelBytes / 16;
+constexpr int kStages = 4;
+static_assert(kRows == 64, "a routing tile is one m64 warpgroup MMA");
+
+template <int kWg>
+struct WgmmaTile {
+  static constexpr int kThreads = 128 * kWg;
+  static constexpr int kCols = 128 * kWg;  // the CTA's outputs
+  static constexpr int kABytes = kRows * kPanelBytes;
+  static constexpr int kBBytes = kCols * kPanelBytes;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes;  // + the 1024-byte alignment
+  // Each thread's 16-byte copies per stage: kAPer of A, kBPer of B, all of one chunk column.
+  static constexpr int kAPer = kRows * kChunks / kThreads, kBPer = kCols * kChunks / kThreads;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "1024-byte swizzle atoms");
+  static_assert(kSmemBytes <= 227 * 1024, "fits one SM");
+  static_assert(kThreads / kChunks % 8 == 0, "a thread's rows share their swizzle phase");
+};
+
+template <typename T, bool kOutF32, bool kFp8, int kWg>
+__global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
+    MoeGemmWgmmaKernel(const void* x_in, const float* x_scale, bool gather, int top_k,
+                       const void* w_in, const float* w_scale, void* out, int n, int k,
+                       const int32_t* sorted_pairs, const int32_t* offsets,
+                       const int32_t* tile_expert, const int32_t* tile_begin,
+                       const int32_t* num_tiles) {
+  using Tile = WgmmaTile<kWg>;
+  using E = std::conditional_t<kFp8, uint8_t, T>;
+  constexpr int kElems = 16 / int(sizeof(E));  // elements per 16-byte chunk
+  constexpr int kTileK = kPanelBytes / int(sizeof(E));
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ int a_rows[kRows];
+  PdlWait();
+  PdlTrigger();
+  const int tile = blockIdx.y;
+  if (tile >= *num_tiles) return;
+  const int e = tile_expert[tile], row0 = tile_begin[tile];
+  const int rows = min(kRows, offsets[e + 1] - row0);
+  const int n0 = blockIdx.x * Tile::kCols;
+  if (threadIdx.x < kRows) {
+    const int r = row0 + int(threadIdx.x);
+    a_rows[threadIdx.x] = int(threadIdx.x) < rows ? (gather ? sorted_pairs[r] / top_k : r) : -1;
+  }
+  __syncthreads();
+  const uint32_t base = (ptx::SmemAddr(smem_raw) + 1023) & ~1023u;
+  // This thread's copies: chunk column ch of rows r0 + i · (kThreads / kChunks); every such
+  // row has the same r % 8, so one swizzled column offset.
+  const int ch = int(threadIdx.x) % kChunks, r0 = int(threadIdx.x) / kChunks;
+  constexpr int kRowStep = Tile::kThreads / kChunks;
+  const uint32_t swz = uint32_t(r0 * kPanelBytes + ((ch ^ (r0 & 7)) << 4));
+  const E* x = static_cast<const E*>(x_in);
+  const E* we = static_cast<const E*>(w_in) + int64_t(e) * n * k;
+  const E* a_src[Tile::kAPer];  // null: a row past the tile's last (copied as zeros)
+#pragma unroll
+  for (int i = 0; i < Tile::kAPer; ++i) {
+    const int src = a_rows[r0 + i * kRowStep];
+    a_src[i] = src >= 0 ? x + int64_t(src) * k + ch * kElems : nullptr;
+  }
+  const E* b_src = we + int64_t(n0 + r0) * k + ch * kElems;
+  auto load = [&](int stage, int k0) {
+    const uint32_t sa = base + uint32_t(stage) * Tile::kStageBytes + swz;
+    const uint32_t sb = sa + Tile::kABytes;
+    const bool col_ok = k0 + ch * kElems < k;
+#pragma unroll
+    for (int i = 0; i < Tile::kAPer; ++i) {
+      const bool ok = col_ok && a_src[i] != nullptr;
+      ptx::CpAsync16(sa + uint32_t(i * kRowStep * kPanelBytes), ok ? a_src[i] + k0 : x,
+                     ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < Tile::kBPer; ++i) {
+      const bool ok = col_ok && n0 + r0 + i * kRowStep < n;
+      ptx::CpAsync16(sb + uint32_t(i * kRowStep * kPanelBytes),
+                     ok ? b_src + int64_t(i * kRowStep) * k + k0 : we, ok ? 16 : 0);
+    }
+    ptx::CpAsyncCommit();
+  };
+  const int wg = int(threadIdx.x) / 128;
+  const ptx::DescBase da = ptx::MakeDescBase(base, 16, 1024);
+  const ptx::DescBase db = ptx::MakeDescBase(base + Tile::kABytes + uint32_t(wg) * 128 * 128, 16, 1024);
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  const int k_tiles = (k + kTileK - 1) / kTileK;
+  constexpr int kAhead = kStages - 2;
+#pragma unroll
+  for (int st = 0; st < kAhead; ++st) {
+    if (st < k_tiles) {
+      load(st, st * kTileK);
+    } else {
+      ptx::CpAsyncCommit();
+    }
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    // Panel kt landed (this thread's copies), made visible to the async proxy, then every
+    // thread's: the barrier. Past it, every warpgroup has also finished step kt - 2's wgmmas.
+    ptx::CpAsyncWait<kAhead - 1>();
+    ptx::FenceProxyAsync();
+    __syncthreads();
+    const int next = kt + kAhead;
+    if (next < k_tiles) {
+      load(next % kStages, next * kTileK);
+    } else {
+      ptx::CpAsyncCommit();
+    }
+    const uint32_t off = uint32_t(kt % kStages) * Tile::kStageBytes;
+    ptx::WgmmaFence();
+    ptx::FenceRegs(acc);
+#pragma unroll
+    for (int kk = 0; kk < kPanelBytes / 32; ++kk) {  // 32 bytes: k16 of bf16 / fp16, k32 of e4m3
+      const uint64_t a = ptx::DescAt(da, off + kk * 32), b = ptx::DescAt(db, off + kk * 32);
+      if constexpr (kFp8) {
+        ptx::WgmmaSS128E4m3(acc, a, b, 1);
+      } else {
+        ptx::WgmmaSS128(acc, a, b, 1, T{});
+      }
+    }
+    ptx::WgmmaCommit();
+    ptx::FenceRegs(acc);
+    ptx::WgmmaWait<1>();
+  }
+  ptx::WgmmaWait<0>();
+  ptx::FenceRegs(acc);
+  ptx::CpAsyncWaitAll();  // the empty tail groups: no copy lands after the CTA exits
+  // acc[4j + 2h + c]: row (warp % 4) · 16 + lane / 4 + 8h, output n0 + wg · 128 + 8j + 2 (lane % 4) + c.
+  const int lane = int(threadIdx.x) % 32, wr = (int(threadIdx.x) / 32) % 4 * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = n0 + wg * 128 + j * 8 + (lane % 4) * 2;
+    if (col >= n) continue;
+    float ws0 = 1.f, ws1 = 1.f;
+    if constexpr (kFp8) {
+      ws0 = w_scale[int64_t(e) * n + col];
+      ws1 = w_scale[int64_t(e) * n + col + 1];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wr + h * 8;
+      if (r >= rows) continue;
+      const int64_t at = int64_t(row0 + r) * n + col;
+      float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      if constexpr (kFp8) {
+        const float xs = x_scale[a_rows[r]];
+        v0 *= xs * ws0;
+        v1 *= xs * ws1;
+      }
+      if constexpr (kOutF32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(out) + at) = make_float2(v0, v1);
+      } else {
+        *reinterpret_cast<uint32_t*>(static_cast<T*>(out) + at) = vec::PackPair<T>(v0, v1);
+      }
+    }
+  }
+}
+
+template <typename T, bool kOutF32, bool kFp8, int kWg>
+void LaunchTyped(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream) {
+  using Tile = WgmmaTile<kWg>;
+  auto kernel = MoeGemmWgmmaKernel<T, kOutF32, kFp8, kWg>;
+  // Every call, as the prefill kernels do (a host-side attribute, per device; allowed while a
+  // stream is captured).
+  LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Tile::kSmemBytes));
+  const dim3 grid(unsigned((g.n + Tile::kCols - 1) / Tile::kCols),
+                  unsigned(MoeMaxTiles(g.num_pairs, g.num_experts)));
+  Launch(kernel, grid, dim3(Tile::kThreads), Tile::kSmemBytes, stream, g.x, g.x_scale, g.gather,
+         g.top_k, g.w, g.w_scale, g.out, int(g.n), int(g.k),
+         static_cast<const int32_t*>(r.sorted_pairs), static_cast<const int32_t*>(r.offsets),
+         static_cast<const int32_t*>(r.tile_expert), static_cast<const int32_t*>(r.tile_begin),
+         static_cast<const int32_t*>(r.num_tiles));
+}
+
+}  // namespace
+
+void LaunchMoeGemmWgmma(const MoeGemm& g, const MoeRouting& r, int warpgroups,
+                        cudaStream_t stream) {
+  auto by_wg = [&](auto tag, auto f32_tag, auto fp8_tag) {
+    using T = decltype(tag);
+    constexpr bool kF32 = decltype(f32_tag)::value, kFp8 = decltype(fp8_tag)::value;
+    warpgroups == 1 ? LaunchTyped<T, kF32, kFp8, 1>(g, r, stream)
+                    : LaunchTyped<T, kF32, kFp8, 2>(g, r, stream);
+  };
+  auto by_out = [&](auto tag, auto fp8_tag) {
+    g.out_f32 ? by_wg(tag, std::true_type{}, fp8_tag) : by_wg(tag, std::false_type{}, fp8_tag);
+  };
+  auto by_type = [&](auto fp8_tag) {
+    g.dtype == DType::kBF16 ? by_out(__nv_bfloat16{}, fp8_tag) : by_out(__half{}, fp8_tag);
+  };
+  g.x_scale != nullptr ? by_type(std::true_type{}) : by_type(std::false_type{});
+}
+
+}  // namespace llm::cuda::moe_detail
