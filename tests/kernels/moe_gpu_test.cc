@@ -173,10 +173,10 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
     // Up to 8 tokens kV2 takes its GEMV path, from 9 the tiles; from 33 rows per expert on
     // average kV4's warpgroup-MMA tiles (the last three: n past a 128 / 256-output block, k past
     // a 64-element panel, experts of several tiles).
-    for (const Case c : {Case{77, 8, 2, 200, 72}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
-                         Case{9, 128, 8, 96, 40}, Case{8, 128, 8, 96, 40}, Case{3, 8, 2, 64, 2056},
-                         Case{8, 4, 2, 136, 64}, Case{150, 4, 2, 200, 72},
-                         Case{200, 4, 2, 136, 520}}) {
+    for (const Case c :
+         {Case{77, 8, 2, 200, 72}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
+          Case{9, 128, 8, 96, 40}, Case{8, 128, 8, 96, 40}, Case{3, 8, 2, 64, 2056},
+          Case{8, 4, 2, 136, 64}, Case{150, 4, 2, 200, 72}, Case{200, 4, 2, 136, 520}}) {
       const int64_t pairs = int64_t(c.tokens) * c.top_k;
       DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
       Routing r(pairs, c.experts);
@@ -322,9 +322,9 @@ TEST_P(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
     int tokens, experts, top_k, hidden, inter;
   };
   const DType dtype = DType::kBF16;
-  for (const Case c : {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64},
-                       Case{1, 128, 8, 256, 96}, Case{5, 128, 8, 128, 64},
-                       Case{300, 8, 2, 128, 200}}) {
+  for (const Case c :
+       {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64}, Case{1, 128, 8, 256, 96},
+        Case{5, 128, 8, 128, 64}, Case{300, 8, 2, 128, 200}}) {
     const int64_t pairs = int64_t(c.tokens) * c.top_k;
     const std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 1.5f, 11);
     const Half x = Round(Normal(size_t(c.tokens) * c.hidden, 1.f, 12), dtype);

@@ -35,6 +35,12 @@ constexpr int kRows = kMoeTileRows;  // 64: one warpgroup MMA's rows
 constexpr int kPanelBytes = 128;     // a row's bytes of k per stage (one 128B swizzle span)
 constexpr int kChunks = kPanelBytes / 16;
 constexpr int kStages = 4;
+// The CTAs' order: groups of kGroupTiles consecutive tiles (1,024 rows: a Mixtral expert's at
+// 4,096 tokens) walk the n blocks together, tile fastest, so that the CTAs in flight share a
+// few weight blocks and input tiles in L2. With n blocks fastest (the grid's x), each tile swept
+// its expert's whole matrix (Mixtral-8x7B's gate|up: 235 MB, past L2) before the expert's next
+// tile came to read it again: 186 TFLOP/s at 4,096 tokens on the H100 against 399 for down.
+constexpr int kGroupTiles = 16;
 static_assert(kRows == 64, "a routing tile is one m64 warpgroup MMA");
 
 template <int kWg>
@@ -67,11 +73,17 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
   __shared__ int a_rows[kRows];
   PdlWait();
   PdlTrigger();
-  const int tile = blockIdx.y;
+  // CTA -> (tile, n block): gridDim.x = n blocks x tiles (the host's upper bound).
+  const int n_blocks = (n + Tile::kCols - 1) / Tile::kCols;
+  const int max_tiles = int(gridDim.x) / n_blocks;
+  const int group = int(blockIdx.x) / (kGroupTiles * n_blocks);
+  const int in_group = int(blockIdx.x) % (kGroupTiles * n_blocks);
+  const int group_tiles = min(kGroupTiles, max_tiles - group * kGroupTiles);
+  const int tile = group * kGroupTiles + in_group % group_tiles;
   if (tile >= *num_tiles) return;
   const int e = tile_expert[tile], row0 = tile_begin[tile];
   const int rows = min(kRows, offsets[e + 1] - row0);
-  const int n0 = blockIdx.x * Tile::kCols;
+  const int n0 = in_group / group_tiles * Tile::kCols;
   if (threadIdx.x < kRows) {
     const int r = row0 + int(threadIdx.x);
     a_rows[threadIdx.x] = int(threadIdx.x) < rows ? (gather ? sorted_pairs[r] / top_k : r) : -1;
@@ -112,7 +124,8 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
   };
   const int wg = int(threadIdx.x) / 128;
   const ptx::DescBase da = ptx::MakeDescBase(base, 16, 1024);
-  const ptx::DescBase db = ptx::MakeDescBase(base + Tile::kABytes + uint32_t(wg) * 128 * 128, 16, 1024);
+  const ptx::DescBase db =
+      ptx::MakeDescBase(base + Tile::kABytes + uint32_t(wg) * 128 * 128, 16, 1024);
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -157,7 +170,8 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
   ptx::WgmmaWait<0>();
   ptx::FenceRegs(acc);
   ptx::CpAsyncWaitAll();  // the empty tail groups: no copy lands after the CTA exits
-  // acc[4j + 2h + c]: row (warp % 4) · 16 + lane / 4 + 8h, output n0 + wg · 128 + 8j + 2 (lane % 4) + c.
+  // acc[4j + 2h + c]: row (warp % 4) · 16 + lane / 4 + 8h, output n0 + wg · 128 + 8j + 2 (lane % 4)
+  // + c.
   const int lane = int(threadIdx.x) % 32, wr = (int(threadIdx.x) / 32) % 4 * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -194,10 +208,10 @@ void LaunchTyped(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream) {
   auto kernel = MoeGemmWgmmaKernel<T, kOutF32, kFp8, kWg>;
   // Every call, as the prefill kernels do (a host-side attribute, per device; allowed while a
   // stream is captured).
-  LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      Tile::kSmemBytes));
-  const dim3 grid(unsigned((g.n + Tile::kCols - 1) / Tile::kCols),
-                  unsigned(MoeMaxTiles(g.num_pairs, g.num_experts)));
+  LLM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
+  const int64_t n_blocks = (g.n + Tile::kCols - 1) / Tile::kCols;
+  const dim3 grid(unsigned(n_blocks * MoeMaxTiles(g.num_pairs, g.num_experts)));
   Launch(kernel, grid, dim3(Tile::kThreads), Tile::kSmemBytes, stream, g.x, g.x_scale, g.gather,
          g.top_k, g.w, g.w_scale, g.out, int(g.n), int(g.k),
          static_cast<const int32_t*>(r.sorted_pairs), static_cast<const int32_t*>(r.offsets),

@@ -10,7 +10,6 @@ namespace llm::cuda::moe_detail {
 
 // One grouped GEMM on warpgroup-MMA tiles: bf16 / fp16 operands, or W8A8 (g.x_scale and
 // g.w_scale set); warpgroups (1 or 2) side by side along n per CTA, 64 rows x 128 outputs each.
-void LaunchMoeGemmWgmma(const MoeGemm& g, const MoeRouting& r, int warpgroups,
-                        cudaStream_t stream);
+void LaunchMoeGemmWgmma(const MoeGemm& g, const MoeRouting& r, int warpgroups, cudaStream_t stream);
 
 }  // namespace llm::cuda::moe_detail
