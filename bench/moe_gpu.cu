@@ -10,7 +10,8 @@
 // kV3 at steps its GEMV takes also times gate|up with SiLU·mul fused (gate_up_silu_us; the
 // others: -1).
 // kV4's warpgroup-MMA tiles (steps averaging more than 32 rows per expert) run CTAs of
-// --wgmma-warpgroups 1 or 2 warpgroups (default: MoeGroupedGemm's pick; "wgmma_warpgroups").
+// --wgmma-cols 128 or 256 outputs (default: MoeGroupedGemm's pick; "wgmma_cols"), on 64-row
+// tiles, or 128-row ones from 128 rows per expert on average ("tile_rows").
 // Every kernel set (moe.h: MoeKernels kV1 .. kV4; --kernels picks some, e.g. --kernels 34) at
 // every shape, with bf16 experts and with fp8
 // ones (--quantization fp8: e4m3 codes with row scales; steps of up to 8 tokens on the
@@ -146,7 +147,7 @@ double MedianMs(F&& f, int reps) {
 }
 
 void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda::MoeKernels kernels,
-         bool fp8, int wgmma_warpgroups) {
+         bool fp8, int wgmma_cols) {
   namespace cu = llm::cuda;
   const int64_t pairs = int64_t(tokens) * s.top_k, e = s.experts;
   const int64_t gu_elems = e * 2 * s.inter * s.hidden, d_elems = e * s.hidden * s.inter;
@@ -226,7 +227,7 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
   g.dtype = DType::kBF16;
   g.num_pairs = pairs;
   g.num_experts = int(e);
-  g.wgmma_warpgroups = wgmma_warpgroups;
+  g.wgmma_cols = wgmma_cols;
   const double gu_ms = MedianMs(
       [&] {
         g.x = x;
@@ -310,14 +311,15 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
   const double gu_bytes = double(hit) * 2 * s.inter * s.hidden * wes,
                d_bytes = double(hit) * s.hidden * s.inter * wes;
   std::printf(
-      "{\"kind\":\"moe\",\"kernels\":\"%s\",\"wgmma_warpgroups\":%d,\"weights\":\"%s\","
+      "{\"kind\":\"moe\",\"kernels\":\"%s\",\"wgmma_cols\":%d,\"tile_rows\":%d,"
+      "\"weights\":\"%s\","
       "\"shape\":\"%s\","
       "\"tokens\":%d,\"experts_hit\":%lld,"
       "\"route_us\":%.1f,\"gate_up_us\":%.1f,\"gate_up_tflops\":%.1f,\"gate_up_weight_tbs\":%.2f,"
       "\"down_us\":%.1f,\"down_tflops\":%.1f,\"down_weight_tbs\":%.2f,"
       "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f,\"gate_up_silu_us\":%.1f,"
       "\"cublas_gate_up_us\":%.1f,\"cublas_gate_up_tflops\":%.1f,\"cublas_down_us\":%.1f}\n",
-      kSetNames[int(kernels)], wgmma_warpgroups,
+      kSetNames[int(kernels)], wgmma_cols, cu::MoeTileRows(pairs, int(e), kernels),
       w8a8 ? "fp8-w8a8" : (fp8 ? "fp8-weight-only" : "bf16"), s.name, tokens,
       static_cast<long long>(hit), route_ms * 1e3, gu_ms * 1e3, gu_flop / gu_ms / 1e9,
       gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9, d_bytes / down_ms / 1e9,
@@ -332,13 +334,13 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 20, wgmma_warpgroups = 0;
+  int reps = 20, wgmma_cols = 0;
   std::string sets = "1234";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) sets = argv[++i];
-    if (std::strcmp(argv[i], "--wgmma-warpgroups") == 0 && i + 1 < argc) {
-      wgmma_warpgroups = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--wgmma-cols") == 0 && i + 1 < argc) {
+      wgmma_cols = std::atoi(argv[++i]);
     }
   }
   llm::cuda::Gemm gemm;
@@ -349,7 +351,7 @@ int main(int argc, char** argv) {
       for (auto k : {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2,
                      llm::cuda::MoeKernels::kV3, llm::cuda::MoeKernels::kV4}) {
         if (sets.find(char('1' + int(k))) == std::string::npos) continue;
-        for (bool fp8 : {false, true}) Run(s, tokens, reps, gemm, k, fp8, wgmma_warpgroups);
+        for (bool fp8 : {false, true}) Run(s, tokens, reps, gemm, k, fp8, wgmma_cols);
       }
     }
   }

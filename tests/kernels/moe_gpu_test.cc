@@ -37,11 +37,11 @@ class MoeGpuTest : public ::testing::TestWithParam<MoeKernels> {
     std::string why;
     if (!DeviceAvailable(&why)) GTEST_SKIP() << "no GPU, MoE GPU test skipped: " << why;
   }
-  // The grouped GEMM tests' (out_f32, MoeGemm::wgmma_warpgroups) runs: both output types, and
-  // on kV4 both CTA widths of its warpgroup-MMA tiles.
-  static std::vector<std::pair<bool, int>> OutputsAndWarpgroups() {
+  // The grouped GEMM tests' (out_f32, MoeGemm::wgmma_cols) runs: both output types, and on kV4
+  // both CTA widths of its warpgroup-MMA tiles.
+  static std::vector<std::pair<bool, int>> OutputsAndCtaCols() {
     if (GetParam() != MoeKernels::kV4) return {{true, 0}, {false, 0}};
-    return {{true, 1}, {false, 1}, {true, 2}, {false, 2}};
+    return {{true, 128}, {false, 128}, {true, 256}, {false, 256}};
   }
 };
 
@@ -109,9 +109,9 @@ TEST_P(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
   struct Case {
     int tokens, experts, top_k;
   };
-  for (const Case c :
-       {Case{300, 8, 2}, Case{257, 128, 8}, Case{64, 256, 8}, Case{5, 3, 3}, Case{1, 128, 8},
-        Case{4, 128, 8}, Case{16, 8, 2}, Case{3, 256, 10}, Case{2, 4, 4}, Case{5, 128, 8}}) {
+  for (const Case c : {Case{300, 8, 2}, Case{257, 128, 8}, Case{64, 256, 8}, Case{5, 3, 3},
+                       Case{1, 128, 8}, Case{4, 128, 8}, Case{16, 8, 2}, Case{3, 256, 10},
+                       Case{2, 4, 4}, Case{5, 128, 8}, Case{300, 4, 2}}) {
     for (const bool normalize : {true, false}) {
       std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 2.f, c.experts + c.tokens);
       // Ties: token 0 has three equal largest logits, token 1 all equal.
@@ -145,11 +145,12 @@ TEST_P(MoeGpuTest, RoutingAndGroupingEqualTheCpu) {
         ASSERT_EQ(sorted[size_t(i)] / c.top_k, want.tokens[size_t(i)]) << "row " << i;
         ASSERT_EQ(rows[size_t(sorted[size_t(i)])], i);
       }
-      // The tiles: each expert's rows in kMoeTileRows pieces, in expert order.
+      // The tiles: each expert's rows in MoeTileRows pieces (kV4's 300 x top 2 of 4: 128), in
+      // expert order.
+      const int tile_rows = MoeTileRows(pairs, c.experts, GetParam());
       std::vector<int32_t> want_te, want_tb;
       for (int e = 0; e < c.experts; ++e) {
-        for (int64_t b = want.offsets[size_t(e)]; b < want.offsets[size_t(e) + 1];
-             b += kMoeTileRows) {
+        for (int64_t b = want.offsets[size_t(e)]; b < want.offsets[size_t(e) + 1]; b += tile_rows) {
           want_te.push_back(e);
           want_tb.push_back(int32_t(b));
         }
@@ -171,12 +172,14 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
   };
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     // Up to 8 tokens kV2 takes its GEMV path, from 9 the tiles; from 33 rows per expert on
-    // average kV4's warpgroup-MMA tiles (the last three: n past a 128 / 256-output block, k past
-    // a 64-element panel, experts of several tiles).
+    // average kV4's warpgroup-MMA tiles, from 128 on 128-row tiles (the last four: n past a 128 /
+    // 256-output block, k past a 64-element panel, experts of several tiles, last tiles whose
+    // second 64 rows are empty).
     for (const Case c :
          {Case{77, 8, 2, 200, 72}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
           Case{9, 128, 8, 96, 40}, Case{8, 128, 8, 96, 40}, Case{3, 8, 2, 64, 2056},
-          Case{8, 4, 2, 136, 64}, Case{150, 4, 2, 200, 72}, Case{200, 4, 2, 136, 520}}) {
+          Case{8, 4, 2, 136, 64}, Case{150, 4, 2, 200, 72}, Case{200, 4, 2, 136, 520},
+          Case{300, 4, 2, 200, 72}, Case{520, 2, 2, 264, 136}}) {
       const int64_t pairs = int64_t(c.tokens) * c.top_k;
       DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
       Routing r(pairs, c.experts);
@@ -189,11 +192,11 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
         const int64_t in_rows = gather ? c.tokens : pairs;
         const Half x = Round(Normal(size_t(in_rows) * c.k, 1.f, 7), dtype);
         DevBuf d_x(x.bits);
-        for (const auto& [out_f32, wgs] : OutputsAndWarpgroups()) {
+        for (const auto& [out_f32, cols] : OutputsAndCtaCols()) {
           DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
           MoeGemm g = Gemm(d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32, c.n, c.k, pairs,
                            c.experts);
-          g.wgmma_warpgroups = wgs;
+          g.wgmma_cols = cols;
           MoeGroupedGemm(g, r.r, nullptr, GetParam());
           std::vector<float> got(size_t(pairs) * c.n);
           if (out_f32) {
@@ -223,7 +226,7 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
               worst = std::max(worst, err / tol);
               ASSERT_LE(err, tol) << "row " << row << " col " << j << " expert " << e
                                   << (gather ? " gather" : "") << " n " << c.n << " k " << c.k
-                                  << " warpgroups " << wgs;
+                                  << " cols " << cols;
             }
           }
           EXPECT_LE(worst, 1.0);
@@ -244,7 +247,8 @@ TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
   const DType dtype = DType::kBF16;
   for (const Case c : {Case{77, 8, 2, 200, 80}, Case{300, 16, 4, 128, 256}, Case{1, 8, 2, 64, 64},
                        Case{5, 128, 8, 96, 48}, Case{3, 8, 2, 64, 2064}, Case{9, 4, 2, 136, 32},
-                       Case{150, 4, 2, 200, 80}, Case{200, 4, 2, 136, 528}}) {
+                       Case{150, 4, 2, 200, 80}, Case{200, 4, 2, 136, 528},
+                       Case{300, 4, 2, 200, 80}, Case{520, 2, 2, 264, 144}}) {
     const int64_t pairs = int64_t(c.tokens) * c.top_k;
     DevBuf d_logits(Normal(size_t(c.tokens) * c.experts, 1.f, 5));
     Routing r(pairs, c.experts);
@@ -272,11 +276,11 @@ TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
           }
         }
         DevBuf d_x(x.bits), d_x8(x8), d_xs(x_scale);
-        for (const auto& [out_f32, wgs] : OutputsAndWarpgroups()) {
+        for (const auto& [out_f32, cols] : OutputsAndCtaCols()) {
           DevBuf d_out(size_t(pairs) * c.n * (out_f32 ? 4 : 2));
           MoeGemm g = Gemm(w8a8 ? d_x8.p : d_x.p, gather, c.top_k, d_w.p, dtype, d_out.p, out_f32,
                            c.n, c.k, pairs, c.experts);
-          g.wgmma_warpgroups = wgs;
+          g.wgmma_cols = cols;
           g.w_scale = d_ws.as<float>();
           g.x_scale = w8a8 ? d_xs.as<float>() : nullptr;
           MoeGroupedGemm(g, r.r, nullptr, GetParam());
@@ -304,8 +308,7 @@ TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
                   (w8a8 ? 1e-3 : 2e-5) * mag + (out_f32 ? 0 : std::fabs(ref) / 256) + 1e-6;
               ASSERT_NEAR(got[size_t(row * c.n + j)], ref, tol)
                   << "row " << row << " col " << j << " expert " << e << (w8a8 ? " W8A8" : "")
-                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k << " warpgroups "
-                  << wgs;
+                  << (gather ? " gather" : "") << " n " << c.n << " k " << c.k << " cols " << cols;
             }
           }
         }
@@ -324,7 +327,7 @@ TEST_P(MoeGpuTest, MoeMlpMatchesTheCpuArithmetic) {
   const DType dtype = DType::kBF16;
   for (const Case c :
        {Case{61, 8, 2, 64, 160}, Case{700, 128, 8, 128, 64}, Case{1, 128, 8, 256, 96},
-        Case{5, 128, 8, 128, 64}, Case{300, 8, 2, 128, 200}}) {
+        Case{5, 128, 8, 128, 64}, Case{300, 8, 2, 128, 200}, Case{600, 4, 2, 128, 200}}) {
     const int64_t pairs = int64_t(c.tokens) * c.top_k;
     const std::vector<float> logits = Normal(size_t(c.tokens) * c.experts, 1.5f, 11);
     const Half x = Round(Normal(size_t(c.tokens) * c.hidden, 1.f, 12), dtype);
@@ -522,7 +525,8 @@ TEST_P(MoeGpuTest, FusedSiluMulEqualsTheGemvThenSiluMul) {
 // replayed on new logits gives what eager launches give, bit for bit, and so do eager launches
 // with programmatic dependent launch (launch.h; the executor's default on sm_90): 80 tokens
 // (tiles; seed 33 gives 4 experts 80 rows each, 2 tiles), 300 (kV4's warpgroup-MMA tiles: 37.5
-// rows per expert on average; seed 33: 300 rows each) and 4 (kV2's GEMV).
+// rows per expert on average; seed 33: 300 rows each), 1100 (137.5 on average: 128-row tiles)
+// and 4 (kV2's GEMV).
 void CaptureAndReplay(int tokens, MoeKernels kernels) {
   const int experts = 32, top_k = 4, hidden = 64, inter = 96;
   const int64_t pairs = int64_t(tokens) * top_k;
@@ -580,7 +584,7 @@ void CaptureAndReplay(int tokens, MoeKernels kernels) {
 }
 
 TEST_P(MoeGpuTest, CapturedChainReplaysOnOtherRoutings) {
-  for (const int tokens : {80, 300, 4}) CaptureAndReplay(tokens, GetParam());
+  for (const int tokens : {80, 300, 1100, 4}) CaptureAndReplay(tokens, GetParam());
 }
 
 TEST_P(MoeGpuTest, BadArgumentsAreRefused) {
@@ -602,9 +606,9 @@ TEST_P(MoeGpuTest, BadArgumentsAreRefused) {
   MoeGemm a8 = Gemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 64, 64, 16, 8);
   a8.x_scale = buf.as<float>();
   EXPECT_THROW(MoeGroupedGemm(a8, r.r, nullptr), std::invalid_argument);
-  // kV4's warpgroups per CTA: 0 (its pick), 1 or 2.
+  // kV4's outputs per CTA: 0 (its pick), 128 or 256.
   MoeGemm wide = Gemm(buf.p, true, 2, buf.p, DType::kBF16, buf.p, false, 64, 64, 16, 8);
-  wide.wgmma_warpgroups = 3;
+  wide.wgmma_cols = 64;
   EXPECT_THROW(MoeGroupedGemm(wide, r.r, nullptr, MoeKernels::kV4), std::invalid_argument);
   MoeRouting missing = r.r;
   missing.pair_rows = nullptr;

@@ -190,7 +190,7 @@ constexpr int kGroupOneThreads = 1024;
 __device__ __forceinline__ void GroupPairs(const int32_t* experts, int num_pairs, int num_experts,
                                            int32_t* offsets, int32_t* sorted_pairs,
                                            int32_t* pair_rows, int32_t* tile_expert,
-                                           int32_t* tile_begin, int32_t* num_tiles) {
+                                           int32_t* tile_begin, int32_t* num_tiles, int tile_rows) {
   constexpr int kWarps = kGroupOneThreads / 32;
   __shared__ int base[kMoeMaxExperts];  // counts, then each expert's next row
   __shared__ int start[kMoeMaxExperts + 1], tile_start[kMoeMaxExperts + 1];
@@ -210,7 +210,7 @@ __device__ __forceinline__ void GroupPairs(const int32_t* experts, int num_pairs
       const int e = lane * kPer + i;
       const int c = e < num_experts ? base[e] : 0;
       rows += c;
-      tiles += (c + kMoeTileRows - 1) / kMoeTileRows;
+      tiles += (c + tile_rows - 1) / tile_rows;
     }
     int rows_before = rows, tiles_before = tiles;  // inclusive warp scans, then exclusive
     for (int o = 1; o < 32; o <<= 1) {
@@ -229,7 +229,7 @@ __device__ __forceinline__ void GroupPairs(const int32_t* experts, int num_pairs
         start[e] = rows_before;
         tile_start[e] = tiles_before;
         rows_before += base[e];
-        tiles_before += (base[e] + kMoeTileRows - 1) / kMoeTileRows;
+        tiles_before += (base[e] + tile_rows - 1) / tile_rows;
       }
     }
     if (lane == 31) {  // the last lane's running sums are the totals
@@ -241,7 +241,7 @@ __device__ __forceinline__ void GroupPairs(const int32_t* experts, int num_pairs
   for (int e = tid; e < num_experts; e += kGroupOneThreads) {
     offsets[e] = start[e];
     int t = tile_start[e];
-    for (int b = start[e]; b < start[e + 1]; b += kMoeTileRows, ++t) {
+    for (int b = start[e]; b < start[e + 1]; b += tile_rows, ++t) {
       tile_expert[t] = e;
       tile_begin[t] = b;
     }
@@ -280,11 +280,11 @@ __device__ __forceinline__ void GroupPairs(const int32_t* experts, int num_pairs
 __global__ void __launch_bounds__(kGroupOneThreads)
     MoeGroupOneKernel(const int32_t* experts, int num_pairs, int num_experts, int32_t* offsets,
                       int32_t* sorted_pairs, int32_t* pair_rows, int32_t* tile_expert,
-                      int32_t* tile_begin, int32_t* num_tiles) {
+                      int32_t* tile_begin, int32_t* num_tiles, int tile_rows) {
   PdlWait();
   PdlTrigger();
   GroupPairs(experts, num_pairs, num_experts, offsets, sorted_pairs, pair_rows, tile_expert,
-             tile_begin, num_tiles);
+             tile_begin, num_tiles, tile_rows);
 }
 
 // kV3's small steps: the routing (warp w routes tokens w, w + 32, ...) and the grouping in one
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(kGroupOneThreads)
     MoeRouteGroupKernel(const float* logits, int num_tokens, int num_experts, int top_k,
                         bool normalize, int32_t* experts, float* weights, int32_t* offsets,
                         int32_t* sorted_pairs, int32_t* pair_rows, int32_t* tile_expert,
-                        int32_t* tile_begin, int32_t* num_tiles) {
+                        int32_t* tile_begin, int32_t* num_tiles, int tile_rows) {
   PdlWait();
   PdlTrigger();
   for (int t = threadIdx.x / 32; t < num_tokens; t += kGroupOneThreads / 32) {
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kGroupOneThreads)
   }
   __syncthreads();
   GroupPairs(experts, num_tokens * top_k, num_experts, offsets, sorted_pairs, pair_rows,
-             tile_expert, tile_begin, num_tiles);
+             tile_expert, tile_begin, num_tiles, tile_rows);
 }
 
 // kV3's smallest steps (at most kWarpGroupPairs pairs: batch 1-4 of top 8, up to 16 tokens of
@@ -415,7 +415,8 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   }
   if (num_tokens <= 0) return;
   const int pairs = int(num_tokens * top_k);
-  if (kernels >= MoeKernels::kV3 && pairs <= kWarpGroupPairs) {
+  const int tile_rows = MoeTileRows(pairs, num_experts, kernels);
+  if (kernels >= MoeKernels::kV3 && pairs <= kWarpGroupPairs) {  // (64-row tiles: one each)
     Launch(MoeRouteGroupWarpKernel, dim3(1), dim3(kWarpGroupWarps * 32), 0, stream, logits,
            int(num_tokens), num_experts, top_k, normalize, r.experts, r.weights, r.offsets,
            r.sorted_pairs, r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);
@@ -425,7 +426,7 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   if (kernels >= MoeKernels::kV3 && num_tokens <= kMoeFusedRouteMaxTokens) {
     Launch(MoeRouteGroupKernel, dim3(1), dim3(kGroupOneThreads), 0, stream, logits, int(num_tokens),
            num_experts, top_k, normalize, r.experts, r.weights, r.offsets, r.sorted_pairs,
-           r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);
+           r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles, tile_rows);
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -435,7 +436,7 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
   if (kernels != MoeKernels::kV1) {
     Launch(MoeGroupOneKernel, dim3(1), dim3(kGroupOneThreads), 0, stream,
            static_cast<const int32_t*>(r.experts), pairs, num_experts, r.offsets, r.sorted_pairs,
-           r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles);
+           r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles, tile_rows);
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }

@@ -32,8 +32,10 @@
 namespace llm::cuda {
 
 // The rows of the grouped GEMM's tiles: each expert's sorted pairs are cut into tiles of this
-// many rows (the last one partial).
+// many rows (the last one partial); kV4's steps whose experts average at least
+// kMoeWideTileRows rows into tiles of that many (MoeTileRows).
 inline constexpr int kMoeTileRows = 64;
+inline constexpr int kMoeWideTileRows = 128;
 // The largest expert count and top k the routing kernel takes.
 inline constexpr int kMoeMaxExperts = 256;
 inline constexpr int kMoeMaxTopK = 16;
@@ -56,10 +58,20 @@ inline constexpr int kMoeMaxTopK = 16;
 //     multiply one), and which can write SiLU(gate) · up itself (MoeGemm::silu_mul: no gate|up
 //     round trip, no SiluMul launch).
 // kV4: kV3 with the tiles of steps whose experts average more than 32 rows (prefill-size
-// steps, bf16 / fp16 or W8A8) on Hopper warpgroup MMAs (moe_gemm_wgmma.cu: wgmma m64n128 from
-// 128B-swizzled shared memory, a CTA of one or two warpgroups per 64-row tile; sm_90a).
+// steps, bf16 / fp16 or W8A8) on Hopper warpgroup MMAs (moe_gemm_wgmma.cu: wgmma m64n128 /
+// m64n256 from 128B-swizzled shared memory; sm_90a), on 128-row tiles where the experts
+// average at least 128 rows (MoeTileRows).
 // All give the same routing and grouping; the GEMMs agree within fp32 rounding.
 enum class MoeKernels { kV1, kV2, kV3, kV4 };
+
+// The rows of the tiles MoeRoute cuts for a step of num_pairs pairs (and MoeGroupedGemm reads):
+// kMoeWideTileRows on kV4 where the experts average at least that many rows, else
+// kMoeTileRows.
+inline int MoeTileRows(int64_t num_pairs, int num_experts, MoeKernels kernels) {
+  return kernels == MoeKernels::kV4 && num_pairs >= kMoeWideTileRows * int64_t(num_experts)
+             ? kMoeWideTileRows
+             : kMoeTileRows;
+}
 inline constexpr int kMoeGemvMaxTokens = 8;
 inline constexpr int kMoeFusedRouteMaxTokens = 64;
 
@@ -71,7 +83,7 @@ struct MoeRouting {
   int32_t* offsets = nullptr;       // [E + 1] expert e's sorted pairs: [offsets[e], offsets[e+1])
   int32_t* sorted_pairs = nullptr;  // [P] the pairs by expert, then by pair index
   int32_t* pair_rows = nullptr;     // [P] the inverse: pair p's row among the sorted pairs
-  int32_t* tile_expert = nullptr;   // [T] each tile's expert
+  int32_t* tile_expert = nullptr;   // [T] each tile's expert (tiles of MoeTileRows rows)
   int32_t* tile_begin = nullptr;    // [T] its first sorted row
   int32_t* num_tiles = nullptr;     // [1] how many tiles this step has
 
@@ -81,9 +93,11 @@ struct MoeRouting {
   }
 };
 
-// The most tiles num_pairs pairs over num_experts experts can need.
-inline int64_t MoeMaxTiles(int64_t num_pairs, int64_t num_experts) {
-  return (num_pairs + kMoeTileRows - 1) / kMoeTileRows + num_experts;
+// The most tiles of tile_rows rows num_pairs pairs over num_experts experts can need (the
+// MoeRouting arrays' size: the default, 64-row tiles, bounds both tile sizes).
+inline int64_t MoeMaxTiles(int64_t num_pairs, int64_t num_experts,
+                           int64_t tile_rows = kMoeTileRows) {
+  return (num_pairs + tile_rows - 1) / tile_rows + num_experts;
 }
 
 // Per token: softmax of its fp32 logits [num_tokens, num_experts], the top_k experts (equal
@@ -128,9 +142,10 @@ struct MoeGemm {
   // dtype followed by cuda::SiluMul; out: [num_pairs, n / 2] in dtype. Only where
   // MoeFusesSiluMul says so (kV3's GEMV); the call throws otherwise.
   bool silu_mul = false;
-  // kV4's warpgroup-MMA tiles: warpgroups per CTA along n (1: 64 x 128 outputs, 2: 64 x 256);
-  // 0 lets MoeGroupedGemm pick. For benchmarks and tests; ignored by the other paths.
-  int wgmma_warpgroups = 0;
+  // kV4's warpgroup-MMA tiles: a CTA's outputs, 128 or 256 (its rows are the routing tile's:
+  // 64 or 128); 0 lets MoeGroupedGemm pick. For benchmarks and tests; ignored by the other
+  // paths.
+  int wgmma_cols = 0;
   int64_t n = 0, k = 0, num_pairs = 0;
   int num_experts = 0;
 };

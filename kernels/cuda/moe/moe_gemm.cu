@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     MoeGemvRingKernel(const T* x, bool gather, int top_k, const void* w_in, const float* w_scale,
                       void* out, int n, int k, const int32_t* sorted_pairs, const int32_t* offsets,
                       const int32_t* tile_expert, const int32_t* tile_begin,
-                      const int32_t* num_tiles) {
+                      const int32_t* num_tiles, int tile_rows) {
   static_assert(!(kSilu && kOutF32), "SiLU·mul writes dtype");
   using W = std::conditional_t<kFp8, uint8_t, T>;
   constexpr int kElems = 16 / int(sizeof(W));  // weights per 16-byte chunk
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     }
     ptx::CpAsyncCommit();  // empty past the last step: the group count stays uniform
   };
-  const int rows_end = min(first + kMoeTileRows, offsets[e + 1]);
+  const int rows_end = min(first + tile_rows, offsets[e + 1]);
   for (int row0 = first; row0 < rows_end; row0 += kMaxRows) {
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
@@ -477,13 +477,16 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   const auto* sorted = static_cast<const int32_t*>(r.sorted_pairs);
   // kV3's tiles: warps side by side along n while the step averages at most 32 rows per expert.
   const bool narrow = g.num_pairs <= 32 * int64_t(g.num_experts);
-  if (g.wgmma_warpgroups < 0 || g.wgmma_warpgroups > 2) {
-    throw std::invalid_argument("MoeGroupedGemm: wgmma_warpgroups " +
-                                std::to_string(g.wgmma_warpgroups) + " (0, 1 or 2)");
+  if (g.wgmma_cols != 0 && g.wgmma_cols != 128 && g.wgmma_cols != 256) {
+    throw std::invalid_argument("MoeGroupedGemm: wgmma_cols " + std::to_string(g.wgmma_cols) +
+                                " (0, 128 or 256)");
   }
+  // The routing's tiles (kV4's widest steps: 128 rows; their GEMMs are the wgmma tiles, and a
+  // weight-only fp8 GEMV reads tiles of this many rows).
+  const int tile_rows = MoeTileRows(g.num_pairs, g.num_experts, kernels);
   // kV4: the wider steps on warpgroup-MMA tiles.
   if (kernels == MoeKernels::kV4 && !gemv && !narrow) {
-    moe_detail::LaunchMoeGemmWgmma(g, r, g.wgmma_warpgroups == 1 ? 1 : 2, stream);
+    moe_detail::LaunchMoeGemmWgmma(g, r, tile_rows, g.wgmma_cols == 128 ? 128 : 256, stream);
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -500,7 +503,7 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
         if constexpr (!(kSilu && kF32)) {
           Launch(MoeGemvRingKernel<T, kF32, kFp8, kSilu, decltype(rows_tag)::value>, grid, block, 0,
                  stream, x, g.gather, g.top_k, g.w, g.w_scale, g.out, n, k, sorted, r.offsets,
-                 r.tile_expert, r.tile_begin, r.num_tiles);
+                 r.tile_expert, r.tile_begin, r.num_tiles, tile_rows);
         }
       };
       auto by_rows = [&](auto silu_tag) {

@@ -1,21 +1,26 @@
 // kV4's grouped GEMM tiles (kernels/cuda/moe/moe.h: MoeKernels::kV4): Hopper warpgroup MMAs
-// (wgmma, sm_90a) over the routing's 64-row tiles, for steps whose experts average more than
-// 32 rows (prefill-size steps; smaller ones keep kV3's mma.sync tiles that skip empty
-// fragments, and the GEMV).
+// (wgmma, sm_90a) over the routing's tiles, for steps whose experts average more than 32 rows
+// (prefill-size steps; smaller ones keep kV3's mma.sync tiles that skip empty fragments, and
+// the GEMV). The routing cuts 64-row tiles, or 128-row ones where the experts average at least
+// 128 rows (MoeTileRows).
 //
-// A CTA is kWg warpgroups side by side along n over one routing tile: each warpgroup computes
-// the tile's 64 rows x 128 outputs with wgmma m64n128k16 (bf16 / fp16) or m64n128k32 (W8A8
-// e4m3), both operands from shared memory. A stage is one 128-byte panel of k (64 bf16 / fp16
-// elements or 128 e4m3 codes) of the tile's 64 input rows (gathered: row r is x[sorted_pairs /
-// top_k] when MoeGemm::gather) and of the CTA's 128 · kWg weight rows, 128B-swizzled (16-byte
-// chunk c of row r at r · 128 + (c ^ r % 8) · 16, the layout the descriptors name), copied by
-// every thread with cp.async (the gathered rows rule out TMA boxes on Hopper). kStages stages:
-// the copies run kStages - 2 panels ahead of the one the wgmmas read; the stage refilled at
-// step kt is the one step kt - 2's wgmmas read, which every warpgroup has waited for
-// (wgmma.wait_group 1 at step kt - 1) before the barrier of step kt. The epilogue writes the
-// accumulators as kV3's tiles do (fp32 or dtype, the W8A8 scales applied).
-// The rows past an expert's last in its last tile are copied as zeros and multiplied (a
-// warpgroup MMA is 64 rows); their outputs are not written.
+// A CTA covers one routing tile (kWgM = tile rows / 64 warpgroups along m) and kCols outputs
+// (kWgN warpgroups along n of kWn outputs each): each warpgroup computes 64 rows x kWn outputs
+// with wgmma m64n{kWn}k16 (bf16 / fp16) or m64n{kWn}k32 (W8A8 e4m3), both operands from shared
+// memory. The shapes: 64 x 128 and 64 x 256 (one or two warpgroups along n) on 64-row tiles,
+// 128 x 128 and 128 x 256 (two warpgroups along m, n 128 or 256) on 128-row tiles; a larger
+// tile reads fewer bytes per multiply-add from L2 (64 x 256: 51 FLOP/byte, 128 x 256: 85).
+// A stage is one 128-byte panel of k (64 bf16 / fp16 elements or 128 e4m3 codes) of the tile's
+// input rows (gathered: row r is x[sorted_pairs / top_k] when MoeGemm::gather) and of the CTA's
+// kCols weight rows, 128B-swizzled (16-byte chunk c of row r at r · 128 + (c ^ r % 8) · 16, the
+// layout the descriptors name), copied by every thread with cp.async (the gathered rows rule
+// out TMA boxes on Hopper). kStages stages: the copies run kStages - 2 panels ahead of the one
+// the wgmmas read; the stage refilled at step kt is the one step kt - 2's wgmmas read, which
+// every warpgroup has waited for (wgmma.wait_group 1 at step kt - 1) before the barrier of step
+// kt. The epilogue writes the accumulators as kV3's tiles do (fp32 or dtype, the W8A8 scales
+// applied). The rows past an expert's last in its last tile are copied as zeros (no bytes
+// read); a warpgroup whose 64 rows are all past it skips its MMAs, the others multiply them
+// (a warpgroup MMA is 64 rows) and do not write their outputs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -31,42 +36,65 @@
 namespace llm::cuda::moe_detail {
 namespace {
 
-constexpr int kRows = kMoeTileRows;  // 64: one warpgroup MMA's rows
-constexpr int kPanelBytes = 128;     // a row's bytes of k per stage (one 128B swizzle span)
+constexpr int kPanelBytes = 128;  // a row's bytes of k per stage (one 128B swizzle span)
 constexpr int kChunks = kPanelBytes / 16;
 constexpr int kStages = 4;
-// The CTAs' order: groups of kGroupTiles consecutive tiles (1,024 rows: a Mixtral expert's at
-// 4,096 tokens) walk the n blocks together, tile fastest, so that the CTAs in flight share a
-// few weight blocks and input tiles in L2. With n blocks fastest (the grid's x), each tile swept
-// its expert's whole matrix (Mixtral-8x7B's gate|up: 235 MB, past L2) before the expert's next
-// tile came to read it again: 186 TFLOP/s at 4,096 tokens on the H100 against 399 for down.
-constexpr int kGroupTiles = 16;
-static_assert(kRows == 64, "a routing tile is one m64 warpgroup MMA");
+// The CTAs' order: groups of kGroupRows rows of consecutive tiles (a Mixtral expert's at 4,096
+// tokens) walk the n blocks together, tile fastest, so that the CTAs in flight share a few
+// weight blocks and input tiles in L2. With n blocks fastest, each tile swept its expert's whole
+// matrix (Mixtral-8x7B's gate|up: 235 MB, past L2) before the expert's next tile came to read it
+// again: 186 TFLOP/s at 4,096 tokens on the H100, 427 with the groups (64 x 256 tiles).
+constexpr int kGroupRows = 1024;
 
-template <int kWg>
+template <int kWgM, int kWgN, int kWn>
 struct WgmmaTile {
-  static constexpr int kThreads = 128 * kWg;
-  static constexpr int kCols = 128 * kWg;  // the CTA's outputs
+  static constexpr int kRows = 64 * kWgM;  // the routing tile's
+  static constexpr int kThreads = 128 * kWgM * kWgN;
+  static constexpr int kCols = kWn * kWgN;  // the CTA's outputs
+  static constexpr int kAcc = kWn / 2;      // accumulators per thread
   static constexpr int kABytes = kRows * kPanelBytes;
   static constexpr int kBBytes = kCols * kPanelBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes;  // + the 1024-byte alignment
+  static constexpr int kGroupTiles = kGroupRows / kRows;
   // Each thread's 16-byte copies per stage: kAPer of A, kBPer of B, all of one chunk column.
   static constexpr int kAPer = kRows * kChunks / kThreads, kBPer = kCols * kChunks / kThreads;
+  static_assert(kWn == 128 || kWn == 256, "wgmma m64n128 or m64n256");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "1024-byte swizzle atoms");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM");
   static_assert(kThreads / kChunks % 8 == 0, "a thread's rows share their swizzle phase");
+  static_assert(kAPer >= 1 && kBPer >= 1, "every thread copies A and B");
 };
 
-template <typename T, bool kOutF32, bool kFp8, int kWg>
-__global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
+// One k panel's MMAs of a warpgroup: 4 steps of 32 bytes (k16 of bf16 / fp16, k32 of e4m3).
+template <typename T, bool kFp8, int kN>
+__device__ __forceinline__ void PanelMmas(float (&acc)[kN / 2], ptx::DescBase da, ptx::DescBase db,
+                                          uint32_t off) {
+#pragma unroll
+  for (int kk = 0; kk < kPanelBytes / 32; ++kk) {
+    const uint64_t a = ptx::DescAt(da, off + kk * 32), b = ptx::DescAt(db, off + kk * 32);
+    if constexpr (kN == 128 && kFp8) {
+      ptx::WgmmaSS128E4m3(acc, a, b, 1);
+    } else if constexpr (kN == 128) {
+      ptx::WgmmaSS128(acc, a, b, 1, T{});
+    } else if constexpr (kFp8) {
+      ptx::WgmmaSS256E4m3(acc, a, b, 1);
+    } else {
+      ptx::WgmmaSS256(acc, a, b, 1, T{});
+    }
+  }
+}
+
+template <typename T, bool kOutF32, bool kFp8, int kWgM, int kWgN, int kWn>
+__global__ void __launch_bounds__(WgmmaTile<kWgM, kWgN, kWn>::kThreads)
     MoeGemmWgmmaKernel(const void* x_in, const float* x_scale, bool gather, int top_k,
                        const void* w_in, const float* w_scale, void* out, int n, int k,
                        const int32_t* sorted_pairs, const int32_t* offsets,
                        const int32_t* tile_expert, const int32_t* tile_begin,
                        const int32_t* num_tiles) {
-  using Tile = WgmmaTile<kWg>;
+  using Tile = WgmmaTile<kWgM, kWgN, kWn>;
   using E = std::conditional_t<kFp8, uint8_t, T>;
+  constexpr int kRows = Tile::kRows;
   constexpr int kElems = 16 / int(sizeof(E));  // elements per 16-byte chunk
   constexpr int kTileK = kPanelBytes / int(sizeof(E));
   extern __shared__ uint8_t smem_raw[];
@@ -76,22 +104,21 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
   // CTA -> (tile, n block): gridDim.x = n blocks x tiles (the host's upper bound).
   const int n_blocks = (n + Tile::kCols - 1) / Tile::kCols;
   const int max_tiles = int(gridDim.x) / n_blocks;
-  const int group = int(blockIdx.x) / (kGroupTiles * n_blocks);
-  const int in_group = int(blockIdx.x) % (kGroupTiles * n_blocks);
-  const int group_tiles = min(kGroupTiles, max_tiles - group * kGroupTiles);
-  const int tile = group * kGroupTiles + in_group % group_tiles;
+  const int group = int(blockIdx.x) / (Tile::kGroupTiles * n_blocks);
+  const int in_group = int(blockIdx.x) % (Tile::kGroupTiles * n_blocks);
+  const int group_tiles = min(Tile::kGroupTiles, max_tiles - group * Tile::kGroupTiles);
+  const int tile = group * Tile::kGroupTiles + in_group % group_tiles;
   if (tile >= *num_tiles) return;
   const int e = tile_expert[tile], row0 = tile_begin[tile];
   const int rows = min(kRows, offsets[e + 1] - row0);
   const int n0 = in_group / group_tiles * Tile::kCols;
-  if (threadIdx.x < kRows) {
-    const int r = row0 + int(threadIdx.x);
-    a_rows[threadIdx.x] = int(threadIdx.x) < rows ? (gather ? sorted_pairs[r] / top_k : r) : -1;
+  for (int i = threadIdx.x; i < kRows; i += Tile::kThreads) {
+    a_rows[i] = i < rows ? (gather ? sorted_pairs[row0 + i] / top_k : row0 + i) : -1;
   }
   __syncthreads();
   const uint32_t base = (ptx::SmemAddr(smem_raw) + 1023) & ~1023u;
-  // This thread's copies: chunk column ch of rows r0 + i · (kThreads / kChunks); every such
-  // row has the same r % 8, so one swizzled column offset.
+  // This thread's copies: chunk column ch of rows r0 + i · kRowStep; every such row has the
+  // same r % 8 (kRowStep is a multiple of 8), so one swizzled column offset.
   const int ch = int(threadIdx.x) % kChunks, r0 = int(threadIdx.x) / kChunks;
   constexpr int kRowStep = Tile::kThreads / kChunks;
   const uint32_t swz = uint32_t(r0 * kPanelBytes + ((ch ^ (r0 & 7)) << 4));
@@ -122,13 +149,15 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
     }
     ptx::CpAsyncCommit();
   };
-  const int wg = int(threadIdx.x) / 128;
-  const ptx::DescBase da = ptx::MakeDescBase(base, 16, 1024);
+  // Warpgroup (wm, wn): rows wm · 64 .., outputs wn · kWn .. of the CTA's.
+  const int wg = int(threadIdx.x) / 128, wm = wg / kWgN, wn = wg % kWgN;
+  const bool live = wm * 64 < rows;  // warpgroup-uniform: some of its rows exist
+  const ptx::DescBase da = ptx::MakeDescBase(base + uint32_t(wm) * 64 * kPanelBytes, 16, 1024);
   const ptx::DescBase db =
-      ptx::MakeDescBase(base + Tile::kABytes + uint32_t(wg) * 128 * 128, 16, 1024);
-  float acc[64];
+      ptx::MakeDescBase(base + Tile::kABytes + uint32_t(wn) * kWn * kPanelBytes, 16, 1024);
+  float acc[Tile::kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int i = 0; i < Tile::kAcc; ++i) acc[i] = 0.f;
   const int k_tiles = (k + kTileK - 1) / kTileK;
   constexpr int kAhead = kStages - 2;
 #pragma unroll
@@ -151,18 +180,10 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
     } else {
       ptx::CpAsyncCommit();
     }
-    const uint32_t off = uint32_t(kt % kStages) * Tile::kStageBytes;
+    if (!live) continue;
     ptx::WgmmaFence();
     ptx::FenceRegs(acc);
-#pragma unroll
-    for (int kk = 0; kk < kPanelBytes / 32; ++kk) {  // 32 bytes: k16 of bf16 / fp16, k32 of e4m3
-      const uint64_t a = ptx::DescAt(da, off + kk * 32), b = ptx::DescAt(db, off + kk * 32);
-      if constexpr (kFp8) {
-        ptx::WgmmaSS128E4m3(acc, a, b, 1);
-      } else {
-        ptx::WgmmaSS128(acc, a, b, 1, T{});
-      }
-    }
+    PanelMmas<T, kFp8, kWn>(acc, da, db, uint32_t(kt % kStages) * Tile::kStageBytes);
     ptx::WgmmaCommit();
     ptx::FenceRegs(acc);
     ptx::WgmmaWait<1>();
@@ -170,12 +191,14 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
   ptx::WgmmaWait<0>();
   ptx::FenceRegs(acc);
   ptx::CpAsyncWaitAll();  // the empty tail groups: no copy lands after the CTA exits
-  // acc[4j + 2h + c]: row (warp % 4) · 16 + lane / 4 + 8h, output n0 + wg · 128 + 8j + 2 (lane % 4)
-  // + c.
-  const int lane = int(threadIdx.x) % 32, wr = (int(threadIdx.x) / 32) % 4 * 16 + lane / 4;
+  if (!live) return;
+  // acc[4j + 2h + c]: row wm · 64 + (warp % 4) · 16 + lane / 4 + 8h, output
+  // n0 + wn · kWn + 8j + 2 (lane % 4) + c.
+  const int lane = int(threadIdx.x) % 32;
+  const int wr = wm * 64 + (int(threadIdx.x) / 32) % 4 * 16 + lane / 4;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = n0 + wg * 128 + j * 8 + (lane % 4) * 2;
+  for (int j = 0; j < kWn / 8; ++j) {
+    const int col = n0 + wn * kWn + j * 8 + (lane % 4) * 2;
     if (col >= n) continue;
     float ws0 = 1.f, ws1 = 1.f;
     if constexpr (kFp8) {
@@ -202,16 +225,16 @@ __global__ void __launch_bounds__(WgmmaTile<kWg>::kThreads)
   }
 }
 
-template <typename T, bool kOutF32, bool kFp8, int kWg>
+template <typename T, bool kOutF32, bool kFp8, int kWgM, int kWgN, int kWn>
 void LaunchTyped(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream) {
-  using Tile = WgmmaTile<kWg>;
-  auto kernel = MoeGemmWgmmaKernel<T, kOutF32, kFp8, kWg>;
+  using Tile = WgmmaTile<kWgM, kWgN, kWn>;
+  auto kernel = MoeGemmWgmmaKernel<T, kOutF32, kFp8, kWgM, kWgN, kWn>;
   // Every call, as the prefill kernels do (a host-side attribute, per device; allowed while a
   // stream is captured).
   LLM_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
   const int64_t n_blocks = (g.n + Tile::kCols - 1) / Tile::kCols;
-  const dim3 grid(unsigned(n_blocks * MoeMaxTiles(g.num_pairs, g.num_experts)));
+  const dim3 grid(unsigned(n_blocks * MoeMaxTiles(g.num_pairs, g.num_experts, Tile::kRows)));
   Launch(kernel, grid, dim3(Tile::kThreads), Tile::kSmemBytes, stream, g.x, g.x_scale, g.gather,
          g.top_k, g.w, g.w_scale, g.out, int(g.n), int(g.k),
          static_cast<const int32_t*>(r.sorted_pairs), static_cast<const int32_t*>(r.offsets),
@@ -221,16 +244,22 @@ void LaunchTyped(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream) {
 
 }  // namespace
 
-void LaunchMoeGemmWgmma(const MoeGemm& g, const MoeRouting& r, int warpgroups,
+void LaunchMoeGemmWgmma(const MoeGemm& g, const MoeRouting& r, int tile_rows, int cols,
                         cudaStream_t stream) {
-  auto by_wg = [&](auto tag, auto f32_tag, auto fp8_tag) {
+  auto by_shape = [&](auto tag, auto f32_tag, auto fp8_tag) {
     using T = decltype(tag);
     constexpr bool kF32 = decltype(f32_tag)::value, kFp8 = decltype(fp8_tag)::value;
-    warpgroups == 1 ? LaunchTyped<T, kF32, kFp8, 1>(g, r, stream)
-                    : LaunchTyped<T, kF32, kFp8, 2>(g, r, stream);
+    if (tile_rows == 128) {
+      cols == 128 ? LaunchTyped<T, kF32, kFp8, 2, 1, 128>(g, r, stream)
+                  : LaunchTyped<T, kF32, kFp8, 2, 1, 256>(g, r, stream);
+    } else {
+      cols == 128 ? LaunchTyped<T, kF32, kFp8, 1, 1, 128>(g, r, stream)
+                  : LaunchTyped<T, kF32, kFp8, 1, 2, 128>(g, r, stream);
+    }
   };
   auto by_out = [&](auto tag, auto fp8_tag) {
-    g.out_f32 ? by_wg(tag, std::true_type{}, fp8_tag) : by_wg(tag, std::false_type{}, fp8_tag);
+    g.out_f32 ? by_shape(tag, std::true_type{}, fp8_tag)
+              : by_shape(tag, std::false_type{}, fp8_tag);
   };
   auto by_type = [&](auto fp8_tag) {
     g.dtype == DType::kBF16 ? by_out(__nv_bfloat16{}, fp8_tag) : by_out(__half{}, fp8_tag);

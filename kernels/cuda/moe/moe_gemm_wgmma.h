@@ -9,7 +9,9 @@
 namespace llm::cuda::moe_detail {
 
 // One grouped GEMM on warpgroup-MMA tiles: bf16 / fp16 operands, or W8A8 (g.x_scale and
-// g.w_scale set); warpgroups (1 or 2) side by side along n per CTA, 64 rows x 128 outputs each.
-void LaunchMoeGemmWgmma(const MoeGemm& g, const MoeRouting& r, int warpgroups, cudaStream_t stream);
+// g.w_scale set). tile_rows: the routing's tiles (MoeTileRows: 64 or 128), a CTA's rows; cols
+// (128 or 256): its outputs.
+void LaunchMoeGemmWgmma(const MoeGemm& g, const MoeRouting& r, int tile_rows, int cols,
+                        cudaStream_t stream);
 
 }  // namespace llm::cuda::moe_detail
