@@ -73,8 +73,9 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "the heuristic's first (~3 s more start-up; measured +0.2-0.3% end to end on the "
                 "H200)");
   cmd->add_option("--moe-kernels", moe_kernels,
-                  "cuda, mixture-of-experts models: v4 (v3 with prefill-size steps' expert GEMMs "
-                  "on Hopper warpgroup MMAs), v3 (the default: v2 with routing and grouping "
+                  "cuda, mixture-of-experts models: v4 (the default: v3 with prefill-size steps' "
+                  "expert GEMMs on Hopper warpgroup MMAs; H100, Qwen3-30B-A3B TTFT of 4,096 "
+                  "tokens 0.48x v3's, throughput 1.035x), v3 (v2 with routing and grouping "
                   "in one kernel for steps of up to 64 tokens, tiles that skip the rows an "
                   "expert lacks, a GEMV streaming through a shared-memory ring that writes "
                   "SiLU(gate)*up itself; H100, Qwen3-30B-A3B batch-1 decode 1.02x v2's), v2 (one "

@@ -486,7 +486,11 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   const int tile_rows = MoeTileRows(g.num_pairs, g.num_experts, kernels);
   // kV4: the wider steps on warpgroup-MMA tiles.
   if (kernels == MoeKernels::kV4 && !gemv && !narrow) {
-    moe_detail::LaunchMoeGemmWgmma(g, r, tile_rows, g.wgmma_cols == 128 ? 128 : 256, stream);
+    // The CTA's outputs by default: 128 on 64-row tiles, 256 on 128-row ones (the faster of
+    // each pair on the H100, bench/RESULTS.md: 64 x 128 1-2% over 64 x 256; 128 x 256 1.25x
+    // 128 x 128 on Qwen3-30B-A3B's gate|up at 4,096 tokens).
+    const int cols = g.wgmma_cols != 0 ? g.wgmma_cols : (tile_rows == kMoeWideTileRows ? 256 : 128);
+    moe_detail::LaunchMoeGemmWgmma(g, r, tile_rows, cols, stream);
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }
