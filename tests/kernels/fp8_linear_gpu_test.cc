@@ -25,6 +25,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cuda/gemm.h"
@@ -72,9 +73,12 @@ TEST_F(Fp8LinearGpu, QuantizeRowsEqualsTheCpuRuleBitForBit) {
     int64_t rows, cols;
   };
   // 20000 columns: past the register cache (2,048 chunks of 8); 20 and 1000: the scalar path
-  // (20 % 8 != 0) and an 8-wide row of 125 chunks.
+  // (20 % 8 != 0) and an 8-wide row of 125 chunks. From 256 rows of at most 256 chunks a warp
+  // quantizes each row (300 x 2048: 8 chunks a lane; 300 x 20: the scalar path; 260 x 2056:
+  // one chunk too many, a CTA per row again).
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
-    for (Shape s : {Shape{3, 4096}, Shape{5, 20}, Shape{2, 20000}, Shape{4, 1000}}) {
+    for (Shape s : {Shape{3, 4096}, Shape{5, 20}, Shape{2, 20000}, Shape{4, 1000}, Shape{300, 2048},
+                    Shape{300, 20}, Shape{257, 1000}, Shape{260, 2056}}) {
       std::normal_distribution<float> dist(0.f, 1.f);
       std::vector<float> v(size_t(s.rows * s.cols));
       for (int64_t r = 0; r < s.rows; ++r) {
@@ -107,15 +111,20 @@ TEST_F(Fp8LinearGpu, QuantizeRowsEqualsTheCpuRuleBitForBit) {
 }
 
 TEST_F(Fp8LinearGpu, QuantizeRowsCountsRowsWithNonFiniteValues) {
-  const int64_t rows = 6, cols = 512;
+  const int64_t cols = 512;
+  for (const int64_t rows : {int64_t{6}, int64_t{300}}) {  // a CTA per row; a warp per row
+    std::vector<float> v(size_t(rows * cols), 0.25f);
+    v[size_t(1 * cols + 7)] = NAN;
+    v[size_t(4 * cols + 511)] = INFINITY;
+    v[size_t(4 * cols + 3)] = -INFINITY;  // a second bad value in the same row counts once
+    DevBuf din(v), dcodes(v.size()), dscale(size_t(rows) * 4), dbad(std::vector<int>{0});
+    cuda::QuantizeRowsE4m3(din.p, DType::kF32, rows, cols, dcodes.as<uint8_t>(), dscale.as<float>(),
+                           dbad.as<int>(), nullptr);
+    EXPECT_EQ(dbad.Download<int>()[0], 2) << rows << " rows";
+  }
+  const int64_t rows = 6;
   std::vector<float> v(size_t(rows * cols), 0.25f);
-  v[size_t(1 * cols + 7)] = NAN;
-  v[size_t(4 * cols + 511)] = INFINITY;
-  v[size_t(4 * cols + 3)] = -INFINITY;  // a second bad value in the same row counts once
-  DevBuf din(v), dcodes(v.size()), dscale(size_t(rows) * 4), dbad(std::vector<int>{0});
-  cuda::QuantizeRowsE4m3(din.p, DType::kF32, rows, cols, dcodes.as<uint8_t>(), dscale.as<float>(),
-                         dbad.as<int>(), nullptr);
-  EXPECT_EQ(dbad.Download<int>()[0], 2);
+  DevBuf din(v), dcodes(v.size()), dscale(size_t(rows) * 4);
   EXPECT_THROW(cuda::QuantizeRowsE4m3(din.p, DType::kF8E4M3, rows, cols, dcodes.as<uint8_t>(),
                                       dscale.as<float>(), nullptr, nullptr),
                std::invalid_argument);
@@ -201,8 +210,15 @@ TEST_F(Fp8LinearGpu, SiluMulE4m3MatchesTheCpuSiluMulQuantized) {
   std::mt19937 rng(13);
   std::normal_distribution<float> dist(0.f, 2.f);
   for (DType t : {DType::kBF16, DType::kF16}) {
-    for (int64_t inter : {1376, 14336, 20000, 172}) {  // 172: the scalar path
-      const int64_t rows = 5;
+    // 172: the scalar path; 300 rows of at most 256 chunks: a warp per row.
+    for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{5, 1376},
+                                      {5, 14336},
+                                      {5, 20000},
+                                      {5, 172},
+                                      {300, 768},
+                                      {300, 1376},
+                                      {300, 172},
+                                      {256, 2056}}) {
       std::vector<float> gu(static_cast<size_t>(rows * 2 * inter));
       for (float& v : gu) v = dist(rng);
       std::vector<float> exact;
@@ -217,10 +233,10 @@ TEST_F(Fp8LinearGpu, SiluMulE4m3MatchesTheCpuSiluMulQuantized) {
       }
       DevBuf din(bytes), dcodes(ref.size()), dscale(size_t(rows) * 4);
       cuda::SiluMulE4m3(din.p, dcodes.as<uint8_t>(), dscale.as<float>(), rows, inter, t, nullptr);
-      ExpectNearCpuQuantization(ref, rows, inter, dcodes.Download<uint8_t>(),
-                                dscale.Download<float>(),
-                                std::string("SiluMulE4m3 ") + std::string(DTypeName(t)) +
-                                    " inter " + std::to_string(inter));
+      ExpectNearCpuQuantization(
+          ref, rows, inter, dcodes.Download<uint8_t>(), dscale.Download<float>(),
+          std::string("SiluMulE4m3 ") + std::string(DTypeName(t)) + " inter " +
+              std::to_string(inter) + " rows " + std::to_string(rows));
     }
   }
 }

@@ -1,7 +1,9 @@
 // FP8 (e4m3) activations with dynamic per-row scales (kernels/cuda/ops/model_ops.h):
 // QuantizeRowsE4m3 (rows of bf16 / fp16 / fp32) and SiluMulE4m3 (silu(gate) · up of gate|up
-// rows), one CTA per row through quantize_row.cuh's QuantizeRow: cpu::QuantizeFp8Rows's rule
-// bit for bit. (AddRmsNormE4m3, the third producer, is model_ops.cu's.)
+// rows), one CTA per row through quantize_row.cuh's QuantizeRow, or, for many short rows (at
+// least kWarpRowsMin rows of at most kQuantWarpChunks chunks: prefill-size steps), one warp per
+// row through QuantizeRowWarp: cpu::QuantizeFp8Rows's rule bit for bit either way.
+// (AddRmsNormE4m3, the third producer, is model_ops.cu's.)
 // Test:  ninja -C build fp8_linear_gpu_test && (cd build && ctest -L gpu -R fp8_linear)
 // Bench: none of its own (memory-bound, a small share of a W8A8 step).
 #include <cuda_bf16.h>
@@ -25,7 +27,14 @@ namespace {
 using ops_detail::Aligned16;
 using ops_detail::CheckDType;
 using ops_detail::kQuantThreads;
+using ops_detail::kQuantWarpChunks;
 using ops_detail::QuantizeRow;
+using ops_detail::QuantizeRowWarp;
+
+// The warp-per-row kernels from this many rows (fewer rows keep a CTA each: more threads per
+// row where the rows are few, as in decode steps).
+constexpr int64_t kWarpRowsMin = 256;
+constexpr int kWarpRows = kQuantThreads / 32;  // rows per CTA of the warp kernels
 using vec::kVec;
 using vec::Load;
 using vec::LoadF32;
@@ -68,6 +77,31 @@ __global__ void __launch_bounds__(kQuantThreads)
 
 template <typename T, int N>
 __global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsWarpKernel(const T* __restrict__ in, int64_t rows, int64_t cols,
+                           uint8_t* __restrict__ codes, float* __restrict__ scales,
+                           int* nonfinite) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t r = int64_t(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  if (r >= rows) return;  // a whole warp
+  QuantizeRowWarp<N>(RowSource<T, N>{in + r * cols}, cols / N, codes + r * cols, scales + r,
+                     nonfinite);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
+    SiluMulE4m3WarpKernel(const T* __restrict__ gate_up, int64_t rows, int64_t inter,
+                          uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
+  const int64_t t = int64_t(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  if (t >= rows) return;  // a whole warp
+  QuantizeRowWarp<N>(SiluMulSource<T, N>{gate_up + t * 2 * inter, inter}, inter / N,
+                     codes + t * inter, scales + t, nullptr);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kQuantThreads)
     SiluMulE4m3Kernel(const T* __restrict__ gate_up, int64_t inter, uint8_t* __restrict__ codes,
                       float* __restrict__ scales) {
   PdlWait();  // reads what earlier kernels wrote (launch.h)
@@ -81,6 +115,17 @@ template <typename T>
 void LaunchQuantizeRows(const void* in, int64_t rows, int64_t cols, uint8_t* codes, float* scales,
                         int* nonfinite, bool vec, cudaStream_t stream) {
   const T* p = static_cast<const T*>(in);
+  const unsigned warp_grid = unsigned((rows + kWarpRows - 1) / kWarpRows);
+  if (rows >= kWarpRowsMin && cols / (vec ? kVec : 1) <= kQuantWarpChunks) {
+    if (vec) {
+      Launch(QuantizeRowsWarpKernel<T, kVec>, dim3(warp_grid), dim3(kQuantThreads), 0, stream, p,
+             rows, cols, codes, scales, nonfinite);
+    } else {
+      Launch(QuantizeRowsWarpKernel<T, 1>, dim3(warp_grid), dim3(kQuantThreads), 0, stream, p, rows,
+             cols, codes, scales, nonfinite);
+    }
+    return;
+  }
   if (vec) {
     Launch(QuantizeRowsKernel<T, kVec>, dim3(unsigned(rows)), dim3(kQuantThreads), 0, stream, p,
            cols, codes, scales, nonfinite);
@@ -94,6 +139,17 @@ template <typename T>
 void LaunchSiluMulE4m3(const void* gate_up, uint8_t* out, float* out_scale, int64_t num_tokens,
                        int64_t inter, bool vec, cudaStream_t stream) {
   const T* p = static_cast<const T*>(gate_up);
+  const unsigned warp_grid = unsigned((num_tokens + kWarpRows - 1) / kWarpRows);
+  if (num_tokens >= kWarpRowsMin && inter / (vec ? kVec : 1) <= kQuantWarpChunks) {
+    if (vec) {
+      Launch(SiluMulE4m3WarpKernel<T, kVec>, dim3(warp_grid), dim3(kQuantThreads), 0, stream, p,
+             num_tokens, inter, out, out_scale);
+    } else {
+      Launch(SiluMulE4m3WarpKernel<T, 1>, dim3(warp_grid), dim3(kQuantThreads), 0, stream, p,
+             num_tokens, inter, out, out_scale);
+    }
+    return;
+  }
   if (vec) {
     Launch(SiluMulE4m3Kernel<T, kVec>, dim3(unsigned(num_tokens)), dim3(kQuantThreads), 0, stream,
            p, inter, out, out_scale);

@@ -82,4 +82,45 @@ __device__ __forceinline__ void QuantizeRow(const Src& src, int64_t num_chunks,
   }
 }
 
+// QuantizeRow by one warp (the same codes and scale: the max is exact in any order): for rows
+// of at most kQuantWarpChunks chunks, all held in registers, and no CTA barrier, so that a CTA
+// quantizes kQuantThreads / 32 rows. One CTA per row of 768 values (Qwen3-30B-A3B's experts'
+// activations in a 4,096-token prefill: 32,768 rows) kept 96 of 256 threads busy and paid two
+// barriers per row: 387 us a layer on the H100, against 69 for SiluMul in bf16.
+constexpr int kQuantWarpChunks = 32 * kQuantCached;
+
+template <int N, typename Src>
+__device__ __forceinline__ void QuantizeRowWarp(const Src& src, int64_t num_chunks,
+                                                uint8_t* __restrict__ codes, float* scale_out,
+                                                int* nonfinite) {
+  const int lane = int(threadIdx.x % 32);
+  float cache[kQuantCached][N];
+  float amax = 0.f;
+  bool bad = false;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j) {
+    const int64_t c = lane + 32 * j;
+    if (c < num_chunks) {
+      src(c, cache[j]);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        amax = fmaxf(amax, fabsf(cache[j][i]));
+        bad |= !isfinite(cache[j][i]);
+      }
+    }
+  }
+  if (nonfinite != nullptr && __any_sync(0xffffffffu, bad) && lane == 0) atomicAdd(nonfinite, 1);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+  if (lane == 0) *scale_out = scale;
+#pragma unroll
+  for (int j = 0; j < kQuantCached; ++j) {
+    const int64_t c = lane + 32 * j;
+    if (c < num_chunks) StoreE4m3<N>(codes + c * N, cache[j], scale);
+  }
+}
+
 }  // namespace llm::cuda::ops_detail
