@@ -13,6 +13,7 @@
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
+#include "kernels/cuda/moe/fragment_store.cuh"
 #include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/moe/moe_gemm_wgmma.h"
 
@@ -145,34 +146,14 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
   ptx::CpAsyncWaitAll();  // no copy may land in shared memory after the CTA exits
   const int g = lane / 4, c2 = (lane % 4) * 2;
+  const moe_detail::FragmentStore<T, kOutF32, kFp8> store{out, n,       row0,    rows,
+                                                          e,   w_scale, x_scale, a_rows};
 #pragma unroll
   for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < 2 * kNj; ++ni) {
       const int col = n0 + wn + ni * 8 + c2;
-      if (col >= n) continue;
-      float ws0 = 1.f, ws1 = 1.f;
-      if constexpr (kFp8) {
-        ws0 = w_scale[int64_t(e) * n + col];
-        ws1 = w_scale[int64_t(e) * n + col + 1];
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wm + mi * 16 + g + h * 8;
-        if (r >= rows) continue;
-        const int64_t at = int64_t(row0 + r) * n + col;
-        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-        if constexpr (kFp8) {
-          const float xs = x_scale[a_rows[r]];
-          v0 *= xs * ws0;
-          v1 *= xs * ws1;
-        }
-        if constexpr (kOutF32) {
-          *reinterpret_cast<float2*>(static_cast<float*>(out) + at) = make_float2(v0, v1);
-        } else {
-          *reinterpret_cast<uint32_t*>(static_cast<T*>(out) + at) = vec::PackPair<T>(v0, v1);
-        }
-      }
+      if (col < n) store(wm + mi * 16 + g, col, acc[mi][ni]);
     }
   }
 }
