@@ -6,12 +6,13 @@
 // GEMM of the same rows and shape (engine/cuda/gemm.h: the ceiling a grouped GEMM aims at).
 // Logits are random (routing near uniform). Weights rotate over copies so that repeats do not
 // find them in L2. CUDA events, median of the repeats.
-//   build/bench_moe_gpu [--reps R] [--kernels 123]
+//   build/bench_moe_gpu [--reps R] [--kernels 1234] [--wgmma-cols 128|256]
 // kV3 at steps its GEMV takes also times gate|up with SiLU·mul fused (gate_up_silu_us; the
 // others: -1).
 // kV4's warpgroup-MMA tiles (steps averaging more than 32 rows per expert) run CTAs of
-// --wgmma-cols 128 or 256 outputs (default: MoeGroupedGemm's pick; "wgmma_cols"), on 64-row
-// tiles, or 128-row ones from 128 rows per expert on average ("tile_rows").
+// --wgmma-cols 128 or 256 outputs (default: MoeGroupedGemm's pick; "wgmma_cols": the gate|up
+// call's, 0 where it takes no wgmma tiles), on 64-row tiles, or 128-row ones from 128 rows per
+// expert on average ("tile_rows").
 // Every kernel set (moe.h: MoeKernels kV1 .. kV4; --kernels picks some, e.g. --kernels 34) at
 // every shape, with bf16 experts and with fp8
 // ones (--quantization fp8: e4m3 codes with row scales; steps of up to 8 tokens on the
@@ -319,7 +320,8 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
       "\"down_us\":%.1f,\"down_tflops\":%.1f,\"down_weight_tbs\":%.2f,"
       "\"dense_gate_up_us\":%.1f,\"dense_gate_up_tflops\":%.1f,\"gate_up_silu_us\":%.1f,"
       "\"cublas_gate_up_us\":%.1f,\"cublas_gate_up_tflops\":%.1f,\"cublas_down_us\":%.1f}\n",
-      kSetNames[int(kernels)], wgmma_cols, cu::MoeTileRows(pairs, int(e), kernels),
+      kSetNames[int(kernels)], cu::MoeWgmmaCols(g, kernels),
+      cu::MoeTileRows(pairs, int(e), kernels),
       w8a8 ? "fp8-w8a8" : (fp8 ? "fp8-weight-only" : "bf16"), s.name, tokens,
       static_cast<long long>(hit), route_ms * 1e3, gu_ms * 1e3, gu_flop / gu_ms / 1e9,
       gu_bytes / gu_ms / 1e9, down_ms * 1e3, d_flop / down_ms / 1e9, d_bytes / down_ms / 1e9,

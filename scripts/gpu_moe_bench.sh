@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Mixture of experts on the H200 (issue 30): the MoE GPU tests on every kernel set (bf16 and
-# fp8 experts), bench_moe_gpu (sets MOE_BENCH_SETS, default 23: v2 and v3; bf16 and fp8), and
+# fp8 experts), bench_moe_gpu (sets MOE_BENCH_SETS, default 34: v3 and v4; bf16 and fp8), and
 # `llm bench --load-format dummy` on Qwen3-30B-A3B (batch-1 decode, 128 + 256 tokens, then
 # MOE_REQUESTS x (1,000 + 1,000) at 256 sequences) with each --moe-kernels set of MOE_SETS
-# (default "v2 v3") and with fp8 experts on MOE_FP8_KERNELS (default v3), TTFT of a 4,096-token
+# (default "v3 v4") and with fp8 experts on MOE_FP8_KERNELS (default v4), TTFT of a 4,096-token
 # prompt on each, and Mixtral-8x7B
 # batch-1 decode on the last of MOE_SETS. The batch-1 runs come first (the shortest), then the
 # throughput runs: a call cut short by its time limit keeps what finished. Tensor parallelism
@@ -44,7 +44,7 @@ if [ "${MOE_TESTS:-1}" != 0 ]; then
 } > "$OUT/moe-tests.txt" 2>&1
 grep -c '^\[ *OK' "$OUT/moe-tests.txt" | sed 's/^/tests passed: /'
 grep '^\[ *FAILED' "$OUT/moe-tests.txt"
-timeout "${MOE_BENCH_TIMEOUT:-240}" build/bench_moe_gpu --reps 10 --kernels "${MOE_BENCH_SETS:-23}" \
+timeout "${MOE_BENCH_TIMEOUT:-240}" build/bench_moe_gpu --reps 10 --kernels "${MOE_BENCH_SETS:-34}" \
   > "$OUT/moe-kernels.jsonl" 2>&1
 cut -c1-220 "$OUT/moe-kernels.jsonl"
 fi
@@ -57,8 +57,8 @@ source scripts/bench_run.sh
 BENCH_RESULTS=$OUT/moe-e2e.jsonl BENCH_LOG=$OUT/moe-e2e.log BENCH_SELECT=${MOE_RUNS:-}
 BENCH_TOKENIZER=$shared/models/stories260K
 : > "$BENCH_RESULTS"
-sets=${MOE_SETS:-v2 v3}
-fk=${MOE_FP8_KERNELS:-v3}
+sets=${MOE_SETS:-v3 v4}
+fk=${MOE_FP8_KERNELS:-v4}
 qwen=(--model engine/configs/qwen3-30b-a3b.json --max-num-seqs 256)
 b1=(--num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256
   --temperature 0 --warmup)

@@ -238,8 +238,9 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
 
 // fp8 experts (--quantization fp8): e4m3 weight codes with a scale per row of each expert,
 // weight-only (x in dtype: the GEMV) and W8A8 (x as e4m3 codes with a scale per row: the
-// m16n8k32 tiles), against float64 sums of the same codes' values. The tiles' bound is looser:
-// the FP8 tensor cores add their products with fewer than fp32's bits before the accumulator.
+// m16n8k32 tiles; kV4's wider steps wgmma k32), against float64 sums of the same codes' values. The
+// tiles' bound is looser: the FP8 tensor cores add their products with fewer than fp32's bits
+// before the accumulator.
 TEST_P(MoeGpuTest, GroupedGemmFp8MatchesAFloat64Product) {
   struct Case {
     int tokens, experts, top_k, n, k;

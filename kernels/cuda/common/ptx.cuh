@@ -338,9 +338,9 @@ __device__ __forceinline__ uint64_t DescAt(DescBase b, uint32_t byte_offset) {
   return (uint64_t(b.hi) << 32) | (b.lo + (byte_offset >> 4));
 }
 
-// The wgmma instructions the attention kernels issue (operand lists generated: 64 or 32
-// accumulator registers per thread); the last argument (a value of T) picks bf16 or f16.
-// Descriptors: 64-bit shared-memory matrix descriptors (Desc above).
+// The wgmma instructions the attention kernels and the MoE grouped GEMM issue (operand lists
+// generated: 128, 64 or 32 accumulator registers per thread); the last argument (a value of T)
+// picks bf16 or f16. Descriptors: 64-bit shared-memory matrix descriptors (Desc above).
 
 // D[64×128] (+)= A[64×16] (smem, K-major) · B[16×128] (smem, K-major), bf16;
 // accumulate = 0 overwrites D.

@@ -412,6 +412,18 @@ bool MoeFusesSiluMul(const MoeGemm& g, MoeKernels kernels) {
   return kernels >= MoeKernels::kV3 && MoeUsesGemv(g, kernels) && !g.out_f32 && g.n % 2 == 0;
 }
 
+int MoeWgmmaCols(const MoeGemm& g, MoeKernels kernels) {
+  // kV3's tiles put their warps side by side along n while a step averages at most 32 rows per
+  // expert; kV4 runs the wider steps on warpgroup MMAs.
+  const bool narrow = g.num_pairs <= 32 * int64_t(g.num_experts);
+  if (kernels != MoeKernels::kV4 || MoeUsesGemv(g, kernels) || narrow) return 0;
+  if (g.wgmma_cols != 0) return g.wgmma_cols;
+  // 128 on 64-row tiles, 256 on 128-row ones: the faster of each pair on the H100
+  // (bench/RESULTS.md: 64 x 128 1-2% over 64 x 256; 128 x 256 1.25x 128 x 128 on
+  // Qwen3-30B-A3B's gate|up at 4,096 tokens).
+  return MoeTileRows(g.num_pairs, g.num_experts, kernels) == kMoeWideTileRows ? 256 : 128;
+}
+
 void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
                     MoeKernels kernels) {
   if (!r.complete()) {
@@ -445,7 +457,7 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   }
   if (g.num_pairs <= 0) return;
   const int64_t tokens = g.num_pairs / g.top_k;
-  // The GEMV: kV2 / kV3's small steps (every expert has at most `tokens` rows, so one tile
+  // The GEMV: kV2-kV4's small steps (every expert has at most `tokens` rows, so one tile
   // each, and at most num_pairs tiles are not empty) and every weight-only fp8 call.
   const bool gemv = MoeUsesGemv(g, kernels);
   const bool v3 = kernels >= MoeKernels::kV3;
@@ -465,17 +477,12 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   // The routing's tiles (kV4's widest steps: 128 rows; their GEMMs are the wgmma tiles, and a
   // weight-only fp8 GEMV reads tiles of this many rows).
   const int tile_rows = MoeTileRows(g.num_pairs, g.num_experts, kernels);
-  // kV4: the wider steps on warpgroup-MMA tiles.
-  if (kernels == MoeKernels::kV4 && !gemv && !narrow) {
-    // The CTA's outputs by default: 128 on 64-row tiles, 256 on 128-row ones (the faster of
-    // each pair on the H100, bench/RESULTS.md: 64 x 128 1-2% over 64 x 256; 128 x 256 1.25x
-    // 128 x 128 on Qwen3-30B-A3B's gate|up at 4,096 tokens).
-    const int cols = g.wgmma_cols != 0 ? g.wgmma_cols : (tile_rows == kMoeWideTileRows ? 256 : 128);
+  if (const int cols = MoeWgmmaCols(g, kernels); cols != 0) {  // kV4's wider steps
     moe_detail::LaunchMoeGemmWgmma(g, r, tile_rows, cols, stream);
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  // kV3's GEMV: rows per pass, the smallest power of two >= the step's tokens (at most 8).
+  // kV3 / kV4's GEMV: rows per pass, the smallest power of two >= the step's tokens (at most 8).
   const int pass_rows = tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8;
   auto run = [&](auto tag, auto out_f32_tag, auto fp8_tag) {
     using T = decltype(tag);

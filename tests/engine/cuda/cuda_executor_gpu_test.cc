@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "engine/cpu/cpu_executor.h"
 #include "engine/cpu/cpu_model.h"
@@ -630,8 +631,9 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   o.moe_combine_in_norm = true;
   EXPECT_EQ(AllLogits(*CudaExecutor::Create(path.string(), o), ids, 30), la);
   o.moe_combine_in_norm = false;
-  // The v2 and v3 kernels (moe.h: MoeKernels) give the same model: equal routing, sums in
-  // another order (v3: SiLU·mul in the GEMV's epilogue, the same roundings).
+  // The v2, v3 and v4 kernels (moe.h: MoeKernels) give the same model: equal routing, sums in
+  // another order (v3 / v4: SiLU·mul in the GEMV's epilogue, the same roundings; v4 differs from
+  // v3 only in wider steps than these: the test after this one).
   o.dummy_seed = 5;
   for (const int set : {2, 3, 4}) {
     o.moe_kernels = set;
@@ -656,7 +658,7 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   EXPECT_EQ(AllLogits(*CudaExecutor::Create(path.string(), o), ids, 30), lw3);
   o.moe_combine_in_norm = false;
   o.fp8_weights = true;
-  for (const int set : {1, 2, 3}) {
+  for (const int set : {1, 2, 3, 4}) {
     o.moe_kernels = set;
     auto f = CudaExecutor::Create(path.string(), o);
     auto g = CudaExecutor::Create(path.string(), o);
@@ -669,6 +671,43 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
     EXPECT_LT(frel, 0.1);
     EXPECT_GT(frel, 0.0);
     EXPECT_LT(f->stats().weight_bytes, wide->stats().weight_bytes * 6 / 10);
+  }
+}
+
+// Prefill-size steps, where kV4 (the default) runs the experts' GEMMs on warpgroup-MMA tiles:
+// one chunk of 200 tokens (400 pairs over 8 experts, 50 rows each on average: 64-row tiles) and
+// one of 600 (150 on average: 128-row tiles), bf16 and fp8 experts (W8A8 tiles), against kV3's
+// mma.sync tiles on the same dummy weights: the same routing, sums in another order.
+TEST_F(CudaExecutorTest, DummyMixtureOfExpertsPrefillOnWarpgroupTilesMatchesV3) {
+  const test::TempDir tmp;
+  const fs::path path = tmp.path() / "moe8.json";
+  test::WriteFile(path, test::ReadFile(test::SharedDir() / "models" / "hf-arch" / "qwen3_moe" /
+                                       "config.json"));  // 8 experts, top 2, vocab 512
+  CudaExecutorOptions o = SmallOptions();
+  o.dummy_weights = true;
+  o.dummy_seed = 7;
+  o.dummy_range = 0.05f;
+  o.max_num_batched_tokens = 640;
+  o.max_logits_rows = 640;
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> token(0, 511);
+  for (const int len : {200, 600}) {
+    std::vector<int> ids(static_cast<size_t>(len));
+    for (int& id : ids) id = token(rng);
+    for (const bool fp8 : {false, true}) {
+      o.fp8_weights = fp8;
+      o.moe_kernels = 3;
+      const std::vector<float> l3 = AllLogits(*CudaExecutor::Create(path.string(), o), ids, len);
+      o.moe_kernels = 4;
+      auto v4 = CudaExecutor::Create(path.string(), o);
+      const std::vector<float> l4 = AllLogits(*v4, ids, len);
+      for (float v : l4) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_EQ(AllLogits(*v4, ids, len), l4) << len << " tokens: not deterministic";
+      const double rel = Relative(l4, l3);
+      std::printf("  dummy MoE prefill of %d tokens%s, kernels v4 vs v3: %.3e of max|logit|\n", len,
+                  fp8 ? " (fp8 experts)" : "", rel);
+      EXPECT_LT(rel, 1e-2) << len << " tokens" << (fp8 ? ", fp8" : "");
+    }
   }
 }
 

@@ -47,7 +47,7 @@ struct ArchCase {
   const char* folder;
   DType dtype;
   bool gemv;            // small steps on the GEMV kernels (else cuBLASLt)
-  int moe_kernels = 1;  // mixture of experts: kernels/cuda/moe/moe.h's set kV1 .. kV3
+  int moe_kernels = 1;  // mixture of experts: kernels/cuda/moe/moe.h's set kV1 .. kV4
 };
 
 std::string ArchCaseName(const ::testing::TestParamInfo<ArchCase>& info) {
