@@ -54,9 +54,21 @@ Value Value::String(std::string s) {
   v.s_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
+// 1 + the deepest of `depths`, checked against kMaxValueDepth.
+template <typename Range, typename DepthOf>
+static int ContainerDepth(const Range& items, DepthOf depth_of) {
+  int deepest = 0;
+  for (const auto& item : items) deepest = std::max(deepest, depth_of(item));
+  if (deepest + 1 > kMaxValueDepth) {
+    throw RuntimeError("value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  }
+  return deepest + 1;
+}
+
 Value Value::MakeList(List items) {
   Value v;
   v.kind_ = Kind::kList;
+  v.depth_ = ContainerDepth(items, [](const Value& x) { return x.depth_; });
   v.list_ = std::make_shared<const List>(std::move(items));
   return v;
 }
@@ -68,12 +80,14 @@ Value Value::MakeTuple(List items) {
 Value Value::MakeDict(Dict dict) {
   Value v;
   v.kind_ = Kind::kDict;
+  v.depth_ = ContainerDepth(dict.entries, [](const auto& e) { return e.second.depth_; });
   v.dict_ = std::make_shared<Dict>(std::move(dict));
   return v;
 }
 Value Value::Namespace(Dict dict) {
   Value v = MakeDict(std::move(dict));
   v.kind_ = Kind::kNamespace;
+  v.depth_ = 1;  // a reference (kMaxValueDepth)
   return v;
 }
 Value Value::MakeFunction(Function fn) {
@@ -213,35 +227,64 @@ std::string Value::ToString() const {
 }
 
 std::string Value::Repr() const {
+  std::string out;
+  std::vector<const Dict*> open;
+  AppendRepr(out, 0, open);
+  return out;
+}
+
+// `open`: the namespaces being printed around this value (lists and dicts cannot hold
+// themselves: only a namespace can, by `set ns.x = ns`).
+void Value::AppendRepr(std::string& out, int depth, std::vector<const Dict*>& open) const {
+  if (depth > kMaxValueDepth) {
+    throw RuntimeError("value nested deeper than " + std::to_string(kMaxValueDepth) +
+                       " levels to print");
+  }
+  auto entries = [&](const Dict& d) {
+    out += '{';
+    for (size_t i = 0; i < d.entries.size(); ++i) {
+      out += (i ? ", " : "") + StringRepr(d.entries[i].first) + ": ";
+      d.entries[i].second.AppendRepr(out, depth + 1, open);
+    }
+    out += '}';
+  };
   switch (kind_) {
     case Kind::kString:
-      return StringRepr(*s_);
+      out += StringRepr(*s_);
+      return;
     case Kind::kList: {
-      std::string out = is_tuple_ ? "(" : "[";
-      for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
-      if (is_tuple_) return out + (list_->size() == 1 ? ",)" : ")");
-      return out + "]";
-    }
-    case Kind::kDict: {
-      std::string out = "{";
-      for (size_t i = 0; i < dict_->entries.size(); ++i) {
-        out += (i ? ", " : "") + StringRepr(dict_->entries[i].first) + ": " +
-               dict_->entries[i].second.Repr();
+      out += is_tuple_ ? "(" : "[";
+      for (size_t i = 0; i < list_->size(); ++i) {
+        if (i) out += ", ";
+        (*list_)[i].AppendRepr(out, depth + 1, open);
       }
-      return out + "}";
+      if (is_tuple_) {
+        out += list_->size() == 1 ? ",)" : ")";
+      } else {
+        out += ']';
+      }
+      return;
     }
+    case Kind::kDict:
+      entries(*dict_);
+      return;
     case Kind::kNamespace: {
-      std::string out = "<Namespace {";
-      for (size_t i = 0; i < dict_->entries.size(); ++i) {
-        out += (i ? ", " : "") + StringRepr(dict_->entries[i].first) + ": " +
-               dict_->entries[i].second.Repr();
+      out += "<Namespace ";
+      if (std::find(open.begin(), open.end(), dict_.get()) != open.end()) {
+        out += "{...}";
+      } else {
+        open.push_back(dict_.get());
+        entries(*dict_);
+        open.pop_back();
       }
-      return out + "}>";
+      out += '>';
+      return;
     }
     case Kind::kFunction:
-      return "<function>";
+      out += "<function>";
+      return;
     default:
-      return ToString();
+      out += ToString();
   }
 }
 

@@ -21,6 +21,13 @@ class RuntimeError : public std::runtime_error {
   explicit RuntimeError(const std::string& message) : std::runtime_error(message) {}
 };
 
+// The deepest list / dict a render may build (request JSON nests at most kMaxJsonDepth = 512
+// levels). Deeper values would overflow the stack of the recursive walks (repr, ==, tojson) and
+// of their own destruction: MakeList / MakeDict throw RuntimeError past it, as Python raises
+// RecursionError. A namespace counts as one level (it is a reference: every namespace lives
+// until the render ends, so destroying a value never recurses into one).
+inline constexpr int kMaxValueDepth = 1024;
+
 class Value;
 using List = std::vector<Value>;
 // Insertion-ordered like a Python dict (the order shows in `tojson` and `items()`).
@@ -91,7 +98,9 @@ class Value {
   bool Truthy() const;
   // Python str(): what `{{ x }}` prints. Undefined prints as "".
   std::string ToString() const;
-  // Python repr(): how lists and dicts print their items.
+  // Python repr(): how lists and dicts print their items. A namespace met again inside itself
+  // prints as <Namespace {...}> (Python's guard for a container that holds itself); a chain of
+  // namespaces deeper than kMaxValueDepth throws RuntimeError.
   std::string Repr() const;
   // json.dumps(x, ...) as transformers' tojson calls it.
   std::string ToJson(const JsonOptions& options) const;
@@ -99,11 +108,16 @@ class Value {
   std::string TypeName() const;
   // Items of a for loop: list items, dict keys, string characters; undefined is empty.
   List Iterate() const;
+  // Nesting depth: 0 for scalars, 1 + the deepest item for lists and dicts, 1 for namespaces.
+  int depth() const { return depth_; }
 
  private:
+  void AppendRepr(std::string& out, int depth, std::vector<const Dict*>& open) const;
+
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   bool is_tuple_ = false;
+  int depth_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;

@@ -324,6 +324,36 @@ TEST(ChatTemplateTest, NamespaceCyclesAreFreedAfterTheRender) {
       [] { R("{% set ns = namespace() %}{% set ns.me = ns %}{{ raise_exception('x') }}"); }, {"x"});
 }
 
+// Regression (CI fuzz smoke, tests/fuzz/corpus/chat_template/namespace-cycle-print.seed:
+// `{% set ns.n = ns %}...{{ ns.n }}` recursed until the stack overflowed): a namespace met
+// again inside itself prints as Python's repr does ({...} for the dict being printed), and
+// values too deep to walk are a render error (Python's RecursionError), never a crash: lists
+// nested past kMaxValueDepth are refused when built, a namespace chain when printed.
+TEST(ChatTemplateTest, SelfHoldingAndDeepValuesPrintOrFailCleanly) {
+  EXPECT_EQ(R("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}|{{ ns.n }}"),
+            "<Namespace {'n': <Namespace {...}>}>|<Namespace {'n': <Namespace {...}>}>");
+  EXPECT_EQ(R("{% set ns = namespace(l=1) %}{% set ns.l = [ns, {'k': ns}] %}{{ ns.l }}"),
+            "[<Namespace {'l': [<Namespace {...}>, {'k': <Namespace {...}>}]}>, "
+            "{'k': <Namespace {'l': [<Namespace {...}>, {'k': <Namespace {...}>}]}>}]");
+  // Lists 1,000 deep build and print; 1,100 are refused as they are built.
+  EXPECT_EQ(R("{% set ns = namespace(x=0) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}"
+              "{% endfor %}{{ (ns.x | string) | length }}"),
+            "2001");
+  test::ExpectError(
+      [] {
+        R("{% set ns = namespace(x=0) %}{% for i in range(1100) %}{% set ns.x = [ns.x] %}"
+          "{% endfor %}");
+      },
+      {"nested deeper than 1024"});
+  // 5,000 namespaces, each holding the one before: built (references), refused when printed.
+  test::ExpectError(
+      [] {
+        R("{% set ns = namespace(x=0) %}{% for i in range(5000) %}"
+          "{% set ns.x = namespace(x=ns.x) %}{% endfor %}{{ ns }}");
+      },
+      {"nested deeper than 1024 levels to print"});
+}
+
 TEST(ChatTemplateTest, SourceFromTokenizerConfig) {
   EXPECT_EQ(ChatTemplateSource(nlohmann::json{{"chat_template", "T"}}), "T");
   nlohmann::json named = {
