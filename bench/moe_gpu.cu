@@ -6,14 +6,15 @@
 // GEMM of the same rows and shape (engine/cuda/gemm.h: the ceiling a grouped GEMM aims at).
 // Logits are random (routing near uniform). Weights rotate over copies so that repeats do not
 // find them in L2. CUDA events, median of the repeats.
-//   build/bench_moe_gpu [--reps R] [--kernels 1234] [--wgmma-cols 128|256]
+//   build/bench_moe_gpu [--reps R] [--kernels 12345] [--wgmma-cols 128|256]
 // kV3 at steps its GEMV takes also times gate|up with SiLU·mul fused (gate_up_silu_us; the
 // others: -1).
-// kV4's warpgroup-MMA tiles (steps averaging more than 32 rows per expert) run CTAs of
+// kV4's warpgroup-MMA tiles (steps averaging more than 32 rows per expert; kV5's: every step
+// past the GEMV's) run CTAs of
 // --wgmma-cols 128 or 256 outputs (default: MoeGroupedGemm's pick; "wgmma_cols": the gate|up
 // call's, 0 where it takes no wgmma tiles), on 64-row tiles, or 128-row ones from 128 rows per
 // expert on average ("tile_rows").
-// Every kernel set (moe.h: MoeKernels kV1 .. kV4; --kernels picks some, e.g. --kernels 34) at
+// Every kernel set (moe.h: MoeKernels kV1 .. kV5; --kernels picks some, e.g. --kernels 45) at
 // every shape, with bf16 experts and with fp8
 // ones (--quantization fp8: e4m3 codes with row scales; steps of up to 8 tokens on the
 // weight-only GEMV and larger ones on the W8A8 tiles, as the engine runs them, beside
@@ -125,7 +126,7 @@ class GroupedCublas {
   std::vector<float> alpha_, beta_;
 };
 
-const char* const kSetNames[] = {"v1", "v2", "v3", "v4"};
+const char* const kSetNames[] = {"v1", "v2", "v3", "v4", "v5"};
 
 template <typename F>
 double MedianMs(F&& f, int reps) {
@@ -337,7 +338,7 @@ void Run(const Shape& s, int tokens, int reps, llm::cuda::Gemm& gemm, llm::cuda:
 
 int main(int argc, char** argv) {
   int reps = 20, wgmma_cols = 0;
-  std::string sets = "1234";
+  std::string sets = "12345";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) sets = argv[++i];
@@ -350,8 +351,9 @@ int main(int argc, char** argv) {
                           {"mixtral-8x7b", 4096, 14336, 8, 2}};
   for (const Shape& s : shapes) {
     for (int tokens : {1, 8, 64, 256, 1024, 4096}) {
-      for (auto k : {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2,
-                     llm::cuda::MoeKernels::kV3, llm::cuda::MoeKernels::kV4}) {
+      for (auto k :
+           {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2, llm::cuda::MoeKernels::kV3,
+            llm::cuda::MoeKernels::kV4, llm::cuda::MoeKernels::kV5}) {
         if (sets.find(char('1' + int(k))) == std::string::npos) continue;
         for (bool fp8 : {false, true}) Run(s, tokens, reps, gemm, k, fp8, wgmma_cols);
       }

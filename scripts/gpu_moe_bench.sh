@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Mixture of experts on the H200 (issue 30): the MoE GPU tests on every kernel set (bf16 and
-# fp8 experts), bench_moe_gpu (sets MOE_BENCH_SETS, default 34: v3 and v4; bf16 and fp8), and
+# fp8 experts), bench_moe_gpu (sets MOE_BENCH_SETS, default 45: v4 and v5; bf16 and fp8), and
 # `llm bench --load-format dummy` on Qwen3-30B-A3B (batch-1 decode, 128 + 256 tokens, then
 # MOE_REQUESTS x (1,000 + 1,000) at 256 sequences) with each --moe-kernels set of MOE_SETS
-# (default "v3 v4") and with fp8 experts on MOE_FP8_KERNELS (default v4), TTFT of a 4,096-token
-# prompt on each, and Mixtral-8x7B
+# (default "v4 v5") and with fp8 experts on each set of MOE_FP8_KERNELS (default "v4 v5"), TTFT
+# of a 4,096-token prompt on each, and Mixtral-8x7B
 # batch-1 decode on the last of MOE_SETS. The batch-1 runs come first (the shortest), then the
 # throughput runs: a call cut short by its time limit keeps what finished. Tensor parallelism
 # needs 2 GPUs (nvidia-h200-x2):
@@ -44,7 +44,7 @@ if [ "${MOE_TESTS:-1}" != 0 ]; then
 } > "$OUT/moe-tests.txt" 2>&1
 grep -c '^\[ *OK' "$OUT/moe-tests.txt" | sed 's/^/tests passed: /'
 grep '^\[ *FAILED' "$OUT/moe-tests.txt"
-timeout "${MOE_BENCH_TIMEOUT:-240}" build/bench_moe_gpu --reps 10 --kernels "${MOE_BENCH_SETS:-34}" \
+timeout "${MOE_BENCH_TIMEOUT:-240}" build/bench_moe_gpu --reps 10 --kernels "${MOE_BENCH_SETS:-45}" \
   > "$OUT/moe-kernels.jsonl" 2>&1
 cut -c1-220 "$OUT/moe-kernels.jsonl"
 fi
@@ -57,8 +57,8 @@ source scripts/bench_run.sh
 BENCH_RESULTS=$OUT/moe-e2e.jsonl BENCH_LOG=$OUT/moe-e2e.log BENCH_SELECT=${MOE_RUNS:-}
 BENCH_TOKENIZER=$shared/models/stories260K
 : > "$BENCH_RESULTS"
-sets=${MOE_SETS:-v3 v4}
-fk=${MOE_FP8_KERNELS:-v4}
+sets=${MOE_SETS:-v4 v5}
+fp8_sets=${MOE_FP8_KERNELS:-v4 v5}
 qwen=(--model engine/configs/qwen3-30b-a3b.json --max-num-seqs 256)
 b1=(--num-requests 1 --min-input 128 --max-input 128 --min-output 256 --max-output 256
   --temperature 0 --warmup)
@@ -76,23 +76,29 @@ bench_run "latency_qwen3_30b_a3b_b1_${last}_rope_cta" 150 "${qwen[@]}" "${b1[@]}
 bench_run "latency_qwen3_30b_a3b_b1_${last}_combine_in_norm" 150 "${qwen[@]}" "${b1[@]}" \
   --moe-kernels "$last" --moe-combine-in-norm
 # fp8 experts: weight-only GEMV in decode, W8A8 tiles in prefill.
-bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$fk" \
-  --quantization fp8
+for fk in $fp8_sets; do
+  bench_run "latency_qwen3_30b_a3b_b1_fp8_$fk" 150 "${qwen[@]}" "${b1[@]}" --moe-kernels "$fk" \
+    --quantization fp8
+done
 # Time to first token of one 4,096-token prompt (one prefill chunk: the experts' GEMMs at 32,768
-# routed rows, ~256 per expert), with each set and with fp8 experts (W8A8) on MOE_FP8_KERNELS.
+# routed rows, ~256 per expert), with each set and with fp8 experts (W8A8) on MOE_FP8_KERNELS'.
 ttft=(--num-requests 1 --min-input 4096 --max-input 4096 --min-output 1 --max-output 1
   --max-num-batched-tokens 8192 --temperature 0 --warmup)
 for k in $sets; do
   bench_run "ttft_qwen3_30b_a3b_4096_$k" 150 "${qwen[@]}" "${ttft[@]}" --moe-kernels "$k"
 done
-bench_run "ttft_qwen3_30b_a3b_4096_fp8_$fk" 150 "${qwen[@]}" "${ttft[@]}" --moe-kernels "$fk" \
-  --quantization fp8
+for fk in $fp8_sets; do
+  bench_run "ttft_qwen3_30b_a3b_4096_fp8_$fk" 150 "${qwen[@]}" "${ttft[@]}" --moe-kernels "$fk" \
+    --quantization fp8
+done
 for k in $sets; do
   bench_run "throughput_qwen3_30b_a3b_$k" "${MOE_TIMEOUT:-150}" "${qwen[@]}" "${tp[@]}" \
     --moe-kernels "$k"
 done
-bench_run "throughput_qwen3_30b_a3b_fp8_$fk" "${MOE_TIMEOUT:-150}" "${qwen[@]}" "${tp[@]}" \
-  --moe-kernels "$fk" --quantization fp8
+for fk in $fp8_sets; do
+  bench_run "throughput_qwen3_30b_a3b_fp8_$fk" "${MOE_TIMEOUT:-150}" "${qwen[@]}" "${tp[@]}" \
+    --moe-kernels "$fk" --quantization fp8
+done
 bench_run "latency_mixtral_8x7b_b1_$last" 200 --model engine/configs/mixtral-8x7b.json \
   "${b1[@]}" --max-num-seqs 64 --moe-kernels "$last"
 rm -f "$OUT"/build.log "$OUT"/configure.log "$OUT"/gpu_tests.log "$OUT"/post.log "$OUT"/env.txt

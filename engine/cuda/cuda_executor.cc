@@ -67,8 +67,8 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(
   if (options.gpu_memory_utilization <= 0 || options.gpu_memory_utilization > 1) {
     throw Error("--gpu-memory-utilization must be in (0, 1]");
   }
-  if (options.moe_kernels < 1 || options.moe_kernels > 4) {
-    throw Error("--moe-kernels must be v1, v2, v3 or v4 (got " +
+  if (options.moe_kernels < 1 || options.moe_kernels > 5) {
+    throw Error("--moe-kernels must be v1, v2, v3, v4 or v5 (got " +
                 std::to_string(options.moe_kernels) + ")");
   }
   const ModelConfig config = LoadConfig(model_path);

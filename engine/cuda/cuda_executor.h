@@ -98,7 +98,7 @@ struct CudaExecutorOptions {
   // Steps of at most this many tokens (<= 8) run their linear layers on the GEMV kernel
   // (kernels/cuda/gemv/gemv.h) instead of cuBLASLt; 0 = never.
   int64_t gemv_max_tokens = 8;
-  // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels kV1 .. kV4 (1 .. 4).
+  // Mixture-of-experts layers on kernels/cuda/moe/moe.h's MoeKernels kV1 .. kV5 (1 .. 5).
   // kV2 (one grouping kernel, a GEMV for steps of at most 8 tokens, 4-stage tiles) measured
   // faster than kV1 on the H200; kV3 (routing and grouping in one kernel for small steps, tiles
   // that skip empty fragments, a GEMV streaming through a shared-memory ring and writing
@@ -106,7 +106,8 @@ struct CudaExecutorOptions {
   // 4.189; throughput equal: bench/RESULTS.md). kV4 (kV3 with the expert GEMMs of steps whose
   // experts average more than 32 rows on warpgroup MMAs, sm_90a, 128-row tiles from 128 rows)
   // the default since 2026-12-06: H100, Qwen3-30B-A3B TTFT of 4,096 tokens 76.3 ms against
-  // 157.5, throughput 1.035x, batch 1 equal.
+  // 157.5, throughput 1.035x, batch 1 equal. kV5: kV4 with every tile step on the warpgroup
+  // MMAs (decode steps of 9 or more tokens too).
   int moe_kernels = 4;
   // Mixture of experts, small steps on one GPU: the experts' weighted sum added to the residual
   // by the next RMSNorm (cuda::MoeCombineRmsNorm) instead of a MoeCombine launch of its own.

@@ -317,7 +317,7 @@ void CudaWorker::RunModel(const Shape& s) {
 void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
   const int64_t pairs = n * top_k;
   const int e = int(num_experts), k = int(top_k);
-  const auto kernels = static_cast<cuda::MoeKernels>(opt.moe_kernels - 1);  // 1 .. 4: kV1 .. kV4
+  const auto kernels = static_cast<cuda::MoeKernels>(opt.moe_kernels - 1);  // 1 .. 5: kV1 .. kV5
   const bool small = SmallStep(n);
   if (small) {
     SmallLinear(cuda::GemvEpilogue::kStoreF32, normed, nullptr, l.router, nullptr, router_logits, n,

@@ -73,7 +73,8 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "the heuristic's first (~3 s more start-up; measured +0.2-0.3% end to end on the "
                 "H200)");
   cmd->add_option("--moe-kernels", moe_kernels,
-                  "cuda, mixture-of-experts models: v4 (the default: v3 with prefill-size steps' "
+                  "cuda, mixture-of-experts models: v5 (v4 with decode steps of 9 or more "
+                  "tokens on the warpgroup MMAs too), v4 (the default: v3 with prefill-size steps' "
                   "expert GEMMs on Hopper warpgroup MMAs; H100, Qwen3-30B-A3B TTFT of 4,096 "
                   "tokens 0.48x v3's, throughput 1.035x), v3 (v2 with routing and grouping "
                   "in one kernel for steps of up to 64 tokens, tiles that skip the rows an "
@@ -82,7 +83,7 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                   "grouping kernel; steps of up to 8 tokens on a GEMV over each chosen expert, "
                   "larger ones on 4-stage tiles; H200: batch-1 decode 1.71x and throughput 1.05x "
                   "v1's) or v1 (four grouping launches, every grouped GEMM on 2-stage tiles)")
-      ->check(CLI::IsMember({"v1", "v2", "v3", "v4"}))
+      ->check(CLI::IsMember({"v1", "v2", "v3", "v4", "v5"}))
       ->capture_default_str();
   cmd->add_flag("--moe-combine-in-norm,!--no-moe-combine-in-norm", moe_combine_in_norm,
                 "cuda, mixture-of-experts models, steps of up to 8 tokens on one GPU: the "
@@ -210,7 +211,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.rope_head_warps = f.rope_head_warps;
-  o.moe_kernels = f.moe_kernels[1] - '0';  // "v1" .. "v4" (checked by the option)
+  o.moe_kernels = f.moe_kernels[1] - '0';  // "v1" .. "v5" (checked by the option)
   o.moe_combine_in_norm = f.moe_combine_in_norm;
   o.decode_min_tiles_per_split = f.decode_min_tiles_per_split;
   o.packed_step_inputs = f.packed_step_inputs;

@@ -38,9 +38,9 @@ class MoeGpuTest : public ::testing::TestWithParam<MoeKernels> {
     if (!DeviceAvailable(&why)) GTEST_SKIP() << "no GPU, MoE GPU test skipped: " << why;
   }
   // The grouped GEMM tests' (out_f32, MoeGemm::wgmma_cols) runs: both output types, and on kV4
-  // both CTA widths of its warpgroup-MMA tiles.
+  // and kV5 both CTA widths of their warpgroup-MMA tiles.
   static std::vector<std::pair<bool, int>> OutputsAndCtaCols() {
-    if (GetParam() != MoeKernels::kV4) return {{true, 0}, {false, 0}};
+    if (GetParam() < MoeKernels::kV4) return {{true, 0}, {false, 0}};
     return {{true, 128}, {false, 128}, {true, 256}, {false, 256}};
   }
 };
@@ -172,7 +172,8 @@ TEST_P(MoeGpuTest, GroupedGemmMatchesAFloat64Product) {
   };
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     // Up to 8 tokens kV2 takes its GEMV path, from 9 the tiles; from 33 rows per expert on
-    // average kV4's warpgroup-MMA tiles, from 128 on 128-row tiles (the last four: n past a 128 /
+    // average kV4's warpgroup-MMA tiles (kV5's from 9 tokens: the first and fourth cases have
+    // 19 and 0.6 rows per expert), from 128 on 128-row tiles (the last four: n past a 128 /
     // 256-output block, k past a 64-element panel, experts of several tiles, last tiles whose
     // second 64 rows are empty).
     for (const Case c :
@@ -525,9 +526,9 @@ TEST_P(MoeGpuTest, FusedSiluMulEqualsTheGemvThenSiluMul) {
 // The chain captured once in a CUDA graph (sizes from the host's token count only) and
 // replayed on new logits gives what eager launches give, bit for bit, and so do eager launches
 // with programmatic dependent launch (launch.h; the executor's default on sm_90): 80 tokens
-// (tiles; seed 33 gives 4 experts 80 rows each, 2 tiles), 300 (kV4's warpgroup-MMA tiles: 37.5
-// rows per expert on average; seed 33: 300 rows each), 1100 (137.5 on average: 128-row tiles)
-// and 4 (kV2's GEMV).
+// (tiles, kV5's warpgroup-MMA ones; seed 33 gives 4 experts 80 rows each, 2 tiles), 300 (kV4's
+// warpgroup-MMA tiles: 37.5 rows per expert on average; seed 33: 300 rows each), 1100 (137.5 on
+// average: 128-row tiles) and 4 (kV2's GEMV).
 void CaptureAndReplay(int tokens, MoeKernels kernels) {
   const int experts = 32, top_k = 4, hidden = 64, inter = 96;
   const int64_t pairs = int64_t(tokens) * top_k;
@@ -628,13 +629,15 @@ const char* SetName(MoeKernels k) {
       return "v3";
     case MoeKernels::kV4:
       return "v4";
+    case MoeKernels::kV5:
+      return "v5";
   }
   return "unknown";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, MoeGpuTest,
                          ::testing::Values(MoeKernels::kV1, MoeKernels::kV2, MoeKernels::kV3,
-                                           MoeKernels::kV4),
+                                           MoeKernels::kV4, MoeKernels::kV5),
                          [](const auto& info) { return std::string(SetName(info.param)); });
 
 }  // namespace

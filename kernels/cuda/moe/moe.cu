@@ -423,7 +423,10 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  if (kernels >= MoeKernels::kV3 && num_tokens <= kMoeFusedRouteMaxTokens) {
+  static_assert(kMoeFusedRouteV5Tokens <= kGroupOneThreads / 32, "one token per warp");
+  const int fused_max =
+      kernels == MoeKernels::kV5 ? kMoeFusedRouteV5Tokens : kMoeFusedRouteMaxTokens;
+  if (kernels >= MoeKernels::kV3 && num_tokens <= fused_max) {
     Launch(MoeRouteGroupKernel, dim3(1), dim3(kGroupOneThreads), 0, stream, logits, int(num_tokens),
            num_experts, top_k, normalize, r.experts, r.weights, r.offsets, r.sorted_pairs,
            r.pair_rows, r.tile_expert, r.tile_begin, r.num_tiles, tile_rows);

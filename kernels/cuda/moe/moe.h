@@ -61,21 +61,31 @@ inline constexpr int kMoeMaxTopK = 16;
 // steps, bf16 / fp16 or W8A8) on Hopper warpgroup MMAs (moe_gemm_wgmma.cu: wgmma m64n128 /
 // m64n256 from 128B-swizzled shared memory; sm_90a), on 128-row tiles where the experts
 // average at least 128 rows (MoeTileRows).
-// All give the same routing and grouping (kV4's widest steps in 128-row tiles: MoeRoute and
-// MoeGroupedGemm of one step must be called with the same set); the GEMMs agree within fp32
-// rounding.
-enum class MoeKernels { kV1, kV2, kV3, kV4 };
+// kV5: kV4 with every tile step on the warpgroup MMAs, also those averaging at most 32 rows per
+// expert (decode steps of 9 or more tokens: Qwen3-30B-A3B at 256 tokens gives an expert ~16
+// rows, and kV3's mma.sync tiles, whose weight stages are 64 bytes of each row, streamed the
+// weights at 0.60 of copy on the H100, slower than cuBLAS's grouped GEMM; the wgmma tiles
+// stream 128-byte panels, 0.83-0.91 of copy at 64 or more rows per expert). The wgmma's 64 rows
+// are then mostly zeros: tensor work is not what bounds these steps. And the one-CTA routing
+// and grouping kernel only for steps one round of its 32 warps routes (kMoeFusedRouteV5Tokens):
+// at 64 tokens, two rounds, it took 33 us per call on the H100 where the two kernels (a warp
+// per token over many CTAs, then the grouping) took 21 us at 256 tokens.
+// All give the same routing and grouping (kV4 / kV5's widest steps in 128-row tiles: MoeRoute
+// and MoeGroupedGemm of one step must be called with the same set); the GEMMs agree within
+// fp32 rounding.
+enum class MoeKernels { kV1, kV2, kV3, kV4, kV5 };
 
 // The rows of the tiles MoeRoute cuts for a step of num_pairs pairs (and MoeGroupedGemm reads):
-// kMoeWideTileRows on kV4 where the experts average at least that many rows, else
+// kMoeWideTileRows on kV4 / kV5 where the experts average at least that many rows, else
 // kMoeTileRows.
 inline int MoeTileRows(int64_t num_pairs, int num_experts, MoeKernels kernels) {
-  return kernels == MoeKernels::kV4 && num_pairs >= kMoeWideTileRows * int64_t(num_experts)
+  return kernels >= MoeKernels::kV4 && num_pairs >= kMoeWideTileRows * int64_t(num_experts)
              ? kMoeWideTileRows
              : kMoeTileRows;
 }
 inline constexpr int kMoeGemvMaxTokens = 8;
 inline constexpr int kMoeFusedRouteMaxTokens = 64;
+inline constexpr int kMoeFusedRouteV5Tokens = 32;
 
 // Routing results and the permutation, device arrays the caller allocates for the largest
 // step (sizes in brackets; P = num_pairs, E = num_experts, T = MoeMaxTiles(P, E)).
@@ -119,14 +129,16 @@ void MoeRoute(const float* logits, int64_t num_tokens, int num_experts, int top_
 // Weights and inputs (--quantization fp8 keeps the experts as e4m3 codes with one fp32 scale
 // per output row, the rule of cuda::QuantizeRowsE4m3 and cpu::QuantizeFp8Rows):
 //   w_scale null, x_scale null   w and x in dtype (bf16 / fp16): mma.sync m16n8k16 tiles (kV4's
-//                                wider steps: wgmma m64n128k16 / m64n256k16), or kV2-kV4's GEMV
+//                                wider steps, kV5's all: wgmma m64n128k16 / m64n256k16), or
+//                                kV2-kV5's GEMV
 //                                for steps of at most kMoeGemvMaxTokens tokens
 //   w_scale, x_scale null        weight-only fp8: w e4m3 codes, x in dtype; the GEMV (each row
 //                                of W read once per kMoeGemvMaxTokens rows of its expert: for
 //                                small steps); out = w_scale[e][j] · Σ code · x
 //   w_scale, x_scale             W8A8: x e4m3 codes with one scale per row of x (per token when
 //                                gathering, per sorted row otherwise); m16n8k32 e4m3 tiles
-//                                (kV4's wider steps: wgmma m64n128k32 / m64n256k32);
+//                                (kV4's wider steps, kV5's all: wgmma m64n128k32 /
+//                                m64n256k32);
 //                                out = x_scale · w_scale[e][j] · Σ code · code
 // num_pairs / top_k must be the step's token count and each token's experts distinct (as
 // MoeRoute makes them): kV2 picks its GEMV by that count, when no expert can have more rows.
@@ -144,9 +156,9 @@ struct MoeGemm {
   // out[row, j] = SiLU(gate) · up for j < n / 2, gate and up the row's outputs j and n / 2 + j
   // (w: each expert's gate rows, then its up rows), each rounded to dtype first, as a GEMM into
   // dtype followed by cuda::SiluMul; out: [num_pairs, n / 2] in dtype. Only where
-  // MoeFusesSiluMul says so (kV3 / kV4's GEMV); the call throws otherwise.
+  // MoeFusesSiluMul says so (kV3-kV5's GEMV); the call throws otherwise.
   bool silu_mul = false;
-  // kV4's warpgroup-MMA tiles: a CTA's outputs, 128 or 256 (its rows are the routing tile's:
+  // kV4 / kV5's warpgroup-MMA tiles: a CTA's outputs, 128 or 256 (its rows are the routing tile's:
   // 64 or 128); 0 lets MoeGroupedGemm pick. For benchmarks and tests; ignored by the other
   // paths.
   int wgmma_cols = 0;
@@ -156,14 +168,14 @@ struct MoeGemm {
 void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
                     MoeKernels kernels = MoeKernels::kV1);
 
-// Whether MoeGroupedGemm runs g on its GEMV (kV2-kV4 steps of at most kMoeGemvMaxTokens tokens,
+// Whether MoeGroupedGemm runs g on its GEMV (kV2-kV5 steps of at most kMoeGemvMaxTokens tokens,
 // and every weight-only fp8 call) rather than on tiles.
 bool MoeUsesGemv(const MoeGemm& g, MoeKernels kernels);
-// Whether MoeGroupedGemm can take g with silu_mul set: kV3 / kV4's GEMV, out in dtype, n even.
+// Whether MoeGroupedGemm can take g with silu_mul set: kV3-kV5's GEMV, out in dtype, n even.
 bool MoeFusesSiluMul(const MoeGemm& g, MoeKernels kernels);
 // The outputs per CTA of the warpgroup-MMA tiles MoeGroupedGemm runs g on (kV4's steps whose
-// experts average more than 32 rows: g.wgmma_cols, or 128 on 64-row tiles and 256 on 128-row
-// ones), or 0 where it takes another path.
+// experts average more than 32 rows, kV5's tile steps: g.wgmma_cols, or 128 on 64-row tiles and
+// 256 on 128-row ones), or 0 where it takes another path.
 int MoeWgmmaCols(const MoeGemm& g, MoeKernels kernels);
 
 // residual[t, :] (+)= Σ over t's slots, by ascending expert, weight · rows[pair_rows[pair], :]

@@ -414,9 +414,10 @@ bool MoeFusesSiluMul(const MoeGemm& g, MoeKernels kernels) {
 
 int MoeWgmmaCols(const MoeGemm& g, MoeKernels kernels) {
   // kV3's tiles put their warps side by side along n while a step averages at most 32 rows per
-  // expert; kV4 runs the wider steps on warpgroup MMAs.
+  // expert; kV4 runs the wider steps on warpgroup MMAs, kV5 every tile step.
   const bool narrow = g.num_pairs <= 32 * int64_t(g.num_experts);
-  if (kernels != MoeKernels::kV4 || MoeUsesGemv(g, kernels) || narrow) return 0;
+  if (kernels < MoeKernels::kV4 || MoeUsesGemv(g, kernels)) return 0;
+  if (kernels == MoeKernels::kV4 && narrow) return 0;
   if (g.wgmma_cols != 0) return g.wgmma_cols;
   // 128 on 64-row tiles, 256 on 128-row ones: the faster of each pair on the H100
   // (bench/RESULTS.md: 64 x 128 1-2% over 64 x 256; 128 x 256 1.25x 128 x 128 on

@@ -1,8 +1,8 @@
 // kV4's grouped GEMM tiles (kernels/cuda/moe/moe.h: MoeKernels::kV4): Hopper warpgroup MMAs
 // (wgmma, sm_90a) over the routing's tiles, for steps whose experts average more than 32 rows
-// (prefill-size steps; smaller ones keep kV3's mma.sync tiles that skip empty fragments, and
-// the GEMV). The routing cuts 64-row tiles, or 128-row ones where the experts average at least
-// 128 rows (MoeTileRows).
+// (prefill-size steps; on kV4 smaller ones keep kV3's mma.sync tiles that skip empty
+// fragments, on kV5 they come here too; the smallest take the GEMV). The routing cuts 64-row tiles,
+// or 128-row ones where the experts average at least 128 rows (MoeTileRows).
 //
 // A CTA covers one routing tile (kWgM = tile rows / 64 warpgroups along m) and kCols outputs
 // (kWgN warpgroups along n of kWn outputs each): each warpgroup computes 64 rows x kWn outputs

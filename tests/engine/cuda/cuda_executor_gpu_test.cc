@@ -631,11 +631,12 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   o.moe_combine_in_norm = true;
   EXPECT_EQ(AllLogits(*CudaExecutor::Create(path.string(), o), ids, 30), la);
   o.moe_combine_in_norm = false;
-  // The v2, v3 and v4 kernels (moe.h: MoeKernels) give the same model: equal routing, sums in
-  // another order (v3 / v4: SiLU·mul in the GEMV's epilogue, the same roundings; v4 differs from
-  // v3 only in wider steps than these: the test after this one).
+  // The v2-v5 kernels (moe.h: MoeKernels) give the same model: equal routing, sums in another
+  // order (v3-v5: SiLU·mul in the GEMV's epilogue, the same roundings; v4 differs from v3 only
+  // in wider steps than these: the test after this one; v5 runs the 30-token chunk, ~2 rows per
+  // expert, on warpgroup-MMA tiles).
   o.dummy_seed = 5;
-  for (const int set : {2, 3, 4}) {
+  for (const int set : {2, 3, 4, 5}) {
     o.moe_kernels = set;
     auto other = CudaExecutor::Create(path.string(), o);
     const std::vector<float> lo = AllLogits(*other, ids, 30);
@@ -658,7 +659,7 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
   EXPECT_EQ(AllLogits(*CudaExecutor::Create(path.string(), o), ids, 30), lw3);
   o.moe_combine_in_norm = false;
   o.fp8_weights = true;
-  for (const int set : {1, 2, 3, 4}) {
+  for (const int set : {1, 2, 3, 4, 5}) {
     o.moe_kernels = set;
     auto f = CudaExecutor::Create(path.string(), o);
     auto g = CudaExecutor::Create(path.string(), o);
@@ -677,7 +678,8 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsWeightsRunDeterministically) {
 // Prefill-size steps, where kV4 (the default) runs the experts' GEMMs on warpgroup-MMA tiles:
 // one chunk of 200 tokens (400 pairs over 8 experts, 50 rows each on average: 64-row tiles) and
 // one of 600 (150 on average: 128-row tiles), bf16 and fp8 experts (W8A8 tiles), against kV3's
-// mma.sync tiles on the same dummy weights: the same routing, sums in another order.
+// mma.sync tiles on the same dummy weights: the same routing, sums in another order. And kV5,
+// which also runs a chunk of 60 (15 rows per expert: kV4 keeps kV3's tiles there) on them.
 TEST_F(CudaExecutorTest, DummyMixtureOfExpertsPrefillOnWarpgroupTilesMatchesV3) {
   const test::TempDir tmp;
   const fs::path path = tmp.path() / "moe8.json";
@@ -691,22 +693,27 @@ TEST_F(CudaExecutorTest, DummyMixtureOfExpertsPrefillOnWarpgroupTilesMatchesV3) 
   o.max_logits_rows = 640;
   std::mt19937 rng(17);
   std::uniform_int_distribution<int> token(0, 511);
-  for (const int len : {200, 600}) {
+  for (const int len : {60, 200, 600}) {
     std::vector<int> ids(static_cast<size_t>(len));
     for (int& id : ids) id = token(rng);
     for (const bool fp8 : {false, true}) {
       o.fp8_weights = fp8;
       o.moe_kernels = 3;
       const std::vector<float> l3 = AllLogits(*CudaExecutor::Create(path.string(), o), ids, len);
-      o.moe_kernels = 4;
-      auto v4 = CudaExecutor::Create(path.string(), o);
-      const std::vector<float> l4 = AllLogits(*v4, ids, len);
-      for (float v : l4) ASSERT_TRUE(std::isfinite(v));
-      EXPECT_EQ(AllLogits(*v4, ids, len), l4) << len << " tokens: not deterministic";
-      const double rel = Relative(l4, l3);
-      std::printf("  dummy MoE prefill of %d tokens%s, kernels v4 vs v3: %.3e of max|logit|\n", len,
-                  fp8 ? " (fp8 experts)" : "", rel);
-      EXPECT_LT(rel, 1e-2) << len << " tokens" << (fp8 ? ", fp8" : "");
+      for (const int set : {4, 5}) {
+        o.moe_kernels = set;
+        auto wg = CudaExecutor::Create(path.string(), o);
+        const std::vector<float> l = AllLogits(*wg, ids, len);
+        for (float v : l) ASSERT_TRUE(std::isfinite(v));
+        EXPECT_EQ(AllLogits(*wg, ids, len), l) << len << " tokens: not deterministic";
+        const double rel = Relative(l, l3);
+        std::printf("  dummy MoE prefill of %d tokens%s, kernels v%d vs v3: %.3e of max|logit|\n",
+                    len, fp8 ? " (fp8 experts)" : "", set, rel);
+        EXPECT_LT(rel, 1e-2) << len << " tokens" << (fp8 ? ", fp8" : "") << ", v" << set;
+        if (set == 4 && len == 60) {
+          EXPECT_EQ(l, l3) << "v4 keeps v3's tiles at 15 rows per expert";
+        }
+      }
     }
   }
 }

@@ -47,7 +47,7 @@ struct ArchCase {
   const char* folder;
   DType dtype;
   bool gemv;            // small steps on the GEMV kernels (else cuBLASLt)
-  int moe_kernels = 1;  // mixture of experts: kernels/cuda/moe/moe.h's set kV1 .. kV4
+  int moe_kernels = 1;  // mixture of experts: kernels/cuda/moe/moe.h's set kV1 .. kV5
 };
 
 std::string ArchCaseName(const ::testing::TestParamInfo<ArchCase>& info) {
@@ -423,8 +423,7 @@ std::vector<ArchCase> ArchCases() {
       for (bool gemv : {false, true}) {
         cases.push_back({folder, t, gemv});
         if (moe) {
-          cases.push_back({folder, t, gemv, 2});
-          cases.push_back({folder, t, gemv, 3});
+          for (const int set : {2, 3, 4, 5}) cases.push_back({folder, t, gemv, set});
         }
       }
     }
