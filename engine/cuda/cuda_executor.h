@@ -105,10 +105,11 @@ struct CudaExecutorOptions {
   // SiLU·mul itself) faster than kV2 on the H100 (Qwen3-30B-A3B batch 1 4.091 ms/token against
   // 4.189; throughput equal: bench/RESULTS.md). kV4 (kV3 with the expert GEMMs of steps whose
   // experts average more than 32 rows on warpgroup MMAs, sm_90a, 128-row tiles from 128 rows)
-  // the default since 2026-12-06: H100, Qwen3-30B-A3B TTFT of 4,096 tokens 76.3 ms against
-  // 157.5, throughput 1.035x, batch 1 equal. kV5: kV4 with every tile step on the warpgroup
-  // MMAs (decode steps of 9 or more tokens too).
-  int moe_kernels = 4;
+  // H100, Qwen3-30B-A3B TTFT of 4,096 tokens 76.3 ms against 157.5, throughput 1.035x, batch 1
+  // equal. kV5 (kV4 with every tile step on the warpgroup MMAs, decode steps of 9 or more
+  // tokens too) the default since 2026-12-06: H100, Qwen3-30B-A3B 200 x (1,000 + 1,000)
+  // 1.375x kV4 in bf16, 1.088x in fp8; TTFT and batch 1 equal.
+  int moe_kernels = 5;
   // Mixture of experts, small steps on one GPU: the experts' weighted sum added to the residual
   // by the next RMSNorm (cuda::MoeCombineRmsNorm) instead of a MoeCombine launch of its own.
   // Off: measured no faster (Qwen3-30B-A3B batch 1 3.826 ms/token against 3.800, H100,

@@ -33,7 +33,7 @@ struct BackendFlags {
   bool rope_head_warps = true;      // cuda: RoPE with per-head norms, one warp per head
   bool fp8_precise_accum = false;   // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
   bool moe_combine_in_norm = false;  // cuda, MoE, small steps: the experts' sum in the next norm
-  std::string moe_kernels = "v4";    // cuda, mixture of experts: kernels/cuda/moe/moe.h's set
+  std::string moe_kernels = "v5";    // cuda, mixture of experts: kernels/cuda/moe/moe.h's set
   uint64_t dummy_seed = 0;
   int tensor_parallel_size = 1;            // cuda: GPUs 0..N-1, one shard each over NCCL
   std::string kv_cache_dtype = "auto";     // auto (cpu f32, cuda the model dtype) or fp8 (cpu)
