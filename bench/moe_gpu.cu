@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8},
                           {"mixtral-8x7b", 4096, 14336, 8, 2}};
   for (const Shape& s : shapes) {
-    for (int tokens : {1, 8, 64, 256, 1024, 4096}) {
+    for (int tokens : {1, 8, 16, 32, 64, 256, 1024, 4096}) {
       for (auto k :
            {llm::cuda::MoeKernels::kV1, llm::cuda::MoeKernels::kV2, llm::cuda::MoeKernels::kV3,
             llm::cuda::MoeKernels::kV4, llm::cuda::MoeKernels::kV5}) {

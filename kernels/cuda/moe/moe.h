@@ -32,7 +32,7 @@
 namespace llm::cuda {
 
 // The rows of the grouped GEMM's tiles: each expert's sorted pairs are cut into tiles of this
-// many rows (the last one partial); kV4's steps whose experts average at least
+// many rows (the last one partial); kV4 / kV5's steps whose experts average at least
 // kMoeWideTileRows rows into tiles of that many (MoeTileRows).
 inline constexpr int kMoeTileRows = 64;
 inline constexpr int kMoeWideTileRows = 128;

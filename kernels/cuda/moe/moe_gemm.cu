@@ -453,12 +453,12 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   }
   if (g.silu_mul && !MoeFusesSiluMul(g, kernels)) {
     throw std::invalid_argument(
-        "MoeGroupedGemm: silu_mul needs kernel set v3 / v4's GEMV (steps of at most " +
+        "MoeGroupedGemm: silu_mul needs kernel set v3-v5's GEMV (steps of at most " +
         std::to_string(kMoeGemvMaxTokens) + " tokens, or weight-only fp8) and out in dtype");
   }
   if (g.num_pairs <= 0) return;
   const int64_t tokens = g.num_pairs / g.top_k;
-  // The GEMV: kV2-kV4's small steps (every expert has at most `tokens` rows, so one tile
+  // The GEMV: kV2-kV5's small steps (every expert has at most `tokens` rows, so one tile
   // each, and at most num_pairs tiles are not empty) and every weight-only fp8 call.
   const bool gemv = MoeUsesGemv(g, kernels);
   const bool v3 = kernels >= MoeKernels::kV3;
@@ -483,7 +483,7 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  // kV3 / kV4's GEMV: rows per pass, the smallest power of two >= the step's tokens (at most 8).
+  // kV3-kV5's GEMV: rows per pass, the smallest power of two >= the step's tokens (at most 8).
   const int pass_rows = tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8;
   auto run = [&](auto tag, auto out_f32_tag, auto fp8_tag) {
     using T = decltype(tag);

@@ -1,4 +1,4 @@
-// kV4's wgmma tiles for MoeGroupedGemm (moe_gemm_wgmma.cu says how they work); called by
+// kV4 / kV5's wgmma tiles for MoeGroupedGemm (moe_gemm_wgmma.cu says how they work); called by
 // moe_gemm.cu once it has checked g and chosen them.
 #pragma once
 

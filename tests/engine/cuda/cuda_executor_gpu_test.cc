@@ -16,6 +16,7 @@
 //  - --load-format dummy: any shape from a config file, deterministic in its seed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
