@@ -1,7 +1,8 @@
 // The chat page in headless Chromium (Debian's, driven by playwright-core) against a running
 // `llm serve` that needs an API key: the page asks for the key and lists the model; a message
-// streams a reply that grows on the page chunk by chunk over time; the second turn sends the
-// history; Stop aborts a long reply (the server cancels it); a server error shows its
+// streams a reply that grows on the page chunk by chunk; the second turn sends the history;
+// Stop, clicked on a long reply's first text, aborts it (the server cancels it: the text was
+// on the page while the reply still streamed); a server error shows its
 // message; nothing is loaded from another origin. Saves a screenshot after the first reply.
 // Env: LLM_URL (http://127.0.0.1:PORT), LLM_API_KEY, LLM_CHROMIUM, LLM_SCREENSHOT.
 import assert from "node:assert/strict";
@@ -80,11 +81,13 @@ try {
   log(`reply: ${reply.length} characters in ${appends} appends over ${span.toFixed(0)} ms ` +
       `(${growth.length} lengths); animation frames showed lengths ${frames.join(" ")}`);
   assert.ok(reply.length > 0, "the reply is empty");
-  assert.ok(appends >= 2, `the reply came in ${appends} chunk(s), not streamed`);
-  // Streamed, not buffered: part of the reply was on the page well before the rest (200
-  // tokens take over 100 ms here; a buffered body is appended in about a millisecond).
-  assert.ok(growth.length >= 2 && span >= 20,
-            `the reply appeared at once: ${JSON.stringify(growth.slice(0, 5))}...`);
+  // Appended chunk by chunk. Not timed: on a loaded 2-core CI machine Chromium's renderer can
+  // be descheduled for the whole 170 ms reply and then append its 199 chunks within 2 ms (CI
+  // on 4533e37). That the page shows text while the reply still streams is the Stop step's
+  // check below: the page clicks Stop on the first text, and the server must count the request
+  // as aborted, which a page that waited for the whole body could not make it do.
+  assert.ok(appends >= 2 && growth.length >= 2,
+            `the reply came in ${appends} chunk(s): ${JSON.stringify(growth.slice(0, 5))}...`);
   assert.equal(growth.at(-1).length, reply.length);
   assert.equal(chatBodies[0].stream, true);
   assert.equal(chatBodies[0].model, model);
