@@ -22,6 +22,11 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// A step whose experts average at most this many rows: kV3's tiles put their 4 warps side by
+// side along n (64 x 16 each), and kV4 keeps those tiles (kV5 takes the wgmma ones).
+constexpr int64_t kNarrowRows = 32;
+bool Narrow(const MoeGemm& g) { return g.num_pairs <= kNarrowRows * g.num_experts; }
+
 // ---- the grouped GEMM: mma.sync tiles of 64 sorted rows x 64 outputs -------------------------
 // A stage holds 64 bytes of k per row (32 bf16 / fp16 elements, or 64 e4m3 codes), rows padded
 // to 80 bytes (ldmatrix without bank conflicts). kFp8 (W8A8): x and w are e4m3 codes and T is
@@ -413,11 +418,9 @@ bool MoeFusesSiluMul(const MoeGemm& g, MoeKernels kernels) {
 }
 
 int MoeWgmmaCols(const MoeGemm& g, MoeKernels kernels) {
-  // kV3's tiles put their warps side by side along n while a step averages at most 32 rows per
-  // expert; kV4 runs the wider steps on warpgroup MMAs, kV5 every tile step.
-  const bool narrow = g.num_pairs <= 32 * int64_t(g.num_experts);
+  // kV4 runs the steps wider than Narrow on warpgroup MMAs, kV5 every tile step.
   if (kernels < MoeKernels::kV4 || MoeUsesGemv(g, kernels)) return 0;
-  if (kernels == MoeKernels::kV4 && narrow) return 0;
+  if (kernels == MoeKernels::kV4 && Narrow(g)) return 0;
   if (g.wgmma_cols != 0) return g.wgmma_cols;
   // 128 on 64-row tiles, 256 on 128-row ones: the faster of each pair on the H100
   // (bench/RESULTS.md: 64 x 128 1-2% over 64 x 256; 128 x 256 1.25x 128 x 128 on
@@ -469,8 +472,6 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
                          : dim3(unsigned((g.n + kBn - 1) / kBn), unsigned(tiles));
   const dim3 block(gemv ? kGemvThreads : kGemmThreads);
   const auto* sorted = static_cast<const int32_t*>(r.sorted_pairs);
-  // kV3's tiles: warps side by side along n while the step averages at most 32 rows per expert.
-  const bool narrow = g.num_pairs <= 32 * int64_t(g.num_experts);
   if (g.wgmma_cols != 0 && g.wgmma_cols != 128 && g.wgmma_cols != 256) {
     throw std::invalid_argument("MoeGroupedGemm: wgmma_cols " + std::to_string(g.wgmma_cols) +
                                 " (0, 128 or 256)");
@@ -478,7 +479,7 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
   // The routing's tiles (kV4's widest steps: 128 rows; their GEMMs are the wgmma tiles, and a
   // weight-only fp8 GEMV reads tiles of this many rows).
   const int tile_rows = MoeTileRows(g.num_pairs, g.num_experts, kernels);
-  if (const int cols = MoeWgmmaCols(g, kernels); cols != 0) {  // kV4's wider steps
+  if (const int cols = MoeWgmmaCols(g, kernels); cols != 0) {  // kV4's wider steps, kV5's all
     moe_detail::LaunchMoeGemmWgmma(g, r, tile_rows, cols, stream);
     LLM_CUDA_CHECK(cudaGetLastError());
     return;
@@ -525,8 +526,8 @@ void MoeGroupedGemm(const MoeGemm& g, const MoeRouting& r, cudaStream_t stream,
     }
     auto kernel = !v3 ? (kernels == MoeKernels::kV2 ? MoeGemmKernel<T, kF32, 4, kFp8>
                                                     : MoeGemmKernel<T, kF32, 2, kFp8>)
-                      : (narrow ? MoeGemmKernel<T, kF32, 4, kFp8, 1, true>
-                                : MoeGemmKernel<T, kF32, 4, kFp8, 2, true>);
+                      : (Narrow(g) ? MoeGemmKernel<T, kF32, 4, kFp8, 1, true>
+                                   : MoeGemmKernel<T, kF32, 4, kFp8, 2, true>);
     Launch(kernel, grid, block, 0, stream, g.x, g.x_scale, g.gather, g.top_k, g.w, g.w_scale, g.out,
            n, k, sorted, r.offsets, r.tile_expert, r.tile_begin, r.num_tiles);
   };
