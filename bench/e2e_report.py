@@ -12,6 +12,10 @@ cuBLASLt GEMM rate (bench_gemm_peak_gpu, the 8192^3 square GEMM: bf16, or for ru
   TTFT compute floor       = (2 * linear params * L + 2 * L^2 * heads * head_dim * layers
                               [causal QK^T and PV]) / GEMM rate (an fp8 run's linear
                               layers at the fp8 rate, its attention at the bf16 rate)
+  decode memory floor      = decode_bytes_read (llm bench: weight bytes per token once per
+                              decode-only step + the KV bytes of every key those steps'
+                              sequences attend to) / copy bandwidth, against those steps'
+                              CUDA-event time decode_device_ms (target >= 0.85)
 """
 import argparse
 import datetime
@@ -31,6 +35,15 @@ def linear_params(c):
     d = c.get("head_dim") or h // heads
     per_layer = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * i
     return c["num_hidden_layers"] * per_layer + v * h
+
+
+def decode_floor(res, copy_tbs):
+    """The decode-only steps' memory floor and their time's ratio to it (None without them)."""
+    bytes_read, ms = res.get("decode_bytes_read"), res.get("decode_device_ms")
+    if bytes_read is None or not ms or not copy_tbs:
+        return None, None
+    floor = bytes_read / (copy_tbs * 1e12) * 1e3
+    return floor, floor / ms
 
 
 def main():
@@ -69,6 +82,7 @@ def main():
         res = r["result"]
         entry = {"bench": res}
         cfg = load_config(res.get("model", ""))
+        num_rows = len(rows)
         if name.startswith("latency"):
             tpot = res["tpot_ms_mean"]
             roof = res["weight_bytes_per_token"] / (copy_tbs * 1e12) * 1e3 if copy_tbs else None
@@ -116,6 +130,20 @@ def main():
                          f"{res['tpot_ms_mean']:.2f} ms/token at 128k",
                          f"peak {res.get('peak_device_bytes', 0) / gib:.1f} GiB",
                          f"KV pool {res.get('kv_cache_gib', res.get('kv_cache_bytes', 0) / gib):.1f} GiB"))
+        if name.startswith("throughput") or "decode_bytes_read" in res:
+            floor, ratio = decode_floor(res, copy_tbs)
+            entry.update(decode_floor_ms=floor, ratio_to_decode_floor=ratio,
+                         decode_batch_mean=res.get("decode_batch_mean"),
+                         target_decode_floor_ratio=0.85)
+            if ratio is not None:
+                text = (f"decode steps at {ratio:.2f} of their memory floor (weights + KV at "
+                        f"copy speed), mean batch {res.get('decode_batch_mean', 0):.1f} "
+                        "(target 0.85)")
+                if len(rows) == num_rows:  # a run of no kind above: a row of its own
+                    rows.append((name, f"{res['decode_step_ms_mean']:.3f} ms/decode step",
+                                 f"floor {floor / res['decode_steps']:.3f} ms", text))
+                else:
+                    rows[-1] = rows[-1][:3] + (rows[-1][3] + "; " + text,)
         out["runs"][name] = entry
     json.dump(out, open(a.json, "w"), indent=1)
     with open(a.md, "w") as f:

@@ -228,7 +228,7 @@ std::vector<float> CudaExecutor::Forward(const ForwardBatch& batch) try {
   CudaWorker& m = *worker_;
   m.CheckNothingInFlight("Forward");
   const auto start = Clock::now();
-  LLM_CUDA_CHECK(cudaEventRecord(m.out[0].start, m.stream));
+  m.StartTiming(m.out[0], batch);
   m.Run(batch);
   const size_t rows = batch.logits_indices.size();
   std::vector<float> out(rows * size_t(m.vocab));
@@ -246,7 +246,7 @@ std::vector<SampleResult> CudaExecutor::ForwardAndSample(const ForwardBatch& bat
   CudaWorker& m = *worker_;
   m.CheckNothingInFlight("ForwardAndSample");
   const auto start = Clock::now();
-  LLM_CUDA_CHECK(cudaEventRecord(m.out[0].start, m.stream));
+  m.StartTiming(m.out[0], batch);
   m.Run(batch);
   std::vector<SampleResult> results = m.Sample(tasks, m.out[0]);
   m.FinishTiming(m.out[0], std::chrono::duration<double, std::milli>(Clock::now() - start).count());
@@ -290,6 +290,8 @@ void CudaExecutor::ResetStats() {
   CudaExecutorStats& s = worker_->stats;
   s.steps = s.graph_steps = s.fp8_prefill_copies = 0;
   s.device_ms = s.wall_ms = 0;
+  s.decode_steps = s.decode_seq_steps = s.decode_kv_tokens_read = 0;
+  s.decode_device_ms = 0;
   s.mask_ms = 0;
   s.mask_rows = 0;
 }

@@ -176,6 +176,19 @@ struct CudaExecutorStats {
   // table only when tied to lm_head; otherwise one row per token); of a mixture-of-experts
   // layer, the router and num_experts_per_tok experts.
   int64_t weight_bytes_per_token = 0;
+  // Bytes of K and V one token occupies in this rank's KV cache, all layers (the KV pool's
+  // bytes per block / block_size; fp8 KV: 1 byte an element).
+  int64_t kv_bytes_per_token = 0;
+  // Decode-only steps (every sequence of the batch feeds exactly one token), for the decode
+  // memory floor: such a step reads weight_bytes_per_token of weights once and the KV of
+  // every key its sequences attend to. decode_device_ms is their share of device_ms (the same
+  // CUDA-event spans), decode_seq_steps the sum of their batch sizes, decode_kv_tokens_read
+  // the sum over their sequences of the keys each attends to per layer (context_len + 1), so
+  // that decode_kv_tokens_read × kv_bytes_per_token is the KV they read. Sliding-window
+  // layers read at most the window: a model with such layers counts each sequence's keys
+  // averaged over its layers (rounded to the nearest token).
+  int64_t decode_steps = 0, decode_seq_steps = 0, decode_kv_tokens_read = 0;
+  double decode_device_ms = 0;
   int64_t peak_device_bytes = 0;  // total - free after the KV pool (what this process holds)
   // GEMVs enqueued (eagerly or into a captured graph) with their RMSNorm folded in
   // (gemv_fold_norm: consumers) or in their prologue (gemv_norm_prologue): the options' paths

@@ -309,7 +309,7 @@ void CudaWorker::RunPrefillOnly(int64_t tokens) {
     b.AddSequence(ids, 0, table, slots, /*wants_logits=*/true, /*is_decode=*/false);
     block += blocks;
   }
-  LLM_CUDA_CHECK(cudaEventRecord(out[0].start, stream));
+  StartTiming(out[0], b);
   Run(b);
   StopAndWait(out[0]);
 }
@@ -441,6 +441,7 @@ void CudaWorker::Finish(int64_t num_blocks) {
     }
   }
   stats.kv_cache_bytes = kv_bytes;
+  stats.kv_bytes_per_token = BytesPerBlock() / opt.block_size;
   stats.activation_bytes = activation_bytes;
   Log(device_name + ": weights " + Gib(double(weight_bytes)) + ", activations " +
       Gib(double(activation_bytes)) + ", KV cache " + (kv_format.fp8 ? "(fp8 e4m3) " : "") +
@@ -458,6 +459,8 @@ void CudaWorker::Finish(int64_t num_blocks) {
   stats.gemm_retuned_shapes = gemm->num_retuned();
   stats.steps = stats.graph_steps = stats.fp8_prefill_copies = 0;  // (the profiling pass's)
   stats.device_ms = stats.wall_ms = 0;
+  stats.decode_steps = stats.decode_seq_steps = stats.decode_kv_tokens_read = 0;
+  stats.decode_device_ms = 0;
 }
 
 }  // namespace llm

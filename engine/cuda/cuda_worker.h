@@ -242,12 +242,20 @@ struct CudaWorker {
   int32_t num_mask_rows = 0;  // of the tasks UploadSampleParams last wrote: those with a grammar
   void* sample_ws = nullptr;
   cuda::SampleOutputs d_out;
+  // A step's share of the decode-only counters (CudaExecutorStats::decode_*), taken from its
+  // batch when its timing starts and added to the stats with its device time.
+  struct StepTally {
+    bool is_decode_only = false;  // every sequence feeds exactly one token
+    int64_t num_seqs = 0;
+    int64_t num_kv_tokens_read = 0;  // keys the decode attention reads per layer, all sequences
+  };
   // Where a step's sampled ids and logprobs come back, and the events around its device
   // work: two, since an async step is launched before the one before it is waited for.
   struct OutSlot {
     Pinned<int32_t> token, top_ids;
     Pinned<float> logprob, top_lp;
     cudaEvent_t start = nullptr, stop = nullptr;
+    StepTally tally;  // of the step timed between start and stop
   };
   OutSlot out[2];
 
@@ -414,6 +422,8 @@ struct CudaWorker {
   // ---- a step end to end, and asynchronous steps (Launch / Wait) (step_runner.cc) --------
   void Run(const ForwardBatch& b, bool wait_inputs = true);
   void Enqueue(const Shape& s, bool graph, int64_t padded);
+  StepTally Tally(const ForwardBatch& b) const;
+  void StartTiming(OutSlot& o, const ForwardBatch& b);
   void StopAndWait(OutSlot& o);
   void FinishTiming(const OutSlot& o, double host_ms);
   StepHandle Launch(const ForwardBatch& b, std::span<const SampleTask> tasks);

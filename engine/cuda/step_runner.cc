@@ -70,6 +70,39 @@ void CudaWorker::Enqueue(const Shape& s, bool graph, int64_t padded) {
   }
 }
 
+// The decode-only counters' share of step `b` (CudaExecutorStats::decode_*): keys the decode
+// attention reads per layer, context_len + 1 per sequence; a sliding layer reads at most its
+// window (paged_kv.h: VisibleKeyBegin), so with such layers a sequence counts the mean over the
+// layers, rounded to the nearest key.
+CudaWorker::StepTally CudaWorker::Tally(const ForwardBatch& b) const {
+  StepTally t;
+  t.is_decode_only = b.num_seqs() > 0 && b.num_decode_seqs == b.num_seqs();
+  if (!t.is_decode_only) return t;
+  t.num_seqs = b.num_seqs();
+  const int64_t num_layers = config.num_layers;
+  const int64_t window = config.sliding_window.value_or(0);
+  int64_t num_sliding = 0;
+  for (int64_t l = 0; l < num_layers && window > 0; ++l)
+    num_sliding += config.SlidingWindowOf(l) > 0;
+  for (const int32_t context_len : b.context_lens) {
+    const int64_t keys = int64_t(context_len) + 1;
+    if (num_sliding == 0) {
+      t.num_kv_tokens_read += keys;
+    } else {
+      const int64_t layer_keys =
+          (num_layers - num_sliding) * keys + num_sliding * std::min(keys, window);
+      t.num_kv_tokens_read += (layer_keys + num_layers / 2) / num_layers;
+    }
+  }
+  return t;
+}
+
+// Starts a step's device span on the stream, and notes what the step is for FinishTiming.
+void CudaWorker::StartTiming(OutSlot& o, const ForwardBatch& b) {
+  o.tally = Tally(b);
+  LLM_CUDA_CHECK(cudaEventRecord(o.start, stream));
+}
+
 // Ends a step's device span (call after its last device-to-host copy is enqueued) and
 // waits for it.
 void CudaWorker::StopAndWait(OutSlot& o) {
@@ -86,6 +119,12 @@ void CudaWorker::FinishTiming(const OutSlot& o, double host_ms) {
   LLM_CUDA_CHECK(cudaEventElapsedTime(&ms, o.start, o.stop));
   stats.device_ms += ms;
   stats.wall_ms += host_ms;
+  if (o.tally.is_decode_only) {
+    ++stats.decode_steps;
+    stats.decode_device_ms += ms;
+    stats.decode_seq_steps += o.tally.num_seqs;
+    stats.decode_kv_tokens_read += o.tally.num_kv_tokens_read;
+  }
 }
 
 // Order on the stream: sampling parameters and batch inputs (host to device), the fed
@@ -120,7 +159,7 @@ StepHandle CudaWorker::Launch(const ForwardBatch& b, std::span<const SampleTask>
   p.tasks.assign(tasks.begin(), tasks.end());
   const bool has_grammar = HasGrammar(tasks);
   if (int64_t(tasks.size()) > max_seqs) {  // rounds of max_seqs: synchronous
-    LLM_CUDA_CHECK(cudaEventRecord(o.start, stream));
+    StartTiming(o, b);
     Run(b);
     if (has_grammar) ResolvePending();
     p.results = Sample(tasks, o);
@@ -132,7 +171,7 @@ StepHandle CudaWorker::Launch(const ForwardBatch& b, std::span<const SampleTask>
     // for again before the forward: they sit behind the previous step's work.
     WaitInputsCopied();
     DiscardStaged();  // (what a failed launch left staged)
-    LLM_CUDA_CHECK(cudaEventRecord(o.start, stream));
+    StartTiming(o, b);
     if (!tasks.empty()) {
       UploadSampleParams(tasks, 0, tasks.size(), /*wait_inputs=*/false, /*flush=*/false);
       if (!opt.async_masks) UploadMasks(tasks, 0, tasks.size());  // the baseline: before Run

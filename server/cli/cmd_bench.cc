@@ -2,7 +2,8 @@
 // and output lengths (fixed seed, random token ids, ignore_eos) submitted at once to the
 // continuous-batching engine; reports requests/s and prompt / generated tokens/s, time to
 // first token and decode time per token (from the engine's own per-request timings), and on
-// the GPU the device-busy fraction of the run (CUDA events around each step's device work).
+// the GPU the device-busy fraction of the run (CUDA events around each step's device work)
+// and its decode-only steps' device time, mean batch and the bytes they read (DecodeJson).
 // The same binary gives the end-to-end GPU benchmarks (scripts/gpu_e2e_bench.sh): batch-1
 // latency (--num-requests 1), throughput, TTFT, and long context, with --load-format dummy.
 // --json-schema: structured outputs against the same requests unconstrained
@@ -71,6 +72,11 @@ struct BenchDeviceStats {
   int64_t fp8_prefill_copies = 0;
   double mask_ms = 0;  // host time computing structured-output masks
   int64_t mask_rows = 0;
+  // Decode-only steps (CudaExecutorStats::decode_*).
+  int64_t decode_steps = 0, decode_seq_steps = 0, decode_kv_tokens_read = 0;
+  double decode_device_ms = 0;
+  // Constants of the executor (not differenced).
+  int64_t weight_bytes_per_token = 0, kv_bytes_per_token = 0;
 };
 
 BenchDeviceStats DeviceStats(const Engine& engine) {
@@ -78,12 +84,60 @@ BenchDeviceStats DeviceStats(const Engine& engine) {
 #if defined(LLM_HAS_CUDA)
   if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&engine.executor())) {
     const CudaExecutorStats st = cuda->stats();
-    s = {st.device_ms, st.wall_ms, st.graph_steps, st.fp8_prefill_copies, st.mask_ms, st.mask_rows};
+    s.device_ms = st.device_ms;
+    s.wall_ms = st.wall_ms;
+    s.graph_steps = st.graph_steps;
+    s.fp8_prefill_copies = st.fp8_prefill_copies;
+    s.mask_ms = st.mask_ms;
+    s.mask_rows = st.mask_rows;
+    s.decode_steps = st.decode_steps;
+    s.decode_seq_steps = st.decode_seq_steps;
+    s.decode_kv_tokens_read = st.decode_kv_tokens_read;
+    s.decode_device_ms = st.decode_device_ms;
+    s.weight_bytes_per_token = st.weight_bytes_per_token;
+    s.kv_bytes_per_token = st.kv_bytes_per_token;
   }
 #else
   (void)engine;
 #endif
   return s;
+}
+
+// What the executor counted between `before` and `after`.
+BenchDeviceStats Delta(const BenchDeviceStats& after, const BenchDeviceStats& before) {
+  BenchDeviceStats d = after;
+  d.device_ms -= before.device_ms;
+  d.wall_ms -= before.wall_ms;
+  d.graph_steps -= before.graph_steps;
+  d.fp8_prefill_copies -= before.fp8_prefill_copies;
+  d.mask_ms -= before.mask_ms;
+  d.mask_rows -= before.mask_rows;
+  d.decode_steps -= before.decode_steps;
+  d.decode_seq_steps -= before.decode_seq_steps;
+  d.decode_kv_tokens_read -= before.decode_kv_tokens_read;
+  d.decode_device_ms -= before.decode_device_ms;
+  return d;
+}
+
+// The decode-only steps' numbers as JSON members, each after a ", ": what they read (weights
+// once a step, the KV of every key they attend to; bench/e2e_report.py divides it by the
+// measured copy bandwidth for their memory floor) and their mean time and batch (0 without
+// any).
+std::string DecodeJson(const BenchDeviceStats& d) {
+  const int64_t bytes_read =
+      d.decode_steps * d.weight_bytes_per_token + d.decode_kv_tokens_read * d.kv_bytes_per_token;
+  const double steps = double(std::max<int64_t>(d.decode_steps, 1));
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                ", \"decode_steps\": %lld, \"decode_device_ms\": %.3f, \"decode_seq_steps\": %lld, "
+                "\"decode_kv_tokens_read\": %lld, \"kv_bytes_per_token\": %lld, "
+                "\"decode_bytes_read\": %lld, \"decode_step_ms_mean\": %.4f, "
+                "\"decode_batch_mean\": %.2f",
+                (long long)d.decode_steps, d.decode_device_ms, (long long)d.decode_seq_steps,
+                (long long)d.decode_kv_tokens_read, (long long)d.kv_bytes_per_token,
+                (long long)bytes_read, d.decode_device_ms / steps,
+                double(d.decode_seq_steps) / steps);
+  return buf;
 }
 
 // One timed pass: `requests` submitted at once and run to the end.
@@ -130,11 +184,7 @@ Pass RunPass(Engine& engine, std::vector<Request> requests) {
   const EngineStats s = engine.Stats();
   p.steps = s.num_steps - stats_before.num_steps;
   p.preemptions = s.num_preemptions - stats_before.num_preemptions;
-  const BenchDeviceStats after = DeviceStats(engine);
-  p.device = {
-      after.device_ms - before.device_ms,     after.wall_ms - before.wall_ms,
-      after.graph_steps - before.graph_steps, after.fp8_prefill_copies - before.fp8_prefill_copies,
-      after.mask_ms - before.mask_ms,         after.mask_rows - before.mask_rows};
+  p.device = Delta(DeviceStats(engine), before);
   return p;
 }
 
@@ -201,6 +251,7 @@ std::string PassJson(const Pass& p, const Engine& engine, int num_requests) {
                   p.device.device_ms, p.device.wall_ms, p.device.device_ms / (p.seconds * 1e3),
                   (long long)p.device.graph_steps, p.device.mask_ms, (long long)p.device.mask_rows);
     json += buf;
+    json += DecodeJson(p.device);
   }
   return json;
 }
@@ -329,6 +380,7 @@ int RunBench(const BenchFlags& f) {
                   (long long)st.gemm_tuned_shapes, (long long)st.gemm_retuned_shapes,
                   (long long)d.fp8_prefill_copies, d.mask_ms, (long long)d.mask_rows);
     device_json = buf;
+    device_json += DecodeJson(d);
   }
 #endif
   const Pass& p = pass;
