@@ -7,8 +7,10 @@
 // with block size 16 and a shuffled block table. FLOPs = 4·B·H·L²·d / 2 (causal). Q, K, V and O
 // are 4 × 64 MiB at head_dim 128 (L2 is 50 MB), so no launch finds its inputs in L2 (K/V tiles
 // are still re-read through L2 by the query tiles of a head, as in any flash kernel); two input
-// sets alternate. CUDA events around each launch; 2 warm-ups, median of 10 (v1: 5 at long
-// lengths). From 2k up, v4 is also timed under its other schedules (ping-pong, intra-warpgroup
+// sets alternate. CUDA events around each launch, launches queued back to back (the host's
+// work overlaps the previous launch, as torch's calls are timed); 2 warm-ups, median of 10 (v1:
+// 5 at long lengths); "v4/synced" is v4 timed with a wait after every launch (the method before
+// 2026-12-06). v4 is also timed under its other schedules (ping-pong, intra-warpgroup
 // overlap) and, as a profiling ablation with wrong output, without exp2.
 // Prints one JSON line per (variant, shape) and a table last.
 //   ninja -C build bench_prefill_attention_gpu && ./build/bench_prefill_attention_gpu
@@ -322,27 +324,39 @@ int main(int argc, char** argv) {
       const double flops = 4.0 * B * kHeads * double(L) * L * hd / 2;
       // profiling: an ablation with wrong output on purpose (no max_err; the report keeps
       // it beside the variants and never counts it as ours or as a failure).
+      // Launches are queued back to back, each between its own pair of events, and the stream
+      // is synchronized once at the end (as bench/attention_torch.py times torch's calls): the
+      // host's work for a launch (tensor maps, launch) overlaps the previous launch instead of
+      // being timed with it. `synced` waits for every launch before the next one's start event
+      // (the method before 2026-12-06: the host's work shows in the time).
       auto time_one = [&](PrefillVariant v, int v4_flags, const std::string& name, float err,
-                          bool profiling = false, bool causal = true) {
+                          bool profiling = false, bool causal = true, bool synced = false) {
         const int reps = (v == PrefillVariant::kNaive && L >= 4096) ? 5 : reps_default;
         std::vector<float> ms;
-        cudaEvent_t e0, e1;
-        LLM_CUDA_CHECK(cudaEventCreate(&e0));
-        LLM_CUDA_CHECK(cudaEventCreate(&e1));
+        std::vector<cudaEvent_t> e0(reps + 2), e1(reps + 2);
+        for (int it = 0; it < reps + 2; ++it) {
+          LLM_CUDA_CHECK(cudaEventCreate(&e0[it]));
+          LLM_CUDA_CHECK(cudaEventCreate(&e1[it]));
+        }
         for (int it = 0; it < reps + 2; ++it) {
           const Problem& pr = (it & 1) ? b : a;
           auto params = pr.Params();
           params.causal = causal;
-          LLM_CUDA_CHECK(cudaEventRecord(e0));
+          LLM_CUDA_CHECK(cudaEventRecord(e0[it]));
           llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch, v4_flags);
-          LLM_CUDA_CHECK(cudaEventRecord(e1));
-          LLM_CUDA_CHECK(cudaEventSynchronize(e1));
-          float t = 0;
-          LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-          if (it >= 2) ms.push_back(t);
+          LLM_CUDA_CHECK(cudaEventRecord(e1[it]));
+          if (synced || it < 2) LLM_CUDA_CHECK(cudaEventSynchronize(e1[it]));
         }
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
+        LLM_CUDA_CHECK(cudaDeviceSynchronize());
+        for (int it = 2; it < reps + 2; ++it) {
+          float t = 0;
+          LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0[it], e1[it]));
+          ms.push_back(t);
+        }
+        for (int it = 0; it < reps + 2; ++it) {
+          cudaEventDestroy(e0[it]);
+          cudaEventDestroy(e1[it]);
+        }
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2];
         const double tflops = (causal ? flops : 2 * flops) / (med * 1e-3) / 1e12;
@@ -359,13 +373,17 @@ int main(int argc, char** argv) {
         if (!(errs[v] <= 2e-2f)) continue;
         time_one(v, llm::cuda::detail::kV4Default, llm::cuda::PrefillVariantName(v), errs[v]);
       }
+      if (errs[PrefillVariant::kWgmma] <= 2e-2f) {  // the earlier timing method, for comparison
+        time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Default, "v4/synced",
+                 errs[PrefillVariant::kWgmma], false, true, /*synced=*/true);
+      }
       if (noncausal_err <= 2e-2f) {  // FLOPs 4·B·H·L²·d: twice the causal count
         time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Default, "v4_wgmma", noncausal_err,
                  false, /*causal=*/false);
       }
-      // v4 schedule ablations on the long shapes: ping-pong + intra-warpgroup overlap, each
+      // v4 schedule ablations at every length: ping-pong + intra-warpgroup overlap, each
       // alone, and (profiling, wrong output) the production schedule without exp2.
-      if (ablations_on && L >= 2048 && errs[PrefillVariant::kWgmma] <= 2e-2f) {
+      if (ablations_on && errs[PrefillVariant::kWgmma] <= 2e-2f) {
         using namespace llm::cuda::detail;
         const std::pair<int, const char*> ablations[] = {
             {0, "v4/pp+ovl"},
@@ -378,6 +396,11 @@ int main(int argc, char** argv) {
             {kV4ComputeOnly, "v4/ppovl-compute"},
             {kV4Default | kV4NoPersist, "v4/nopersist"},
             {kV4Default | kV4PanelBoxV, "v4/panelv"},
+            {kV4Default | kV4NoQPrefetch, "v4/noqpf"},
+            {kV4NoQPrefetch, "v4/pp+ovl-noqpf"},
+            {kV4Default | kV4NarrowStores, "v4/narrow"},
+            {kV4Default | kV4NarrowStores | kV4NoQPrefetch, "v4/before"},
+            {kV4NoOverlap | kV4NarrowStores | kV4NoQPrefetch, "v4/pp-before"},
             {kV4Default | kV4Cluster, "v4/cluster"},
             {kV4Cluster, "v4/ppovl-cl"},
             {kV4Default | kV4LoadsOnly | kV4Cluster, "v4/loads-cl"}};

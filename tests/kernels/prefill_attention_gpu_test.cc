@@ -167,15 +167,22 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     // v4 runs all four schedules (ping-pong and intra-warpgroup overlap on / off), each on a
     // persistent grid and one CTA per tile, with and without the 2-CTA cluster that multicasts
     // shared K/V tiles; then the production schedule with V loaded as two boxes per page (the
-    // previous V tile layout, kV4PanelBoxV), alone and clustered. The others (and kBest) run
-    // the production path once.
+    // previous V tile layout, kV4PanelBoxV), alone and clustered; then Q loaded at each tile's
+    // start and the output in 4-byte stores (kV4NoQPrefetch | kV4NarrowStores: the kernel
+    // before 2026-12-06), plain and ping-pong + overlap; then each of the two alone. The
+    // others (and kBest) run the production path once.
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
-    for (int i = 0; i < (v4 ? 18 : 1); ++i) {
+    for (int i = 0; i < (v4 ? 22 : 1); ++i) {
       const int flags = i < 16 ? (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0) |
                                      ((i & 8) ? cuda::detail::kV4NoPersist : 0)
-                               : cuda::detail::kV4Default | cuda::detail::kV4PanelBoxV |
-                                     (i == 17 ? cuda::detail::kV4Cluster : 0);
+                        : i < 18 ? cuda::detail::kV4Default | cuda::detail::kV4PanelBoxV |
+                                       (i == 17 ? cuda::detail::kV4Cluster : 0)
+                        : i < 20
+                            ? cuda::detail::kV4NoQPrefetch | cuda::detail::kV4NarrowStores |
+                                  (i == 18 ? cuda::detail::kV4Default : 0)
+                            : (i == 20 ? cuda::detail::kV4Default | cuda::detail::kV4NarrowStores
+                                       : cuda::detail::kV4NoQPrefetch);
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       cuda::PagedPrefillAttention(p, nullptr, variant, /*scratch=*/nullptr,

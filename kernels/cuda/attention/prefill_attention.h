@@ -93,6 +93,14 @@ inline constexpr int kV4NoPersist = 64;
 // both panels) into [page][panel][key-in-page][64] tiles, halving V's boxes at head_dim 128;
 // the P·V descriptor steps page by page (at head_dim 64 both layouts are the same).
 inline constexpr int kV4PanelBoxV = 128;
+// Q loaded at the start of each query tile (the form before 2026-12-06), for comparison. The
+// default requests the next tile's Q rows as soon as the current tile's last S = Q·Kᵀ has
+// completed, hiding their latency under the last P·V and the output stores.
+inline constexpr int kV4NoQPrefetch = 256;
+// The output written as each thread's 4-byte pairs (the form before 2026-12-06), for
+// comparison. The default exchanges pairs inside each quad of lanes so that every thread
+// writes whole 16-byte chunks: a quarter of the store instructions.
+inline constexpr int kV4NarrowStores = 512;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 
 }  // namespace detail

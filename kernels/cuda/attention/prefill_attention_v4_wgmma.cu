@@ -150,6 +150,11 @@ using ptx::DescAt;  // shared-memory matrix descriptors, 128-byte swizzle
 using ptx::DescBase;
 using ptx::MakeDescBase;
 
+// a[i] for a runtime i in [0, 4), as selects (no local-memory indexing).
+__device__ __forceinline__ uint32_t Pick4(const uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
 template <typename T, int HD>
 __device__ __forceinline__ void WgmmaPV(float (&o)[HD / 2], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (HD == 128) {
@@ -303,16 +308,19 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       const int32_t* table = a.block_tables + c.seq * a.max_blocks_per_seq;
       for (int j = 0; j < ic.n_slots; ++j, ++g) {
         const int st = g % kStages, use = g / kStages, k0 = (kWindow ? ic.first_tile + j : j) * kBc;
+        const bool no_data = j >= ic.n_tiles || (compute_only && g >= kStages);
+        // This lane's page, read from the block table before the wait for the stage, so the
+        // table's latency is not added to the loads of a stage just given back.
+        const bool mine = !no_data && lane < pages_per_tile && k0 + lane * bs < c.num_keys;
+        const int box = mine ? table[k0 / bs + lane] * a.num_kv_heads + c.kv_head : 0;
         if (use > 0) MbarWait(empty(st), (use - 1) & 1);
-        if (j >= ic.n_tiles || (compute_only && g >= kStages)) {
+        if (no_data) {
           if (lane == 0) {  // no data: complete the stage's phase (profiling: no more loads)
             MbarArrive(full_k(st));
             MbarArrive(full_v(st));
           }
           continue;
         }
-        const bool mine = lane < pages_per_tile && k0 + lane * bs < c.num_keys;
-        const int box = mine ? table[k0 / bs + lane] * a.num_kv_heads + c.kv_head : 0;
         const int valid_pages = min(pages_per_tile, (c.num_keys - k0 + bs - 1) / bs);
         const uint32_t bytes = uint32_t(valid_pages) * bs * HD * 2;
         if (lane == 0) {
@@ -546,6 +554,28 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     }
   };
 
+  // Q rows of an item by cp.async into this warpgroup's 64 rows of the Q tile (no wait).
+  auto load_q = [&](const TileCoords& c) {
+    const int wq0 = c.q0 + w * 64;  // this warpgroup's first query row
+    const T* q = static_cast<const T*>(a.q);
+    constexpr int kChunks = HD / 8;
+#pragma unroll
+    for (int i = 0; i < 64 * kChunks / 128; ++i) {
+      const int idx = tid + i * 128, r = idx / kChunks, ch = idx % kChunks;
+      const bool ok = wq0 + r < c.q_len;
+      const T* src =
+          q + (int64_t(c.q_start + (ok ? wq0 + r : 0)) * a.num_heads + c.head) * HD + ch * 8;
+      const uint32_t dst =
+          sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
+      CpAsync16(dst, src, ok ? 16 : 0);
+    }
+  };
+  // Q prefetch: once an item's last S = Q·Kᵀ has completed in all four warps, the next item's
+  // Q rows are requested, so their latency hides under the last P·V and the epilogue instead
+  // of opening the next item (kV4NoQPrefetch: load at the item's start).
+  const bool q_prefetch = !(a.v4_flags & kV4NoQPrefetch);
+  const bool narrow_stores = a.v4_flags & kV4NarrowStores;
+  bool q_pending = false;  // this item's Q is already in flight
   for (int trip = 0;; ++trip) {
     int item, n_tiles, n_slots;
     {
@@ -560,23 +590,12 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       kt0 = kWindow ? ic.first_tile : 0;
     }
     if (n_tiles > 0) {
-      const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
-      const TileCoords c = GetItemCoords<kBr, kBc, kWindow>(a, ws, item).c;
-      const int wq0 = c.q0 + w * 64;  // this warpgroup's first query row
-      // Q rows by cp.async (this warpgroup's own 64 rows: its last S GEMM of the previous item
-      // has completed).
-      const T* q = static_cast<const T*>(a.q);
-      constexpr int kChunks = HD / 8;
-#pragma unroll
-      for (int i = 0; i < 64 * kChunks / 128; ++i) {
-        const int idx = tid + i * 128, r = idx / kChunks, ch = idx % kChunks;
-        const bool ok = wq0 + r < c.q_len;
-        const T* src =
-            q + (int64_t(c.q_start + (ok ? wq0 + r : 0)) * a.num_heads + c.head) * HD + ch * 8;
-        const uint32_t dst =
-            sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
-        CpAsync16(dst, src, ok ? 16 : 0);
+      // This warpgroup's 64 Q rows, unless the previous item already prefetched them.
+      if (!q_pending) {
+        const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
+        load_q(GetItemCoords<kBr, kBc, kWindow>(a, ws, item).c);
       }
+      q_pending = false;
       CpAsyncWaitAll();
       FenceProxyAsync();  // generic-proxy writes, read next by wgmma (async proxy)
       NamedBarrier(1 + w, 128);
@@ -599,6 +618,18 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       for (int j = 1; j < n_tiles; j += 2) {
         step(j, pa1, pa0);
         if (j + 1 < n_tiles) step(j + 1, pa0, pa1);
+      }
+      if (q_prefetch) {
+        const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
+        const int next = ws.Item(trip + 1);
+        if (next >= 0) {
+          const ItemCoords nic = GetItemCoords<kBr, kBc, kWindow>(a, ws, next);
+          if (nic.n_tiles > 0 && !loads_only) {
+            NamedBarrier(1 + w, 128);  // every warp's last S (which reads Q) has completed
+            load_q(nic.c);
+            q_pending = true;
+          }
+        }
       }
       // Last P·V.
       {
@@ -642,7 +673,11 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         release(st, j);
       }
 
-      // Normalise and store (rows past the chunk are dropped).
+      // Normalise and store (rows past the chunk are dropped). A thread holds 2 columns of
+      // each 8-column chunk of its rows; a 4 x 4 transpose inside each quad (three shuffles
+      // per 4 chunks) gives it whole chunks instead (chunk 4i + t of the quad's row), so a
+      // row goes out in 16-byte stores: a quarter of the store instructions, each touching as
+      // many 128-byte lines as a 4-byte one did (kV4NarrowStores: the 4-byte stores).
       const WorkSplit ws2 = GetWorkSplit<kBr>(a, cluster, persist);
       const TileCoords c2 = GetItemCoords<kBr, kBc, kWindow>(a, ws2, item).c;
       const int row0 = c2.q0 + w * 64 + warp * 16 + g4;  // this thread's rows: row0, row0 + 8
@@ -655,13 +690,33 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         // out_scale: v_scale when the pages are a copy of an fp8 cache (1 otherwise: exact).
         const float inv = (lt > 0.f ? 1.f / lt : 0.f) * a.out_scale;
         const int row = row0 + h * 8;
-        if (row < c2.q_len) {
-          T* dst = out + (int64_t(c2.q_start + row) * a.num_heads + c2.head) * HD + 2 * t;
+        T* dst = out + (int64_t(c2.q_start + row) * a.num_heads + c2.head) * HD;
+        if (narrow_stores) {
+          if (row < c2.q_len) {
 #pragma unroll
-          for (int n = 0; n < HD / 8; ++n) {
-            *reinterpret_cast<uint32_t*>(dst + n * 8) =
-                PackPair<T>(o[n * 4 + 2 * h] * inv, o[n * 4 + 2 * h + 1] * inv);
+            for (int n = 0; n < HD / 8; ++n) {
+              *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * t) =
+                  PackPair<T>(o[n * 4 + 2 * h] * inv, o[n * 4 + 2 * h + 1] * inv);
+            }
           }
+          continue;
+        }
+#pragma unroll
+        for (int i = 0; i < HD / 32; ++i) {
+          // p[j]: this thread's pair of chunk 4i + j. Thread u of the quad wants pair u of
+          // every thread's p[u]: in round k it receives p[t] of thread t ^ k.
+          uint32_t p[4], r[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int n = 4 * i + j;
+            p[j] = PackPair<T>(o[n * 4 + 2 * h] * inv, o[n * 4 + 2 * h + 1] * inv);
+          }
+          r[0] = Pick4(p, t);
+#pragma unroll
+          for (int k = 1; k < 4; ++k) r[k] = __shfl_xor_sync(0xffffffffu, Pick4(p, t ^ k), k);
+          // Columns 2u, 2u + 1 of chunk 4i + t came from thread u: r[u ^ t].
+          const uint4 v = {Pick4(r, t), Pick4(r, 1 ^ t), Pick4(r, 2 ^ t), Pick4(r, 3 ^ t)};
+          if (row < c2.q_len) *reinterpret_cast<uint4*>(dst + (4 * i + t) * 8) = v;
         }
       }
     }
