@@ -371,14 +371,15 @@ int main(int argc, char** argv) {
       };
       for (PrefillVariant v : variants) {
         if (!(errs[v] <= 2e-2f)) continue;
-        time_one(v, llm::cuda::detail::kV4Default, llm::cuda::PrefillVariantName(v), errs[v]);
+        // production's schedule (kV4Auto: ping-pong at head_dim 64)
+        time_one(v, llm::cuda::detail::kV4Auto, llm::cuda::PrefillVariantName(v), errs[v]);
       }
       if (errs[PrefillVariant::kWgmma] <= 2e-2f) {  // the earlier timing method, for comparison
         time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Default, "v4/synced",
                  errs[PrefillVariant::kWgmma], false, true, /*synced=*/true);
       }
       if (noncausal_err <= 2e-2f) {  // FLOPs 4·B·H·L²·d: twice the causal count
-        time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Default, "v4_wgmma", noncausal_err,
+        time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Auto, "v4_wgmma", noncausal_err,
                  false, /*causal=*/false);
       }
       // v4 schedule ablations at every length: ping-pong + intra-warpgroup overlap, each

@@ -170,7 +170,7 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     // previous V tile layout, kV4PanelBoxV), alone and clustered; then Q loaded at each tile's
     // start and the output in 4-byte stores (kV4NoQPrefetch | kV4NarrowStores: the kernel
     // before 2026-12-06), plain and ping-pong + overlap; then each of the two alone. The
-    // others (and kBest) run the production path once.
+    // others (and kBest) run the production path once (kV4Auto).
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
     for (int i = 0; i < (v4 ? 22 : 1); ++i) {
@@ -186,7 +186,7 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       cuda::PagedPrefillAttention(p, nullptr, variant, /*scratch=*/nullptr,
-                                  v4 ? flags : cuda::detail::kV4Default);
+                                  v4 ? flags : cuda::detail::kV4Auto);
       LLM_CUDA_CHECK(cudaDeviceSynchronize());
       LLM_CUDA_CHECK(cudaMemcpy(got.data(), dout.ptr, qn * 2, cudaMemcpyDeviceToHost));
       float err = 0.f;

@@ -177,7 +177,7 @@ PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stre
   a.scale_log2 = p.scale * 1.44269504088896340736f * (a.kv_fp8 ? p.kv_format.k_scale : 1.f);
   a.out_scale = a.kv_fp8 ? p.kv_format.v_scale : 1.f;
   a.is_bf16 = p.dtype == DType::kBF16;
-  a.v4_flags = v4_flags;
+  a.v4_flags = detail::ResolveV4Flags(v4_flags, p.kv.layout.head_dim);
   a.causal = p.causal;
   // A window of 2^31 keys or more covers every sequence (lengths are int32).
   a.sliding_window = static_cast<int>(std::min<int64_t>(p.batch.sliding_window, 0x7fffffff));

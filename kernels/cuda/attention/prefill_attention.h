@@ -102,6 +102,14 @@ inline constexpr int kV4NoQPrefetch = 256;
 // writes whole 16-byte chunks: a quarter of the store instructions.
 inline constexpr int kV4NarrowStores = 512;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
+// Production's pick (PagedPrefillAttention's default): kV4Default at head_dim 128; at head_dim 64
+// the ping-pong schedule (kV4NoOverlap), 7-12% faster there from 512 to 4k tokens on an H100
+// (bench/NOTEBOOK.md, 2026-12-06), where at 128 it is within ±1.6%.
+inline constexpr int kV4Auto = -1;
+inline int ResolveV4Flags(int v4_flags, int64_t head_dim) {
+  if (v4_flags != kV4Auto) return v4_flags;
+  return head_dim == 64 ? kV4NoOverlap : kV4Default;
+}
 
 }  // namespace detail
 
@@ -111,16 +119,16 @@ inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 // pools) runs on kNaive and kMma, and on kWgmma over an exact bf16 / fp16 copy of the pages when a
 // PrefillScratch that fits is given (kBest picks kWgmma then, else kMma for head_dim 64 / 128 /
 // 256); kSmem rejects it. v4_flags: kWgmma's schedule (detail::kV4* bits; the other rungs ignore
-// it): production's is kV4Default, the test and the bench pass the others. p.batch.sliding_window W
-// > 0 (causal only; every rung, fp8 included): query row at position p sees keys
-// [VisibleKeyBegin(p, W), p] (kernels/paged_kv.h); each rung starts its key loop at the (aligned)
-// tile holding the first visible key of its query tile's first row and masks the rest on the left;
-// non-causal with a window or a negative window: std::invalid_argument. Asynchronous on `stream`.
-// Returns the rung it ran (ResolvePrefillVariant's answer).
+// it): production's is kV4Auto (detail::ResolveV4Flags), the test and the bench pass the others.
+// p.batch.sliding_window W > 0 (causal only; every rung, fp8 included): query row at position p
+// sees keys [VisibleKeyBegin(p, W), p] (kernels/paged_kv.h); each rung starts its key loop at the
+// (aligned) tile holding the first visible key of its query tile's first row and masks the rest on
+// the left; non-causal with a window or a negative window: std::invalid_argument. Asynchronous on
+// `stream`. Returns the rung it ran (ResolvePrefillVariant's answer).
 PrefillVariant PagedPrefillAttention(const AttentionParams& p, cudaStream_t stream,
                                      PrefillVariant variant = PrefillVariant::kBest,
                                      const PrefillScratch* scratch = nullptr,
-                                     int v4_flags = detail::kV4Default);
+                                     int v4_flags = detail::kV4Auto);
 
 namespace detail {
 

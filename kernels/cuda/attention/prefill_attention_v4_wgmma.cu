@@ -32,10 +32,11 @@
 //        still accumulates (two P register sets), rescale O after it lands;
 //      cluster (kV4Cluster): 2-CTA clusters of neighbouring query tiles multicast the K/V
 //        tiles both read (half the L2 -> SM traffic).
-//    Production (kV4Default) uses none: with block size 16 the load traffic is what the math
-//    waits on, and the schedules that hide the softmax lose more to it than they gain; the
-//    cluster loads faster but its pairs wait for each other (RESULTS.md, "Prefill v4: where
-//    the time goes").
+//    Production (kV4Auto) uses none at head_dim 128: with block size 16 the load traffic is
+//    what the math waits on, and the schedules that hide the softmax gain no more than they
+//    cost (within ±1.6% on an H100, 2026-12-06); at head_dim 64 (half the math per key tile)
+//    it runs ping-pong, 7-12% faster. The cluster loads faster but its pairs wait for each
+//    other (RESULTS.md, "Prefill v4: where the time goes").
 //  - Sliding window (PrefillArgs::sliding_window): an item's key tiles start at the one holding
 //    its first row's first visible key (slot j = key tile first_tile + j; the tiles left of it
 //    are never loaded), and rows whose window starts inside a tile get a left mask there (a
