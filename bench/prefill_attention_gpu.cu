@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
         std::printf("skip     %-9s hd 256: not built for it\n", llm::cuda::PrefillVariantName(v));
         continue;
       }
-      errs[v] = Validate(v, hd, bs, llm::cuda::detail::kV4Default, true, fp8);
+      errs[v] = Validate(v, hd, bs, llm::cuda::detail::kV4Auto, true, fp8);
       const bool ok = errs[v] <= 2e-2f;
       all_ok &= ok;
       std::printf("validate %-9s hd %3d: max_err/max|ref| %.3e %s\n",
@@ -307,7 +307,7 @@ int main(int argc, char** argv) {
         !fp8 && hd != 256 &&
         std::find(variants.begin(), variants.end(), PrefillVariant::kWgmma) != variants.end();
     const float noncausal_err =
-        want_v4 ? Validate(PrefillVariant::kWgmma, hd, bs, llm::cuda::detail::kV4Default, false)
+        want_v4 ? Validate(PrefillVariant::kWgmma, hd, bs, llm::cuda::detail::kV4Auto, false)
                 : INFINITY;
     if (want_v4) {
       const bool ok = noncausal_err <= 2e-2f;
