@@ -15,6 +15,18 @@ as the transposed [batch, heads, tokens, head_dim] view, last dim contiguous).
              enable_gqa: SDPA's enable_gqa=True (q heads h -> kv head h // 4)
              packed_q:   the 4 query heads of a group become 4 query rows of one KV head
                          (exact for one query token: no mask), no GQA support needed.
+  serving: one chunked-prefill batch shaped like a serving step (issue 29): 16 prompts of
+           512 new tokens over 0 / 512 / 1024 / 2048 cached tokens (4 each), 16 heads, head_dim
+           128 and 64, causal from each prompt's cached context on (bottom-right aligned):
+           FLOPs = sum 4*H*d*(q*ctx + q^2/2), as bench_prefill_attention_gpu --serving counts
+           them. SDPA has no ragged form with cached context, so the same work runs as one call
+           per context length (4 prompts each, queued back to back, one timing around all four):
+             cudnn_mask: CUDNN_ATTENTION with a boolean bottom-right mask [512, ctx + 512]
+                         (ctx 0: is_causal, no mask);
+             fa2_lower_right: FLASH_ATTENTION with causal_lower_right (FA2's own alignment);
+             varlen: torch.nn.attention.varlen.varlen_attn over the packed batch, where this
+                     torch has it (one call, cu_seqlens; bottom-right causal).
+           Each is checked against a float32 reference (prompt 0 of the 2048-context group).
 Timing: CUDA events, warm-up, median of >= 10 (prefill) / >= 30 (decode) calls, rotating
 input sets so the working set is several times the 50 MB L2. Decode is also timed as CUDA
 graph replays (launch overhead out); "ms" is the graph time when capture worked.
@@ -39,6 +51,9 @@ PREFILL_HEAD_DIMS = [128, 64]
 PREFILL_HEADS = 16
 DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 4096), (64, 4096), (64, 16384), (256, 2048)]
 DECODE_Q_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 32, 8, 128
+SERVING_Q_LEN = 512
+SERVING_CONTEXTS = [0, 512, 1024, 2048]  # 4 prompts each: 8,192 new tokens
+SERVING_PER_CTX = 4
 
 
 def _clean(x):
@@ -265,6 +280,126 @@ class Bench:
                 del sets
                 self.free()
 
+    # ---- serving-shaped chunked prefill --------------------------------------------------
+    def serving(self):
+        torch, F = self.torch, self.F
+        q_len = SERVING_Q_LEN if not self.args.smoke else 64
+        ctxs = SERVING_CONTEXTS if not self.args.smoke else [0, 64]
+        per = SERVING_PER_CTX if not self.args.smoke else 2
+        heads = PREFILL_HEADS if not self.args.smoke else 2
+        try:
+            from torch.nn.attention.bias import causal_lower_right
+        except Exception:  # noqa: BLE001
+            causal_lower_right = None
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except Exception:  # noqa: BLE001
+            varlen_attn = None
+        for d in PREFILL_HEAD_DIMS:
+            flops = sum(4.0 * per * heads * d * (q_len * c + q_len * q_len / 2) for c in ctxs)
+            base0 = {"kind": "serving", "prompts": per * len(ctxs), "q_len": q_len,
+                     "contexts": ctxs, "per_context": per, "num_heads": heads, "head_dim": d,
+                     "causal": True, "dtype": "bf16", "flops": flops}
+            # Input sets: per context group q [per, q_len, H, d], k / v [per, ctx + q_len, H, d].
+            one_set = sum(per * heads * d * 2 * (q_len + 2 * (c + q_len)) for c in ctxs)
+            nsets = max(3, min(16, math.ceil(4 * L2_BYTES / one_set)))
+            try:
+                sets = [[(self.randn(per, q_len, heads, d), self.randn(per, c + q_len, heads, d),
+                          self.randn(per, c + q_len, heads, d)) for c in ctxs]
+                        for _ in range(nsets)]
+                masks = {c: torch.ones(q_len, c + q_len, dtype=torch.bool, device=self.dev).tril(c)
+                         for c in ctxs}
+            except Exception as e:  # noqa: BLE001
+                emit({**base0, "variant": "torch", "error": f"allocation: {e}"[:800]})
+                continue
+
+            def reference(q, k, v, c):  # prompt 0, float32, bottom-right causal
+                qf, kf, vf = (x[0].float().transpose(0, 1) for x in (q, k, v))  # [H, n, d]
+                sc = torch.matmul(qf, kf.transpose(1, 2)) / math.sqrt(d)
+                sc.masked_fill_(~masks[c][None], float("-inf"))
+                return torch.matmul(torch.softmax(sc, dim=-1), vf).transpose(0, 1)  # [q, H, d]
+
+            def grouped(kind):
+                def make(i):
+                    def f():
+                        outs = []
+                        for (q, k, v), c in zip(sets[i], ctxs):
+                            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                            if kind == "cudnn_mask":
+                                o = (F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+                                     if c == 0 else F.scaled_dot_product_attention(
+                                         qt, kt, vt, attn_mask=masks[c]))
+                            else:
+                                o = F.scaled_dot_product_attention(
+                                    qt, kt, vt, attn_mask=causal_lower_right(q_len, c + q_len))
+                            outs.append(o.transpose(1, 2))
+                        return outs
+                    return f
+                return [make(i) for i in range(nsets)]
+
+            def packed(i):  # varlen: every prompt of the set, packed along tokens
+                qs, ks, vs, cq, ck = [], [], [], [0], [0]
+                for (q, k, v), c in zip(sets[i], ctxs):
+                    for b in range(per):
+                        qs.append(q[b])
+                        ks.append(k[b])
+                        vs.append(v[b])
+                        cq.append(cq[-1] + q_len)
+                        ck.append(ck[-1] + c + q_len)
+                t = lambda xs: torch.cat(xs, 0)  # noqa: E731
+                iq = torch.tensor(cq, dtype=torch.int32, device=self.dev)
+                ik = torch.tensor(ck, dtype=torch.int32, device=self.dev)
+                return t(qs), t(ks), t(vs), iq, ik, max(ctxs) + q_len
+
+            plans = [("cudnn_mask", "torch_cudnn"), ("fa2_lower_right", "torch_fa2"),
+                     ("varlen", None)]
+            for name, backend in plans:
+                base = {**base0, "variant": f"{name}"}
+                if self.out_of_time():
+                    emit({**base, "error": "skipped: torch bench time budget spent"})
+                    continue
+                try:
+                    if name == "fa2_lower_right" and causal_lower_right is None:
+                        raise RuntimeError("this torch has no causal_lower_right")
+                    if name == "varlen":
+                        if varlen_attn is None:
+                            raise RuntimeError("this torch has no torch.nn.attention.varlen")
+                        pk = [packed(i) for i in range(nsets)]
+                        res = [None] * nsets
+
+                        def mk(i):
+                            def f():
+                                q, k, v, iq, ik, mk_ = pk[i]
+                                res[i] = varlen_attn(q, k, v, iq, ik, q_len, mk_, is_causal=True)
+                                return res[i]
+                            return f
+                        fns = [mk(i) for i in range(nsets)]
+                        ms, best = self.time_eager(fns, reps=max(10, self.args.prefill_reps))
+                        # prompt 0 of the 2048 group sits after (len(ctxs)-1)*per prompts
+                        off = (len(ctxs) - 1) * per * q_len
+                        got = res[0][off:off + q_len].float()
+                    else:
+                        fns = grouped(name)
+                        res = {}
+
+                        def call():
+                            r = self.time_eager(fns, reps=max(10, self.args.prefill_reps))
+                            res["outs"] = fns[0]()
+                            return r
+                        ms, best = self.run_backend(backend, call)
+                        got = res["outs"][-1][0].float()
+                    q, k, v = sets[0][-1]
+                    err = float((got - reference(q, k, v, ctxs[-1])).abs().max())
+                    emit({**base, "ms": round(ms, 5), "best_ms": round(best, 5),
+                          "tflops": round(flops / (ms * 1e-3) / 1e12, 3), "max_err": finite(err),
+                          "input_sets": nsets, "backend": backend or "varlen_attn"})
+                except Exception as e:  # noqa: BLE001
+                    emit({**base, "error": f"{type(e).__name__}: {e}"[:800]})
+                    if self.cuda:
+                        torch.cuda.synchronize()
+            del sets, masks
+            self.free()
+
     # ---- decode --------------------------------------------------------------------------
     def decode(self):
         torch, F = self.torch, self.F
@@ -363,7 +498,8 @@ class Bench:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--only", choices=["all", "copy", "prefill", "decode"], default="all")
+    ap.add_argument("--only", choices=["all", "copy", "prefill", "decode", "serving"],
+                    default="all", help="prefill also runs the serving-shaped batch")
     ap.add_argument("--budget", type=float, default=240.0,
                     help="seconds; shapes not started by then are reported as skipped")
     ap.add_argument("--prefill-reps", type=int, default=10)
@@ -395,9 +531,9 @@ def main():
     except Exception as e:  # noqa: BLE001
         emit({**env, "error": f"setup failed: {type(e).__name__}: {e}"[:800]})
         return 0
-    steps = {"copy": b.copy, "decode": b.decode, "prefill": b.prefill}
-    order = ["copy", "decode", "prefill"] if args.only == "all" else (
-        ["copy", args.only] if args.only != "copy" else ["copy"])
+    steps = {"copy": b.copy, "decode": b.decode, "prefill": b.prefill, "serving": b.serving}
+    order = {"all": ["copy", "decode", "prefill", "serving"], "copy": ["copy"],
+             "prefill": ["copy", "prefill", "serving"]}.get(args.only, ["copy", args.only])
     for name in order:
         try:
             steps[name]()

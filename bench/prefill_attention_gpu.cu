@@ -19,9 +19,11 @@
 // on v1_naive and v3_mma, and the table's last lines give each 256 shape's TFLOP/s as a ratio
 // to the same length's at 128),
 // --block-size N (default 16), --variants v1,v2,v3,v4 (default all), --no-ablations,
-// --reps N (default 10), --kv fp8 (e4m3 pools, scales 1: the codes of the same random values;
-// v3_mma reads them directly, v4_wgmma over a bf16 copy of the pages made by the dequantizing
-// pass, which the timings include; validated against the CPU's fp8 reference).
+// --reps N (default 10), --serving / --no-serving (the serving-shaped chunked-prefill batch,
+// ServingBatch below; by default only when no --shapes are named), --kv fp8 (e4m3 pools, scales 1:
+// the codes of the same random values; v3_mma reads them directly, v4_wgmma over a bf16 copy of the
+// pages made by the dequantizing pass, which the timings include; validated against the CPU's fp8
+// reference).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -205,12 +207,77 @@ float Validate(PrefillVariant v, int hd, int bs, int v4_flags = llm::cuda::detai
   return err / mx;
 }
 
+// Median ms of `reps` launches (after 2 warm-ups), input sets a and b alternating. Launches are
+// queued back to back, each between its own pair of events, and the stream is synchronized once
+// at the end (as bench/attention_torch.py times torch's calls): the host's work for a launch
+// (tensor maps, launch) overlaps the previous launch instead of being timed with it. `synced`
+// waits for every launch before the next one's start event (the method before 2026-12-06: the
+// host's work shows in the time).
+double MedianMs(const Problem& a, const Problem& b, PrefillVariant v, int v4_flags, bool causal,
+                bool synced, int reps) {
+  std::vector<float> ms;
+  std::vector<cudaEvent_t> e0(reps + 2), e1(reps + 2);
+  for (int it = 0; it < reps + 2; ++it) {
+    LLM_CUDA_CHECK(cudaEventCreate(&e0[it]));
+    LLM_CUDA_CHECK(cudaEventCreate(&e1[it]));
+  }
+  for (int it = 0; it < reps + 2; ++it) {
+    const Problem& pr = (it & 1) ? b : a;
+    auto params = pr.Params();
+    params.causal = causal;
+    LLM_CUDA_CHECK(cudaEventRecord(e0[it]));
+    llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch, v4_flags);
+    LLM_CUDA_CHECK(cudaEventRecord(e1[it]));
+    if (synced || it < 2) LLM_CUDA_CHECK(cudaEventSynchronize(e1[it]));
+  }
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int it = 2; it < reps + 2; ++it) {
+    float t = 0;
+    LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0[it], e1[it]));
+    ms.push_back(t);
+  }
+  for (int it = 0; it < reps + 2; ++it) {
+    cudaEventDestroy(e0[it]);
+    cudaEventDestroy(e1[it]);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The serving-shaped batch (issue 29, target 1): one chunked-prefill step of 16 prompts of 512
+// new tokens over 0 / 512 / 1024 / 2048 cached tokens (4 each, interleaved), 16 heads, causal
+// from each prompt's context on. FLOPs = sum 4·H·d·(q·ctx + q²/2), as bench/attention_torch.py
+// counts the same work for torch (whose SDPA has no ragged form with a cache: one call per
+// context length there).
+constexpr int kServingQ = 512, kServingHeads = 16;
+constexpr int kServingCtx[] = {0, 512, 1024, 2048};
+constexpr int kServingPerCtx = 4;
+
+std::pair<std::vector<int>, std::vector<int>> ServingBatch() {
+  std::vector<int> q, ctx;
+  for (int i = 0; i < kServingPerCtx; ++i)
+    for (int c : kServingCtx) {
+      q.push_back(kServingQ);
+      ctx.push_back(c);
+    }
+  return {q, ctx};
+}
+
+double ServingFlops(int hd) {
+  double f = 0;
+  for (int c : kServingCtx)
+    f += 4.0 * kServingPerCtx * kServingHeads * hd *
+         (double(kServingQ) * c + 0.5 * kServingQ * kServingQ);
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::pair<int, int>> shapes;  // (head_dim, length); empty: all
   int bs = 16, reps_default = 10;
   bool ablations_on = true, fp8 = false;
+  int serving_flag = -1;  // --serving / --no-serving; by default only when no --shapes are named
   std::vector<PrefillVariant> variants(std::begin(kVariants), std::end(kVariants));
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--block-size") == 0 && i + 1 < argc) {
@@ -223,6 +290,10 @@ int main(int argc, char** argv) {
       reps_default = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--no-ablations") == 0) {
       ablations_on = false;
+    } else if (std::strcmp(argv[i], "--serving") == 0) {
+      serving_flag = 1;
+    } else if (std::strcmp(argv[i], "--no-serving") == 0) {
+      serving_flag = 0;
     } else if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
       fp8 = std::strcmp(argv[++i], "fp8") == 0;
       if (!fp8 && std::strcmp(argv[i], "bf16") != 0) {
@@ -254,11 +325,12 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--shapes HD:L,...] [--block-size N] [--variants v1,v2,v3,v4] "
-                   "[--no-ablations] [--reps N] [--kv bf16|fp8]\n",
+                   "[--no-ablations] [--reps N] [--kv bf16|fp8] [--serving|--no-serving]\n",
                    argv[0]);
       return 2;
     }
   }
+  const bool serving = serving_flag < 0 ? shapes.empty() : serving_flag == 1;
   auto wanted = [&](int hd, int L) {
     if (shapes.empty()) return true;
     return std::find(shapes.begin(), shapes.end(), std::make_pair(hd, L)) != shapes.end();
@@ -324,41 +396,11 @@ int main(int argc, char** argv) {
       const double flops = 4.0 * B * kHeads * double(L) * L * hd / 2;
       // profiling: an ablation with wrong output on purpose (no max_err; the report keeps
       // it beside the variants and never counts it as ours or as a failure).
-      // Launches are queued back to back, each between its own pair of events, and the stream
-      // is synchronized once at the end (as bench/attention_torch.py times torch's calls): the
-      // host's work for a launch (tensor maps, launch) overlaps the previous launch instead of
-      // being timed with it. `synced` waits for every launch before the next one's start event
-      // (the method before 2026-12-06: the host's work shows in the time).
+      // Timing: MedianMs.
       auto time_one = [&](PrefillVariant v, int v4_flags, const std::string& name, float err,
                           bool profiling = false, bool causal = true, bool synced = false) {
         const int reps = (v == PrefillVariant::kNaive && L >= 4096) ? 5 : reps_default;
-        std::vector<float> ms;
-        std::vector<cudaEvent_t> e0(reps + 2), e1(reps + 2);
-        for (int it = 0; it < reps + 2; ++it) {
-          LLM_CUDA_CHECK(cudaEventCreate(&e0[it]));
-          LLM_CUDA_CHECK(cudaEventCreate(&e1[it]));
-        }
-        for (int it = 0; it < reps + 2; ++it) {
-          const Problem& pr = (it & 1) ? b : a;
-          auto params = pr.Params();
-          params.causal = causal;
-          LLM_CUDA_CHECK(cudaEventRecord(e0[it]));
-          llm::cuda::PagedPrefillAttention(params, nullptr, v, &pr.scratch, v4_flags);
-          LLM_CUDA_CHECK(cudaEventRecord(e1[it]));
-          if (synced || it < 2) LLM_CUDA_CHECK(cudaEventSynchronize(e1[it]));
-        }
-        LLM_CUDA_CHECK(cudaDeviceSynchronize());
-        for (int it = 2; it < reps + 2; ++it) {
-          float t = 0;
-          LLM_CUDA_CHECK(cudaEventElapsedTime(&t, e0[it], e1[it]));
-          ms.push_back(t);
-        }
-        for (int it = 0; it < reps + 2; ++it) {
-          cudaEventDestroy(e0[it]);
-          cudaEventDestroy(e1[it]);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double med = ms[ms.size() / 2];
+        const double med = MedianMs(a, b, v, v4_flags, causal, synced, reps);
         const double tflops = (causal ? flops : 2 * flops) / (med * 1e-3) / 1e12;
         if (causal) table[{hd, L}][name] = tflops;
         std::printf(
@@ -381,6 +423,16 @@ int main(int argc, char** argv) {
       if (noncausal_err <= 2e-2f) {  // FLOPs 4·B·H·L²·d: twice the causal count
         time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Auto, "v4_wgmma", noncausal_err,
                  false, /*causal=*/false);
+      }
+      // Production's schedule on the kernel compiled with runtime schedule bits (the form
+      // before 2026-12-06 evening): what the compile-time schedule saves (timed with
+      // --no-ablations too).
+      if (errs[PrefillVariant::kWgmma] <= 2e-2f && !fp8) {
+        using namespace llm::cuda::detail;
+        const int flags = ResolveV4Flags(kV4Auto, hd) | kV4Generic;
+        const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
+        all_ok &= err <= 2e-2f;
+        if (err <= 2e-2f) time_one(PrefillVariant::kWgmma, flags, "v4/generic", err);
       }
       // v4 schedule ablations at every length: ping-pong + intra-warpgroup overlap, each
       // alone, and (profiling, wrong output) the production schedule without exp2.
@@ -415,6 +467,37 @@ int main(int argc, char** argv) {
           }
           time_one(PrefillVariant::kWgmma, flags, name, err, profiling);
         }
+      }
+    }
+  }
+  // The serving-shaped batch: v4 (production) and v4/generic, both input sets validated by
+  // the small ragged problem (cached contexts included) at the same head_dim.
+  if (serving && !fp8 &&
+      std::find(variants.begin(), variants.end(), PrefillVariant::kWgmma) != variants.end()) {
+    using namespace llm::cuda::detail;
+    const auto [q_lens, ctx_lens] = ServingBatch();
+    for (int hd : {128, 64}) {
+      Problem a(q_lens, ctx_lens, kServingHeads, hd, bs, 31 + hd);
+      Problem b(q_lens, ctx_lens, kServingHeads, hd, bs, 32 + hd);
+      for (const auto& [flags, name] :
+           {std::pair<int, const char*>{kV4Auto, "v4_wgmma"},
+            std::pair<int, const char*>{ResolveV4Flags(kV4Auto, hd) | kV4Generic, "v4/generic"}}) {
+        const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
+        const bool ok = err <= 2e-2f;
+        all_ok &= ok;
+        if (!ok) {
+          std::printf("validate %s hd %d: FAILED (%.3e)\n", name, hd, err);
+          continue;
+        }
+        const double ms = MedianMs(a, b, PrefillVariant::kWgmma, flags, true, false, reps_default);
+        std::printf(
+            "JSON {\"kind\":\"serving\",\"variant\":\"%s\",\"prompts\":%zu,\"q_len\":%d,"
+            "\"contexts\":[0,512,1024,2048],\"per_context\":%d,\"num_heads\":%d,"
+            "\"head_dim\":%d,\"causal\":true,\"dtype\":\"bf16\",\"block_size\":%d,"
+            "\"ms\":%.4f,\"tflops\":%.1f,\"max_err\":%.3e}\n",
+            name, q_lens.size(), kServingQ, kServingPerCtx, kServingHeads, hd, bs, ms,
+            ServingFlops(hd) / (ms * 1e-3) / 1e12, err);
+        std::fflush(stdout);
       }
     }
   }

@@ -169,20 +169,21 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     // shared K/V tiles; then the production schedule with V loaded as two boxes per page (the
     // previous V tile layout, kV4PanelBoxV), alone and clustered; then Q loaded at each tile's
     // start and the output in 4-byte stores (kV4NoQPrefetch | kV4NarrowStores: the kernel
-    // before 2026-12-06), plain and ping-pong + overlap; then each of the two alone. The
-    // others (and kBest) run the production path once (kV4Auto).
+    // before 2026-12-06), plain and ping-pong + overlap; then each of the two alone; then
+    // production's schedule on the runtime-bit kernel (kV4Generic) and as kV4Auto (the
+    // compile-time kernel, which the schedule's own bits above also select). The others (and
+    // kBest) run the production path once (kV4Auto).
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
-    for (int i = 0; i < (v4 ? 22 : 1); ++i) {
-      const int flags = i < 16 ? (i & 3) | ((i & 4) ? cuda::detail::kV4Cluster : 0) |
-                                     ((i & 8) ? cuda::detail::kV4NoPersist : 0)
-                        : i < 18 ? cuda::detail::kV4Default | cuda::detail::kV4PanelBoxV |
-                                       (i == 17 ? cuda::detail::kV4Cluster : 0)
-                        : i < 20
-                            ? cuda::detail::kV4NoQPrefetch | cuda::detail::kV4NarrowStores |
-                                  (i == 18 ? cuda::detail::kV4Default : 0)
-                            : (i == 20 ? cuda::detail::kV4Default | cuda::detail::kV4NarrowStores
-                                       : cuda::detail::kV4NoQPrefetch);
+    for (int i = 0; i < (v4 ? 24 : 1); ++i) {
+      using namespace cuda::detail;
+      const int flags = i < 16 ? (i & 3) | ((i & 4) ? kV4Cluster : 0) | ((i & 8) ? kV4NoPersist : 0)
+                        : i < 18  ? kV4Default | kV4PanelBoxV | (i == 17 ? kV4Cluster : 0)
+                        : i < 20  ? kV4NoQPrefetch | kV4NarrowStores | (i == 18 ? kV4Default : 0)
+                        : i == 20 ? kV4Default | kV4NarrowStores
+                        : i == 21 ? kV4NoQPrefetch
+                        : i == 22 ? ResolveV4Flags(kV4Auto, hd) | kV4Generic
+                                  : kV4Auto;
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       cuda::PagedPrefillAttention(p, nullptr, variant, /*scratch=*/nullptr,

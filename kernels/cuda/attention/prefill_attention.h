@@ -101,12 +101,17 @@ inline constexpr int kV4NoQPrefetch = 256;
 // comparison. The default exchanges pairs inside each quad of lanes so that every thread
 // writes whole 16-byte chunks: a quarter of the store instructions.
 inline constexpr int kV4NarrowStores = 512;
+// The kernel compiled with runtime schedule bits, for comparison. Production's schedule (below)
+// runs an instantiation with its bits as compile-time constants: the other schedules' code is
+// not in it, a third of the instructions (bench/NOTEBOOK.md, 2026-12-06: the per-tile epilogue
+// and item start missed the instruction cache). Any other bits run the runtime-bit kernel.
+inline constexpr int kV4Generic = 1024;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 // Production's pick (PagedPrefillAttention's default): kV4Default at head_dim 128; at head_dim 64
 // the ping-pong schedule (kV4NoOverlap), 7-12% faster there from 512 to 4k tokens on an H100
 // (bench/NOTEBOOK.md, 2026-12-06), where at 128 it is within ±1.6%.
 inline constexpr int kV4Auto = -1;
-inline int ResolveV4Flags(int v4_flags, int64_t head_dim) {
+constexpr int ResolveV4Flags(int v4_flags, int64_t head_dim) {
   if (v4_flags != kV4Auto) return v4_flags;
   return head_dim == 64 ? kV4NoOverlap : kV4Default;
 }

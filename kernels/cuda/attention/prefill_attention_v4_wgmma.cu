@@ -246,11 +246,17 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
 
 // kWindow: a.sliding_window > 0 (the launcher picks it), so that without a window the kernel is
 // compiled exactly as before the window existed (the window's scalars cost v4 ~1% at hd 128).
-template <typename T, int HD, bool kWindow>
+// kFixed: the schedule bits as a compile-time constant (production's, ResolveV4Flags), so the
+// other schedules' code is not compiled in; kRuntimeFlags: a.v4_flags decides at run time.
+constexpr int kRuntimeFlags = -1;
+template <typename T, int HD, bool kWindow, int kFixed>
 __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     PrefillWgmmaKernel(const __grid_constant__ CUtensorMap tmap_k,
                        const __grid_constant__ CUtensorMap tmap_v, const PrefillArgs a) {
   using Tr = WgmmaTraits<HD>;
+  // (the runtime bits are read where used, from the parameter bank: held in a register, they
+  // made the sliding-window kernel spill)
+  auto flag = [&](int bit) { return ((kFixed == kRuntimeFlags ? a.v4_flags : kFixed) & bit) != 0; };
   constexpr int kBr = Tr::kBr, kBc = Tr::kBc, kStages = Tr::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
@@ -271,12 +277,14 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // empty barrier counts 16 arrivals, 8 local + 8 from the peer (alone: 8 local arrivals of
   // 2). The lighter CTA of a pair passes the heavier's extra slots as empty slots (its
   // producer completes their full barriers without data), so both walk the same slots.
+  // (the cluster bit stays a runtime one: known false, it let ptxas hoist more into the
+  // producer's 40 registers, which spilled 160 bytes at head_dim 64)
   const bool cluster = a.v4_flags & kV4Cluster;
-  const bool persist = !(a.v4_flags & kV4NoPersist);
-  const bool compute_only = a.v4_flags & kV4ComputeOnly;
+  const bool persist = !flag(kV4NoPersist);
+  const bool compute_only = flag(kV4ComputeOnly);
   // V tile layout: [page][panel][key in page][64] (one box per page, the default) or
   // [panel][key][64] (kV4PanelBoxV: a box per page and panel, like K).
-  const bool page_v = !(a.v4_flags & kV4PanelBoxV);
+  const bool page_v = !flag(kV4PanelBoxV);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_k(s), 1);
@@ -367,10 +375,10 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   float s[64];                                  // S of the current tile (64 × 128 per warpgroup)
   uint32_t pa0[kBc / 16][4], pa1[kBc / 16][4];  // P of two tiles: register A operands of P·V
   float alpha[2];  // O's rescale factor for the current tile (rows row0, +8)
-  const bool ping_pong = !(a.v4_flags & kV4NoPingPong);
-  const bool overlap = !(a.v4_flags & kV4NoOverlap);
-  const bool skip_exp = a.v4_flags & kV4SkipExp;
-  const bool loads_only = a.v4_flags & kV4LoadsOnly;
+  const bool ping_pong = !flag(kV4NoPingPong);
+  const bool overlap = !flag(kV4NoOverlap);
+  const bool skip_exp = flag(kV4SkipExp);
+  const bool loads_only = flag(kV4LoadsOnly);
   // Per-item values the main loop reads, as plain scalars (the item's other coordinates are
   // recomputed for the epilogue: a persistent loop must not hold more registers than one tile).
   uint32_t g0 = 0;   // slots before this item
@@ -574,8 +582,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // Q prefetch: once an item's last S = Q·Kᵀ has completed in all four warps, the next item's
   // Q rows are requested, so their latency hides under the last P·V and the epilogue instead
   // of opening the next item (kV4NoQPrefetch: load at the item's start).
-  const bool q_prefetch = !(a.v4_flags & kV4NoQPrefetch);
-  const bool narrow_stores = a.v4_flags & kV4NarrowStores;
+  const bool q_prefetch = !flag(kV4NoQPrefetch);
+  const bool narrow_stores = flag(kV4NarrowStores);
   bool q_pending = false;  // this item's Q is already in flight
   for (int trip = 0;; ++trip) {
     int item, n_tiles, n_slots;
@@ -615,10 +623,19 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       WgmmaWait<0>();
       FenceRegs(s);
       softmax(0, pa0);  // O is zero: no rescale needed
-      // Steady state, two tiles per trip so that each P register set has a fixed name.
-      for (int j = 1; j < n_tiles; j += 2) {
-        step(j, pa1, pa0);
-        if (j + 1 < n_tiles) step(j + 1, pa0, pa1);
+      // Steady state. With overlap, two tiles per trip so that each P register set has a fixed
+      // name (P_j is written while P_{j-1}·V_{j-1} may still read the other set). Without, the
+      // P·V has landed before the softmax writes P_j: one set, one step per trip (half the
+      // loop's code), in the compile-time schedules (the runtime-bit kernel keeps the two-set
+      // loop for every schedule: with both loops its sliding-window form spilled 20 bytes).
+      const bool two_sets = overlap || kFixed == kRuntimeFlags;
+      if (two_sets) {
+        for (int j = 1; j < n_tiles; j += 2) {
+          step(j, pa1, pa0);
+          if (j + 1 < n_tiles) step(j + 1, pa0, pa1);
+        }
+      } else {
+        for (int j = 1; j < n_tiles; ++j) step(j, pa0, pa0);
       }
       if (q_prefetch) {
         const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
@@ -657,8 +674,10 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           FenceProxyAsync();
           NamedBarrier(1 + w, 128);
         }
-        const bool odd = j & 1;  // P_j lives in pa1 for odd j: select it into pa0 (no branch
-#pragma unroll                   // around a wgmma, which would make ptxas inject fences)
+        // With two sets, P_j lives in pa1 for odd j: select it into pa0 (no branch around a
+        // wgmma, which would make ptxas inject fences). With one, it is in pa0.
+        const bool odd = two_sets && (j & 1);
+#pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
           for (int i = 0; i < 4; ++i) pa0[kk][i] = odd ? pa1[kk][i] : pa0[kk][i];
@@ -800,7 +819,10 @@ CUtensorMap PagePoolMap(const void* pool, const PrefillArgs& a) {
 template <typename T, int HD, bool kWindow>
 void Launch(const PrefillArgs& a, cudaStream_t stream) {
   using Tr = WgmmaTraits<HD>;
-  auto kernel = PrefillWgmmaKernel<T, HD, kWindow>;
+  constexpr int kProduction = ResolveV4Flags(kV4Auto, HD);
+  static_assert(!(kProduction & kV4Generic), "production runs the compile-time schedule");
+  auto kernel = a.v4_flags == kProduction ? PrefillWgmmaKernel<T, HD, kWindow, kProduction>
+                                          : PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   // V: the page-box map (default) or the panel-box map (kV4PanelBoxV); only the one in use is
