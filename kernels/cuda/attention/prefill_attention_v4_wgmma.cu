@@ -594,18 +594,34 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       kFixed != kRuntimeFlags && q_prefetch && !flag(kV4NoEarlyS) && !cluster && !loads_only;
   bool q_pending = false;  // this item's Q is already in flight
   bool s_issued = false;   // and its first S too (early S)
+  // The next item's loop scalars, read where its Q is prefetched: its start then loads nothing
+  // (there, its coordinate loads queued behind the last tile's output stores: 14% of the stall
+  // samples at 512 tokens, ncu 2026-12-06). Compile-time schedules only (they have the
+  // registers: one P set; the runtime-bit kernel spilled 20-36 bytes carrying them).
+  constexpr bool kCarry = kFixed != kRuntimeFlags;
+  struct {
+    int n_tiles, n_slots, diag, last_key, kt0;
+  } nx = {0, 0, 0, 0, 0};
   for (int trip = 0;; ++trip) {
     int item, n_tiles, n_slots;
     {
       const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
       item = ws.Item(trip);
       if (item < 0) break;
-      const ItemCoords ic = GetItemCoords<kBr, kBc, kWindow>(a, ws, item);
-      n_tiles = loads_only ? 0 : ic.n_tiles;
-      n_slots = ic.n_slots;
-      diag = ic.c.ctx + ic.c.q0 + w * 64;
-      last_key = ic.c.num_keys - 1;
-      kt0 = kWindow ? ic.first_tile : 0;
+      if (kCarry && q_pending) {  // read at the prefetch, before the last tile's stores
+        n_tiles = nx.n_tiles;
+        n_slots = nx.n_slots;
+        diag = nx.diag;
+        last_key = nx.last_key;
+        kt0 = nx.kt0;
+      } else {
+        const ItemCoords ic = GetItemCoords<kBr, kBc, kWindow>(a, ws, item);
+        n_tiles = loads_only ? 0 : ic.n_tiles;
+        n_slots = ic.n_slots;
+        diag = ic.c.ctx + ic.c.q0 + w * 64;
+        last_key = ic.c.num_keys - 1;
+        kt0 = kWindow ? ic.first_tile : 0;
+      }
     }
     if (n_tiles > 0) {
       // Q in shared memory for every warp of the warpgroup, then S_0 = Q·K_0ᵀ issued: both
@@ -665,6 +681,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
             NamedBarrier(1 + w, 128);  // every warp's last S (which reads Q) has completed
             load_q(nic.c);
             q_pending = true;
+            nx = {nic.n_tiles, nic.n_slots, nic.c.ctx + nic.c.q0 + w * 64, nic.c.num_keys - 1,
+                  kWindow ? nic.first_tile : 0};
           }
         }
       }
