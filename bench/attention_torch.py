@@ -22,7 +22,13 @@ as the transposed [batch, heads, tokens, head_dim] view, last dim contiguous).
            them. SDPA has no ragged form with cached context, so the same work runs as one call
            per context length (4 prompts each, queued back to back, one timing around all four):
              cudnn_mask: CUDNN_ATTENTION with a boolean bottom-right mask [512, ctx + 512]
-                         (ctx 0: is_causal, no mask);
+                         (ctx 0: is_causal, no mask): an arbitrary mask, so cuDNN cannot skip
+                         the masked tiles;
+             cudnn_pieces: CUDNN_ATTENTION on exactly the same (query, key) pairs in its own
+                         masks: every prompt's 512 rows over its own 512 new keys, causal (one
+                         call of 16), plus each context group's rows over its cached keys, no
+                         mask (3 calls of 4); the two pieces' merge by their log-sum-exps is not
+                         timed (a bound in cuDNN's favour);
              fa2_lower_right: FLASH_ATTENTION with causal_lower_right (FA2's own alignment);
              varlen: torch.nn.attention.varlen.varlen_attn over the packed batch, where this
                      torch has it (one call, cu_seqlens; bottom-right causal).
@@ -351,8 +357,44 @@ class Bench:
                 ik = torch.tensor(ck, dtype=torch.int32, device=self.dev)
                 return t(qs), t(ks), t(vs), iq, ik, max(ctxs) + q_len
 
-            plans = [("cudnn_mask", "torch_cudnn"), ("fa2_lower_right", "torch_fa2"),
-                     ("varlen", None)]
+            def pieces(i):  # cudnn_pieces: contiguous inputs made outside the timing
+                g = sets[i]
+                qa = torch.cat([q for q, _, _ in g], 0)
+                ka = torch.cat([k[:, c:] for (_, k, _), c in zip(g, ctxs)], 0).contiguous()
+                va = torch.cat([v[:, c:] for (_, _, v), c in zip(g, ctxs)], 0).contiguous()
+                pre = [(q, k[:, :c].contiguous(), v[:, :c].contiguous())
+                       for (q, k, v), c in zip(g, ctxs) if c > 0]
+                out = {}
+
+                def f():
+                    out["new"] = F.scaled_dot_product_attention(
+                        qa.transpose(1, 2), ka.transpose(1, 2), va.transpose(1, 2), is_causal=True)
+                    out["pre"] = [F.scaled_dot_product_attention(
+                        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) for q, k, v in pre]
+                    return out
+                return f
+
+            def piece_err():  # each piece of prompt 0 of the last group against float32
+                q, k, v = sets[0][-1]
+                c = ctxs[-1]
+                out = pieces(0)()
+                got_new = out["new"][(len(ctxs) - 1) * per].transpose(0, 1).float()  # [q, H, d]
+                got_pre = out["pre"][-1][0].transpose(0, 1).float()
+                qf, kf, vf = (x[0].float().transpose(0, 1) for x in (q, k, v))  # [H, n, d]
+
+                def attend(kk, vv, causal):
+                    sc = torch.matmul(qf, kk.transpose(1, 2)) / math.sqrt(d)
+                    if causal:
+                        sc.masked_fill_(torch.ones(q_len, q_len, dtype=torch.bool,
+                                                   device=self.dev).tril().logical_not()[None],
+                                        float("-inf"))
+                    return torch.matmul(torch.softmax(sc, dim=-1), vv).transpose(0, 1)
+                e_new = (got_new - attend(kf[:, c:], vf[:, c:], True)).abs().max()
+                e_pre = (got_pre - attend(kf[:, :c], vf[:, :c], False)).abs().max()
+                return float(max(e_new, e_pre))
+
+            plans = [("cudnn_mask", "torch_cudnn"), ("cudnn_pieces", "torch_cudnn"),
+                     ("fa2_lower_right", "torch_fa2"), ("varlen", None)]
             for name, backend in plans:
                 base = {**base0, "variant": f"{name}"}
                 if self.out_of_time():
@@ -361,16 +403,31 @@ class Bench:
                 try:
                     if name == "fa2_lower_right" and causal_lower_right is None:
                         raise RuntimeError("this torch has no causal_lower_right")
+                    if name == "cudnn_pieces":
+                        fns = [pieces(i) for i in range(nsets)]
+                        reps = max(10, self.args.prefill_reps)
+                        ms, best = self.run_backend(backend, lambda: self.time_eager(fns, reps))
+                        err = self.run_backend(backend, piece_err)
+                        emit({**base, "ms": round(ms, 5), "best_ms": round(best, 5),
+                              "tflops": round(flops / (ms * 1e-3) / 1e12, 3),
+                              "max_err": finite(err), "input_sets": nsets, "backend": backend,
+                              "note": "two pieces per prompt, merge not timed"})
+                        continue
                     if name == "varlen":
                         if varlen_attn is None:
                             raise RuntimeError("this torch has no torch.nn.attention.varlen")
+                        import inspect
+                        params = inspect.signature(varlen_attn).parameters
+                        # causal: is_causal (torch 2.10) or window_size (-1, 0) (2.11 on)
+                        causal_kw = ({"is_causal": True} if "is_causal" in params
+                                     else {"window_size": [-1, 0]})
                         pk = [packed(i) for i in range(nsets)]
                         res = [None] * nsets
 
                         def mk(i):
                             def f():
                                 q, k, v, iq, ik, mk_ = pk[i]
-                                res[i] = varlen_attn(q, k, v, iq, ik, q_len, mk_, is_causal=True)
+                                res[i] = varlen_attn(q, k, v, iq, ik, q_len, mk_, **causal_kw)
                                 return res[i]
                             return f
                         fns = [mk(i) for i in range(nsets)]

@@ -170,13 +170,12 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     // previous V tile layout, kV4PanelBoxV), alone and clustered; then Q loaded at each tile's
     // start and the output in 4-byte stores (kV4NoQPrefetch | kV4NarrowStores: the kernel
     // before 2026-12-06), plain and ping-pong + overlap; then each of the two alone; then
-    // production's schedule on the runtime-bit kernel (kV4Generic), as kV4Auto (the
-    // compile-time kernel, which the schedule's own bits above also select) and on the
-    // compile-time kernel that issues each tile's first S at its start (kV4NoEarlyS). The others
-    // (and kBest) run the production path once (kV4Auto).
+    // production's schedule on the runtime-bit kernel (kV4Generic) and as kV4Auto (the
+    // compile-time kernel, which the schedule's own bits above also select). The others (and
+    // kBest) run the production path once (kV4Auto).
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
-    for (int i = 0; i < (v4 ? 25 : 1); ++i) {
+    for (int i = 0; i < (v4 ? 24 : 1); ++i) {
       using namespace cuda::detail;
       const int flags = i < 16 ? (i & 3) | ((i & 4) ? kV4Cluster : 0) | ((i & 8) ? kV4NoPersist : 0)
                         : i < 18  ? kV4Default | kV4PanelBoxV | (i == 17 ? kV4Cluster : 0)
@@ -184,7 +183,6 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
                         : i == 20 ? kV4Default | kV4NarrowStores
                         : i == 21 ? kV4NoQPrefetch
                         : i == 22 ? ResolveV4Flags(kV4Auto, hd) | kV4Generic
-                        : i == 23 ? ResolveV4Flags(kV4Auto, hd) | kV4NoEarlyS
                                   : kV4Auto;
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));

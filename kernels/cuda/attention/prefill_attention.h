@@ -106,10 +106,6 @@ inline constexpr int kV4NarrowStores = 512;
 // not in it, a third of the instructions (bench/NOTEBOOK.md, 2026-12-06: the per-tile epilogue
 // and item start missed the instruction cache). Any other bits run the runtime-bit kernel.
 inline constexpr int kV4Generic = 1024;
-// The next query tile's first S = Q·K_0ᵀ issued at the tile's own start (the form before
-// 2026-12-06 evening), for comparison. The default issues it right after the current tile's
-// last P·V, so it runs under the current tile's output epilogue.
-inline constexpr int kV4NoEarlyS = 2048;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 // Production's pick (PagedPrefillAttention's default): kV4Default at head_dim 128; at head_dim 64
 // the ping-pong schedule (kV4NoOverlap), 7-12% faster there from 512 to 4k tokens on an H100

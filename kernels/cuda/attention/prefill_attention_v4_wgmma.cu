@@ -584,16 +584,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   // of opening the next item (kV4NoQPrefetch: load at the item's start).
   const bool q_prefetch = !flag(kV4NoQPrefetch);
   const bool narrow_stores = flag(kV4NarrowStores);
-  // Early S: the next item's first S = Q·K_0ᵀ is issued right after this item's last P·V, so
-  // it runs on the tensor cores under this item's output epilogue (kV4NoEarlyS: issued at the
-  // next item's start). Needs the Q prefetch, and a slot per tile (no cluster, whose lighter CTA
-  // walks empty slots after its epilogue; not the loads-only profile), and a compile-time
-  // schedule: in the runtime-bit kernel ptxas serializes every wgmma around it (C7515), so that
-  // kernel keeps the earlier form whatever the bit says.
-  const bool early_s =
-      kFixed != kRuntimeFlags && q_prefetch && !flag(kV4NoEarlyS) && !cluster && !loads_only;
   bool q_pending = false;  // this item's Q is already in flight
-  bool s_issued = false;   // and its first S too (early S)
   // The next item's loop scalars, read where its Q is prefetched: its start then loads nothing
   // (there, its coordinate loads queued behind the last tile's output stores: 14% of the stall
   // samples at 512 tokens, ncu 2026-12-06). Compile-time schedules only (they have the
@@ -624,37 +615,27 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       }
     }
     if (n_tiles > 0) {
-      // Q in shared memory for every warp of the warpgroup, then S_0 = Q·K_0ᵀ issued: both
-      // done by the previous item's tail already when it issued this S early.
-      auto wait_q = [&] {
-        CpAsyncWaitAll();
-        FenceProxyAsync();  // generic-proxy writes, read next by wgmma (async proxy)
-        NamedBarrier(1 + w, 128);
-      };
-      auto first_s = [&](int j) {  // S of slot j (the item's first: j = 0, or the next's)
-        wait_full(full_k(stage(j)), j);
-        take_turn();
-        WgmmaFence();
-        issue_s(j);
-        WgmmaCommit();
-        pass_turn();
-      };
-      if (!s_issued) {
-        // This warpgroup's 64 Q rows, unless the previous item already prefetched them.
-        if (!q_pending) {
-          const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
-          load_q(GetItemCoords<kBr, kBc, kWindow>(a, ws, item).c);
-        }
-        wait_q();
+      // This warpgroup's 64 Q rows, unless the previous item already prefetched them.
+      if (!q_pending) {
+        const WorkSplit ws = GetWorkSplit<kBr>(a, cluster, persist);
+        load_q(GetItemCoords<kBr, kBc, kWindow>(a, ws, item).c);
       }
+      q_pending = false;
+      CpAsyncWaitAll();
+      FenceProxyAsync();  // generic-proxy writes, read next by wgmma (async proxy)
+      NamedBarrier(1 + w, 128);
 #pragma unroll
       for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
       m[0] = m[1] = -INFINITY;
       l[0] = l[1] = 0.f;
 
       // Tile 0: S only.
-      if (!early_s || !__shfl_sync(0xffffffffu, int(s_issued), 0)) first_s(0);  // see the tail
-      q_pending = s_issued = false;
+      wait_full(full_k(stage(0)), 0);
+      take_turn();
+      WgmmaFence();
+      issue_s(0);
+      WgmmaCommit();
+      pass_turn();
       WgmmaWait<0>();
       FenceRegs(s);
       softmax(0, pa0);  // O is zero: no rescale needed
@@ -723,18 +704,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         issue_pv(j, pa0);
         WgmmaCommit();
         pass_turn();
-        // Early S: the next item's Q (prefetched) and first K tile (slot n_slots, = n_tiles
-        // here) are waited for after the P·V went out, and its S goes to the tensor cores now.
-        // (warp-uniform through the shuffle, as ptxas must see it: a wgmma behind a branch it
-        // cannot prove uniform serializes every wgmma of the kernel, C7518)
-        if (__shfl_sync(0xffffffffu, int(early_s && q_pending), 0)) {
-          wait_q();
-          first_s(n_slots);
-          s_issued = true;
-          WgmmaWait<1>();  // the P·V has landed; the next S may still run
-        } else {
-          WgmmaWait<0>();
-        }
+        WgmmaWait<0>();
         FenceRegs(o);
         fence_p(pa0);
         fence_p(pa1);
@@ -787,7 +757,6 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           if (row < c2.q_len) *reinterpret_cast<uint4*>(dst + (4 * i + t) * 8) = v;
         }
       }
-      WgmmaWait<0>();  // an early S lands before the item loop goes round
     }
     // Slots without a tile of this CTA (the heavier peer's extra ones; profiling: every slot
     // in a loads-only run): wait for the stage's phase and give it back.
@@ -870,15 +839,8 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   using Tr = WgmmaTraits<HD>;
   constexpr int kProduction = ResolveV4Flags(kV4Auto, HD);
   static_assert(!(kProduction & kV4Generic), "production runs the compile-time schedule");
-  // Production's schedule compiled as constants; without a window also with the next tile's
-  // first S at its own start (kV4NoEarlyS, for comparison); every other schedule on the
-  // runtime-bit kernel.
-  constexpr int kLateS = kProduction | kV4NoEarlyS;
   auto kernel = a.v4_flags == kProduction ? PrefillWgmmaKernel<T, HD, kWindow, kProduction>
-                                          : !kWindow && a.v4_flags == kLateS
-                    ? PrefillWgmmaKernel < T,
-       HD, kWindow,
-       kWindow ? kRuntimeFlags : kLateS > : PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
+                                          : PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   // V: the page-box map (default) or the panel-box map (kV4PanelBoxV); only the one in use is
