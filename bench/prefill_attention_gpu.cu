@@ -425,14 +425,20 @@ int main(int argc, char** argv) {
                  false, /*causal=*/false);
       }
       // Production's schedule on the kernel compiled with runtime schedule bits (the form
-      // before 2026-12-06 evening): what the compile-time schedule saves (timed with
-      // --no-ablations too).
+      // before 2026-12-06 evening: what the compile-time schedule saves), and the other
+      // compiled schedule (ping-pong at head_dim 128, plain at 64); timed with --no-ablations
+      // too.
       if (errs[PrefillVariant::kWgmma] <= 2e-2f && !fp8) {
         using namespace llm::cuda::detail;
-        const int flags = ResolveV4Flags(kV4Auto, hd) | kV4Generic;
-        const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
-        all_ok &= err <= 2e-2f;
-        if (err <= 2e-2f) time_one(PrefillVariant::kWgmma, flags, "v4/generic", err);
+        const int prod = ResolveV4Flags(kV4Auto, hd);
+        const int other = prod == kV4Default ? kV4NoOverlap : kV4Default;
+        for (const auto& [flags, name] :
+             {std::pair<int, const char*>{prod | kV4Generic, "v4/generic"},
+              std::pair<int, const char*>{other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}}) {
+          const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
+          all_ok &= err <= 2e-2f;
+          if (err <= 2e-2f) time_one(PrefillVariant::kWgmma, flags, name, err);
+        }
       }
       // v4 schedule ablations at every length: ping-pong + intra-warpgroup overlap, each
       // alone, and (profiling, wrong output) the production schedule without exp2.
@@ -479,9 +485,12 @@ int main(int argc, char** argv) {
     for (int hd : {128, 64}) {
       Problem a(q_lens, ctx_lens, kServingHeads, hd, bs, 31 + hd);
       Problem b(q_lens, ctx_lens, kServingHeads, hd, bs, 32 + hd);
-      const int generic = ResolveV4Flags(kV4Auto, hd) | kV4Generic;
-      for (const auto& [flags, name] : {std::pair<int, const char*>{kV4Auto, "v4_wgmma"},
-                                        std::pair<int, const char*>{generic, "v4/generic"}}) {
+      const int prod = ResolveV4Flags(kV4Auto, hd);
+      const int other = prod == kV4Default ? kV4NoOverlap : kV4Default;
+      for (const auto& [flags, name] :
+           {std::pair<int, const char*>{kV4Auto, "v4_wgmma"},
+            std::pair<int, const char*>{prod | kV4Generic, "v4/generic"},
+            std::pair<int, const char*>{other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}}) {
         const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
         const bool ok = err <= 2e-2f;
         all_ok &= ok;

@@ -839,8 +839,15 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   using Tr = WgmmaTraits<HD>;
   constexpr int kProduction = ResolveV4Flags(kV4Auto, HD);
   static_assert(!(kProduction & kV4Generic), "production runs the compile-time schedule");
+  // The two schedules production picks between (kV4Default, ping-pong = kV4NoOverlap) are
+  // compiled as constants, the other without a window only; every other schedule runs on the
+  // runtime-bit kernel.
+  constexpr int kOther = kProduction == kV4Default ? kV4NoOverlap : kV4Default;
   auto kernel = a.v4_flags == kProduction ? PrefillWgmmaKernel<T, HD, kWindow, kProduction>
-                                          : PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
+                                          : !kWindow && a.v4_flags == kOther
+                    ? PrefillWgmmaKernel < T,
+       HD, kWindow,
+       kWindow ? kRuntimeFlags : kOther > : PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   // V: the page-box map (default) or the panel-box map (kV4PanelBoxV); only the one in use is
