@@ -434,6 +434,7 @@ int main(int argc, char** argv) {
         const int other = prod == kV4Default ? kV4NoOverlap : kV4Default;
         for (const auto& [flags, name] :
              {std::pair<int, const char*>{prod | kV4Generic, "v4/generic"},
+              std::pair<int, const char*>{prod | kV4AllPairs, "v4/allpairs"},
               std::pair<int, const char*>{other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}}) {
           const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
           all_ok &= err <= 2e-2f;
@@ -490,6 +491,7 @@ int main(int argc, char** argv) {
       for (const auto& [flags, name] :
            {std::pair<int, const char*>{kV4Auto, "v4_wgmma"},
             std::pair<int, const char*>{prod | kV4Generic, "v4/generic"},
+            std::pair<int, const char*>{prod | kV4AllPairs, "v4/allpairs"},
             std::pair<int, const char*>{other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}}) {
         const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
         const bool ok = err <= 2e-2f;

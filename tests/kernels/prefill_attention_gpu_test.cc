@@ -171,11 +171,12 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     // start and the output in 4-byte stores (kV4NoQPrefetch | kV4NarrowStores: the kernel
     // before 2026-12-06), plain and ping-pong + overlap; then each of the two alone; then
     // production's schedule on the runtime-bit kernel (kV4Generic) and as kV4Auto (the
-    // compile-time kernel, which the schedule's own bits above also select). The others (and
-    // kBest) run the production path once (kV4Auto).
+    // compile-time kernel, which the schedule's own bits above also select); then its items in
+    // one section (kV4AllPairs) and in a section per KV head (kV4TinySections), plain and
+    // clustered. The others (and kBest) run the production path once (kV4Auto).
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
-    for (int i = 0; i < (v4 ? 24 : 1); ++i) {
+    for (int i = 0; i < (v4 ? 27 : 1); ++i) {
       using namespace cuda::detail;
       const int flags = i < 16 ? (i & 3) | ((i & 4) ? kV4Cluster : 0) | ((i & 8) ? kV4NoPersist : 0)
                         : i < 18  ? kV4Default | kV4PanelBoxV | (i == 17 ? kV4Cluster : 0)
@@ -183,7 +184,10 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
                         : i == 20 ? kV4Default | kV4NarrowStores
                         : i == 21 ? kV4NoQPrefetch
                         : i == 22 ? ResolveV4Flags(kV4Auto, hd) | kV4Generic
-                                  : kV4Auto;
+                        : i == 23 ? kV4Auto
+                        : i == 24 ? ResolveV4Flags(kV4Auto, hd) | kV4AllPairs
+                        : i == 25 ? ResolveV4Flags(kV4Auto, hd) | kV4TinySections
+                                  : kV4Default | kV4Cluster | kV4TinySections;
       std::vector<uint16_t> poisoned(qn, poison);
       LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
       cuda::PagedPrefillAttention(p, nullptr, variant, /*scratch=*/nullptr,
@@ -229,8 +233,10 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
                                host_batch, nh, scale, full.data(), /*causal=*/false);
   float full_max = 0.f;
   for (float x : full) full_max = std::max(full_max, std::fabs(x));
-  using cuda::detail::kV4Cluster, cuda::detail::kV4Default, cuda::detail::kV4NoPersist;
-  for (int flags : {kV4Default, kV4Default | kV4Cluster, kV4Default | kV4NoPersist, 0}) {
+  using cuda::detail::kV4Cluster, cuda::detail::kV4Default, cuda::detail::kV4NoPersist,
+      cuda::detail::kV4TinySections, cuda::detail::kV4Auto;
+  for (int flags : {kV4Default, kV4Default | kV4Cluster, kV4Default | kV4NoPersist, 0, kV4Auto,
+                    kV4Default | kV4TinySections}) {
     std::vector<uint16_t> poisoned(qn, poison);
     LLM_CUDA_CHECK(cudaMemcpy(dout.ptr, poisoned.data(), qn * 2, cudaMemcpyHostToDevice));
     cuda::PagedPrefillAttention(p, nullptr, cuda::PrefillVariant::kWgmma, /*scratch=*/nullptr,

@@ -106,6 +106,14 @@ inline constexpr int kV4NarrowStores = 512;
 // not in it, a third of the instructions (bench/NOTEBOOK.md, 2026-12-06: the per-tile epilogue
 // and item start missed the instruction cache). Any other bits run the runtime-bit kernel.
 inline constexpr int kV4Generic = 1024;
+// Items in query-tile order over all (sequence, head) pairs at once (the order before
+// 2026-12-06 evening), for comparison. The default walks the pairs in sections whose K/V fit
+// in half the L2, query tiles heaviest first inside a section, so a pair's K/V tiles are read
+// from memory once and re-read by its other query tiles from L2 (at 512 tokens the old order
+// read K/V 2.5 times from DRAM: ncu, 71% of DRAM bandwidth).
+inline constexpr int kV4AllPairs = 4096;
+// Testing: sections of one KV head's query heads each (many sections at any problem size).
+inline constexpr int kV4TinySections = 8192;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 // Production's pick (PagedPrefillAttention's default): kV4Default at head_dim 128; at head_dim 64
 // the ping-pong schedule (kV4NoOverlap), 7-12% faster there from 512 to 4k tokens on an H100
@@ -166,6 +174,9 @@ struct PrefillArgs {
   // position p sees keys [VisibleKeyBegin(p, W), p]; key tiles left of the window of a query
   // tile's first row are skipped, rows seeing part of a tile get a left mask.
   int sliding_window = 0;
+  // v4's item order (its launcher sets it): (sequence, head) pairs per L2 section (>= 1; the
+  // number of pairs or more: one section, query tiles in order over all pairs).
+  int item_section = 1 << 30;
 };
 
 // One launcher per rung (each defined in its own prefill_attention_v*.cu).

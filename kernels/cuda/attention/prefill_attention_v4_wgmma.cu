@@ -182,6 +182,7 @@ struct ItemCoords {
 };
 struct WorkSplit {
   int kpair, units, unit, items;
+  int ny2;  // items (query tiles or pairs of them) per (sequence, head)
   uint32_t rank;
   __device__ __forceinline__ int Item(int trip) const {
     const int i = trip * units + ((trip & 1) ? units - 1 - unit : unit);
@@ -197,7 +198,8 @@ __device__ __forceinline__ WorkSplit GetWorkSplit(const PrefillArgs& a, bool clu
   w.units = gridDim.x / w.kpair;
   w.unit = blockIdx.x / w.kpair;
   const int ny = (a.max_q_len + kBr - 1) / kBr;
-  w.items = a.num_seqs * a.num_heads * ((ny + w.kpair - 1) / w.kpair);
+  w.ny2 = (ny + w.kpair - 1) / w.kpair;
+  w.items = a.num_seqs * a.num_heads * w.ny2;
   if (!persist) w.items = min(w.items, w.units);  // one item per unit (the grid covers all)
   return w;
 }
@@ -206,7 +208,13 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
                                                     int item) {
   ItemCoords ic;
   TileCoords& c = ic.c;
-  const int bh = item % (a.num_seqs * a.num_heads), p = item / (a.num_seqs * a.num_heads);
+  // L2 sections of a.item_section (sequence, head) pairs; inside one, item r is query tile
+  // (pair) p = r / pairs of pair r % pairs, heaviest first (p counts from the last tile).
+  const int pairs = a.num_seqs * a.num_heads;
+  const int section = a.item_section;  // <= pairs (the launcher)
+  const int sec = item / (section * w.ny2), first_bh = sec * section;
+  const int in_sec = min(section, pairs - first_bh), r = item - first_bh * w.ny2;
+  const int bh = first_bh + r % in_sec, p = r / in_sec;
   c.seq = bh / a.num_heads;
   c.head = bh % a.num_heads;
   c.kv_head = c.head / a.group;
@@ -843,11 +851,12 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   // compiled as constants, the other without a window only; every other schedule runs on the
   // runtime-bit kernel.
   constexpr int kOther = kProduction == kV4Default ? kV4NoOverlap : kV4Default;
-  auto kernel = a.v4_flags == kProduction ? PrefillWgmmaKernel<T, HD, kWindow, kProduction>
-                                          : !kWindow && a.v4_flags == kOther
-                    ? PrefillWgmmaKernel < T,
-       HD, kWindow,
-       kWindow ? kRuntimeFlags : kOther > : PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
+  const int sched = a.v4_flags & ~(kV4AllPairs | kV4TinySections);  // host-side bits (the order)
+  auto kernel = PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
+  if (sched == kProduction) kernel = PrefillWgmmaKernel<T, HD, kWindow, kProduction>;
+  if constexpr (!kWindow) {
+    if (sched == kOther) kernel = PrefillWgmmaKernel<T, HD, kWindow, kOther>;
+  }
   LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   // V: the page-box map (default) or the panel-box map (kV4PanelBoxV); only the one in use is
@@ -889,7 +898,26 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
     units = std::min(items, resident);
   }
   cfg.gridDim = dim3(units * kpair);
-  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, a));
+  // The item order's L2 sections: as many (sequence, head) pairs as have their K/V (at the
+  // longest sequence; GQA heads of a group share theirs) in half the L2, a multiple of the
+  // group so that a KV head's query heads share a section.
+  PrefillArgs ka = a;
+  if (!(a.v4_flags & kV4AllPairs)) {
+    static const int l2 = [] {
+      int device = 0, bytes = 0;
+      LLM_CUDA_CHECK(cudaGetDevice(&device));
+      LLM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+      return std::max(bytes, 1 << 20);
+    }();
+    const int64_t keys =
+        a.max_num_keys > 0 ? a.max_num_keys : a.max_blocks_per_seq * int64_t(a.block_size);
+    const int64_t pair_bytes = std::max<int64_t>(keys * HD * 2 * 2 / a.group, 1);
+    const int64_t fit = l2 / 2 / pair_bytes / a.group * a.group;
+    ka.item_section = int(std::clamp<int64_t>(fit, a.group, int64_t(1) << 30));
+  }
+  if (a.v4_flags & kV4TinySections) ka.item_section = a.group;
+  ka.item_section = std::min(ka.item_section, a.num_seqs * a.num_heads);
+  LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, ka));
 }
 
 template <typename T>
