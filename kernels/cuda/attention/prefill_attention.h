@@ -68,9 +68,7 @@ bool PrefillWgmmaTakesBlockSize(int64_t block_size);
 namespace detail {
 
 // v4 schedule knobs (runtime bits of one kernel, PagedPrefillAttention's v4_flags): the test
-// runs every combination, the bench times them. Production uses kV4Default, the fastest
-// measured (bench/RESULTS.md): with the kernel not softmax-bound, ping-pong and
-// intra-warpgroup overlap cost more in barriers than they hide.
+// runs every combination, the bench times them. Production's pick is kV4Auto below.
 inline constexpr int kV4NoPingPong = 1;  // consumer warpgroups issue GEMMs without taking turns
 inline constexpr int kV4NoOverlap = 2;   // wait for P·V before the softmax (no intra-WG overlap)
 inline constexpr int kV4SkipExp = 4;     // profiling only: P = S·scale - m, no exp2 (wrong output)

@@ -3,9 +3,11 @@
 //
 // Algorithm: a persistent grid of CTAs (one per SM; in cluster mode as many pairs as the GPCs
 // hold), 3 warpgroups (384 threads) each; a CTA
-// walks its share of the (128-row query tile, head, sequence) work items, heaviest first in a
-// snake order over the CTAs (GetWorkSplit / GetItemCoords below); kV4NoPersist launches one
-// CTA per item instead (the earlier form, 2-5% slower: RESULTS.md).
+// walks its share of the (128-row query tile, head, sequence) work items in a snake order over
+// the CTAs (GetWorkSplit / GetItemCoords below), query tiles heaviest first over the (sequence,
+// head) pairs of an L2 section: as many pairs as have their K/V in half the L2, when there are
+// more than half as many (sequence, KV head) pairs as SMs, else one section (the launcher;
+// kV4AllPairs: always one). kV4NoPersist launches one CTA per item instead (2-5% slower).
 //  - Producer warpgroup 0 gives its registers away (setmaxnreg.dec 40); its first warp streams
 //    128-key K and V tiles into a 3-stage ring: lane i issues the TMA boxes of page i of the
 //    tile (a page's block_size rows of one KV head are contiguous in the pool): K as one
@@ -36,7 +38,11 @@
 //    what the math waits on, and the schedules that hide the softmax gain no more than they
 //    cost (within ±1.6% on an H100, 2026-12-06); at head_dim 64 (half the math per key tile)
 //    it runs ping-pong, 7-12% faster. The cluster loads faster but its pairs wait for each
-//    other (RESULTS.md, "Prefill v4: where the time goes").
+//    other (RESULTS.md, "Prefill v4: where the time goes"). Production's two candidates
+//    (kV4Default, kV4NoOverlap) are compiled with their bits as constants (kFixed below): the
+//    other schedules' code is left out (a third of the instructions), the steady loop needs one
+//    P register set, and the next item's loop scalars ride in registers from its Q prefetch.
+//    Every other schedule runs on the runtime-bit kernel (kV4Generic forces it).
 //  - Sliding window (PrefillArgs::sliding_window): an item's key tiles start at the one holding
 //    its first row's first visible key (slot j = key tile first_tile + j; the tiles left of it
 //    are never loaded), and rows whose window starts inside a tile get a left mask there (a
@@ -62,9 +68,11 @@
 // (the loads alone took 0.64 of the kernel's time there). kV4PanelBoxV restores the previous
 // [panel][key][64] V layout for comparison.
 // Not yet (the next rung, RESULTS.md): Q as a register operand (less shared-memory traffic),
-// a TMA store of O.
-// One file for one kernel: PrefillWgmmaKernel's 8 instantiations ({bf16, fp16} × {64, 128} ×
-// {no window, sliding window}),
+// a TMA store of O. Tried and dropped (bench/NOTEBOOK.md, 2026-12-06 evening): the next item's
+// first S issued under this item's epilogue (-7% at head_dim 64, ±2% at 128).
+// One file for one kernel: PrefillWgmmaKernel's 20 instantiations ({bf16, fp16} × {64, 128} ×
+// {no window: runtime bits, kV4Default, kV4NoOverlap; sliding window: runtime bits,
+// production's}),
 // the device helpers only it uses (work split, wgmma descriptors) and its host launcher (tensor
 // maps, persistent grid); the instructions themselves are kernels/cuda/common/ptx.cuh's.
 #include <cuda.h>
