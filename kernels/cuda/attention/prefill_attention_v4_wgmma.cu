@@ -86,6 +86,7 @@
 #include "kernels/cuda/attention/prefill_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/ptx.cuh"
+#include "kernels/prefill_item_order.h"
 
 namespace llm::cuda::detail {
 namespace {
@@ -216,13 +217,9 @@ __device__ __forceinline__ ItemCoords GetItemCoords(const PrefillArgs& a, const 
                                                     int item) {
   ItemCoords ic;
   TileCoords& c = ic.c;
-  // L2 sections of a.item_section (sequence, head) pairs; inside one, item r is query tile
-  // (pair) p = r / pairs of pair r % pairs, heaviest first (p counts from the last tile).
-  const int pairs = a.num_seqs * a.num_heads;
-  const int section = a.item_section;  // <= pairs (the launcher)
-  const int sec = item / (section * w.ny2), first_bh = sec * section;
-  const int in_sec = min(section, pairs - first_bh), r = item - first_bh * w.ny2;
-  const int bh = first_bh + r % in_sec, p = r / in_sec;
+  // L2 sections of a.item_section (sequence, head) pairs (kernels/prefill_item_order.h).
+  const PrefillItem it = PrefillItemAt(item, a.num_seqs * a.num_heads, w.ny2, a.item_section);
+  const int bh = it.pair, p = it.tile_from_last;
   c.seq = bh / a.num_heads;
   c.head = bh % a.num_heads;
   c.kv_head = c.head / a.group;
@@ -906,29 +903,24 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
     units = std::min(items, resident);
   }
   cfg.gridDim = dim3(units * kpair);
-  // The item order's L2 sections: as many (sequence, head) pairs as have their K/V (at the
-  // longest sequence; GQA heads of a group share theirs) in half the L2, a multiple of the
-  // group so that a KV head's query heads share a section. Only where there are more than half
-  // as many (sequence, KV head) pairs as SMs: with fewer, the one-section order already runs
-  // two or more query tiles of a pair at once, streaming the same K/V tiles through L2 (and
-  // measured faster there: 4k-16k tokens, 8-14% on an H100, bench/NOTEBOOK.md 2026-12-06).
+  // The item order's L2 sections (kernels/prefill_item_order.h: PrefillItemSection).
   PrefillArgs ka = a;
+  static const int l2 = [] {
+    int device = 0, bytes = 0;
+    LLM_CUDA_CHECK(cudaGetDevice(&device));
+    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+    return std::max(bytes, 1 << 20);
+  }();
   static const int sms_l2 = std::max(NumSms(), 1);
-  if (!(a.v4_flags & kV4AllPairs) && int64_t(a.num_seqs) * a.num_kv_heads * 2 > sms_l2) {
-    static const int l2 = [] {
-      int device = 0, bytes = 0;
-      LLM_CUDA_CHECK(cudaGetDevice(&device));
-      LLM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
-      return std::max(bytes, 1 << 20);
-    }();
-    const int64_t keys =
-        a.max_num_keys > 0 ? a.max_num_keys : a.max_blocks_per_seq * int64_t(a.block_size);
-    const int64_t pair_bytes = std::max<int64_t>(keys * HD * 2 * 2 / a.group, 1);
-    const int64_t fit = l2 / 2 / pair_bytes / a.group * a.group;
-    ka.item_section = int(std::clamp<int64_t>(fit, a.group, int64_t(1) << 30));
-  }
-  if (a.v4_flags & kV4TinySections) ka.item_section = a.group;
-  ka.item_section = std::min(ka.item_section, a.num_seqs * a.num_heads);
+  const int64_t keys =
+      a.max_num_keys > 0 ? a.max_num_keys : a.max_blocks_per_seq * int64_t(a.block_size);
+  const int pairs = a.num_seqs * a.num_heads;
+  ka.item_section = (a.v4_flags & kV4AllPairs) ? pairs
+                    : (a.v4_flags & kV4TinySections)
+                        ? std::min(a.group, pairs)
+                        : PrefillItemSection(a.num_seqs, a.num_heads, a.group, keys,
+                                             int64_t(HD) * 2 * 2, l2, sms_l2);
+  ka.item_section = std::max(ka.item_section, 1);
   LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, ka));
 }
 
