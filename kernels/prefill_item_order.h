@@ -24,7 +24,8 @@ struct PrefillItem {
   int tile_from_last;  // 0: the pair's last query tile (pair of tiles in cluster mode)
 };
 
-// Item `item` in [0, pairs · per_pair); section in [1, pairs].
+// Item `item` in [0, pairs · per_pair); section in [1, pairs] (the caller clamps: section ·
+// per_pair must not pass the item count).
 LLM_HOST_DEVICE PrefillItem PrefillItemAt(int item, int pairs, int per_pair, int section) {
   const int sec = item / (section * per_pair), first = sec * section;
   const int in_sec = pairs - first < section ? pairs - first : section;

@@ -14,8 +14,8 @@
 //     max |out - ref| ≤ tol · max |ref|,  tol = 2e-2 (bf16) / 4e-3 (fp16),
 // about 8-10× the rounding of the largest output (measured: ≈3.3e-3 × max|ref| for every bf16
 // rung, the naive one included); the test prints each rung's error next to the naive rung's
-// (same-precision inputs, no P rounding). v4 is run under all 16 of its schedules, and with the
-// previous V layout (kV4PanelBoxV). Then non-causal (v4 only) against
+// (same-precision inputs, no P rounding). v4 is run under the 27 schedules listed at the loop,
+// among them the previous V layout (kV4PanelBoxV). Then non-causal (v4 only) against
 // cpu::PagedAttentionReference with causal = false, under the same bound.
 //   ninja -C build prefill_attention_gpu_test && (cd build && ctest -L gpu -R prefill_attention)
 #include <cuda_runtime.h>
@@ -172,7 +172,7 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     // before 2026-12-06), plain and ping-pong + overlap; then each of the two alone; then
     // production's schedule on the runtime-bit kernel (kV4Generic) and as kV4Auto (the
     // compile-time kernel, which the schedule's own bits above also select); then its items in
-    // one section (kV4AllPairs) and in a section per KV head (kV4TinySections), plain and
+    // one section (kV4AllPairs) and in sections of three KV heads (kV4TinySections), plain and
     // clustered. The others (and kBest) run the production path once (kV4Auto).
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;

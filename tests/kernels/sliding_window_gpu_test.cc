@@ -292,10 +292,17 @@ TEST_P(SlidingPrefillGpu, EveryRungMatchesReference) {
         continue;
       }
       const bool v4 = resolved == V::kWgmma && variant == V::kWgmma;
-      std::vector<int> flags = {d::kV4Default};
+      // kV4Auto: production's schedule for the head_dim (at 64 the compile-time ping-pong
+      // kernel with a window); the others include the runtime-bit kernel's schedules.
+      std::vector<int> flags = {d::kV4Auto};
       if (v4) {
-        flags = {d::kV4Default, d::kV4Default | d::kV4Cluster, d::kV4Default | d::kV4NoPersist, 0,
-                 d::kV4Default | d::kV4PanelBoxV};
+        flags = {d::kV4Auto,
+                 d::kV4Default,
+                 d::kV4Default | d::kV4Cluster,
+                 d::kV4Default | d::kV4NoPersist,
+                 0,
+                 d::kV4Default | d::kV4PanelBoxV,
+                 d::kV4NoOverlap | d::kV4TinySections};
       }
       for (const int f : flags) {
         if (sbytes > 0) LLM_CUDA_CHECK(cudaMemset(scratch_buf.p, 0xff, sbytes));

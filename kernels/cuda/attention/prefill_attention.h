@@ -110,7 +110,8 @@ inline constexpr int kV4Generic = 1024;
 // from memory once and re-read by its other query tiles from L2 (at 512 tokens the old order
 // read K/V 2.5 times from DRAM: ncu, 71% of DRAM bandwidth).
 inline constexpr int kV4AllPairs = 4096;
-// Testing: sections of one KV head's query heads each (many sections at any problem size).
+// Testing: sections of three KV heads' query heads each (many sections at any problem size,
+// the last one shorter where the KV heads are not a multiple of three).
 inline constexpr int kV4TinySections = 8192;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 // Production's pick (PagedPrefillAttention's default): kV4Default at head_dim 128; at head_dim 64
@@ -172,9 +173,9 @@ struct PrefillArgs {
   // position p sees keys [VisibleKeyBegin(p, W), p]; key tiles left of the window of a query
   // tile's first row are skipped, rows seeing part of a tile get a left mask.
   int sliding_window = 0;
-  // v4's item order (its launcher sets it): (sequence, head) pairs per L2 section (>= 1; the
-  // number of pairs or more: one section, query tiles in order over all pairs).
-  int item_section = 1 << 30;
+  // v4's item order, set by its launcher: (sequence, head) pairs per L2 section, in [1, pairs]
+  // (pairs: one section, query tiles in order over all pairs; kernels/prefill_item_order.h).
+  int item_section = 1;
 };
 
 // One launcher per rung (each defined in its own prefill_attention_v*.cu).

@@ -917,7 +917,7 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   const int pairs = a.num_seqs * a.num_heads;
   ka.item_section = (a.v4_flags & kV4AllPairs) ? pairs
                     : (a.v4_flags & kV4TinySections)
-                        ? std::min(a.group, pairs)
+                        ? std::min(3 * a.group, pairs)
                         : PrefillItemSection(a.num_seqs, a.num_heads, a.group, keys,
                                              int64_t(HD) * 2 * 2, l2, sms_l2);
   ka.item_section = std::max(ka.item_section, 1);
