@@ -271,6 +271,18 @@ double ServingFlops(int hd) {
   return f;
 }
 
+// What v4's production schedule is compared with at head_dim hd: the runtime-bit kernel
+// (v4/generic), the one-section item order (v4/allpairs) and the other compiled schedule
+// (ping-pong at 128, plain at 64).
+std::vector<std::pair<int, const char*>> ProductionComparisons(int hd) {
+  using namespace llm::cuda::detail;
+  const int prod = ResolveV4Flags(kV4Auto, hd);
+  const int other = prod == kV4Default ? kV4NoOverlap : kV4Default;
+  return {{prod | kV4Generic, "v4/generic"},
+          {prod | kV4AllPairs, "v4/allpairs"},
+          {other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -424,18 +436,9 @@ int main(int argc, char** argv) {
         time_one(PrefillVariant::kWgmma, llm::cuda::detail::kV4Auto, "v4_wgmma", noncausal_err,
                  false, /*causal=*/false);
       }
-      // Production's schedule on the kernel compiled with runtime schedule bits (the form
-      // before 2026-12-06 evening: what the compile-time schedule saves), and the other
-      // compiled schedule (ping-pong at head_dim 128, plain at 64); timed with --no-ablations
-      // too.
+      // Production's schedule against ProductionComparisons (timed with --no-ablations too).
       if (errs[PrefillVariant::kWgmma] <= 2e-2f && !fp8) {
-        using namespace llm::cuda::detail;
-        const int prod = ResolveV4Flags(kV4Auto, hd);
-        const int other = prod == kV4Default ? kV4NoOverlap : kV4Default;
-        for (const auto& [flags, name] :
-             {std::pair<int, const char*>{prod | kV4Generic, "v4/generic"},
-              std::pair<int, const char*>{prod | kV4AllPairs, "v4/allpairs"},
-              std::pair<int, const char*>{other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}}) {
+        for (const auto& [flags, name] : ProductionComparisons(hd)) {
           const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
           all_ok &= err <= 2e-2f;
           if (err <= 2e-2f) time_one(PrefillVariant::kWgmma, flags, name, err);
@@ -486,13 +489,9 @@ int main(int argc, char** argv) {
     for (int hd : {128, 64}) {
       Problem a(q_lens, ctx_lens, kServingHeads, hd, bs, 31 + hd);
       Problem b(q_lens, ctx_lens, kServingHeads, hd, bs, 32 + hd);
-      const int prod = ResolveV4Flags(kV4Auto, hd);
-      const int other = prod == kV4Default ? kV4NoOverlap : kV4Default;
-      for (const auto& [flags, name] :
-           {std::pair<int, const char*>{kV4Auto, "v4_wgmma"},
-            std::pair<int, const char*>{prod | kV4Generic, "v4/generic"},
-            std::pair<int, const char*>{prod | kV4AllPairs, "v4/allpairs"},
-            std::pair<int, const char*>{other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}}) {
+      auto runs = ProductionComparisons(hd);
+      runs.insert(runs.begin(), {kV4Auto, "v4_wgmma"});
+      for (const auto& [flags, name] : runs) {
         const float err = Validate(PrefillVariant::kWgmma, hd, bs, flags);
         const bool ok = err <= 2e-2f;
         all_ok &= ok;

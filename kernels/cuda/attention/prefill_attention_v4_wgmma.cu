@@ -871,7 +871,12 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   const bool cluster = a.v4_flags & kV4Cluster;
   const int kpair = cluster ? 2 : 1;
   const int ny = (a.max_q_len + Tr::kBr - 1) / Tr::kBr;
-  const int items = a.num_seqs * a.num_heads * ((ny + kpair - 1) / kpair);
+  const int pairs = a.num_seqs * a.num_heads;  // (sequence, head)
+  const int items = pairs * ((ny + kpair - 1) / kpair);
+  // Counted once per instantiation (thread-safe static initialisation: tensor-parallel ranks
+  // launch from their own threads; their GPUs are of one kind).
+  static const int sms = std::max(NumSms(), 1);
+  static const int64_t l2 = std::max(L2CacheBytes(), 1 << 20);
   cudaLaunchConfig_t cfg = {};
   cfg.blockDim = dim3(Tr::kThreads);
   cfg.dynamicSmemBytes = Tr::kSmemBytes;
@@ -886,9 +891,7 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   int units = items;
   if (!(a.v4_flags & kV4NoPersist)) {
     // As many units as are resident at once: 1 CTA per SM, or as many 2-CTA clusters as the
-    // GPCs hold. Counted once per instantiation (thread-safe static initialisation: tensor-
-    // parallel ranks launch from their own threads; their GPUs are of one kind).
-    static const int sms = std::max(NumSms(), 1);
+    // GPCs hold.
     int resident = sms;
     if (cluster) {
       static const int clusters = [&] {
@@ -905,21 +908,13 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   cfg.gridDim = dim3(units * kpair);
   // The item order's L2 sections (kernels/prefill_item_order.h: PrefillItemSection).
   PrefillArgs ka = a;
-  static const int l2 = [] {
-    int device = 0, bytes = 0;
-    LLM_CUDA_CHECK(cudaGetDevice(&device));
-    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
-    return std::max(bytes, 1 << 20);
-  }();
-  static const int sms_l2 = std::max(NumSms(), 1);
   const int64_t keys =
       a.max_num_keys > 0 ? a.max_num_keys : a.max_blocks_per_seq * int64_t(a.block_size);
-  const int pairs = a.num_seqs * a.num_heads;
   ka.item_section = (a.v4_flags & kV4AllPairs) ? pairs
                     : (a.v4_flags & kV4TinySections)
                         ? std::min(3 * a.group, pairs)
                         : PrefillItemSection(a.num_seqs, a.num_heads, a.group, keys,
-                                             int64_t(HD) * 2 * 2, l2, sms_l2);
+                                             int64_t(HD) * 2 * 2, l2, sms);
   ka.item_section = std::max(ka.item_section, 1);
   LLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mk, mv, ka));
 }

@@ -25,4 +25,7 @@ std::string DeviceDescription(int device = 0);
 // The current device's SM count (the kernels' grid sizing: waves, persistent grids).
 int NumSms();
 
+// The current device's L2 cache size in bytes (the kernels' L2-aware work orders).
+int L2CacheBytes();
+
 }  // namespace llm::cuda

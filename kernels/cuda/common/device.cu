@@ -32,6 +32,13 @@ int NumSms() {
   return sms;
 }
 
+int L2CacheBytes() {
+  int device = 0, bytes = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+  return bytes;
+}
+
 std::string DeviceDescription(int device) {
   cudaDeviceProp prop{};
   LLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
