@@ -124,9 +124,10 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
   cudaEvent_t start, stop;
   LLM_CUDA_CHECK(cudaEventCreate(&start));
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
-  const char* impls[] = {"cublaslt_n1", "fused_gemv", "fused_gemv_fp8"};
-  for (int variant = 0; variant < 3; ++variant) {
-    const bool fp8 = variant == 2;
+  const char* impls[] = {"cublaslt_n1", "fused_gemv", "fused_gemv_fp8", "fused_gemv_ring",
+                         "fused_gemv_fp8_ring"};
+  for (int variant = 0; variant < 5; ++variant) {
+    const bool fp8 = variant == 2 || variant == 4;
     auto launch = [&] {
       const int i = rep++;
       const void* w = fp8 ? static_cast<const char*>(w8_all) + (i % copies8) * w8_bytes
@@ -143,6 +144,7 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
         g.n = 1;
         g.m = m;
         g.k = k;
+        g.ring = variant >= 3;
         llm::cuda::Gemv(g, nullptr);
       }
     };
@@ -173,12 +175,12 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. Seven ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
+// CUDA graph. Nine ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
 // kernels) with plain launches, the same with programmatic dependent launch, that with the
 // RMSNorms in the GEMV prologues instead, and the executor's way (PDL) with fp8 weights
 // (--quantization fp8: half the bytes; weight_bytes counts the codes, not the per-row scales);
 // then the executor's bf16 and fp8 ways with one CTA per row group (the GEMV's grid before it
-// became a persistent wave).
+// became a persistent wave), then both on the ring kernel (GemvArgs::ring, --gemv-ring).
 // Reports ms per step and weight TB/s; attention and RoPE are left out, so this is the linear
 // layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
@@ -219,10 +221,13 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
                          "gemv_pdl_norm_prologue",
                          "gemv_pdl_fp8",
                          "gemv_pdl_per_group",
-                         "gemv_pdl_fp8_per_group"};
-  for (int impl = 0; impl < 7; ++impl) {
-    const bool fp8 = impl == 4 || impl == 6;
-    const bool per_group = impl >= 5;
+                         "gemv_pdl_fp8_per_group",
+                         "gemv_ring_pdl",
+                         "gemv_ring_pdl_fp8"};
+  for (int impl = 0; impl < 9; ++impl) {
+    const bool fp8 = impl == 4 || impl == 6 || impl == 8;
+    const bool per_group = impl == 5 || impl == 6;
+    const bool ring = impl >= 7;  // GemvArgs::ring
     cu::SetProgrammaticLaunch(impl >= 2);
     // The matrix whose first weight is element `at` of the layer stack and whose first row is
     // row `row` of it: bf16 weights, or with fp8 the codes and scales at the same positions.
@@ -230,6 +235,7 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
                     void* out, int64_t m, int64_t k, bool is_o = false) {
       cu::GemvArgs g;
       g.waves = per_group || is_o ? 0 : 1;
+      g.ring = ring;
       g.epilogue = e;
       g.x = in;
       g.norm_weight = norm;

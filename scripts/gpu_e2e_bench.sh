@@ -161,6 +161,15 @@ run ttft_8b_2048_w8 150 --model $C8 --num-requests 1 --min-input 2048 --max-inpu
 run latency_7b_b1_w8 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
   --quantization fp8
+# The ring GEMV (--gemv-ring: weights through shared-memory stages filled from the kernel's start).
+run latency_7b_b1_w8_ring 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
+  --quantization fp8 --gemv-ring
+run latency_7b_b1_ring 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-ring
+run latency_8b_b1_w8_ring 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
+  --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
+  --quantization fp8 --gemv-ring
 run latency_8b_b1_w8 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
   --quantization fp8

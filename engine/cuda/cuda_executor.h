@@ -145,6 +145,10 @@ struct CudaExecutorOptions {
   // normalizes the residual row into shared memory) instead of its own kernel. Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).
   bool gemv_norm_prologue = false;
+  // GEMV steps: the ring kernel (cuda::GemvArgs::ring: weights through shared memory, filled
+  // from the kernel's start, one CTA per SM, so that the next GEMV streams beside the RMSNorm
+  // or attention before it). Same bits as the register kernel.
+  bool gemv_ring = false;
   // Programmatic dependent launch between our kernels (kernels/cuda/common/launch.h) on sm_90+:
   // each kernel launches while its predecessor finishes (a GEMV streams its weights early).
   // Process-wide: the last executor created decides.

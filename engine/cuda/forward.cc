@@ -80,6 +80,7 @@ cuda::GemvArgs CudaWorker::SmallArgs(cuda::GemvEpilogue epilogue, const void* in
   g.m = m;
   g.k = k;
   g.dtype = dtype;
+  g.ring = opt.gemv_ring && norm == nullptr;
   return g;
 }
 
@@ -97,6 +98,7 @@ bool CudaWorker::FuseNorm(cuda::GemvArgs& g, const float* resid, const float* no
   cuda::GemvArgs fused = g;
   fused.x = resid;
   fused.norm_weight = norm;
+  fused.ring = false;  // the ring kernel has no prologue
   if (!cuda::GemvSupports(fused)) return false;
   g = fused;
   return true;
@@ -111,6 +113,7 @@ void CudaWorker::NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weig
     return;
   }
   if (folded_in) {
+    g.ring = false;  // nor the fold
     g.rms_partials = rms_partials;
     g.rms_num_partials = (hidden + 3) / 4;  // the producer's row groups
     ++stats.gemv_folded_norms;
@@ -151,6 +154,7 @@ void CudaWorker::FoldInto(cuda::GemvArgs& g, const float* weight) const {
   g.rms_weight = weight;
   g.rms_x = normed;
   g.rms_partials = rms_partials;
+  g.ring = false;  // the ring kernel does not fold
 }
 
 cuda::QkvPrologue CudaWorker::Prologue(const Layer& l) const {

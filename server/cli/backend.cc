@@ -100,6 +100,11 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "cuda, per-head q/k norms (Qwen3) at head_dim 64/128/256: RoPE and the KV "
                 "append with one warp per head (the default; H100, Qwen3-30B-A3B batch-1 decode "
                 "1.03x) or one CTA per token (--no-rope-head-warps)");
+  cmd->add_flag("--gemv-ring,!--no-gemv-ring", gemv_ring,
+                "cuda: on GEMV steps, stream the weights through a ring of shared-memory stages "
+                "that bulk copies fill from the kernel's start (one CTA per SM), so that the "
+                "next GEMV loads its first weights beside the RMSNorm or attention before it; "
+                "the same bits as the register kernel");
   cmd->add_flag("--gemv-norm-prologue", gemv_norm_prologue,
                 "cuda: on GEMV steps, run the RMSNorm before q|k|v and gate|up in the GEMV's "
                 "prologue instead of as its own kernel (measured slower on the H200)");
@@ -211,6 +216,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_max_tokens = f.gemv_max_tokens;
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
+  o.gemv_ring = f.gemv_ring;
   o.rope_head_warps = f.rope_head_warps;
   o.moe_kernels = f.moe_kernels[1] - '0';  // "v1" .. "v5" (checked by the option)
   o.moe_combine_in_norm = f.moe_combine_in_norm;

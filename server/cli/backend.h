@@ -30,6 +30,7 @@ struct BackendFlags {
   bool disable_pdl = false;         // cuda: no programmatic dependent launch
   bool gemv_norm_prologue = false;  // cuda: RMSNorm in the GEMV's prologue on GEMV steps
   bool gemv_fold_norm = false;      // cuda: the RMSNorms folded into the GEMVs around them
+  bool gemv_ring = false;           // cuda: GEMV steps on the ring kernel (cuda::GemvArgs::ring)
   bool rope_head_warps = true;      // cuda: RoPE with per-head norms, one warp per head
   bool fp8_precise_accum = false;   // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
   bool moe_combine_in_norm = false;  // cuda, MoE, small steps: the experts' sum in the next norm

@@ -181,8 +181,13 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
     return d;
   };
   const size_t nq = size_t(n * c.num_heads * hd), np = size_t(layout.pool_elements());
-  // One wave, then at most 3 CTAs (each walks many row groups: GemvArgs::max_ctas).
-  for (int ctas : {0, 3}) {
+  // One wave, then at most 3 CTAs (each walks many row groups: GemvArgs::max_ctas); each
+  // also on the ring kernel (GemvArgs::ring) where it applies (no prologue, no fold).
+  for (int run = 0; run < 4; ++run) {
+    const int ctas = run % 2 == 0 ? 0 : 3;
+    a.ring = run >= 2;
+    if (a.ring && (a.norm_weight != nullptr || a.rms_partials != nullptr)) continue;
+    ASSERT_TRUE(cuda::GemvSupports(a));
     LLM_CUDA_CHECK(cudaMemset(dq[1], 0xff, nq * 2));
     LLM_CUDA_CHECK(cudaMemcpy(dk[1], poison.data(), np * 2, cudaMemcpyHostToDevice));
     LLM_CUDA_CHECK(cudaMemcpy(dv[1], poison.data(), np * 2, cudaMemcpyHostToDevice));
@@ -191,11 +196,11 @@ TEST_P(GemvRopeGpu, EqualsGemvThenRopeAppendKvBitForBit) {
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> q0 = Download<uint16_t>(dq[0], nq),
                                 q1 = Download<uint16_t>(dq[1], nq);
-    EXPECT_EQ(count_diff(q0, q1), 0u) << "q, max_ctas " << ctas;
+    EXPECT_EQ(count_diff(q0, q1), 0u) << "q, max_ctas " << ctas << " ring " << a.ring;
     EXPECT_EQ(count_diff(Download<uint16_t>(dk[0], np), Download<uint16_t>(dk[1], np)), 0u)
-        << "K, max_ctas " << ctas;
+        << "K, max_ctas " << ctas << " ring " << a.ring;
     EXPECT_EQ(count_diff(Download<uint16_t>(dv[0], np), Download<uint16_t>(dv[1], np)), 0u)
-        << "V, max_ctas " << ctas;
+        << "V, max_ctas " << ctas << " ring " << a.ring;
     size_t nan = 0;
     for (uint16_t v : q1) nan += std::isnan(FromHalf(c.dtype, v));
     EXPECT_EQ(nan, 0u) << "every q element written, max_ctas " << ctas;

@@ -2,8 +2,9 @@
 // math: y = x · wᵀ of half-precision inputs, with half-precision weights or fp8 (e4m3) codes
 // and row scales from cpu::QuantizeFp8Rows (dequantized as the CPU twin cpu::Linear reads them),
 // then each epilogue (store rounded to the dtype, fp32 store, fp32 accumulate, SiLU·mul of the
-// gate and up halves rounded as the unfused kernels round); every e4m3 code converted exactly;
-// a two-GEMV chain under programmatic dependent launch in a CUDA graph, bit-identical to plain
+// gate and up halves rounded as the unfused kernels round), on the register kernel and on the
+// ring kernel (GemvArgs::ring); every e4m3 code converted exactly; a chain of RMSNorms and GEMVs
+// under programmatic dependent launch in a CUDA graph, on both kernels, bit-identical to plain
 // launches; and the argument checks (GemvSupports). The fused SiLU·mul and RoPE epilogues and
 // the folded RMSNorm: gemv_fused_gpu_test.cc; fixtures in gemv_fixtures.h. Label gpu (skips
 // without a GPU, except GemvApi).
@@ -25,6 +26,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/gemv/gemv.h"
+#include "kernels/cuda/ops/model_ops.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
 #include "tests/kernels/gemv_fixtures.h"
@@ -180,8 +182,13 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   // The same call on at most 1, 2 or 3 CTAs (GemvArgs::max_ctas): each CTA walks many row
   // groups (the persistent loop, its double buffers across group boundaries, the group-parity
   // scratch) and must give the same bits as one wave (the reduction order does not change);
-  // then with one CTA per group (GemvArgs::waves = 0, the executor's o projection).
-  for (int ctas : {1, 2, 3, 0}) {
+  // then with one CTA per group (GemvArgs::waves = 0, the executor's o projection); then the
+  // ring kernel (GemvArgs::ring: weights through shared memory; not with the prologue) on one
+  // wave and on 1 and 3 CTAs, whose slots are reused many times.
+  for (int run = 0; run < 7; ++run) {
+    const int ctas = run < 4 ? (run + 1) % 4 : run - 4 == 0 ? 0 : run - 4 == 1 ? 1 : 3;
+    const bool ring = run >= 4;
+    if (ring && c.norm) break;
     if (f32_out) {
       LLM_CUDA_CHECK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
     } else {
@@ -189,7 +196,9 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     }
     cuda::GemvArgs few = a;
     few.max_ctas = ctas;
-    if (ctas == 0) few.waves = 0;
+    few.ring = ring;
+    if (ctas == 0 && !ring) few.waves = 0;
+    ASSERT_TRUE(cuda::GemvSupports(few));
     cuda::Gemv(few, nullptr);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> again(got.size());
@@ -201,7 +210,10 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     }
     size_t differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], 4) != 0;
-    EXPECT_EQ(differ, 0u) << (ctas > 0 ? std::to_string(ctas) + " CTAs" : "one CTA per group");
+    EXPECT_EQ(differ, 0u) << (ring ? "ring kernel, " : "")
+                          << (ctas > 0        ? std::to_string(ctas) + " CTAs"
+                              : ring          ? std::string("one wave")
+                                              : std::string("one CTA per group"));
   }
   cudaFree(dx);
   cudaFree(dgain);
@@ -318,67 +330,98 @@ TEST(GemvFp8, EveryCodeConvertsExactly) {
 // A decode-like chain (GEMV → GEMV reading its output → GEMV accumulating) captured in a CUDA
 // graph under programmatic dependent launch, replayed several times: every replay equals the
 // plain-launch result bit for bit (a missing PdlWait would let a GEMV read a stale input).
+// Two decode-like layers (RMSNorm, gate|up with SiLU·mul, a store GEMV, a residual
+// accumulate) with dtype or e4m3 weights, on the register kernel and on the ring kernel:
+// launched plainly, then captured under programmatic dependent launch (the RMSNorm and the
+// ring GEMV let dependents launch before their own wait, so up to three kernels overlap) and
+// replayed; every replay bit-identical to the plain register-kernel run.
 TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
   std::string why;
   if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
   const DType dt = DType::kBF16;
   const int64_t n = 1, k = 4096, m1 = 8192, m2 = 4096;
   std::mt19937 rng(7);
-  uint16_t* dx = Upload(RandomHalf(dt, size_t(n * k), 1.f, rng));
   uint16_t* dw1 = Upload(RandomHalf(dt, size_t(m1 * k), 0.05f, rng));
   uint16_t* dw2 = Upload(RandomHalf(dt, size_t(m2 * (m1 / 2)), 0.05f, rng));
   uint16_t* dw3 = Upload(RandomHalf(dt, size_t(k * m2), 0.05f, rng));
+  const Fp8Matrix q1 = RandomFp8(m1, k, 0.05f, rng), q2 = RandomFp8(m2, m1 / 2, 0.05f, rng),
+                  q3 = RandomFp8(k, m2, 0.05f, rng);
+  uint8_t* dc1 = Upload(q1.codes);
+  uint8_t* dc2 = Upload(q2.codes);
+  uint8_t* dc3 = Upload(q3.codes);
+  float* ds1 = Upload(q1.scales);
+  float* ds2 = Upload(q2.scales);
+  float* ds3 = Upload(q3.scales);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> r0(static_cast<size_t>(n * k)), gain(static_cast<size_t>(k));
+  for (float& v : r0) v = dist(rng);
+  for (float& v : gain) v = 1.f + 0.2f * dist(rng);
+  float* dgain = Upload(gain);
+  uint16_t* dnormed = Upload(std::vector<uint16_t>(size_t(n * k)));
   uint16_t* dh = Upload(std::vector<uint16_t>(size_t(n * m1 / 2)));
   uint16_t* dg = Upload(std::vector<uint16_t>(size_t(n * m2)));
-  float* dy = Upload(std::vector<float>(size_t(n * k), 0.f));
+  float* dr = Upload(r0);
   cudaStream_t stream = nullptr;
   LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto chain = [&] {
-    LLM_CUDA_CHECK(cudaMemsetAsync(dy, 0, size_t(n * k) * 4, stream));
-    cuda::GemvArgs a;
-    a.dtype = dt;
-    a.n = n;
-    a.epilogue = E::kSiluMul;  // h = silu(x W1g) * (x W1u)
-    a.x = dx, a.w = dw1, a.y = dh, a.m = m1, a.k = k;
-    cuda::Gemv(a, stream);
-    a.epilogue = E::kStore;  // g = h W2
-    a.x = dh, a.w = dw2, a.y = dg, a.m = m2, a.k = m1 / 2;
-    cuda::Gemv(a, stream);
-    for (int i = 0; i < 3; ++i) {  // y += g W3, three times
-      a.epilogue = E::kAccumulateF32;
-      a.x = dg, a.w = dw3, a.y = dy, a.m = k, a.k = m2;
-      cuda::Gemv(a, stream);
-    }
-  };
-  cuda::SetProgrammaticLaunch(false);
-  chain();
-  LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const std::vector<float> want = Download<float>(dy, size_t(n * k));
-  cuda::SetProgrammaticLaunch(true);
-  cudaGraph_t graph = nullptr;
-  LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  chain();
-  LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cuda::SetProgrammaticLaunch(false);
-  cudaGraphExec_t exec = nullptr;
-  LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 20; ++replay) {
-    LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  for (bool fp8 : {false, true}) {
+    auto chain = [&](bool ring) {
+      LLM_CUDA_CHECK(
+          cudaMemcpyAsync(dr, r0.data(), r0.size() * 4, cudaMemcpyHostToDevice, stream));
+      for (int layer = 0; layer < 2; ++layer) {
+        cuda::AddRmsNorm(dr, nullptr, dgain, dnormed, dt, nullptr, n, k, 1e-5f, stream);
+        cuda::GemvArgs a;
+        a.dtype = dt;
+        a.n = n;
+        a.ring = ring;
+        a.epilogue = E::kSiluMul;  // h = silu(x W1g) * (x W1u)
+        a.x = dnormed, a.y = dh, a.m = m1, a.k = k;
+        a.w = fp8 ? static_cast<const void*>(dc1) : dw1, a.w_scale = fp8 ? ds1 : nullptr;
+        cuda::Gemv(a, stream);
+        a.epilogue = E::kStore;  // g = h W2
+        a.x = dh, a.y = dg, a.m = m2, a.k = m1 / 2;
+        a.w = fp8 ? static_cast<const void*>(dc2) : dw2, a.w_scale = fp8 ? ds2 : nullptr;
+        cuda::Gemv(a, stream);
+        a.epilogue = E::kAccumulateF32;  // r += g W3
+        a.x = dg, a.y = dr, a.m = k, a.k = m2;
+        a.w = fp8 ? static_cast<const void*>(dc3) : dw3, a.w_scale = fp8 ? ds3 : nullptr;
+        cuda::Gemv(a, stream);
+      }
+    };
+    cuda::SetProgrammaticLaunch(false);
+    chain(false);
     LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const std::vector<float> got = Download<float>(dy, size_t(n * k));
-    size_t differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-    ASSERT_EQ(differ, 0u) << "replay " << replay;
+    const std::vector<float> want = Download<float>(dr, size_t(n * k));
+    double change = 0;
+    for (size_t i = 0; i < want.size(); ++i) change += std::fabs(double(want[i]) - r0[i]);
+    EXPECT_GT(change, 1.0) << "the chain moves the residual";
+    for (bool ring : {false, true}) {
+      cuda::SetProgrammaticLaunch(true);
+      cudaGraph_t graph = nullptr;
+      LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      chain(ring);
+      LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      cuda::SetProgrammaticLaunch(false);
+      cudaGraphExec_t exec = nullptr;
+      LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 20; ++replay) {
+        LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const std::vector<float> got = Download<float>(dr, size_t(n * k));
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+        ASSERT_EQ(differ, 0u) << "replay " << replay << (fp8 ? ", e4m3" : ", bf16")
+                              << (ring ? ", ring kernel" : "");
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
   }
-  double norm = 0;
-  for (float v : want) norm += double(v) * v;
-  EXPECT_GT(norm, 0.0);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
-  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dw1), static_cast<void*>(dw2),
-                  static_cast<void*>(dw3), static_cast<void*>(dh), static_cast<void*>(dg),
-                  static_cast<void*>(dy)})
+  for (void* p : {static_cast<void*>(dw1), static_cast<void*>(dw2), static_cast<void*>(dw3),
+                  static_cast<void*>(dc1), static_cast<void*>(dc2), static_cast<void*>(dc3),
+                  static_cast<void*>(ds1), static_cast<void*>(ds2), static_cast<void*>(ds3),
+                  static_cast<void*>(dgain), static_cast<void*>(dnormed), static_cast<void*>(dh),
+                  static_cast<void*>(dg), static_cast<void*>(dr)})
     cudaFree(p);
 }
 
@@ -470,6 +513,17 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_FALSE(cuda::GemvSupports(a));
   a.rms_partials = nullptr;
   EXPECT_TRUE(cuda::GemvSupports(a));
+  // The ring kernel: neither the prologue nor the fold.
+  a.ring = true;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  a.norm_weight = gain;
+  a.epilogue = E::kStore;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.norm_weight = nullptr;
+  a.rms_partials = partials;
+  EXPECT_FALSE(cuda::GemvSupports(a));
+  a.rms_partials = nullptr;
+  a.ring = false;
   // kRopeAppendKv: every input present, then head_dim past the 256 that the shared-memory
   // cos / sin tables hold.
   alignas(16) static int32_t positions[1];

@@ -213,6 +213,26 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   }
 }
 
+// ---- bulk copies: contiguous bytes global -> shared, completing on an mbarrier (sm_90) ----
+
+// An L2 policy for data read once (weights streamed by a GEMV): its lines are evicted first.
+__device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// `bytes` (a multiple of 16; src and dst 16-byte aligned) from global src to shared dst; they
+// count as transactions of mbarrier `bar`; `policy` is an L2 cache hint (L2EvictFirstPolicy).
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
 // ---- TMA: tensor-map box copies global -> shared, completing on an mbarrier (sm_90) -------
 
 // The box of `map` at coordinates (c0, c1, c2) to shared address dst; its bytes count as

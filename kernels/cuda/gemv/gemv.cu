@@ -1,6 +1,8 @@
 // Small-batch GEMV (design in gemv.h).
 // Instantiations: {bf16, fp16} × N ∈ {1, 2, 4, 8} × (dtype and e4m3 weights: 5 epilogues + 3
-// with the RMSNorm prologue) = 128, and bf16 × N × weights × 4 with the folded RMSNorm = 32.
+// with the RMSNorm prologue) = 128, bf16 × N × weights × 4 with the folded RMSNorm = 32, and
+// the ring kernel (GemvArgs::ring) {bf16, fp16} × N × weights × 5 epilogues = 80 (at n = 1 <= 64
+// registers; all <= 112 so that two CTAs of 288 threads fit an SM's registers; no spills).
 // Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 without spills: the dtype
 // kernels at <= 64 (4 CTAs of 256 per SM; with the RMSNorm prologue <= 80, 3 CTAs: at 64 its
 // RoPE variant spilled), the e4m3 ones at <= 80 (6 CTAs of 128; bench/RESULTS.md).
@@ -47,6 +49,15 @@ constexpr int kChunk = 8;  // elements of x per 16-byte chunk
 static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
 using ptx::LoadStream;  // the weights are read exactly once: stream them past L1
+using ptx::BulkLoad;
+using ptx::L2EvictFirstPolicy;
+using ptx::MbarArrive;
+using ptx::MbarExpectTx;
+using ptx::MbarInit;
+using ptx::MbarInitFence;
+using ptx::MbarWait;
+using ptx::NamedBarrier;
+using ptx::SmemAddr;
 
 template <typename T>
 __device__ __forceinline__ void Unpack(const uint4& v, float (&f)[kChunk]) {
@@ -377,6 +388,70 @@ __device__ __forceinline__ void Epilogue(const GemvArgs& a, int64_t g, int r, in
   }
 }
 
+// e4m3 row scales of the groups a CTA has in flight (at most three: the one being finished
+// and the next two): thread r < kRows holds row r's scale of group gi in slot gi % 3.
+struct ScaleSlots {
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f;
+  __device__ __forceinline__ void Set(int gi, float v) {
+    const int slot = gi % 3;
+    if (slot == 0) {
+      s0 = v;
+    } else if (slot == 1) {
+      s1 = v;
+    } else {
+      s2 = v;
+    }
+  }
+  // In warp 0 (all lanes): the sum v of row r of group gi times its scale (s = scale · sum,
+  // before any rounding) where `mine`.
+  __device__ __forceinline__ float Apply(int gi, int r, bool mine, float v) const {
+    const int slot = gi % 3;
+    const float held = slot == 0 ? s0 : slot == 1 ? s1 : s2;
+    const float sc = __shfl_sync(0xffffffffu, held, r % kRows);
+    return mine ? v * sc : v;
+  }
+};
+
+template <int N>
+__device__ __forceinline__ void ZeroAcc(float (&acc)[kRows][N]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
+  }
+}
+
+// A finished group's sums in a fixed order: lanes (shuffles), then warps (shared memory `part`,
+// the scratch of the group's parity; `barrier` syncs the CTA's computing threads between the
+// two); acc is zeroed for the next group. False in warps other than 0; in warp 0, lane (r, t) =
+// (lane / N, lane % N) gets v = the sum of row r for token t (when lane < kRows · N).
+template <int kWarps, int N, typename Barrier>
+__device__ __forceinline__ bool ReduceGroup(float (&acc)[kRows][N],
+                                            float (&part)[kWarps][kRows][N], Barrier barrier,
+                                            float& v) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float s = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) part[warp][r][t] = s;
+    }
+  }
+  ZeroAcc<N>(acc);
+  barrier();
+  static_assert(kRows * kGemvMaxTokens <= 32, "one lane per (row, token)");
+  if (warp != 0) return false;
+  v = 0.f;
+  if (lane < kRows * N) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += part[w][lane / N][lane % N];
+  }
+  return true;
+}
+
 // Persistent over row groups: CTA b computes groups b, b + gridDim.x, b + 2 gridDim.x, ... (the
 // grid is at most one wave, Gemv() sizes it). Its work is a sequence of items (group, stage),
 // double buffered across group boundaries: the next item's weights are in flight while this
@@ -398,9 +473,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
   const int my_groups = static_cast<int>((NumGroups<E>(a) - 1 - blockIdx.x) / stride + 1);
   const int items = my_groups * stages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // e4m3: thread r < kRows holds the scale of row r of the groups in flight (at most three:
-  // the one being finished and the next two), by group index mod 3.
-  float scale0 = 0.f, scale1 = 0.f, scale2 = 0.f;
+  ScaleSlots scales;  // e4m3
   auto group_of = [&](int item) { return int64_t(blockIdx.x) + (item / stages) * stride; };
   auto load = [&](Stage& st, int item) {
     const int64_t g = group_of(item);
@@ -408,15 +481,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
     LoadStage<W, E>(st, a, g, stage, chunks);
     if constexpr (kIsFp8<W>) {
       if (stage == 0 && threadIdx.x < kRows) {
-        const float sc = a.w_scale[WeightRow<E>(a, g, threadIdx.x)];
-        const int slot = (item / stages) % 3;
-        if (slot == 0) {
-          scale0 = sc;
-        } else if (slot == 1) {
-          scale1 = sc;
-        } else {
-          scale2 = sc;
-        }
+        scales.Set(item / stages, a.w_scale[WeightRow<E>(a, g, threadIdx.x)]);
       }
     }
   };
@@ -483,46 +548,16 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
   __shared__ float part[2][kWarps][kRows][N];  // by group parity: one barrier per group
   __shared__ float total[kRows][N];            // warp 0's epilogue scratch
   float acc[kRows][N];
-  auto zero = [&] {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
-    }
-  };
+  auto zero = [&] { ZeroAcc<N>(acc); };
   // After item `item`'s FMAs: when it was its group's last stage, reduce and finish the group.
   auto finish = [&](int item) {
     if (item % stages != stages - 1) return;
     const int gi = item / stages;
-    // Lanes (shuffles), then warps (shared memory), in a fixed order.
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int t = 0; t < N; ++t) {
-        float v = acc[r][t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) part[gi & 1][warp][r][t] = v;
-      }
-    }
-    zero();
-    __syncthreads();
-    // Warp 0 finishes: lane (r, t) sums the warps' partials of row r, token t (kRows·N <= 32).
-    static_assert(kRows * kGemvMaxTokens <= 32, "one lane per (row, token)");
-    if (warp != 0) return;
+    float v;
+    if (!ReduceGroup<kWarps, N>(acc, part[gi & 1], [] { __syncthreads(); }, v)) return;
     const int r = lane / N, t = lane % N;
     const bool mine = lane < kRows * N;
-    float v = 0.f;
-    if (mine) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += part[gi & 1][w][r][t];
-    }
-    if constexpr (kIsFp8<W>) {  // s = scale · sum, before any rounding
-      const int slot = gi % 3;
-      const float mine_sc = slot == 0 ? scale0 : slot == 1 ? scale1 : scale2;
-      const float sc = __shfl_sync(0xffffffffu, mine_sc, r % kRows);
-      if (mine) v *= sc;
-    }
+    if constexpr (kIsFp8<W>) v = scales.Apply(gi, r, mine, v);
     if constexpr (kFoldIn) {  // the RMSNorm's 1 / rms, as cuda::AddRmsNorm computes it
       if (mine) {
         float ss = 0.f;
@@ -550,6 +585,130 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
   }
 }
 
+// ---- The ring kernel (GemvArgs::ring) ------------------------------------------------------
+// Its weights come through a ring of stages in shared memory, filled by bulk copies that one
+// producer warp issues as soon as a slot is free, so the registers hold no weights in flight
+// and a CTA is one per SM at ~100 KiB: the next kernel's CTAs fit beside it. It lets dependents
+// launch first thing (PdlTrigger before PdlWait), and its producer starts streaming before the
+// previous kernel has finished (weights are immutable): a GEMV after an RMSNorm or the decode
+// attention has its first kRingBytes per SM in shared memory before it may read x. Items,
+// chunks per thread, FMAs and the reduction order are those of GemvKernel: the same bits.
+constexpr int kRingBytes = 96 * 1024;  // weight stages per CTA
+
+template <typename W>
+struct Ring {
+  static constexpr int kRowBytes = W::kStageChunks * 16;  // a row's share of a stage
+  static constexpr int kSlotBytes = kRows * kRowBytes;    // one (group, stage) item
+  static constexpr int kSlots = kRingBytes / kSlotBytes;
+  static constexpr int kSmemBytes = kSlots * kSlotBytes + 2 * kSlots * 8;  // + mbarriers
+  static_assert(kSlots >= 2, "double buffering at least");
+};
+
+template <typename T, typename W, GemvEpilogue E, int N>
+__global__ void __launch_bounds__(W::kThreads + 32, 2) GemvRingKernel(GemvArgs a) {
+  using R = Ring<W>;
+  constexpr int kWarps = W::kThreads / 32;  // computing warps; warp kWarps is the producer
+  PdlTrigger();
+  extern __shared__ __align__(128) uint8_t ring_smem[];
+  const uint32_t ring = SmemAddr(ring_smem);
+  const uint32_t full = ring + R::kSlots * R::kSlotBytes;  // slot s: full + 8 s, empty + 8 s
+  const uint32_t empty = full + 8 * R::kSlots;
+  const int64_t chunks = a.k / (kChunk * W::kSubChunks);
+  const int stages = static_cast<int>((chunks + W::kStageChunks - 1) / W::kStageChunks);
+  const int64_t stride = gridDim.x;
+  const int my_groups = static_cast<int>((NumGroups<E>(a) - 1 - blockIdx.x) / stride + 1);
+  const int items = my_groups * stages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto group_of = [&](int item) { return int64_t(blockIdx.x) + (item / stages) * stride; };
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < R::kSlots; ++i) {
+      MbarInit(full + 8 * i, 1);
+      MbarInit(empty + 8 * i, kWarps);  // one arrival per computing warp
+    }
+    MbarInitFence();
+  }
+  __syncthreads();
+  if (warp == kWarps) {  // the producer: item it into slot it % kSlots once that slot is free
+    if (lane != 0) return;
+    using Element = typename W::Element;
+    const uint64_t policy = L2EvictFirstPolicy();
+#pragma unroll 1
+    for (int it = 0; it < items; ++it) {
+      const int slot = it % R::kSlots, use = it / R::kSlots;
+      if (use > 0) MbarWait(empty + 8 * slot, (use - 1) & 1);
+      const int64_t g = group_of(it);
+      const int64_t c0 = int64_t(it % stages) * W::kStageChunks;
+      const int64_t left = chunks - c0;
+      const uint32_t bytes = uint32_t((left < W::kStageChunks ? left : W::kStageChunks) * 16);
+      MbarExpectTx(full + 8 * slot, kRows * bytes);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const Element* row = static_cast<const Element*>(a.w) + WeightRow<E>(a, g, r) * a.k;
+        BulkLoad(ring + slot * R::kSlotBytes + r * R::kRowBytes,
+                 reinterpret_cast<const uint4*>(row) + c0, bytes, full + 8 * slot, policy);
+      }
+    }
+    return;
+  }
+  // The computing warps. e4m3: the scales of the first two groups before PdlWait, then two
+  // groups ahead.
+  ScaleSlots scales;
+  auto load_scale = [&](int gi) {
+    if (kIsFp8<W> && threadIdx.x < kRows && gi < my_groups) {
+      const int64_t g = int64_t(blockIdx.x) + gi * stride;
+      scales.Set(gi, LoadF32InOrder(a.w_scale + WeightRow<E>(a, g, threadIdx.x)));
+    }
+  };
+  load_scale(0);
+  load_scale(1);
+  PdlWait();
+  const int n = static_cast<int>(a.n);
+  __shared__ RopeStage<N> rope_stage;
+  if constexpr (E == GemvEpilogue::kRopeAppendKv) StageRope<N>(a, n, W::kThreads, rope_stage);
+  __shared__ float part[2][kWarps][kRows][N];  // by group parity: one barrier per group
+  __shared__ float total[kRows][N];            // warp 0's epilogue scratch
+  float acc[kRows][N];
+  ZeroAcc<N>(acc);
+  const uint4* slots = reinterpret_cast<const uint4*>(ring_smem);
+#pragma unroll 1
+  for (int it = 0; it < items; ++it) {
+    const int slot = it % R::kSlots, stage = it % stages, gi = it / stages;
+    if (stage == 0) load_scale(gi + 2);
+    MbarWait(full + 8 * slot, (it / R::kSlots) & 1);
+    Stage st;
+    const int64_t c = int64_t(stage) * W::kStageChunks + threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      st.w[r][0] = c < chunks ? slots[(slot * kRows + r) * W::kStageChunks + threadIdx.x] : uint4{};
+    }
+    __syncwarp();
+    if (lane == 0) MbarArrive(empty + 8 * slot);  // this warp is done with the slot
+    FmaStage<T, W, false, N>(st, a, nullptr, n, stage, chunks, acc);
+    if (stage != stages - 1) continue;
+    float v;
+    if (!ReduceGroup<kWarps, N>(
+            acc, part[gi & 1], [] { NamedBarrier(1, W::kThreads); }, v)) {
+      continue;
+    }
+    const int r = lane / N, t = lane % N;
+    const bool mine = lane < kRows * N;
+    if constexpr (kIsFp8<W>) v = scales.Apply(gi, r, mine, v);
+    Epilogue<T, E, false, N>(a, group_of(it), r, t, mine, v, total, rope_stage, 0.f, 0.f);
+  }
+}
+
+template <typename T, typename W, GemvEpilogue E, int N>
+void LaunchRing(const GemvArgs& a, cudaStream_t stream) {
+  auto* kernel = GemvRingKernel<T, W, E, N>;
+  // Every call (a per-device host attribute; allowed while a stream is captured).
+  LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Ring<W>::kSmemBytes));
+  int64_t ctas = std::min<int64_t>(NumGroups<E>(a), int64_t(NumSms()) * std::max(a.waves, 1));
+  if (a.max_ctas > 0) ctas = std::min<int64_t>(ctas, a.max_ctas);
+  Launch(kernel, dim3(static_cast<unsigned>(ctas)), dim3(W::kThreads + 32), size_t(Ring<W>::kSmemBytes),
+         stream, a);
+}
+
 // One persistent wave: min(row groups, SMs × resident CTAs of this instantiation).
 template <typename T, typename W, GemvEpilogue E, bool Norm, bool Fold, int N>
 void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
@@ -574,6 +733,14 @@ void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
 
 template <typename T, typename W, GemvEpilogue E, bool Norm, bool Fold = false>
 void LaunchN(const GemvArgs& a, cudaStream_t stream) {
+  if constexpr (!Norm && !Fold) {
+    if (a.ring) {
+      if (a.n <= 1) return LaunchRing<T, W, E, 1>(a, stream);
+      if (a.n <= 2) return LaunchRing<T, W, E, 2>(a, stream);
+      if (a.n <= 4) return LaunchRing<T, W, E, 4>(a, stream);
+      return LaunchRing<T, W, E, 8>(a, stream);
+    }
+  }
   if (a.n <= 1) {
     LaunchPersistent<T, W, E, Norm, Fold, 1>(a, stream);
   } else if (a.n <= 2) {
@@ -680,12 +847,14 @@ bool GemvSupports(const GemvArgs& a) {
        (a.epilogue == E::kAccumulateF32
             ? a.rms_weight != nullptr && a.rms_x != nullptr
             : a.epilogue != E::kStoreF32 && a.rms_num_partials == (a.k + kRows - 1) / kRows));
+  // The ring kernel: no RMSNorm prologue or fold.
+  const bool ring_ok = !a.ring || (a.norm_weight == nullptr && a.rms_partials == nullptr);
   const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk
   const int64_t chunk_elements = fp8 ? 2 * kChunk : kChunk;
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % chunk_elements == 0 && a.m > 0 &&
          (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
-         a.y != nullptr && norm_ok && fold_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
+         a.y != nullptr && norm_ok && fold_ok && ring_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
 }
 
 void Gemv(const GemvArgs& a, cudaStream_t stream) {
@@ -696,7 +865,8 @@ void Gemv(const GemvArgs& a, cudaStream_t stream) {
                                 "for SiLU·mul, 16-byte aligned, bf16/f16, RMSNorm prologue only "
                                 "with store, SiLU·mul or RoPE and n·k·2 <= " +
                                 std::to_string(kGemvNormSharedBytes) +
-                                " bytes, the folded RMSNorm only bf16 and without the prologue, "
+                                " bytes, the folded RMSNorm only bf16 and without the prologue, the ring kernel "
+                                "without either, "
                                 "RoPE shapes matching the KV layout)");
   }
   if (a.dtype == DType::kBF16) {

@@ -132,6 +132,14 @@ struct GemvArgs {
   int waves = 1;
   // > 0: at most this many CTAs (tests: many row groups per CTA).
   int max_ctas = 0;
+  // The ring kernel: the weights stream through a ring of stages in shared memory that one
+  // producer warp fills with bulk copies (96 KiB per CTA, one CTA per SM × max(waves, 1)),
+  // issued from the kernel's start, before PdlWait, and dependents may launch first thing.
+  // The next kernel's CTAs fit beside it, so under programmatic dependent launch a GEMV after
+  // an RMSNorm or the decode attention has its first 96 KiB per SM of weights loaded before
+  // its input exists. The same items, FMAs and reduction order as the register kernel: the
+  // same bits. Not with the RMSNorm prologue or the folded RMSNorm.
+  bool ring = false;
 };
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
