@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -175,12 +176,13 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. Nine ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
+// CUDA graph. Thirteen ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
 // kernels) with plain launches, the same with programmatic dependent launch, that with the
 // RMSNorms in the GEMV prologues instead, and the executor's way (PDL) with fp8 weights
 // (--quantization fp8: half the bytes; weight_bytes counts the codes, not the per-row scales);
 // then the executor's bf16 and fp8 ways with one CTA per row group (the GEMV's grid before it
-// became a persistent wave), then both on the ring kernel (GemvArgs::ring, --gemv-ring).
+// became a persistent wave), then both on the ring kernel (GemvArgs::ring, --gemv-ring) with
+// rings of 48, 96 and 192 KiB.
 // Reports ms per step and weight TB/s; attention and RoPE are left out, so this is the linear
 // layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
@@ -215,19 +217,28 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   LLM_CUDA_CHECK(cudaEventCreate(&stop));
   // gemv_pdl_per_group: one CTA per row group (the GEMV's grid before it was persistent);
   // the other GEMV rows run the executor's grids (a persistent wave; o one CTA per group).
-  const char* impls[] = {"cublaslt",
-                         "gemv",
-                         "gemv_pdl",
-                         "gemv_pdl_norm_prologue",
-                         "gemv_pdl_fp8",
-                         "gemv_pdl_per_group",
-                         "gemv_pdl_fp8_per_group",
-                         "gemv_ring_pdl",
-                         "gemv_ring_pdl_fp8"};
-  for (int impl = 0; impl < 9; ++impl) {
-    const bool fp8 = impl == 4 || impl == 6 || impl == 8;
-    const bool per_group = impl == 5 || impl == 6;
-    const bool ring = impl >= 7;  // GemvArgs::ring
+  // The ring rows sweep its size (GemvArgs::ring_kib).
+  struct Impl {
+    const char* name;
+    bool fp8 = false, per_group = false;
+    int ring_kib = 0;  // > 0: the ring kernel
+  };
+  const Impl impls[] = {{"cublaslt"},
+                        {"gemv"},
+                        {"gemv_pdl"},
+                        {"gemv_pdl_norm_prologue"},
+                        {"gemv_pdl_fp8", true},
+                        {"gemv_pdl_per_group", false, true},
+                        {"gemv_pdl_fp8_per_group", true, true},
+                        {"gemv_ring48_pdl", false, false, 48},
+                        {"gemv_ring96_pdl", false, false, 96},
+                        {"gemv_ring192_pdl", false, false, 192},
+                        {"gemv_ring48_pdl_fp8", true, false, 48},
+                        {"gemv_ring96_pdl_fp8", true, false, 96},
+                        {"gemv_ring192_pdl_fp8", true, false, 192}};
+  for (int impl = 0; impl < int(std::size(impls)); ++impl) {
+    const bool fp8 = impls[impl].fp8, per_group = impls[impl].per_group;
+    const int ring_kib = impls[impl].ring_kib;
     cu::SetProgrammaticLaunch(impl >= 2);
     // The matrix whose first weight is element `at` of the layer stack and whose first row is
     // row `row` of it: bf16 weights, or with fp8 the codes and scales at the same positions.
@@ -235,7 +246,8 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
                     void* out, int64_t m, int64_t k, bool is_o = false) {
       cu::GemvArgs g;
       g.waves = per_group || is_o ? 0 : 1;
-      g.ring = ring;
+      g.ring = ring_kib > 0;
+      g.ring_kib = ring_kib > 0 ? ring_kib : g.ring_kib;
       g.epilogue = e;
       g.x = in;
       g.norm_weight = norm;
@@ -307,7 +319,7 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
     std::printf(
         "JSON {\"kind\":\"decode_chain\",\"name\":\"%s\",\"impl\":\"%s\",\"layers\":%lld,"
         "\"weight_bytes\":%lld,\"ms\":%.4f,\"weight_tb_per_s\":%.3f}\n",
-        name, impls[impl], (long long)layers, (long long)(weight_bytes * layers), t,
+        name, impls[impl].name, (long long)layers, (long long)(weight_bytes * layers), t,
         double(weight_bytes * layers) / (t * 1e-3) / 1e12);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);

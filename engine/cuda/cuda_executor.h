@@ -149,6 +149,7 @@ struct CudaExecutorOptions {
   // from the kernel's start, one CTA per SM, so that the next GEMV streams beside the RMSNorm
   // or attention before it). Same bits as the register kernel.
   bool gemv_ring = false;
+  int gemv_ring_kib = 96;  // its size per CTA (cuda::GemvArgs::ring_kib)
   // Programmatic dependent launch between our kernels (kernels/cuda/common/launch.h) on sm_90+:
   // each kernel launches while its predecessor finishes (a GEMV streams its weights early).
   // Process-wide: the last executor created decides.

@@ -81,6 +81,7 @@ cuda::GemvArgs CudaWorker::SmallArgs(cuda::GemvEpilogue epilogue, const void* in
   g.k = k;
   g.dtype = dtype;
   g.ring = opt.gemv_ring && norm == nullptr;
+  g.ring_kib = opt.gemv_ring_kib;
   return g;
 }
 

@@ -105,6 +105,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "that bulk copies fill from the kernel's start (one CTA per SM), so that the "
                 "next GEMV loads its first weights beside the RMSNorm or attention before it; "
                 "the same bits as the register kernel");
+  cmd->add_option("--gemv-ring-kib", gemv_ring_kib,
+                  "cuda: the --gemv-ring kernel's ring of weight stages per CTA, in KiB")
+      ->check(CLI::Range(1, 200))
+      ->capture_default_str();
   cmd->add_flag("--gemv-norm-prologue", gemv_norm_prologue,
                 "cuda: on GEMV steps, run the RMSNorm before q|k|v and gate|up in the GEMV's "
                 "prologue instead of as its own kernel (measured slower on the H200)");
@@ -217,6 +221,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.gemv_ring = f.gemv_ring;
+  o.gemv_ring_kib = f.gemv_ring_kib;
   o.rope_head_warps = f.rope_head_warps;
   o.moe_kernels = f.moe_kernels[1] - '0';  // "v1" .. "v5" (checked by the option)
   o.moe_combine_in_norm = f.moe_combine_in_norm;

@@ -30,9 +30,10 @@ struct BackendFlags {
   bool disable_pdl = false;         // cuda: no programmatic dependent launch
   bool gemv_norm_prologue = false;  // cuda: RMSNorm in the GEMV's prologue on GEMV steps
   bool gemv_fold_norm = false;      // cuda: the RMSNorms folded into the GEMVs around them
-  bool gemv_ring = false;           // cuda: GEMV steps on the ring kernel (cuda::GemvArgs::ring)
-  bool rope_head_warps = true;      // cuda: RoPE with per-head norms, one warp per head
-  bool fp8_precise_accum = false;   // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
+  bool gemv_ring = false;
+  int gemv_ring_kib = 96;          // cuda: GEMV steps on the ring kernel (cuda::GemvArgs::ring)
+  bool rope_head_warps = true;     // cuda: RoPE with per-head norms, one warp per head
+  bool fp8_precise_accum = false;  // cuda, --quantization fp8: cuBLASLt's precise FP8 accumulation
   bool moe_combine_in_norm = false;  // cuda, MoE, small steps: the experts' sum in the next norm
   std::string moe_kernels = "v5";    // cuda, mixture of experts: kernels/cuda/moe/moe.h's set
   uint64_t dummy_seed = 0;

@@ -184,7 +184,7 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   // scratch) and must give the same bits as one wave (the reduction order does not change);
   // then with one CTA per group (GemvArgs::waves = 0, the executor's o projection); then the
   // ring kernel (GemvArgs::ring: weights through shared memory; not with the prologue) on one
-  // wave and on 1 and 3 CTAs, whose slots are reused many times.
+  // wave and on 1 and 3 CTAs (the last with a 2-slot ring), whose slots are reused many times.
   for (int run = 0; run < 7; ++run) {
     const int ctas = run < 4 ? (run + 1) % 4 : run - 4 == 0 ? 0 : run - 4 == 1 ? 1 : 3;
     const bool ring = run >= 4;
@@ -197,6 +197,7 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     cuda::GemvArgs few = a;
     few.max_ctas = ctas;
     few.ring = ring;
+    if (ring && ctas == 3) few.ring_kib = 1;  // the smallest ring: 2 slots, reused most
     if (ctas == 0 && !ring) few.waves = 0;
     ASSERT_TRUE(cuda::GemvSupports(few));
     cuda::Gemv(few, nullptr);
@@ -211,9 +212,9 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     size_t differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], 4) != 0;
     EXPECT_EQ(differ, 0u) << (ring ? "ring kernel, " : "")
-                          << (ctas > 0        ? std::to_string(ctas) + " CTAs"
-                              : ring          ? std::string("one wave")
-                                              : std::string("one CTA per group"));
+                          << (ctas > 0 ? std::to_string(ctas) + " CTAs"
+                              : ring   ? std::string("one wave")
+                                       : std::string("one CTA per group"));
   }
   cudaFree(dx);
   cudaFree(dgain);
@@ -365,8 +366,7 @@ TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
   LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (bool fp8 : {false, true}) {
     auto chain = [&](bool ring) {
-      LLM_CUDA_CHECK(
-          cudaMemcpyAsync(dr, r0.data(), r0.size() * 4, cudaMemcpyHostToDevice, stream));
+      LLM_CUDA_CHECK(cudaMemcpyAsync(dr, r0.data(), r0.size() * 4, cudaMemcpyHostToDevice, stream));
       for (int layer = 0; layer < 2; ++layer) {
         cuda::AddRmsNorm(dr, nullptr, dgain, dnormed, dt, nullptr, n, k, 1e-5f, stream);
         cuda::GemvArgs a;
@@ -515,6 +515,12 @@ TEST(GemvApi, RejectsWhatItCannotRun) {
   EXPECT_TRUE(cuda::GemvSupports(a));
   // The ring kernel: neither the prologue nor the fold.
   a.ring = true;
+  EXPECT_TRUE(cuda::GemvSupports(a));
+  for (int kib : {0, cuda::kGemvMaxRingKib + 1}) {
+    a.ring_kib = kib;
+    EXPECT_FALSE(cuda::GemvSupports(a)) << "ring of " << kib << " KiB";
+  }
+  a.ring_kib = cuda::kGemvMaxRingKib;
   EXPECT_TRUE(cuda::GemvSupports(a));
   a.norm_weight = gain;
   a.epilogue = E::kStore;

@@ -48,9 +48,9 @@ constexpr int kChunk = 8;  // elements of x per 16-byte chunk
 #endif
 static_assert(kRows % 2 == 0, "kSiluMul pairs gate and up rows");
 
-using ptx::LoadStream;  // the weights are read exactly once: stream them past L1
 using ptx::BulkLoad;
 using ptx::L2EvictFirstPolicy;
+using ptx::LoadStream;  // the weights are read exactly once: stream them past L1
 using ptx::MbarArrive;
 using ptx::MbarExpectTx;
 using ptx::MbarInit;
@@ -426,9 +426,8 @@ __device__ __forceinline__ void ZeroAcc(float (&acc)[kRows][N]) {
 // two); acc is zeroed for the next group. False in warps other than 0; in warp 0, lane (r, t) =
 // (lane / N, lane % N) gets v = the sum of row r for token t (when lane < kRows · N).
 template <int kWarps, int N, typename Barrier>
-__device__ __forceinline__ bool ReduceGroup(float (&acc)[kRows][N],
-                                            float (&part)[kWarps][kRows][N], Barrier barrier,
-                                            float& v) {
+__device__ __forceinline__ bool ReduceGroup(float (&acc)[kRows][N], float (&part)[kWarps][kRows][N],
+                                            Barrier barrier, float& v) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -554,7 +553,9 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
     if (item % stages != stages - 1) return;
     const int gi = item / stages;
     float v;
-    if (!ReduceGroup<kWarps, N>(acc, part[gi & 1], [] { __syncthreads(); }, v)) return;
+    if (!ReduceGroup<kWarps, N>(
+            acc, part[gi & 1], [] { __syncthreads(); }, v))
+      return;
     const int r = lane / N, t = lane % N;
     const bool mine = lane < kRows * N;
     if constexpr (kIsFp8<W>) v = scales.Apply(gi, r, mine, v);
@@ -591,17 +592,19 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
 // and a CTA is one per SM at ~100 KiB: the next kernel's CTAs fit beside it. It lets dependents
 // launch first thing (PdlTrigger before PdlWait), and its producer starts streaming before the
 // previous kernel has finished (weights are immutable): a GEMV after an RMSNorm or the decode
-// attention has its first kRingBytes per SM in shared memory before it may read x. Items,
+// attention has its first GemvArgs::ring_kib per SM in shared memory before it may read x. Items,
 // chunks per thread, FMAs and the reduction order are those of GemvKernel: the same bits.
-constexpr int kRingBytes = 96 * 1024;  // weight stages per CTA
-
 template <typename W>
 struct Ring {
   static constexpr int kRowBytes = W::kStageChunks * 16;  // a row's share of a stage
   static constexpr int kSlotBytes = kRows * kRowBytes;    // one (group, stage) item
-  static constexpr int kSlots = kRingBytes / kSlotBytes;
-  static constexpr int kSmemBytes = kSlots * kSlotBytes + 2 * kSlots * 8;  // + mbarriers
-  static_assert(kSlots >= 2, "double buffering at least");
+  // Slots of a ring of `kib` KiB (at least 2), and the dynamic shared memory they take with
+  // their two mbarriers each.
+  __host__ __device__ static int Slots(int kib) {
+    const int s = kib * 1024 / kSlotBytes;
+    return s < 2 ? 2 : s;
+  }
+  static size_t SmemBytes(int kib) { return size_t(Slots(kib)) * (kSlotBytes + 16); }
 };
 
 template <typename T, typename W, GemvEpilogue E, int N>
@@ -611,8 +614,9 @@ __global__ void __launch_bounds__(W::kThreads + 32, 2) GemvRingKernel(GemvArgs a
   PdlTrigger();
   extern __shared__ __align__(128) uint8_t ring_smem[];
   const uint32_t ring = SmemAddr(ring_smem);
-  const uint32_t full = ring + R::kSlots * R::kSlotBytes;  // slot s: full + 8 s, empty + 8 s
-  const uint32_t empty = full + 8 * R::kSlots;
+  const int num_slots = R::Slots(a.ring_kib);
+  const uint32_t full = ring + num_slots * R::kSlotBytes;  // slot s: full + 8 s, empty + 8 s
+  const uint32_t empty = full + 8 * num_slots;
   const int64_t chunks = a.k / (kChunk * W::kSubChunks);
   const int stages = static_cast<int>((chunks + W::kStageChunks - 1) / W::kStageChunks);
   const int64_t stride = gridDim.x;
@@ -621,7 +625,7 @@ __global__ void __launch_bounds__(W::kThreads + 32, 2) GemvRingKernel(GemvArgs a
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   auto group_of = [&](int item) { return int64_t(blockIdx.x) + (item / stages) * stride; };
   if (threadIdx.x == 0) {
-    for (int i = 0; i < R::kSlots; ++i) {
+    for (int i = 0; i < num_slots; ++i) {
       MbarInit(full + 8 * i, 1);
       MbarInit(empty + 8 * i, kWarps);  // one arrival per computing warp
     }
@@ -634,7 +638,7 @@ __global__ void __launch_bounds__(W::kThreads + 32, 2) GemvRingKernel(GemvArgs a
     const uint64_t policy = L2EvictFirstPolicy();
 #pragma unroll 1
     for (int it = 0; it < items; ++it) {
-      const int slot = it % R::kSlots, use = it / R::kSlots;
+      const int slot = it % num_slots, use = it / num_slots;
       if (use > 0) MbarWait(empty + 8 * slot, (use - 1) & 1);
       const int64_t g = group_of(it);
       const int64_t c0 = int64_t(it % stages) * W::kStageChunks;
@@ -672,9 +676,9 @@ __global__ void __launch_bounds__(W::kThreads + 32, 2) GemvRingKernel(GemvArgs a
   const uint4* slots = reinterpret_cast<const uint4*>(ring_smem);
 #pragma unroll 1
   for (int it = 0; it < items; ++it) {
-    const int slot = it % R::kSlots, stage = it % stages, gi = it / stages;
+    const int slot = it % num_slots, stage = it % stages, gi = it / stages;
     if (stage == 0) load_scale(gi + 2);
-    MbarWait(full + 8 * slot, (it / R::kSlots) & 1);
+    MbarWait(full + 8 * slot, (it / num_slots) & 1);
     Stage st;
     const int64_t c = int64_t(stage) * W::kStageChunks + threadIdx.x;
 #pragma unroll
@@ -701,12 +705,12 @@ template <typename T, typename W, GemvEpilogue E, int N>
 void LaunchRing(const GemvArgs& a, cudaStream_t stream) {
   auto* kernel = GemvRingKernel<T, W, E, N>;
   // Every call (a per-device host attribute; allowed while a stream is captured).
-  LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      Ring<W>::kSmemBytes));
+  const size_t smem = Ring<W>::SmemBytes(a.ring_kib);
+  LLM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int64_t ctas = std::min<int64_t>(NumGroups<E>(a), int64_t(NumSms()) * std::max(a.waves, 1));
   if (a.max_ctas > 0) ctas = std::min<int64_t>(ctas, a.max_ctas);
-  Launch(kernel, dim3(static_cast<unsigned>(ctas)), dim3(W::kThreads + 32), size_t(Ring<W>::kSmemBytes),
-         stream, a);
+  Launch(kernel, dim3(static_cast<unsigned>(ctas)), dim3(W::kThreads + 32), smem, stream, a);
 }
 
 // One persistent wave: min(row groups, SMs × resident CTAs of this instantiation).
@@ -847,27 +851,30 @@ bool GemvSupports(const GemvArgs& a) {
        (a.epilogue == E::kAccumulateF32
             ? a.rms_weight != nullptr && a.rms_x != nullptr
             : a.epilogue != E::kStoreF32 && a.rms_num_partials == (a.k + kRows - 1) / kRows));
-  // The ring kernel: no RMSNorm prologue or fold.
-  const bool ring_ok = !a.ring || (a.norm_weight == nullptr && a.rms_partials == nullptr);
+  // The ring kernel: no RMSNorm prologue or fold; a ring that fits beside the static scratch.
+  const bool ring_ok = !a.ring || (a.norm_weight == nullptr && a.rms_partials == nullptr &&
+                                   a.ring_kib >= 1 && a.ring_kib <= kGemvMaxRingKib);
   const bool fp8 = a.w_scale != nullptr;  // 16 codes per 16-byte chunk
   const int64_t chunk_elements = fp8 ? 2 * kChunk : kChunk;
   return a.n >= 1 && a.n <= kGemvMaxTokens && a.k > 0 && a.k % chunk_elements == 0 && a.m > 0 &&
          (a.epilogue != E::kSiluMul || a.m % 2 == 0) &&
          (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && Aligned16(a.x) && Aligned16(a.w) &&
-         a.y != nullptr && norm_ok && fold_ok && ring_ok && (a.epilogue != E::kRopeAppendKv || RopeOk(a));
+         a.y != nullptr && norm_ok && fold_ok && ring_ok &&
+         (a.epilogue != E::kRopeAppendKv || RopeOk(a));
 }
 
 void Gemv(const GemvArgs& a, cudaStream_t stream) {
   if (!GemvSupports(a)) {
-    throw std::invalid_argument("Gemv: unsupported shape n=" + std::to_string(a.n) +
-                                " m=" + std::to_string(a.m) + " k=" + std::to_string(a.k) +
-                                " (n in [1, 8], k % 8 == 0 (fp8 weights: k % 16 == 0), even m "
-                                "for SiLU·mul, 16-byte aligned, bf16/f16, RMSNorm prologue only "
-                                "with store, SiLU·mul or RoPE and n·k·2 <= " +
-                                std::to_string(kGemvNormSharedBytes) +
-                                " bytes, the folded RMSNorm only bf16 and without the prologue, the ring kernel "
-                                "without either, "
-                                "RoPE shapes matching the KV layout)");
+    throw std::invalid_argument(
+        "Gemv: unsupported shape n=" + std::to_string(a.n) + " m=" + std::to_string(a.m) +
+        " k=" + std::to_string(a.k) +
+        " (n in [1, 8], k % 8 == 0 (fp8 weights: k % 16 == 0), even m "
+        "for SiLU·mul, 16-byte aligned, bf16/f16, RMSNorm prologue only "
+        "with store, SiLU·mul or RoPE and n·k·2 <= " +
+        std::to_string(kGemvNormSharedBytes) +
+        " bytes, the folded RMSNorm only bf16 and without the prologue, the ring kernel "
+        "without either, "
+        "RoPE shapes matching the KV layout)");
   }
   if (a.dtype == DType::kBF16) {
     LaunchT<__nv_bfloat16>(a, stream);

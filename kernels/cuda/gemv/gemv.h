@@ -94,6 +94,7 @@ struct GemvRope {
 };
 
 inline constexpr int kGemvMaxTokens = 8;
+inline constexpr int kGemvMaxRingKib = 200;  // + ~11 KiB of static scratch <= 227 KiB per CTA
 
 // The RMSNorm prologue keeps the n normalized rows (n · k dtype values) in shared memory.
 inline constexpr int64_t kGemvNormSharedBytes = 32 * 1024;
@@ -133,13 +134,16 @@ struct GemvArgs {
   // > 0: at most this many CTAs (tests: many row groups per CTA).
   int max_ctas = 0;
   // The ring kernel: the weights stream through a ring of stages in shared memory that one
-  // producer warp fills with bulk copies (96 KiB per CTA, one CTA per SM × max(waves, 1)),
+  // producer warp fills with bulk copies (ring_kib per CTA, one CTA per SM × max(waves, 1)),
   // issued from the kernel's start, before PdlWait, and dependents may launch first thing.
   // The next kernel's CTAs fit beside it, so under programmatic dependent launch a GEMV after
   // an RMSNorm or the decode attention has its first 96 KiB per SM of weights loaded before
   // its input exists. The same items, FMAs and reduction order as the register kernel: the
   // same bits. Not with the RMSNorm prologue or the folded RMSNorm.
   bool ring = false;
+  // Its size, 1 .. kGemvMaxRingKib (rounded down to whole stages, at least 2: stages are 16 KiB
+  // with dtype weights, 8 KiB with e4m3). Up to ~100 two CTAs (two GEMVs) fit an SM.
+  int ring_kib = 96;
 };
 
 // True when Gemv can run this shape (1 <= n <= kGemvMaxTokens, k % 8 == 0, even m for
