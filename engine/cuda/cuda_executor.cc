@@ -71,6 +71,10 @@ std::unique_ptr<CudaExecutor> CudaExecutor::Create(
     throw Error("--moe-kernels must be v1, v2, v3, v4 or v5 (got " +
                 std::to_string(options.moe_kernels) + ")");
   }
+  if (options.gemv_ring_kib < 1 || options.gemv_ring_kib > cuda::kGemvMaxRingKib) {
+    throw Error("--gemv-ring-kib must be in [1, " + std::to_string(cuda::kGemvMaxRingKib) +
+                "] (got " + std::to_string(options.gemv_ring_kib) + ")");
+  }
   const ModelConfig config = LoadConfig(model_path);
   if (config.head_dim > 128 && config.head_dim != 256) {
     throw Error("the CUDA backend supports head_dim up to 128, and 256 (the model has " +

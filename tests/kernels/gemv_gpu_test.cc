@@ -362,11 +362,12 @@ TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
   uint16_t* dh = Upload(std::vector<uint16_t>(size_t(n * m1 / 2)));
   uint16_t* dg = Upload(std::vector<uint16_t>(size_t(n * m2)));
   float* dr = Upload(r0);
+  float* dr0 = Upload(r0);  // the chain's starting residual (a device-to-device copy)
   cudaStream_t stream = nullptr;
   LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (bool fp8 : {false, true}) {
     auto chain = [&](bool ring) {
-      LLM_CUDA_CHECK(cudaMemcpyAsync(dr, r0.data(), r0.size() * 4, cudaMemcpyHostToDevice, stream));
+      LLM_CUDA_CHECK(cudaMemcpyAsync(dr, dr0, r0.size() * 4, cudaMemcpyDeviceToDevice, stream));
       for (int layer = 0; layer < 2; ++layer) {
         cuda::AddRmsNorm(dr, nullptr, dgain, dnormed, dt, nullptr, n, k, 1e-5f, stream);
         cuda::GemvArgs a;
@@ -421,7 +422,7 @@ TEST(GemvChain, ProgrammaticLaunchInAGraphIsBitIdenticalToPlainLaunches) {
                   static_cast<void*>(dc1), static_cast<void*>(dc2), static_cast<void*>(dc3),
                   static_cast<void*>(ds1), static_cast<void*>(ds2), static_cast<void*>(ds3),
                   static_cast<void*>(dgain), static_cast<void*>(dnormed), static_cast<void*>(dh),
-                  static_cast<void*>(dg), static_cast<void*>(dr)})
+                  static_cast<void*>(dg), static_cast<void*>(dr), static_cast<void*>(dr0)})
     cudaFree(p);
 }
 

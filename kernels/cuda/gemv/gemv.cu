@@ -2,7 +2,8 @@
 // Instantiations: {bf16, fp16} × N ∈ {1, 2, 4, 8} × (dtype and e4m3 weights: 5 epilogues + 3
 // with the RMSNorm prologue) = 128, bf16 × N × weights × 4 with the folded RMSNorm = 32, and
 // the ring kernel (GemvArgs::ring) {bf16, fp16} × N × weights × 5 epilogues = 80 (at n = 1 <= 64
-// registers; all <= 112 so that two CTAs of 288 threads fit an SM's registers; no spills).
+// registers; dtype weights <= 112 so that two CTAs of 288 threads fit an SM's registers, e4m3
+// (160 threads) <= 116; no spills).
 // Registers: nvcc -Xptxas -v (the command in gemv.h); at n = 1 without spills: the dtype
 // kernels at <= 64 (4 CTAs of 256 per SM; with the RMSNorm prologue <= 80, 3 CTAs: at 64 its
 // RoPE variant spilled), the e4m3 ones at <= 80 (6 CTAs of 128; bench/RESULTS.md).
@@ -611,6 +612,7 @@ template <typename T, typename W, GemvEpilogue E, int N>
 __global__ void __launch_bounds__(W::kThreads + 32, 2) GemvRingKernel(GemvArgs a) {
   using R = Ring<W>;
   constexpr int kWarps = W::kThreads / 32;  // computing warps; warp kWarps is the producer
+  static_assert(kUnroll == 1, "a slot holds one 16-byte chunk per row per computing thread");
   PdlTrigger();
   extern __shared__ __align__(128) uint8_t ring_smem[];
   const uint32_t ring = SmemAddr(ring_smem);
@@ -639,6 +641,9 @@ __global__ void __launch_bounds__(W::kThreads + 32, 2) GemvRingKernel(GemvArgs a
 #pragma unroll 1
     for (int it = 0; it < items; ++it) {
       const int slot = it % num_slots, use = it / num_slots;
+      // No slot frees before the computing warps pass PdlWait: wait there too (unbounded), not
+      // in MbarWait's bounded spin, however long the kernels before this one run.
+      if (it == num_slots) PdlWait();
       if (use > 0) MbarWait(empty + 8 * slot, (use - 1) & 1);
       const int64_t g = group_of(it);
       const int64_t c0 = int64_t(it % stages) * W::kStageChunks;

@@ -813,6 +813,9 @@ TEST_F(CudaExecutorTest, BadInputIsAClearError) {
   CudaExecutorOptions o = SmallOptions();
   o.dtype = DType::kF32;
   test::ExpectError([&] { CudaExecutor::Create(test::StoriesDir(), o); }, {"bf16"});
+  o = SmallOptions();
+  o.gemv_ring_kib = 0;
+  test::ExpectError([&] { CudaExecutor::Create(test::StoriesDir(), o); }, {"--gemv-ring-kib"});
   // What the CUDA backend does not run yet is refused by name before any weight is read:
   // experts whose width the fp8 kernels cannot take (a multiple of 8, not of 16), Gemma 3's
   // layer across GPUs or with fp8 weights.
