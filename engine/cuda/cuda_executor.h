@@ -147,7 +147,8 @@ struct CudaExecutorOptions {
   bool gemv_norm_prologue = false;
   // GEMV steps: the ring kernel (cuda::GemvArgs::ring: weights through shared memory, filled
   // from the kernel's start, one CTA per SM, so that the next GEMV streams beside the RMSNorm
-  // or attention before it). Same bits as the register kernel.
+  // or attention before it). Same bits as the register kernel. Off: measured slower on the
+  // H100 (bench/NOTEBOOK.md), e4m3 weights 2x.
   bool gemv_ring = false;
   int gemv_ring_kib = 96;  // its size per CTA (cuda::GemvArgs::ring_kib)
   // Programmatic dependent launch between our kernels (kernels/cuda/common/launch.h) on sm_90+:

@@ -139,10 +139,13 @@ struct GemvArgs {
   // The next kernel's CTAs fit beside it, so under programmatic dependent launch a GEMV after
   // an RMSNorm or the decode attention has its first 96 KiB per SM of weights loaded before
   // its input exists. The same items, FMAs and reduction order as the register kernel: the
-  // same bits. Not with the RMSNorm prologue or the folded RMSNorm.
+  // same bits. Not with the RMSNorm prologue or the folded RMSNorm. Measured slower (H100,
+  // Llama-2-7B batch 1: bf16 5.03 ms/token at 192 KiB against 4.98; e4m3 6.08 against 3.08;
+  // bench/NOTEBOOK.md): one CTA's 4 (e4m3) or 8 computing warps per SM cannot hide the
+  // latency of their x loads, barriers and epilogues the way the register kernel's 24-32 do.
   bool ring = false;
   // Its size, 1 .. kGemvMaxRingKib (rounded down to whole stages, at least 2: stages are 16 KiB
-  // with dtype weights, 8 KiB with e4m3). Up to ~100 two CTAs (two GEMVs) fit an SM.
+  // with dtype weights, 8 KiB with e4m3). Up to ~100, two CTAs (two GEMVs) fit an SM.
   int ring_kib = 96;
 };
 

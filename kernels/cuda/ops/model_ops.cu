@@ -175,10 +175,8 @@ __global__ void __launch_bounds__(kNormThreads)
                      const float* __restrict__ weight, T* __restrict__ out,
                      const int32_t* __restrict__ rows, int64_t hidden, float eps,
                      uint8_t* __restrict__ out8, float* __restrict__ out_scale) {
-  // Dependents may launch first thing: a GEMV after this RMSNorm streams its weights while
-  // the kernel before this one still runs (the ring GEMV fits beside it: gemv.h).
-  PdlTrigger();
   PdlWait();  // reads what earlier kernels wrote (launch.h)
+  PdlTrigger();
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
   float* res = residual + r * hidden;
   const bool has_delta = delta.present();
