@@ -61,7 +61,7 @@
 // Registers (at n = 1: dtype kernels <= 64, 4 CTAs/SM, or <= 80 with the RMSNorm prologue;
 // e4m3 <= 80; no spills), from the repository root:
 //   nvcc -DLLM_HAS_CUDA=1 -I. -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17
-//     -Xptxas -v -c kernels/cuda/gemv/gemv.cu -o /tmp/gemv.o
+//     -Xptxas -v -c kernels/cuda/gemv/gemv.cu -o /tmp/gemv.o   (and gemv_ring.cu)
 // Benchmark (bf16 and fp8 weight TB/s per matrix and in a 32-layer chain): bench_gemm_peak_gpu.
 #pragma once
 
