@@ -137,6 +137,9 @@ struct CudaExecutorOptions {
   // by 1 / rms): no RMSNorm kernel inside the layer stack (kernels/cuda/gemv/gemv.h). Off: measured
   // slower end to end on the H200 (bench/RESULTS.md).
   bool gemv_fold_norm = false;
+  // The fold (implied) and o, gate|up and down of each dense layer in one persistent
+  // kernel with grid barriers between them (cuda::GemvChain): 3 kernels per layer instead of 5.
+  bool gemv_chain = false;
   // Per-head q/k norms (Qwen3) at head_dim 64 / 128 / 256: RopeAppendKv with one warp per head
   // (cuda::QkvPrologue::head_warps) instead of one CTA per token: Qwen3-30B-A3B batch 1 3.962
   // ms/token against 4.091 (H100, 2026-12-06, bench/RESULTS.md).
@@ -200,6 +203,7 @@ struct CudaExecutorStats {
   // (gemv_fold_norm: consumers) or in their prologue (gemv_norm_prologue): the options' paths
   // taken, not a fallback to the RMSNorm kernel.
   int64_t gemv_folded_norms = 0, gemv_prologue_norms = 0;
+  int64_t gemv_chains = 0;     // gemv_chain: the chained MLPs enqueued
   int64_t packed_uploads = 0;  // packed_step_inputs: the packed copies + scatters enqueued
   // fp8 KV: prefill attention launches that ran the wgmma kernel over a copy of the pages.
   int64_t fp8_prefill_copies = 0;

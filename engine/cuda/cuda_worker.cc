@@ -132,6 +132,10 @@ void CudaWorker::AllocActivations() {
   rows_normed = Alloc(max_rows * hidden * int64_t(esize));
   // The folded RMSNorm's sums of squares: one per token per 4-row group of the residual.
   rms_partials = Alloc<float>(cuda::kGemvMaxTokens * ((hidden + 3) / 4) * 4);
+  if (opt.gemv_chain) {  // zero once; shared by the layers' chains, one at a time
+    chain_sync = Alloc<unsigned>(cuda::kGemvChainSyncWords * 4);
+    LLM_CUDA_CHECK(cudaMemset(chain_sync, 0, size_t(cuda::kGemvChainSyncWords) * 4));
+  }
   if (fp8) {
     act8 = Alloc<uint8_t>(T * std::max({hidden, q_dim, inter}));
     act8_scale = Alloc<float>(T * 4);

@@ -183,8 +183,9 @@ struct CudaWorker {
   float* x = nullptr;  // fp32 residual [T, hidden]
   void *normed = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr;
   void *gate_up = nullptr, *act = nullptr, *rows_normed = nullptr;
-  void* delta = nullptr;          // sandwich norms: o / down output [T, hidden] before its RMSNorm
-  float* rms_partials = nullptr;  // [kGemvMaxTokens, hidden / 4]: the folded RMSNorm
+  void* delta = nullptr;           // sandwich norms: o / down output [T, hidden] before its RMSNorm
+  float* rms_partials = nullptr;   // [kGemvMaxTokens, hidden / 4]: the folded RMSNorm
+  unsigned* chain_sync = nullptr;  // cuda::GemvChain's barrier words (kGemvChainSyncWords)
   // fp8: the next GEMM's input as e4m3 codes [T, max(hidden, q_dim, inter)] and its per-token
   // scales [T].
   uint8_t* act8 = nullptr;
@@ -384,6 +385,7 @@ struct CudaWorker {
                    const float* w_scale, void* out, int64_t n, int64_t m, int64_t k);
   bool FuseNorm(cuda::GemvArgs& g, const float* resid, const float* norm) const;
   void NormBefore(cuda::GemvArgs& g, bool folded_in, const float* weight, int64_t n);
+  bool ChainMlp(const cuda::GemvArgs& o, const Layer& l, int64_t i, int64_t n);
   void FoldInto(cuda::GemvArgs& g, const float* weight) const;
   bool SmallStep(int64_t rows) const;
   // The layer's q/k/v bias and q/k norms for RopeAppendKv (none: all null).

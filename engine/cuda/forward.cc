@@ -158,6 +158,29 @@ void CudaWorker::FoldInto(cuda::GemvArgs& g, const float* weight) const {
   g.ring = false;  // the ring kernel does not fold
 }
 
+// o (folded into: GemvArgs::rms_partials), gate|up and down of layer i in one kernel
+// (cuda::GemvChain, opt.gemv_chain); down folds the next layer's input RMSNorm (after the last
+// layer the final norm's weight: its own kernel reads x, the fold's outputs go unread). False
+// (nothing enqueued) where the chain cannot run the shapes.
+bool CudaWorker::ChainMlp(const cuda::GemvArgs& o, const Layer& l, int64_t i, int64_t n) {
+  using E = cuda::GemvEpilogue;
+  cuda::GemvChainArgs c;
+  c.phase[0] = o;
+  c.phase[1] =
+      SmallArgs(E::kSiluMul, normed, nullptr, l.gate_up, l.gate_up_s, act, n, 2 * inter, hidden);
+  c.phase[1].rms_partials = rms_partials;
+  c.phase[1].rms_num_partials = (hidden + 3) / 4;
+  c.phase[2] = SmallArgs(E::kAccumulateF32, act, nullptr, l.down, l.down_s, x, n, hidden, inter);
+  FoldInto(c.phase[2], i + 1 < config.num_layers ? layers[size_t(i + 1)].input_norm : final_norm);
+  c.sync = chain_sync;
+  for (cuda::GemvArgs& g : c.phase) g.ring = false;
+  if (chain_sync == nullptr || !cuda::GemvChainSupports(c)) return false;
+  cuda::GemvChain(c, stream);
+  ++stats.gemv_folded_norms;  // gate|up's
+  ++stats.gemv_chains;
+  return true;
+}
+
 cuda::QkvPrologue CudaWorker::Prologue(const Layer& l) const {
   cuda::QkvPrologue pre{l.qkv_bias, l.q_norm, l.k_norm, float(config.rms_norm_eps)};
   pre.head_warps = opt.rope_head_warps;
@@ -186,8 +209,8 @@ void CudaWorker::RunModel(const Shape& s) {
   // fold wins where it applies and the prologue takes layer 0's q|k|v.
   const bool small = SmallStep(n);
   using E = cuda::GemvEpilogue;
-  const bool fold = small && opt.gemv_fold_norm && dtype == DType::kBF16 && shard.size == 1 &&
-                    rms_partials != nullptr && num_experts == 0;
+  const bool fold = small && (opt.gemv_fold_norm || opt.gemv_chain) && dtype == DType::kBF16 &&
+                    shard.size == 1 && rms_partials != nullptr && num_experts == 0;
   bool folded = false;  // normed and rms_partials hold x's folded RMSNorm for q|k|v
   combine_pending = false;
   cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream, embed_scale);
@@ -257,6 +280,10 @@ void CudaWorker::RunModel(const Shape& s) {
       cuda::GemvArgs o = SmallArgs(out_epilogue, attn, nullptr, l.o, l.o_s, out, n, hidden, q_dim);
       o.waves = 0;
       if (fold_here) FoldInto(o, l.post_norm);
+      if (fold_here && opt.gemv_chain && !sandwich && !gelu && !l.moe && ChainMlp(o, l, i, n)) {
+        folded = i + 1 < config.num_layers;
+        continue;
+      }
       cuda::Gemv(o, stream);
       add_out(l.attn_out_norm);
       AllReduceResidual(n);

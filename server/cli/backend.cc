@@ -96,6 +96,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "them (the residual projections write the next norm's input and sums of "
                 "squares) instead of running them as kernels of their own (measured slower on "
                 "the H200)");
+  cmd->add_flag("--gemv-chain", gemv_chain,
+                "cuda, bf16 activations, one GPU: on GEMV steps, run each dense layer's o, "
+                "gate|up and down projections as one persistent kernel with grid barriers "
+                "between them (implies --gemv-fold-norm)");
   cmd->add_flag("--rope-head-warps,!--no-rope-head-warps", rope_head_warps,
                 "cuda, per-head q/k norms (Qwen3) at head_dim 64/128/256: RoPE and the KV "
                 "append with one warp per head (the default; H100, Qwen3-30B-A3B batch-1 decode "
@@ -221,6 +225,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_max_tokens = f.gemv_max_tokens;
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
+  o.gemv_chain = f.gemv_chain;
   o.gemv_ring = f.gemv_ring;
   o.gemv_ring_kib = f.gemv_ring_kib;
   o.rope_head_warps = f.rope_head_warps;

@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/gemv/gemv.h"
 #include "kernels/cuda/ops/model_ops.h"
 #include "kernels/dtype.h"
@@ -419,6 +420,179 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvFoldGpu,
                                 << (c.fp8 ? "_fp8" : "");
                            return name.str();
                          });
+
+// The chained MLP (cuda::GemvChain): o (+ residual, producing the folded RMSNorm), gate|up
+// (+ SiLU·mul, consuming it) and down (+ residual, producing the next one) in one persistent
+// kernel with grid barriers, against the same three GemvArgs on the register kernel, one
+// launch each: every output bit for bit (the residual, the next norm's input, the partials,
+// the activation), on grids of 1 to 7 CTAs, the default grid (larger than o's and down's
+// groups where hidden is small: CTAs with no item in a phase still meet every barrier) and
+// 20 replays of a CUDA graph under programmatic dependent launch (the barrier's counters back
+// at zero after every launch).
+struct ChainCase {
+  int n;
+  int64_t q_dim, hidden, inter;
+  bool fp8;
+};
+
+class GemvChainGpu : public ::testing::TestWithParam<ChainCase> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda::DeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
+  }
+};
+
+TEST_P(GemvChainGpu, EqualsThreeFoldedGemvsBitForBit) {
+  const ChainCase c = GetParam();
+  const DType bf = DType::kBF16;
+  std::mt19937 rng(c.n * 31 + c.hidden + c.inter);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t n = c.n, h = c.hidden, groups = (h + 3) / 4;
+  const std::vector<uint16_t> attn = RandomHalf(bf, size_t(n * c.q_dim), 1.f, rng);
+  std::vector<float> x0(static_cast<size_t>(n * h)), g1(static_cast<size_t>(h)),
+      g2(static_cast<size_t>(h));
+  for (float& v : x0) v = 2.f * dist(rng);
+  for (float& v : g1) v = 1.f + 0.3f * dist(rng);
+  for (float& v : g2) v = 1.f + 0.3f * dist(rng);
+  const FoldWeights wo = MakeFoldWeights(h, c.q_dim, c.fp8, rng);
+  const FoldWeights wgu = MakeFoldWeights(2 * c.inter, h, c.fp8, rng);
+  const FoldWeights wd = MakeFoldWeights(h, c.inter, c.fp8, rng);
+  uint16_t* dattn = Upload(attn);
+  float* dx = Upload(x0);
+  float* dx0 = Upload(x0);
+  float* dg1 = Upload(g1);
+  float* dg2 = Upload(g2);
+  uint16_t* dnormed = Upload(std::vector<uint16_t>(size_t(n * h)));
+  float* dpart = Upload(std::vector<float>(size_t(n * groups)));
+  uint16_t* dact = Upload(std::vector<uint16_t>(size_t(n * c.inter)));
+  unsigned* dsync = Upload(std::vector<unsigned>(cuda::kGemvChainSyncWords, 0u));
+  cuda::GemvChainArgs ch;
+  cuda::GemvArgs& o = ch.phase[0];
+  o = Args(E::kAccumulateF32, dattn, wo.w, wo.scale, dx, n, h, c.q_dim, bf);
+  o.rms_weight = dg1;
+  o.rms_x = dnormed;
+  o.rms_partials = dpart;
+  cuda::GemvArgs& gu = ch.phase[1];
+  gu = Args(E::kSiluMul, dnormed, wgu.w, wgu.scale, dact, n, 2 * c.inter, h, bf);
+  gu.rms_partials = dpart;
+  gu.rms_num_partials = groups;
+  gu.eps = 1e-5f;
+  cuda::GemvArgs& down = ch.phase[2];
+  down = Args(E::kAccumulateF32, dact, wd.w, wd.scale, dx, n, h, c.inter, bf);
+  down.rms_weight = dg2;
+  down.rms_x = dnormed;
+  down.rms_partials = dpart;
+  ch.sync = dsync;
+  ASSERT_TRUE(cuda::GemvChainSupports(ch));
+  auto reset = [&](cudaStream_t s) {  // the residual from x0, the other outputs poisoned
+    LLM_CUDA_CHECK(cudaMemcpyAsync(dx, dx0, size_t(n * h) * 4, cudaMemcpyDeviceToDevice, s));
+    LLM_CUDA_CHECK(cudaMemsetAsync(dnormed, 0xff, size_t(n * h) * 2, s));
+    LLM_CUDA_CHECK(cudaMemsetAsync(dpart, 0xff, size_t(n * groups) * 4, s));
+    LLM_CUDA_CHECK(cudaMemsetAsync(dact, 0xff, size_t(n * c.inter) * 2, s));
+  };
+  auto outputs = [&] {
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint32_t> bits;
+    for (float v : Download<float>(dx, size_t(n * h))) bits.push_back(std::bit_cast<uint32_t>(v));
+    for (uint16_t v : Download<uint16_t>(dnormed, size_t(n * h))) bits.push_back(v);
+    for (float v : Download<float>(dpart, size_t(n * groups)))
+      bits.push_back(std::bit_cast<uint32_t>(v));
+    for (uint16_t v : Download<uint16_t>(dact, size_t(n * c.inter))) bits.push_back(v);
+    return bits;
+  };
+  // Differing words, and where: the residual, the next norm's input, the partials, the
+  // activation.
+  const size_t ends[4] = {size_t(n * h), size_t(2 * n * h), size_t(2 * n * h + n * groups),
+                          size_t(2 * n * h + n * groups + n * c.inter)};
+  auto differ = [&](const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+    size_t d[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] == b[i]) continue;
+      int part = 0;
+      while (i >= ends[part]) ++part;
+      ++d[part];
+    }
+    if (d[0] + d[1] + d[2] + d[3] == 0) return std::string("none");
+    return "x " + std::to_string(d[0]) + ", normed " + std::to_string(d[1]) + ", partials " +
+           std::to_string(d[2]) + ", act " + std::to_string(d[3]);
+  };
+  // The reference: the register kernel, one launch per phase.
+  reset(nullptr);
+  for (const cuda::GemvArgs& g : ch.phase) cuda::Gemv(g, nullptr);
+  const std::vector<uint32_t> want = outputs();
+  for (int ctas : {1, 2, 3, 7, 0}) {
+    reset(nullptr);
+    cuda::GemvChainArgs cc = ch;
+    cc.max_ctas = ctas;
+    cuda::GemvChain(cc, nullptr);
+    EXPECT_EQ(differ(outputs(), want), "none")
+        << (ctas > 0 ? std::to_string(ctas) : "all") << " CTAs";
+    std::vector<unsigned> words = Download<unsigned>(dsync, cuda::kGemvChainSyncWords);
+    words[0] = 0;  // the generation word only grows
+    EXPECT_EQ(words, std::vector<unsigned>(words.size(), 0u)) << "counters back at zero";
+  }
+  // Under PDL in a graph: reset, then two chains (the second reads what the first wrote: PDL
+  // between them), replayed; against the register kernel's six launches.
+  cudaStream_t stream = nullptr;
+  LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::SetProgrammaticLaunch(true);
+  cudaGraph_t graph = nullptr;
+  LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  reset(stream);
+  cuda::GemvChain(ch, stream);
+  cuda::GemvChain(ch, stream);  // twice: the second one's inputs are the first one's outputs
+  LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cuda::SetProgrammaticLaunch(false);
+  reset(nullptr);
+  for (int i = 0; i < 2; ++i) {
+    for (const cuda::GemvArgs& g : ch.phase) cuda::Gemv(g, nullptr);
+  }
+  const std::vector<uint32_t> twice = outputs();
+  cudaGraphExec_t exec = nullptr;
+  LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 20; ++r) {
+    LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    ASSERT_EQ(differ(outputs(), twice), "none") << "replay " << r;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  // What it refuses: no counters, a phase out of its role.
+  cuda::GemvChainArgs bad = ch;
+  bad.sync = nullptr;
+  EXPECT_FALSE(cuda::GemvChainSupports(bad));
+  EXPECT_THROW(cuda::GemvChain(bad, nullptr), std::invalid_argument);
+  bad = ch;
+  bad.phase[1].rms_partials = nullptr;
+  EXPECT_FALSE(cuda::GemvChainSupports(bad));
+  bad = ch;
+  bad.phase[2].w_scale = c.fp8 ? nullptr : dg2;
+  EXPECT_FALSE(cuda::GemvChainSupports(bad));
+  for (void* d : {static_cast<void*>(dattn), static_cast<void*>(dx), static_cast<void*>(dx0),
+                  static_cast<void*>(dg1), static_cast<void*>(dg2), static_cast<void*>(dnormed),
+                  static_cast<void*>(dpart), static_cast<void*>(dact), static_cast<void*>(dsync),
+                  wo.w, static_cast<void*>(wo.scale), wgu.w, static_cast<void*>(wgu.scale), wd.w,
+                  static_cast<void*>(wd.scale)})
+    cudaFree(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemvChainGpu,
+    ::testing::Values(ChainCase{1, 4096, 4096, 11008, false}, ChainCase{1, 4096, 4096, 11008, true},
+                      ChainCase{2, 1024, 1032, 2752, false},
+                      ChainCase{3, 512, 80, 1008, true},  // 20 groups
+                      ChainCase{8, 2048, 2048, 5632, false}, ChainCase{5, 2048, 2048, 5632, true},
+                      ChainCase{8, 256, 256, 512, true}, ChainCase{5, 256, 256, 512, true},
+                      ChainCase{5, 256, 256, 512, false}, ChainCase{4, 64, 64, 96, false}),
+    [](const auto& info) {
+      const ChainCase& c = info.param;
+      std::ostringstream name;
+      name << "n" << c.n << "_q" << c.q_dim << "_h" << c.hidden << "_i" << c.inter
+           << (c.fp8 ? "_fp8" : "");
+      return name.str();
+    });
 
 }  // namespace
 }  // namespace llm::test::gemv

@@ -161,4 +161,37 @@ bool GemvSupports(const GemvArgs& a);
 // enabled); std::invalid_argument when !GemvSupports(a).
 void Gemv(const GemvArgs& a, cudaStream_t stream);
 
+// The MLP half of a decode layer in one persistent kernel (gemv_chain.cu, --gemv-chain): o, then
+// gate|up, then down, each what Gemv(phase[p]) computes, bit for bit, with a grid barrier
+// between phases instead of a kernel boundary (and of the RMSNorm kernel: the norm is folded,
+// GemvArgs::rms_partials). Every CTA streams its first weights of the next phase before it
+// waits at the barrier, as a GEMV does before PdlWait, and no CTA gives its SM slot up between
+// phases, so no phase waits for its CTAs to become resident. Per layer 3 kernels (q|k|v,
+// attention, this) instead of 7 (5 with the fold alone). The grid is at most one co-resident
+// wave (occupancy × SMs), so the barriers cannot wait on a CTA that has no slot; CTAs of other
+// kernels may delay it, not block it.
+inline constexpr int kGemvChainPhases = 3;
+inline constexpr int kGemvChainSubgroups = 32;  // barrier arrivals spread over 32 counters
+inline constexpr int kGemvChainLineWords = 32;  // one counter per 128-byte line
+inline constexpr int kGemvChainSyncWords = (2 + kGemvChainSubgroups) * kGemvChainLineWords;
+struct GemvChainArgs {
+  // o: kAccumulateF32, the folded RMSNorm's producer (rms_weight, rms_x, rms_partials);
+  // gate|up: kSiluMul, its consumer (x = o's rms_x, the same rms_partials); down:
+  // kAccumulateF32, a producer again (for the next layer's q|k|v, or the final norm's weight).
+  // bf16, the same n and weight format (all e4m3 or none); ring, waves and max_ctas ignored.
+  GemvArgs phase[kGemvChainPhases];
+  // The grid barrier's words (kGemvChainSyncWords, 16-byte aligned), zero before the first
+  // launch (cudaMemset once): its counters return to zero at every barrier, its generation word
+  // only grows. Chains may share them, one at a time (in one stream: each waits for the kernels
+  // before it).
+  unsigned* sync = nullptr;
+  int max_ctas = 0;  // > 0: at most this many CTAs (tests: many groups per CTA)
+};
+
+// True when GemvChain can run c (each phase GemvSupports it, with the roles above).
+bool GemvChainSupports(const GemvChainArgs& c);
+
+// Asynchronous on `stream` (cuda::Launch); std::invalid_argument when !GemvChainSupports(c).
+void GemvChain(const GemvChainArgs& c, cudaStream_t stream);
+
 }  // namespace llm::cuda

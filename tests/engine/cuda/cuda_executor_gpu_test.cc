@@ -98,7 +98,8 @@ struct LogitsCase {
   DType dtype;
   bool gemv = false;  // small steps on kernels/cuda/gemv/gemv.h (the default) instead of cuBLASLt
   // GEMV steps' RMSNorms: 0 their own kernels (the default), 1 folded into the GEMVs around
-  // them (--gemv-fold-norm), 2 in the GEMVs' prologues (--gemv-norm-prologue)
+  // them (--gemv-fold-norm), 2 in the GEMVs' prologues (--gemv-norm-prologue), 3 folded with
+  // o, gate|up and down in one kernel (--gemv-chain)
   // (stories260K has no GEMV path: its intermediate size 172 is not a multiple of 8)
   int norm = 0;
   bool tune = false;  // gemm_autotune: cuBLASLt algorithms timed at start-up
@@ -109,6 +110,7 @@ std::string CaseName(const ::testing::TestParamInfo<LogitsCase>& info) {
          (info.param.gemv ? "_gemv" : "_cublaslt") +
          (info.param.norm == 1   ? "_foldnorm"
           : info.param.norm == 2 ? "_normprologue"
+          : info.param.norm == 3 ? "_chain"
                                  : "") +
          (info.param.tune ? "_autotune" : "");
 }
@@ -123,6 +125,7 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   CudaExecutorOptions o = SmallOptions(c.dtype);
   o.gemv_max_tokens = c.gemv ? 8 : 0;
   o.gemv_fold_norm = c.norm == 1;
+  o.gemv_chain = c.norm == 3;
   o.gemv_norm_prologue = c.norm == 2;
   o.gemm_autotune = c.tune;
   auto ex = CudaExecutor::Create(dir, o);
@@ -142,7 +145,8 @@ TEST_P(CudaLogits, EveryPositionMatchesCpuWithinHfHalfPrecisionTolerance) {
   const CudaExecutorStats st = ex->stats();
   EXPECT_GT(st.graph_steps, 0) << "decode steps should replay CUDA graphs";
   // The RMSNorm path the case asks for was taken (not a silent fallback to the kernel).
-  EXPECT_EQ(st.gemv_folded_norms > 0, c.norm == 1) << st.gemv_folded_norms;
+  EXPECT_EQ(st.gemv_folded_norms > 0, c.norm == 1 || c.norm == 3) << st.gemv_folded_norms;
+  EXPECT_EQ(st.gemv_chains > 0, c.norm == 3) << st.gemv_chains;
   EXPECT_EQ(st.gemv_prologue_norms > 0, c.norm == 2) << st.gemv_prologue_norms;
   // Tuning timed the decode graphs' GEMM shapes (cuBLASLt decode steps here: every batch
   // size runs GEMMs).
@@ -157,7 +161,8 @@ INSTANTIATE_TEST_SUITE_P(
         LogitsCase{"hd64", DType::kBF16}, LogitsCase{"hd128", DType::kBF16, true},
         LogitsCase{"hd128", DType::kF16, true}, LogitsCase{"hd64", DType::kBF16, true},
         LogitsCase{"hd64", DType::kF16, true}, LogitsCase{"hd128", DType::kBF16, true, 1},
-        LogitsCase{"hd64", DType::kBF16, true, 1}, LogitsCase{"hd128", DType::kBF16, true, 2},
+        LogitsCase{"hd64", DType::kBF16, true, 1}, LogitsCase{"hd128", DType::kBF16, true, 3},
+        LogitsCase{"hd64", DType::kBF16, true, 3}, LogitsCase{"hd128", DType::kBF16, true, 2},
         LogitsCase{"hd128", DType::kBF16, false, 0, true},
         LogitsCase{"hd64", DType::kF16, false, 0, true}, LogitsCase{"hd64", DType::kF16, true, 2}),
     CaseName);
@@ -468,6 +473,31 @@ TEST_F(CudaExecutorTest, RingGemvIsBitIdenticalToTheRegisterKernel) {
       for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
       EXPECT_EQ(differ, 0u) << name << (fp8 ? " fp8" : " bf16")
                             << ": logits differing between the ring and register GEMVs";
+    }
+  }
+}
+
+// --gemv-chain: o, gate|up and down in one kernel with grid barriers (cuda::GemvChain) compute
+// what the folded RMSNorm's three GEMV launches compute, bit for bit (and the path was taken).
+TEST_F(CudaExecutorTest, ChainedMlpIsBitIdenticalToTheFoldedNorm) {
+  for (const char* name : {"hd128", "hd64"}) {
+    for (bool fp8 : {false, true}) {
+      const std::vector<int> ids = ReferenceIds();
+      CudaExecutorOptions o = SmallOptions(DType::kBF16, true);
+      o.programmatic_launch = true;
+      o.fp8_weights = fp8;
+      o.gemv_fold_norm = true;
+      o.gemv_chain = true;
+      auto chained = CudaExecutor::Create(ModelDir(name), o);
+      std::vector<float> a = AllLogits(*chained, ids, 17);
+      EXPECT_GT(chained->stats().gemv_chains, 0) << name;
+      o.gemv_chain = false;
+      std::vector<float> b = AllLogits(*CudaExecutor::Create(ModelDir(name), o), ids, 17);
+      ASSERT_EQ(a.size(), b.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+      EXPECT_EQ(differ, 0u) << name << (fp8 ? " fp8" : " bf16")
+                            << ": logits differing between the chained and the folded GEMVs";
     }
   }
 }
