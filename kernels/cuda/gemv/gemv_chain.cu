@@ -61,9 +61,14 @@ struct ChainPlan {
 // the generation word that every CTA polls. So every counter is zero between barriers and
 // between launches, and no launch needs a reset at its end. Writes before the barrier
 // (epilogues, fold outputs) are released by the fences before each arrival and acquired by the
-// poll; the CTA barriers order the other threads around thread 0.
+// poll; the CTA barriers order the other threads around thread 0. They are volatile asm
+// (NamedBarrier), not __syncthreads(): the e4m3 kernel's activation loads are volatile asm
+// without a memory clobber (LoadInOrder), which the compiler may move across __syncthreads()
+// but not across another volatile asm; hoisted above the barrier they read the previous phase's
+// output before it is written (seen on the H100: n = 5, e4m3 weights, thousands of wrong words).
+template <int kThreads>
 __device__ __forceinline__ void GridBarrier(unsigned* sync) {
-  __syncthreads();
+  NamedBarrier(0, kThreads);
   if (threadIdx.x == 0) {
     unsigned* generation = sync;
     unsigned* top = sync + kGemvChainLineWords;
@@ -89,7 +94,7 @@ __device__ __forceinline__ void GridBarrier(unsigned* sync) {
     } while (seen == gen);
     __threadfence();
   }
-  __syncthreads();
+  NamedBarrier(0, kThreads);
 }
 
 template <typename W, int N>
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
   // The phase whose items run now; entering phase p passes the barriers before it.
   int phase = 0;
   auto enter = [&](int p) {
-    for (; phase < p; ++phase) GridBarrier(c.sync);
+    for (; phase < p; ++phase) GridBarrier<W::kThreads>(c.sync);
     if (p == 1) consume_partials();
   };
   // Producer phases: warp 0's lane (r, t) holds y[t, j] and the next RMSNorm's weight[j] of
@@ -263,7 +268,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
     }
   }
   // The barriers after this CTA's last items (the others wait on them).
-  for (; phase < kPhases - 1; ++phase) GridBarrier(c.sync);
+  for (; phase < kPhases - 1; ++phase) GridBarrier<W::kThreads>(c.sync);
 }
 
 template <typename W, int N>
