@@ -176,13 +176,15 @@ void TimeGemv(llm::cuda::Gemm& gemm, int64_t m, int64_t k, llm::cuda::GemvEpilog
 // The linear layers of a batch-1 decode step as they run in the executor: per layer RMSNorm,
 // q|k|v, o (+ residual), RMSNorm, gate|up (+ SiLU·mul), down (+ residual), every layer's
 // weights distinct (so the whole set streams from HBM, as in a real step), captured in one
-// CUDA graph. Thirteen ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
+// CUDA graph. Seventeen ways: cuBLASLt (+ RMSNorm and SiluMul kernels), our GEMV (+ RMSNorm
 // kernels) with plain launches, the same with programmatic dependent launch, that with the
 // RMSNorms in the GEMV prologues instead, and the executor's way (PDL) with fp8 weights
 // (--quantization fp8: half the bytes; weight_bytes counts the codes, not the per-row scales);
 // then the executor's bf16 and fp8 ways with one CTA per row group (the GEMV's grid before it
 // became a persistent wave), then both on the ring kernel (GemvArgs::ring, --gemv-ring) with
-// rings of 48, 96 and 192 KiB.
+// rings of 48, 96 and 192 KiB; then the RMSNorms folded into the GEMVs (--gemv-fold-norm:
+// no RMSNorm kernel after layer 0) and that with o, gate|up and down as one persistent kernel
+// (cuda::GemvChain, --gemv-chain), bf16 and fp8.
 // Reports ms per step and weight TB/s; attention and RoPE are left out, so this is the linear
 // layers' share of the batch-1 roofline.
 void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, int64_t hidden,
@@ -222,6 +224,7 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
     const char* name;
     bool fp8 = false, per_group = false;
     int ring_kib = 0;  // > 0: the ring kernel
+    int fold = 0;      // 1: the folded RMSNorm, 2: that and the chained MLP
   };
   const Impl impls[] = {{"cublaslt"},
                         {"gemv"},
@@ -235,14 +238,26 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
                         {"gemv_ring192_pdl", false, false, 192},
                         {"gemv_ring48_pdl_fp8", true, false, 48},
                         {"gemv_ring96_pdl_fp8", true, false, 96},
-                        {"gemv_ring192_pdl_fp8", true, false, 192}};
+                        {"gemv_ring192_pdl_fp8", true, false, 192},
+                        {"gemv_pdl_fold", false, false, 0, 1},
+                        {"gemv_pdl_fold_fp8", true, false, 0, 1},
+                        {"gemv_pdl_chain", false, false, 0, 2},
+                        {"gemv_pdl_chain_fp8", true, false, 0, 2}};
+  float* partials = nullptr;
+  unsigned* sync = nullptr;
+  LLM_CUDA_CHECK(cudaMalloc(&partials, size_t((hidden + 3) / 4 * 4)));
+  LLM_CUDA_CHECK(cudaMalloc(&sync, size_t(cu::kGemvChainSyncWords * 4)));
+  LLM_CUDA_CHECK(cudaMemset(sync, 0, size_t(cu::kGemvChainSyncWords * 4)));
   for (int impl = 0; impl < int(std::size(impls)); ++impl) {
     const bool fp8 = impls[impl].fp8, per_group = impls[impl].per_group;
     const int ring_kib = impls[impl].ring_kib;
+    const int fold = impls[impl].fold;
     cu::SetProgrammaticLaunch(impl >= 2);
     // The matrix whose first weight is element `at` of the layer stack and whose first row is
     // row `row` of it: bf16 weights, or with fp8 the codes and scales at the same positions.
-    auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, int64_t at, int64_t row,
+    // One GEMV's arguments (with `fold`: producers, kAccumulateF32, write the next norm's input
+    // into `normed` and the partials; consumers read them).
+    auto args = [&](cu::GemvEpilogue e, const void* in, const float* norm, int64_t at, int64_t row,
                     void* out, int64_t m, int64_t k, bool is_o = false) {
       cu::GemvArgs g;
       g.waves = per_group || is_o ? 0 : 1;
@@ -259,7 +274,20 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
       g.n = 1;
       g.m = m;
       g.k = k;
-      cu::Gemv(g, stream);
+      if (fold > 0) {
+        g.rms_partials = partials;
+        if (e == cu::GemvEpilogue::kAccumulateF32) {
+          g.rms_weight = norm_w;
+          g.rms_x = normed;
+        } else {
+          g.rms_num_partials = (hidden + 3) / 4;
+        }
+      }
+      return g;
+    };
+    auto gemv = [&](cu::GemvEpilogue e, const void* in, const float* norm, int64_t at, int64_t row,
+                    void* out, int64_t m, int64_t k, bool is_o = false) {
+      cu::Gemv(args(e, in, norm, at, row, out, m, k, is_o), stream);
     };
     auto norm = [&] {
       cu::AddRmsNorm(x, nullptr, norm_w, normed, DType::kBF16, nullptr, 1, hidden, 1e-5f, stream);
@@ -281,6 +309,27 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
           gemm.Linear(normed, w + at_gu, gate_up, 1, 2 * inter, hidden, bf16, bf16, false, stream);
           cu::SiluMul(gate_up, act, 1, inter, bf16, stream);
           gemm.Linear(act, w + at_d, x, 1, hidden, inter, bf16, f32, true, stream);
+        } else if (fold > 0) {  // the folded RMSNorm (layer 0's input norm a kernel)
+          cu::GemvArgs g = args(E::kStore, normed, nullptr, at_qkv, row_qkv, qkv, qkv_dim, hidden);
+          if (l == 0) {  // as the executor: layer 0's input norm is a kernel, q|k|v reads it
+            norm();
+            g.rms_partials = nullptr;
+            g.rms_num_partials = 0;
+          }
+          cu::Gemv(g, stream);
+          if (fold == 2) {
+            cu::GemvChainArgs c;
+            c.phase[0] =
+                args(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden, true);
+            c.phase[1] = args(E::kSiluMul, normed, nullptr, at_gu, row_gu, act, 2 * inter, hidden);
+            c.phase[2] = args(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
+            c.sync = sync;
+            cu::GemvChain(c, stream);
+          } else {
+            gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden, true);
+            gemv(E::kSiluMul, normed, nullptr, at_gu, row_gu, act, 2 * inter, hidden);
+            gemv(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
+          }
         } else if (impl == 3) {  // the RMSNorms in the GEMV prologues
           gemv(E::kStore, x, norm_w, at_qkv, row_qkv, qkv, qkv_dim, hidden);
           gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden);
@@ -326,7 +375,8 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   }
   cu::SetProgrammaticLaunch(false);
   for (void* p : {w_all, w8_all, static_cast<void*>(scales_all), normed, qkv, gate_up, act,
-                  static_cast<void*>(x), static_cast<void*>(norm_w)})
+                  static_cast<void*>(x), static_cast<void*>(norm_w), static_cast<void*>(partials),
+                  static_cast<void*>(sync)})
     cudaFree(p);
   cudaStreamDestroy(stream);
   cudaEventDestroy(start);
