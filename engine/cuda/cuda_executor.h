@@ -140,6 +140,8 @@ struct CudaExecutorOptions {
   // The fold (implied) and o, gate|up and down of each dense layer in one persistent
   // kernel with grid barriers between them (cuda::GemvChain): 3 kernels per layer instead of 5.
   bool gemv_chain = false;
+  // GEMV steps: persistent grids of equal shares (cuda::GemvArgs::balanced).
+  bool gemv_balanced_grid = false;
   // Per-head q/k norms (Qwen3) at head_dim 64 / 128 / 256: RopeAppendKv with one warp per head
   // (cuda::QkvPrologue::head_warps) instead of one CTA per token: Qwen3-30B-A3B batch 1 3.962
   // ms/token against 4.091 (H100, 2026-12-06, bench/RESULTS.md).

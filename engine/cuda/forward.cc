@@ -82,6 +82,7 @@ cuda::GemvArgs CudaWorker::SmallArgs(cuda::GemvEpilogue epilogue, const void* in
   g.dtype = dtype;
   g.ring = opt.gemv_ring && norm == nullptr;
   g.ring_kib = opt.gemv_ring_kib;
+  g.balanced = opt.gemv_balanced_grid;
   return g;
 }
 

@@ -100,6 +100,9 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "cuda, bf16 activations, one GPU: on GEMV steps, run each dense layer's o, "
                 "gate|up and down projections as one persistent kernel with grid barriers "
                 "between them (implies --gemv-fold-norm)");
+  cmd->add_flag("--gemv-balanced-grid", gemv_balanced_grid,
+                "cuda: on GEMV steps, give every CTA of a persistent GEMV grid the same number "
+                "of row groups (fewer CTAs where the groups do not fill two per slot)");
   cmd->add_flag("--rope-head-warps,!--no-rope-head-warps", rope_head_warps,
                 "cuda, per-head q/k norms (Qwen3) at head_dim 64/128/256: RoPE and the KV "
                 "append with one warp per head (the default; H100, Qwen3-30B-A3B batch-1 decode "
@@ -226,6 +229,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_norm_prologue = f.gemv_norm_prologue;
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.gemv_chain = f.gemv_chain;
+  o.gemv_balanced_grid = f.gemv_balanced_grid;
   o.gemv_ring = f.gemv_ring;
   o.gemv_ring_kib = f.gemv_ring_kib;
   o.rope_head_warps = f.rope_head_warps;

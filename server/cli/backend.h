@@ -31,6 +31,7 @@ struct BackendFlags {
   bool gemv_norm_prologue = false;  // cuda: RMSNorm in the GEMV's prologue on GEMV steps
   bool gemv_fold_norm = false;      // cuda: the RMSNorms folded into the GEMVs around them
   bool gemv_chain = false;          // cuda: o, gate|up, down in one kernel (implies the fold)
+  bool gemv_balanced_grid = false;  // cuda: GEMV grids of equal shares per CTA
   bool gemv_ring = false;
   int gemv_ring_kib = 96;          // cuda: GEMV steps on the ring kernel (cuda::GemvArgs::ring)
   bool rope_head_warps = true;     // cuda: RoPE with per-head norms, one warp per head

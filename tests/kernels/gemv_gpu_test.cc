@@ -184,11 +184,17 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
   // scratch) and must give the same bits as one wave (the reduction order does not change);
   // then with one CTA per group (GemvArgs::waves = 0, the executor's o projection); then the
   // ring kernel (GemvArgs::ring: weights through shared memory; not with the prologue) on one
-  // wave and on 1 and 3 CTAs (the last with a 2-slot ring), whose slots are reused many times.
-  for (int run = 0; run < 7; ++run) {
-    const int ctas = run < 4 ? (run + 1) % 4 : run - 4 == 0 ? 0 : run - 4 == 1 ? 1 : 3;
-    const bool ring = run >= 4;
-    if (ring && c.norm) break;
+  // wave and on 1 and 3 CTAs (the last with a 2-slot ring), whose slots are reused many times;
+  // last the balanced wave (GemvArgs::balanced: fewer CTAs, equal shares).
+  for (int run = 0; run < 8; ++run) {
+    const bool balanced = run == 7;
+    const int ctas = balanced       ? 0
+                     : run < 4      ? (run + 1) % 4
+                     : run - 4 == 0 ? 0
+                     : run - 4 == 1 ? 1
+                                    : 3;
+    const bool ring = run >= 4 && !balanced;
+    if (ring && c.norm) continue;
     if (f32_out) {
       LLM_CUDA_CHECK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
     } else {
@@ -197,8 +203,9 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     cuda::GemvArgs few = a;
     few.max_ctas = ctas;
     few.ring = ring;
+    few.balanced = balanced;
     if (ring && ctas == 3) few.ring_kib = 1;  // the smallest ring: 2 slots, reused most
-    if (ctas == 0 && !ring) few.waves = 0;
+    if (ctas == 0 && !ring && !balanced) few.waves = 0;
     ASSERT_TRUE(cuda::GemvSupports(few));
     cuda::Gemv(few, nullptr);
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -211,7 +218,9 @@ TEST_P(GemvGpu, MatchesFloat64Reference) {
     }
     size_t differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], 4) != 0;
-    EXPECT_EQ(differ, 0u) << (ring ? "ring kernel, " : "")
+    EXPECT_EQ(differ, 0u) << (ring       ? "ring kernel, "
+                              : balanced ? "balanced, "
+                                         : "")
                           << (ctas > 0 ? std::to_string(ctas) + " CTAs"
                               : ring   ? std::string("one wave")
                                        : std::string("one CTA per group"));

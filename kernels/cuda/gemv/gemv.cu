@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -244,11 +243,8 @@ void LaunchPersistent(const GemvArgs& a, cudaStream_t stream) {
   const int64_t groups = NumGroups<E>(a);
   const int64_t slots = int64_t(NumSms()) * per_sm * a.waves;
   int64_t ctas = a.waves <= 0 ? groups : std::min(groups, slots);
-  // Balanced: as few CTAs as give the same number of groups per CTA, so that no CTA streams
-  // its last group alone while the rest of its SM is done (1,024 groups on 924 slots: 512 CTAs
-  // of 2, not 100 of 2 and 824 of 1).
-  static const bool balanced = std::getenv("LLM_GEMV_UNBALANCED") == nullptr;
-  if (balanced && a.waves > 0 && ctas > 0) {
+  // GemvArgs::balanced: as few CTAs as give the same number of groups per CTA.
+  if (a.balanced && a.waves > 0 && ctas > 0) {
     const int64_t per_cta = (groups + ctas - 1) / ctas;
     ctas = (groups + per_cta - 1) / per_cta;
   }

@@ -133,6 +133,12 @@ struct GemvArgs {
   int waves = 1;
   // > 0: at most this many CTAs (tests: many row groups per CTA).
   int max_ctas = 0;
+  // With waves > 0: as few CTAs as give every CTA the same number of row groups (± 1 only
+  // where they do not divide), so that no CTA streams a last group alone while the rest of its
+  // SM is done: 1,024 groups on 924 slots (e4m3 at 7 per SM) run as 512 CTAs of 2, not 100 of
+  // 2 beside 824 of 1. The register kernel only; the same bits (a group's sums do not depend on
+  // the grid). Not yet measured end to end (--gemv-balanced-grid).
+  bool balanced = false;
   // The ring kernel: the weights stream through a ring of stages in shared memory that one
   // producer warp fills with bulk copies (ring_kib per CTA, one CTA per SM × max(waves, 1)),
   // issued from the kernel's start, before PdlWait, and dependents may launch first thing.
