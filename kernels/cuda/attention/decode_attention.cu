@@ -679,38 +679,6 @@ __device__ __forceinline__ void SplitTiles(int total, int splits, int split, int
   count = base + (split < extra ? 1 : 0);
 }
 
-// Before PdlWait: the K and V rows of the first kPrefetchTiles tiles of this CTA's key range
-// into L2 (prefetch.global.L2: non-binding, no registers held), while the kernel before this
-// one (the q|k|v projection writing q and the new key's row) finishes, so the pipeline's first
-// copies after the wait hit L2 instead of HBM. The context length and the block table are the
-// step's inputs, written before the step's first kernel (by copies, or kernels that complete
-// before anything after them launches), never by the kernel before this one: reading them
-// here is safe. The window's first tile is taken from the same arithmetic as below.
-constexpr int kPrefetchTiles = 2;
-template <int D, int kElemBytes, int kTileKeys, int kThreads>
-__device__ __forceinline__ void PrefetchFirstTiles(const KernelArgs& a, int seq, int kv_head,
-                                                   int split) {
-  const int num_keys = a.context_lens[seq] + 1;
-  const int first_tile = int(VisibleKeyBegin(num_keys - 1, a.sliding_window)) / kTileKeys;
-  const int total_tiles = (num_keys + kTileKeys - 1) / kTileKeys - first_tile;
-  int tile_begin, num_tiles;
-  SplitTiles(total_tiles, a.num_splits, split, tile_begin, num_tiles);
-  const int key_begin = (first_tile + tile_begin) * kTileKeys;
-  const int key_end = min(num_keys, key_begin + min(num_tiles, kPrefetchTiles) * kTileKeys);
-  constexpr int kRowBytes = D * kElemBytes;
-  constexpr int kLinesPerRow = (kRowBytes + 127) / 128;
-  const int32_t* table = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
-  const int lines = (key_end - key_begin) * kLinesPerRow;
-  for (int i = threadIdx.x; i < 2 * lines; i += kThreads) {
-    const int kv = i / lines, rest = i % lines;
-    const int key = key_begin + rest / kLinesPerRow;
-    const int64_t row = int64_t(table[PageOf(a, key)]) * a.block_stride + kv_head * a.head_stride +
-                        int64_t(key % a.block_size) * D;
-    const unsigned char* base = static_cast<const unsigned char*>(kv == 0 ? a.k : a.v);
-    PrefetchL2(base + row * kElemBytes + (rest % kLinesPerRow) * 128);
-  }
-}
-
 // Grid: num_seqs × num_kv_heads × num_splits CTAs (flattened, split fastest); 128 threads.
 // kFp8: e4m3 pools, read as they are: the tiles stay e4m3 in shared memory (half the bytes)
 // and the tensor cores run in fp16 on fragments converted in registers (exact; q converted
@@ -738,6 +706,12 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   unsigned char* kv_smem = smem;
   int* page_smem = reinterpret_cast<int*>(smem + Tr::kKvSmemBytes);  // [kPageSlots][slot ints]
 
+  // PDL: let the next kernel start launching now (its PdlWait still waits for our completion),
+  // then wait for the previous kernel before the first read of q, the batch arrays, K/V or the
+  // workspace, and before any write (launch.h's contract). Both are no-ops without PDL.
+  PdlTrigger();
+  PdlWait();
+
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -745,15 +719,6 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   const int seq_head = blockIdx.x / a.num_splits;
   const int kv_head = seq_head % a.num_kv_heads;
   const int seq = seq_head / a.num_kv_heads;
-
-  // PDL: let the next kernel start launching now (its PdlWait still waits for our completion),
-  // then wait for the previous kernel before the first read of q or the workspace and before
-  // any write (launch.h's contract). Before it, only L2 prefetches of this CTA's first K/V
-  // tiles (PrefetchFirstTiles: non-binding, so a row the previous kernel is still writing is
-  // read after the wait all the same). Both are no-ops without PDL.
-  PdlTrigger();
-  PrefetchFirstTiles<D, Tr::kElemBytes, Tr::kTileKeys, Tr::kThreads>(a, seq, kv_head, split);
-  PdlWait();
 
   // Warm L2 with this CTA's share of the sequence's block-table row (the row's 128-byte lines
   // spread evenly over the splits): the page indices are read right after the context length
