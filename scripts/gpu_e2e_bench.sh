@@ -168,6 +168,15 @@ run latency_7b_b1_w8_ring 150 --model $C7 --num-requests 1 --min-input 128 --max
   --quantization fp8 --gemv-ring
 run latency_7b_b1_ring 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 --gemv-ring
+# The chained MLP (--gemv-chain: o, gate|up, down in one kernel, the RMSNorms folded), the fold
+# alone, and the balanced GEMV grid (--gemv-balanced-grid).
+for v in chain:--gemv-chain fold:--gemv-fold-norm balanced:--gemv-balanced-grid; do
+  run "latency_7b_b1_w8_${v%%:*}" 150 --model $C7 --num-requests 1 --min-input 128 \
+    --max-input 128 --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
+    --quantization fp8 "${v#*:}"
+  run "latency_7b_b1_${v%%:*}" 150 --model $C7 --num-requests 1 --min-input 128 --max-input 128 \
+    --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 "${v#*:}"
+done
 run latency_8b_b1_w8_ring 150 --model $C8 --num-requests 1 --min-input 128 --max-input 128 \
   --min-output 256 --max-output 256 --temperature 0 --warmup --max-num-seqs 256 \
   --quantization fp8 --gemv-ring

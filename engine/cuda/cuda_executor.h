@@ -139,6 +139,7 @@ struct CudaExecutorOptions {
   bool gemv_fold_norm = false;
   // The fold (implied) and o, gate|up and down of each dense layer in one persistent
   // kernel with grid barriers between them (cuda::GemvChain): 3 kernels per layer instead of 5.
+  // Off: its first version measured slower (H100, bench/RESULTS.md).
   bool gemv_chain = false;
   // GEMV steps: persistent grids of equal shares (cuda::GemvArgs::balanced).
   bool gemv_balanced_grid = false;

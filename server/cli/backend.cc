@@ -99,10 +99,12 @@ void BackendFlags::AddTo(CLI::App* cmd) {
   cmd->add_flag("--gemv-chain", gemv_chain,
                 "cuda, bf16 activations, one GPU: on GEMV steps, run each dense layer's o, "
                 "gate|up and down projections as one persistent kernel with grid barriers "
-                "between them (implies --gemv-fold-norm)");
+                "between them (implies --gemv-fold-norm; its first version measured slower on "
+                "the H100)");
   cmd->add_flag("--gemv-balanced-grid", gemv_balanced_grid,
                 "cuda: on GEMV steps, give every CTA of a persistent GEMV grid the same number "
-                "of row groups (fewer CTAs where the groups do not fill two per slot)");
+                "of row groups (fewer CTAs where the groups do not fill two per slot; not yet "
+                "measured)");
   cmd->add_flag("--rope-head-warps,!--no-rope-head-warps", rope_head_warps,
                 "cuda, per-head q/k norms (Qwen3) at head_dim 64/128/256: RoPE and the KV "
                 "append with one warp per head (the default; H100, Qwen3-30B-A3B batch-1 decode "

@@ -175,7 +175,11 @@ void Gemv(const GemvArgs& a, cudaStream_t stream);
 // phases, so no phase waits for its CTAs to become resident. Per layer 3 kernels (q|k|v,
 // attention, this) instead of 7 (5 with the fold alone). The grid is at most one co-resident
 // wave (occupancy × SMs), so the barriers cannot wait on a CTA that has no slot; CTAs of other
-// kernels may delay it, not block it.
+// kernels may delay it, not block it. Measured slower in its first version (one arrival counter
+// for the whole grid, reset at the end; H100, Llama-2-7B batch 1: bf16 5.32 ms/token against
+// 4.98 with the defaults and 5.01 with the fold alone; e4m3 3.63 against 3.08 and 3.14;
+// bench/NOTEBOOK.md), so it is opt-in; the barrier since (subgroup counters, no reset) has not
+// run on a GPU yet.
 inline constexpr int kGemvChainPhases = 3;
 inline constexpr int kGemvChainSubgroups = 32;  // barrier arrivals spread over 32 counters
 inline constexpr int kGemvChainLineWords = 32;  // one counter per 128-byte line
