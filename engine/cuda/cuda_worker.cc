@@ -134,7 +134,8 @@ void CudaWorker::AllocActivations() {
   rms_partials = Alloc<float>(cuda::kGemvMaxTokens * ((hidden + 3) / 4) * 4);
   if (opt.gemv_chain) {  // zero once; shared by the layers' chains, one at a time
     chain_sync = Alloc<unsigned>(cuda::kGemvChainSyncWords * 4);
-    LLM_CUDA_CHECK(cudaMemset(chain_sync, 0, size_t(cuda::kGemvChainSyncWords) * 4));
+    LLM_CUDA_CHECK(cudaMemsetAsync(chain_sync, 0, size_t(cuda::kGemvChainSyncWords) * 4, stream));
+    LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   if (fp8) {
     act8 = Alloc<uint8_t>(T * std::max({hidden, q_dim, inter}));

@@ -161,8 +161,10 @@ void CudaWorker::FoldInto(cuda::GemvArgs& g, const float* weight) const {
 
 // o (folded into: GemvArgs::rms_partials), gate|up and down of layer i in one kernel
 // (cuda::GemvChain, opt.gemv_chain); down folds the next layer's input RMSNorm (after the last
-// layer the final norm's weight: its own kernel reads x, the fold's outputs go unread). False
-// (nothing enqueued) where the chain cannot run the shapes.
+// layer the final norm's weight: its own kernel reads x, the fold's outputs go unread; there
+// the fold path's last down adds with RED, which flushes subnormals, so the two paths agree bit
+// for bit except on subnormal residuals). False (nothing enqueued) where the chain cannot run
+// the shapes.
 bool CudaWorker::ChainMlp(const cuda::GemvArgs& o, const Layer& l, int64_t i, int64_t n) {
   using E = cuda::GemvEpilogue;
   cuda::GemvChainArgs c;

@@ -570,6 +570,9 @@ TEST_P(GemvChainGpu, EqualsThreeFoldedGemvsBitForBit) {
   bad = ch;
   bad.phase[2].w_scale = c.fp8 ? nullptr : dg2;
   EXPECT_FALSE(cuda::GemvChainSupports(bad));
+  bad = ch;
+  bad.phase[2].x = dnormed;  // down must read gate|up's output
+  EXPECT_FALSE(cuda::GemvChainSupports(bad));
   for (void* d : {static_cast<void*>(dattn), static_cast<void*>(dx), static_cast<void*>(dx0),
                   static_cast<void*>(dg1), static_cast<void*>(dg2), static_cast<void*>(dnormed),
                   static_cast<void*>(dpart), static_cast<void*>(dact), static_cast<void*>(dsync),

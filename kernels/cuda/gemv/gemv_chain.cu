@@ -61,11 +61,8 @@ struct ChainPlan {
 // the generation word that every CTA polls. So every counter is zero between barriers and
 // between launches, and no launch needs a reset at its end. Writes before the barrier
 // (epilogues, fold outputs) are released by the fences before each arrival and acquired by the
-// poll; the CTA barriers order the other threads around thread 0. They are volatile asm
-// (NamedBarrier), not __syncthreads(): the e4m3 kernel's activation loads are volatile asm
-// without a memory clobber (LoadInOrder), which the compiler may move across __syncthreads()
-// but not across another volatile asm; hoisted above the barrier they read the previous phase's
-// output before it is written (seen on the H100: n = 5, e4m3 weights, thousands of wrong words).
+// poll (relaxed loads with a short back-off, then a fence: not an acquire per poll); the CTA
+// barriers (bar.sync in volatile asm) order the other threads around thread 0.
 template <int kThreads>
 __device__ __forceinline__ void GridBarrier(unsigned* sync) {
   NamedBarrier(0, kThreads);
@@ -89,10 +86,12 @@ __device__ __forceinline__ void GridBarrier(unsigned* sync) {
       }
     }
     unsigned seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(generation) : "memory");
-    } while (seen == gen);
-    __threadfence();
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(generation) : "memory");
+    while (seen == gen) {
+      __nanosleep(20);
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(generation) : "memory");
+    }
+    __threadfence();  // acquire: the other CTAs' writes before their arrivals
   }
   NamedBarrier(0, kThreads);
 }
@@ -312,9 +311,13 @@ bool GemvChainSupports(const GemvChainArgs& c) {
       return false;
     }
   }
-  // Producers (o, down: GemvSupports checked their outputs) around the consumer.
+  // Producers (o, down: GemvSupports checked their outputs) around the consumer, wired as a
+  // layer's MLP: gate|up reads o's norm output and partials, down reads gate|up's output and
+  // adds into o's residual.
   return c.sync != nullptr && o.epilogue == E::kAccumulateF32 && gu.epilogue == E::kSiluMul &&
-         down.epilogue == E::kAccumulateF32;
+         down.epilogue == E::kAccumulateF32 && gu.x == o.rms_x &&
+         gu.rms_partials == o.rms_partials && down.rms_partials == o.rms_partials &&
+         down.x == gu.y && down.y == o.y && gu.k == o.m && down.m == o.m && down.k == gu.m / 2;
 }
 
 void GemvChain(const GemvChainArgs& c, cudaStream_t stream) {

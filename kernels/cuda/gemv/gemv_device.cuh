@@ -335,12 +335,16 @@ struct ScaleSlots {
     }
   }
   // In warp 0 (all lanes): the sum v of row r of group gi times its scale (s = scale · sum,
-  // before any rounding) where `mine`.
+  // before any rounding) where `mine`. A product rounded on its own (__fmul_rn: never
+  // contracted into an FMA with what the epilogue adds next, such as the folded residual's
+  // xold + s): where every lane is `mine` (kRows · N = 32) the compiler fused it into
+  // fma(sum, scale, xold) in one kernel and not in another, and fused it at n = 8 but not at
+  // n <= 4 (a token's residual depended on the batch size).
   __device__ __forceinline__ float Apply(int gi, int r, bool mine, float v) const {
     const int slot = gi % 3;
     const float held = slot == 0 ? s0 : slot == 1 ? s1 : s2;
     const float sc = __shfl_sync(0xffffffffu, held, r % kRows);
-    return mine ? v * sc : v;
+    return mine ? __fmul_rn(v, sc) : v;
   }
 };
 

@@ -477,31 +477,6 @@ TEST_F(CudaExecutorTest, RingGemvIsBitIdenticalToTheRegisterKernel) {
   }
 }
 
-// --gemv-chain: o, gate|up and down in one kernel with grid barriers (cuda::GemvChain) compute
-// what the folded RMSNorm's three GEMV launches compute, bit for bit (and the path was taken).
-TEST_F(CudaExecutorTest, ChainedMlpIsBitIdenticalToTheFoldedNorm) {
-  for (const char* name : {"hd128", "hd64"}) {
-    for (bool fp8 : {false, true}) {
-      const std::vector<int> ids = ReferenceIds();
-      CudaExecutorOptions o = SmallOptions(DType::kBF16, true);
-      o.programmatic_launch = true;
-      o.fp8_weights = fp8;
-      o.gemv_fold_norm = true;
-      o.gemv_chain = true;
-      auto chained = CudaExecutor::Create(ModelDir(name), o);
-      std::vector<float> a = AllLogits(*chained, ids, 17);
-      EXPECT_GT(chained->stats().gemv_chains, 0) << name;
-      o.gemv_chain = false;
-      std::vector<float> b = AllLogits(*CudaExecutor::Create(ModelDir(name), o), ids, 17);
-      ASSERT_EQ(a.size(), b.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-      EXPECT_EQ(differ, 0u) << name << (fp8 ? " fp8" : " bf16")
-                            << ": logits differing between the chained and the folded GEMVs";
-    }
-  }
-}
-
 // The engine on each backend; returns each request's tokens.
 std::vector<std::vector<int>> RunEngine(std::unique_ptr<ModelExecutor> ex,
                                         const std::vector<Request>& requests, bool together,
@@ -545,6 +520,44 @@ std::vector<Request> GreedyRequests(int count, int max_tokens) {
     out.push_back(r);
   }
   return out;
+}
+
+// --gemv-chain: o, gate|up and down in one kernel with grid barriers (cuda::GemvChain) compute
+// what the folded RMSNorm's three GEMV launches compute, bit for bit (and the path was taken).
+TEST_F(CudaExecutorTest, ChainedMlpIsBitIdenticalToTheFoldedNorm) {
+  for (const char* name : {"hd128", "hd64"}) {
+    for (bool fp8 : {false, true}) {
+      const std::vector<int> ids = ReferenceIds();
+      CudaExecutorOptions o = SmallOptions(DType::kBF16, true);
+      o.programmatic_launch = true;
+      o.fp8_weights = fp8;
+      o.gemv_fold_norm = true;
+      o.gemv_chain = true;
+      auto chained = CudaExecutor::Create(ModelDir(name), o);
+      std::vector<float> a = AllLogits(*chained, ids, 17);
+      EXPECT_GT(chained->stats().gemv_chains, 0) << name;
+      o.gemv_chain = false;
+      std::vector<float> b = AllLogits(*CudaExecutor::Create(ModelDir(name), o), ids, 17);
+      ASSERT_EQ(a.size(), b.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+      EXPECT_EQ(differ, 0u) << name << (fp8 ? " fp8" : " bf16")
+                            << ": logits differing between the chained and the folded GEMVs";
+      // Six sequences decoding together: steps of 2-6 tokens (the N = 2, 4, 8 kernels).
+      const std::vector<Request> requests = GreedyRequests(6, 12);
+      o.gemv_chain = true;
+      const auto chained_tokens =
+          RunEngine(CudaExecutor::Create(ModelDir(name), o), requests, true, false);
+      o.gemv_chain = false;
+      const auto folded_tokens =
+          RunEngine(CudaExecutor::Create(ModelDir(name), o), requests, true, false);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        ASSERT_EQ(chained_tokens[i].size(), 12u);
+        EXPECT_EQ(chained_tokens[i], folded_tokens[i])
+            << name << (fp8 ? " fp8" : " bf16") << ": batched request " << i;
+      }
+    }
+  }
 }
 
 TEST_F(CudaExecutorTest, StoriesGreedyContinuationsEqualTheCpusFor32Tokens) {
