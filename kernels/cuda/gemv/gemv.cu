@@ -140,35 +140,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
   // first group's barrier); the loads stall only this prologue, with two items of weights in
   // flight.
   __shared__ float rms_part[kFoldIn ? kWarps : 1][N];
-  if constexpr (kFoldIn) {
-    float ss[N];
-#pragma unroll
-    for (int t = 0; t < N; ++t) ss[t] = 0.f;
-    const int64_t np = a.rms_num_partials;
-    // 8 loads per thread in flight per round (one round for 1024 partials at 256 threads).
-    constexpr int kLoads = 8;
-#pragma unroll 1
-    for (int64_t i0 = threadIdx.x; i0 < np; i0 += kLoads * W::kThreads) {
-#pragma unroll
-      for (int t = 0; t < N; ++t) {
-        if (t >= n) break;
-        float v[kLoads];
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
-          const int64_t i = i0 + u * W::kThreads;
-          v[u] = i < np ? a.rms_partials[t * np + i] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) ss[t] += v[u];
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], o);
-      if (lane == 0) rms_part[warp][t] = ss[t];
-    }
-  }
+  if constexpr (kFoldIn) SumPartials<W::kThreads, N>(a, n, rms_part);
   // Producer: warp 0's lane (r, t) holds y[t, j] of row r of the group in progress and the
   // next RMSNorm's weight[j], loaded when the group's first stage starts (after PdlWait: y is
   // the previous kernels' residual), used by its epilogue.

@@ -161,35 +161,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
   // Phase 1's folded RMSNorm: each warp's share of the sums of squares per token, read after
   // barrier 0 (phase 0 wrote them), as GemvKernel's consumer prologue.
   __shared__ float rms_part[kWarps][N];
-  auto consume_partials = [&] {
-    const GemvArgs& a = c.phase[1];
-    float ss[N];
-#pragma unroll
-    for (int t = 0; t < N; ++t) ss[t] = 0.f;
-    const int64_t np = a.rms_num_partials;
-    constexpr int kLoads = 8;
-#pragma unroll 1
-    for (int64_t i0 = threadIdx.x; i0 < np; i0 += kLoads * W::kThreads) {
-#pragma unroll
-      for (int t = 0; t < N; ++t) {
-        if (t >= n) break;
-        float v[kLoads];
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
-          const int64_t i = i0 + u * W::kThreads;
-          v[u] = i < np ? a.rms_partials[t * np + i] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) ss[t] += v[u];
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], o);
-      if (lane == 0) rms_part[warp][t] = ss[t];
-    }
-  };
+  auto consume_partials = [&] { SumPartials<W::kThreads, N>(c.phase[1], n, rms_part); };
   // The phase whose items run now; entering phase p passes the barriers before it.
   int phase = 0;
   auto enter = [&](int p) {

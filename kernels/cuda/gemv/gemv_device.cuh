@@ -348,6 +348,42 @@ struct ScaleSlots {
   }
 };
 
+// The folded RMSNorm's consumer prologue (GemvArgs::rms_partials): each warp's share of the
+// sums of squares per token into rms_part[warp][t], summed by warp 0 after a group's barrier
+// in a fixed order. 8 loads per thread in flight per round (one round for 1024 partials at 256
+// threads).
+template <int kThreads, int N>
+__device__ __forceinline__ void SumPartials(const GemvArgs& a, int n,
+                                            float (&rms_part)[kThreads / 32][N]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float ss[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) ss[t] = 0.f;
+  const int64_t np = a.rms_num_partials;
+  constexpr int kLoads = 8;
+#pragma unroll 1
+  for (int64_t i0 = threadIdx.x; i0 < np; i0 += kLoads * kThreads) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      if (t >= n) break;
+      float v[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int64_t i = i0 + u * kThreads;
+        v[u] = i < np ? a.rms_partials[t * np + i] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) ss[t] += v[u];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], o);
+    if (lane == 0) rms_part[warp][t] = ss[t];
+  }
+}
+
 template <int N>
 __device__ __forceinline__ void ZeroAcc(float (&acc)[kRows][N]) {
 #pragma unroll
