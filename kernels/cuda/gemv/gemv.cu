@@ -149,11 +149,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? (Norm && !kIsFp8<W> ? 3 
     if constexpr (kFoldOut) {
       if (item % stages != 0 || warp != 0 || lane >= kRows * N) return;
       const int r = lane / N, t = lane % N;
-      const int64_t j = group_of(item) * kRows + r;
-      if (t < n && j < a.m) {
-        xold = LoadF32InOrder(static_cast<const float*>(a.y) + t * a.m + j);
-        gnext = LoadF32InOrder(a.rms_weight + j);
-      }
+      LoadFoldRow(a, t, n, group_of(item) * kRows + r, xold, gnext);
     }
   };
   __shared__ float part[2][kWarps][kRows][N];  // by group parity: one barrier per group

@@ -178,13 +178,7 @@ __global__ void __launch_bounds__(W::kThreads, N == 1 ? W::kCtasPerSm : 1)
     if (p == 1 || local % plan.stages[p] != 0 || warp != 0 || lane >= kRows * N) return;
     const int r = lane / N, t = lane % N;
     const int64_t j = (int64_t(blockIdx.x) + (local / plan.stages[p]) * stride) * kRows + r;
-    ForPhase(p, [&](auto ph) {
-      const GemvArgs& a = c.phase[decltype(ph)::value];
-      if (t < n && j < a.m) {
-        xold = LoadF32InOrder(static_cast<const float*>(a.y) + t * a.m + j);
-        gnext = LoadF32InOrder(a.rms_weight + j);
-      }
-    });
+    ForPhase(p, [&](auto ph) { LoadFoldRow(c.phase[decltype(ph)::value], t, n, j, xold, gnext); });
   };
   __shared__ float part[2][kWarps][kRows][N];  // by group parity: one barrier per group
   __shared__ float total[kRows][N];            // warp 0's epilogue scratch

@@ -348,6 +348,17 @@ struct ScaleSlots {
   }
 };
 
+// The folded RMSNorm's producer (kAccumulateF32 with rms_partials): lane (r, t) of warp 0, at
+// its group's first stage, loads y[t, j] (the residual it adds to) and the next RMSNorm's
+// weight[j] for the group's epilogue.
+__device__ __forceinline__ void LoadFoldRow(const GemvArgs& a, int t, int n, int64_t j, float& xold,
+                                            float& gnext) {
+  if (t < n && j < a.m) {
+    xold = ptx::LoadF32InOrder(static_cast<const float*>(a.y) + t * a.m + j);
+    gnext = ptx::LoadF32InOrder(a.rms_weight + j);
+  }
+}
+
 // The folded RMSNorm's consumer prologue (GemvArgs::rms_partials): each warp's share of the
 // sums of squares per token into rms_part[warp][t], summed by warp 0 after a group's barrier
 // in a fixed order. 8 loads per thread in flight per round (one round for 1024 partials at 256
