@@ -223,8 +223,9 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
   struct Impl {
     const char* name;
     bool fp8 = false, per_group = false;
-    int ring_kib = 0;  // > 0: the ring kernel
-    int fold = 0;      // 1: the folded RMSNorm, 2: that and the chained MLP
+    int ring_kib = 0;           // > 0: the ring kernel
+    int fold = 0;               // 1: the folded RMSNorm, 2: that and the chained MLP
+    int chain_ctas_per_sm = 0;  // > 0: the chain's grid capped at SMs x this (barrier cost)
   };
   const Impl impls[] = {{"cublaslt"},
                         {"gemv"},
@@ -242,7 +243,14 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
                         {"gemv_pdl_fold", false, false, 0, 1},
                         {"gemv_pdl_fold_fp8", true, false, 0, 1},
                         {"gemv_pdl_chain", false, false, 0, 2},
-                        {"gemv_pdl_chain_fp8", true, false, 0, 2}};
+                        {"gemv_pdl_chain_fp8", true, false, 0, 2},
+                        {"gemv_pdl_chain_c1", false, false, 0, 2, 1},
+                        {"gemv_pdl_chain_c2", false, false, 0, 2, 2},
+                        {"gemv_pdl_chain_fp8_c1", true, false, 0, 2, 1},
+                        {"gemv_pdl_chain_fp8_c2", true, false, 0, 2, 2},
+                        {"gemv_pdl_chain_fp8_c4", true, false, 0, 2, 4}};
+  int sms = 0;
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   float* partials = nullptr;
   unsigned* sync = nullptr;
   LLM_CUDA_CHECK(cudaMalloc(&partials, size_t((hidden + 3) / 4 * 4)));
@@ -324,6 +332,7 @@ void TimeDecodeChain(llm::cuda::Gemm& gemm, const char* name, int64_t layers, in
             c.phase[1] = args(E::kSiluMul, normed, nullptr, at_gu, row_gu, act, 2 * inter, hidden);
             c.phase[2] = args(E::kAccumulateF32, act, nullptr, at_d, row_d, x, hidden, inter);
             c.sync = sync;
+            c.max_ctas = sms * impls[impl].chain_ctas_per_sm;
             cu::GemvChain(c, stream);
           } else {
             gemv(E::kAccumulateF32, qkv, nullptr, at_o, row_o, x, hidden, hidden, true);

@@ -147,6 +147,19 @@ run throughput_8b_w8_fp8kv_512seq_precise 400 --model $C8 --num-requests "${E2E_
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8 \
   --fp8-precise-accum
+# Issue 29 target 3's other two published shapes (TensorRT-LLM, Llama-3.1-8B FP8, H200):
+# 128 / 128 (27,911 output tok/s) and 2,048 / 2,048 (12,194).
+for s in 512 1024 2048; do
+  run throughput_8b_w8_fp8kv_128_${s}seq 300 --model $C8 --num-requests "${E2E_REQUESTS_SHORT:-8192}" \
+    --min-input 128 --max-input 128 --min-output 128 --max-output 128 --max-num-seqs $s \
+    --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
+done
+run throughput_8b_w8_fp8kv_128_1024seq_16k 300 --model $C8 --num-requests "${E2E_REQUESTS_SHORT:-8192}" \
+  --min-input 128 --max-input 128 --min-output 128 --max-output 128 --max-num-seqs 1024 \
+  --max-num-batched-tokens 16384 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
+run throughput_8b_w8_fp8kv_2048_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS_LONG:-1000}" \
+  --min-input 2048 --max-input 2048 --min-output 2048 --max-output 2048 --max-num-seqs 512 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
 run throughput_8b_w8_fp8kv_768seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 768 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8

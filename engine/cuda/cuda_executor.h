@@ -161,6 +161,10 @@ struct CudaExecutorOptions {
   // each kernel launches while its predecessor finishes (a GEMV streams its weights early).
   // Process-wide: the last executor created decides.
   bool programmatic_launch = true;
+  // The decode attention's prologue copies (context lengths, page indices, the first tiles'
+  // K/V rows but the newest) before its PdlWait, under the previous kernel's tail
+  // (cuda::SetDecodeKvBeforeWait; off: after it, as before 2026-12-07). Process-wide as above.
+  bool decode_kv_before_wait = true;
   int64_t max_graph_batch = 0;  // 0: max_num_seqs
   bool dummy_weights = false;   // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;

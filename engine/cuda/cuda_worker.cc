@@ -384,6 +384,7 @@ void CudaWorker::Setup(const std::string& model_path) {
     int major = 0;
     LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     cuda::SetProgrammaticLaunch(opt.programmatic_launch && major >= 9);
+    cuda::SetDecodeKvBeforeWait(opt.decode_kv_before_wait);
   }
   LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (OutSlot& o : out) {

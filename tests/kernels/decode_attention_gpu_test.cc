@@ -239,6 +239,7 @@ struct RaggedProblem {
   Case tc;
   int64_t num_kv_heads, num_heads, hd, bs, num_seqs, max_blocks = 0;
   std::vector<int32_t> num_keys;
+  std::vector<int64_t> newest_rows;  // element offsets of each (sequence, KV head)'s newest key
   std::vector<float> ref;
   float max_ref = 0.f;
   size_t q_elems = 0;
@@ -275,6 +276,10 @@ struct RaggedProblem {
       cu_q[s] = static_cast<int32_t>(s);
       for (int64_t b = 0; b < (num_keys[s] + bs - 1) / bs; ++b)
         tables[s * max_blocks + b] = perm[next++];
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        const int64_t pos = num_keys[s] - 1;
+        newest_rows.push_back(layout.Offset(tables[s * max_blocks + pos / bs], h, pos % bs));
+      }
       for (int64_t pos = 0; pos < num_keys[s]; ++pos) {
         const int64_t block = tables[s * max_blocks + pos / bs];
         for (int64_t h = 0; h < num_kv_heads; ++h) {
@@ -405,6 +410,92 @@ class DecodeAttentionGpuV3 : public ::testing::Test {
     if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU, decode attention GPU test skipped: " << why;
   }
 };
+
+// Restores SetDecodeKvBeforeWait's default (on) when a test that flips it ends.
+struct KvBeforeWaitGuard {
+  ~KvBeforeWaitGuard() { cuda::SetDecodeKvBeforeWait(true); }
+};
+
+// The kernel right before the decode attention (the q|k|v projection's KV append) may still be
+// writing each sequence's newest K/V row while the attention's prologue, which runs before its
+// PdlWait, copies the first tiles (launch.h's named exception). Here that kernel is LateCopy:
+// the newest rows hold NaN until it restores them, 200 µs after it let the attention launch, so
+// a prologue that copied a newest row before its wait would attend over NaN. PDL on, the
+// prologue before the wait and after it, eager and in a graph replayed three times (each replay
+// re-poisons): within tolerance of the CPU, and the same bits every way. Shapes: newest keys in
+// a prologue tile (one-tile splits, short sequences) and past it (one split over 5,000 keys);
+// head_dim 64, 128 and 256 (the transposed 16-bit step).
+TEST_F(DecodeAttentionGpuV3, NewestKeyWrittenLateByThePreviousKernel) {
+  PdlGuard pdl_guard;
+  KvBeforeWaitGuard kv_guard;
+  cuda::SetProgrammaticLaunch(true);
+  const Case cases[] = {
+      {DType::kBF16, 128, 1, 16}, {DType::kF16, 64, 4, 32}, {DType::kBF16, 256, 2, 16}};
+  for (const Case& tc : cases) {
+    RaggedProblem pr(tc, {1, 37, 64 * 3 + 1, 5000, 64, 129}, 2, 99);
+    const std::string shape = "hd " + std::to_string(tc.head_dim);
+    // Device copies of the newest rows (K then V), NaN for the pools, and the pointer arrays.
+    const int rows = int(pr.newest_rows.size());
+    const int64_t row_bytes = pr.hd * 2;
+    DevBuf saved{size_t(2 * rows * row_bytes)}, nan_row{size_t(row_bytes)};
+    LLM_CUDA_CHECK(cudaMemset(nan_row.p, 0xff, size_t(row_bytes)));
+    std::vector<void*> dst, src, poison_src;
+    for (int i = 0; i < 2 * rows; ++i) {
+      void* pool = i < rows ? pr.dk->p : pr.dv->p;
+      dst.push_back(static_cast<char*>(pool) + pr.newest_rows[size_t(i % rows)] * 2);
+      src.push_back(static_cast<char*>(saved.p) + i * row_bytes);
+      LLM_CUDA_CHECK(
+          cudaMemcpy(src.back(), dst.back(), size_t(row_bytes), cudaMemcpyDeviceToDevice));
+      poison_src.push_back(nan_row.p);
+    }
+    DevBuf ddst{dst.size() * sizeof(void*)}, dsrc{src.size() * sizeof(void*)},
+        dpoison{poison_src.size() * sizeof(void*)};
+    DevBuf::Upload(ddst, dst);
+    DevBuf::Upload(dsrc, src);
+    DevBuf::Upload(dpoison, poison_src);
+    SplitWorkspace ws(cuda::DecodeWorkspaceBytes(pr.num_seqs, pr.num_heads, pr.hd, 64));
+    Stream stream;
+    // The poison is restored by a LateCopy with no delay (PDL: it completes before the next).
+    auto step = [&] {
+      cuda::LateCopy(static_cast<void* const*>(ddst.p), static_cast<const void* const*>(dpoison.p),
+                     2 * rows, row_bytes, 0, stream.s);
+      cuda::LateCopy(static_cast<void* const*>(ddst.p), static_cast<const void* const*>(dsrc.p),
+                     2 * rows, row_bytes, 200000, stream.s);
+    };
+    for (int splits : {0, 1, 64}) {
+      std::vector<uint16_t> first;
+      for (bool before : {true, false}) {
+        cuda::SetDecodeKvBeforeWait(before);
+        const std::string what = shape + ", splits " + std::to_string(splits) +
+                                 (before ? ", prologue before the wait" : ", after the wait");
+        pr.Poison(pr.p.out, stream.s);
+        step();
+        cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+        const std::vector<uint16_t> got = pr.Download(pr.p.out);
+        EXPECT_LE(pr.MaxErr(got, what), pr.Tol()) << what;
+        if (first.empty()) first = got;
+        EXPECT_TRUE(BitEqual(got, first)) << what << ": differs from the first run";
+
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        LLM_CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+        step();
+        cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+        LLM_CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
+        LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int replay = 0; replay < 3; ++replay) {
+          pr.Poison(pr.p.out, stream.s);
+          LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream.s));
+          EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first))
+              << what << ": graph replay " << replay;
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        EXPECT_EQ(ws.NonZeroCounters(), 0) << what;
+      }
+    }
+  }
+}
 
 // Many splits merged in the kernel: the split counts used are the ones requested (up to the
 // tiles of the longest sequence), including 64 and 128, counts that do not divide the tiles

@@ -43,11 +43,15 @@
 //    per-CTA overhead), ties to more splits, so few-CTA shapes fill every resident slot (or
 //    whole waves) while each split keeps >= 2 tiles.
 //  - Programmatic dependent launch (kernels/cuda/common/launch.h): the kernel triggers its
-//    dependents first thing and waits (PdlWait) before its first global read, so its CTAs'
-//    launch and set-up overlap the previous kernel's tail when the executor enables PDL.
-//  - Prologue: the Q fragment loads, the context length, then the page indices of the first
-//    kStages - 1 tiles as ONE cp.async group (v2 loaded them with plain loads tile by tile,
-//    dependent round trips before the first K/V copy could be issued).
+//    dependents first thing. The CTA kernel then runs its prologue (context length, page
+//    indices, the first kStages - 1 tiles' K/V rows except the sequence's newest key) before
+//    PdlWait, so those round trips overlap the previous kernel's tail (batch-1 decode: the
+//    q|k|v GEMV's); after the wait it loads Q and copies the newest key's row (launch.h's named
+//    exception; SetDecodeKvBeforeWait(false) waits first, as before 2026-12-07). The
+//    warp-item kernels wait before their first global read.
+//  - Prologue: the context length, then the page indices of the first kStages - 1 tiles as ONE
+//    cp.async group (v2 loaded them with plain loads tile by tile, dependent round trips before
+//    the first K/V copy could be issued), then those tiles' copies, then the Q fragment.
 // FP8 (e4m3) caches (KvCacheFormat::fp8, kFp8): the same kernel reading half the bytes. The
 // tiles stay e4m3 in shared memory; ldmatrix fragments are converted in registers (exact: every
 // e4m3 value is an fp16 value) and the tensor cores run in fp16 (q converted once, saturating);
@@ -91,6 +95,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
@@ -198,6 +203,7 @@ struct KernelArgs {
   float* part_acc;     // [num_seqs, num_heads, num_splits, D] (num_splits > 1)
   float* part_ml;      // [num_seqs, num_heads, num_splits, 2]  (m, l)
   unsigned* counters;  // [num_seqs * num_kv_heads] arrivals, zero between calls (num_splits > 1)
+  int kv_before_wait;  // SetDecodeKvBeforeWait: the prologue's copies before PdlWait
 };
 
 // ---- the instructions (kernels/cuda/common/ptx.cuh) and conversions (vec.cuh) ----------
@@ -290,17 +296,22 @@ __device__ __forceinline__ void StagePages(const KernelArgs& a, const int32_t* t
 // row0 + me / kChunksPerRow + step·p (step: kRowsPerPass for a CTA-wide copy from row0 = 0,
 // kWarpRowsPerPass for fp8's per-warp copy of its 16 rows from row0 = 16·warp), key k0 + row;
 // keys >= key_end are zero-filled. slot holds the page indices from page first_page on.
+// The row of key `newest` (>= 0) is left out (kKvAllRows) or is the only one issued
+// (kKvNewestRow): before PdlWait the kernel before this one may still be writing it.
+enum KvRows { kKvAllRows, kKvNewestRow };
 template <typename T, int D, bool kFp8, typename Tr = DecodeTraits<D, kFp8>>
 __device__ __forceinline__ void IssueKvRows(const KernelArgs& a, const unsigned char* k_head,
                                             const unsigned char* v_head, const int* slot,
                                             int first_page, int k0, int key_end, int row0, int me,
-                                            uint32_t k_dst, uint32_t v_dst) {
+                                            uint32_t k_dst, uint32_t v_dst, int newest = -1,
+                                            KvRows rows = kKvAllRows) {
   constexpr int kStep = kFp8 ? Tr::kWarpRowsPerPass : Tr::kRowsPerPass;
   const int chunk = me % Tr::kChunksPerRow;
 #pragma unroll
   for (int p = 0; p < Tr::kPasses; ++p) {
     const int row = row0 + me / Tr::kChunksPerRow + p * kStep;
     const int key = k0 + row;
+    if ((key == newest) != (rows == kKvNewestRow)) continue;
     const bool valid = key < key_end;
     int64_t off = 0;
     if (valid) {
@@ -706,11 +717,14 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   unsigned char* kv_smem = smem;
   int* page_smem = reinterpret_cast<int*>(smem + Tr::kKvSmemBytes);  // [kPageSlots][slot ints]
 
-  // PDL: let the next kernel start launching now (its PdlWait still waits for our completion),
-  // then wait for the previous kernel before the first read of q, the batch arrays, K/V or the
-  // workspace, and before any write (launch.h's contract). Both are no-ops without PDL.
+  // PDL: let the next kernel start launching now (its PdlWait still waits for our completion).
+  // With kv_before_wait the wait (a no-op without PDL) comes after the prologue's copies: the
+  // context length, the block table and every key but the sequence's newest are the step's
+  // inputs or earlier steps' rows, complete before the kernel before this one could launch us
+  // (launch.h's named exception); q and the newest key's K/V row (the q|k|v projection's
+  // append) are read after it, and nothing is written before it. Without it, first thing.
   PdlTrigger();
-  PdlWait();
+  if (!a.kv_before_wait) PdlWait();
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -730,17 +744,6 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
     const int per_split = (row_lines + a.num_splits - 1) / a.num_splits;
     const int line = split * per_split + tid;
     if (tid < per_split && line < row_lines) PrefetchL2(table + line * 32);
-  }
-
-  const int g = lane >> 2;
-  const int c = lane & 3;
-  uint32_t qa[Tr::kKSteps][kT ? 2 : 4];
-  if constexpr (kT && kFp8) {
-    LoadQTFragment<T, D>(a, seq, kv_head, lane, qa);
-  } else if constexpr (kT) {
-    LoadQTFragment16<T, D>(a, seq, kv_head, lane, qa);
-  } else {
-    LoadQFragment<T, D, kFp8>(a, seq, kv_head, lane, qa);
   }
 
   // This CTA's key range: whole 64-key tiles [tile_begin, tile_begin + num_tiles). With a
@@ -796,27 +799,50 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   };
   // The group's K and V rows of tile j -> pipeline stage `stage`: kPasses 16-byte copies per
   // thread each for K and for V.
-  auto issue_tile = [&](int j, int stage) {
+  auto issue_tile = [&](int j, int stage, int newest = -1, KvRows rows = kKvAllRows) {
     if (j >= num_tiles) return;
     const int k0 = key_begin + j * Tr::kTileKeys;
     const uint32_t k_dst = SmemAddr(kv_smem + stage * Tr::kStageBytes);
     IssueKvRows<T, D, kFp8, Tr>(a, k_head, v_head, group_pages + (j % Tr::kPageSlots) * kSlotInts,
                                 PageOf(a, k0 + group_key0), k0, key_end, group_key0, me, k_dst,
-                                k_dst + Tr::kTileElems * Tr::kElemBytes);
+                                k_dst + Tr::kTileElems * Tr::kElemBytes, newest, rows);
   };
-  // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together,
-  // beside the Q loads), waited for here since the first K/V copies need them.
+  // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together),
+  // waited for here since the first K/V copies need them.
   for (int j = 0; j < Tr::kStages - 1; ++j) stage_pages_async(j);
   CpAsyncCommit();
   CpAsyncWait<0>();
   pipeline_sync();
 
-  // Prologue: tiles 0..kStages-2 in flight. Commit group j holds K/V of tile j and the page
-  // indices of tile j + kStages - 1 (needed when that tile is issued, after group j landed).
+  // Prologue: tiles 0..kStages-2 in flight, all but the newest key's row (issued after the
+  // wait, below). Commit group j holds K/V of tile j and the page indices of tile
+  // j + kStages - 1 (needed when that tile is issued, after group j landed).
+  const int newest = a.kv_before_wait ? num_keys - 1 : -1;
 #pragma unroll
   for (int j = 0; j < Tr::kStages - 1; ++j) {
-    issue_tile(j, j);
+    issue_tile(j, j, newest, kKvAllRows);
     stage_pages_async(j + Tr::kStages - 1);
+    CpAsyncCommit();
+  }
+  if (a.kv_before_wait) PdlWait();  // q and the newest key's row: the previous kernel's writes
+
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  uint32_t qa[Tr::kKSteps][kT ? 2 : 4];
+  if constexpr (kT && kFp8) {
+    LoadQTFragment<T, D>(a, seq, kv_head, lane, qa);
+  } else if constexpr (kT) {
+    LoadQTFragment16<T, D>(a, seq, kv_head, lane, qa);
+  } else {
+    LoadQFragment<T, D, kFp8>(a, seq, kv_head, lane, qa);
+  }
+  // The newest key's row, when a prologue tile holds it: its own commit group, newer than the
+  // prologue's, so that tile's wait below is for every group (CpAsyncWait<0>).
+  const int newest_tile =
+      newest >= key_begin && newest < key_end ? (newest - key_begin) / Tr::kTileKeys : -1;
+  const bool newest_late = newest_tile >= 0 && newest_tile < Tr::kStages - 1;
+  if (newest_late) {
+    issue_tile(newest_tile, newest_tile, newest, kKvNewestRow);
     CpAsyncCommit();
   }
 
@@ -832,8 +858,12 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   const int warp_row = key_warp * Tr::kKeysPerWarp;
 
   for (int i = 0; i < num_tiles; ++i) {
-    CpAsyncWait<Tr::kStages - 2>();  // this thread's copies of tile i (group i) landed
-    pipeline_sync();                 // the group's landed; the group finished tile i - 1
+    if (newest_late && i == newest_tile) {
+      CpAsyncWait<0>();  // tile i's group and the newest row's, committed after it
+    } else {
+      CpAsyncWait<Tr::kStages - 2>();  // this thread's copies of tile i (group i) landed
+    }
+    pipeline_sync();  // the group's landed; the group finished tile i - 1
     issue_tile(i + Tr::kStages - 1, (i + Tr::kStages - 1) % Tr::kStages);
     stage_pages_async(i + 2 * Tr::kStages - 2);
     CpAsyncCommit();
@@ -1482,6 +1512,13 @@ int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_key
                       max_splits, min_tiles_per_split);
 }
 
+static std::atomic<bool>& DecodeKvBeforeWaitFlag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+void SetDecodeKvBeforeWait(bool on) { DecodeKvBeforeWaitFlag().store(on); }
+
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream, DecodeLaunchInfo* info,
                           DecodeKernelChoice choice, int items_max_ctas) {
@@ -1577,6 +1614,7 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   args.sliding_window = static_cast<int>(std::min<int64_t>(window, 0x7fffffff));
   args.scale_log2 = p.scale * kLog2e * (p.kv_format.fp8 ? p.kv_format.k_scale : 1.f);
   args.out_scale = p.kv_format.fp8 ? p.kv_format.v_scale : 1.f;
+  args.kv_before_wait = DecodeKvBeforeWaitFlag().load(std::memory_order_relaxed) ? 1 : 0;
   if (splits > 1) {  // workspace: [counters][part_acc][part_ml]
     unsigned char* ws = static_cast<unsigned char*>(workspace);
     args.counters = reinterpret_cast<unsigned*>(ws);

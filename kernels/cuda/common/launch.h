@@ -12,6 +12,14 @@
 //     before it.
 //   - PdlTrigger() may run anywhere (it only lets the next kernel start launching; its
 //     PdlWait() still waits for this kernel's completion), so kernels call it early.
+//   - One named exception to the first rule: the decode attention kernel (DecodeKernel in
+//     attention/decode_attention.cu) reads the step's inputs (context lengths, block tables)
+//     and the K/V rows of every key but each sequence's newest before its wait. Every kernel
+//     that can precede it (the q|k|v GEMV's append, RopeAppendKv, the ring GEMV, whose own
+//     predecessor waits first) writes none of them, and the kernel before that one had passed
+//     its own PdlWait() when it let its successor launch, so their writers are complete. A
+//     kernel that triggers before its wait must not be placed right before a kernel whose
+//     predecessor also does so.
 // Because each kernel completes only after its own PdlWait() returned, completion is ordered
 // transitively along the stream; a kernel launched without the attribute (cuBLASLt, copies)
 // is ordered as usual. Without the attribute (or below sm_90) both calls are no-ops, so the
@@ -21,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <utility>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -68,5 +77,12 @@ void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   LLM_CUDA_CHECK(
       cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...));
 }
+
+// Tests only: one PDL kernel that waits for its predecessor, lets its successor launch, sleeps
+// at least delay_ns, then copies `bytes` from src[i] to dst[i], i < count (dst and src: device
+// arrays of device pointers; common/late_write.cu). The writes a successor reading before its
+// PdlWait must not see.
+void LateCopy(void* const* dst, const void* const* src, int count, int64_t bytes, uint32_t delay_ns,
+              cudaStream_t stream);
 
 }  // namespace llm::cuda
