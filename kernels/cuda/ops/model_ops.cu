@@ -175,6 +175,18 @@ __global__ void __launch_bounds__(kNormThreads)
                      const float* __restrict__ weight, T* __restrict__ out,
                      const int32_t* __restrict__ rows, int64_t hidden, float eps,
                      uint8_t* __restrict__ out8, float* __restrict__ out_scale) {
+  const int64_t num_chunks = hidden / N;
+  // The weight is immutable: the register-cached chunks' share comes in before the wait, so
+  // the second pass does not wait on it after the reduction (decode: one CTA, every step of it
+  // on the step's critical path).
+  float wcache[kFp8Out ? 1 : kNormCached][N];
+  if constexpr (!kFp8Out) {
+    int64_t cw = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < kNormCached; ++j, cw += kNormThreads) {
+      if (cw < num_chunks) LoadF32<N>(weight + cw * N, wcache[j]);
+    }
+  }
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
@@ -182,7 +194,6 @@ __global__ void __launch_bounds__(kNormThreads)
   const bool has_delta = delta.present();
   const auto del = delta.Token(r);
   T* dst = kFp8Out ? nullptr : out + int64_t(blockIdx.x) * hidden;  // (out is null with kFp8Out)
-  const int64_t num_chunks = hidden / N;
   float cache[kNormCached][N];
   float sum_sq = 0.f;
   // Pass 1: residual += delta (written back), sum of squares; chunk c = threadIdx + j·threads.
@@ -231,10 +242,9 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
     if (c < num_chunks) {
-      float w[N], y[N];
-      LoadF32<N>(weight + c * N, w);
+      float y[N];
 #pragma unroll
-      for (int i = 0; i < N; ++i) y[i] = w[i] * (cache[j][i] * inv_rms);
+      for (int i = 0; i < N; ++i) y[i] = wcache[j][i] * (cache[j][i] * inv_rms);
       Store<T, N>(dst + c * N, y);
     }
   }
