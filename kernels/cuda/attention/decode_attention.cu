@@ -283,12 +283,20 @@ __device__ __forceinline__ int PageOf(const KernelArgs& a, int key) {
 
 // The page indices of keys k0 .. k1 (k1 < k0: none) of the sequence whose block-table row is
 // `table` -> slot[0 ..], by cp.async (4 bytes each), thread `me` of `threads`.
+// l2_only: plain loads that bypass L1 (ld.global.cg) and shared stores instead, for the reads
+// before PdlWait (L1 is not coherent; the step's inputs change every step).
 __device__ __forceinline__ void StagePages(const KernelArgs& a, const int32_t* table, int k0,
-                                           int k1, int* slot, int me, int threads) {
+                                           int k1, int* slot, int me, int threads, bool l2_only) {
   if (k1 < k0) return;
   const int first = PageOf(a, k0);
   const int count = PageOf(a, k1) - first + 1;
-  for (int i = me; i < count; i += threads) CpAsync4(SmemAddr(slot + i), table + first + i);
+  for (int i = me; i < count; i += threads) {
+    if (l2_only) {
+      slot[i] = __ldcg(table + first + i);
+    } else {
+      CpAsync4(SmemAddr(slot + i), table + first + i);
+    }
+  }
 }
 
 // K and V rows of one pipeline stage by cp.async, straight into the swizzled tiles at k_dst /
@@ -750,7 +758,7 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   // sliding window only the window's keys [first_key, num_keys) are split: its tiles start at
   // the one holding first_key (tiles stay 64-aligned; the keys left of first_key in that tile
   // are read and masked), the tiles left of it are never touched.
-  const int num_keys = a.context_lens[seq] + 1;
+  const int num_keys = __ldcg(a.context_lens + seq) + 1;  // L2: may be before PdlWait
   const int first_key = int(VisibleKeyBegin(num_keys - 1, a.sliding_window));  // 0: no window
   const int first_tile = first_key / Tr::kTileKeys;
   const int total_tiles = (num_keys + Tr::kTileKeys - 1) / Tr::kTileKeys - first_tile;
@@ -791,11 +799,11 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
 
   // Page indices of the group's keys of tile j (relative to tile_begin) -> ring slot
   // j % kPageSlots of the group's ring.
-  auto stage_pages_async = [&](int j) {
+  auto stage_pages_async = [&](int j, bool l2_only = false) {
     if (j >= num_tiles) return;
     const int k0 = key_begin + j * Tr::kTileKeys + group_key0;
     StagePages(a, table, k0, min(key_end, k0 + kGroupKeys) - 1,
-               group_pages + (j % Tr::kPageSlots) * kSlotInts, me, kGroupThreads);
+               group_pages + (j % Tr::kPageSlots) * kSlotInts, me, kGroupThreads, l2_only);
   };
   // The group's K and V rows of tile j -> pipeline stage `stage`: kPasses 16-byte copies per
   // thread each for K and for V.
@@ -809,7 +817,8 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   };
   // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together),
   // waited for here since the first K/V copies need them.
-  for (int j = 0; j < Tr::kStages - 1; ++j) stage_pages_async(j);
+  const bool early = a.kv_before_wait != 0;
+  for (int j = 0; j < Tr::kStages - 1; ++j) stage_pages_async(j, early);
   CpAsyncCommit();
   CpAsyncWait<0>();
   pipeline_sync();
@@ -821,7 +830,7 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
 #pragma unroll
   for (int j = 0; j < Tr::kStages - 1; ++j) {
     issue_tile(j, j, newest, kKvAllRows);
-    stage_pages_async(j + Tr::kStages - 1);
+    stage_pages_async(j + Tr::kStages - 1, early);
     CpAsyncCommit();
   }
   if (a.kv_before_wait) PdlWait();  // q and the newest key's row: the previous kernel's writes
@@ -1167,7 +1176,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, kCtasPerSm)
     if (pc.item < num_items) {
       const int k0 = pc.chunk * kKeys;
       StagePages(a, a.block_tables + int64_t(pc.item / a.num_kv_heads) * a.max_blocks_per_seq, k0,
-                 min(pc.num_keys, k0 + kKeys) - 1, slot_of(pt), lane, 32);
+                 min(pc.num_keys, k0 + kKeys) - 1, slot_of(pt), lane, 32, false);
     }
     AdvanceCursor(a, pc, stride, num_items, kKeys);
   };
@@ -1614,7 +1623,9 @@ void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* worksp
   args.sliding_window = static_cast<int>(std::min<int64_t>(window, 0x7fffffff));
   args.scale_log2 = p.scale * kLog2e * (p.kv_format.fp8 ? p.kv_format.k_scale : 1.f);
   args.out_scale = p.kv_format.fp8 ? p.kv_format.v_scale : 1.f;
-  args.kv_before_wait = DecodeKvBeforeWaitFlag().load(std::memory_order_relaxed) ? 1 : 0;
+  // (Without PDL the wait is a no-op: nothing to overlap.)
+  args.kv_before_wait =
+      DecodeKvBeforeWaitFlag().load(std::memory_order_relaxed) && ProgrammaticLaunch() ? 1 : 0;
   if (splits > 1) {  // workspace: [counters][part_acc][part_ml]
     unsigned char* ws = static_cast<unsigned char*>(workspace);
     args.counters = reinterpret_cast<unsigned*>(ws);

@@ -36,6 +36,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/cuda/moe/combine.cuh"
 #include "kernels/cuda/ops/model_ops.h"
@@ -176,16 +177,11 @@ __global__ void __launch_bounds__(kNormThreads)
                      const int32_t* __restrict__ rows, int64_t hidden, float eps,
                      uint8_t* __restrict__ out8, float* __restrict__ out_scale) {
   const int64_t num_chunks = hidden / N;
-  // The weight is immutable: the register-cached chunks' share comes in before the wait, so
-  // the second pass does not wait on it after the reduction (decode: one CTA, every step of it
-  // on the step's critical path).
-  float wcache[kFp8Out ? 1 : kNormCached][N];
-  if constexpr (!kFp8Out) {
-    int64_t cw = threadIdx.x;
-#pragma unroll
-    for (int j = 0; j < kNormCached; ++j, cw += kNormThreads) {
-      if (cw < num_chunks) LoadF32<N>(weight + cw * N, wcache[j]);
-    }
+  // The norm's weight is immutable: its lines come into L1 while the kernel before this one
+  // finishes, so the second pass does not wait on HBM after the reduction (decode: one CTA,
+  // whose every step is on the critical path).
+  for (int64_t line = threadIdx.x; line * 32 < hidden; line += kNormThreads) {
+    ptx::PrefetchL1(weight + line * 32);  // 32 floats per 128-byte line
   }
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
@@ -242,9 +238,10 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int j = 0; j < kNormCached; ++j, c += kNormThreads) {
     if (c < num_chunks) {
-      float y[N];
+      float w[N], y[N];
+      LoadF32<N>(weight + c * N, w);
 #pragma unroll
-      for (int i = 0; i < N; ++i) y[i] = wcache[j][i] * (cache[j][i] * inv_rms);
+      for (int i = 0; i < N; ++i) y[i] = w[i] * (cache[j][i] * inv_rms);
       Store<T, N>(dst + c * N, y);
     }
   }
