@@ -163,8 +163,8 @@ struct CudaExecutorOptions {
   bool programmatic_launch = true;
   // The decode attention's prologue copies (context lengths, page indices, the first tiles'
   // K/V rows but the newest) before its PdlWait, under the previous kernel's tail
-  // (cuda::SetDecodeKvBeforeWait; off: after it, as before 2026-12-07). Process-wide as above.
-  bool decode_kv_before_wait = true;
+  // (cuda::SetDecodeKvBeforeWait); off until measured on a GPU. Process-wide as above.
+  bool decode_kv_before_wait = false;
   int64_t max_graph_batch = 0;  // 0: max_num_seqs
   bool dummy_weights = false;   // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;

@@ -124,9 +124,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "prologue instead of as its own kernel (measured slower on the H200)");
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
-  cmd->add_flag("--decode-kv-after-wait", decode_kv_after_wait,
-                "cuda: the decode attention copies its first K/V tiles after waiting for the "
-                "kernel before it, not under its tail (the behaviour before 2026-12-07)");
+  cmd->add_flag("--decode-kv-before-wait", decode_kv_before_wait,
+                "cuda: the decode attention copies its first K/V tiles (all but the newest "
+                "key's) under the tail of the kernel before it, before waiting for it (not yet "
+                "measured)");
   cmd->add_flag("--fp8-precise-accum", fp8_precise_accum,
                 "cuda, --quantization fp8: GEMMs promote their FP8 partial sums to fp32 "
                 "periodically (cuBLASLt's default) instead of the tensor cores' fast "
@@ -246,7 +247,7 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.fp8_prefill_wgmma = f.fp8_prefill_wgmma;
   o.gemm_autotune = f.gemm_autotune;
   o.programmatic_launch = !f.disable_pdl;
-  o.decode_kv_before_wait = !f.decode_kv_after_wait;
+  o.decode_kv_before_wait = f.decode_kv_before_wait;
   o.dummy_weights = f.load_format == "dummy";
   o.dummy_seed = f.dummy_seed;
   o.tensor_parallel_size = f.tensor_parallel_size;

@@ -28,11 +28,11 @@ struct BackendFlags {
   bool fp8_prefill_wgmma = true;  // cuda, fp8 KV: prefill on wgmma over a bf16 copy of pages
   bool gemm_autotune = false;     // cuda: time cuBLASLt's candidate algorithms at start-up
   bool disable_pdl = false;       // cuda: no programmatic dependent launch
-  bool decode_kv_after_wait = false;  // cuda: decode attention's prologue after its PdlWait
-  bool gemv_norm_prologue = false;    // cuda: RMSNorm in the GEMV's prologue on GEMV steps
-  bool gemv_fold_norm = false;        // cuda: the RMSNorms folded into the GEMVs around them
-  bool gemv_chain = false;            // cuda: o, gate|up, down in one kernel (implies the fold)
-  bool gemv_balanced_grid = false;    // cuda: GEMV grids of equal shares per CTA
+  bool decode_kv_before_wait = false;  // cuda: decode attention's prologue before its PdlWait
+  bool gemv_norm_prologue = false;     // cuda: RMSNorm in the GEMV's prologue on GEMV steps
+  bool gemv_fold_norm = false;         // cuda: the RMSNorms folded into the GEMVs around them
+  bool gemv_chain = false;             // cuda: o, gate|up, down in one kernel (implies the fold)
+  bool gemv_balanced_grid = false;     // cuda: GEMV grids of equal shares per CTA
   bool gemv_ring = false;
   int gemv_ring_kib = 96;          // cuda: GEMV steps on the ring kernel (cuda::GemvArgs::ring)
   bool rope_head_warps = true;     // cuda: RoPE with per-head norms, one warp per head

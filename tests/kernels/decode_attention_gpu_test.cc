@@ -411,9 +411,10 @@ class DecodeAttentionGpuV3 : public ::testing::Test {
   }
 };
 
-// Restores SetDecodeKvBeforeWait's default (on) when a test that flips it ends.
+// Restores the process-wide SetDecodeKvBeforeWait (tests flip it).
 struct KvBeforeWaitGuard {
-  ~KvBeforeWaitGuard() { cuda::SetDecodeKvBeforeWait(true); }
+  bool saved = cuda::DecodeKvBeforeWait();
+  ~KvBeforeWaitGuard() { cuda::SetDecodeKvBeforeWait(saved); }
 };
 
 // The kernel right before the decode attention (the q|k|v projection's KV append) may still be

@@ -47,7 +47,7 @@
 //    indices, the first kStages - 1 tiles' K/V rows except the sequence's newest key) before
 //    PdlWait, so those round trips overlap the previous kernel's tail (batch-1 decode: the
 //    q|k|v GEMV's); after the wait it loads Q and copies the newest key's row (launch.h's named
-//    exception; SetDecodeKvBeforeWait(false) waits first, as before 2026-12-07). The
+//    exception; opt-in, SetDecodeKvBeforeWait(true), until measured; else it waits first). The
 //    warp-item kernels wait before their first global read.
 //  - Prologue: the context length, then the page indices of the first kStages - 1 tiles as ONE
 //    cp.async group (v2 loaded them with plain loads tile by tile, dependent round trips before
@@ -1522,11 +1522,12 @@ int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_key
 }
 
 static std::atomic<bool>& DecodeKvBeforeWaitFlag() {
-  static std::atomic<bool> on{true};
+  static std::atomic<bool> on{false};
   return on;
 }
 
 void SetDecodeKvBeforeWait(bool on) { DecodeKvBeforeWaitFlag().store(on); }
+bool DecodeKvBeforeWait() { return DecodeKvBeforeWaitFlag().load(); }
 
 void PagedDecodeAttention(const AttentionParams& p, int num_splits, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream, DecodeLaunchInfo* info,

@@ -13,14 +13,14 @@
 //   - PdlTrigger() may run anywhere (it only lets the next kernel start launching; its
 //     PdlWait() still waits for this kernel's completion), so kernels call it early.
 //   - One named exception to the first rule: the decode attention kernel (DecodeKernel in
-//     attention/decode_attention.cu) reads the step's inputs (context lengths, block tables)
-//     and the K/V rows of every key but each sequence's newest before its wait, through L2
-//     only (ld.global.cg, cp.async.cg: L1 is not coherent). Sound because its predecessor P
-//     (the q|k|v GEMV with the KV append, or RopeAppendKv) writes none of them but the newest
-//     rows, and launched it only after P's own PdlWait() returned: every kernel before P had
-//     completed. Where P triggers before its wait (the ring GEMV, --gemv-ring), that argument
-//     moves one kernel back: P's predecessor (an RMSNorm) waits first and writes none of them
-//     either. Any new kernel placed before the decode attention must keep one of the two.
+//     attention/decode_attention.cu), with SetDecodeKvBeforeWait(true), reads the step's inputs
+//     (context lengths, block tables) and the K/V rows of every key but each sequence's newest
+//     before its wait, through L2 only (ld.global.cg, cp.async.cg: L1 is not coherent). Sound
+//     because its predecessor P (the q|k|v GEMV with the KV append, or RopeAppendKv) writes none of
+//     them but the newest rows, and launched it only after P's own PdlWait() returned: every kernel
+//     before P had completed. Where P triggers before its wait (the ring GEMV, --gemv-ring), that
+//     argument moves one kernel back: P's predecessor (an RMSNorm) waits first and writes none of
+//     them either. Any new kernel placed before the decode attention must keep one of the two.
 // Because each kernel completes only after its own PdlWait() returned, completion is ordered
 // transitively along the stream; a kernel launched without the attribute (cuBLASLt, copies)
 // is ordered as usual. Without the attribute (or below sm_90) both calls are no-ops, so the
