@@ -70,12 +70,6 @@ __device__ __forceinline__ void StoreSharedZero16(uint32_t addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
 }
 
-// Fetches the line holding p into this SM's L1 (and L2): no register result, nothing to wait
-// for. For immutable data a kernel reads after PdlWait (launch.h), issued before it.
-__device__ __forceinline__ void PrefetchL1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
-
 // Fetches the 128-byte line holding p into L2 (no register result, nothing to wait for).
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

@@ -36,7 +36,6 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
-#include "kernels/cuda/common/ptx.cuh"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/cuda/moe/combine.cuh"
 #include "kernels/cuda/ops/model_ops.h"
@@ -176,13 +175,6 @@ __global__ void __launch_bounds__(kNormThreads)
                      const float* __restrict__ weight, T* __restrict__ out,
                      const int32_t* __restrict__ rows, int64_t hidden, float eps,
                      uint8_t* __restrict__ out8, float* __restrict__ out_scale) {
-  const int64_t num_chunks = hidden / N;
-  // The norm's weight is immutable: its lines come into L1 while the kernel before this one
-  // finishes, so the second pass does not wait on HBM after the reduction (decode: one CTA,
-  // whose every step is on the critical path).
-  for (int64_t line = threadIdx.x; line * 32 < hidden; line += kNormThreads) {
-    ptx::PrefetchL1(weight + line * 32);  // 32 floats per 128-byte line
-  }
   PdlWait();  // reads what earlier kernels wrote (launch.h)
   PdlTrigger();
   const int64_t r = rows ? rows[blockIdx.x] : blockIdx.x;
@@ -190,6 +182,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const bool has_delta = delta.present();
   const auto del = delta.Token(r);
   T* dst = kFp8Out ? nullptr : out + int64_t(blockIdx.x) * hidden;  // (out is null with kFp8Out)
+  const int64_t num_chunks = hidden / N;
   float cache[kNormCached][N];
   float sum_sq = 0.f;
   // Pass 1: residual += delta (written back), sum of squares; chunk c = threadIdx + j·threads.
