@@ -349,6 +349,25 @@ struct RaggedProblem {
     LLM_CUDA_CHECK(cudaMemcpy(h.data(), dptr, OutBytes(), cudaMemcpyDeviceToHost));
     return h;
   }
+  // Captures enqueue() on `stream` into a graph, then `replays` times: poisons the output,
+  // replays, waits, and calls check(replay).
+  template <typename Enqueue, typename Check>
+  void ReplayCaptured(cudaStream_t stream, Enqueue&& enqueue, int replays, Check&& check) const {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    enqueue();
+    LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < replays; ++replay) {
+      Poison(p.out, stream);
+      LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      check(replay);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
   // Max abs error against the CPU reference; any NaN fails the test.
   float MaxErr(const std::vector<uint16_t>& got, const std::string& what) const {
     float max_err = 0.f;
@@ -482,21 +501,17 @@ TEST_F(DecodeAttentionGpuV3, NewestKeyWrittenLateByThePreviousKernel) {
         if (first.empty()) first = got;
         EXPECT_TRUE(BitEqual(got, first)) << what << ": differs from the first run";
 
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        LLM_CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
-        step();
-        cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
-        LLM_CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
-        LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int replay = 0; replay < 3; ++replay) {
-          pr.Poison(pr.p.out, stream.s);
-          LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream.s));
-          EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first))
-              << what << ": graph replay " << replay;
-        }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
+        pr.ReplayCaptured(
+            stream.s,
+            [&] {
+              step();
+              cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+            },
+            3,
+            [&](int replay) {
+              EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first))
+                  << what << ": graph replay " << replay;
+            });
         EXPECT_EQ(ws.NonZeroCounters(), 0) << what;
       }
     }
@@ -569,22 +584,17 @@ TEST_F(DecodeAttentionGpuV3, RepeatedCallsAndGraphReplaysBitIdentical) {
 
       // Graph: two launches (the second depends on the first through the stream, with a
       // programmatic edge when PDL is on), replayed 3 times.
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      LLM_CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
-      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
-      cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
-      LLM_CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
-      LLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      for (int replay = 0; replay < 3; ++replay) {
-        pr.Poison(pr.p.out, stream.s);
-        LLM_CUDA_CHECK(cudaGraphLaunch(exec, stream.s));
-        LLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
-        EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first)) << what << ": replay " << replay;
-        EXPECT_EQ(ws.NonZeroCounters(), 0) << what << ": replay " << replay;
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      pr.ReplayCaptured(
+          stream.s,
+          [&] {
+            cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+            cuda::PagedDecodeAttention(pr.p, splits, ws.buf.p, ws.bytes, stream.s);
+          },
+          3,
+          [&](int replay) {
+            EXPECT_TRUE(BitEqual(pr.Download(pr.p.out), first)) << what << ": replay " << replay;
+            EXPECT_EQ(ws.NonZeroCounters(), 0) << what << ": replay " << replay;
+          });
     }
   }
 }
