@@ -564,6 +564,35 @@ TEST_F(CudaExecutorTest, ChainedMlpIsBitIdenticalToTheFoldedNorm) {
   }
 }
 
+// --decode-kv-before-wait (the decode attention's prologue before its PdlWait, launch.h's named
+// exception) changes when the copies are issued, not what is read: logits and batched greedy
+// tokens bit-identical to the defaults, with bf16 and fp8 (e4m3, the per-warp copies) KV pools,
+// under PDL and graphs (the small options capture them).
+TEST_F(CudaExecutorTest, DecodeKvBeforeWaitIsBitIdentical) {
+  for (const char* name : {"hd128", "hd64"}) {
+    for (bool kv_fp8 : {false, true}) {
+      const std::string what = std::string(name) + (kv_fp8 ? " fp8 KV" : " bf16 KV");
+      const std::vector<int> ids = ReferenceIds();
+      const std::vector<Request> requests = GreedyRequests(6, 12);
+      CudaExecutorOptions o = SmallOptions(DType::kBF16, true);
+      o.programmatic_launch = true;
+      o.kv_cache_fp8 = kv_fp8;
+      std::vector<float> logits[2];
+      std::vector<std::vector<int>> tokens[2];
+      for (int early = 1; early >= 0; --early) {  // ends with the default (off)
+        o.decode_kv_before_wait = early == 1;
+        logits[early] = AllLogits(*CudaExecutor::Create(ModelDir(name), o), ids, 17);
+        tokens[early] = RunEngine(CudaExecutor::Create(ModelDir(name), o), requests, true, false);
+      }
+      EXPECT_EQ(CountDiffering(logits[0], logits[1]), 0u) << what << ": logits differing";
+      for (size_t i = 0; i < requests.size(); ++i) {
+        ASSERT_EQ(tokens[1][i].size(), 12u) << what;
+        EXPECT_EQ(tokens[1][i], tokens[0][i]) << what << ": batched request " << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaExecutorTest, StoriesGreedyContinuationsEqualTheCpusFor32Tokens) {
   const std::vector<Request> requests = GreedyRequests(4, 32);
   const auto cpu = RunEngine(Cpu(test::StoriesModel()), requests, false, true);
