@@ -126,8 +126,8 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "cuda: no programmatic dependent launch between kernels");
   cmd->add_flag("--decode-kv-before-wait", decode_kv_before_wait,
                 "cuda: the decode attention copies its first K/V tiles (all but the newest "
-                "key's) under the tail of the kernel before it, before waiting for it (not yet "
-                "measured)");
+                "key's) under the tail of the kernel before it, before waiting for it (batch-1 "
+                "decode 0.4-0.6% faster on an H100; off until its fp8-KV path is tested)");
   cmd->add_flag("--fp8-precise-accum", fp8_precise_accum,
                 "cuda, --quantization fp8: GEMMs promote their FP8 partial sums to fp32 "
                 "periodically (cuBLASLt's default) instead of the tensor cores' fast "

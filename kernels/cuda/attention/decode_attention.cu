@@ -47,7 +47,8 @@
 //    indices, the first kStages - 1 tiles' K/V rows except the sequence's newest key) before
 //    PdlWait, so those round trips overlap the previous kernel's tail (batch-1 decode: the
 //    q|k|v GEMV's); after the wait it loads Q and copies the newest key's row (launch.h's named
-//    exception; opt-in, SetDecodeKvBeforeWait(true), until measured; else it waits first). The
+//    exception; opt-in, SetDecodeKvBeforeWait(true), until its fp8-KV path has run on a GPU;
+//    else it waits first). The
 //    warp-item kernels wait before their first global read.
 //  - Prologue: the context length, then the page indices of the first kStages - 1 tiles as ONE
 //    cp.async group (v2 loaded them with plain loads tile by tile, dependent round trips before
@@ -732,7 +733,8 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   // (launch.h's named exception); q and the newest key's K/V row (the q|k|v projection's
   // append) are read after it, and nothing is written before it. Without it, first thing.
   PdlTrigger();
-  if (!a.kv_before_wait) PdlWait();
+  const bool early = a.kv_before_wait != 0;
+  if (!early) PdlWait();
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -817,7 +819,6 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   };
   // Page indices of the first kStages - 1 tiles: one cp.async group (all in flight together),
   // waited for here since the first K/V copies need them.
-  const bool early = a.kv_before_wait != 0;
   for (int j = 0; j < Tr::kStages - 1; ++j) stage_pages_async(j, early);
   CpAsyncCommit();
   CpAsyncWait<0>();
@@ -826,14 +827,14 @@ __global__ void __launch_bounds__(DecodeTraits<D, kFp8, kDecodeDimSplit<kFp8, kT
   // Prologue: tiles 0..kStages-2 in flight, all but the newest key's row (issued after the
   // wait, below). Commit group j holds K/V of tile j and the page indices of tile
   // j + kStages - 1 (needed when that tile is issued, after group j landed).
-  const int newest = a.kv_before_wait ? num_keys - 1 : -1;
+  const int newest = early ? num_keys - 1 : -1;
 #pragma unroll
   for (int j = 0; j < Tr::kStages - 1; ++j) {
     issue_tile(j, j, newest, kKvAllRows);
     stage_pages_async(j + Tr::kStages - 1, early);
     CpAsyncCommit();
   }
-  if (a.kv_before_wait) PdlWait();  // q and the newest key's row: the previous kernel's writes
+  if (early) PdlWait();  // q and the newest key's row: the previous kernel's writes
 
   const int g = lane >> 2;
   const int c = lane & 3;

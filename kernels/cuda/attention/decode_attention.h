@@ -84,7 +84,7 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 // kernels (kWarpItems / kWarpItemsT, which have none): std::invalid_argument naming the value.
 // Asynchronous on `stream`.
 // Process-wide (as SetProgrammaticLaunch): whether the CTA kernel's prologue copies run before
-// its PdlWait or after it (the default until it is measured on a GPU; llm
+// its PdlWait or after it (the default until its fp8-KV path has run on a GPU; llm
 // --decode-kv-before-wait; the tests compare the two bit for bit). Read at each launch: a
 // captured graph keeps the setting it was captured with.
 void SetDecodeKvBeforeWait(bool on);

@@ -1,6 +1,6 @@
 // LateCopy (launch.h): a kernel that writes late, for the tests of kernels that read before
 // their PdlWait (launch.h's named exception). One CTA: it waits for its predecessor, lets its
-// successor launch, sleeps about delay_ns, then copies. A successor that reads the destination
+// successor launch, sleeps at least delay_ns, then copies. A successor that reads the destination
 // before its own PdlWait sees the old bytes; one that reads it after sees the new.
 // Test: decode_attention_gpu_test (NewestKeyWrittenLateByThePreviousKernel).
 #include <cuda_runtime.h>
