@@ -50,6 +50,14 @@
 //    with a window (the pair's tiles start at different keys).
 //  - Keys past the sequence end in the last tile: their pages are not loaded, and those V rows
 //    are zeroed by the consumers (stale slots may hold NaN, and 0·NaN = NaN).
+//  - Half-width last tiles: a warpgroup whose rows mask all of its item's last tile's upper 64
+//    keys (causal: the diagonal tile of the warpgroup holding a query tile's first 64 rows;
+//    non-causal: a sequence ending in the tile's lower half) issues that tile's S as m64n64
+//    (the first half of S's registers; the mask sets the rest to -inf) and its P·V over 64 keys
+//    (kV4FullDiag: full width). Each form has its own fence ... commit sequence: a branch
+//    between the fence and the wgmmas made ptxas fence all of them (C7519, C7515).
+//  - L2 hints: Q loads and output stores evict-first (each is touched once), so the section's
+//    K/V, re-read by the pair's other query tiles, stay (kV4NoStreamHints: normal priority).
 // Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
 // Test:  ninja -C build prefill_attention_gpu_test &&
 //        (cd build && ctest -L gpu -R prefill_attention)
@@ -127,11 +135,14 @@ struct WgmmaTraits {
 using ptx::ClusterArrive;
 using ptx::ClusterCtaRank;
 using ptx::ClusterWait;
-using ptx::CpAsync16;
+using ptx::CpAsync16Hint;
 using ptx::CpAsyncWaitAll;
 using ptx::FastExp2;
 using ptx::FenceProxyAsync;  // generic-proxy shared writes -> later wgmma / TMA reads
 using ptx::FenceRegs;
+using ptx::L2EvictFirstPolicy;
+using ptx::L2EvictLastPolicy;
+using ptx::L2EvictNormalPolicy;
 using ptx::MbarArrive;
 using ptx::MbarArriveCount;
 using ptx::MbarArriveRemote;
@@ -144,16 +155,18 @@ using ptx::NamedBarrierArrive;
 using ptx::SetMaxNRegDec;
 using ptx::SetMaxNRegInc;
 using ptx::SmemAddr;
+using ptx::StoreGlobal16Hint;
 using ptx::StoreSharedZero16;
-using ptx::TmaLoad3d;
+using ptx::TmaLoad3dHint;
 using ptx::TmaLoad3dMulticast;
-using ptx::TmaLoad4d;
+using ptx::TmaLoad4dHint;
 using ptx::TmaLoad4dMulticast;
 using ptx::WgmmaCommit;
 using ptx::WgmmaFence;
-using ptx::WgmmaRS128;  // D[64×128] += A (registers) · B (smem, transposed)
-using ptx::WgmmaRS64;   // D[64×64] += A (registers) · B (smem, transposed)
-using ptx::WgmmaSS128;  // D[64×128] (+)= A (smem) · B (smem), both K-major
+using ptx::WgmmaRS128;   // D[64×128] += A (registers) · B (smem, transposed)
+using ptx::WgmmaRS64;    // D[64×64] += A (registers) · B (smem, transposed)
+using ptx::WgmmaSS128;   // D[64×128] (+)= A (smem) · B (smem), both K-major
+using ptx::WgmmaSS64Lo;  // D[64×64] (+)= A (smem) · B (smem) into the first half of S
 using ptx::WgmmaWait;
 
 using ptx::DescAt;  // shared-memory matrix descriptors, 128-byte swizzle
@@ -352,13 +365,16 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         __syncwarp();
         if (mine) {
           const bool shared_tile = j < ic.common;
+          // (made here, not held across the loop: the producer has 40 registers)
+          const uint64_t kv_policy =
+              (a.v4_flags & kV4KvEvictLast) ? L2EvictLastPolicy() : L2EvictNormalPolicy();
 #pragma unroll
           for (int h = 0; h < Tr::kHalves; ++h) {
             const uint32_t off = st * Tr::kKvBytes + h * Tr::kKvHalfBytes + lane * bs * 128;
             const bool v_too = !page_v;
             if (!shared_tile) {
-              TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
-              if (v_too) TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
+              TmaLoad3dHint(sK + off, &tmap_k, h * 64, 0, box, full_k(st), kv_policy);
+              if (v_too) TmaLoad3dHint(sV + off, &tmap_v, h * 64, 0, box, full_v(st), kv_policy);
             } else if (((lane * Tr::kHalves + h) & 1) == int(ws.rank)) {  // boxes alternate
               TmaLoad3dMulticast(sK + off, &tmap_k, h * 64, 0, box, full_k(st), 3);
               if (v_too) TmaLoad3dMulticast(sV + off, &tmap_v, h * 64, 0, box, full_v(st), 3);
@@ -367,7 +383,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           if (page_v) {  // the page's V, both panels, in one box: [panel][key in page][64]
             const uint32_t off = st * Tr::kKvBytes + lane * Tr::kHalves * bs * 128;
             if (!shared_tile) {
-              TmaLoad4d(sV + off, &tmap_v, 0, 0, 0, box, full_v(st));
+              TmaLoad4dHint(sV + off, &tmap_v, 0, 0, 0, box, full_v(st), kv_policy);
             } else if ((lane & 1) == int(ws.rank)) {  // pages alternate between the pair
               TmaLoad4dMulticast(sV + off, &tmap_v, 0, 0, 0, box, full_v(st), 3);
             }
@@ -448,20 +464,34 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     const int key0 = 16 * kk;
     return uint32_t((key0 >> bs_shift) * Tr::kHalves * bs + (key0 & (bs - 1))) * 128;
   };
-  auto issue_s = [&](int j) {  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel
+  // The item's slot whose upper 64 keys this warpgroup's rows all mask (kV4FullDiag): -1 when
+  // none. Only the last tile can be one (causal: the rows' last visible key is below the
+  // tile's 65th key only there; non-causal: the sequence ends in it).
+  // Each half-width form is issued in its own fence ... commit sequence (a branch between the
+  // fence and the wgmmas makes ptxas fence every wgmma of the kernel).
+  int half_j = -1;
+  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel. half: keys 0-63 only (S's other
+  // half is all masked: the softmax sets it to -inf).
+  auto issue_s = [&](int j, bool half) {
     const uint32_t k_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       const uint32_t off = (kk / 4) * Tr::kQHalfBytes + (kk % 4) * 32;
       const uint32_t koff = (kk / 4) * Tr::kKvHalfBytes + (kk % 4) * 32;
-      WgmmaSS128(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
+      if (half) {
+        WgmmaSS64Lo(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
+      } else {
+        WgmmaSS128(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
+      }
     }
   };
-  // O += P V_j: 8 wgmmas of 16 keys, V read N-major.
-  auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4]) {
+  // O += P V_j: 8 wgmmas of 16 keys, V read N-major (half: 4, P is 0 past them).
+  auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4], bool half) {
     const uint32_t v_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + v_off(kk)));
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      if (kk < kBc / 32 || !half) WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + v_off(kk)));
+    }
   };
   // Mask (diagonal tiles) and online softmax of S_j; P_j packed into p; alpha for O. O itself
   // is not touched (a P·V may still be accumulating into it).
@@ -550,11 +580,19 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     wait_full(full_k(stage(j)), j);
     wait_full(full_v(pst), j - 1);  // tile j-1 < n_tiles-1: never partial
     take_turn();
-    WgmmaFence();
-    issue_s(j);
-    WgmmaCommit();
-    issue_pv(j - 1, prev);
-    WgmmaCommit();
+    if (j == half_j) {
+      WgmmaFence();
+      issue_s(j, true);
+      WgmmaCommit();
+      issue_pv(j - 1, prev, false);
+      WgmmaCommit();
+    } else {
+      WgmmaFence();
+      issue_s(j, false);
+      WgmmaCommit();
+      issue_pv(j - 1, prev, false);
+      WgmmaCommit();
+    }
     pass_turn();
     if (overlap) {
       WgmmaWait<1>();  // S_j landed; P_{j-1}·V_{j-1} may still run
@@ -576,8 +614,15 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     }
   };
 
+  // Q rows and output rows are touched once: evict-first in the L2, so that they do not push
+  // out the section's K/V, which the pair's other query tiles read again (kV4NoStreamHints:
+  // normal priority). Made where used (not held in registers across the loop).
+  auto stream_policy = [&] {
+    return (a.v4_flags & kV4NoStreamHints) ? L2EvictNormalPolicy() : L2EvictFirstPolicy();
+  };
   // Q rows of an item by cp.async into this warpgroup's 64 rows of the Q tile (no wait).
   auto load_q = [&](const TileCoords& c) {
+    const uint64_t policy = stream_policy();
     const int wq0 = c.q0 + w * 64;  // this warpgroup's first query row
     const T* q = static_cast<const T*>(a.q);
     constexpr int kChunks = HD / 8;
@@ -589,7 +634,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           q + (int64_t(c.q_start + (ok ? wq0 + r : 0)) * a.num_heads + c.head) * HD + ch * 8;
       const uint32_t dst =
           sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
-      CpAsync16(dst, src, ok ? 16 : 0);
+      CpAsync16Hint(dst, src, ok ? 16 : 0, policy);
     }
   };
   // Q prefetch: once an item's last S = Q·Kᵀ has completed in all four warps, the next item's
@@ -627,6 +672,15 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         kt0 = kWindow ? ic.first_tile : 0;
       }
     }
+    {
+      const int k0_last = ((kWindow ? kt0 : 0) + n_tiles - 1) * kBc;
+      const bool half = a.causal ? k0_last >= diag : k0_last + kBc / 2 > last_key;
+      // (not in the runtime-bit sliding-window kernel: with it ptxas serialized that kernel's
+      // wgmmas at head_dim 64, C7515)
+      constexpr bool kHalfTiles = !(kWindow && kFixed == kRuntimeFlags);
+      half_j =
+          (kHalfTiles && n_tiles > 0 && half && !(a.v4_flags & kV4FullDiag)) ? n_tiles - 1 : -1;
+    }
     if (n_tiles > 0) {
       // This warpgroup's 64 Q rows, unless the previous item already prefetched them.
       if (!q_pending) {
@@ -645,9 +699,15 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       // Tile 0: S only.
       wait_full(full_k(stage(0)), 0);
       take_turn();
-      WgmmaFence();
-      issue_s(0);
-      WgmmaCommit();
+      if (half_j == 0) {
+        WgmmaFence();
+        issue_s(0, true);
+        WgmmaCommit();
+      } else {
+        WgmmaFence();
+        issue_s(0, false);
+        WgmmaCommit();
+      }
       pass_turn();
       WgmmaWait<0>();
       FenceRegs(s);
@@ -713,9 +773,15 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) pa0[kk][i] = odd ? pa1[kk][i] : pa0[kk][i];
         take_turn();
-        WgmmaFence();
-        issue_pv(j, pa0);
-        WgmmaCommit();
+        if (j == half_j) {
+          WgmmaFence();
+          issue_pv(j, pa0, true);
+          WgmmaCommit();
+        } else {
+          WgmmaFence();
+          issue_pv(j, pa0, false);
+          WgmmaCommit();
+        }
         pass_turn();
         WgmmaWait<0>();
         FenceRegs(o);
@@ -733,6 +799,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       const TileCoords c2 = GetItemCoords<kBr, kBc, kWindow>(a, ws2, item).c;
       const int row0 = c2.q0 + w * 64 + warp * 16 + g4;  // this thread's rows: row0, row0 + 8
       T* out = static_cast<T*>(a.out);
+      const uint64_t out_policy = stream_policy();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float lt = l[h];
@@ -767,7 +834,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           for (int k = 1; k < 4; ++k) r[k] = __shfl_xor_sync(0xffffffffu, Pick4(p, t ^ k), k);
           // Columns 2u, 2u + 1 of chunk 4i + t came from thread u: r[u ^ t].
           const uint4 v = {Pick4(r, t), Pick4(r, 1 ^ t), Pick4(r, 2 ^ t), Pick4(r, 3 ^ t)};
-          if (row < c2.q_len) *reinterpret_cast<uint4*>(dst + (4 * i + t) * 8) = v;
+          if (row < c2.q_len) StoreGlobal16Hint(dst + (4 * i + t) * 8, v, out_policy);
         }
       }
     }
@@ -856,7 +923,8 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   // compiled as constants, the other without a window only; every other schedule runs on the
   // runtime-bit kernel.
   constexpr int kOther = kProduction == kV4Default ? kV4NoOverlap : kV4Default;
-  const int sched = a.v4_flags & ~(kV4AllPairs | kV4TinySections);  // host-side bits (the order)
+  // Host-side bits (the order) and the bits every instantiation reads at run time.
+  const int sched = a.v4_flags & ~(kV4AllPairs | kV4TinySections | kV4RuntimeBits);
   auto kernel = PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
   if (sched == kProduction) kernel = PrefillWgmmaKernel<T, HD, kWindow, kProduction>;
   if constexpr (!kWindow) {
