@@ -143,6 +143,15 @@ struct CudaExecutorOptions {
   bool gemv_chain = false;
   // GEMV steps: persistent grids of equal shares (cuda::GemvArgs::balanced).
   bool gemv_balanced_grid = false;
+  // Two-batch overlap of decode steps (forward.cc, RunLayersOverlapped): a decode-only step of
+  // at least kDecodeOverlapMinRows rows with fp8 weights (W8A8) on one GPU, no MoE layer and no
+  // sandwich norms runs its rows as two halves on two streams, half a layer apart, so that one
+  // half's decode attention (bound by memory) runs beside the other half's GEMMs (bound by
+  // compute). decode_overlap_gemm_sms > 0: the halves' GEMMs are chosen and sized for that
+  // many SMs (cuBLASLt's SM count target), leaving the rest to the attention beside them.
+  // Off: not yet measured.
+  bool decode_overlap = false;
+  int decode_overlap_gemm_sms = 0;
   // Per-head q/k norms (Qwen3) at head_dim 64 / 128 / 256: RopeAppendKv with one warp per head
   // (cuda::QkvPrologue::head_warps) instead of one CTA per token: Qwen3-30B-A3B batch 1 3.962
   // ms/token against 4.091 (H100, 2026-12-06, bench/RESULTS.md).
@@ -163,9 +172,9 @@ struct CudaExecutorOptions {
   bool programmatic_launch = true;
   // The decode attention's prologue copies (context lengths, page indices, the first tiles'
   // K/V rows but the newest) before its PdlWait, under the previous kernel's tail
-  // (cuda::SetDecodeKvBeforeWait); measured 0.4-0.6% faster at batch 1 (H100), off until its
-  // fp8-KV path has run on a GPU. Process-wide as above.
-  bool decode_kv_before_wait = false;
+  // (cuda::SetDecodeKvBeforeWait); measured 0.4-0.6% faster at batch 1 (H100), bit for bit the
+  // same logits and tokens (bf16 and fp8 KV). Process-wide as above.
+  bool decode_kv_before_wait = true;
   int64_t max_graph_batch = 0;  // 0: max_num_seqs
   bool dummy_weights = false;   // --load-format dummy: random weights on the device
   uint64_t dummy_seed = 0;
@@ -215,6 +224,8 @@ struct CudaExecutorStats {
   int64_t packed_uploads = 0;  // packed_step_inputs: the packed copies + scatters enqueued
   // fp8 KV: prefill attention launches that ran the wgmma kernel over a copy of the pages.
   int64_t fp8_prefill_copies = 0;
+  // decode_overlap: steps run as two halves on two streams (graph replays and eager steps).
+  int64_t decode_overlap_steps = 0;
   // gemm_autotune: GEMM shapes timed at start-up, and how many of them chose another algorithm
   // than cuBLASLt's heuristic.
   int64_t gemm_tuned_shapes = 0, gemm_retuned_shapes = 0;

@@ -45,9 +45,17 @@ void CudaWorker::Release() {
   cudaSetDevice(device);
   if (stream) cudaStreamSynchronize(stream);  // a launched step may still use the buffers
   if (mask_stream) cudaStreamSynchronize(mask_stream);
+  if (overlap_stream) cudaStreamSynchronize(overlap_stream);
   for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
   graphs.clear();
   gemm.reset();
+  for (auto& g : overlap_gemm) g.reset();
+  for (cudaEvent_t* e : {&overlap_fork, &overlap_join, &overlap_qkv[0], &overlap_qkv[1]}) {
+    if (*e) cudaEventDestroy(*e);
+    *e = nullptr;
+  }
+  if (overlap_stream) cudaStreamDestroy(overlap_stream);
+  overlap_stream = nullptr;
   for (void* p : allocations) cudaFree(p);
   for (OutSlot& o : out) {
     if (o.start) cudaEventDestroy(o.start);
@@ -90,9 +98,11 @@ void CudaWorker::LeakDeviceState() {
     o.start = o.stop = nullptr;
   }
   (void)gemm.release();
+  for (auto& g : overlap_gemm) (void)g.release();
   graphs.clear();
   allocations.clear();
-  stream = mask_stream = nullptr;
+  stream = mask_stream = overlap_stream = nullptr;
+  overlap_fork = overlap_join = overlap_qkv[0] = overlap_qkv[1] = nullptr;
   ev_inputs = ev_sync = ev_masks = ev_masks_read = nullptr;
   comm = nullptr;
 }
@@ -163,6 +173,10 @@ void CudaWorker::AllocActivations() {
   // Zeroed once: its split arrival counters must start at zero, and every decode attention
   // call leaves them zero (kernels/cuda/attention/decode_attention.h), graph replays included.
   LLM_CUDA_CHECK(cudaMemsetAsync(decode_ws, 0, kDecodeWorkspaceBytes, stream));
+  if (overlap_stream != nullptr) {  // the second half's (--decode-overlap), the same way
+    overlap_decode_ws = Alloc(int64_t(kDecodeWorkspaceBytes));
+    LLM_CUDA_CHECK(cudaMemsetAsync(overlap_decode_ws, 0, kDecodeWorkspaceBytes, stream));
+  }
   if (Fp8PrefillCopies()) {
     // A maximum-length sequence's pages, plus a step's new tokens in max_seqs sequences:
     // every step's prefill sequences fit in one launch unless their cached context adds up
@@ -399,6 +413,23 @@ void CudaWorker::Setup(const std::string& model_path) {
   gemm = std::make_unique<cuda::Gemm>();
   gemm->set_fast_accum(opt.fp8_fast_accum);
   allocated_bytes += int64_t{32} << 20;
+  if (opt.decode_overlap && shard.rank == 0 &&
+      (!fp8 || shard.size > 1 || num_experts > 0 || features.sandwich_norms)) {
+    Log("--decode-overlap takes dense models with fp8 weights (--quantization fp8) on one GPU; "
+        "this one's decode steps run whole");
+  }
+  if (opt.decode_overlap) {  // (used only where OverlapStep holds; see there)
+    LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&overlap_stream, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&overlap_fork, &overlap_join, &overlap_qkv[0], &overlap_qkv[1]}) {
+      LLM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
+    for (auto& g : overlap_gemm) {
+      g = std::make_unique<cuda::Gemm>();
+      g->set_fast_accum(opt.fp8_fast_accum);
+      g->set_sm_count_target(opt.decode_overlap_gemm_sms);
+      allocated_bytes += int64_t{32} << 20;
+    }
+  }
 
   if (opt.dummy_weights) {
     FillDummy();
@@ -463,7 +494,8 @@ void CudaWorker::Finish(int64_t num_blocks) {
   }
   stats.gemm_tuned_shapes = gemm->num_tuned();
   stats.gemm_retuned_shapes = gemm->num_retuned();
-  stats.steps = stats.graph_steps = stats.fp8_prefill_copies = 0;  // (the profiling pass's)
+  stats.steps = stats.graph_steps = stats.fp8_prefill_copies = stats.decode_overlap_steps =
+      0;  // (the profiling pass's)
   stats.device_ms = stats.wall_ms = 0;
   stats.decode_steps = stats.decode_seq_steps = stats.decode_kv_tokens_read = 0;
   stats.decode_device_ms = 0;

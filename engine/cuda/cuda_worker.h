@@ -210,6 +210,16 @@ struct CudaWorker {
   // is not yet in x; the next RMSNorm adds it (ResidualNorm, cuda::MoeCombineRmsNorm).
   bool combine_pending = false;
   void* decode_ws = nullptr;
+  // --decode-overlap (opt.decode_overlap; forward.cc's RunLayersOverlapped): the second half's
+  // stream, its decode workspace (zeroed once, like decode_ws), each half's GEMMs (own
+  // workspaces: the halves' GEMMs run at once; cuBLASLt's SM count target), and the events
+  // that fork, pace and join the halves.
+  cudaStream_t overlap_stream = nullptr;
+  void* overlap_decode_ws = nullptr;
+  std::unique_ptr<cuda::Gemm> overlap_gemm[2];
+  cudaEvent_t overlap_fork = nullptr, overlap_join = nullptr;
+  cudaEvent_t overlap_qkv[2] = {nullptr, nullptr};  // each half's q|k|v issued (attention next)
+  static constexpr int64_t kDecodeOverlapMinRows = 64;
   // fp8 KV (opt.fp8_prefill_wgmma): the prefill attention's scratch (cuda::PrefillScratch):
   // room for the bf16/fp16 copy of prefill_scratch_pages pages and a block table over them.
   void* prefill_scratch = nullptr;
@@ -378,6 +388,28 @@ struct CudaWorker {
   // ---- one step: the forward (forward.cc) ------------------------------------------------
   PagedKvView<void> Kv(int64_t layer) const;
   void Attention(int64_t layer, const Shape& s);
+  // A slice of a step's rows [off, off + n) and where its kernels go: the whole step on
+  // `stream` (AllRows), or one half of a --decode-overlap step. act8: the slice's e4m3 codes
+  // (its first row's, at each kernel's own row width).
+  struct RowSlice {
+    int64_t off = 0, n = 0;
+    cudaStream_t stream = nullptr;
+    cuda::Gemm* gemm = nullptr;
+    void* decode_ws = nullptr;
+    uint8_t* act8 = nullptr;
+  };
+  RowSlice AllRows(int64_t n) const;
+  cuda::AttentionParams AttentionParamsOf(int64_t layer) const;
+  // The decode attention of the slice's rows (all decode rows of s).
+  void DecodeAttention(int64_t layer, const Shape& s, const RowSlice& r);
+  // W8A8 layer pieces over a slice: the input RMSNorm, q|k|v and RoPE + KV append; the
+  // attention output's quantization and o (added to x); the MLP (dense: post-attention
+  // RMSNorm, gate|up, SiLU·mul, down added to x).
+  void LayerFp8Qkv(int64_t i, const RowSlice& r);
+  void LayerFp8O(int64_t i, const RowSlice& r);
+  void LayerFp8Mlp(int64_t i, const RowSlice& r);
+  bool OverlapStep(const Shape& s) const;
+  void RunLayersOverlapped(const Shape& s);
   cuda::GemvArgs SmallArgs(cuda::GemvEpilogue epilogue, const void* in, const float* norm,
                            const void* w, const float* w_scale, void* out, int64_t n, int64_t m,
                            int64_t k) const;

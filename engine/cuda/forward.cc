@@ -1,7 +1,9 @@
 // The forward pass of one step on the worker's stream: every layer's kernels (RMSNorm, q|k|v,
 // RoPE + KV append, attention, o, gate|up, SiLU·mul, down) on the GEMV kernel for small steps
 // or cuBLASLt (fp8: W8A8), then the logits of the rows that need them.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/cuda/cuda_worker.h"
@@ -13,7 +15,7 @@ PagedKvView<void> CudaWorker::Kv(int64_t layer) const {
   return {k_pool[size_t(layer)], v_pool[size_t(layer)], layout};
 }
 
-void CudaWorker::Attention(int64_t layer, const Shape& s) {
+cuda::AttentionParams CudaWorker::AttentionParamsOf(int64_t layer) const {
   cuda::AttentionParams p;
   const PagedKvView<void> kv = Kv(layer);
   p.kv = {kv.k, kv.v, kv.layout};
@@ -21,18 +23,31 @@ void CudaWorker::Attention(int64_t layer, const Shape& s) {
   p.scale = config.AttentionScale();
   p.dtype = dtype;
   p.kv_format = kv_format;
+  return p;
+}
+
+CudaWorker::RowSlice CudaWorker::AllRows(int64_t n) const {
+  return {0, n, stream, gemm.get(), decode_ws, act8};
+}
+
+void CudaWorker::DecodeAttention(int64_t layer, const Shape& s, const RowSlice& r) {
+  cuda::AttentionParams p = AttentionParamsOf(layer);
+  const int64_t offset = r.off * q_dim * int64_t(esize);
+  p.q = static_cast<const std::byte*>(q) + offset;
+  p.out = static_cast<std::byte*>(attn) + offset;
+  p.batch = {r.n, d_cu, d_ctx + r.off, d_tables + r.off * s.width, s.width};
+  p.batch.sliding_window = config.SlidingWindowOf(layer);  // 0: full causal
+  p.max_q_len = 1;
+  p.max_num_keys = s.max_keys_decode;
+  cuda::PagedDecodeAttention(p, s.splits, r.decode_ws, kDecodeWorkspaceBytes, r.stream);
+}
+
+void CudaWorker::Attention(int64_t layer, const Shape& s) {
+  cuda::AttentionParams p = AttentionParamsOf(layer);
   // This layer's sliding window (0: full causal), set on every batch below.
   const int64_t window = config.SlidingWindowOf(layer);
   const int64_t nd = s.num_decode;
-  if (nd > 0) {
-    p.q = q;
-    p.out = attn;
-    p.batch = {nd, d_cu, d_ctx, d_tables, s.width};
-    p.batch.sliding_window = window;
-    p.max_q_len = 1;
-    p.max_num_keys = s.max_keys_decode;
-    cuda::PagedDecodeAttention(p, s.splits, decode_ws, kDecodeWorkspaceBytes, stream);
-  }
+  if (nd > 0) DecodeAttention(layer, s, AllRows(nd));
   if (s.num_seqs > nd) {
     const int64_t offset = nd * q_dim * int64_t(esize);
     p.q = static_cast<const std::byte*>(q) + offset;
@@ -219,7 +234,9 @@ void CudaWorker::RunModel(const Shape& s) {
   cuda::EmbeddingGather(embed, dtype, d_tokens, n, hidden, x, stream, embed_scale);
   const bool sandwich = features.sandwich_norms;  // Gemma: o and down outputs normalized
   const bool gelu = features.mlp == MlpKind::kGeGluTanh;
-  for (int64_t i = 0; i < config.num_layers; ++i) {
+  const bool overlapped = OverlapStep(s);
+  if (overlapped) RunLayersOverlapped(s);  // every layer, as two halves
+  for (int64_t i = 0; i < config.num_layers && !overlapped; ++i) {
     if (fp8 && !small) {  // W8A8: the layer's own path
       FlushCombine(n);    // (only small steps defer the MoE sum)
       RunLayerFp8(i, s);
@@ -419,17 +436,11 @@ void CudaWorker::MoeMlp(const Layer& l, int64_t layer, int64_t n) {
 void CudaWorker::RunLayerFp8(int64_t i, const Shape& s) {
   const int64_t n = s.num_tokens;
   const float eps = float(config.rms_norm_eps);
-  const DType f32 = DType::kF32;
   const Layer& l = layers[size_t(i)];
-  cuda::AddRmsNormE4m3(x, nullptr, l.input_norm, act8, act8_scale, dtype, nullptr, n, hidden, eps,
-                       stream);
-  gemm->LinearFp8(act8, act8_scale, l.qkv, l.qkv_s, qkv, n, qkv_dim, hidden, dtype, false, stream);
-  cuda::RopeAppendKv(qkv, d_positions, d_slots, l.inv_freq, n, int(heads), int(kv_heads),
-                     int(config.head_dim), Kv(i), dtype, q, stream, kv_format, Prologue(l));
+  const RowSlice all = AllRows(n);
+  LayerFp8Qkv(i, all);
   Attention(i, s);
-  const bool add = shard.rank == 0;  // tensor parallel: see RunModel
-  cuda::QuantizeRowsE4m3(attn, dtype, n, q_dim, act8, act8_scale, nullptr, stream);
-  gemm->LinearFp8(act8, act8_scale, l.o, l.o_s, x, n, hidden, q_dim, f32, add, stream);
+  LayerFp8O(i, all);
   AllReduceResidual(n);
   if (l.moe) {  // the router reads `normed` in dtype; MoeMlp quantizes it for the experts
     cuda::AddRmsNorm(x, nullptr, l.post_norm, normed, dtype, nullptr, n, hidden, eps, stream);
@@ -437,13 +448,89 @@ void CudaWorker::RunLayerFp8(int64_t i, const Shape& s) {
     AllReduceResidual(n);
     return;
   }
-  cuda::AddRmsNormE4m3(x, nullptr, l.post_norm, act8, act8_scale, dtype, nullptr, n, hidden, eps,
-                       stream);
-  gemm->LinearFp8(act8, act8_scale, l.gate_up, l.gate_up_s, gate_up, n, 2 * inter, hidden, dtype,
-                  false, stream);
-  cuda::SiluMulE4m3(gate_up, act8, act8_scale, n, inter, dtype, stream);
-  gemm->LinearFp8(act8, act8_scale, l.down, l.down_s, x, n, hidden, inter, f32, add, stream);
+  LayerFp8Mlp(i, all);
   AllReduceResidual(n);
+}
+
+// The slice's rows of the step's buffers (x, act8_scale, qkv, q, attn, gate_up: one row per
+// token at a fixed width; act8: the slice's own base, r.act8).
+void CudaWorker::LayerFp8Qkv(int64_t i, const RowSlice& r) {
+  const Layer& l = layers[size_t(i)];
+  float* const xr = x + r.off * hidden;
+  float* const scale = act8_scale + r.off;
+  std::byte* const qkv_r = static_cast<std::byte*>(qkv) + r.off * qkv_dim * int64_t(esize);
+  std::byte* const q_r = static_cast<std::byte*>(q) + r.off * q_dim * int64_t(esize);
+  cuda::AddRmsNormE4m3(xr, nullptr, l.input_norm, r.act8, scale, dtype, nullptr, r.n, hidden,
+                       float(config.rms_norm_eps), r.stream);
+  r.gemm->LinearFp8(r.act8, scale, l.qkv, l.qkv_s, qkv_r, r.n, qkv_dim, hidden, dtype, false,
+                    r.stream);
+  cuda::RopeAppendKv(qkv_r, d_positions + r.off, d_slots + r.off, l.inv_freq, r.n, int(heads),
+                     int(kv_heads), int(config.head_dim), Kv(i), dtype, q_r, r.stream, kv_format,
+                     Prologue(l));
+}
+
+void CudaWorker::LayerFp8O(int64_t i, const RowSlice& r) {
+  const Layer& l = layers[size_t(i)];
+  const bool add = shard.rank == 0;  // tensor parallel: see RunModel
+  float* const scale = act8_scale + r.off;
+  const std::byte* const attn_r = static_cast<std::byte*>(attn) + r.off * q_dim * int64_t(esize);
+  cuda::QuantizeRowsE4m3(attn_r, dtype, r.n, q_dim, r.act8, scale, nullptr, r.stream);
+  r.gemm->LinearFp8(r.act8, scale, l.o, l.o_s, x + r.off * hidden, r.n, hidden, q_dim, DType::kF32,
+                    add, r.stream);
+}
+
+void CudaWorker::LayerFp8Mlp(int64_t i, const RowSlice& r) {
+  const Layer& l = layers[size_t(i)];
+  const bool add = shard.rank == 0;
+  float* const xr = x + r.off * hidden;
+  float* const scale = act8_scale + r.off;
+  std::byte* const gu = static_cast<std::byte*>(gate_up) + r.off * 2 * inter * int64_t(esize);
+  cuda::AddRmsNormE4m3(xr, nullptr, l.post_norm, r.act8, scale, dtype, nullptr, r.n, hidden,
+                       float(config.rms_norm_eps), r.stream);
+  r.gemm->LinearFp8(r.act8, scale, l.gate_up, l.gate_up_s, gu, r.n, 2 * inter, hidden, dtype, false,
+                    r.stream);
+  cuda::SiluMulE4m3(gu, r.act8, scale, r.n, inter, dtype, r.stream);
+  r.gemm->LinearFp8(r.act8, scale, l.down, l.down_s, xr, r.n, hidden, inter, DType::kF32, add,
+                    r.stream);
+}
+
+// --decode-overlap: whether step s runs as two halves (CudaExecutorOptions::decode_overlap).
+bool CudaWorker::OverlapStep(const Shape& s) const {
+  return overlap_stream != nullptr && fp8 && shard.size == 1 && num_experts == 0 &&
+         !features.sandwich_norms && s.num_seqs == s.num_decode && s.num_tokens == s.num_seqs &&
+         s.num_tokens >= kDecodeOverlapMinRows && !SmallStep(s.num_tokens);
+}
+
+// Every layer of a decode step as two halves of its rows, the first on `stream`, the second
+// on overlap_stream, half a layer apart: a half's q|k|v waits until the other half's q|k|v of
+// the layer before (first half) or of this layer (second half) has run, so each half's
+// attention (memory-bound) runs beside the other half's GEMMs (compute-bound). The halves
+// share nothing but the weights (each row's math is its own; the KV appends and reads are the
+// half's own sequences'): own GEMM objects (workspaces), decode workspaces and e4m3 codes.
+// Capturable: the fork and the join are events, so a graph captured on `stream` takes in
+// overlap_stream's kernels.
+void CudaWorker::RunLayersOverlapped(const Shape& s) {
+  const int64_t n = s.num_tokens;
+  const int64_t na = std::min(n - 1, (n / 2 + 7) / 8 * 8);  // a multiple of 8 rows first
+  const int64_t widest = std::max({hidden, q_dim, inter});  // act8's row width at most
+  const RowSlice half[2] = {
+      {0, na, stream, overlap_gemm[0].get(), decode_ws, act8},
+      {na, n - na, overlap_stream, overlap_gemm[1].get(), overlap_decode_ws, act8 + na * widest}};
+  LLM_CUDA_CHECK(cudaEventRecord(overlap_fork, stream));  // after the embedding
+  LLM_CUDA_CHECK(cudaStreamWaitEvent(overlap_stream, overlap_fork));
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      const RowSlice& r = half[h];
+      if (h == 1 || i > 0) LLM_CUDA_CHECK(cudaStreamWaitEvent(r.stream, overlap_qkv[1 - h]));
+      LayerFp8Qkv(i, r);
+      LLM_CUDA_CHECK(cudaEventRecord(overlap_qkv[h], r.stream));
+      DecodeAttention(i, s, r);
+      LayerFp8O(i, r);
+      LayerFp8Mlp(i, r);
+    }
+  }
+  LLM_CUDA_CHECK(cudaEventRecord(overlap_join, overlap_stream));
+  LLM_CUDA_CHECK(cudaStreamWaitEvent(stream, overlap_join));
 }
 
 }  // namespace llm

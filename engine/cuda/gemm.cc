@@ -65,6 +65,10 @@ Gemm::Plan& Gemm::GetPlan(const Key& key) {
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   SetDesc(p.op, CUBLASLT_MATMUL_DESC_TRANSA, trans_a, "set TRANSA");
   SetDesc(p.op, CUBLASLT_MATMUL_DESC_TRANSB, trans_b, "set TRANSB");
+  if (sm_count_target_ > 0) {
+    const int32_t sms = sm_count_target_;
+    SetDesc(p.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, sms, "set SM_COUNT_TARGET");
+  }
   // A = W as stored: column-major [k, m] (ld k), transposed by the op; B = X: [k, n] (ld k);
   // C = D = Y: column-major [m, n] (ld m), i.e. row-major [n, m].
   if (dtype == DType::kF8E4M3) {

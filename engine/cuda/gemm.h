@@ -52,6 +52,10 @@ class Gemm {
                  cudaStream_t stream);
   // FP8 accumulation mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM) of the later LinearFp8 calls.
   void set_fast_accum(bool on) { fast_accum_ = on; }
+  // The SMs the GEMMs of plans made from now on are chosen and sized for
+  // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET): for GEMMs that share the GPU with kernels on
+  // another stream (the executor's --decode-overlap). 0: all of them.
+  void set_sm_count_target(int sms) { sm_count_target_ = sms; }
 
   int64_t num_plans() const { return static_cast<int64_t>(plans_.size()); }
 
@@ -98,6 +102,7 @@ class Gemm {
   size_t workspace_bytes_ = 0;
   std::map<Key, Plan> plans_;
   bool fast_accum_ = false;
+  int sm_count_target_ = 0;
   bool tuning_ = false;
   int64_t num_tuned_ = 0, num_retuned_ = 0;
 };

@@ -59,6 +59,7 @@ void CudaWorker::Enqueue(const Shape& s, bool graph, int64_t padded) {
     }
     BroadcastTokens(s.num_tokens);
   }
+  if (OverlapStep(s)) ++stats.decode_overlap_steps;
   if (graph) {
     const auto key = std::make_tuple(padded, s.splits, s.width);
     auto it = graphs.find(key);

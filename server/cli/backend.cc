@@ -105,6 +105,16 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "cuda: on GEMV steps, give every CTA of a persistent GEMV grid the same number "
                 "of row groups (fewer CTAs where the groups do not fill two per slot; not yet "
                 "measured)");
+  cmd->add_flag("--decode-overlap", decode_overlap,
+                "cuda, --quantization fp8, one GPU: run a decode step's rows as two halves on two "
+                "streams half a layer apart, so that one half's attention (memory-bound) runs "
+                "beside the other's GEMMs (compute-bound); steps of at least 64 sequences, "
+                "dense layers (not yet measured)");
+  cmd->add_option("--decode-overlap-gemm-sms", decode_overlap_gemm_sms,
+                  "cuda, --decode-overlap: size the halves' GEMMs for this many SMs (cuBLASLt's "
+                  "SM count target), leaving the others to the attention beside them; 0: all")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
   cmd->add_flag("--rope-head-warps,!--no-rope-head-warps", rope_head_warps,
                 "cuda, per-head q/k norms (Qwen3) at head_dim 64/128/256: RoPE and the KV "
                 "append with one warp per head (the default; H100, Qwen3-30B-A3B batch-1 decode "
@@ -124,10 +134,10 @@ void BackendFlags::AddTo(CLI::App* cmd) {
                 "prologue instead of as its own kernel (measured slower on the H200)");
   cmd->add_flag("--disable-pdl", disable_pdl,
                 "cuda: no programmatic dependent launch between kernels");
-  cmd->add_flag("--decode-kv-before-wait", decode_kv_before_wait,
+  cmd->add_flag("--decode-kv-before-wait,!--no-decode-kv-before-wait", decode_kv_before_wait,
                 "cuda: the decode attention copies its first K/V tiles (all but the newest "
                 "key's) under the tail of the kernel before it, before waiting for it (batch-1 "
-                "decode 0.4-0.6% faster on an H100; off until its fp8-KV path is tested)");
+                "decode 0.4-0.6% faster on an H100, the same tokens; the default)");
   cmd->add_flag("--fp8-precise-accum", fp8_precise_accum,
                 "cuda, --quantization fp8: GEMMs promote their FP8 partial sums to fp32 "
                 "periodically (cuBLASLt's default) instead of the tensor cores' fast "
@@ -236,6 +246,8 @@ Backend MakeCuda(const std::string& model_path, const BackendFlags& f, EngineCon
   o.gemv_fold_norm = f.gemv_fold_norm;
   o.gemv_chain = f.gemv_chain;
   o.gemv_balanced_grid = f.gemv_balanced_grid;
+  o.decode_overlap = f.decode_overlap;
+  o.decode_overlap_gemm_sms = f.decode_overlap_gemm_sms;
   o.gemv_ring = f.gemv_ring;
   o.gemv_ring_kib = f.gemv_ring_kib;
   o.rope_head_warps = f.rope_head_warps;

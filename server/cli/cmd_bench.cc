@@ -70,7 +70,8 @@ struct BenchDeviceStats {
   double device_ms = 0, wall_ms = 0;
   int64_t graph_steps = 0;
   int64_t fp8_prefill_copies = 0;
-  double mask_ms = 0;  // host time computing structured-output masks
+  int64_t decode_overlap_steps = 0;  // --decode-overlap: steps run as two halves
+  double mask_ms = 0;                // host time computing structured-output masks
   int64_t mask_rows = 0;
   // Decode-only steps (CudaExecutorStats::decode_*).
   int64_t decode_steps = 0, decode_seq_steps = 0, decode_kv_tokens_read = 0;
@@ -88,6 +89,7 @@ BenchDeviceStats DeviceStats(const Engine& engine) {
     s.wall_ms = st.wall_ms;
     s.graph_steps = st.graph_steps;
     s.fp8_prefill_copies = st.fp8_prefill_copies;
+    s.decode_overlap_steps = st.decode_overlap_steps;
     s.mask_ms = st.mask_ms;
     s.mask_rows = st.mask_rows;
     s.decode_steps = st.decode_steps;
@@ -110,6 +112,7 @@ BenchDeviceStats Delta(const BenchDeviceStats& after, const BenchDeviceStats& be
   d.wall_ms -= before.wall_ms;
   d.graph_steps -= before.graph_steps;
   d.fp8_prefill_copies -= before.fp8_prefill_copies;
+  d.decode_overlap_steps -= before.decode_overlap_steps;
   d.mask_ms -= before.mask_ms;
   d.mask_rows -= before.mask_rows;
   d.decode_steps -= before.decode_steps;
@@ -370,7 +373,7 @@ int RunBench(const BenchFlags& f) {
                   "\"tensor_parallel_size\": %d, \"kv_cache_dtype\": \"%s\", "
                   "\"quantization\": \"%s\", \"gemm_tuned_shapes\": %lld, "
                   "\"gemm_retuned_shapes\": %lld, \"fp8_prefill_copies\": %lld, "
-                  "\"mask_host_ms\": %.1f, \"mask_rows\": %lld",
+                  "\"decode_overlap_steps\": %lld, \"mask_host_ms\": %.1f, \"mask_rows\": %lld",
                   d.device_ms, d.wall_ms, d.device_ms / (pass.seconds * 1e3),
                   (long long)d.graph_steps, (long long)st.graphs_captured,
                   (long long)st.weight_bytes, (long long)st.kv_cache_bytes,
@@ -378,7 +381,8 @@ int RunBench(const BenchFlags& f) {
                   (long long)st.weight_bytes_per_token, f.backend.tensor_parallel_size,
                   f.backend.kv_cache_dtype.c_str(), f.backend.quantization.c_str(),
                   (long long)st.gemm_tuned_shapes, (long long)st.gemm_retuned_shapes,
-                  (long long)d.fp8_prefill_copies, d.mask_ms, (long long)d.mask_rows);
+                  (long long)d.fp8_prefill_copies, (long long)d.decode_overlap_steps, d.mask_ms,
+                  (long long)d.mask_rows);
     device_json = buf;
     device_json += DecodeJson(d);
   }

@@ -47,8 +47,7 @@
 //    indices, the first kStages - 1 tiles' K/V rows except the sequence's newest key) before
 //    PdlWait, so those round trips overlap the previous kernel's tail (batch-1 decode: the
 //    q|k|v GEMV's); after the wait it loads Q and copies the newest key's row (launch.h's named
-//    exception; opt-in, SetDecodeKvBeforeWait(true), until its fp8-KV path has run on a GPU;
-//    else it waits first). The
+//    exception; SetDecodeKvBeforeWait(false): it waits first). The
 //    warp-item kernels wait before their first global read.
 //  - Prologue: the context length, then the page indices of the first kStages - 1 tiles as ONE
 //    cp.async group (v2 loaded them with plain loads tile by tile, dependent round trips before
@@ -1523,7 +1522,7 @@ int DecodeAutoSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_num_key
 }
 
 static std::atomic<bool>& DecodeKvBeforeWaitFlag() {
-  static std::atomic<bool> on{false};
+  static std::atomic<bool> on{true};
   return on;
 }
 

@@ -79,13 +79,13 @@ size_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_di
 // programmatic dependent launch on, the kernel waits (PdlWait) before reading q, the newest key's
 // K/V row or the workspace and before writing anything, so results are bit-identical with it on
 // or off. Its prologue (context lengths, block-table rows, the first tiles' other K/V rows) runs
-// before the wait with SetDecodeKvBeforeWait(true) (launch.h's named exception).
+// before the wait unless SetDecodeKvBeforeWait(false) (launch.h's named exception).
 // Unsupported dtype / head_dim / group, a negative window, or a window with the warp-item
 // kernels (kWarpItems / kWarpItemsT, which have none): std::invalid_argument naming the value.
 // Asynchronous on `stream`.
 // Process-wide (as SetProgrammaticLaunch): whether the CTA kernel's prologue copies run before
-// its PdlWait or after it (the default until its fp8-KV path has run on a GPU; llm
-// --decode-kv-before-wait; the tests compare the two bit for bit). Read at each launch: a
+// its PdlWait (the default) or after it (llm --no-decode-kv-before-wait; the tests compare the
+// two bit for bit). Read at each launch: a
 // captured graph keeps the setting it was captured with.
 void SetDecodeKvBeforeWait(bool on);
 bool DecodeKvBeforeWait();

@@ -579,7 +579,7 @@ TEST_F(CudaExecutorTest, DecodeKvBeforeWaitIsBitIdentical) {
       o.kv_cache_fp8 = kv_fp8;
       std::vector<float> logits[2];
       std::vector<std::vector<int>> tokens[2];
-      for (int early = 1; early >= 0; --early) {  // ends with the default (off)
+      for (int early = 1; early >= 0; --early) {  // on (the default), then off
         o.decode_kv_before_wait = early == 1;
         logits[early] = AllLogits(*CudaExecutor::Create(ModelDir(name), o), ids, 17);
         tokens[early] = RunEngine(CudaExecutor::Create(ModelDir(name), o), requests, true, false);
@@ -589,6 +589,66 @@ TEST_F(CudaExecutorTest, DecodeKvBeforeWaitIsBitIdentical) {
         ASSERT_EQ(tokens[1][i].size(), 12u) << what;
         EXPECT_EQ(tokens[1][i], tokens[0][i]) << what << ": batched request " << i;
       }
+    }
+  }
+}
+
+// --decode-overlap: a decode step of 75 sequences (fp8 weights, W8A8 GEMMs) runs as halves of
+// 40 and 35 rows on two streams (graphs: the padded batch's halves, captured with both streams).
+// Each row's math is its own, so the logits are the one-stream step's but for the GEMMs'
+// algorithms at the halves' row counts (another summation order): within 1% of max |logit|.
+// Rows written to the wrong half's buffers or read from the wrong sequences' pages would be
+// far off. An SM count target for the halves' GEMMs changes which algorithm runs, not what.
+TEST_F(CudaExecutorTest, DecodeOverlapRunsTheStepAsTwoHalvesOnTwoStreams) {
+  constexpr int64_t kSeqs = 75, kPrompt = 5, kSteps = 6;
+  const std::string dir = ModelDir("hd128");
+  const int64_t vocab = ModelConfig::Load(dir).vocab_size;
+  auto token = [&](int64_t seq, int64_t pos) { return int((seq * 7 + pos * 13 + 1) % vocab); };
+  // Each sequence in its own block (kPrompt + kSteps <= kBlockSize tokens).
+  auto run = [&](const CudaExecutorOptions& o, int64_t* overlap_steps, int64_t* graph_steps) {
+    auto ex = CudaExecutor::Create(dir, o);
+    std::vector<float> out;
+    for (int64_t step = 0; step <= kSteps; ++step) {
+      ForwardBatch b;
+      const int64_t pos = step == 0 ? 0 : kPrompt + step - 1, len = step == 0 ? kPrompt : 1;
+      for (int64_t q = 0; q < kSeqs; ++q) {
+        std::vector<int> ids;
+        std::vector<int64_t> slots;
+        for (int64_t t = pos; t < pos + len; ++t) {
+          ids.push_back(token(q, t));
+          slots.push_back(q * kBlockSize + t);
+        }
+        const int32_t block = int32_t(q);
+        b.AddSequence(ids, pos, std::span<const int32_t>(&block, 1), slots, true, step > 0);
+      }
+      const std::vector<float> logits = ex->Forward(b);
+      if (step > 0) out.insert(out.end(), logits.begin(), logits.end());
+    }
+    *overlap_steps = ex->stats().decode_overlap_steps;
+    *graph_steps = ex->stats().graph_steps;
+    return out;
+  };
+  CudaExecutorOptions o = SmallOptions();
+  o.fp8_weights = true;
+  o.max_num_seqs = 96;
+  o.max_num_batched_tokens = 512;
+  int64_t overlapped = 0, graphs = 0;
+  const std::vector<float> whole = run(o, &overlapped, &graphs);
+  EXPECT_EQ(overlapped, 0);
+  ASSERT_EQ(std::ssize(whole), kSteps * kSeqs * vocab);
+  o.decode_overlap = true;
+  for (const bool use_graphs : {true, false}) {
+    for (const int sms : {0, 66}) {
+      o.cuda_graphs = use_graphs;
+      o.decode_overlap_gemm_sms = sms;
+      const std::vector<float> halves = run(o, &overlapped, &graphs);
+      const std::string what =
+          std::string(use_graphs ? "graphs" : "eager") + ", GEMM SMs " + std::to_string(sms);
+      EXPECT_EQ(overlapped, kSteps) << what;
+      EXPECT_EQ(graphs > 0, use_graphs) << what;
+      const double rel = Relative(halves, whole);
+      std::printf("  --decode-overlap (%s) vs one stream: %.3e of max|logit|\n", what.c_str(), rel);
+      EXPECT_LT(rel, 1e-2) << what;
     }
   }
 }
