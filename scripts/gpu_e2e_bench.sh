@@ -160,6 +160,20 @@ run throughput_8b_w8_fp8kv_128_1024seq_16k 300 --model $C8 --num-requests "${E2E
 run throughput_8b_w8_fp8kv_2048_512seq 400 --model $C8 --num-requests "${E2E_REQUESTS_LONG:-1000}" \
   --min-input 2048 --max-input 2048 --min-output 2048 --max-output 2048 --max-num-seqs 512 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
+# --decode-overlap (two halves of each decode step on two streams): the issue's 1,000 / 1,000
+# shape, and a decode-heavy A/B (512 sequences of 1,000 + 256 tokens) with the GEMMs' SM
+# count target at all SMs, 100 and 88.
+run throughput_8b_w8_fp8kv_512seq_overlap 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
+  --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 512 \
+  --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8 \
+  --decode-overlap
+for ov in "" "--decode-overlap" "--decode-overlap --decode-overlap-gemm-sms 100" \
+  "--decode-overlap --decode-overlap-gemm-sms 88"; do
+  tag=$(echo "$ov" | sed -e 's/--decode-overlap-gemm-sms /_sm/' -e 's/--decode-overlap/_overlap/' -e 's/ //g')
+  run decode_8b_w8_fp8kv_512x1000${tag} 300 --model $C8 --num-requests 512 --min-input 1000 \
+    --max-input 1000 --min-output 256 --max-output 256 --max-num-seqs 512 \
+    --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8 $ov
+done
 run throughput_8b_w8_fp8kv_768seq 400 --model $C8 --num-requests "${E2E_REQUESTS:-1000}" \
   --min-input 1000 --max-input 1000 --min-output 1000 --max-output 1000 --max-num-seqs 768 \
   --max-num-batched-tokens 8192 --temperature 1.0 --kv-cache-dtype fp8 --quantization fp8
