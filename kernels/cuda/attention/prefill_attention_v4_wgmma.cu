@@ -50,12 +50,10 @@
 //    with a window (the pair's tiles start at different keys).
 //  - Keys past the sequence end in the last tile: their pages are not loaded, and those V rows
 //    are zeroed by the consumers (stale slots may hold NaN, and 0·NaN = NaN).
-//  - Half-width last tiles: a warpgroup whose rows mask all of its item's last tile's upper 64
+//  - Half-width last P·V: a warpgroup whose rows mask all of its item's last tile's upper 64
 //    keys (causal: the diagonal tile of the warpgroup holding a query tile's first 64 rows;
-//    non-causal: a sequence ending in the tile's lower half) issues that tile's S as m64n64
-//    (the first half of S's registers; the mask sets the rest to -inf) and its P·V over 64 keys
-//    (kV4FullDiag: full width). Each form has its own fence ... commit sequence: a branch
-//    between the fence and the wgmmas made ptxas fence all of them (C7519, C7515).
+//    non-causal: a sequence ending in the tile's lower half) runs that tile's P·V over 64 keys
+//    (P is 0 past them; kV4FullDiag: all 128).
 //  - L2 hints: Q loads and output stores evict-first (each is touched once), so the section's
 //    K/V, re-read by the pair's other query tiles, stay (kV4NoStreamHints: normal priority).
 // Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
@@ -163,10 +161,9 @@ using ptx::TmaLoad4dHint;
 using ptx::TmaLoad4dMulticast;
 using ptx::WgmmaCommit;
 using ptx::WgmmaFence;
-using ptx::WgmmaRS128;   // D[64×128] += A (registers) · B (smem, transposed)
-using ptx::WgmmaRS64;    // D[64×64] += A (registers) · B (smem, transposed)
-using ptx::WgmmaSS128;   // D[64×128] (+)= A (smem) · B (smem), both K-major
-using ptx::WgmmaSS64Lo;  // D[64×64] (+)= A (smem) · B (smem) into the first half of S
+using ptx::WgmmaRS128;  // D[64×128] += A (registers) · B (smem, transposed)
+using ptx::WgmmaRS64;   // D[64×64] += A (registers) · B (smem, transposed)
+using ptx::WgmmaSS128;  // D[64×128] (+)= A (smem) · B (smem), both K-major
 using ptx::WgmmaWait;
 
 using ptx::DescAt;  // shared-memory matrix descriptors, 128-byte swizzle
@@ -466,23 +463,18 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
   };
   // The item's slot whose upper 64 keys this warpgroup's rows all mask (kV4FullDiag): -1 when
   // none. Only the last tile can be one (causal: the rows' last visible key is below the
-  // tile's 65th key only there; non-causal: the sequence ends in it).
-  // Each half-width form is issued in its own fence ... commit sequence (a branch between the
-  // fence and the wgmmas makes ptxas fence every wgmma of the kernel).
+  // tile's 65th key only there; non-causal: the sequence ends in it). Its P·V runs over 64
+  // keys (P is 0 past them), in a fence ... commit sequence of its own: a branch between the
+  // fence and the wgmmas made ptxas fence all of them (C7519). (Its S as m64n64 into the first
+  // half of S's registers serialized the kernel's wgmmas for want of registers, C7511.)
   int half_j = -1;
-  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel. half: keys 0-63 only (S's other
-  // half is all masked: the softmax sets it to -inf).
-  auto issue_s = [&](int j, bool half) {
+  auto issue_s = [&](int j) {  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel
     const uint32_t k_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       const uint32_t off = (kk / 4) * Tr::kQHalfBytes + (kk % 4) * 32;
       const uint32_t koff = (kk / 4) * Tr::kKvHalfBytes + (kk % 4) * 32;
-      if (half) {
-        WgmmaSS64Lo(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
-      } else {
-        WgmmaSS128(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
-      }
+      WgmmaSS128(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
     }
   };
   // O += P V_j: 8 wgmmas of 16 keys, V read N-major (half: 4, P is 0 past them).
@@ -580,19 +572,11 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     wait_full(full_k(stage(j)), j);
     wait_full(full_v(pst), j - 1);  // tile j-1 < n_tiles-1: never partial
     take_turn();
-    if (j == half_j) {
-      WgmmaFence();
-      issue_s(j, true);
-      WgmmaCommit();
-      issue_pv(j - 1, prev, false);
-      WgmmaCommit();
-    } else {
-      WgmmaFence();
-      issue_s(j, false);
-      WgmmaCommit();
-      issue_pv(j - 1, prev, false);
-      WgmmaCommit();
-    }
+    WgmmaFence();
+    issue_s(j);
+    WgmmaCommit();
+    issue_pv(j - 1, prev, false);
+    WgmmaCommit();
     pass_turn();
     if (overlap) {
       WgmmaWait<1>();  // S_j landed; P_{j-1}·V_{j-1} may still run
@@ -675,8 +659,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     {
       const int k0_last = ((kWindow ? kt0 : 0) + n_tiles - 1) * kBc;
       const bool half = a.causal ? k0_last >= diag : k0_last + kBc / 2 > last_key;
-      // (not in the runtime-bit sliding-window kernel: with it ptxas serialized that kernel's
-      // wgmmas at head_dim 64, C7515)
+      // (not in the runtime-bit sliding-window kernel: with it that kernel spilled 20 bytes at
+      // head_dim 128)
       constexpr bool kHalfTiles = !(kWindow && kFixed == kRuntimeFlags);
       half_j =
           (kHalfTiles && n_tiles > 0 && half && !(a.v4_flags & kV4FullDiag)) ? n_tiles - 1 : -1;
@@ -699,15 +683,9 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       // Tile 0: S only.
       wait_full(full_k(stage(0)), 0);
       take_turn();
-      if (half_j == 0) {
-        WgmmaFence();
-        issue_s(0, true);
-        WgmmaCommit();
-      } else {
-        WgmmaFence();
-        issue_s(0, false);
-        WgmmaCommit();
-      }
+      WgmmaFence();
+      issue_s(0);
+      WgmmaCommit();
       pass_turn();
       WgmmaWait<0>();
       FenceRegs(s);
