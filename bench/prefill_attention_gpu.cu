@@ -273,9 +273,9 @@ double ServingFlops(int hd) {
 
 // What v4's production schedule is compared with at head_dim hd: the runtime-bit kernel
 // (v4/generic), the one-section item order (v4/allpairs), the other compiled schedule
-// (ping-pong at 128, plain at 64), Q and O without their L2 evict-first hint (v4/nohints), every
-// last tile at full width (v4/fulldiag), both (v4/before-1207: the kernel of 2026-12-06), and
-// K/V loaded evict-last (v4/kvlast).
+// (ping-pong at 128, plain at 64), Q without its L2 evict-first hint (v4/nohints), every last
+// P·V over 128 keys (v4/fulldiag), both (v4/before-1207: the kernel of 2026-12-06's choices),
+// and K/V loaded evict-last (v4/kvlast).
 std::vector<std::pair<int, const char*>> ProductionComparisons(int hd) {
   using namespace llm::cuda::detail;
   const int prod = ResolveV4Flags(kV4Auto, hd);

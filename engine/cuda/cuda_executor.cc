@@ -292,7 +292,7 @@ std::vector<std::vector<int32_t>> CudaExecutor::LastMoeRouting() const {
 
 void CudaExecutor::ResetStats() {
   CudaExecutorStats& s = worker_->stats;
-  s.steps = s.graph_steps = s.fp8_prefill_copies = 0;
+  s.steps = s.graph_steps = s.fp8_prefill_copies = s.decode_overlap_steps = 0;
   s.device_ms = s.wall_ms = 0;
   s.decode_steps = s.decode_seq_steps = s.decode_kv_tokens_read = 0;
   s.decode_device_ms = 0;

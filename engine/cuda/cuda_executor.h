@@ -149,7 +149,8 @@ struct CudaExecutorOptions {
   // half's decode attention (bound by memory) runs beside the other half's GEMMs (bound by
   // compute). decode_overlap_gemm_sms > 0: the halves' GEMMs are chosen and sized for that
   // many SMs (cuBLASLt's SM count target), leaving the rest to the attention beside them.
-  // Off: not yet measured.
+  // The halves' GEMMs keep cuBLASLt's heuristic picks (gemm_autotune times the one-stream
+  // path's). Off: not yet measured.
   bool decode_overlap = false;
   int decode_overlap_gemm_sms = 0;
   // Per-head q/k norms (Qwen3) at head_dim 64 / 128 / 256: RopeAppendKv with one warp per head

@@ -413,12 +413,13 @@ void CudaWorker::Setup(const std::string& model_path) {
   gemm = std::make_unique<cuda::Gemm>();
   gemm->set_fast_accum(opt.fp8_fast_accum);
   allocated_bytes += int64_t{32} << 20;
-  if (opt.decode_overlap && shard.rank == 0 &&
-      (!fp8 || shard.size > 1 || num_experts > 0 || features.sandwich_norms)) {
+  // (OverlapStep's conditions that do not depend on the step)
+  const bool overlap_model = fp8 && shard.size == 1 && num_experts == 0 && !features.sandwich_norms;
+  if (opt.decode_overlap && !overlap_model && shard.rank == 0) {
     Log("--decode-overlap takes dense models with fp8 weights (--quantization fp8) on one GPU; "
         "this one's decode steps run whole");
   }
-  if (opt.decode_overlap) {  // (used only where OverlapStep holds; see there)
+  if (opt.decode_overlap && overlap_model) {
     LLM_CUDA_CHECK(cudaStreamCreateWithFlags(&overlap_stream, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&overlap_fork, &overlap_join, &overlap_qkv[0], &overlap_qkv[1]}) {
       LLM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));

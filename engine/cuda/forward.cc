@@ -518,19 +518,28 @@ void CudaWorker::RunLayersOverlapped(const Shape& s) {
       {na, n - na, overlap_stream, overlap_gemm[1].get(), overlap_decode_ws, act8 + na * widest}};
   LLM_CUDA_CHECK(cudaEventRecord(overlap_fork, stream));  // after the embedding
   LLM_CUDA_CHECK(cudaStreamWaitEvent(overlap_stream, overlap_fork));
-  for (int64_t i = 0; i < config.num_layers; ++i) {
-    for (int h = 0; h < 2; ++h) {
-      const RowSlice& r = half[h];
-      if (h == 1 || i > 0) LLM_CUDA_CHECK(cudaStreamWaitEvent(r.stream, overlap_qkv[1 - h]));
-      LayerFp8Qkv(i, r);
-      LLM_CUDA_CHECK(cudaEventRecord(overlap_qkv[h], r.stream));
-      DecodeAttention(i, s, r);
-      LayerFp8O(i, r);
-      LayerFp8Mlp(i, r);
+  auto join = [&] {
+    LLM_CUDA_CHECK(cudaEventRecord(overlap_join, overlap_stream));
+    LLM_CUDA_CHECK(cudaStreamWaitEvent(stream, overlap_join));
+  };
+  try {
+    for (int64_t i = 0; i < config.num_layers; ++i) {
+      for (int h = 0; h < 2; ++h) {
+        const RowSlice& r = half[h];
+        if (h == 1 || i > 0) LLM_CUDA_CHECK(cudaStreamWaitEvent(r.stream, overlap_qkv[1 - h]));
+        LayerFp8Qkv(i, r);
+        LLM_CUDA_CHECK(cudaEventRecord(overlap_qkv[h], r.stream));
+        DecodeAttention(i, s, r);
+        LayerFp8O(i, r);
+        LayerFp8Mlp(i, r);
+      }
     }
+  } catch (...) {  // (a GEMM without an algorithm): no stream capture may end forked
+    cudaEventRecord(overlap_join, overlap_stream);
+    cudaStreamWaitEvent(stream, overlap_join);
+    throw;
   }
-  LLM_CUDA_CHECK(cudaEventRecord(overlap_join, overlap_stream));
-  LLM_CUDA_CHECK(cudaStreamWaitEvent(stream, overlap_join));
+  join();
 }
 
 }  // namespace llm

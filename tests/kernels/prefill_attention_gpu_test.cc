@@ -173,11 +173,11 @@ TEST_P(PrefillAttentionGpu, EveryRungMatchesCpuReference) {
     // production's schedule on the runtime-bit kernel (kV4Generic) and as kV4Auto (the
     // compile-time kernel, which the schedule's own bits above also select); then its items in
     // one section (kV4AllPairs) and in sections of three KV heads (kV4TinySections), plain and
-    // clustered; then production's schedule as it was before 2026-12-07 (every last tile at
-    // full width, Q and O without L2 hints: kV4FullDiag | kV4NoStreamHints), and with K/V
-    // loaded evict-last (kV4KvEvictLast). Every schedule but that one issues a warpgroup's last
-    // tile at half width where its rows mask the upper 64 keys. The others (and kBest) run the
-    // production path once (kV4Auto).
+    // clustered; then production's schedule as it was before 2026-12-07 (every last P·V over
+    // 128 keys, Q without its L2 hint: kV4FullDiag | kV4NoStreamHints), and with K/V loaded
+    // evict-last (kV4KvEvictLast). Every schedule but that one runs a warpgroup's last P·V over
+    // 64 keys where its rows mask the upper 64. The others (and kBest) run the production path
+    // once (kV4Auto).
     const bool v4 =
         resolved == cuda::PrefillVariant::kWgmma && variant != cuda::PrefillVariant::kBest;
     for (int i = 0; i < (v4 ? 29 : 1); ++i) {

@@ -54,8 +54,9 @@
 //    keys (causal: the diagonal tile of the warpgroup holding a query tile's first 64 rows;
 //    non-causal: a sequence ending in the tile's lower half) runs that tile's P·V over 64 keys
 //    (P is 0 past them; kV4FullDiag: all 128).
-//  - L2 hints: Q loads and output stores evict-first (each is touched once), so the section's
-//    K/V, re-read by the pair's other query tiles, stay (kV4NoStreamHints: normal priority).
+//  - L2 hint: Q loads evict-first (each row is read once), so the section's K/V, re-read by the
+//    pair's other query tiles, stay (kV4NoStreamHints: normal priority). Not the output's
+//    stores: the next kernel reads those rows.
 // Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
 // Test:  ninja -C build prefill_attention_gpu_test &&
 //        (cd build && ctest -L gpu -R prefill_attention)
@@ -153,7 +154,6 @@ using ptx::NamedBarrierArrive;
 using ptx::SetMaxNRegDec;
 using ptx::SetMaxNRegInc;
 using ptx::SmemAddr;
-using ptx::StoreGlobal16Hint;
 using ptx::StoreSharedZero16;
 using ptx::TmaLoad3dHint;
 using ptx::TmaLoad3dMulticast;
@@ -598,9 +598,10 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     }
   };
 
-  // Q rows and output rows are touched once: evict-first in the L2, so that they do not push
-  // out the section's K/V, which the pair's other query tiles read again (kV4NoStreamHints:
-  // normal priority). Made where used (not held in registers across the loop).
+  // Q rows are read once: evict-first in the L2, so that they do not push out the section's
+  // K/V, which the pair's other query tiles read again (kV4NoStreamHints: normal priority).
+  // Made where used (not held in registers across the loop). (Not the output rows: the next
+  // kernel reads them.)
   auto stream_policy = [&] {
     return (a.v4_flags & kV4NoStreamHints) ? L2EvictNormalPolicy() : L2EvictFirstPolicy();
   };
@@ -777,7 +778,6 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       const TileCoords c2 = GetItemCoords<kBr, kBc, kWindow>(a, ws2, item).c;
       const int row0 = c2.q0 + w * 64 + warp * 16 + g4;  // this thread's rows: row0, row0 + 8
       T* out = static_cast<T*>(a.out);
-      const uint64_t out_policy = stream_policy();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float lt = l[h];
@@ -812,7 +812,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           for (int k = 1; k < 4; ++k) r[k] = __shfl_xor_sync(0xffffffffu, Pick4(p, t ^ k), k);
           // Columns 2u, 2u + 1 of chunk 4i + t came from thread u: r[u ^ t].
           const uint4 v = {Pick4(r, t), Pick4(r, 1 ^ t), Pick4(r, 2 ^ t), Pick4(r, 3 ^ t)};
-          if (row < c2.q_len) StoreGlobal16Hint(dst + (4 * i + t) * 8, v, out_policy);
+          if (row < c2.q_len) *reinterpret_cast<uint4*>(dst + (4 * i + t) * 8) = v;
         }
       }
     }

@@ -241,12 +241,6 @@ __device__ __forceinline__ void CpAsync16Hint(uint32_t dst, const void* src, int
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                "l"(src), "r"(src_bytes), "l"(policy));
 }
-// A 16-byte global store with an L2 cache hint.
-__device__ __forceinline__ void StoreGlobal16Hint(void* dst, uint4 v, uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "r"(v.x),
-               "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
-               : "memory");
-}
 
 // `bytes` (a multiple of 16; src and dst 16-byte aligned) from global src to shared dst; they
 // count as transactions of mbarrier `bar`; `policy` is an L2 cache hint (L2EvictFirstPolicy).
