@@ -272,21 +272,15 @@ double ServingFlops(int hd) {
 }
 
 // What v4's production schedule is compared with at head_dim hd: the runtime-bit kernel
-// (v4/generic), the one-section item order (v4/allpairs), the other compiled schedule
-// (ping-pong at 128, plain at 64), Q without its L2 evict-first hint (v4/nohints), every last
-// P·V over 128 keys (v4/fulldiag), both (v4/before-1207: the kernel of 2026-12-06's choices),
-// and K/V loaded evict-last (v4/kvlast).
+// (v4/generic), the one-section item order (v4/allpairs) and the other compiled schedule
+// (ping-pong at 128, plain at 64).
 std::vector<std::pair<int, const char*>> ProductionComparisons(int hd) {
   using namespace llm::cuda::detail;
   const int prod = ResolveV4Flags(kV4Auto, hd);
   const int other = prod == kV4Default ? kV4NoOverlap : kV4Default;
   return {{prod | kV4Generic, "v4/generic"},
           {prod | kV4AllPairs, "v4/allpairs"},
-          {other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"},
-          {prod | kV4NoStreamHints, "v4/nohints"},
-          {prod | kV4FullDiag, "v4/fulldiag"},
-          {prod | kV4NoStreamHints | kV4FullDiag, "v4/before-1207"},
-          {prod | kV4KvEvictLast, "v4/kvlast"}};
+          {other, hd == 128 ? "v4/pp-fixed" : "v4/plain-fixed"}};
 }
 
 }  // namespace

@@ -113,21 +113,6 @@ inline constexpr int kV4AllPairs = 4096;
 // Testing: sections of three KV heads' query heads each (many sections at any problem size,
 // the last one shorter where the KV heads are not a multiple of three).
 inline constexpr int kV4TinySections = 8192;
-// The Q loads without their L2 evict-first hint (the form before 2026-12-07), for comparison.
-// The default marks them evict-first: each row is read once, and normal-priority lines of them
-// push a section's K/V (re-read by the pair's other query tiles) out of the L2.
-inline constexpr int kV4NoStreamHints = 16384;
-// Measurement: the K/V tiles loaded with an L2 evict-last hint (kept over other lines).
-inline constexpr int kV4KvEvictLast = 32768;
-// The last key tile's P·V over all 128 keys for every warpgroup (the form before 2026-12-07),
-// for comparison. By default a warpgroup whose rows see none of the last tile's upper 64 keys
-// (causal: its first row is at or past the tile's start, as in the diagonal tile of the
-// warpgroup holding a query tile's first 64 rows; non-causal: the sequence ends in the lower
-// half) runs that tile's P·V over 64 keys (P is 0 past them).
-inline constexpr int kV4FullDiag = 65536;
-// The bits above that the kernel reads at run time in every instantiation (the launcher leaves
-// them out when it picks a compile-time schedule).
-inline constexpr int kV4RuntimeBits = kV4NoStreamHints | kV4KvEvictLast | kV4FullDiag;
 inline constexpr int kV4Default = kV4NoPingPong | kV4NoOverlap;
 // Production's pick (PagedPrefillAttention's default): kV4Default at head_dim 128; at head_dim 64
 // the ping-pong schedule (kV4NoOverlap), 7-12% faster there from 512 to 4k tokens on an H100

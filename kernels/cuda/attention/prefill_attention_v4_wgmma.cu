@@ -50,13 +50,6 @@
 //    with a window (the pair's tiles start at different keys).
 //  - Keys past the sequence end in the last tile: their pages are not loaded, and those V rows
 //    are zeroed by the consumers (stale slots may hold NaN, and 0·NaN = NaN).
-//  - Half-width last P·V: a warpgroup whose rows mask all of its item's last tile's upper 64
-//    keys (causal: the diagonal tile of the warpgroup holding a query tile's first 64 rows;
-//    non-causal: a sequence ending in the tile's lower half) runs that tile's P·V over 64 keys
-//    (P is 0 past them; kV4FullDiag: all 128).
-//  - L2 hint: Q loads evict-first (each row is read once), so the section's K/V, re-read by the
-//    pair's other query tiles, stay (kV4NoStreamHints: normal priority). Not the output's
-//    stores: the next kernel reads those rows.
 // Shared memory (head_dim 128): Q 32 KiB + 3 stages × (K 32 + V 32) KiB = 224 KiB, 1 CTA/SM.
 // Test:  ninja -C build prefill_attention_gpu_test &&
 //        (cd build && ctest -L gpu -R prefill_attention)
@@ -134,14 +127,11 @@ struct WgmmaTraits {
 using ptx::ClusterArrive;
 using ptx::ClusterCtaRank;
 using ptx::ClusterWait;
-using ptx::CpAsync16Hint;
+using ptx::CpAsync16;
 using ptx::CpAsyncWaitAll;
 using ptx::FastExp2;
 using ptx::FenceProxyAsync;  // generic-proxy shared writes -> later wgmma / TMA reads
 using ptx::FenceRegs;
-using ptx::L2EvictFirstPolicy;
-using ptx::L2EvictLastPolicy;
-using ptx::L2EvictNormalPolicy;
 using ptx::MbarArrive;
 using ptx::MbarArriveCount;
 using ptx::MbarArriveRemote;
@@ -155,9 +145,9 @@ using ptx::SetMaxNRegDec;
 using ptx::SetMaxNRegInc;
 using ptx::SmemAddr;
 using ptx::StoreSharedZero16;
-using ptx::TmaLoad3dHint;
+using ptx::TmaLoad3d;
 using ptx::TmaLoad3dMulticast;
-using ptx::TmaLoad4dHint;
+using ptx::TmaLoad4d;
 using ptx::TmaLoad4dMulticast;
 using ptx::WgmmaCommit;
 using ptx::WgmmaFence;
@@ -362,16 +352,13 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         __syncwarp();
         if (mine) {
           const bool shared_tile = j < ic.common;
-          // (made here, not held across the loop: the producer has 40 registers)
-          const uint64_t kv_policy =
-              (a.v4_flags & kV4KvEvictLast) ? L2EvictLastPolicy() : L2EvictNormalPolicy();
 #pragma unroll
           for (int h = 0; h < Tr::kHalves; ++h) {
             const uint32_t off = st * Tr::kKvBytes + h * Tr::kKvHalfBytes + lane * bs * 128;
             const bool v_too = !page_v;
             if (!shared_tile) {
-              TmaLoad3dHint(sK + off, &tmap_k, h * 64, 0, box, full_k(st), kv_policy);
-              if (v_too) TmaLoad3dHint(sV + off, &tmap_v, h * 64, 0, box, full_v(st), kv_policy);
+              TmaLoad3d(sK + off, &tmap_k, h * 64, 0, box, full_k(st));
+              if (v_too) TmaLoad3d(sV + off, &tmap_v, h * 64, 0, box, full_v(st));
             } else if (((lane * Tr::kHalves + h) & 1) == int(ws.rank)) {  // boxes alternate
               TmaLoad3dMulticast(sK + off, &tmap_k, h * 64, 0, box, full_k(st), 3);
               if (v_too) TmaLoad3dMulticast(sV + off, &tmap_v, h * 64, 0, box, full_v(st), 3);
@@ -380,7 +367,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           if (page_v) {  // the page's V, both panels, in one box: [panel][key in page][64]
             const uint32_t off = st * Tr::kKvBytes + lane * Tr::kHalves * bs * 128;
             if (!shared_tile) {
-              TmaLoad4dHint(sV + off, &tmap_v, 0, 0, 0, box, full_v(st), kv_policy);
+              TmaLoad4d(sV + off, &tmap_v, 0, 0, 0, box, full_v(st));
             } else if ((lane & 1) == int(ws.rank)) {  // pages alternate between the pair
               TmaLoad4dMulticast(sV + off, &tmap_v, 0, 0, 0, box, full_v(st), 3);
             }
@@ -461,13 +448,6 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     const int key0 = 16 * kk;
     return uint32_t((key0 >> bs_shift) * Tr::kHalves * bs + (key0 & (bs - 1))) * 128;
   };
-  // The item's slot whose upper 64 keys this warpgroup's rows all mask (kV4FullDiag): -1 when
-  // none. Only the last tile can be one (causal: the rows' last visible key is below the
-  // tile's 65th key only there; non-causal: the sequence ends in it). Its P·V runs over 64
-  // keys (P is 0 past them), in a fence ... commit sequence of its own: a branch between the
-  // fence and the wgmmas made ptxas fence all of them (C7519). (Its S as m64n64 into the first
-  // half of S's registers serialized the kernel's wgmmas for want of registers, C7511.)
-  int half_j = -1;
   auto issue_s = [&](int j) {  // S = Q K_j^T: d/16 wgmmas, K-steps of 32 bytes in a panel
     const uint32_t k_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
@@ -477,13 +457,11 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
       WgmmaSS128(s, DescAt(dq, off), DescAt(dk, k_stage + koff), kk > 0, T{});
     }
   };
-  // O += P V_j: 8 wgmmas of 16 keys, V read N-major (half: 4, P is 0 past them).
-  auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4], bool half) {
+  // O += P V_j: 8 wgmmas of 16 keys, V read N-major.
+  auto issue_pv = [&](int j, const uint32_t(&p)[kBc / 16][4]) {
     const uint32_t v_stage = stage(j) * Tr::kKvBytes;
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      if (kk < kBc / 32 || !half) WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + v_off(kk)));
-    }
+    for (int kk = 0; kk < kBc / 16; ++kk) WgmmaPV<T, HD>(o, p[kk], DescAt(dv, v_stage + v_off(kk)));
   };
   // Mask (diagonal tiles) and online softmax of S_j; P_j packed into p; alpha for O. O itself
   // is not touched (a P·V may still be accumulating into it).
@@ -575,7 +553,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     WgmmaFence();
     issue_s(j);
     WgmmaCommit();
-    issue_pv(j - 1, prev, false);
+    issue_pv(j - 1, prev);
     WgmmaCommit();
     pass_turn();
     if (overlap) {
@@ -598,16 +576,8 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
     }
   };
 
-  // Q rows are read once: evict-first in the L2, so that they do not push out the section's
-  // K/V, which the pair's other query tiles read again (kV4NoStreamHints: normal priority).
-  // Made where used (not held in registers across the loop). (Not the output rows: the next
-  // kernel reads them.)
-  auto stream_policy = [&] {
-    return (a.v4_flags & kV4NoStreamHints) ? L2EvictNormalPolicy() : L2EvictFirstPolicy();
-  };
   // Q rows of an item by cp.async into this warpgroup's 64 rows of the Q tile (no wait).
   auto load_q = [&](const TileCoords& c) {
-    const uint64_t policy = stream_policy();
     const int wq0 = c.q0 + w * 64;  // this warpgroup's first query row
     const T* q = static_cast<const T*>(a.q);
     constexpr int kChunks = HD / 8;
@@ -619,7 +589,7 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
           q + (int64_t(c.q_start + (ok ? wq0 + r : 0)) * a.num_heads + c.head) * HD + ch * 8;
       const uint32_t dst =
           sQ + (ch / 8) * Tr::kQHalfBytes + (w * 64 + r) * 128 + (((ch % 8) ^ (r & 7)) << 4);
-      CpAsync16Hint(dst, src, ok ? 16 : 0, policy);
+      CpAsync16(dst, src, ok ? 16 : 0);
     }
   };
   // Q prefetch: once an item's last S = Q·Kᵀ has completed in all four warps, the next item's
@@ -656,15 +626,6 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
         last_key = ic.c.num_keys - 1;
         kt0 = kWindow ? ic.first_tile : 0;
       }
-    }
-    {
-      const int k0_last = ((kWindow ? kt0 : 0) + n_tiles - 1) * kBc;
-      const bool half = a.causal ? k0_last >= diag : k0_last + kBc / 2 > last_key;
-      // (not in the runtime-bit sliding-window kernel: with it that kernel spilled 20 bytes at
-      // head_dim 128)
-      constexpr bool kHalfTiles = !(kWindow && kFixed == kRuntimeFlags);
-      half_j =
-          (kHalfTiles && n_tiles > 0 && half && !(a.v4_flags & kV4FullDiag)) ? n_tiles - 1 : -1;
     }
     if (n_tiles > 0) {
       // This warpgroup's 64 Q rows, unless the previous item already prefetched them.
@@ -752,15 +713,9 @@ __global__ void __launch_bounds__(WgmmaTraits<HD>::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) pa0[kk][i] = odd ? pa1[kk][i] : pa0[kk][i];
         take_turn();
-        if (j == half_j) {
-          WgmmaFence();
-          issue_pv(j, pa0, true);
-          WgmmaCommit();
-        } else {
-          WgmmaFence();
-          issue_pv(j, pa0, false);
-          WgmmaCommit();
-        }
+        WgmmaFence();
+        issue_pv(j, pa0);
+        WgmmaCommit();
         pass_turn();
         WgmmaWait<0>();
         FenceRegs(o);
@@ -901,8 +856,7 @@ void Launch(const PrefillArgs& a, cudaStream_t stream) {
   // compiled as constants, the other without a window only; every other schedule runs on the
   // runtime-bit kernel.
   constexpr int kOther = kProduction == kV4Default ? kV4NoOverlap : kV4Default;
-  // Host-side bits (the order) and the bits every instantiation reads at run time.
-  const int sched = a.v4_flags & ~(kV4AllPairs | kV4TinySections | kV4RuntimeBits);
+  const int sched = a.v4_flags & ~(kV4AllPairs | kV4TinySections);  // host-side bits (the order)
   auto kernel = PrefillWgmmaKernel<T, HD, kWindow, kRuntimeFlags>;
   if (sched == kProduction) kernel = PrefillWgmmaKernel<T, HD, kWindow, kProduction>;
   if constexpr (!kWindow) {

@@ -222,26 +222,6 @@ __device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
   return policy;
 }
 
-// An L2 policy for data to keep (evicted after normal and evict-first lines), and the default
-// priority as a policy (the same instruction form can then take either).
-__device__ __forceinline__ uint64_t L2EvictLastPolicy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ uint64_t L2EvictNormalPolicy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-// CpAsync16 with an L2 cache hint (`policy`: the L2*Policy functions above).
-__device__ __forceinline__ void CpAsync16Hint(uint32_t dst, const void* src, int src_bytes,
-                                              uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(src_bytes), "l"(policy));
-}
-
 // `bytes` (a multiple of 16; src and dst 16-byte aligned) from global src to shared dst; they
 // count as transactions of mbarrier `bar`; `policy` is an L2 cache hint (L2EvictFirstPolicy).
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
@@ -271,24 +251,6 @@ __device__ __forceinline__ void TmaLoad4d(uint32_t dst, const CUtensorMap* map, 
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
       "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-// TmaLoad3d / TmaLoad4d with an L2 cache hint (`policy`).
-__device__ __forceinline__ void TmaLoad3dHint(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                              int c2, uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void TmaLoad4dHint(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                              int c2, int c3, uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
-      "l"(policy)
       : "memory");
 }
 // The same box multicast to the CTAs of `mask` in the cluster: each receives it at this
