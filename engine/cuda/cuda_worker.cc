@@ -413,7 +413,7 @@ void CudaWorker::Setup(const std::string& model_path) {
   gemm = std::make_unique<cuda::Gemm>();
   gemm->set_fast_accum(opt.fp8_fast_accum);
   allocated_bytes += int64_t{32} << 20;
-  // (OverlapStep's conditions that do not depend on the step)
+  // OverlapStep's conditions that do not depend on the step: the stream exists only here.
   const bool overlap_model = fp8 && shard.size == 1 && num_experts == 0 && !features.sandwich_norms;
   if (opt.decode_overlap && !overlap_model && shard.rank == 0) {
     Log("--decode-overlap takes dense models with fp8 weights (--quantization fp8) on one GPU; "

@@ -495,9 +495,10 @@ void CudaWorker::LayerFp8Mlp(int64_t i, const RowSlice& r) {
 }
 
 // --decode-overlap: whether step s runs as two halves (CudaExecutorOptions::decode_overlap).
+// overlap_stream exists only for a model that can (Setup: fp8 weights, one GPU, dense layers,
+// no sandwich norms); the rest is the step's: decode rows only, and enough of them for cuBLASLt.
 bool CudaWorker::OverlapStep(const Shape& s) const {
-  return overlap_stream != nullptr && fp8 && shard.size == 1 && num_experts == 0 &&
-         !features.sandwich_norms && s.num_seqs == s.num_decode && s.num_tokens == s.num_seqs &&
+  return overlap_stream != nullptr && s.num_seqs == s.num_decode && s.num_tokens == s.num_seqs &&
          s.num_tokens >= kDecodeOverlapMinRows && !SmallStep(s.num_tokens);
 }
 
