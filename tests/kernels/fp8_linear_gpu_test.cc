@@ -3,12 +3,13 @@
 //  - cuda::QuantizeRowsE4m3 (weights at load, the attention output per token): codes and
 //    scales bit for bit equal to cpu::QuantizeFp8Rows on the same values (bf16, fp16 and
 //    fp32 input; 8-wide and scalar paths; rows longer than the kernel's register cache;
-//    an all-zero row), and its non-finite count;
+//    an all-zero row), and its non-finite count; ties between codes and scales in and out of
+//    the fast division's range, bit for bit too;
 //  - cuda::AddRmsNormE4m3 and cuda::SiluMulE4m3 (the fused quantization of the GEMM inputs):
 //    against the fp32 CPU twin quantized by the CPU rule. The GPU's fp32 operation order
-//    differs (the norm's sum, expf), so a value near a midpoint between two e4m3 codes may
-//    round the other way: every code must be within one e4m3 step of the CPU's, at most 1%
-//    of them may differ at all, and the scale within 1e-5 relative;
+//    differs (the norm's sum; the GPU's silu uses __expf and __fdividef), so a value near a
+//    midpoint between two e4m3 codes may round the other way: every code must be within one e4m3
+//    step of the CPU's, at most 1% of them may differ at all, and the scale within 1e-5 relative;
 //  - cuda::Gemm::LinearFp8 (cuBLASLt, per-row weight and per-token activation scales): against
 //    a double-precision sum over the dequantized codes, for bf16 / fp16 / fp32 outputs and the
 //    fp32 accumulate (residual) epilogue, in both accumulation modes. Bound per output: the
@@ -106,6 +107,57 @@ TEST_F(Fp8LinearGpu, QuantizeRowsEqualsTheCpuRuleBitForBit) {
       EXPECT_EQ(got_scale[0], 1.f) << what << ": an all-zero row's scale";
       for (size_t i = 0; i < got.size(); ++i)
         ASSERT_EQ(got[i], want[i]) << what << " element " << i;
+    }
+  }
+}
+
+// The kernels divide by a row's scale with a reciprocal and two FMA corrections, and convert with
+// the hardware's cvt (quantize_row.cuh): still the CPU rule's IEEE division and rounding bit for
+// bit, on the values where a slip would show: fp32 rows whose scale spans 2^-130 ... 2^120 (in
+// and out of the corrections' range, [2^-60, 2^60]), holding each code's midpoint (a tie) times
+// the scale and its two fp32 neighbours, the codes' own values, fp32 subnormals, tiny values and
+// random ones, through both the CTA-per-row (rows < 256) and the warp-per-row kernels.
+TEST_F(Fp8LinearGpu, QuantizeRowsIsExactAtTiesAndAtExtremeScales) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  const std::vector<int> exps = {-130, -120, -100, -70, -61, -60, -59, -20, -3, 0,
+                                 5,    30,   58,   59,  60,  61,  62,  90,  120};
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{19, 4096}, {304, 1024}}) {
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = v.data() + r * cols;
+      const float amax = std::ldexp(1.f + 0.37f * float(r % 3), exps[size_t(r) % exps.size()]);
+      const float scale = amax / kE4m3Max;  // the rule's scale for this row
+      int64_t c = 0;
+      row[c++] = (r % 2 ? -amax : amax);
+      for (int code = 0; code < 0x7e && c + 6 <= cols; ++code) {
+        const float lo = E4m3ToF32(uint8_t(code)), hi = E4m3ToF32(uint8_t(code + 1));
+        const float mid = 0.5f * (lo + hi) * scale;
+        row[c++] = mid;
+        row[c++] = std::nextafter(mid, 0.f);
+        row[c++] = -std::nextafter(mid, 2.f * mid);
+        row[c++] = lo * scale;
+        row[c++] = std::ldexp(uni(rng), -140);  // an fp32 subnormal
+        row[c++] = uni(rng) * scale * 1e-3f;
+      }
+      for (; c < cols; ++c) row[c] = uni(rng) * amax;
+    }
+    std::vector<uint8_t> want(v.size());
+    std::vector<float> want_scale(static_cast<size_t>(rows));
+    ASSERT_TRUE(cpu::QuantizeFp8Rows(v.data(), rows, cols, want.data(), want_scale.data()));
+    DevBuf din(v), dcodes(v.size()), dscale(size_t(rows) * 4);
+    cuda::QuantizeRowsE4m3(din.p, DType::kF32, rows, cols, dcodes.as<uint8_t>(), dscale.as<float>(),
+                           nullptr, nullptr);
+    const std::vector<uint8_t> got = dcodes.Download<uint8_t>();
+    const std::vector<float> got_scale = dscale.Download<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(got_scale[size_t(r)], want_scale[size_t(r)]) << rows << "x" << cols << " row " << r;
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t i = size_t(r * cols + c);
+        ASSERT_EQ(int(got[i]), int(want[i]))
+            << rows << "x" << cols << " row " << r << " (scale " << want_scale[size_t(r)]
+            << ") col " << c << ": value " << v[i];
+      }
     }
   }
 }

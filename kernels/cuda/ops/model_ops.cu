@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(kScatterThreads) ScatterCopiesKernel(ScatterAr
 // weight * (residual * inv_rms): AddRmsNorm's normalized row in fp32.
 template <int N>
 struct NormSource {
+  static constexpr bool kSplit = false;  // (its loads of a row are few: the norm's own pass)
   const float* res;
   const float* weight;
   float inv_rms;
