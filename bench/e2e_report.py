@@ -16,10 +16,40 @@ cuBLASLt GEMM rate (bench_gemm_peak_gpu, the 8192^3 square GEMM: bf16, or for ru
                               decode-only step + the KV bytes of every key those steps'
                               sequences attend to) / copy bandwidth, against those steps'
                               CUDA-event time decode_device_ms (target >= 0.85)
+Throughput runs of a Llama-3-8B-shaped model with --quantization fp8 and uniform lengths that
+TensorRT-LLM publishes (its perf overview, trtllm-bench, Llama-3.1-8B FP8, one GPU, H100 SXM and
+H200 SXM columns) are put against that figure for the run's GPU (issue 29: >= 1.05).
 """
 import argparse
 import datetime
 import json
+
+
+# TensorRT-LLM's published output tok/s for nvidia/Llama-3.1-8B-Instruct-FP8 on one GPU, by
+# (input, output) length (docs/source/performance/perf-overview.md, v1.0-era table).
+TRTLLM_LLAMA31_8B_FP8 = {
+    "H200": {(128, 128): 27911, (128, 2048): 26221, (128, 4096): 18027, (500, 2000): 20770,
+             (1000, 1000): 17744, (1000, 2000): 16828, (2048, 128): 3538, (2048, 2048): 12194,
+             (5000, 500): 3902, (20000, 2000): 1804},
+    "H100": {(128, 128): 28312, (128, 2048): 22714, (128, 4096): 14325, (500, 2000): 17660,
+             (1000, 1000): 15220, (1000, 2000): 13899, (2048, 128): 3450, (2048, 2048): 9305,
+             (5000, 500): 3459, (20000, 2000): 1351},
+}
+
+
+def trtllm_reference(res, cfg, device):
+    """TensorRT-LLM's published figure for this run's shape and GPU, or None."""
+    if res.get("quantization") != "fp8" or not cfg or not res.get("requests"):
+        return None
+    llama3_8b = (cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
+                 cfg.get("intermediate_size"), cfg.get("vocab_size")) == (4096, 32, 14336, 128256)
+    gpu = "H200" if "H200" in device else "H100" if "H100" in device else None
+    n = res["requests"]
+    if not llama3_8b or gpu is None or res["prompt_tokens"] % n or res["generated_tokens"] % n:
+        return None
+    shape = (res["prompt_tokens"] // n, res["generated_tokens"] // n)
+    ref = TRTLLM_LLAMA31_8B_FP8[gpu].get(shape)
+    return (gpu, shape, ref) if ref else None
 
 
 def load_config(path):
@@ -111,11 +141,19 @@ def main():
                          f"{floor / ttft:.2f} of floor" if floor else ""))
         elif name.startswith("throughput"):
             tps = res["generated_tokens_per_s"]
-            entry.update(output_tokens_per_s=tps, target=15000,
-                         gpu_busy_fraction=res.get("gpu_busy_fraction"))
+            entry.update(output_tokens_per_s=tps, gpu_busy_fraction=res.get("gpu_busy_fraction"))
+            ref = trtllm_reference(res, cfg, device)
+            if ref:
+                gpu, (isl, osl), figure = ref
+                entry.update(trtllm_output_tokens_per_s=figure, ratio_to_trtllm=tps / figure,
+                             target_ratio_to_trtllm=1.05)
+                versus = (f"{tps / figure:.3f} of TensorRT-LLM's {figure:,} ({gpu}, {isl} / {osl}; "
+                          "target 1.05)")
+            else:
+                versus = "no published figure for this shape"
             rows.append((name, f"{tps:,.0f} output tok/s", f"{res['requests']} requests, "
                          f"{res['seconds']:.0f} s",
-                         f"{tps / 15000:.2f} of 15,000 target; busy {res.get('gpu_busy_fraction', 0):.2f}"))
+                         f"{versus}; busy {res.get('gpu_busy_fraction', 0):.2f}"))
         elif name.startswith("decode"):
             busy = res.get("gpu_busy_fraction")
             entry.update(gpu_busy_fraction=busy, output_tokens_per_s=res["generated_tokens_per_s"])
