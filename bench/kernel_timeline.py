@@ -86,7 +86,7 @@ def load(path):
     for r in rows:
         kernels.append({
             "start": int(r["start_ns"]), "end": int(r["end_ns"]), "graph": int(r["graph_id"]),
-            "node": int(r["graph_node_id"]),
+            "node": int(r["graph_node_id"]), "grid_x": int(r["grid_x"]),
             "cls": kernel_class(r["name"], pretty[r["name"]], int(r["grid_x"])),
         })
     kernels.sort(key=lambda k: k["start"])
@@ -235,12 +235,28 @@ def print_eager(eager):
               f"{v['busy_us_total'] / total:7.1%}")
 
 
+def pick_graph(arg, steps):
+    """--graph's choice: an id, the most replayed graph (0) or the widest batch (widest)."""
+    if arg == "widest":
+        width = defaultdict(int)
+        for s in steps:
+            for k in s:
+                if k["cls"] == FIRST_EAGER:
+                    width[s[0]["graph"]] = max(width[s[0]["graph"]], k["grid_x"])
+        if width:
+            return max(width, key=lambda g: width[g])
+        arg = "0"
+    return int(arg) or statistics.mode(s[0]["graph"] for s in steps)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--skip", type=int, default=8, help="replays to skip (warm-up)")
-    ap.add_argument("--graph", type=int, default=0,
-                    help="only replays of this graph id (0: the most replayed graph)")
+    ap.add_argument("--graph", default="0",
+                    help="only replays of this graph id (0: the most replayed graph; widest: the "
+                         "graph of the largest batch, by its embedding gather's grid: a "
+                         "throughput run's full-batch decode step)")
     ap.add_argument("--graph-size", type=int, default=0,
                     help="instead of one graph: every replay with this many kernels")
     ap.add_argument("--skip-eager", type=int, default=1,
@@ -263,7 +279,7 @@ def main():
         gid = None
         keep = lambda s: len(s) == a.graph_size  # noqa: E731
     else:
-        gid = a.graph or statistics.mode(s[0]["graph"] for s in all_steps)
+        gid = pick_graph(a.graph, all_steps)
         keep = lambda s: s[0]["graph"] == gid  # noqa: E731
     gap = between(kernels, all_steps, keep, a.skip)
     steps = [s for s in all_steps if keep(s)][a.skip:]

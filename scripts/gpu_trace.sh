@@ -8,7 +8,9 @@
 # TRACE_MODEL (default engine/configs/llama-2-7b.json) picks the dummy model; TRACE_WORKLOAD
 # replaces the batch-1 workload (default: 1 request of 128 + 256 tokens, greedy), e.g.
 #   TRACE_WORKLOAD="--num-requests 256 --min-input 1000 --max-input 1000 --min-output 200
-#     --max-output 200 --max-num-seqs 256" for the decode steps of a throughput run.
+#     --max-output 200 --max-num-seqs 256" for the decode steps of a throughput run, with
+#   TIMELINE_ARGS="--graph widest --skip 0" (bench/kernel_timeline.py: the full batch's decode
+#   graph, which a throughput run replays only a few times).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/out}
@@ -36,6 +38,7 @@ run() {  # run TAG [CUDA_INJECTION64_PATH]: llm bench, its JSON line to $OUT/ben
 run "$name" "" "$@"
 run "$name-traced" "$(pwd)/build/libllm_cupti_trace.so" "$@"
 tail -3 "$OUT/trace.log"
-python3 bench/kernel_timeline.py "$OUT/trace-$name.csv" --json "$OUT/timeline-$name.json" \
+# shellcheck disable=SC2086
+python3 bench/kernel_timeline.py "$OUT/trace-$name.csv" --json "$OUT/timeline-$name.json" ${TIMELINE_ARGS:-} \
   | tee "$OUT/timeline-$name.txt"
 gzip -f "$OUT/trace-$name.csv"
