@@ -25,6 +25,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/vec.cuh"
 #include "kernels/cuda/ops/model_ops.h"
+#include "kernels/cuda/ops/quantize_row.cuh"
 #include "kernels/fp8.h"
 
 namespace {
@@ -63,27 +64,6 @@ __device__ __forceinline__ void StoreCodes(uint8_t* dst, const float (&x)[kN], f
   }
   *reinterpret_cast<uint2*>(dst) = packed;
 }
-
-template <int kThreads>
-__device__ __forceinline__ float BlockMax(float v) {
-  __shared__ float warp_max[kThreads / 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  float m = 0.f;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-  return m;
-}
-
-struct Variant {
-  bool silu;        // silu(gate) · up of gate|up rows, else plain bf16 rows
-  bool load_first;  // every cached chunk's 16-byte loads issued before any math
-  bool hw_cvt;      // hardware e4m3 conversion
-  bool recip;       // x · (1 / scale) instead of x / scale (not the library's rule)
-  bool fast_silu;   // __expf and __fdividef in silu (not the library's rule)
-};
 
 // One CTA of kThreads per row, kCached chunks per thread held in registers (the row must fit:
 // cols / 8 <= kThreads · kCached).
@@ -139,7 +119,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  amax = BlockMax<kThreads>(amax);
+  amax = llm::cuda::ops_detail::QuantBlockMax<kThreads>(amax);
   const float scale = amax > 0.f ? amax / llm::kE4m3Max : 1.f;
   if (threadIdx.x == 0) scales[r] = scale;
 #pragma unroll

@@ -64,7 +64,9 @@ __device__ __forceinline__ void RawToF32(const RawChunk<T, N>& raw, float (&x)[N
 // are in flight together.
 template <typename T, int N>
 struct RowSource {
-  static constexpr bool kSplit = true;
+  // (fp32 rows, the weights at load, stay chunk by chunk: their raw chunks are twice as wide and
+  // would spill the warp kernel's registers)
+  static constexpr bool kSplit = !std::is_same_v<T, float>;
   using Raw = RawChunk<T, N>;
   const T* row;
   __device__ void Fetch(int64_t c, Raw& raw) const { LoadRaw<T, N>(row + c * N, raw); }

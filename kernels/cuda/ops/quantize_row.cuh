@@ -21,9 +21,10 @@ namespace llm::cuda::ops_detail {
 constexpr int kQuantThreads = 256;
 constexpr int kQuantCached = 8;
 
-// Max over the CTA (kQuantThreads threads), result in every thread.
+// Max over the CTA (kThreads threads), result in every thread.
+template <int kThreads = kQuantThreads>
 __device__ __forceinline__ float QuantBlockMax(float v) {
-  __shared__ float warp_max[kQuantThreads / 32];
+  __shared__ float warp_max[kThreads / 32];
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
@@ -32,7 +33,7 @@ __device__ __forceinline__ float QuantBlockMax(float v) {
   __syncthreads();
   float m = 0.f;
 #pragma unroll
-  for (int w = 0; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+  for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
   return m;
 }
 
@@ -98,7 +99,7 @@ __device__ __forceinline__ void QuantizeRow(const Src& src, int64_t num_chunks,
     }
   }
   if (nonfinite != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) atomicAdd(nonfinite, 1);
-  amax = QuantBlockMax(amax);
+  amax = QuantBlockMax<>(amax);
   const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;
   if (threadIdx.x == 0) *scale_out = scale;
   const E4m3Divisor div(scale);
