@@ -113,20 +113,29 @@ TEST_F(Fp8LinearGpu, QuantizeRowsEqualsTheCpuRuleBitForBit) {
 
 // The kernels divide by a row's scale with a reciprocal and two FMA corrections, and convert with
 // the hardware's cvt (quantize_row.cuh): still the CPU rule's IEEE division and rounding bit for
-// bit, on the values where a slip would show: fp32 rows whose scale spans 2^-130 ... 2^120 (in
-// and out of the corrections' range, [2^-60, 2^60]), holding each code's midpoint (a tie) times
-// the scale and its two fp32 neighbours, the codes' own values, fp32 subnormals, tiny values and
+// bit, on the values where a slip would show: fp32 rows whose max spans 2^-130 ... 2^120 and rows
+// whose scale (max / 448) is exactly 2^-61, 2^-60, 2^-59, 2^59, 2^60, 2^61 or one ulp beside one
+// (the corrections' range is [2^-60, 2^60]), holding each code's midpoint (a tie) times the
+// scale and its two fp32 neighbours, the codes' own values, fp32 subnormals, tiny values and
 // random ones, through both the CTA-per-row (rows < 256) and the warp-per-row kernels.
 TEST_F(Fp8LinearGpu, QuantizeRowsIsExactAtTiesAndAtExtremeScales) {
   std::mt19937 rng(21);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  const std::vector<int> exps = {-130, -120, -100, -70, -61, -60, -59, -20, -3, 0,
-                                 5,    30,   58,   59,  60,  61,  62,  90,  120};
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{19, 4096}, {304, 1024}}) {
+  std::vector<float> amaxes;
+  for (int e :
+       {-130, -120, -100, -70, -61, -60, -59, -20, -3, 0, 5, 30, 58, 59, 60, 61, 62, 90, 120}) {
+    amaxes.push_back(std::ldexp(1.f + 0.37f * float(amaxes.size() % 3), e));
+  }
+  for (int e : {-61, -60, -59, 59, 60, 61}) {
+    const float at = kE4m3Max * std::ldexp(1.f, e);  // exact: the scale is 2^e
+    amaxes.insert(amaxes.end(), {at, std::nextafter(at, 0.f), std::nextafter(at, 2.f * at)});
+  }
+  const auto cta_rows = static_cast<int64_t>(amaxes.size());
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{cta_rows, 4096}, {304, 1024}}) {
     std::vector<float> v(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
       float* row = v.data() + r * cols;
-      const float amax = std::ldexp(1.f + 0.37f * float(r % 3), exps[size_t(r) % exps.size()]);
+      const float amax = amaxes[size_t(r) % amaxes.size()];
       const float scale = amax / kE4m3Max;  // the rule's scale for this row
       int64_t c = 0;
       row[c++] = (r % 2 ? -amax : amax);

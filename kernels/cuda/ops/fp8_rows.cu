@@ -41,6 +41,7 @@ using vec::kVec;
 // two 16-byte loads for fp32).
 template <typename T, int N>
 struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) RawChunk {
+  static_assert(N == 1 || N == kVec, "a scalar or one 16-byte chunk of 2-byte values");
   T v[N];
 };
 template <typename T, int N>
@@ -81,7 +82,9 @@ struct RowSource {
 // silu with the fast exponential and division (__expf, __fdividef: a relative error of a few
 // 1e-6 where e4m3's step is 1/16; vLLM builds its kernels with --use_fast_math): with IEEE
 // expf and division the math, not the memory, bounded SiluMulE4m3 (bench/fp8_rows_gpu.cu:
-// 20.4 -> about 14 us at 512 x 14,336 on the H100, the bytes' copy time 12.1).
+// 20.4 -> about 14 us at 512 x 14,336 on the H100, the bytes' copy time 12.1). One difference
+// beyond rounding: for gate in about [-88.7, -87.3], 1 + exp(-gate) lies in (2^126, 2^128),
+// where __fdividef returns 0 (IEEE: about -1e-36 · up).
 template <typename T, int N>
 struct SiluMulSource {
   static constexpr bool kSplit = true;
