@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <unordered_set>
+#include <utility>
 
 #include "engine/tokenizer/tokenizer.h"
 
@@ -13,6 +14,7 @@ namespace {
 // whose stack sets explode, or an output that nests without end) goes dead instead of taking
 // the server's memory. Memory stays within a few hundred MB per grammar.
 constexpr size_t kMaxStacksPerState = 2048;
+constexpr size_t kMaxExpandItems = size_t{1} << 18;  // (pos, parent) items per expansion
 constexpr size_t kMaxNodes = size_t{1} << 23;
 constexpr size_t kMaxCachedMasks = 4096;
 // TokenVocabulary::plain_up_to_'s length bound, text_up_to_'s in characters.
@@ -223,10 +225,18 @@ void CompiledGrammar::ExpandLocked(int32_t pos, int32_t parent, std::vector<int3
     }
     return expand_seen_big_.insert(key).second;
   };
+  size_t items = 0;
   while (!work.empty()) {
     // An ambiguous grammar ((a?){2000}) would make states of thousands of stacks, each
     // transition quadratic in them: past the cap the state goes dead instead.
     if (out->size() > kMaxStacksPerState) break;
+    // Nested nullable repetitions (((a?){1001}){699}) can walk a long chain of empty
+    // alternatives before the first stack: past kMaxExpandItems items the state goes dead too
+    // (StateLocked), so that no expansion outruns the compile deadline.
+    if (++items > kMaxExpandItems) {
+      expand_capped_ = true;
+      break;
+    }
     auto [p, par] = work.back();
     work.pop_back();
     const uint64_t key = (uint64_t(uint32_t(p)) << 32) | uint32_t(par);
@@ -259,6 +269,10 @@ void CompiledGrammar::ExpandLocked(int32_t pos, int32_t parent, std::vector<int3
 
 int32_t CompiledGrammar::StateLocked(std::vector<int32_t>* stacks_in, bool accepting) const {
   std::vector<int32_t>& stacks = *stacks_in;
+  if (std::exchange(expand_capped_, false)) {  // an expansion into this state stopped early
+    ++num_capped_;
+    return kDead;
+  }
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   if (stacks.empty() && !accepting) return kDead;

@@ -203,6 +203,7 @@ class CompiledGrammar {
   mutable size_t masks_computed_ = 0;
   mutable size_t masks_cached_ = 0;
   mutable size_t num_capped_ = 0;
+  mutable bool expand_capped_ = false;  // ExpandLocked stopped at kMaxExpandItems
 };
 
 // One output's progress through a grammar. Not thread-safe (one sequence, one thread).

@@ -674,6 +674,13 @@ TEST(GrammarCompiler, AmbiguousGrammarsHitTheDeadline) {
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << p;
   }
+  // Nested nullable repetitions: the first state's expansion walks ~2 M items of empty
+  // alternatives before its first stack (the fuzzer's nested-nullable-repeat.seed); it stops at
+  // its item cap and the grammar is refused.
+  spec.text = "((a?){1001}){699}";
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(c.Compile(spec), GrammarError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(GrammarCompiler, CachesBySpecAndRefusesTooLarge) {
